@@ -1,0 +1,93 @@
+// The run configuration: how one training (or inference) step is executed.
+#ifndef MEMEST_ENGINE_CONFIG_H_
+#define MEMEST_ENGINE_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/dtype.h"
+#include "engine/status.h"
+
+namespace memest {
+
+enum class Mode { kTraining, kInference };
+
+enum class Precision {
+  kFp32,      // everything in float32
+  kFp16Amp,   // float32 parameters (the master weights), torch.autocast(float16), GradScaler
+  kBf16Amp,   // float32 parameters, torch.autocast(bfloat16)
+  kBf16Pure,  // parameters, gradients, optimizer state and activations in bfloat16
+  kFp16Pure,  // the same in float16 (inference, or training without master weights)
+};
+
+enum class OptimizerKind { kSgd, kSgdMomentum, kAdam, kAdamW, kAdagrad, kRmsprop, kLion, kAdafactor };
+// How torch.optim runs the update: one parameter at a time, _foreach_ ops over all
+// parameters at once (PyTorch's default on CUDA), or one fused kernel.
+enum class OptimizerImpl { kForLoop, kForeach, kFused };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  OptimizerImpl impl = OptimizerImpl::kForeach;
+  double weight_decay = 0.0;  // for Adam (not AdamW) and SGD, a non-zero value adds a temporary
+};
+
+enum class CheckpointPolicy {
+  kNone,
+  kEveryBlock,     // torch.utils.checkpoint around each block
+  kEveryKBlocks,   // around each run of `every_k` consecutive blocks
+  kSqrtBlocks,     // k = round(sqrt(L)): O(sqrt L) memory for one extra forward
+  kAttentionCore,  // selective: only the attention core (scores, softmax, dropout, context)
+  kScopes,         // around each of the named scopes
+};
+
+struct CheckpointConfig {
+  CheckpointPolicy policy = CheckpointPolicy::kNone;
+  int64_t every_k = 1;              // for kEveryKBlocks
+  std::vector<std::string> scopes;  // for kScopes
+};
+
+enum class StepKind {
+  kSteadyState,  // a step after the first: optimizer state exists already
+  kFirstStep,    // the first step: optimizer state is created inside it
+};
+
+struct RunConfig {
+  Mode mode = Mode::kTraining;
+  int64_t batch_size = 1;        // samples per optimizer step on this device
+  int64_t grad_accum_steps = 1;  // micro-batches per step; batch_size must divide evenly
+  Precision precision = Precision::kFp32;
+  OptimizerConfig optimizer;
+  bool zero_grad_set_to_none = true;  // PyTorch's default since 2.0
+  CheckpointConfig checkpoint;
+  StepKind step = StepKind::kSteadyState;
+  // Target device: a catalog name (engine/devices.h), or a bare capacity in bytes; both empty
+  // means no device (no fit verdict; the CUDA context of a generic device is used).
+  std::string device;
+  int64_t device_capacity_bytes = 0;
+  // Inference of decoder presets: new tokens generated after the prompt; the KV cache holds
+  // prompt + generated tokens.
+  int64_t generate_tokens = 0;
+  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+  bool expandable_segments = false;
+
+  int64_t micro_batch() const { return batch_size / grad_accum_steps; }
+};
+
+// Validates field ranges; errors name the field as "config.<field>".
+Status ValidateRunConfig(const RunConfig& config);
+
+// The dtype of parameters under a precision policy.
+DType ParameterDType(Precision precision);
+// The autocast dtype, or the parameter dtype when the policy does not autocast.
+DType ComputeDType(Precision precision);
+bool IsAutocast(Precision precision);
+
+const char* PrecisionName(Precision p);
+const char* OptimizerKindName(OptimizerKind k);
+const char* OptimizerImplName(OptimizerImpl i);
+const char* CheckpointPolicyName(CheckpointPolicy p);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_CONFIG_H_

@@ -1,0 +1,159 @@
+// The IR: a graph of tensors and ops for one forward pass (plus loss) of one micro-batch.
+//
+// Tensors carry a concrete shape, dtype and strides, a role (parameter, buffer, input,
+// activation) and, for views and in-place results, the tensor whose storage they share. Ops
+// carry a kind from the op vocabulary (engine/op_rules.h), their inputs and outputs, attributes
+// and the module scope they ran in ("h.3.attn"). Every op output's shape and dtype is inferred
+// by the op's rule when the op is added, so a Graph that exists is well formed.
+//
+// Graphs are built with GraphBuilder; presets, layer models, op-graph models and (later) the
+// Python tracer all end here.
+#ifndef MEMEST_ENGINE_GRAPH_H_
+#define MEMEST_ENGINE_GRAPH_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "engine/dtype.h"
+#include "engine/shape.h"
+#include "engine/status.h"
+
+namespace memest {
+
+// An attribute value: an integer, a float, a list of integers or a string.
+using AttrValue = std::variant<int64_t, double, std::vector<int64_t>, std::string>;
+using Attrs = std::map<std::string, AttrValue, std::less<>>;
+
+enum class TensorRole : uint8_t {
+  kActivation,  // produced by an op
+  kInput,       // model input from the data batch (token ids, images)
+  kTarget,      // loss target from the data batch (labels)
+  kParameter,   // trainable (requires_grad) or frozen weight
+  kBuffer,      // non-trainable module state (BatchNorm running stats, KV cache)
+};
+
+struct Tensor {
+  std::string name;
+  Shape shape;
+  Strides strides;
+  DType dtype = DType::kFloat32;
+  TensorRole role = TensorRole::kActivation;
+  bool requires_grad = false;  // for leaves as declared; for activations as autograd derives it
+  int producer = -1;           // index of the op that made it; -1 for leaves
+  int alias_of = -1;           // tensor whose storage this one shares (views, in-place results)
+  int batch_dim = -1;          // for inputs: the dim that scales with the batch (-1: none)
+  bool kv_cache = false;       // a buffer that is an inference KV cache
+};
+
+struct Op {
+  std::string kind;
+  std::vector<int> inputs;
+  std::vector<int> outputs;
+  Attrs attrs;
+  std::string scope;
+};
+
+struct Graph {
+  std::vector<Tensor> tensors;
+  std::vector<Op> ops;
+  int loss = -1;        // the scalar that backward starts from; -1 when there is none
+  int loss_begin = -1;  // index of the first op of the loss computation; -1: no loss ops
+  // Scopes of the model's repeated blocks in execution order (e.g. "h.0" .. "h.11"): the units
+  // of block-wise checkpoint policies.
+  std::vector<std::string> blocks;
+
+  int64_t ParameterCount() const;      // elements of all parameters
+  int64_t TrainableParameterCount() const;
+};
+
+// True if `scope` is `prefix` or lies inside it ("h.3.attn" is inside "h.3", "h.30" is not).
+bool ScopeWithin(std::string_view scope, std::string_view prefix);
+
+// Attribute accessors: each returns the attribute or `fallback` when absent, and an error
+// naming `<context>.attrs.<name>` when present with the wrong type.
+StatusOr<int64_t> IntAttr(const Attrs& attrs, std::string_view name, int64_t fallback,
+                          const std::string& context);
+StatusOr<double> FloatAttr(const Attrs& attrs, std::string_view name, double fallback,
+                           const std::string& context);
+StatusOr<std::vector<int64_t>> IntsAttr(const Attrs& attrs, std::string_view name,
+                                        std::vector<int64_t> fallback,
+                                        const std::string& context);
+StatusOr<std::string> StringAttr(const Attrs& attrs, std::string_view name,
+                                 std::string fallback, const std::string& context);
+bool HasAttr(const Attrs& attrs, std::string_view name);
+
+// Builds a Graph op by op, inferring each op's outputs with its rule.
+//
+// Errors are sticky: the first failure is recorded, later calls do nothing and return -1
+// (or empty), and Finish() returns the error. That keeps builder code (presets, layers) free of
+// error plumbing while every error still reaches the user with its field path: errors are
+// prefixed with the context set by SetErrorContext (e.g. "model.layers[3]").
+class GraphBuilder {
+ public:
+  GraphBuilder();
+
+  // Leaves. Shapes are validated (non-negative, byte count within 64 bits).
+  int Input(std::string name, Shape shape, DType dtype, int batch_dim = 0);
+  int Target(std::string name, Shape shape, DType dtype, int batch_dim = 0);
+  int Parameter(std::string name, Shape shape, DType dtype, bool trainable = true);
+  int Buffer(std::string name, Shape shape, DType dtype);
+  int KvCache(std::string name, Shape shape, DType dtype);
+
+  // Appends an op of `kind` and returns its outputs. `output_names` (optional) names them;
+  // unnamed outputs are called "<scope>/<kind>:<i>".
+  std::vector<int> Add(std::string_view kind, std::vector<int> inputs, Attrs attrs = {},
+                       std::vector<std::string> output_names = {});
+  // Add() for ops with one output (or where only the first matters): returns -1 on error.
+  int Add1(std::string_view kind, std::vector<int> inputs, Attrs attrs = {});
+
+  // Module scopes: ops added between Push and Pop carry "outer.inner" scopes.
+  void PushScope(std::string_view name);
+  void PopScope();
+  const std::string& scope() const { return scope_; }
+  // Marks the current scope as one of the model's repeated blocks (see Graph::blocks).
+  void MarkBlock();
+  // Ops added from now on compute the loss.
+  void BeginLoss();
+  void SetLoss(int tensor);
+
+  void SetErrorContext(std::string context) { context_ = std::move(context); }
+  void Fail(Status status);
+  const Status& status() const { return status_; }
+  bool ok() const { return status_.ok(); }
+  const Tensor& tensor(int id) const { return graph_.tensors[id]; }
+  const Shape& shape(int id) const { return graph_.tensors[id].shape; }
+  int num_ops() const { return static_cast<int>(graph_.ops.size()); }
+
+  // The finished graph, or the first error. Refuses a graph with more than `max_ops` ops.
+  StatusOr<Graph> Finish(int64_t max_ops = 1'000'000);
+
+ private:
+  int AddLeaf(std::string name, Shape shape, DType dtype, TensorRole role, bool requires_grad,
+              int batch_dim);
+
+  Graph graph_;
+  Status status_;
+  std::string scope_;
+  std::vector<size_t> scope_marks_;
+  std::string context_;
+};
+
+// RAII scope for GraphBuilder.
+class ScopeGuard {
+ public:
+  ScopeGuard(GraphBuilder& b, std::string_view name) : b_(b) { b_.PushScope(name); }
+  ~ScopeGuard() { b_.PopScope(); }
+  ScopeGuard(const ScopeGuard&) = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+
+ private:
+  GraphBuilder& b_;
+};
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_GRAPH_H_

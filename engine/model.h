@@ -1,0 +1,95 @@
+// What a user describes: a preset with parameters, a sequential list of layers, or a graph
+// of ops. Each front end turns its description into a Graph (engine/graph.h) for one
+// micro-batch.
+#ifndef MEMEST_ENGINE_MODEL_H_
+#define MEMEST_ENGINE_MODEL_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/graph.h"
+
+namespace memest {
+
+// A named preset (engine/presets.h) with overrides of its parameters ("seq", "layers", ...).
+struct PresetSpec {
+  std::string name;
+  std::map<std::string, int64_t> params;
+};
+
+// One layer of a sequential model. Kinds and their attributes are listed in engine/layers.h
+// (e.g. kind "linear" with attrs {out_features: 4096, bias: 1}).
+struct LayerSpec {
+  std::string kind;
+  std::string name;  // scope name; defaults to "<index>"
+  Attrs attrs;
+};
+
+// A sequential model: an input of `input_shape` per sample (the batch dim is prepended), the
+// layers applied in order, then a loss on the last output.
+struct LayerModelSpec {
+  Shape input_shape;
+  DType input_dtype = DType::kFloat32;
+  std::vector<LayerSpec> layers;
+  // "cross_entropy" (targets: int64 class per sample/position), "mse" (targets like the
+  // output), or "sum" (output.sum(), no targets). Default "sum".
+  std::string loss = "sum";
+};
+
+// A tensor declared by an op-graph model: leaves (inputs, targets, parameters, buffers) must be
+// declared; op outputs may be declared too, and are then checked against inference.
+struct TensorSpec {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::kFloat32;
+  TensorRole role = TensorRole::kInput;
+  int batch_dim = 0;          // for inputs and targets; -1 when nothing scales with the batch
+  bool requires_grad = true;  // for parameters: false means frozen
+};
+
+struct OpSpec {
+  std::string kind;
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;
+  Attrs attrs;
+  std::string scope;
+};
+
+// A graph of ops in execution order, as the tracer records it.
+struct OpGraphSpec {
+  std::vector<TensorSpec> tensors;
+  std::vector<OpSpec> ops;
+  std::string loss;                 // the scalar output backward starts from (training)
+  std::vector<std::string> blocks;  // scopes of repeated blocks (checkpoint units)
+  // The batch size the shapes were recorded at. When it differs from the run's micro-batch,
+  // every input's batch_dim is rescaled and shapes are re-inferred.
+  int64_t traced_batch = 0;
+};
+
+struct ModelSpec {
+  std::variant<PresetSpec, LayerModelSpec, OpGraphSpec> source;
+};
+
+// What every front end needs to know to build the graph of one micro-batch.
+struct BuildContext {
+  int64_t micro_batch = 1;
+  Mode mode = Mode::kTraining;
+  DType param_dtype = DType::kFloat32;  // from the precision policy
+  int64_t generate_tokens = 0;          // inference: KV cache room beyond the prompt
+  int64_t max_ops = 1'000'000;          // refuse larger graphs
+};
+
+// Builds the graph of one micro-batch. Errors name fields under "model." (for example
+// "model.layers[3].attrs.out_features: must be positive, got -4").
+StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context);
+
+StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& context);
+StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& context);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_MODEL_H_

@@ -1,0 +1,116 @@
+// The op rule table: one entry per op kind, the heart of memest's accuracy.
+//
+// A rule says, for one call of its op, (1) the outputs' shapes, dtypes and strides, and
+// whether an output shares an input's storage (views, in-place ops); and (2) the op's memory
+// behaviour as PyTorch runs it: the scratch it allocates while it runs, what autograd saves
+// for backward (inputs, outputs, extra tensors such as dropout masks, pooling indices and
+// normalisation statistics, each in its real dtype), what its backward allocates beyond the
+// input gradients, and how each input's gradient comes to be (a fresh tensor, or the incoming
+// gradient passed through). The rules mirror PyTorch's tools/autograd/derivatives.yaml and the
+// aten kernels; docs/op-rules.md cites the source of each.
+//
+// Vocabulary (inputs; attributes, with defaults):
+//   linear(x, weight[out,in], bias?)          matmul(a, b)          bmm(a, b)
+//   addmm(bias, a, b)                         einsum(a, b; equation)
+//   conv1d / conv2d(x, weight, bias?; stride=1, padding=0, dilation=1, groups=1)
+//   max_pool2d(x; kernel_size, stride=kernel_size, padding=0)   -> (out, indices int64)
+//   avg_pool2d(x; kernel_size, stride=kernel_size, padding=0)
+//   adaptive_avg_pool2d(x; output_size)
+//   layer_norm(x, weight?, bias?; normalized_ndim=1)
+//   batch_norm(x, weight?, bias?, running_mean?, running_var?)   (training: batch statistics)
+//   group_norm(x, weight?, bias?; num_groups)
+//   rms_norm(x, weight?; upcast=0)   upcast=1: computes in float32 as HF's LlamaRMSNorm does
+//   relu(x; inplace=0)  gelu(x; approximate="none"|"tanh")  silu(x)  sigmoid(x)  tanh(x)
+//   exp(x)  rsqrt(x)  sqrt(x)  neg(x)  log1p(x)  pow(x; exponent)
+//   softmax(x; dim=-1)  log_softmax(x; dim=-1)  dropout(x; p=0.1)  -> bool mask saved
+//   embedding(weight, indices)
+//   add / sub / mul / div(a, b)   tensors, broadcasting       (a; scalar=<float>) with a scalar
+//   add_ / mul_ (a, b) in place on a
+//   masked_fill(x, mask; value)  where(cond, a, b)
+//   sum / mean(x; dim=[...] (all when absent), keepdim=0)
+//   reshape / view(x; shape=[...], one -1 allowed)  transpose(x; dim0, dim1)  permute(x; dims)
+//   expand(x; shape)  unsqueeze(x; dim)  squeeze(x; dim)  slice(x; dim, start, end)
+//   split(x; dim, sizes=[...]) -> several views      flatten(x; start_dim=0, end_dim=-1)
+//   contiguous(x)  to(x; dtype)  cat(xs...; dim=0)  arange(; end)
+//   cross_entropy(logits[N,C], target[N] int64)  mse_loss(a, b)
+//   scaled_dot_product_attention(q, k, v; is_causal=0, dropout_p=0)   (the math form)
+#ifndef MEMEST_ENGINE_OP_RULES_H_
+#define MEMEST_ENGINE_OP_RULES_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/graph.h"
+#include "engine/status.h"
+
+namespace memest {
+
+// One call of an op, as its rule sees it. During inference of outputs, `outputs` is empty.
+struct OpCall {
+  const Op& op;
+  std::vector<const Tensor*> inputs;
+  std::vector<const Tensor*> outputs;
+  std::string field;  // where errors point, e.g. "model.ops[3]"
+
+  const Tensor& in(size_t i) const { return *inputs[i]; }
+  const Tensor& out(size_t i) const { return *outputs[i]; }
+  bool needs_grad(size_t i) const { return inputs[i]->requires_grad; }
+};
+
+struct OutputSpec {
+  Shape shape;
+  DType dtype = DType::kFloat32;
+  Strides strides;        // empty: contiguous
+  int alias_input = -1;   // >= 0: shares the storage of that input (a view or in-place result)
+  bool differentiable = true;  // false for integer / bool outputs (indices, masks)
+};
+
+// A tensor the rule allocates that is not a graph tensor (scratch, masks, statistics).
+struct Alloc {
+  int64_t bytes = 0;
+  const char* what = "";  // "mask", "mean", "rstd", "broadcast product", ...
+};
+
+// How an input's gradient comes to be in backward.
+enum class GradFlow : uint8_t {
+  kFresh,         // backward allocates a new tensor shaped like the input
+  kPassThrough,   // the incoming gradient of output 0 is handed on as is (add, same-shape views)
+  kNone,          // not differentiable (indices, masks, targets, integer tensors)
+};
+
+struct OpMemory {
+  std::vector<Alloc> forward_temps;   // live together while the op runs, freed when it returns
+  std::vector<int> saved_inputs;      // input indices autograd keeps until this op's backward
+  std::vector<int> saved_outputs;     // output indices autograd keeps
+  std::vector<Alloc> saved_extras;    // extra tensors the op returns and autograd keeps
+  std::vector<Alloc> backward_temps;  // scratch while its backward runs
+  std::vector<GradFlow> grad_flow;    // one per input; filled with defaults when left empty
+};
+
+struct OpRule {
+  std::string_view kind;
+  int min_inputs = 1;
+  int max_inputs = 1;  // -1: any number
+  // Output shapes and dtypes from the inputs and attributes; refuses bad shapes and attributes
+  // with an error naming "<call.field>.inputs[i]" or "<call.field>.attrs.<name>".
+  StatusOr<std::vector<OutputSpec>> (*infer)(const OpCall& call) = nullptr;
+  // Memory behaviour of a call whose outputs are resolved. `grad_enabled` is false under
+  // no_grad (inference, or the first pass over a checkpointed region): nothing is saved then.
+  void (*memory)(const OpCall& call, OpMemory* mem) = nullptr;
+};
+
+// The rule for `kind`, or nullptr.
+const OpRule* FindOpRule(std::string_view kind);
+// Every rule, sorted by kind.
+std::vector<const OpRule*> AllOpRules();
+// The op's outputs, validated: NOT_FOUND-like INVALID_ARGUMENT for an unknown kind (naming
+// `call.field`.kind and listing the vocabulary), wrong input counts, bad shapes.
+StatusOr<std::vector<OutputSpec>> InferOutputs(const OpCall& call);
+// The memory behaviour of a resolved call, with grad_flow defaults filled in.
+OpMemory OpMemoryOf(const OpCall& call);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_OP_RULES_H_

@@ -1,0 +1,92 @@
+// The answer: where the memory of one step goes, when it peaks, and what would make it fit.
+#ifndef MEMEST_ENGINE_REPORT_H_
+#define MEMEST_ENGINE_REPORT_H_
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace memest {
+
+enum class Category : int {
+  kParameters,
+  kGradients,          // parameter .grad tensors
+  kOptimizerState,     // exp_avg, exp_avg_sq, momentum buffers, ...
+  kMasterAndCasts,     // autocast's low-precision copies of weights (and master weights)
+  kActivations,        // tensors autograd holds for backward
+  kTemporaries,        // everything transient: op outputs awaiting use, op scratch, activation
+                       // gradients, optimizer temporaries
+  kInputs,             // the data batch
+  kKvCache,            // inference: keys and values cached for generation
+  kWorkspace,          // library workspace (cuBLAS), allocated through PyTorch's allocator
+  kAllocatorOverhead,  // reserved minus allocated: rounding, segment slack, cached blocks
+  kCudaContext,        // the CUDA context and kernels: outside PyTorch's allocator
+  kCount,
+};
+inline constexpr int kNumCategories = static_cast<int>(Category::kCount);
+const char* CategoryName(Category c);  // "parameters", "gradients", ...
+
+enum class Phase : int { kData, kForward, kLoss, kBackward, kOptimizerStep, kCount };
+inline constexpr int kNumPhases = static_cast<int>(Phase::kCount);
+const char* PhaseName(Phase p);  // "data", "forward", "loss", "backward", "optimizer_step"
+
+using CategoryBytes = std::array<int64_t, kNumCategories>;
+
+// The moment of a peak: how much was allocated and reserved, by what, and where.
+struct PeakPoint {
+  Phase phase = Phase::kData;
+  int64_t allocated_bytes = 0;  // as torch.cuda.max_memory_allocated would report
+  int64_t reserved_bytes = 0;   // as torch.cuda.max_memory_reserved would report
+  CategoryBytes by_category{};  // allocated bytes by category at that moment
+  std::string op;               // op kind running at the peak ("" between ops)
+  std::string scope;            // its module scope
+  int micro_batch = 0;          // which micro-batch (0-based) when accumulating
+  bool recompute = false;       // inside a checkpointed region's recomputation
+};
+
+// One row per module scope at the granularity of the model's layers.
+struct LayerRow {
+  std::string scope;
+  int64_t parameter_bytes = 0;
+  int64_t saved_bytes = 0;      // held by autograd from forward until backward
+  int64_t output_bytes = 0;     // bytes of the tensors the layer's ops produce
+  int64_t temporary_bytes = 0;  // the largest transient its ops need at once
+};
+
+struct Advice {
+  std::string kind;      // "broadcast_reduce", "fused_activation", "checkpoint", ...
+  std::string message;   // one sentence naming the fix
+  int64_t saving_bytes = 0;  // how much lower the peak would be
+  std::string scope;     // where it applies ("" for the whole model)
+};
+
+struct DeviceFit {
+  std::string device;
+  int64_t capacity_bytes = 0;
+  int64_t required_bytes = 0;  // peak reserved + CUDA context: what nvidia-smi would show
+  bool fits = false;
+  int64_t headroom_bytes = 0;  // capacity - required (negative when it does not fit)
+};
+
+struct Report {
+  int64_t parameter_count = 0;
+  int64_t trainable_parameter_count = 0;
+  int64_t micro_batch = 0;
+  int64_t op_count = 0;
+  // The full breakdown at the overall peak: allocated categories, allocator overhead
+  // (reserved - allocated) and the CUDA context.
+  CategoryBytes breakdown{};
+  PeakPoint peak;                  // overall: the largest allocated moment of the step
+  int64_t peak_reserved_bytes = 0; // the largest reserved moment (may differ in time)
+  std::vector<PeakPoint> phases;   // one per phase that ran, in order
+  std::vector<LayerRow> layers;
+  std::optional<DeviceFit> fit;
+  std::vector<Advice> advice;      // biggest saving first
+  std::vector<std::string> notes;  // assumptions the estimate made
+};
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_REPORT_H_
