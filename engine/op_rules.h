@@ -99,6 +99,8 @@ struct OpRule {
   // Memory behaviour of a call whose outputs are resolved. `grad_enabled` is false under
   // no_grad (inference, or the first pass over a checkpointed region): nothing is saved then.
   void (*memory)(const OpCall& call, OpMemory* mem) = nullptr;
+  // True for ops that return their input in eval mode (dropout): inference aliases them.
+  bool identity_in_eval = false;
 };
 
 // The rule for `kind`, or nullptr.

@@ -1,0 +1,116 @@
+#include "engine/config.h"
+
+#include <cmath>
+#include <string>
+
+namespace memest {
+
+Status ValidateRunConfig(const RunConfig& c) {
+  if (c.batch_size <= 0) {
+    return InvalidArgument("config.batch_size: must be positive, got " +
+                           std::to_string(c.batch_size));
+  }
+  if (c.grad_accum_steps <= 0) {
+    return InvalidArgument("config.grad_accum_steps: must be positive, got " +
+                           std::to_string(c.grad_accum_steps));
+  }
+  if (c.batch_size % c.grad_accum_steps != 0) {
+    return InvalidArgument("config.grad_accum_steps: " + std::to_string(c.grad_accum_steps) +
+                           " does not divide batch_size " + std::to_string(c.batch_size));
+  }
+  if (c.mode == Mode::kInference && c.grad_accum_steps != 1) {
+    return InvalidArgument("config.grad_accum_steps: gradient accumulation needs training mode");
+  }
+  if (!std::isfinite(c.optimizer.weight_decay) || c.optimizer.weight_decay < 0) {
+    return InvalidArgument("config.optimizer.weight_decay: must be finite and non-negative, got " +
+                           std::to_string(c.optimizer.weight_decay));
+  }
+  if (c.checkpoint.policy == CheckpointPolicy::kEveryKBlocks && c.checkpoint.every_k <= 0) {
+    return InvalidArgument("config.checkpoint.every_k: must be positive, got " +
+                           std::to_string(c.checkpoint.every_k));
+  }
+  if (c.checkpoint.policy == CheckpointPolicy::kScopes && c.checkpoint.scopes.empty()) {
+    return InvalidArgument("config.checkpoint.scopes: the scopes policy needs at least one scope");
+  }
+  if (c.device_capacity_bytes < 0) {
+    return InvalidArgument("config.device_capacity_bytes: must be non-negative");
+  }
+  if (c.generate_tokens < 0) {
+    return InvalidArgument("config.generate_tokens: must be non-negative, got " +
+                           std::to_string(c.generate_tokens));
+  }
+  if (c.optimizer.impl == OptimizerImpl::kFused &&
+      !(c.optimizer.kind == OptimizerKind::kAdam || c.optimizer.kind == OptimizerKind::kAdamW ||
+        c.optimizer.kind == OptimizerKind::kSgd || c.optimizer.kind == OptimizerKind::kSgdMomentum ||
+        c.optimizer.kind == OptimizerKind::kAdagrad)) {
+    return InvalidArgument(std::string("config.optimizer.impl: torch.optim has no fused ") +
+                           OptimizerKindName(c.optimizer.kind));
+  }
+  return Status::Ok();
+}
+
+DType ParameterDType(Precision p) {
+  switch (p) {
+    case Precision::kBf16Pure: return DType::kBFloat16;
+    case Precision::kFp16Pure: return DType::kFloat16;
+    default: return DType::kFloat32;
+  }
+}
+
+DType ComputeDType(Precision p) {
+  switch (p) {
+    case Precision::kFp16Amp: return DType::kFloat16;
+    case Precision::kBf16Amp: return DType::kBFloat16;
+    default: return ParameterDType(p);
+  }
+}
+
+bool IsAutocast(Precision p) { return p == Precision::kFp16Amp || p == Precision::kBf16Amp; }
+
+const char* PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kFp16Amp: return "fp16 autocast";
+    case Precision::kBf16Amp: return "bf16 autocast";
+    case Precision::kBf16Pure: return "pure bf16";
+    case Precision::kFp16Pure: return "pure fp16";
+  }
+  return "?";
+}
+
+const char* OptimizerKindName(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::kSgd: return "SGD";
+    case OptimizerKind::kSgdMomentum: return "SGD with momentum";
+    case OptimizerKind::kAdam: return "Adam";
+    case OptimizerKind::kAdamW: return "AdamW";
+    case OptimizerKind::kAdagrad: return "Adagrad";
+    case OptimizerKind::kRmsprop: return "RMSprop";
+    case OptimizerKind::kLion: return "Lion";
+    case OptimizerKind::kAdafactor: return "Adafactor";
+  }
+  return "?";
+}
+
+const char* OptimizerImplName(OptimizerImpl i) {
+  switch (i) {
+    case OptimizerImpl::kForLoop: return "for-loop";
+    case OptimizerImpl::kForeach: return "foreach";
+    case OptimizerImpl::kFused: return "fused";
+  }
+  return "?";
+}
+
+const char* CheckpointPolicyName(CheckpointPolicy p) {
+  switch (p) {
+    case CheckpointPolicy::kNone: return "none";
+    case CheckpointPolicy::kEveryBlock: return "every block";
+    case CheckpointPolicy::kEveryKBlocks: return "every k blocks";
+    case CheckpointPolicy::kSqrtBlocks: return "every sqrt(L) blocks";
+    case CheckpointPolicy::kAttentionCore: return "attention core";
+    case CheckpointPolicy::kScopes: return "named scopes";
+  }
+  return "?";
+}
+
+}  // namespace memest

@@ -1,0 +1,861 @@
+#include "engine/layers.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+namespace memest {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+using ModuleScope = ScopeGuard;  // an empty name adds nothing to the scope
+AttrValue Int(int64_t v) { return AttrInt(v); }
+AttrValue Float(double v) { return AttrFloat(v); }
+AttrValue Ints(std::vector<int64_t> v) { return AttrInts(std::move(v)); }
+
+int64_t LastDim(const GraphBuilder& b, int x) {
+  if (x < 0 || b.shape(x).empty()) return 0;
+  return b.shape(x).back();
+}
+
+// Fails the builder (and returns false) unless x has rank `rank`.
+bool ExpectRank(GraphBuilder& b, int x, size_t rank, std::string_view what) {
+  if (!b.ok() || x < 0) return false;
+  if (b.shape(x).size() != rank) {
+    b.Fail(InvalidArgument(std::string(what) + ": expects an input of rank " +
+                           std::to_string(rank) + ", got shape " + ShapeToString(b.shape(x))));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int Linear(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+           int64_t out_features, bool bias) {
+  if (!b.ok() || x < 0) return -1;
+  const int64_t in = LastDim(b, x);
+  ModuleScope scope(b, name);
+  std::vector<int> inputs = {x, b.Parameter("weight", {out_features, in}, c.param_dtype)};
+  if (bias) inputs.push_back(b.Parameter("bias", {out_features}, c.param_dtype));
+  return b.Add1("linear", std::move(inputs));
+}
+
+int TiedLinear(GraphBuilder& b, std::string_view name, int x, int weight) {
+  if (!b.ok() || x < 0) return -1;
+  ModuleScope scope(b, name);
+  return b.Add1("linear", {x, weight});
+}
+
+int HfConv1D(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+             int64_t out_features) {
+  if (!b.ok() || x < 0) return -1;
+  Shape out_shape = b.shape(x);
+  const int64_t in = out_shape.empty() ? 0 : out_shape.back();
+  if (!out_shape.empty()) out_shape.back() = out_features;
+  ModuleScope scope(b, name);
+  // HF Conv1D.forward: size_out = x.size()[:-1] + (nf,)
+  //   x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight); x.view(size_out)
+  int weight = b.Parameter("weight", {in, out_features}, c.param_dtype);
+  int bias = b.Parameter("bias", {out_features}, c.param_dtype);
+  int flat = b.Add1("view", {x}, {{"shape", Ints({-1, in})}});
+  int y = b.Add1("addmm", {bias, flat, weight});
+  return b.Add1("view", {y}, {{"shape", Ints(out_shape)}});
+}
+
+namespace {
+
+int Conv(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+         const ConvOptions& o, int spatial_dims) {
+  if (!ExpectRank(b, x, 2 + spatial_dims, spatial_dims == 2 ? "conv2d" : "conv1d")) return -1;
+  const int64_t in = b.shape(x)[1];
+  const int64_t groups = o.groups > 0 ? o.groups : 1;
+  ModuleScope scope(b, name);
+  Shape w_shape = {o.out_channels, in / groups};
+  for (int i = 0; i < spatial_dims; ++i) w_shape.push_back(o.kernel_size);
+  std::vector<int> inputs = {x, b.Parameter("weight", w_shape, c.param_dtype)};
+  if (o.bias) inputs.push_back(b.Parameter("bias", {o.out_channels}, c.param_dtype));
+  return b.Add1(spatial_dims == 2 ? "conv2d" : "conv1d", std::move(inputs),
+                {{"stride", Int(o.stride)},
+                 {"padding", Int(o.padding)},
+                 {"dilation", Int(o.dilation)},
+                 {"groups", Int(groups)}});
+}
+
+}  // namespace
+
+int Conv2d(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+           const ConvOptions& options) {
+  return Conv(b, c, name, x, options, 2);
+}
+
+int Conv1d(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+           const ConvOptions& options) {
+  return Conv(b, c, name, x, options, 1);
+}
+
+int LayerNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+              bool affine) {
+  if (!b.ok() || x < 0) return -1;
+  const int64_t dim = LastDim(b, x);
+  ModuleScope scope(b, name);
+  std::vector<int> inputs = {x};
+  if (affine) {
+    inputs.push_back(b.Parameter("weight", {dim}, c.param_dtype));
+    inputs.push_back(b.Parameter("bias", {dim}, c.param_dtype));
+  }
+  return b.Add1("layer_norm", std::move(inputs), {{"normalized_ndim", Int(1)}});
+}
+
+int RmsNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, bool upcast) {
+  if (!b.ok() || x < 0) return -1;
+  const int64_t dim = LastDim(b, x);
+  ModuleScope scope(b, name);
+  int weight = b.Parameter("weight", {dim}, c.param_dtype);
+  return b.Add1("rms_norm", {x, weight}, {{"upcast", Int(upcast ? 1 : 0)}});
+}
+
+int BatchNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, bool affine) {
+  if (!b.ok() || x < 0) return -1;
+  const Shape& s = b.shape(x);
+  if (s.size() < 2) {
+    b.Fail(InvalidArgument("batch_norm: expects an input [N, C, ...], got shape " +
+                           ShapeToString(s)));
+    return -1;
+  }
+  const int64_t channels = s[1];
+  ModuleScope scope(b, name);
+  int weight = affine ? b.Parameter("weight", {channels}, c.param_dtype) : -1;
+  int bias = affine ? b.Parameter("bias", {channels}, c.param_dtype) : -1;
+  int mean = b.Buffer("running_mean", {channels}, c.param_dtype);
+  int var = b.Buffer("running_var", {channels}, c.param_dtype);
+  b.Buffer("num_batches_tracked", {}, DType::kInt64);
+  if (!affine) return b.Add1("batch_norm", {x});  // no running stats without weight slots
+  return b.Add1("batch_norm", {x, weight, bias, mean, var});
+}
+
+int GroupNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+              int64_t num_groups, bool affine) {
+  if (!b.ok() || x < 0) return -1;
+  const Shape& s = b.shape(x);
+  const int64_t channels = s.size() >= 2 ? s[1] : 0;
+  ModuleScope scope(b, name);
+  std::vector<int> inputs = {x};
+  if (affine) {
+    inputs.push_back(b.Parameter("weight", {channels}, c.param_dtype));
+    inputs.push_back(b.Parameter("bias", {channels}, c.param_dtype));
+  }
+  return b.Add1("group_norm", std::move(inputs), {{"num_groups", Int(num_groups)}});
+}
+
+int Dropout(GraphBuilder& b, const LayerContext& c, int x, double p) {
+  if (!b.ok() || x < 0) return -1;
+  if (!c.training() || p == 0.0) return x;
+  return b.Add1("dropout", {x}, {{"p", Float(p)}});
+}
+
+int Activate(GraphBuilder& b, int x, Activation act) {
+  if (!b.ok() || x < 0) return -1;
+  switch (act) {
+    case Activation::kRelu:
+      return b.Add1("relu", {x});
+    case Activation::kReluInplace:
+      return b.Add1("relu", {x}, {{"inplace", Int(1)}});
+    case Activation::kGelu:
+      return b.Add1("gelu", {x});
+    case Activation::kGeluTanh:
+      return b.Add1("gelu", {x}, {{"approximate", std::string("tanh")}});
+    case Activation::kGeluNew: {
+      // 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) *
+      //                                  (input + 0.044715 * torch.pow(input, 3.0))))
+      // evaluated left to right as Python does.
+      int half = b.Add1("mul", {x}, {{"scalar", Float(0.5)}});
+      int cube = b.Add1("pow", {x}, {{"exponent", Float(3.0)}});
+      int scaled = b.Add1("mul", {cube}, {{"scalar", Float(0.044715)}});
+      int inner = b.Add1("add", {x, scaled});
+      int arg = b.Add1("mul", {inner}, {{"scalar", Float(std::sqrt(2.0 / kPi))}});
+      int th = b.Add1("tanh", {arg});
+      int one_plus = b.Add1("add", {th}, {{"scalar", Float(1.0)}});
+      return b.Add1("mul", {half, one_plus});
+    }
+    case Activation::kSilu:
+      return b.Add1("silu", {x});
+    case Activation::kSwish: {
+      int s = b.Add1("sigmoid", {x});
+      return b.Add1("mul", {x, s});
+    }
+    case Activation::kSigmoid:
+      return b.Add1("sigmoid", {x});
+    case Activation::kTanh:
+      return b.Add1("tanh", {x});
+  }
+  return -1;
+}
+
+int Mlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+        const MlpOptions& o) {
+  if (!b.ok() || x < 0) return -1;
+  const int64_t out = o.out_features > 0 ? o.out_features : LastDim(b, x);
+  ModuleScope scope(b, name);
+  int h = Linear(b, c, "fc1", x, o.hidden, o.bias);
+  h = Activate(b, h, o.activation);
+  h = Linear(b, c, "fc2", h, out, o.bias);
+  return Dropout(b, c, h, o.dropout);
+}
+
+int ApplyRotary(GraphBuilder& b, int x, int cos, int sin) {
+  if (!b.ok() || x < 0) return -1;
+  const int64_t hd = LastDim(b, x);
+  const int rank = static_cast<int>(b.shape(x).size());
+  // (x * cos) + (rotate_half(x) * sin); rotate_half: cat((-x2, x1), dim=-1).
+  int a = b.Add1("mul", {x, cos});
+  int x1 = b.Add1("slice", {x}, {{"dim", Int(rank - 1)}, {"start", Int(0)}, {"end", Int(hd / 2)}});
+  int x2 = b.Add1("slice", {x}, {{"dim", Int(rank - 1)}, {"start", Int(hd / 2)}, {"end", Int(hd)}});
+  int neg = b.Add1("neg", {x2});
+  int rotated = b.Add1("cat", {neg, x1}, {{"dim", Int(rank - 1)}});
+  int bm = b.Add1("mul", {rotated, sin});
+  return b.Add1("add", {a, bm});
+}
+
+void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim,
+                   int* cos, int* sin) {
+  // HF's LlamaRotaryEmbedding returns cos/sin [1, T, head_dim] in the model dtype; the tables
+  // are small next to activations, so they stand as buffers here.
+  *cos = b.Buffer("cos_cached", {1, seq, head_dim}, c.param_dtype);
+  *sin = b.Buffer("sin_cached", {1, seq, head_dim}, c.param_dtype);
+}
+
+int AdditiveCausalMask(GraphBuilder& b, const LayerContext& c, int64_t seq) {
+  return b.Buffer("causal_mask", {1, 1, seq, seq}, c.param_dtype);
+}
+
+namespace {
+
+// [N, T, heads * hd] -> view [N, T, heads, hd] -> transpose(1, 2): [N, heads, T, hd].
+int SplitHeads(GraphBuilder& b, int x, int64_t heads, int64_t hd) {
+  if (!b.ok() || x < 0) return -1;
+  const Shape& s = b.shape(x);
+  int v = b.Add1("view", {x}, {{"shape", Ints({s[0], s[1], heads, hd})}});
+  return b.Add1("transpose", {v}, {{"dim0", Int(1)}, {"dim1", Int(2)}});
+}
+
+// HF repeat_kv: x[:, :, None].expand(N, kvh, n_rep, T, hd).reshape(N, kvh * n_rep, T, hd).
+int RepeatKv(GraphBuilder& b, int x, int64_t n_rep) {
+  if (!b.ok() || x < 0 || n_rep == 1) return x;
+  const Shape s = b.shape(x);
+  int u = b.Add1("unsqueeze", {x}, {{"dim", Int(2)}});
+  int e = b.Add1("expand", {u}, {{"shape", Ints({s[0], s[1], n_rep, s[2], s[3]})}});
+  return b.Add1("reshape", {e}, {{"shape", Ints({s[0], s[1] * n_rep, s[2], s[3]})}});
+}
+
+}  // namespace
+
+int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+              const AttentionOptions& o) {
+  if (!ExpectRank(b, x, 3, "attention")) return -1;
+  const Shape in_shape = b.shape(x);
+  const int64_t n = in_shape[0], t = in_shape[1], d = in_shape[2];
+  const int64_t heads = o.heads;
+  const int64_t kv_heads = o.kv_heads > 0 ? o.kv_heads : heads;
+  if (heads <= 0 || d % heads != 0 || heads % kv_heads != 0) {
+    b.Fail(InvalidArgument("attention: d_model " + std::to_string(d) + " must divide into " +
+                           std::to_string(heads) + " heads, and heads into " +
+                           std::to_string(kv_heads) + " kv heads"));
+    return -1;
+  }
+  const int64_t hd = d / heads;
+  ModuleScope scope(b, name);
+
+  int q = -1, k = -1, v = -1;
+  if (o.projection == AttentionProjection::kSeparate) {
+    q = Linear(b, c, o.names[0], x, heads * hd, o.bias);
+    k = Linear(b, c, o.names[1], x, kv_heads * hd, o.bias);
+    v = Linear(b, c, o.names[2], x, kv_heads * hd, o.bias);
+  } else {
+    int qkv = -1;
+    if (o.projection == AttentionProjection::kFusedHfConv1D) {
+      qkv = HfConv1D(b, c, "c_attn", x, 3 * d);
+    } else {
+      // nn.MultiheadAttention: in_proj_weight [3d, d] and in_proj_bias on the module itself.
+      std::vector<int> inputs = {x, b.Parameter("in_proj_weight", {3 * d, d}, c.param_dtype)};
+      if (o.bias) inputs.push_back(b.Parameter("in_proj_bias", {3 * d}, c.param_dtype));
+      qkv = b.Add1("linear", std::move(inputs));
+    }
+    std::vector<int> parts = b.Add("split", {qkv}, {{"dim", Int(2)}, {"sizes", Ints({d, d, d})}});
+    if (parts.size() != 3) return -1;
+    q = parts[0];
+    k = parts[1];
+    v = parts[2];
+  }
+  q = SplitHeads(b, q, heads, hd);
+  k = SplitHeads(b, k, kv_heads, hd);
+  v = SplitHeads(b, v, kv_heads, hd);
+  if (o.rotary_cos >= 0 && o.rotary_sin >= 0) {
+    // apply_rotary_pos_emb: cos = cos.unsqueeze(1); sin = sin.unsqueeze(1)
+    int cos = b.Add1("unsqueeze", {o.rotary_cos}, {{"dim", Int(1)}});
+    int sin = b.Add1("unsqueeze", {o.rotary_sin}, {{"dim", Int(1)}});
+    q = ApplyRotary(b, q, cos, sin);
+    k = ApplyRotary(b, k, cos, sin);
+  }
+  if (!c.training() && o.kv_cache_len > 0) {
+    b.KvCache("k_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
+    b.KvCache("v_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
+  }
+  k = RepeatKv(b, k, heads / kv_heads);
+  v = RepeatKv(b, v, heads / kv_heads);
+  int mask = -1;
+  if (o.causal && o.additive_mask < 0) {
+    const int64_t positions = o.mask_positions > 0 ? o.mask_positions : t;
+    mask = b.Buffer("bias", {1, 1, positions, positions}, DType::kBool);
+  }
+
+  int context = -1;
+  {
+    ModuleScope core(b, "core");
+    if (o.scale == AttentionScale::kScaleQK) {
+      const double s = std::pow(static_cast<double>(hd), -0.25);
+      q = b.Add1("mul", {q}, {{"scalar", Float(s)}});
+      k = b.Add1("mul", {k}, {{"scalar", Float(s)}});
+    }
+    int kt = b.Add1("transpose", {k}, {{"dim0", Int(-2)}, {"dim1", Int(-1)}});
+    int scores = b.Add1("matmul", {q, kt});
+    if (o.scale == AttentionScale::kDivideScores) {
+      scores = b.Add1("div", {scores}, {{"scalar", Float(std::sqrt(static_cast<double>(hd)))}});
+    } else if (o.scale == AttentionScale::kMultiplyScores) {
+      scores = b.Add1("mul", {scores}, {{"scalar", Float(1.0 / std::sqrt(double(hd)))}});
+    }
+    if (o.causal && o.additive_mask >= 0) {
+      scores = b.Add1("add", {scores, o.additive_mask});
+    } else if (o.causal) {
+      // self.bias[:, :, :T, :T] (the positions a query must not see), filled with finfo.min.
+      int m = b.Add1("slice", {mask}, {{"dim", Int(2)}, {"start", Int(0)}, {"end", Int(t)}});
+      m = b.Add1("slice", {m}, {{"dim", Int(3)}, {"start", Int(0)}, {"end", Int(t)}});
+      scores = b.Add1("masked_fill", {scores, m},
+                      {{"value", Float(std::numeric_limits<float>::lowest())}});
+    }
+    int probs = -1;
+    if (o.softmax_fp32) {
+      // softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype). ATen's softmax with a
+      // dtype runs _softmax(half_to_float=true) for float16 on CUDA and otherwise casts the
+      // input first (a float32 copy for bfloat16; a no-op view for float32).
+      const DType q_dtype = q >= 0 ? b.tensor(q).dtype : DType::kFloat32;
+      if (scores >= 0 && b.tensor(scores).dtype == DType::kFloat16) {
+        probs = b.Add1("softmax", {scores}, {{"dim", Int(-1)}, {"half_to_float", Int(1)}});
+      } else {
+        int up = b.Add1("to", {scores}, {{"dtype", std::string("float32")}});
+        probs = b.Add1("softmax", {up}, {{"dim", Int(-1)}});
+      }
+      probs = b.Add1("to", {probs}, {{"dtype", std::string(DTypeName(q_dtype))}});
+    } else {
+      probs = b.Add1("softmax", {scores}, {{"dim", Int(-1)}});
+    }
+    probs = Dropout(b, c, probs, o.attn_dropout);
+    context = b.Add1("matmul", {probs, v});
+  }
+  // Merge heads: transpose(1, 2).contiguous().view(N, T, d).
+  int merged = b.Add1("transpose", {context}, {{"dim0", Int(1)}, {"dim1", Int(2)}});
+  merged = b.Add1("contiguous", {merged});
+  merged = b.Add1("view", {merged}, {{"shape", Ints({n, t, d})}});
+  int out = -1;
+  switch (o.projection) {
+    case AttentionProjection::kFusedHfConv1D:
+      out = HfConv1D(b, c, "c_proj", merged, d);
+      break;
+    case AttentionProjection::kFusedLinear:
+      out = Linear(b, c, "out_proj", merged, d, o.bias);
+      break;
+    case AttentionProjection::kSeparate:
+      out = Linear(b, c, o.names[3], merged, d, o.bias);
+      break;
+  }
+  return Dropout(b, c, out, o.resid_dropout);
+}
+
+int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+                     const BlockOptions& o) {
+  if (!ExpectRank(b, x, 3, "transformer_block")) return -1;
+  const int64_t t = b.shape(x)[1];
+  const int64_t d = b.shape(x)[2];
+  const int64_t ffn = o.ffn > 0 ? o.ffn : 4 * d;
+  ModuleScope scope(b, name);
+  AttentionOptions a;
+  a.heads = o.heads;
+  a.kv_heads = o.kv_heads;
+  a.causal = o.causal;
+  a.mask_positions = o.mask_positions;
+  a.kv_cache_len = o.kv_cache_len;
+  if (o.style == BlockStyle::kGpt2) {
+    a.projection = AttentionProjection::kFusedHfConv1D;
+    a.scale = AttentionScale::kDivideScores;
+    a.attn_dropout = o.dropout;
+    a.resid_dropout = o.dropout;
+    int residual = x;
+    int h = LayerNorm(b, c, "ln_1", x);
+    h = Attention(b, c, "attn", h, a);
+    x = b.Add1("add", {h, residual});
+    residual = x;
+    h = LayerNorm(b, c, "ln_2", x);
+    {
+      ModuleScope mlp(b, "mlp");
+      h = HfConv1D(b, c, "c_fc", h, ffn);
+      h = Activate(b, h, Activation::kGeluNew);
+      h = HfConv1D(b, c, "c_proj", h, d);
+      h = Dropout(b, c, h, o.dropout);
+    }
+    return b.Add1("add", {residual, h});
+  }
+  // Llama.
+  a.projection = AttentionProjection::kSeparate;
+  a.scale = AttentionScale::kMultiplyScores;
+  a.bias = false;
+  a.softmax_fp32 = true;
+  a.rotary_cos = o.rotary_cos;
+  a.rotary_sin = o.rotary_sin;
+  a.additive_mask = o.additive_mask;
+  if (a.rotary_cos < 0 && o.heads > 0) RotaryBuffers(b, c, t, d / o.heads, &a.rotary_cos, &a.rotary_sin);
+  if (a.additive_mask < 0 && o.causal) a.additive_mask = AdditiveCausalMask(b, c, t);
+  int residual = x;
+  int h = RmsNorm(b, c, "input_layernorm", x, true);
+  h = Attention(b, c, "self_attn", h, a);
+  x = b.Add1("add", {residual, h});
+  residual = x;
+  h = RmsNorm(b, c, "post_attention_layernorm", x, true);
+  {
+    ModuleScope mlp(b, "mlp");
+    int gate = Linear(b, c, "gate_proj", h, ffn, false);
+    gate = Activate(b, gate, Activation::kSilu);
+    int up = Linear(b, c, "up_proj", h, ffn, false);
+    h = b.Add1("mul", {gate, up});
+    h = Linear(b, c, "down_proj", h, d, false);
+  }
+  return b.Add1("add", {residual, h});
+}
+
+int Embedding(GraphBuilder& b, const LayerContext& c, std::string_view name, int ids,
+              int64_t num_embeddings, int64_t embedding_dim, int* weight_out) {
+  if (!b.ok() || ids < 0) return -1;
+  ModuleScope scope(b, name);
+  int weight = b.Parameter("weight", {num_embeddings, embedding_dim}, c.param_dtype);
+  if (weight_out != nullptr) *weight_out = weight;
+  return b.Add1("embedding", {weight, ids});
+}
+
+// ---------------------------------------------------------------------------------------------
+// The layer-model front end.
+
+namespace {
+
+struct KindAttrs {
+  const char* kind;
+  std::vector<std::string> attrs;
+};
+
+const std::vector<KindAttrs>& KindTable() {
+  static const auto* table = new std::vector<KindAttrs>{
+      {"adaptive_avg_pool2d", {"output_size"}},
+      {"attention", {"heads", "kv_heads", "causal", "dropout", "bias", "scale_qk"}},
+      {"avg_pool2d", {"kernel_size", "stride", "padding"}},
+      {"batch_norm", {"affine"}},
+      {"conv1d",
+       {"out_channels", "in_channels", "kernel_size", "stride", "padding", "dilation", "groups",
+        "bias"}},
+      {"conv2d",
+       {"out_channels", "in_channels", "kernel_size", "stride", "padding", "dilation", "groups",
+        "bias"}},
+      {"dropout", {"p"}},
+      {"embedding", {"num_embeddings", "embedding_dim"}},
+      {"flatten", {"start_dim", "end_dim"}},
+      {"gelu", {"approximate"}},
+      {"group_norm", {"num_groups", "affine"}},
+      {"layer_norm", {"affine"}},
+      {"linear", {"out_features", "in_features", "bias"}},
+      {"max_pool2d", {"kernel_size", "stride", "padding"}},
+      {"mlp", {"hidden", "out_features", "activation", "bias", "dropout"}},
+      {"relu", {"inplace"}},
+      {"rms_norm", {"upcast"}},
+      {"sigmoid", {}},
+      {"silu", {}},
+      {"softmax", {"dim"}},
+      {"swish", {}},
+      {"tanh", {}},
+      {"transformer_block", {"heads", "style", "ffn", "kv_heads", "causal", "dropout"}},
+  };
+  return *table;
+}
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string s;
+  for (const std::string& item : items) s += (s.empty() ? "" : ", ") + item;
+  return s;
+}
+
+// Reads the attributes of one layer; the first error sticks and names the attribute.
+class AttrReader {
+ public:
+  AttrReader(const Attrs& attrs, const std::string& field) : attrs_(attrs), field_(field) {}
+
+  const Status& status() const { return status_; }
+  std::string Field(std::string_view name) const {
+    return field_ + ".attrs." + std::string(name);
+  }
+  void Error(std::string_view name, const std::string& message) {
+    if (status_.ok()) status_ = InvalidArgument(Field(name) + ": " + message);
+  }
+
+  int64_t Int(std::string_view name, int64_t fallback) {
+    StatusOr<int64_t> v = IntAttr(attrs_, name, fallback, field_);
+    if (!v.ok()) {
+      if (status_.ok()) status_ = v.status();
+      return fallback;
+    }
+    return *v;
+  }
+  // A positive integer; required when `fallback` is 0.
+  int64_t Positive(std::string_view name, int64_t fallback = 0) {
+    if (fallback == 0 && !HasAttr(attrs_, name)) {
+      Error(name, "required");
+      return 1;
+    }
+    int64_t v = Int(name, fallback);
+    if (v <= 0) {
+      Error(name, "must be positive, got " + std::to_string(v));
+      return 1;
+    }
+    return v;
+  }
+  int64_t NonNegative(std::string_view name, int64_t fallback) {
+    int64_t v = Int(name, fallback);
+    if (v < 0) {
+      Error(name, "must be non-negative, got " + std::to_string(v));
+      return 0;
+    }
+    return v;
+  }
+  bool Flag(std::string_view name, bool fallback) {
+    int64_t v = Int(name, fallback ? 1 : 0);
+    if (v != 0 && v != 1) Error(name, "must be 0 or 1, got " + std::to_string(v));
+    return v == 1;
+  }
+  double Probability(std::string_view name, double fallback) {
+    StatusOr<double> v = FloatAttr(attrs_, name, fallback, field_);
+    if (!v.ok()) {
+      if (status_.ok()) status_ = v.status();
+      return fallback;
+    }
+    if (*v < 0.0 || *v >= 1.0) {
+      Error(name, "must be in [0, 1), got " + std::to_string(*v));
+      return fallback;
+    }
+    return *v;
+  }
+  std::string OneOf(std::string_view name, const std::string& fallback,
+                    const std::vector<std::string>& allowed) {
+    StatusOr<std::string> v = StringAttr(attrs_, name, fallback, field_);
+    if (!v.ok()) {
+      if (status_.ok()) status_ = v.status();
+      return fallback;
+    }
+    for (const std::string& a : allowed) {
+      if (*v == a) return *v;
+    }
+    Error(name, "must be one of " + Join(allowed) + ", got '" + *v + "'");
+    return fallback;
+  }
+
+ private:
+  const Attrs& attrs_;
+  const std::string& field_;
+  Status status_;
+};
+
+// Validates a dim attribute against `rank` and returns it normalized.
+int64_t DimAttr(AttrReader& r, std::string_view name, int64_t fallback, size_t rank) {
+  const int64_t dim = r.Int(name, fallback);
+  const int64_t n = static_cast<int64_t>(rank);
+  if (dim < -n || dim >= n) {
+    r.Error(name, "out of range for an input of rank " + std::to_string(rank) + ", got " +
+                      std::to_string(dim));
+    return 0;
+  }
+  return dim < 0 ? dim + n : dim;
+}
+
+Activation ParseActivation(const std::string& name) {
+  if (name == "relu") return Activation::kRelu;
+  if (name == "gelu_tanh") return Activation::kGeluTanh;
+  if (name == "silu") return Activation::kSilu;
+  if (name == "swish") return Activation::kSwish;
+  return Activation::kGelu;
+}
+
+// The layers whose expansion takes a few lines; each returns the output or an error.
+StatusOr<int> ExpandConv(GraphBuilder& b, int x, const LayerSpec& spec, const LayerContext& c,
+                         const std::string& field, AttrReader& r) {
+  const size_t spatial = spec.kind == "conv2d" ? 2 : 1;
+  const Shape& in = b.shape(x);
+  ConvOptions o;
+  o.out_channels = r.Positive("out_channels");
+  o.kernel_size = r.Positive("kernel_size");
+  o.stride = r.Positive("stride", 1);
+  o.padding = r.NonNegative("padding", 0);
+  o.dilation = r.Positive("dilation", 1);
+  o.groups = r.Positive("groups", 1);
+  o.bias = r.Flag("bias", true);
+  const int64_t in_channels = r.Int("in_channels", 0);
+  MEMEST_RETURN_IF_ERROR(r.status());
+  if (in.size() != 2 + spatial) {
+    return InvalidArgument(field + ": " + spec.kind + " expects an input " +
+                           (spatial == 2 ? "[N, C, H, W]" : "[N, C, L]") + ", got shape " +
+                           ShapeToString(in));
+  }
+  if (in_channels != 0 && in_channels != in[1]) {
+    return InvalidArgument(r.Field("in_channels") + ": must match the input's channels " +
+                           std::to_string(in[1]) + ", got " + std::to_string(in_channels));
+  }
+  if (in[1] % o.groups != 0 || o.out_channels % o.groups != 0) {
+    return InvalidArgument(r.Field("groups") + ": must divide the input's " +
+                           std::to_string(in[1]) + " channels and out_channels " +
+                           std::to_string(o.out_channels) + ", got " + std::to_string(o.groups));
+  }
+  for (size_t i = 2; i < in.size(); ++i) {
+    if (in[i] + 2 * o.padding < o.dilation * (o.kernel_size - 1) + 1) {
+      return InvalidArgument(r.Field("kernel_size") + ": " + std::to_string(o.kernel_size) +
+                             " (dilated) is larger than the padded input " + ShapeToString(in));
+    }
+  }
+  return spatial == 2 ? Conv2d(b, c, "", x, o) : Conv1d(b, c, "", x, o);
+}
+
+StatusOr<int> ExpandPool(GraphBuilder& b, int x, const LayerSpec& spec, const std::string& field,
+                         AttrReader& r) {
+  const Shape& in = b.shape(x);
+  const int64_t kernel = r.Positive("kernel_size");
+  const int64_t stride = r.Positive("stride", kernel);
+  const int64_t padding = r.NonNegative("padding", 0);
+  MEMEST_RETURN_IF_ERROR(r.status());
+  if (in.size() != 4) {
+    return InvalidArgument(field + ": " + spec.kind + " expects an input [N, C, H, W], got shape " +
+                           ShapeToString(in));
+  }
+  if (2 * padding > kernel) {
+    return InvalidArgument(r.Field("padding") + ": must be at most half the kernel size " +
+                           std::to_string(kernel) + ", got " + std::to_string(padding));
+  }
+  if (in[2] + 2 * padding < kernel || in[3] + 2 * padding < kernel) {
+    return InvalidArgument(r.Field("kernel_size") + ": " + std::to_string(kernel) +
+                           " is larger than the padded input " + ShapeToString(in));
+  }
+  Attrs attrs = {{"kernel_size", AttrInt(kernel)},
+                 {"stride", AttrInt(stride)},
+                 {"padding", AttrInt(padding)}};
+  std::vector<int> outs = b.Add(spec.kind, {x}, std::move(attrs));
+  return outs.empty() ? -1 : outs[0];
+}
+
+StatusOr<int> ExpandAttention(GraphBuilder& b, int x, const LayerSpec& spec,
+                              const LayerContext& c, const std::string& field, AttrReader& r) {
+  const Shape& in = b.shape(x);
+  const bool block = spec.kind == "transformer_block";
+  const int64_t heads = r.Positive("heads");
+  const std::string style = block ? r.OneOf("style", "gpt2", {"gpt2", "llama"}) : "";
+  const int64_t kv_heads = r.Positive("kv_heads", heads);
+  const bool causal = r.Flag("causal", block);
+  const double dropout = r.Probability("dropout", 0.0);
+  MEMEST_RETURN_IF_ERROR(r.status());
+  if (in.size() != 3) {
+    return InvalidArgument(field + ": " + spec.kind + " expects an input [N, T, d_model], got shape " +
+                           ShapeToString(in));
+  }
+  const int64_t d = in[2];
+  if (d % heads != 0) {
+    return InvalidArgument(r.Field("heads") + ": must divide d_model " + std::to_string(d) +
+                           ", got " + std::to_string(heads));
+  }
+  if (heads % kv_heads != 0 || (style == "gpt2" && kv_heads != heads)) {
+    return InvalidArgument(r.Field("kv_heads") + ": must divide heads " + std::to_string(heads) +
+                           (style == "gpt2" ? " and equal it in the gpt2 style" : "") +
+                           ", got " + std::to_string(kv_heads));
+  }
+  if (!block) {
+    AttentionOptions o;
+    o.heads = heads;
+    o.kv_heads = kv_heads;
+    o.causal = causal;
+    o.attn_dropout = dropout;
+    o.bias = r.Flag("bias", true);
+    o.scale = r.Flag("scale_qk", false) ? AttentionScale::kScaleQK : AttentionScale::kDivideScores;
+    MEMEST_RETURN_IF_ERROR(r.status());
+    return Attention(b, c, "", x, o);
+  }
+  BlockOptions o;
+  o.style = style == "llama" ? BlockStyle::kLlama : BlockStyle::kGpt2;
+  o.heads = heads;
+  o.kv_heads = kv_heads;
+  o.causal = causal;
+  o.dropout = dropout;
+  // Llama's default: int(8d/3) rounded up to a multiple of 256 (11008 for d = 4096).
+  const int64_t llama_ffn = (8 * d / 3 + 255) / 256 * 256;
+  o.ffn = r.Positive("ffn", o.style == BlockStyle::kLlama ? llama_ffn : 4 * d);
+  MEMEST_RETURN_IF_ERROR(r.status());
+  return TransformerBlock(b, c, "", x, o);
+}
+
+StatusOr<int> ExpandSimple(GraphBuilder& b, int x, const LayerSpec& spec, const LayerContext& c,
+                           const std::string& field, AttrReader& r) {
+  const std::string& kind = spec.kind;
+  const Shape& in = b.shape(x);
+  auto need_rank = [&](size_t lo, const char* what) -> Status {
+    if (in.size() >= lo) return Status::Ok();
+    return InvalidArgument(field + ": " + kind + " expects an input " + what + ", got shape " +
+                           ShapeToString(in));
+  };
+  if (kind == "linear") {
+    const int64_t out = r.Positive("out_features");
+    const bool bias = r.Flag("bias", true);
+    const int64_t in_features = r.Int("in_features", 0);
+    MEMEST_RETURN_IF_ERROR(r.status());
+    MEMEST_RETURN_IF_ERROR(need_rank(1, "[.., in_features]"));
+    if (in_features != 0 && in_features != in.back()) {
+      return InvalidArgument(r.Field("in_features") + ": must match the input's last dim " +
+                             std::to_string(in.back()) + ", got " + std::to_string(in_features));
+    }
+    return Linear(b, c, "", x, out, bias);
+  }
+  if (kind == "mlp") {
+    MlpOptions o;
+    o.hidden = r.Positive("hidden");
+    o.out_features = r.Positive("out_features", in.empty() ? 1 : std::max<int64_t>(in.back(), 1));
+    o.activation = ParseActivation(
+        r.OneOf("activation", "gelu", {"relu", "gelu", "gelu_tanh", "silu", "swish"}));
+    o.bias = r.Flag("bias", true);
+    o.dropout = r.Probability("dropout", 0.0);
+    MEMEST_RETURN_IF_ERROR(r.status());
+    MEMEST_RETURN_IF_ERROR(need_rank(1, "[.., features]"));
+    return Mlp(b, c, "", x, o);
+  }
+  if (kind == "layer_norm" || kind == "rms_norm") {
+    const bool flag = kind == "layer_norm" ? r.Flag("affine", true) : r.Flag("upcast", false);
+    MEMEST_RETURN_IF_ERROR(r.status());
+    MEMEST_RETURN_IF_ERROR(need_rank(1, "[.., features]"));
+    return kind == "layer_norm" ? LayerNorm(b, c, "", x, flag) : RmsNorm(b, c, "", x, flag);
+  }
+  if (kind == "batch_norm" || kind == "group_norm") {
+    const int64_t groups = kind == "group_norm" ? r.Positive("num_groups") : 1;
+    const bool affine = r.Flag("affine", true);
+    MEMEST_RETURN_IF_ERROR(r.status());
+    MEMEST_RETURN_IF_ERROR(need_rank(2, "[N, C, ...]"));
+    if (kind == "batch_norm") return BatchNorm(b, c, "", x, affine);
+    if (in[1] % groups != 0) {
+      return InvalidArgument(r.Field("num_groups") + ": must divide the input's " +
+                             std::to_string(in[1]) + " channels, got " + std::to_string(groups));
+    }
+    return GroupNorm(b, c, "", x, groups, affine);
+  }
+  if (kind == "relu") {
+    const bool inplace = r.Flag("inplace", false);
+    MEMEST_RETURN_IF_ERROR(r.status());
+    return Activate(b, x, inplace ? Activation::kReluInplace : Activation::kRelu);
+  }
+  if (kind == "gelu") {
+    const std::string approx = r.OneOf("approximate", "none", {"none", "tanh"});
+    MEMEST_RETURN_IF_ERROR(r.status());
+    return Activate(b, x, approx == "tanh" ? Activation::kGeluTanh : Activation::kGelu);
+  }
+  if (kind == "silu") return Activate(b, x, Activation::kSilu);
+  if (kind == "swish") return Activate(b, x, Activation::kSwish);
+  if (kind == "sigmoid") return Activate(b, x, Activation::kSigmoid);
+  if (kind == "tanh") return Activate(b, x, Activation::kTanh);
+  if (kind == "softmax") {
+    const int64_t dim = DimAttr(r, "dim", -1, in.size());
+    MEMEST_RETURN_IF_ERROR(r.status());
+    return b.Add1("softmax", {x}, {{"dim", AttrInt(dim)}});
+  }
+  if (kind == "dropout") {
+    const double p = r.Probability("p", 0.5);
+    MEMEST_RETURN_IF_ERROR(r.status());
+    return Dropout(b, c, x, p);
+  }
+  if (kind == "adaptive_avg_pool2d") {
+    const int64_t size = r.Positive("output_size", 1);
+    MEMEST_RETURN_IF_ERROR(r.status());
+    if (in.size() != 4) {
+      return InvalidArgument(field + ": adaptive_avg_pool2d expects an input [N, C, H, W], got shape " +
+                             ShapeToString(in));
+    }
+    return b.Add1("adaptive_avg_pool2d", {x}, {{"output_size", AttrInts({size, size})}});
+  }
+  if (kind == "flatten") {
+    const int64_t start = DimAttr(r, "start_dim", 1, in.size());
+    const int64_t end = DimAttr(r, "end_dim", -1, in.size());
+    MEMEST_RETURN_IF_ERROR(r.status());
+    if (start > end) {
+      return InvalidArgument(r.Field("start_dim") + ": must not come after end_dim");
+    }
+    return b.Add1("flatten", {x}, {{"start_dim", AttrInt(start)}, {"end_dim", AttrInt(end)}});
+  }
+  if (kind == "embedding") {
+    const int64_t num = r.Positive("num_embeddings");
+    const int64_t dim = r.Positive("embedding_dim");
+    MEMEST_RETURN_IF_ERROR(r.status());
+    if (IsFloating(b.tensor(x).dtype)) {
+      return InvalidArgument(field + ": embedding expects integer indices (set "
+                             "model.input_dtype to int64), got " +
+                             std::string(DTypeName(b.tensor(x).dtype)));
+    }
+    return Embedding(b, c, "", x, num, dim);
+  }
+  return Internal(field + ".kind: '" + kind + "' has no expansion");
+}
+
+}  // namespace
+
+const std::vector<std::string>& LayerKinds() {
+  static const auto* kinds = [] {
+    auto* v = new std::vector<std::string>();
+    for (const KindAttrs& k : KindTable()) v->push_back(k.kind);
+    return v;
+  }();
+  return *kinds;
+}
+
+StatusOr<int> ExpandLayer(GraphBuilder& b, int x, const LayerSpec& spec, const LayerContext& c,
+                          const std::string& field) {
+  if (!b.ok()) return b.status();
+  if (x < 0) return Internal(field + ": no input tensor");
+  const KindAttrs* info = nullptr;
+  for (const KindAttrs& k : KindTable()) {
+    if (spec.kind == k.kind) info = &k;
+  }
+  if (info == nullptr) {
+    return InvalidArgument(field + ".kind: unknown layer kind '" + spec.kind +
+                           "'; known kinds: " + Join(LayerKinds()));
+  }
+  for (const auto& [name, value] : spec.attrs) {
+    bool known = false;
+    for (const std::string& a : info->attrs) known |= (a == name);
+    if (!known) {
+      return InvalidArgument(field + ".attrs." + name + ": not an attribute of " + spec.kind +
+                             (info->attrs.empty() ? " (it takes none)"
+                                                  : "; known: " + Join(info->attrs)));
+    }
+  }
+  AttrReader r(spec.attrs, field);
+  StatusOr<int> y = [&]() -> StatusOr<int> {
+    if (spec.kind == "conv1d" || spec.kind == "conv2d") return ExpandConv(b, x, spec, c, field, r);
+    if (spec.kind == "max_pool2d" || spec.kind == "avg_pool2d") {
+      return ExpandPool(b, x, spec, field, r);
+    }
+    if (spec.kind == "attention" || spec.kind == "transformer_block") {
+      return ExpandAttention(b, x, spec, c, field, r);
+    }
+    return ExpandSimple(b, x, spec, c, field, r);
+  }();
+  if (!y.ok()) return y;
+  if (!b.ok()) return b.status();
+  if (*y < 0) return Internal(field + ": layer produced no output");
+  return y;
+}
+
+}  // namespace memest

@@ -1,0 +1,114 @@
+#include "engine/op_rules.h"
+
+#include <algorithm>
+
+#include "engine/op_rules_internal.h"
+
+namespace memest {
+namespace rules {
+
+Status RequireFloating(const OpCall& c, size_t i) {
+  if (!IsFloating(c.in(i).dtype)) {
+    return InvalidArgument(InputField(c, i) + ": " + c.op.kind + " needs a floating tensor, got " +
+                           std::string(DTypeName(c.in(i).dtype)));
+  }
+  return Status::Ok();
+}
+
+Status RequireRank(const OpCall& c, size_t i, int lo, int hi) {
+  const int r = static_cast<int>(c.in(i).shape.size());
+  if (r < lo || r > hi) {
+    std::string want = lo == hi ? std::to_string(lo)
+                                : std::to_string(lo) + " to " + std::to_string(hi);
+    return InvalidArgument(InputField(c, i) + ": " + c.op.kind + " expects rank " + want +
+                           ", got shape " + ShapeToString(c.in(i).shape));
+  }
+  return Status::Ok();
+}
+
+}  // namespace rules
+
+namespace {
+
+const std::vector<OpRule>& Table() {
+  static const std::vector<OpRule>* table = [] {
+    auto* t = new std::vector<OpRule>();
+    rules::RegisterMatmulRules(t);
+    rules::RegisterConvRules(t);
+    rules::RegisterNormRules(t);
+    rules::RegisterPointwiseRules(t);
+    rules::RegisterShapeRules(t);
+    rules::RegisterLossRules(t);
+    std::sort(t->begin(), t->end(),
+              [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
+    return t;
+  }();
+  return *table;
+}
+
+std::string Vocabulary() {
+  std::string s;
+  for (const OpRule& r : Table()) {
+    if (!s.empty()) s += ", ";
+    s += r.kind;
+  }
+  return s;
+}
+
+}  // namespace
+
+const OpRule* FindOpRule(std::string_view kind) {
+  const auto& t = Table();
+  auto it = std::lower_bound(t.begin(), t.end(), kind,
+                             [](const OpRule& r, std::string_view k) { return r.kind < k; });
+  return it != t.end() && it->kind == kind ? &*it : nullptr;
+}
+
+std::vector<const OpRule*> AllOpRules() {
+  std::vector<const OpRule*> out;
+  for (const OpRule& r : Table()) out.push_back(&r);
+  return out;
+}
+
+StatusOr<std::vector<OutputSpec>> InferOutputs(const OpCall& call) {
+  const OpRule* rule = FindOpRule(call.op.kind);
+  if (rule == nullptr) {
+    return InvalidArgument(call.field + ".kind: unknown op '" + call.op.kind +
+                           "'; memest knows: " + Vocabulary());
+  }
+  const int n = static_cast<int>(call.inputs.size());
+  if (n < rule->min_inputs || (rule->max_inputs >= 0 && n > rule->max_inputs)) {
+    std::string want = rule->max_inputs < 0 ? "at least " + std::to_string(rule->min_inputs)
+                       : rule->min_inputs == rule->max_inputs
+                           ? std::to_string(rule->min_inputs)
+                           : std::to_string(rule->min_inputs) + " to " +
+                                 std::to_string(rule->max_inputs);
+    return InvalidArgument(call.field + ".inputs: " + call.op.kind + " takes " + want +
+                           " inputs, got " + std::to_string(n));
+  }
+  StatusOr<std::vector<OutputSpec>> outs = rule->infer(call);
+  if (!outs.ok()) return outs;
+  for (size_t i = 0; i < outs->size(); ++i) {
+    StatusOr<int64_t> bytes = CheckedBytes((*outs)[i].shape, (*outs)[i].dtype,
+                                           call.field + ".outputs[" + std::to_string(i) + "]");
+    if (!bytes.ok()) return bytes.status();
+  }
+  return outs;
+}
+
+OpMemory OpMemoryOf(const OpCall& call) {
+  OpMemory mem;
+  const OpRule* rule = FindOpRule(call.op.kind);
+  if (rule != nullptr && rule->memory != nullptr) rule->memory(call, &mem);
+  if (mem.grad_flow.empty()) {
+    for (const Tensor* t : call.inputs) {
+      mem.grad_flow.push_back(t->requires_grad ? GradFlow::kFresh : GradFlow::kNone);
+    }
+  }
+  for (size_t i = 0; i < mem.grad_flow.size() && i < call.inputs.size(); ++i) {
+    if (!call.inputs[i]->requires_grad) mem.grad_flow[i] = GradFlow::kNone;
+  }
+  return mem;
+}
+
+}  // namespace memest

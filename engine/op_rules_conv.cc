@@ -1,0 +1,155 @@
+// Rules for convolutions and pooling.
+//
+// derivatives.yaml (convolution): saves input and weight (input even when only the weight
+// needs grad). max_pool2d_with_indices saves its input and the int64 indices (an output-shaped
+// tensor); avg_pool2d and _adaptive_avg_pool2d save their input. cuDNN's workspace is chosen
+// per algorithm at run time and is not modelled here (Validate measures it on the device).
+#include "engine/op_rules_internal.h"
+
+namespace memest {
+namespace rules {
+namespace {
+
+// Reads a per-spatial-dim attribute given as one int or a list of `n` ints.
+StatusOr<std::vector<int64_t>> SpatialAttr(const OpCall& c, const char* name, int n,
+                                           int64_t fallback, int64_t min_value) {
+  MEMEST_ASSIGN_OR_RETURN(std::vector<int64_t> v,
+                          IntsAttr(c.op.attrs, name, std::vector<int64_t>(n, fallback), c.field));
+  if (v.size() == 1) v.assign(n, v[0]);
+  if (static_cast<int>(v.size()) != n) {
+    return InvalidArgument(AttrField(c, name) + ": expected 1 or " + std::to_string(n) +
+                           " values, got " + std::to_string(v.size()));
+  }
+  for (int64_t x : v) {
+    if (x < min_value) {
+      return InvalidArgument(AttrField(c, name) + ": must be at least " +
+                             std::to_string(min_value) + ", got " + std::to_string(x));
+    }
+  }
+  return v;
+}
+
+// Output extent of one spatial dim, or an error when the window does not fit.
+StatusOr<int64_t> OutExtent(const OpCall& c, int64_t in, int64_t k, int64_t s, int64_t p,
+                            int64_t d) {
+  const int64_t span = d * (k - 1) + 1;
+  if (in + 2 * p < span) {
+    return InvalidArgument(InputField(c, 0) + ": spatial size " + std::to_string(in) +
+                           " (padding " + std::to_string(p) + ") is smaller than the window " +
+                           std::to_string(span));
+  }
+  return (in + 2 * p - span) / s + 1;
+}
+
+template <int N>
+StatusOr<std::vector<OutputSpec>> InferConv(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, N + 2, N + 2));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 1, N + 2, N + 2));
+  const Shape& x = c.in(0).shape;
+  const Shape& w = c.in(1).shape;
+  MEMEST_ASSIGN_OR_RETURN(int64_t groups, IntAttr(c.op.attrs, "groups", 1, c.field));
+  if (groups <= 0 || x[1] % groups != 0 || w[0] % groups != 0) {
+    return InvalidArgument(AttrField(c, "groups") + ": " + std::to_string(groups) +
+                           " must be positive and divide the channels");
+  }
+  if (x[1] != w[1] * groups) {
+    return InvalidArgument(InputField(c, 1) + ": weight " + ShapeToString(w) + " expects " +
+                           std::to_string(w[1] * groups) + " input channels, the input " +
+                           ShapeToString(x) + " has " + std::to_string(x[1]));
+  }
+  if (c.inputs.size() == 3 && c.in(2).shape != Shape{w[0]}) {
+    return InvalidArgument(InputField(c, 2) + ": bias must have shape [" + std::to_string(w[0]) +
+                           "], got " + ShapeToString(c.in(2).shape));
+  }
+  MEMEST_ASSIGN_OR_RETURN(auto stride, SpatialAttr(c, "stride", N, 1, 1));
+  MEMEST_ASSIGN_OR_RETURN(auto padding, SpatialAttr(c, "padding", N, 0, 0));
+  MEMEST_ASSIGN_OR_RETURN(auto dilation, SpatialAttr(c, "dilation", N, 1, 1));
+  Shape out{x[0], w[0]};
+  for (int i = 0; i < N; ++i) {
+    MEMEST_ASSIGN_OR_RETURN(int64_t e, OutExtent(c, x[2 + i], w[2 + i], stride[i], padding[i],
+                                                 dilation[i]));
+    out.push_back(e);
+  }
+  return std::vector<OutputSpec>{{out, PromoteTypes(c.in(0).dtype, c.in(1).dtype)}};
+}
+
+void ConvMemory(const OpCall& c, OpMemory* m) {
+  const bool any = c.needs_grad(0) || c.needs_grad(1) || (c.inputs.size() == 3 && c.needs_grad(2));
+  SaveInputIf(m, any, 0);
+  SaveInputIf(m, c.needs_grad(0), 1);
+}
+
+struct PoolGeometry {
+  std::vector<int64_t> kernel, stride, padding;
+};
+
+StatusOr<PoolGeometry> ReadPool(const OpCall& c) {
+  if (!HasAttr(c.op.attrs, "kernel_size")) {
+    return InvalidArgument(AttrField(c, "kernel_size") + ": required");
+  }
+  PoolGeometry g;
+  MEMEST_ASSIGN_OR_RETURN(g.kernel, SpatialAttr(c, "kernel_size", 2, 1, 1));
+  MEMEST_ASSIGN_OR_RETURN(g.stride, SpatialAttr(c, "stride", 2, 0, 0));
+  for (int i = 0; i < 2; ++i) {
+    if (g.stride[i] == 0) g.stride[i] = g.kernel[i];
+  }
+  MEMEST_ASSIGN_OR_RETURN(g.padding, SpatialAttr(c, "padding", 2, 0, 0));
+  return g;
+}
+
+StatusOr<Shape> PoolOut(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 3, 4));
+  MEMEST_ASSIGN_OR_RETURN(PoolGeometry g, ReadPool(c));
+  Shape out = c.in(0).shape;
+  const size_t h = out.size() - 2;
+  for (int i = 0; i < 2; ++i) {
+    MEMEST_ASSIGN_OR_RETURN(out[h + i], OutExtent(c, out[h + i], g.kernel[i], g.stride[i],
+                                                  g.padding[i], 1));
+  }
+  return out;
+}
+
+StatusOr<std::vector<OutputSpec>> InferMaxPool(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_ASSIGN_OR_RETURN(Shape out, PoolOut(c));
+  return std::vector<OutputSpec>{{out, c.in(0).dtype},
+                                 {out, DType::kInt64, {}, -1, /*differentiable=*/false}};
+}
+
+void MaxPoolMemory(const OpCall& c, OpMemory* m) {
+  if (!c.needs_grad(0)) return;
+  m->saved_inputs.push_back(0);
+  m->saved_outputs.push_back(1);  // indices
+}
+
+StatusOr<std::vector<OutputSpec>> InferAvgPool(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_ASSIGN_OR_RETURN(Shape out, PoolOut(c));
+  return std::vector<OutputSpec>{{out, c.in(0).dtype}};
+}
+
+void SaveInputMemory(const OpCall& c, OpMemory* m) { SaveInputIf(m, c.needs_grad(0), 0); }
+
+StatusOr<std::vector<OutputSpec>> InferAdaptiveAvgPool(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 3, 4));
+  MEMEST_ASSIGN_OR_RETURN(auto size, SpatialAttr(c, "output_size", 2, 1, 1));
+  Shape out = c.in(0).shape;
+  out[out.size() - 2] = size[0];
+  out[out.size() - 1] = size[1];
+  return std::vector<OutputSpec>{{out, c.in(0).dtype}};
+}
+
+}  // namespace
+
+void RegisterConvRules(std::vector<OpRule>* r) {
+  r->push_back({"conv1d", 2, 3, InferConv<1>, ConvMemory});
+  r->push_back({"conv2d", 2, 3, InferConv<2>, ConvMemory});
+  r->push_back({"max_pool2d", 1, 1, InferMaxPool, MaxPoolMemory});
+  r->push_back({"avg_pool2d", 1, 1, InferAvgPool, SaveInputMemory});
+  r->push_back({"adaptive_avg_pool2d", 1, 1, InferAdaptiveAvgPool, SaveInputMemory});
+}
+
+}  // namespace rules
+}  // namespace memest

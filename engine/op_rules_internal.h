@@ -1,0 +1,54 @@
+// Helpers shared by the op rule files (op_rules_*.cc). Not part of the engine's public API.
+#ifndef MEMEST_ENGINE_OP_RULES_INTERNAL_H_
+#define MEMEST_ENGINE_OP_RULES_INTERNAL_H_
+
+#include <string>
+#include <vector>
+
+#include "engine/op_rules.h"
+
+namespace memest {
+namespace rules {
+
+// Each rule family registers its rules here.
+void RegisterMatmulRules(std::vector<OpRule>* rules);
+void RegisterConvRules(std::vector<OpRule>* rules);
+void RegisterNormRules(std::vector<OpRule>* rules);
+void RegisterPointwiseRules(std::vector<OpRule>* rules);
+void RegisterShapeRules(std::vector<OpRule>* rules);
+void RegisterLossRules(std::vector<OpRule>* rules);
+
+inline std::string InputField(const OpCall& c, size_t i) {
+  return c.field + ".inputs[" + std::to_string(i) + "]";
+}
+inline std::string AttrField(const OpCall& c, const char* name) {
+  return c.field + ".attrs." + name;
+}
+
+// A contiguous output like input i (same shape and dtype).
+inline OutputSpec Like(const Tensor& t) { return OutputSpec{t.shape, t.dtype, {}, -1, true}; }
+// A view of input i with the given shape and strides.
+inline OutputSpec ViewOf(int input, Shape shape, DType dtype, Strides strides) {
+  return OutputSpec{std::move(shape), dtype, std::move(strides), input, true};
+}
+
+inline int64_t BytesOf(const Tensor& t) { return Bytes(t.shape, t.dtype); }
+inline Alloc AllocOf(const Shape& s, DType d, const char* what) { return Alloc{Bytes(s, d), what}; }
+
+// Requires input i to be floating point.
+Status RequireFloating(const OpCall& c, size_t i);
+// Requires input i to have rank in [lo, hi].
+Status RequireRank(const OpCall& c, size_t i, int lo, int hi);
+
+// Saves input i if `cond`.
+inline void SaveInputIf(OpMemory* m, bool cond, int i) {
+  if (cond) m->saved_inputs.push_back(i);
+}
+
+// The dtype of floating statistics PyTorch keeps for a floating dtype (float for halves).
+inline DType AccType(DType d) { return d == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }
+
+}  // namespace rules
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_OP_RULES_INTERNAL_H_

@@ -1,0 +1,120 @@
+// Rules for losses and the fused attention op.
+//
+// cross_entropy = log_softmax + nll_loss: log_softmax keeps its [N, C] result, nll_loss its
+// targets and a 0-dim total_weight; backward forms nll_loss_backward's [N, C] gradient, then
+// _log_softmax_backward_data's. mse_loss keeps both operands. scaled_dot_product_attention is
+// modelled in its math form (_scaled_dot_product_attention_math): q and k^T are each scaled
+// by sqrt(scale) into new tensors that bmm keeps, the causal mask is built as an [L, S] bool
+// and float pair, softmax keeps its [.., L, S] result, dropout its bool mask and output.
+#include <algorithm>
+
+#include "engine/op_rules_internal.h"
+
+namespace memest {
+namespace rules {
+namespace {
+
+StatusOr<std::vector<OutputSpec>> InferCrossEntropy(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 1, 8));
+  const Shape& x = c.in(0).shape;
+  const Shape& t = c.in(1).shape;
+  Shape want = x;
+  if (want.size() >= 2) want.erase(want.begin() + 1);
+  else want.clear();
+  if (IsFloating(c.in(1).dtype) ? t != x : t != want) {
+    return InvalidArgument(InputField(c, 1) + ": cross_entropy targets for logits " +
+                           ShapeToString(x) + " must be class indices of shape " +
+                           ShapeToString(want) + " (or probabilities shaped like the logits), got " +
+                           ShapeToString(t));
+  }
+  return std::vector<OutputSpec>{{{}, c.in(0).dtype}};
+}
+
+void CrossEntropyMemory(const OpCall& c, OpMemory* m) {
+  Alloc logp{BytesOf(c.in(0)), "log_softmax of the logits"};
+  if (!c.needs_grad(0)) {
+    m->forward_temps.push_back(logp);
+    return;
+  }
+  m->saved_extras.push_back(logp);
+  if (!IsFloating(c.in(1).dtype)) m->saved_inputs.push_back(1);
+  m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "nll_loss_backward gradient"});
+  m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
+}
+
+StatusOr<std::vector<OutputSpec>> InferMse(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  StatusOr<Shape> s = BroadcastShapes(c.in(0).shape, c.in(1).shape);
+  if (!s.ok()) return s.status().Prefixed(c.field + ".inputs: ");
+  return std::vector<OutputSpec>{{{}, PromoteTypes(c.in(0).dtype, c.in(1).dtype)}};
+}
+
+void MseMemory(const OpCall& c, OpMemory* m) {
+  if (!c.needs_grad(0) && !c.needs_grad(1)) return;
+  m->saved_inputs = {0, 1};
+}
+
+StatusOr<std::vector<OutputSpec>> InferSdpa(const OpCall& c) {
+  for (size_t i = 0; i < 3; ++i) {
+    MEMEST_RETURN_IF_ERROR(RequireFloating(c, i));
+    MEMEST_RETURN_IF_ERROR(RequireRank(c, i, 2, 8));
+  }
+  const Shape& q = c.in(0).shape;
+  const Shape& k = c.in(1).shape;
+  const Shape& v = c.in(2).shape;
+  if (q.back() != k.back() || k[k.size() - 2] != v[v.size() - 2]) {
+    return InvalidArgument(c.field + ".inputs: attention shapes q " + ShapeToString(q) + ", k " +
+                           ShapeToString(k) + ", v " + ShapeToString(v) + " do not match");
+  }
+  MEMEST_ASSIGN_OR_RETURN(double p, FloatAttr(c.op.attrs, "dropout_p", 0.0, c.field));
+  if (p < 0 || p >= 1) return InvalidArgument(AttrField(c, "dropout_p") + ": must be in [0, 1)");
+  MEMEST_RETURN_IF_ERROR(IntAttr(c.op.attrs, "is_causal", 0, c.field).status());
+  Shape out = q;
+  out.back() = v.back();
+  return std::vector<OutputSpec>{{out, c.in(0).dtype}};
+}
+
+void SdpaMemory(const OpCall& c, OpMemory* m) {
+  const Tensor& q = c.in(0);
+  const Tensor& k = c.in(1);
+  Shape scores(q.shape.begin(), q.shape.end() - 1);
+  scores.push_back(k.shape[k.shape.size() - 2]);
+  const int64_t L = q.shape[q.shape.size() - 2], S = scores.back();
+  const int64_t score_bytes = Bytes(scores, q.dtype);
+  const double p = FloatAttr(c.op.attrs, "dropout_p", 0.0, c.field).value();
+  const bool causal = IntAttr(c.op.attrs, "is_causal", 0, c.field).value() != 0;
+  const bool grad = c.needs_grad(0) || c.needs_grad(1) || c.needs_grad(2);
+  if (causal) {
+    m->forward_temps.push_back(Alloc{L * S, "causal mask (bool)"});
+    m->forward_temps.push_back(Alloc{L * S * DTypeSize(q.dtype), "causal mask (additive)"});
+  }
+  Alloc q_scaled{BytesOf(q), "q * sqrt(scale)"};
+  Alloc k_scaled{BytesOf(k), "k^T * sqrt(scale)"};
+  Alloc probs{score_bytes, "softmax(scores)"};
+  if (!grad) {
+    for (Alloc a : {q_scaled, k_scaled, probs}) m->forward_temps.push_back(a);
+    m->forward_temps.push_back(Alloc{score_bytes, "scores"});
+    return;
+  }
+  m->saved_extras = {q_scaled, k_scaled, probs};
+  m->saved_inputs.push_back(2);
+  if (p > 0) {
+    m->saved_extras.push_back(Alloc{Numel(scores), "dropout mask"});
+    m->saved_extras.push_back(Alloc{score_bytes, "dropout(softmax)"});
+  } else {
+    m->forward_temps.push_back(Alloc{score_bytes, "scores before softmax"});
+  }
+  m->backward_temps.push_back(Alloc{2 * score_bytes, "grad of probabilities and scores"});
+}
+
+}  // namespace
+
+void RegisterLossRules(std::vector<OpRule>* r) {
+  r->push_back({"cross_entropy", 2, 2, InferCrossEntropy, CrossEntropyMemory});
+  r->push_back({"mse_loss", 2, 2, InferMse, MseMemory});
+  r->push_back({"scaled_dot_product_attention", 3, 3, InferSdpa, SdpaMemory});
+}
+
+}  // namespace rules
+}  // namespace memest

@@ -1,0 +1,163 @@
+// Rules for normalisation layers.
+//
+// derivatives.yaml: native_layer_norm saves input, weight, bias and its mean and rstd outputs
+// (float32 for float32/half inputs, shaped like the input with the normalised dims set to 1);
+// native_batch_norm saves input, weight, running stats and save_mean / save_invstd ([C],
+// float32); native_group_norm saves input, weight, mean and rstd ([N, G]). RMSNorm has no
+// fused kernel in the PyTorch versions that presets target; it is written (as HF's
+// LlamaRMSNorm) as x.to(float32).pow(2).mean(-1, keepdim) -> rsqrt -> x * rstd -> .to(dtype)
+// -> weight * ..., and its rule accounts for what those ops save.
+#include "engine/op_rules_internal.h"
+
+namespace memest {
+namespace rules {
+namespace {
+
+Status CheckAffine(const OpCall& c, size_t first, const Shape& want) {
+  for (size_t i = first; i < c.inputs.size() && i < first + 2; ++i) {
+    if (c.in(i).shape != want) {
+      return InvalidArgument(InputField(c, i) + ": expected shape " + ShapeToString(want) +
+                             ", got " + ShapeToString(c.in(i).shape));
+    }
+  }
+  return Status::Ok();
+}
+
+bool AnyNeedsGrad(const OpCall& c) {
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    if (c.needs_grad(i)) return true;
+  }
+  return false;
+}
+
+StatusOr<int64_t> NormalizedNdim(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(int64_t n, IntAttr(c.op.attrs, "normalized_ndim", 1, c.field));
+  if (n < 1 || n > static_cast<int64_t>(c.in(0).shape.size())) {
+    return InvalidArgument(AttrField(c, "normalized_ndim") + ": must be in [1, rank], got " +
+                           std::to_string(n));
+  }
+  return n;
+}
+
+StatusOr<std::vector<OutputSpec>> InferLayerNorm(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 1, 8));
+  MEMEST_ASSIGN_OR_RETURN(int64_t n, NormalizedNdim(c));
+  const Shape& x = c.in(0).shape;
+  MEMEST_RETURN_IF_ERROR(CheckAffine(c, 1, Shape(x.end() - n, x.end())));
+  return std::vector<OutputSpec>{Like(c.in(0))};
+}
+
+void LayerNormMemory(const OpCall& c, OpMemory* m) {
+  if (!AnyNeedsGrad(c)) return;
+  StatusOr<int64_t> n = NormalizedNdim(c);
+  Shape stats = c.in(0).shape;
+  for (int64_t i = 0; i < (n.ok() ? *n : 1); ++i) stats[stats.size() - 1 - i] = 1;
+  const DType acc = AccType(c.in(0).dtype);
+  m->saved_inputs.push_back(0);
+  m->saved_extras.push_back(AllocOf(stats, acc, "layer_norm mean"));
+  m->saved_extras.push_back(AllocOf(stats, acc, "layer_norm rstd"));
+}
+
+StatusOr<std::vector<OutputSpec>> InferBatchNorm(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 2, 5));
+  const Shape channels{c.in(0).shape[1]};
+  for (size_t i = 1; i < c.inputs.size(); ++i) {
+    if (c.in(i).shape != channels) {
+      return InvalidArgument(InputField(c, i) + ": expected shape " + ShapeToString(channels) +
+                             ", got " + ShapeToString(c.in(i).shape));
+    }
+  }
+  return std::vector<OutputSpec>{Like(c.in(0))};
+}
+
+void BatchNormMemory(const OpCall& c, OpMemory* m) {
+  if (!AnyNeedsGrad(c)) return;
+  const Shape channels{c.in(0).shape[1]};
+  const DType acc = AccType(c.in(0).dtype);
+  m->saved_inputs.push_back(0);
+  m->saved_extras.push_back(AllocOf(channels, acc, "batch_norm save_mean"));
+  m->saved_extras.push_back(AllocOf(channels, acc, "batch_norm save_invstd"));
+}
+
+StatusOr<std::vector<OutputSpec>> InferGroupNorm(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 2, 5));
+  MEMEST_ASSIGN_OR_RETURN(int64_t groups, IntAttr(c.op.attrs, "num_groups", 0, c.field));
+  const int64_t ch = c.in(0).shape[1];
+  if (groups <= 0 || ch % groups != 0) {
+    return InvalidArgument(AttrField(c, "num_groups") + ": must be positive and divide the " +
+                           std::to_string(ch) + " channels, got " + std::to_string(groups));
+  }
+  MEMEST_RETURN_IF_ERROR(CheckAffine(c, 1, Shape{ch}));
+  return std::vector<OutputSpec>{Like(c.in(0))};
+}
+
+void GroupNormMemory(const OpCall& c, OpMemory* m) {
+  if (!AnyNeedsGrad(c)) return;
+  StatusOr<int64_t> groups = IntAttr(c.op.attrs, "num_groups", 1, c.field);
+  const Shape stats{c.in(0).shape[0], groups.ok() ? *groups : 1};
+  const DType acc = AccType(c.in(0).dtype);
+  m->saved_inputs.push_back(0);
+  m->saved_extras.push_back(AllocOf(stats, acc, "group_norm mean"));
+  m->saved_extras.push_back(AllocOf(stats, acc, "group_norm rstd"));
+}
+
+StatusOr<std::vector<OutputSpec>> InferRmsNorm(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 1, 8));
+  MEMEST_RETURN_IF_ERROR(IntAttr(c.op.attrs, "upcast", 0, c.field).status());
+  if (c.inputs.size() == 2 && c.in(1).shape != Shape{c.in(0).shape.back()}) {
+    return InvalidArgument(InputField(c, 1) + ": expected shape [" +
+                           std::to_string(c.in(0).shape.back()) + "], got " +
+                           ShapeToString(c.in(1).shape));
+  }
+  DType out = c.in(0).dtype;
+  if (c.inputs.size() == 2) out = PromoteTypes(out, c.in(1).dtype);
+  return std::vector<OutputSpec>{{c.in(0).shape, out}};
+}
+
+void RmsNormMemory(const OpCall& c, OpMemory* m) {
+  const Tensor& x = c.in(0);
+  const bool weighted = c.inputs.size() == 2;
+  StatusOr<int64_t> upcast_attr = IntAttr(c.op.attrs, "upcast", 0, c.field);
+  const bool upcast = upcast_attr.ok() && *upcast_attr != 0 && x.dtype != DType::kFloat32;
+  const DType compute = upcast ? DType::kFloat32 : x.dtype;
+  const int64_t n = Numel(x.shape);
+  Shape rows = x.shape;
+  rows.back() = 1;
+  const bool grad = x.requires_grad || (weighted && c.needs_grad(1));
+  if (!grad) {
+    // Under no_grad every intermediate is transient: x^2 is gone before x*rstd is formed.
+    m->forward_temps.push_back(Alloc{n * DTypeSize(compute), "rms_norm x*rstd"});
+    if (upcast) m->forward_temps.push_back(Alloc{n * 4, "rms_norm float32 copy"});
+    return;
+  }
+  // pow(2) and x*rstd keep the (float32 copy of the) input; rsqrt keeps its [.., 1] result.
+  if (upcast) {
+    m->saved_extras.push_back(Alloc{n * 4, "rms_norm float32 copy of x"});
+  } else {
+    m->saved_inputs.push_back(0);
+  }
+  m->saved_extras.push_back(AllocOf(rows, compute, "rms_norm rstd"));
+  if (weighted) {
+    // weight * xhat keeps xhat (in x's dtype); with upcast the float32 xhat is a local that
+    // lives until the module returns.
+    m->saved_extras.push_back(Alloc{n * DTypeSize(x.dtype), "rms_norm normalised x"});
+    if (upcast) m->forward_temps.push_back(Alloc{n * 4, "rms_norm float32 x*rstd"});
+  }
+  m->backward_temps.push_back(Alloc{2 * n * DTypeSize(compute), "rms_norm backward products"});
+}
+
+}  // namespace
+
+void RegisterNormRules(std::vector<OpRule>* r) {
+  r->push_back({"layer_norm", 1, 3, InferLayerNorm, LayerNormMemory});
+  r->push_back({"batch_norm", 1, 5, InferBatchNorm, BatchNormMemory});
+  r->push_back({"group_norm", 1, 3, InferGroupNorm, GroupNormMemory});
+  r->push_back({"rms_norm", 1, 2, InferRmsNorm, RmsNormMemory});
+}
+
+}  // namespace rules
+}  // namespace memest

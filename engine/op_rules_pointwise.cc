@@ -1,0 +1,247 @@
+// Rules for pointwise ops: activations, unary math, binary arithmetic with broadcasting,
+// masking, dropout and dtype casts.
+//
+// What autograd saves (derivatives.yaml): relu, sigmoid, tanh, exp, rsqrt, sqrt, softmax and
+// log_softmax save their result; gelu, silu, log1p and pow save their input; mul saves each
+// operand when the other needs grad; div saves the divisor, and the dividend too when the
+// divisor needs grad; add, sub, neg and ops with a Python scalar save nothing that costs
+// memory. native_dropout (CUDA, 0 < p < 1) saves a bool mask. masked_fill and where save the
+// mask. Broadcast inputs get their gradient by reducing an output-sized product (mul, div) or
+// the incoming gradient (add, sub) to their shape.
+#include <cmath>
+
+#include "engine/op_rules_internal.h"
+
+namespace memest {
+namespace rules {
+namespace {
+
+bool HasScalar(const OpCall& c) { return HasAttr(c.op.attrs, "scalar"); }
+
+StatusOr<std::vector<OutputSpec>> InferUnary(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  return std::vector<OutputSpec>{Like(c.in(0))};
+}
+
+void SaveInput(const OpCall& c, OpMemory* m) { SaveInputIf(m, c.needs_grad(0), 0); }
+void SaveOutput(const OpCall& c, OpMemory* m) {
+  if (c.needs_grad(0)) m->saved_outputs.push_back(0);
+}
+void SaveNothing(const OpCall& c, OpMemory* m) {}
+
+StatusOr<std::vector<OutputSpec>> InferRelu(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(int64_t inplace, IntAttr(c.op.attrs, "inplace", 0, c.field));
+  OutputSpec out = Like(c.in(0));
+  if (inplace) out = ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides);
+  return std::vector<OutputSpec>{out};
+}
+
+StatusOr<std::vector<OutputSpec>> InferGelu(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(std::string approx, StringAttr(c.op.attrs, "approximate", "none", c.field));
+  if (approx != "none" && approx != "tanh") {
+    return InvalidArgument(AttrField(c, "approximate") + ": must be 'none' or 'tanh', got '" +
+                           approx + "'");
+  }
+  return InferUnary(c);
+}
+
+StatusOr<std::vector<OutputSpec>> InferPow(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "exponent", 2.0, c.field).status());
+  return InferUnary(c);
+}
+
+void PowMemory(const OpCall& c, OpMemory* m) {
+  if (!c.needs_grad(0)) return;
+  m->saved_inputs.push_back(0);
+  // grad * exponent * x.pow(exponent - 1): two input-sized products live at once.
+  m->backward_temps.push_back(Alloc{2 * BytesOf(c.in(0)), "pow backward products"});
+}
+
+StatusOr<std::vector<OutputSpec>> InferSoftmax(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_ASSIGN_OR_RETURN(int64_t dim, IntAttr(c.op.attrs, "dim", -1, c.field));
+  MEMEST_RETURN_IF_ERROR(
+      NormalizeDim(dim, static_cast<int>(c.in(0).shape.size()), AttrField(c, "dim")).status());
+  MEMEST_ASSIGN_OR_RETURN(int64_t h2f, IntAttr(c.op.attrs, "half_to_float", 0, c.field));
+  OutputSpec out = Like(c.in(0));
+  if (h2f) out.dtype = DType::kFloat32;
+  return std::vector<OutputSpec>{out};
+}
+
+StatusOr<double> DropoutP(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(double p, FloatAttr(c.op.attrs, "p", 0.1, c.field));
+  if (p < 0 || p > 1) {
+    return InvalidArgument(AttrField(c, "p") + ": must be in [0, 1], got " + std::to_string(p));
+  }
+  return p;
+}
+
+StatusOr<std::vector<OutputSpec>> InferDropout(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(double p, DropoutP(c));
+  if (p == 0.0) {  // at::dropout returns its input when p == 0
+    return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides)};
+  }
+  return InferUnary(c);
+}
+
+void DropoutMemory(const OpCall& c, OpMemory* m) {
+  StatusOr<double> p = DropoutP(c);
+  if (!p.ok() || *p == 0.0) return;
+  Alloc mask = AllocOf(c.in(0).shape, DType::kBool, "dropout mask");
+  (c.needs_grad(0) ? m->saved_extras : m->forward_temps).push_back(mask);
+}
+
+// ---- binary arithmetic ----
+
+StatusOr<std::vector<OutputSpec>> InferBinary(const OpCall& c) {
+  if (c.inputs.size() == 1) {
+    if (!HasScalar(c)) {
+      return InvalidArgument(c.field + ".inputs: " + c.op.kind +
+                             " takes two tensors, or one tensor and attrs.scalar");
+    }
+    MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "scalar", 0, c.field).status());
+    DType d = c.in(0).dtype;
+    if (!IsFloating(d) && c.op.kind == "div") d = DType::kFloat32;
+    return std::vector<OutputSpec>{{c.in(0).shape, d}};
+  }
+  StatusOr<Shape> out = BroadcastShapes(c.in(0).shape, c.in(1).shape);
+  if (!out.ok()) return out.status().Prefixed(c.field + ".inputs: ");
+  DType d = PromoteTypes(c.in(0).dtype, c.in(1).dtype);
+  // A 0-dim tensor does not promote a dimensioned floating tensor of another float type.
+  if (c.in(1).shape.empty() && IsFloating(c.in(0).dtype) && IsFloating(c.in(1).dtype)) {
+    d = c.in(0).dtype;
+  }
+  if (c.op.kind == "div" && !IsFloating(d)) d = DType::kFloat32;
+  return std::vector<OutputSpec>{{*out, d}};
+}
+
+bool Broadcast(const OpCall& c, size_t i) { return c.in(i).shape != c.out(0).shape; }
+
+// add / sub: the gradient of an operand of the output's shape and dtype is the incoming
+// gradient itself (sub negates it for the second operand); a broadcast operand gets a fresh,
+// reduced one.
+void AddSubMemory(const OpCall& c, OpMemory* m) {
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const bool same = !Broadcast(c, i) && c.in(i).dtype == c.out(0).dtype;
+    const bool negated = c.op.kind == "sub" && i == 1;
+    m->grad_flow.push_back(same && !negated ? GradFlow::kPassThrough : GradFlow::kFresh);
+  }
+}
+
+void BroadcastProducts(const OpCall& c, OpMemory* m) {
+  for (size_t i = 0; i < c.inputs.size() && c.inputs.size() == 2; ++i) {
+    if (c.needs_grad(i) && Broadcast(c, i)) {
+      m->backward_temps.push_back(Alloc{BytesOf(c.out(0)), "output-sized product before sum_to"});
+    }
+  }
+}
+
+void MulMemory(const OpCall& c, OpMemory* m) {
+  if (c.inputs.size() == 1) return;  // scalar: nothing saved
+  SaveInputIf(m, c.needs_grad(1), 0);
+  SaveInputIf(m, c.needs_grad(0), 1);
+  BroadcastProducts(c, m);
+}
+
+void DivMemory(const OpCall& c, OpMemory* m) {
+  if (c.inputs.size() == 1) return;
+  SaveInputIf(m, c.needs_grad(0) || c.needs_grad(1), 1);
+  SaveInputIf(m, c.needs_grad(1), 0);
+  BroadcastProducts(c, m);
+  if (c.needs_grad(1)) {
+    m->backward_temps.push_back(Alloc{2 * BytesOf(c.out(0)), "div backward: -grad*a/(b*b)"});
+  }
+}
+
+// In place: the output is the first operand's storage.
+StatusOr<std::vector<OutputSpec>> InferInplaceBinary(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(std::vector<OutputSpec> out, InferBinary(c));
+  if (out[0].shape != c.in(0).shape) {
+    return InvalidArgument(c.field + ".inputs: " + c.op.kind + " cannot broadcast its first " +
+                           "operand " + ShapeToString(c.in(0).shape) + " to " +
+                           ShapeToString(out[0].shape) + " in place");
+  }
+  return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides)};
+}
+
+void InplaceAddMemory(const OpCall& c, OpMemory* m) {
+  m->grad_flow.push_back(GradFlow::kPassThrough);
+  if (c.inputs.size() == 2) {
+    m->grad_flow.push_back(Broadcast(c, 1) ? GradFlow::kFresh : GradFlow::kPassThrough);
+  }
+}
+
+void InplaceMulMemory(const OpCall& c, OpMemory* m) {
+  if (c.inputs.size() == 1) return;
+  SaveInputIf(m, c.needs_grad(0), 1);
+  if (c.needs_grad(1)) {  // the original self is needed: autograd keeps a clone
+    m->saved_extras.push_back(Alloc{BytesOf(c.in(0)), "clone of the original self"});
+  }
+}
+
+StatusOr<std::vector<OutputSpec>> InferMaskedFill(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "value", 0, c.field).status());
+  StatusOr<Shape> out = BroadcastShapes(c.in(0).shape, c.in(1).shape);
+  if (!out.ok() || *out != c.in(0).shape) {
+    return InvalidArgument(InputField(c, 1) + ": mask " + ShapeToString(c.in(1).shape) +
+                           " does not broadcast to " + ShapeToString(c.in(0).shape));
+  }
+  return std::vector<OutputSpec>{Like(c.in(0))};
+}
+
+void SaveMask(const OpCall& c, OpMemory* m) {
+  if (c.needs_grad(0)) m->saved_inputs.push_back(1);
+}
+
+StatusOr<std::vector<OutputSpec>> InferWhere(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(Shape ab, BroadcastShapes(c.in(1).shape, c.in(2).shape));
+  StatusOr<Shape> out = BroadcastShapes(c.in(0).shape, ab);
+  if (!out.ok()) return out.status().Prefixed(c.field + ".inputs: ");
+  return std::vector<OutputSpec>{{*out, PromoteTypes(c.in(1).dtype, c.in(2).dtype)}};
+}
+
+void WhereMemory(const OpCall& c, OpMemory* m) {
+  if (c.needs_grad(1) || c.needs_grad(2)) m->saved_inputs.push_back(0);
+  m->grad_flow = {GradFlow::kNone, GradFlow::kFresh, GradFlow::kFresh};
+}
+
+StatusOr<std::vector<OutputSpec>> InferTo(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(std::string name, StringAttr(c.op.attrs, "dtype", "", c.field));
+  StatusOr<DType> d = ParseDType(name);
+  if (!d.ok()) return d.status().Prefixed(AttrField(c, "dtype") + ": ");
+  if (*d == c.in(0).dtype) {
+    return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, *d, c.in(0).strides)};
+  }
+  return std::vector<OutputSpec>{{c.in(0).shape, *d}};
+}
+
+}  // namespace
+
+void RegisterPointwiseRules(std::vector<OpRule>* r) {
+  r->push_back({"relu", 1, 1, InferRelu, SaveOutput});
+  r->push_back({"gelu", 1, 1, InferGelu, SaveInput});
+  r->push_back({"silu", 1, 1, InferUnary, SaveInput});
+  r->push_back({"sigmoid", 1, 1, InferUnary, SaveOutput});
+  r->push_back({"tanh", 1, 1, InferUnary, SaveOutput});
+  r->push_back({"exp", 1, 1, InferUnary, SaveOutput});
+  r->push_back({"rsqrt", 1, 1, InferUnary, SaveOutput});
+  r->push_back({"sqrt", 1, 1, InferUnary, SaveOutput});
+  r->push_back({"log1p", 1, 1, InferUnary, SaveInput});
+  r->push_back({"neg", 1, 1, InferUnary, SaveNothing});
+  r->push_back({"pow", 1, 1, InferPow, PowMemory});
+  r->push_back({"softmax", 1, 1, InferSoftmax, SaveOutput});
+  r->push_back({"log_softmax", 1, 1, InferSoftmax, SaveOutput});
+  r->push_back({"dropout", 1, 1, InferDropout, DropoutMemory, /*identity_in_eval=*/true});
+  r->push_back({"add", 1, 2, InferBinary, AddSubMemory});
+  r->push_back({"sub", 1, 2, InferBinary, AddSubMemory});
+  r->push_back({"mul", 1, 2, InferBinary, MulMemory});
+  r->push_back({"div", 1, 2, InferBinary, DivMemory});
+  r->push_back({"add_", 1, 2, InferInplaceBinary, InplaceAddMemory});
+  r->push_back({"mul_", 1, 2, InferInplaceBinary, InplaceMulMemory});
+  r->push_back({"masked_fill", 2, 2, InferMaskedFill, SaveMask});
+  r->push_back({"where", 3, 3, InferWhere, WhereMemory});
+  r->push_back({"to", 1, 1, InferTo, SaveNothing});
+}
+
+}  // namespace rules
+}  // namespace memest
