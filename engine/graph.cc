@@ -116,6 +116,12 @@ int GraphBuilder::AddLeaf(std::string name, Shape shape, DType dtype, TensorRole
   return static_cast<int>(graph_.tensors.size()) - 1;
 }
 
+int GraphBuilder::CopyLeaf(const Tensor& leaf) {
+  if (!ok()) return -1;
+  graph_.tensors.push_back(leaf);
+  return static_cast<int>(graph_.tensors.size()) - 1;
+}
+
 int GraphBuilder::Input(std::string name, Shape shape, DType dtype, int batch_dim) {
   return AddLeaf(std::move(name), std::move(shape), dtype, TensorRole::kInput, false, batch_dim);
 }

@@ -110,6 +110,11 @@ class GraphBuilder {
   // Add() for ops with one output (or where only the first matters): returns -1 on error.
   int Add1(std::string_view kind, std::vector<int> inputs, Attrs attrs = {});
 
+  // Copies a leaf of another graph as it is (for passes that rewrite a graph).
+  int CopyLeaf(const Tensor& leaf);
+  // Sets the scope of the ops added next (for passes replaying another graph's ops).
+  void SetScope(std::string scope) { scope_ = std::move(scope); }
+
   // Module scopes: ops added between Push and Pop carry "outer.inner" scopes.
   void PushScope(std::string_view name);
   void PopScope();

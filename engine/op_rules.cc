@@ -26,6 +26,22 @@ Status RequireRank(const OpCall& c, size_t i, int lo, int hi) {
   return Status::Ok();
 }
 
+Strides DenseStridesLike(const Tensor& t) {
+  if (IsContiguous(t.shape, t.strides)) return ContiguousStrides(t.shape);
+  const size_t n = t.shape.size();
+  std::vector<size_t> order(n);  // dims from outermost (largest stride) to innermost
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return t.strides[a] > t.strides[b]; });
+  Strides s(n, 1);
+  int64_t step = 1;
+  for (size_t k = n; k-- > 0;) {
+    s[order[k]] = step;
+    step *= std::max<int64_t>(t.shape[order[k]], 1);
+  }
+  return s;
+}
+
 }  // namespace rules
 
 namespace {
@@ -100,13 +116,9 @@ OpMemory OpMemoryOf(const OpCall& call) {
   OpMemory mem;
   const OpRule* rule = FindOpRule(call.op.kind);
   if (rule != nullptr && rule->memory != nullptr) rule->memory(call, &mem);
-  if (mem.grad_flow.empty()) {
-    for (const Tensor* t : call.inputs) {
-      mem.grad_flow.push_back(t->requires_grad ? GradFlow::kFresh : GradFlow::kNone);
-    }
-  }
-  for (size_t i = 0; i < mem.grad_flow.size() && i < call.inputs.size(); ++i) {
-    if (!call.inputs[i]->requires_grad) mem.grad_flow[i] = GradFlow::kNone;
+  mem.grad_flow.resize(call.inputs.size(), GradFlow::kFresh);
+  for (size_t i = 0; i < call.inputs.size(); ++i) {
+    if (!call.needs_grad(i)) mem.grad_flow[i] = GradFlow::kNone;
   }
   return mem;
 }

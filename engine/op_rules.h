@@ -53,10 +53,11 @@ struct OpCall {
   std::vector<const Tensor*> inputs;
   std::vector<const Tensor*> outputs;
   std::string field;  // where errors point, e.g. "model.ops[3]"
+  bool grad_enabled = true;  // false under no_grad: inference, a checkpoint's first pass
 
   const Tensor& in(size_t i) const { return *inputs[i]; }
   const Tensor& out(size_t i) const { return *outputs[i]; }
-  bool needs_grad(size_t i) const { return inputs[i]->requires_grad; }
+  bool needs_grad(size_t i) const { return grad_enabled && inputs[i]->requires_grad; }
 };
 
 struct OutputSpec {
@@ -96,8 +97,8 @@ struct OpRule {
   // Output shapes and dtypes from the inputs and attributes; refuses bad shapes and attributes
   // with an error naming "<call.field>.inputs[i]" or "<call.field>.attrs.<name>".
   StatusOr<std::vector<OutputSpec>> (*infer)(const OpCall& call) = nullptr;
-  // Memory behaviour of a call whose outputs are resolved. `grad_enabled` is false under
-  // no_grad (inference, or the first pass over a checkpointed region): nothing is saved then.
+  // Memory behaviour of a call whose outputs are resolved. Under no_grad
+  // (call.grad_enabled false) nothing is saved: what would be saved is scratch.
   void (*memory)(const OpCall& call, OpMemory* mem) = nullptr;
   // True for ops that return their input in eval mode (dropout): inference aliases them.
   bool identity_in_eval = false;

@@ -25,8 +25,13 @@ inline std::string AttrField(const OpCall& c, const char* name) {
   return c.field + ".attrs." + name;
 }
 
-// A contiguous output like input i (same shape and dtype).
-inline OutputSpec Like(const Tensor& t) { return OutputSpec{t.shape, t.dtype, {}, -1, true}; }
+// Dense strides that keep `t`'s memory order (what empty_like / TensorIterator give an
+// output of a pointwise op on a permuted input).
+Strides DenseStridesLike(const Tensor& t);
+// A new output like `t`: same shape and dtype, laid out in t's memory order.
+inline OutputSpec Like(const Tensor& t) {
+  return OutputSpec{t.shape, t.dtype, DenseStridesLike(t), -1, true};
+}
 // A view of input i with the given shape and strides.
 inline OutputSpec ViewOf(int input, Shape shape, DType dtype, Strides strides) {
   return OutputSpec{std::move(shape), dtype, std::move(strides), input, true};

@@ -45,7 +45,7 @@ StatusOr<std::vector<OutputSpec>> InferLayerNorm(const OpCall& c) {
   MEMEST_ASSIGN_OR_RETURN(int64_t n, NormalizedNdim(c));
   const Shape& x = c.in(0).shape;
   MEMEST_RETURN_IF_ERROR(CheckAffine(c, 1, Shape(x.end() - n, x.end())));
-  return std::vector<OutputSpec>{Like(c.in(0))};
+  return std::vector<OutputSpec>{{c.in(0).shape, c.in(0).dtype}};  // contiguous
 }
 
 void LayerNormMemory(const OpCall& c, OpMemory* m) {
@@ -69,7 +69,7 @@ StatusOr<std::vector<OutputSpec>> InferBatchNorm(const OpCall& c) {
                              ", got " + ShapeToString(c.in(i).shape));
     }
   }
-  return std::vector<OutputSpec>{Like(c.in(0))};
+  return std::vector<OutputSpec>{{c.in(0).shape, c.in(0).dtype}};  // contiguous
 }
 
 void BatchNormMemory(const OpCall& c, OpMemory* m) {
@@ -91,7 +91,7 @@ StatusOr<std::vector<OutputSpec>> InferGroupNorm(const OpCall& c) {
                            std::to_string(ch) + " channels, got " + std::to_string(groups));
   }
   MEMEST_RETURN_IF_ERROR(CheckAffine(c, 1, Shape{ch}));
-  return std::vector<OutputSpec>{Like(c.in(0))};
+  return std::vector<OutputSpec>{{c.in(0).shape, c.in(0).dtype}};  // contiguous
 }
 
 void GroupNormMemory(const OpCall& c, OpMemory* m) {
@@ -127,7 +127,7 @@ void RmsNormMemory(const OpCall& c, OpMemory* m) {
   const int64_t n = Numel(x.shape);
   Shape rows = x.shape;
   rows.back() = 1;
-  const bool grad = x.requires_grad || (weighted && c.needs_grad(1));
+  const bool grad = c.needs_grad(0) || (weighted && c.needs_grad(1));
   if (!grad) {
     // Under no_grad every intermediate is transient: x^2 is gone before x*rstd is formed.
     m->forward_temps.push_back(Alloc{n * DTypeSize(compute), "rms_norm x*rstd"});

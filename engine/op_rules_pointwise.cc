@@ -102,7 +102,7 @@ StatusOr<std::vector<OutputSpec>> InferBinary(const OpCall& c) {
     MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "scalar", 0, c.field).status());
     DType d = c.in(0).dtype;
     if (!IsFloating(d) && c.op.kind == "div") d = DType::kFloat32;
-    return std::vector<OutputSpec>{{c.in(0).shape, d}};
+    return std::vector<OutputSpec>{{c.in(0).shape, d, DenseStridesLike(c.in(0))}};
   }
   StatusOr<Shape> out = BroadcastShapes(c.in(0).shape, c.in(1).shape);
   if (!out.ok()) return out.status().Prefixed(c.field + ".inputs: ");
@@ -112,6 +112,10 @@ StatusOr<std::vector<OutputSpec>> InferBinary(const OpCall& c) {
     d = c.in(0).dtype;
   }
   if (c.op.kind == "div" && !IsFloating(d)) d = DType::kFloat32;
+  // TensorIterator lays the output out in the memory order of an operand of its shape.
+  for (size_t i = 0; i < 2; ++i) {
+    if (c.in(i).shape == *out) return std::vector<OutputSpec>{{*out, d, DenseStridesLike(c.in(i))}};
+  }
   return std::vector<OutputSpec>{{*out, d}};
 }
 
@@ -212,7 +216,7 @@ StatusOr<std::vector<OutputSpec>> InferTo(const OpCall& c) {
   if (*d == c.in(0).dtype) {
     return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, *d, c.in(0).strides)};
   }
-  return std::vector<OutputSpec>{{c.in(0).shape, *d}};
+  return std::vector<OutputSpec>{{c.in(0).shape, *d, DenseStridesLike(c.in(0))}};
 }
 
 }  // namespace

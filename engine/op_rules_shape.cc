@@ -221,7 +221,7 @@ StatusOr<std::vector<OutputSpec>> InferContiguous(const OpCall& c) {
   if (IsContiguous(x.shape, x.strides)) {
     return std::vector<OutputSpec>{ViewOf(0, x.shape, x.dtype, x.strides)};
   }
-  return std::vector<OutputSpec>{Like(x)};
+  return std::vector<OutputSpec>{{x.shape, x.dtype}};
 }
 
 StatusOr<std::vector<OutputSpec>> InferCat(const OpCall& c) {

@@ -34,15 +34,20 @@ const char* PhaseName(Phase p);  // "data", "forward", "loss", "backward", "opti
 
 using CategoryBytes = std::array<int64_t, kNumCategories>;
 
+// "1.50 GiB", "512 B": binary units with three significant digits.
+std::string FormatBytes(int64_t bytes);
+
 // The moment of a peak: how much was allocated and reserved, by what, and where.
 struct PeakPoint {
   Phase phase = Phase::kData;
   int64_t allocated_bytes = 0;  // as torch.cuda.max_memory_allocated would report
   int64_t reserved_bytes = 0;   // as torch.cuda.max_memory_reserved would report
-  CategoryBytes by_category{};  // allocated bytes by category at that moment
+  // Allocated bytes by category at that moment, each allocation rounded as the allocator rounds
+  // it; kAllocatorOverhead and kCudaContext are 0 here (they belong to the Report's breakdown).
+  CategoryBytes by_category{};
   std::string op;               // op kind running at the peak ("" between ops)
   std::string scope;            // its module scope
-  int micro_batch = 0;          // which micro-batch (0-based) when accumulating
+  int micro_batch = 0;          // index (0-based) of the micro-batch, not its size
   bool recompute = false;       // inside a checkpointed region's recomputation
 };
 
@@ -63,7 +68,7 @@ struct Advice {
 };
 
 struct DeviceFit {
-  std::string device;
+  std::string device;  // the catalog name, or "bare" for a bare capacity
   int64_t capacity_bytes = 0;
   int64_t required_bytes = 0;  // peak reserved + CUDA context: what nvidia-smi would show
   bool fits = false;
@@ -80,7 +85,9 @@ struct Report {
   CategoryBytes breakdown{};
   PeakPoint peak;                  // overall: the largest allocated moment of the step
   int64_t peak_reserved_bytes = 0; // the largest reserved moment (may differ in time)
-  std::vector<PeakPoint> phases;   // one per phase that ran, in order
+  // One per phase that ran, in step order: the largest moment of that phase over all
+  // micro-batches (micro_batch says which).
+  std::vector<PeakPoint> phases;
   std::vector<LayerRow> layers;
   std::optional<DeviceFit> fit;
   std::vector<Advice> advice;      // biggest saving first

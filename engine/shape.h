@@ -2,7 +2,7 @@
 //
 // A Shape is a list of non-negative sizes (PyTorch's `size()`); strides are in elements, as
 // PyTorch's `stride()`. Every byte count in memest is computed through the checked helpers
-// here, so a shape whose byte count does not fit in 63 bits is an error, never a wrapped value.
+// here, so a shape whose byte count exceeds kMaxBytes (2^62) is an error, never a wrapped value.
 #ifndef MEMEST_ENGINE_SHAPE_H_
 #define MEMEST_ENGINE_SHAPE_H_
 
@@ -40,9 +40,9 @@ Strides ContiguousStrides(const Shape& shape);
 // True if `strides` are the row-major strides of `shape` (size-1 dims are ignored, as in
 // PyTorch's is_contiguous).
 bool IsContiguous(const Shape& shape, const Strides& strides);
-// Strides for viewing a tensor of (old_shape, old_strides) as new_shape without a copy, if
-// PyTorch's `view` could (at::detail::computeStride); nullopt-like failure as an empty result
-// with ok=false.
+// Strides for viewing a tensor of (old_shape, old_strides) as new_shape without a copy, as
+// PyTorch's `view` computes them (at::detail::computeStride). Returns false, when no view is
+// possible (reshape then copies).
 bool ComputeViewStrides(const Shape& old_shape, const Strides& old_strides,
                         const Shape& new_shape, Strides* out);
 

@@ -1,0 +1,29 @@
+// Advice: what would make the step fit, each fix measured by re-running the estimate.
+#ifndef MEMEST_ENGINE_ADVICE_H_
+#define MEMEST_ENGINE_ADVICE_H_
+
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/graph.h"
+#include "engine/model.h"
+#include "engine/report.h"
+
+namespace memest {
+
+// Advice for `report` (the estimate of `model` under `config`, whose graph is `graph`), biggest
+// saving first. The first entry names the biggest contributor at the peak; the others are fixes,
+// each with the peak it saves, found by re-estimating the model with the fix applied:
+//   broadcast_reduce   a broadcast multiply reduced by sum/mean, written as one einsum
+//   fused_activation   x * sigmoid(x) written as silu(x)
+//   attention_scaling  the score matrix scaled by a scalar, moved onto queries and keys
+//   checkpoint         torch.utils.checkpoint every block, or every sqrt(L) blocks
+//   micro_batch        half the micro-batch with twice the gradient accumulation
+//   optimizer          a for-loop or fused optimizer instead of foreach
+//   precision          bf16 autocast instead of fp32
+std::vector<Advice> MakeAdvice(const ModelSpec& model, const Graph& graph, const RunConfig& config,
+                               const Report& report);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_ADVICE_H_

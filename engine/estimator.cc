@@ -1,0 +1,159 @@
+#include "engine/estimator.h"
+
+#include "engine/advice.h"
+#include "engine/devices.h"
+#include "engine/liveness.h"
+#include "engine/passes.h"
+#include "engine/schedule.h"
+
+namespace memest {
+
+const char* CategoryName(Category c) {
+  switch (c) {
+    case Category::kParameters: return "parameters";
+    case Category::kGradients: return "gradients";
+    case Category::kOptimizerState: return "optimizer_state";
+    case Category::kMasterAndCasts: return "master_and_cast_copies";
+    case Category::kActivations: return "activations";
+    case Category::kTemporaries: return "temporaries";
+    case Category::kInputs: return "inputs";
+    case Category::kKvCache: return "kv_cache";
+    case Category::kWorkspace: return "workspace";
+    case Category::kAllocatorOverhead: return "allocator_overhead";
+    case Category::kCudaContext: return "cuda_context";
+    case Category::kCount: break;
+  }
+  return "?";
+}
+
+const char* PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kData: return "data";
+    case Phase::kForward: return "forward";
+    case Phase::kLoss: return "loss";
+    case Phase::kBackward: return "backward";
+    case Phase::kOptimizerStep: return "optimizer_step";
+    case Phase::kCount: break;
+  }
+  return "?";
+}
+
+namespace {
+
+// The device the estimate is for: a catalog entry, a bare capacity, or (neither) a generic
+// device whose fixed costs are used without a fit verdict.
+StatusOr<std::optional<DeviceInfo>> ResolveDevice(const RunConfig& config) {
+  if (!config.device.empty()) {
+    StatusOr<DeviceInfo> d = FindDevice(config.device);
+    if (!d.ok()) return d.status().Prefixed("config.device_name: ");
+    return std::optional<DeviceInfo>(*d);
+  }
+  if (config.device_capacity_bytes > 0) {
+    return std::optional<DeviceInfo>(BareDevice(config.device_capacity_bytes));
+  }
+  return std::optional<DeviceInfo>();
+}
+
+void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegions& regions,
+              bool has_device, Report* r) {
+  r->notes.push_back("CUDA caching allocator rounding and segments modelled (PyTorch 2.x); "
+                     "reserved memory assumes no other allocations in the process");
+  bool attention = false, conv = false;
+  for (const Op& op : graph.ops) {
+    attention |= op.scope.find(".core") != std::string::npos ||
+                 op.kind == "scaled_dot_product_attention";
+    conv |= op.kind == "conv1d" || op.kind == "conv2d";
+  }
+  if (attention) {
+    r->notes.push_back("attention in its math form (eager); flash / memory-efficient SDPA "
+                       "kernels would not keep the [T, T] score matrices");
+  }
+  if (conv) r->notes.push_back("cuDNN convolution workspace is chosen at run time and not included");
+  if (config.mode == Mode::kTraining) {
+    r->notes.push_back(std::string("optimizer: ") + OptimizerKindName(config.optimizer.kind) + " (" +
+                       OptimizerImplName(config.optimizer.impl) + "), " +
+                       (config.step == StepKind::kFirstStep ? "first step: state created inside it"
+                                                            : "steady state: state exists") +
+                       (config.zero_grad_set_to_none ? "; zero_grad(set_to_none=True)"
+                                                     : "; zero_grad(set_to_none=False) keeps grads"));
+    if (!regions.empty()) {
+      r->notes.push_back(std::string("checkpointing (") +
+                         CheckpointPolicyName(config.checkpoint.policy) + "): " +
+                         std::to_string(regions.size()) + " regions recomputed in backward");
+    }
+    if (config.precision == Precision::kFp16Amp) {
+      r->notes.push_back("fp16 autocast: GradScaler's scalars are negligible and not listed");
+    }
+  }
+  if (!has_device) r->notes.push_back("no device given: CUDA context of a generic H100-class GPU");
+}
+
+}  // namespace
+
+StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
+                               const EstimateOptions& options) {
+  MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
+  MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
+  const DeviceInfo fixed = device ? *device : BareDevice(0);
+
+  const Graph* graph = &built;
+  Graph autocast;
+  if (IsAutocast(config.precision)) {
+    MEMEST_ASSIGN_OR_RETURN(autocast, ApplyAutocast(built, ComputeDType(config.precision)));
+    graph = &autocast;
+  }
+  CheckpointRegions regions;
+  if (config.mode == Mode::kTraining) {
+    MEMEST_ASSIGN_OR_RETURN(regions, PlanCheckpoints(*graph, config.checkpoint));
+  }
+  if (config.mode == Mode::kTraining && graph->loss < 0) {
+    return InvalidArgument("model: training needs a loss (a scalar to call backward on)");
+  }
+  const Schedule schedule =
+      BuildSchedule(*graph, config, regions, {fixed.cublas_workspace_bytes});
+  const Liveness live = WalkSchedule(schedule, *graph, config.expandable_segments);
+
+  Report r;
+  r.parameter_count = built.ParameterCount();
+  r.trainable_parameter_count = config.mode == Mode::kTraining ? built.TrainableParameterCount() : 0;
+  r.micro_batch = config.micro_batch();
+  r.op_count = static_cast<int64_t>(graph->ops.size());
+  r.peak = live.peak;
+  r.peak_reserved_bytes = live.peak_reserved;
+  r.phases = live.phases;
+  r.layers = schedule.layers;
+  r.breakdown = live.peak.by_category;
+  int64_t counted = 0;
+  for (int64_t b : r.breakdown) counted += b;
+  r.breakdown[static_cast<int>(Category::kAllocatorOverhead)] =
+      std::max<int64_t>(0, live.reserved_at_peak - counted);
+  r.breakdown[static_cast<int>(Category::kCudaContext)] = fixed.cuda_context_bytes;
+  if (device) {
+    DeviceFit fit;
+    fit.device = device->name;
+    fit.capacity_bytes = device->capacity_bytes;
+    fit.required_bytes = live.peak_reserved + device->cuda_context_bytes;
+    fit.fits = fit.required_bytes <= fit.capacity_bytes;
+    fit.headroom_bytes = fit.capacity_bytes - fit.required_bytes;
+    r.fit = fit;
+  }
+  AddNotes(*graph, config, regions, device.has_value(), &r);
+  return r;
+}
+
+StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
+                          const EstimateOptions& options) {
+  MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
+  BuildContext ctx;
+  ctx.micro_batch = config.micro_batch();
+  ctx.mode = config.mode;
+  ctx.param_dtype = ParameterDType(config.precision);
+  ctx.generate_tokens = config.generate_tokens;
+  ctx.max_ops = options.max_ops;
+  MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));
+  MEMEST_ASSIGN_OR_RETURN(Report report, EstimateGraph(graph, config, options));
+  if (options.advice) report.advice = MakeAdvice(model, graph, config, report);
+  return report;
+}
+
+}  // namespace memest

@@ -1,0 +1,25 @@
+// Liveness: walks a schedule through the allocator model and finds the peaks.
+#ifndef MEMEST_ENGINE_LIVENESS_H_
+#define MEMEST_ENGINE_LIVENESS_H_
+
+#include <vector>
+
+#include "engine/report.h"
+#include "engine/schedule.h"
+
+namespace memest {
+
+struct Liveness {
+  PeakPoint peak;                   // the moment of the largest allocated total
+  int64_t reserved_at_peak = 0;     // reserved at that same moment
+  int64_t peak_reserved = 0;        // the largest reserved total of the step
+  std::vector<PeakPoint> phases;    // per phase that ran, in step order
+};
+
+// Replays `schedule` through CachingAllocatorModel. Peak points name the op (kind and scope)
+// of `graph` that was running.
+Liveness WalkSchedule(const Schedule& schedule, const Graph& graph, bool expandable_segments);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_LIVENESS_H_

@@ -1,0 +1,764 @@
+#include "engine/schedule.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "engine/op_rules.h"
+
+namespace memest {
+namespace {
+
+bool UsesCublas(const std::string& kind) {
+  return kind == "linear" || kind == "matmul" || kind == "bmm" || kind == "addmm" ||
+         kind == "einsum" || kind == "scaled_dot_product_attention";
+}
+
+// What torch.optim keeps and allocates per parameter, in multiples of the parameter's bytes.
+struct OptimizerCosts {
+  double state = 0;          // persistent state (exp_avg, momentum_buffer, ...)
+  double loop_scratch = 0;   // scratch per parameter, one parameter at a time (for-loop)
+  double all_scratch = 0;    // scratch for every parameter at once (foreach)
+  bool state_at_init = false;  // created in the constructor (Adagrad), not on the first step
+  bool device_step = false;    // fused: a 0-dim float32 `step` per parameter on the device
+};
+
+OptimizerCosts CostsOf(const OptimizerConfig& o) {
+  OptimizerCosts c;
+  const double wd = o.weight_decay > 0 ? 1 : 0;  // grad.add(param, alpha=wd): a new tensor
+  switch (o.kind) {
+    case OptimizerKind::kSgd: c = {0, wd, wd}; break;
+    case OptimizerKind::kSgdMomentum: c = {1, wd, wd}; break;
+    // _single_tensor_adam: (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) holds the
+    // sqrt and the quotient at once; _multi_tensor_adam: one _foreach_sqrt list, then in place.
+    case OptimizerKind::kAdam: c = {2, 2 + wd, 1 + wd}; break;
+    case OptimizerKind::kAdamW: c = {2, 2, 1}; break;  // decay is param.mul_(): in place
+    case OptimizerKind::kAdagrad: c = {1, 1 + wd, 1 + wd}; c.state_at_init = true; break;
+    case OptimizerKind::kRmsprop: c = {1, 1 + wd, 1 + wd}; break;
+    case OptimizerKind::kLion: c = {1, 1, 1}; break;  // exp_avg.clone().lerp_(grad).sign_()
+    case OptimizerKind::kAdafactor: c = {0, 1, 1}; break;  // factored state added per shape
+  }
+  if (o.impl == OptimizerImpl::kFused) {
+    c.loop_scratch = c.all_scratch = 0;
+    c.device_step = o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW ||
+                    o.kind == OptimizerKind::kAdagrad;
+  }
+  return c;
+}
+
+// Adafactor keeps row and column second moments for a matrix, a full one for a vector.
+int64_t AdafactorStateBytes(const Tensor& p) {
+  const int64_t es = DTypeSize(p.dtype);
+  if (p.shape.size() < 2) return Numel(p.shape) * es;
+  const int64_t rows = Numel(p.shape) / p.shape.back();
+  const int64_t cols = Numel(p.shape) / p.shape[p.shape.size() - 2];
+  return (rows + cols) * es;
+}
+
+class StepSimulator {
+ public:
+  StepSimulator(const Graph& g, const RunConfig& cfg, const CheckpointRegions& regions,
+                const ScheduleOptions& opt)
+      : g_(g), cfg_(cfg), opt_(opt), training_(cfg.mode == Mode::kTraining) {
+    const size_t n = g.tensors.size();
+    base_.resize(n);
+    for (size_t t = 0; t < n; ++t) base_[t] = static_cast<int>(t);
+    for (const Op& op : g.ops) {
+      const OpRule* rule = FindOpRule(op.kind);
+      const bool eval_identity = !training_ && rule && rule->identity_in_eval;
+      for (int o : op.outputs) {
+        const Tensor& t = g.tensors[o];
+        if (t.alias_of >= 0) base_[o] = base_[t.alias_of];
+        else if (eval_identity) base_[o] = base_[op.inputs[0]];
+      }
+    }
+    region_of_.assign(g.ops.size(), -1);
+    for (size_t r = 0; r < regions.size(); ++r) {
+      for (int i = regions[r].first; i <= regions[r].second; ++i) region_of_[i] = static_cast<int>(r);
+    }
+    regions_ = regions;
+    main_.Resize(n);
+    for (const Op& op : g.ops) uses_cublas_ |= UsesCublas(op.kind);
+    param_grad_.assign(n, -1);
+    pending_.assign(n, Pending{});
+    op_saved_.resize(g.ops.size());
+  }
+
+  Schedule Run() {
+    StartOfStep();
+    const int micro_batches = training_ && cfg_.grad_accum_steps > 1 ? 2 : 1;
+    for (int mb = 0; mb < micro_batches; ++mb) {
+      mb_ = mb;
+      RunMicroBatch();
+    }
+    if (training_) OptimizerStep();
+    FillParameterBytes();
+    s_.num_buffers = next_buffer_;
+    return std::move(s_);
+  }
+
+ private:
+  struct StorageTable {
+    std::vector<int> buffer, uses, saved, pins;
+    void Resize(size_t n) {
+      buffer.assign(n, -1);
+      uses.assign(n, 0);
+      saved.assign(n, 0);
+      pins.assign(n, 0);
+    }
+  };
+  struct GradBuf {
+    int buffer = -1;
+    int refs = 0;
+  };
+  struct Pending {
+    int grad = -1;  // index into grads_
+    Strides strides;
+  };
+  struct SavedByOp {
+    std::vector<std::pair<StorageTable*, int>> holds;
+    std::vector<int> extras;
+  };
+
+  // ---- events ----
+  int NewBuffer(int64_t bytes, Category c) {
+    const int id = next_buffer_++;
+    s_.events.push_back({EventKind::kAlloc, c, id, bytes});
+    return id;
+  }
+  void FreeBuffer(int id) { s_.events.push_back({EventKind::kFree, Category::kTemporaries, id, 0}); }
+  void Retag(int id, Category c) { s_.events.push_back({EventKind::kRetag, c, id, 0}); }
+  void Context(Phase phase, int op, bool recompute = false) {
+    s_.contexts.push_back({phase, op, mb_, recompute});
+    s_.events.push_back({EventKind::kContext, Category::kTemporaries,
+                         static_cast<int>(s_.contexts.size()) - 1, 0});
+  }
+
+  Category LeafCategory(const Tensor& t) const {
+    switch (t.role) {
+      case TensorRole::kParameter: return Category::kParameters;
+      case TensorRole::kBuffer: return t.kv_cache ? Category::kKvCache : Category::kParameters;
+      case TensorRole::kInput:
+      case TensorRole::kTarget: return Category::kInputs;
+      case TensorRole::kActivation: break;
+    }
+    return Category::kTemporaries;
+  }
+
+  void MaybeFree(StorageTable& st, int s) {
+    if (st.buffer[s] >= 0 && st.uses[s] <= 0 && st.saved[s] <= 0 && st.pins[s] <= 0) {
+      FreeBuffer(st.buffer[s]);
+      st.buffer[s] = -1;
+    }
+  }
+
+  // ---- step structure ----
+  void StartOfStep() {
+    Context(Phase::kData, -1);
+    for (size_t t = 0; t < g_.tensors.size(); ++t) {
+      const Tensor& ten = g_.tensors[t];
+      if (ten.role != TensorRole::kParameter && ten.role != TensorRole::kBuffer) continue;
+      main_.buffer[t] = NewBuffer(Bytes(ten.shape, ten.dtype), LeafCategory(ten));
+      main_.pins[t] = 1;
+    }
+    if (!training_) return;
+    const bool steady = cfg_.step == StepKind::kSteadyState;
+    const OptimizerCosts oc = CostsOf(cfg_.optimizer);
+    for (size_t t = 0; t < g_.tensors.size(); ++t) {
+      const Tensor& p = g_.tensors[t];
+      if (p.role != TensorRole::kParameter || !p.requires_grad) continue;
+      if (steady || oc.state_at_init) AllocOptimizerState(p);
+      if (steady && !cfg_.zero_grad_set_to_none) {  // zero_grad() keeps zeroed grads
+        param_grad_[t] = NewBuffer(Bytes(p.shape, p.dtype), Category::kGradients);
+      }
+    }
+    if (steady && uses_cublas_) AllocWorkspace();
+  }
+
+  void AllocOptimizerState(const Tensor& p) {
+    const OptimizerCosts oc = CostsOf(cfg_.optimizer);
+    const int64_t bytes = Bytes(p.shape, p.dtype);
+    int64_t state = static_cast<int64_t>(oc.state * bytes);
+    if (cfg_.optimizer.kind == OptimizerKind::kAdafactor) state = AdafactorStateBytes(p);
+    // One tensor per state entry: each is rounded by the allocator on its own.
+    const int entries = static_cast<int>(std::ceil(oc.state));
+    for (int i = 0; i < entries; ++i) NewBuffer(bytes, Category::kOptimizerState);
+    if (cfg_.optimizer.kind == OptimizerKind::kAdafactor && state > 0) {
+      NewBuffer(state, Category::kOptimizerState);
+    }
+    if (oc.device_step) NewBuffer(4, Category::kOptimizerState);
+  }
+
+  void AllocWorkspace() {
+    if (opt_.cublas_workspace_bytes > 0 && workspaces_ < (training_ ? 2 : 1)) {
+      NewBuffer(opt_.cublas_workspace_bytes, Category::kWorkspace);
+      ++workspaces_;
+    }
+  }
+
+  void RunMicroBatch() {
+    Context(Phase::kData, -1);
+    for (size_t t = 0; t < g_.tensors.size(); ++t) {
+      const Tensor& ten = g_.tensors[t];
+      if (ten.role != TensorRole::kInput && ten.role != TensorRole::kTarget) continue;
+      main_.buffer[t] = NewBuffer(Bytes(ten.shape, ten.dtype), Category::kInputs);
+      main_.pins[t] = 1;
+    }
+    for (auto& s : op_saved_) s = SavedByOp{};
+    Forward();
+    if (training_ && g_.loss >= 0) Backward();
+    // End of the micro-batch: the data batch and whatever the graph still holds go.
+    for (size_t t = 0; t < g_.tensors.size(); ++t) {
+      const Tensor& ten = g_.tensors[t];
+      if (ten.role == TensorRole::kParameter || ten.role == TensorRole::kBuffer) continue;
+      if (main_.buffer[t] >= 0) {
+        main_.pins[t] = main_.saved[t] = main_.uses[t] = 0;
+        MaybeFree(main_, static_cast<int>(t));
+      }
+    }
+  }
+
+  // ---- forward ----
+  void CountUses(StorageTable& st, int first, int last) {
+    for (int i = first; i <= last; ++i) {
+      const Op& op = g_.ops[i];
+      for (size_t k = 0; k < op.inputs.size(); ++k) {
+        const int s = base_[op.inputs[k]];
+        bool dup = false;
+        for (size_t j = 0; j < k; ++j) dup |= base_[op.inputs[j]] == s;
+        if (!dup) ++st.uses[s];
+      }
+    }
+  }
+
+  void Forward() {
+    const int n = static_cast<int>(g_.ops.size());
+    CountUses(main_, 0, n - 1);
+    // The loss is held by the training loop; in inference the model's output is.
+    if (training_ && g_.loss >= 0) ++main_.pins[base_[g_.loss]];
+    if (!training_ && n > 0) {
+      for (int o : g_.ops.back().outputs) ++main_.pins[base_[o]];
+    }
+    std::vector<int> cast_cache;
+    for (int i = 0; i < n; ++i) {
+      const bool in_loss = g_.loss_begin >= 0 && i >= g_.loss_begin;
+      const int r = region_of_[i];
+      if (r >= 0 && regions_[r].first == i) PinRegionInputs(r, +1);
+      const bool grad = training_ && r < 0;
+      RunForwardOp(i, main_, grad, in_loss ? Phase::kLoss : Phase::kForward, false, &cast_cache);
+    }
+    // Leaving torch.autocast drops its cache of cast weights.
+    for (int s : cast_cache) {
+      --main_.pins[s];
+      MaybeFree(main_, s);
+    }
+  }
+
+  // torch.utils.checkpoint keeps the region's inputs until its backward.
+  void PinRegionInputs(int r, int delta) {
+    for (int s : RegionInputs(r)) {
+      main_.pins[s] += delta;
+      if (delta < 0) MaybeFree(main_, s);
+    }
+  }
+
+  std::vector<int> RegionInputs(int r) const {
+    std::vector<int> out;
+    const auto [first, last] = regions_[r];
+    for (int i = first; i <= last; ++i) {
+      for (int in : g_.ops[i].inputs) {
+        const Tensor& t = g_.tensors[in];
+        const int s = base_[in];
+        const int producer = g_.tensors[s].producer;
+        if (t.role == TensorRole::kParameter || t.role == TensorRole::kBuffer) continue;
+        if (producer >= first && producer <= last) continue;
+        if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+      }
+    }
+    return out;
+  }
+
+  OpCall MakeCall(int i, bool grad) const {
+    const Op& op = g_.ops[i];
+    OpCall c{op, {}, {}, "", grad};
+    for (int t : op.inputs) c.inputs.push_back(&g_.tensors[t]);
+    for (int t : op.outputs) c.outputs.push_back(&g_.tensors[t]);
+    return c;
+  }
+
+  void RunForwardOp(int i, StorageTable& st, bool grad, Phase phase, bool recompute,
+                    std::vector<int>* cast_cache) {
+    const Op& op = g_.ops[i];
+    Context(phase, i, recompute);
+    if (!workspace_seen_ && UsesCublas(op.kind)) {
+      workspace_seen_ = true;
+      AllocWorkspace();
+    }
+    const OpCall call = MakeCall(i, grad);
+    const OpMemory mem = OpMemoryOf(call);
+    const bool weight_cast = op.kind == "to" && HasAttr(op.attrs, "autocast_weight");
+    LayerRow* row = mb_ == 0 && !recompute ? &LayerFor(op.scope) : nullptr;
+    for (int o : op.outputs) {
+      const int s = base_[o];
+      if (s != o || st.buffer[s] >= 0) continue;
+      const int64_t bytes = Bytes(g_.tensors[o].shape, g_.tensors[o].dtype);
+      st.buffer[s] = NewBuffer(bytes, weight_cast ? Category::kMasterAndCasts : Category::kTemporaries);
+      if (row) row->output_bytes += bytes;
+      if (weight_cast && cast_cache) {
+        ++st.pins[s];
+        cast_cache->push_back(s);
+      }
+    }
+    SavedByOp& saved = op_saved_[i];
+    for (const Alloc& a : mem.saved_extras) {
+      saved.extras.push_back(NewBuffer(a.bytes, Category::kActivations));
+      if (row) row->saved_bytes += a.bytes;
+    }
+    std::vector<int> temps;
+    int64_t temp_bytes = 0;
+    for (const Alloc& a : mem.forward_temps) {
+      temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
+      temp_bytes += a.bytes;
+    }
+    if (row) row->temporary_bytes = std::max(row->temporary_bytes, temp_bytes);
+    for (int b : temps) FreeBuffer(b);
+    auto hold = [&](int t) {
+      const int s = base_[t];
+      if (st.buffer[s] < 0) return;
+      if (st.saved[s]++ == 0 && g_.tensors[s].role == TensorRole::kActivation &&
+          !(st.pins[s] > 0 && IsCast(s))) {
+        Retag(st.buffer[s], Category::kActivations);
+        if (row) row->saved_bytes += Bytes(g_.tensors[s].shape, g_.tensors[s].dtype);
+      }
+      saved.holds.emplace_back(&st, s);
+    };
+    for (int k : mem.saved_inputs) hold(op.inputs[k]);
+    for (int k : mem.saved_outputs) hold(op.outputs[k]);
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      const int s = base_[op.inputs[k]];
+      bool dup = false;
+      for (size_t j = 0; j < k; ++j) dup |= base_[op.inputs[j]] == s;
+      if (dup) continue;
+      --st.uses[s];
+      MaybeFree(st, s);
+    }
+    for (int o : op.outputs) MaybeFree(st, base_[o]);
+  }
+
+  bool IsCast(int s) const {
+    const int p = g_.tensors[s].producer;
+    return p >= 0 && g_.ops[p].kind == "to" && HasAttr(g_.ops[p].attrs, "autocast_weight");
+  }
+
+  // ---- backward ----
+  void Backward() {
+    Context(Phase::kBackward, -1);
+    const int loss = g_.loss;
+    grads_.push_back({NewBuffer(Bytes(g_.tensors[loss].shape, g_.tensors[loss].dtype),
+                            Category::kTemporaries), 1});
+    pending_[loss] = {static_cast<int>(grads_.size()) - 1, ContiguousStrides(g_.tensors[loss].shape)};
+    for (int i = static_cast<int>(g_.ops.size()) - 1; i >= 0; --i) {
+      const int r = region_of_[i];
+      if (r >= 0) {
+        if (regions_[r].second == i) {
+          RecomputeAndBackward(r);
+          i = regions_[r].first;
+        }
+        continue;
+      }
+      RunBackwardOp(i, false);
+    }
+    // Nodes that backward never reached are freed with the graph.
+    for (auto& saved : op_saved_) ReleaseSaved(saved);
+    for (size_t t = 0; t < pending_.size(); ++t) {
+      if (pending_[t].grad >= 0) Deref(pending_[t].grad);
+      pending_[t] = Pending{};
+    }
+    if (base_[loss] >= 0) {
+      --main_.pins[base_[loss]];
+      MaybeFree(main_, base_[loss]);
+    }
+  }
+
+  void RecomputeAndBackward(int r) {
+    const auto [first, last] = regions_[r];
+    bool reached = false;
+    for (int i = first; i <= last; ++i) {
+      for (int o : g_.ops[i].outputs) reached |= pending_[o].grad >= 0;
+    }
+    if (!reached) {
+      PinRegionInputs(r, -1);
+      return;
+    }
+    StorageTable rt;
+    rt.Resize(g_.tensors.size());
+    for (int s : RegionInputs(r)) {
+      rt.buffer[s] = main_.buffer[s];
+      rt.pins[s] = 1;  // owned outside the recomputation
+    }
+    for (int i = first; i <= last; ++i) {
+      for (int in : g_.ops[i].inputs) {
+        const int s = base_[in];
+        if (rt.buffer[s] < 0 && main_.buffer[s] >= 0 && g_.tensors[s].producer < first) {
+          rt.buffer[s] = main_.buffer[s];
+          rt.pins[s] = 1;
+        }
+      }
+    }
+    CountUses(rt, first, last);
+    std::vector<int> outputs;  // recomputed outputs are held until the region's backward ends
+    for (int i = first; i <= last; ++i) {
+      for (int o : g_.ops[i].outputs) {
+        if (pending_[o].grad >= 0) {
+          ++rt.pins[base_[o]];
+          outputs.push_back(base_[o]);
+        }
+      }
+    }
+    std::vector<int> cast_cache;
+    for (int i = first; i <= last; ++i) {
+      RunForwardOp(i, rt, true, Phase::kBackward, true, &cast_cache);
+      s_.recomputed_ops++;
+    }
+    for (int s : cast_cache) {
+      --rt.pins[s];
+      MaybeFree(rt, s);
+    }
+    for (int i = last; i >= first; --i) RunBackwardOp(i, true);
+    for (int s : outputs) {
+      --rt.pins[s];
+      MaybeFree(rt, s);
+    }
+    PinRegionInputs(r, -1);
+  }
+
+  void ReleaseSaved(SavedByOp& saved) {
+    for (auto [st, s] : saved.holds) {
+      if (--st->saved[s] == 0 && st->buffer[s] >= 0 && g_.tensors[s].role == TensorRole::kActivation &&
+          !IsCast(s)) {
+        Retag(st->buffer[s], Category::kTemporaries);
+      }
+      MaybeFree(*st, s);
+    }
+    for (int b : saved.extras) FreeBuffer(b);
+    saved = SavedByOp{};
+  }
+
+  int NewGrad(int64_t bytes) {
+    grads_.push_back({NewBuffer(bytes, Category::kTemporaries), 1});
+    return static_cast<int>(grads_.size()) - 1;
+  }
+  void Deref(int g) {
+    if (--grads_[g].refs == 0 && grads_[g].buffer >= 0) {
+      FreeBuffer(grads_[g].buffer);
+      grads_[g].buffer = -1;
+    }
+  }
+
+  // Strides of the gradient a view-like op hands to its input, or false when aten must copy.
+  bool PassThroughStrides(const Op& op, int k, const Strides& out_grad, Strides* in_grad) const {
+    const Tensor& in = g_.tensors[op.inputs[k]];
+    const Tensor& out = g_.tensors[op.outputs[0]];
+    const std::string& kind = op.kind;
+    if (kind == "transpose" || kind == "permute") {
+      const int r = static_cast<int>(in.shape.size());
+      std::vector<int> perm(r);
+      for (int i = 0; i < r; ++i) perm[i] = i;
+      if (kind == "transpose" && r > 0) {
+        auto d0 = IntAttr(op.attrs, "dim0", 0, ""), d1 = IntAttr(op.attrs, "dim1", 1, "");
+        std::swap(perm[(d0.value() + r) % r], perm[(d1.value() + r) % r]);
+      } else if (kind == "permute") {
+        auto dims = IntsAttr(op.attrs, "dims", {}, "");
+        for (int i = 0; i < r; ++i) perm[i] = static_cast<int>((dims.value()[i] + r) % r);
+      }
+      in_grad->assign(r, 0);
+      for (int i = 0; i < r; ++i) (*in_grad)[perm[i]] = out_grad[i];
+      return true;
+    }
+    if (kind == "reshape" || kind == "view" || kind == "flatten" || kind == "unsqueeze" ||
+        kind == "squeeze") {
+      return ComputeViewStrides(out.shape, out_grad, in.shape, in_grad);
+    }
+    if (kind == "sum") {  // expand of the reduced gradient: stride 0 on reduced dims
+      const int r = static_cast<int>(in.shape.size());
+      std::vector<bool> reduced(r, !HasAttr(op.attrs, "dim"));
+      for (int64_t d : IntsAttr(op.attrs, "dim", {}, "").value()) reduced[(d + r) % r] = true;
+      const bool keepdim = IntAttr(op.attrs, "keepdim", 0, "").value() != 0;
+      in_grad->assign(r, 0);
+      size_t j = 0;
+      for (int i = 0; i < r; ++i) {
+        if (reduced[i]) {
+          if (keepdim) ++j;
+          continue;
+        }
+        (*in_grad)[i] = j < out_grad.size() ? out_grad[j] : 0;
+        ++j;
+      }
+      return true;
+    }
+    if (in.shape.size() == out_grad.size()) {
+      *in_grad = out_grad;  // same-shaped, or a slice of the gradient (cat)
+      return true;
+    }
+    *in_grad = ContiguousStrides(in.shape);
+    return true;
+  }
+
+  void RunBackwardOp(int i, bool recompute) {
+    const Op& op = g_.ops[i];
+    int incoming = -1;
+    for (int o : op.outputs) {
+      if (pending_[o].grad >= 0) {
+        incoming = o;
+        break;
+      }
+    }
+    if (incoming < 0) return;  // not reached by backward
+    Context(Phase::kBackward, i, recompute);
+    if (!workspace_seen_bwd_ && UsesCublas(op.kind)) {
+      workspace_seen_bwd_ = true;
+      AllocWorkspace();
+    }
+    const OpCall call = MakeCall(i, true);
+    const OpMemory mem = OpMemoryOf(call);
+    const int out0 = op.outputs[0];
+    struct Flow {
+      int tensor, grad;
+      Strides strides;
+    };
+    std::vector<Flow> flows;
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      if (mem.grad_flow[k] == GradFlow::kNone) continue;
+      const Tensor& in = g_.tensors[op.inputs[k]];
+      if (mem.grad_flow[k] == GradFlow::kPassThrough && pending_[out0].grad >= 0) {
+        Strides st;
+        if (PassThroughStrides(op, static_cast<int>(k), pending_[out0].strides, &st)) {
+          ++grads_[pending_[out0].grad].refs;
+          flows.push_back({op.inputs[k], pending_[out0].grad, st});
+          continue;
+        }
+      }
+      flows.push_back({op.inputs[k], NewGrad(Bytes(in.shape, in.dtype)), ContiguousStrides(in.shape)});
+    }
+    std::vector<int> temps;
+    for (const Alloc& a : mem.backward_temps) temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
+    for (int b : temps) FreeBuffer(b);
+    ReleaseSaved(op_saved_[i]);
+    for (int o : op.outputs) {
+      if (pending_[o].grad >= 0) {
+        Deref(pending_[o].grad);
+        pending_[o] = Pending{};
+      }
+    }
+    for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides));
+  }
+
+  void Deliver(int t, int grad, Strides strides) {
+    const Tensor& ten = g_.tensors[t];
+    if (ten.role == TensorRole::kParameter) {
+      AccumulateGrad(t, grad, strides);
+      return;
+    }
+    if (!ten.requires_grad) {
+      Deref(grad);
+      return;
+    }
+    Pending& p = pending_[t];
+    if (p.grad < 0) {
+      p = {grad, std::move(strides)};
+    } else if (grads_[p.grad].refs == 1) {  // InputBuffer: add into the uniquely owned one
+      Deref(grad);
+    } else if (grads_[grad].refs == 1) {
+      Deref(p.grad);
+      p = {grad, std::move(strides)};
+    } else {
+      const int sum = NewGrad(Bytes(ten.shape, ten.dtype));
+      Deref(p.grad);
+      Deref(grad);
+      p = {sum, ContiguousStrides(ten.shape)};
+    }
+  }
+
+  void AccumulateGrad(int t, int grad, const Strides& strides) {
+    const Tensor& p = g_.tensors[t];
+    if (param_grad_[t] >= 0) {  // .grad exists: added in place
+      Deref(grad);
+      return;
+    }
+    GradBuf& gb = grads_[grad];
+    if (gb.refs == 1 && IsContiguous(p.shape, strides)) {  // stolen into .grad
+      param_grad_[t] = gb.buffer;
+      Retag(gb.buffer, Category::kGradients);
+      gb.buffer = -1;
+      gb.refs = 0;
+      return;
+    }
+    param_grad_[t] = NewBuffer(Bytes(p.shape, p.dtype), Category::kGradients);  // a clone
+    Deref(grad);
+  }
+
+  // ---- optimizer ----
+  void OptimizerStep() {
+    Context(Phase::kOptimizerStep, -1);
+    const OptimizerCosts oc = CostsOf(cfg_.optimizer);
+    std::vector<const Tensor*> params;
+    for (size_t t = 0; t < g_.tensors.size(); ++t) {
+      const Tensor& p = g_.tensors[t];
+      if (p.role == TensorRole::kParameter && p.requires_grad && param_grad_[t] >= 0) {
+        params.push_back(&p);
+      }
+    }
+    if (cfg_.step == StepKind::kFirstStep && !oc.state_at_init) {
+      for (const Tensor* p : params) AllocOptimizerState(*p);  // _init_group, before updating
+    }
+    if (cfg_.optimizer.impl == OptimizerImpl::kForeach) {
+      std::vector<int> scratch;
+      for (const Tensor* p : params) {
+        const int64_t bytes = Bytes(p->shape, p->dtype);
+        for (int k = 0; k < static_cast<int>(oc.all_scratch); ++k) {
+          scratch.push_back(NewBuffer(bytes, Category::kTemporaries));
+        }
+      }
+      for (int b : scratch) FreeBuffer(b);
+    } else if (cfg_.optimizer.impl == OptimizerImpl::kForLoop) {
+      for (const Tensor* p : params) {
+        const int64_t bytes = Bytes(p->shape, p->dtype);
+        std::vector<int> scratch;
+        for (int k = 0; k < static_cast<int>(oc.loop_scratch); ++k) {
+          scratch.push_back(NewBuffer(bytes, Category::kTemporaries));
+        }
+        for (int b : scratch) FreeBuffer(b);
+      }
+    }
+  }
+
+  LayerRow& LayerFor(const std::string& scope) {
+    auto it = layer_index_.find(scope);
+    if (it == layer_index_.end()) {
+      it = layer_index_.emplace(scope, s_.layers.size()).first;
+      s_.layers.push_back(LayerRow{scope.empty() ? "<root>" : scope});
+    }
+    return s_.layers[it->second];
+  }
+
+  void FillParameterBytes() {
+    for (const Tensor& t : g_.tensors) {
+      if (t.role != TensorRole::kParameter) continue;
+      const size_t dot = t.name.rfind('.');
+      const std::string scope = dot == std::string::npos ? "" : t.name.substr(0, dot);
+      auto it = layer_index_.find(scope);
+      if (it != layer_index_.end()) s_.layers[it->second].parameter_bytes += Bytes(t.shape, t.dtype);
+    }
+  }
+
+  const Graph& g_;
+  const RunConfig& cfg_;
+  const ScheduleOptions& opt_;
+  const bool training_;
+  std::vector<int> base_;
+  std::vector<int> region_of_;
+  CheckpointRegions regions_;
+  StorageTable main_;
+  std::vector<int> param_grad_;
+  std::vector<GradBuf> grads_;
+  std::vector<Pending> pending_;
+  std::vector<SavedByOp> op_saved_;
+  std::map<std::string, size_t> layer_index_;
+  Schedule s_;
+  int next_buffer_ = 0;
+  int mb_ = 0;
+  int workspaces_ = 0;
+  bool uses_cublas_ = false;
+  bool workspace_seen_ = false;
+  bool workspace_seen_bwd_ = false;
+};
+
+}  // namespace
+
+StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& g, const CheckpointConfig& cfg) {
+  CheckpointRegions regions;
+  const int end = g.loss_begin >= 0 ? g.loss_begin : static_cast<int>(g.ops.size());
+  auto add_run = [&](auto in_region) {
+    int start = -1;
+    for (int i = 0; i <= end; ++i) {
+      const bool in = i < end && in_region(g.ops[i].scope);
+      if (in && start < 0) start = i;
+      if (!in && start >= 0) {
+        regions.emplace_back(start, i - 1);
+        start = -1;
+      }
+    }
+  };
+  switch (cfg.policy) {
+    case CheckpointPolicy::kNone:
+      return regions;
+    case CheckpointPolicy::kEveryBlock:
+    case CheckpointPolicy::kEveryKBlocks:
+    case CheckpointPolicy::kSqrtBlocks: {
+      const int64_t L = static_cast<int64_t>(g.blocks.size());
+      if (L == 0) {
+        return FailedPrecondition("config.checkpoint.policy: the model has no repeated blocks to "
+                                  "checkpoint; name scopes instead");
+      }
+      int64_t k = cfg.policy == CheckpointPolicy::kEveryBlock ? 1 : cfg.every_k;
+      if (cfg.policy == CheckpointPolicy::kSqrtBlocks) {
+        k = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(L))));
+      }
+      for (int64_t b = 0; b < L; b += k) {
+        const int64_t e = std::min(L, b + k);
+        auto in_group = [&](const std::string& scope) {
+          for (int64_t j = b; j < e; ++j) {
+            if (ScopeWithin(scope, g.blocks[j])) return true;
+          }
+          return false;
+        };
+        int first = -1, last = -1;
+        for (int i = 0; i < end; ++i) {
+          if (in_group(g.ops[i].scope)) {
+            if (first < 0) first = i;
+            last = i;
+          }
+        }
+        if (first >= 0) regions.emplace_back(first, last);
+      }
+      break;
+    }
+    case CheckpointPolicy::kAttentionCore:
+      add_run([](const std::string& scope) {
+        return scope == "core" || scope.find(".core") != std::string::npos;
+      });
+      if (regions.empty()) {
+        return FailedPrecondition("config.checkpoint.policy: the model has no attention core "
+                                  "(scopes named '<...>.core') to checkpoint");
+      }
+      break;
+    case CheckpointPolicy::kScopes:
+      for (size_t k = 0; k < cfg.scopes.size(); ++k) {
+        const size_t before = regions.size();
+        add_run([&](const std::string& scope) { return ScopeWithin(scope, cfg.scopes[k]); });
+        if (regions.size() == before) {
+          return InvalidArgument("config.checkpoint.scopes[" + std::to_string(k) +
+                                 "]: no op runs in scope '" + cfg.scopes[k] + "'");
+        }
+      }
+      std::sort(regions.begin(), regions.end());
+      break;
+  }
+  // Merge overlapping regions (nested scopes).
+  CheckpointRegions merged;
+  for (const auto& r : regions) {
+    if (!merged.empty() && r.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  return merged;
+}
+
+Schedule BuildSchedule(const Graph& graph, const RunConfig& config,
+                       const CheckpointRegions& regions, const ScheduleOptions& options) {
+  return StepSimulator(graph, config, regions, options).Run();
+}
+
+}  // namespace memest
