@@ -67,8 +67,8 @@ int HfConv1D(GraphBuilder& b, const LayerContext& c, std::string_view name, int 
 
 namespace {
 
-int Conv(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
-         const ConvOptions& o, int spatial_dims) {
+int Conv(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, const ConvOptions& o,
+         int spatial_dims) {
   if (!ExpectRank(b, x, 2 + spatial_dims, spatial_dims == 2 ? "conv2d" : "conv1d")) return -1;
   const int64_t in = b.shape(x)[1];
   const int64_t groups = o.groups > 0 ? o.groups : 1;
@@ -96,8 +96,7 @@ int Conv1d(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
   return Conv(b, c, name, x, options, 1);
 }
 
-int LayerNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
-              bool affine) {
+int LayerNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, bool affine) {
   if (!b.ok() || x < 0) return -1;
   const int64_t dim = LastDim(b, x);
   ModuleScope scope(b, name);
@@ -121,8 +120,8 @@ int BatchNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int
   if (!b.ok() || x < 0) return -1;
   const Shape& s = b.shape(x);
   if (s.size() < 2) {
-    b.Fail(InvalidArgument("batch_norm: expects an input [N, C, ...], got shape " +
-                           ShapeToString(s)));
+    b.Fail(
+        InvalidArgument("batch_norm: expects an input [N, C, ...], got shape " + ShapeToString(s)));
     return -1;
   }
   const int64_t channels = s[1];
@@ -194,13 +193,15 @@ int Activate(GraphBuilder& b, int x, Activation act) {
   return -1;
 }
 
-int Mlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
-        const MlpOptions& o) {
+int Mlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, const MlpOptions& o) {
   if (!b.ok() || x < 0) return -1;
   const int64_t out = o.out_features > 0 ? o.out_features : LastDim(b, x);
   ModuleScope scope(b, name);
   int h = Linear(b, c, "fc1", x, o.hidden, o.bias);
-  h = Activate(b, h, o.activation);
+  {
+    ModuleScope act(b, "act");
+    h = Activate(b, h, o.activation);
+  }
   h = Linear(b, c, "fc2", h, out, o.bias);
   return Dropout(b, c, h, o.dropout);
 }
@@ -219,8 +220,8 @@ int ApplyRotary(GraphBuilder& b, int x, int cos, int sin) {
   return b.Add1("add", {a, bm});
 }
 
-void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim,
-                   int* cos, int* sin) {
+void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim, int* cos,
+                   int* sin) {
   // HF's LlamaRotaryEmbedding returns cos/sin [1, T, head_dim] in the model dtype; the tables
   // are small next to activations, so they stand as buffers here.
   *cos = b.Buffer("cos_cached", {1, seq, head_dim}, c.param_dtype);
@@ -400,7 +401,10 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
     {
       ModuleScope mlp(b, "mlp");
       h = HfConv1D(b, c, "c_fc", h, ffn);
-      h = Activate(b, h, Activation::kGeluNew);
+      {
+        ModuleScope act(b, "act");
+        h = Activate(b, h, Activation::kGeluNew);
+      }
       h = HfConv1D(b, c, "c_proj", h, d);
       h = Dropout(b, c, h, o.dropout);
     }
@@ -414,7 +418,8 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   a.rotary_cos = o.rotary_cos;
   a.rotary_sin = o.rotary_sin;
   a.additive_mask = o.additive_mask;
-  if (a.rotary_cos < 0 && o.heads > 0) RotaryBuffers(b, c, t, d / o.heads, &a.rotary_cos, &a.rotary_sin);
+  if (a.rotary_cos < 0 && o.heads > 0)
+    RotaryBuffers(b, c, t, d / o.heads, &a.rotary_cos, &a.rotary_sin);
   if (a.additive_mask < 0 && o.causal) a.additive_mask = AdditiveCausalMask(b, c, t);
   int residual = x;
   int h = RmsNorm(b, c, "input_layernorm", x, true);
@@ -425,7 +430,10 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   {
     ModuleScope mlp(b, "mlp");
     int gate = Linear(b, c, "gate_proj", h, ffn, false);
-    gate = Activate(b, gate, Activation::kSilu);
+    {
+      ModuleScope act(b, "act_fn");
+      gate = Activate(b, gate, Activation::kSilu);
+    }
     int up = Linear(b, c, "up_proj", h, ffn, false);
     h = b.Add1("mul", {gate, up});
     h = Linear(b, c, "down_proj", h, d, false);
@@ -497,9 +505,7 @@ class AttrReader {
   AttrReader(const Attrs& attrs, const std::string& field) : attrs_(attrs), field_(field) {}
 
   const Status& status() const { return status_; }
-  std::string Field(std::string_view name) const {
-    return field_ + ".attrs." + std::string(name);
-  }
+  std::string Field(std::string_view name) const { return field_ + ".attrs." + std::string(name); }
   void Error(std::string_view name, const std::string& message) {
     if (status_.ok()) status_ = InvalidArgument(Field(name) + ": " + message);
   }
@@ -647,15 +653,14 @@ StatusOr<int> ExpandPool(GraphBuilder& b, int x, const LayerSpec& spec, const st
     return InvalidArgument(r.Field("kernel_size") + ": " + std::to_string(kernel) +
                            " is larger than the padded input " + ShapeToString(in));
   }
-  Attrs attrs = {{"kernel_size", AttrInt(kernel)},
-                 {"stride", AttrInt(stride)},
-                 {"padding", AttrInt(padding)}};
+  Attrs attrs = {
+      {"kernel_size", AttrInt(kernel)}, {"stride", AttrInt(stride)}, {"padding", AttrInt(padding)}};
   std::vector<int> outs = b.Add(spec.kind, {x}, std::move(attrs));
   return outs.empty() ? -1 : outs[0];
 }
 
-StatusOr<int> ExpandAttention(GraphBuilder& b, int x, const LayerSpec& spec,
-                              const LayerContext& c, const std::string& field, AttrReader& r) {
+StatusOr<int> ExpandAttention(GraphBuilder& b, int x, const LayerSpec& spec, const LayerContext& c,
+                              const std::string& field, AttrReader& r) {
   const Shape& in = b.shape(x);
   const bool block = spec.kind == "transformer_block";
   const int64_t heads = r.Positive("heads");
@@ -665,8 +670,8 @@ StatusOr<int> ExpandAttention(GraphBuilder& b, int x, const LayerSpec& spec,
   const double dropout = r.Probability("dropout", 0.0);
   MEMEST_RETURN_IF_ERROR(r.status());
   if (in.size() != 3) {
-    return InvalidArgument(field + ": " + spec.kind + " expects an input [N, T, d_model], got shape " +
-                           ShapeToString(in));
+    return InvalidArgument(field + ": " + spec.kind +
+                           " expects an input [N, T, d_model], got shape " + ShapeToString(in));
   }
   const int64_t d = in[2];
   if (d % heads != 0) {
@@ -675,8 +680,8 @@ StatusOr<int> ExpandAttention(GraphBuilder& b, int x, const LayerSpec& spec,
   }
   if (heads % kv_heads != 0 || (style == "gpt2" && kv_heads != heads)) {
     return InvalidArgument(r.Field("kv_heads") + ": must divide heads " + std::to_string(heads) +
-                           (style == "gpt2" ? " and equal it in the gpt2 style" : "") +
-                           ", got " + std::to_string(kv_heads));
+                           (style == "gpt2" ? " and equal it in the gpt2 style" : "") + ", got " +
+                           std::to_string(kv_heads));
   }
   if (!block) {
     AttentionOptions o;
@@ -781,7 +786,8 @@ StatusOr<int> ExpandSimple(GraphBuilder& b, int x, const LayerSpec& spec, const 
     const int64_t size = r.Positive("output_size", 1);
     MEMEST_RETURN_IF_ERROR(r.status());
     if (in.size() != 4) {
-      return InvalidArgument(field + ": adaptive_avg_pool2d expects an input [N, C, H, W], got shape " +
+      return InvalidArgument(field +
+                             ": adaptive_avg_pool2d expects an input [N, C, H, W], got shape " +
                              ShapeToString(in));
     }
     return b.Add1("adaptive_avg_pool2d", {x}, {{"output_size", AttrInts({size, size})}});
@@ -800,7 +806,8 @@ StatusOr<int> ExpandSimple(GraphBuilder& b, int x, const LayerSpec& spec, const 
     const int64_t dim = r.Positive("embedding_dim");
     MEMEST_RETURN_IF_ERROR(r.status());
     if (IsFloating(b.tensor(x).dtype)) {
-      return InvalidArgument(field + ": embedding expects integer indices (set "
+      return InvalidArgument(field +
+                             ": embedding expects integer indices (set "
                              "model.input_dtype to int64), got " +
                              std::string(DTypeName(b.tensor(x).dtype)));
     }
@@ -836,9 +843,9 @@ StatusOr<int> ExpandLayer(GraphBuilder& b, int x, const LayerSpec& spec, const L
     bool known = false;
     for (const std::string& a : info->attrs) known |= (a == name);
     if (!known) {
-      return InvalidArgument(field + ".attrs." + name + ": not an attribute of " + spec.kind +
-                             (info->attrs.empty() ? " (it takes none)"
-                                                  : "; known: " + Join(info->attrs)));
+      return InvalidArgument(
+          field + ".attrs." + name + ": not an attribute of " + spec.kind +
+          (info->attrs.empty() ? " (it takes none)" : "; known: " + Join(info->attrs)));
     }
   }
   AttrReader r(spec.attrs, field);

@@ -4,23 +4,25 @@
 // and the ops that the PyTorch module runs in its forward, in the order it runs them, and
 // returns the output tensor (or -1 once the builder has failed; errors are sticky, see
 // GraphBuilder). Parameters and buffers are named after the module path, as in a PyTorch
-// state_dict ("h.3.attn.c_attn.weight"), and take LayerContext::param_dtype. In inference (model.eval()) dropout
-// is the identity and adds no op.
+// state_dict ("h.3.attn.c_attn.weight"), and take LayerContext::param_dtype. In inference
+// (model.eval()) dropout is the identity and adds no op.
 //
 // ExpandLayer() is the layer-model front end (engine/model.h, LayerModelSpec): one LayerSpec
 // of a kind below becomes ops. The kinds and their attributes (defaults after "="; attributes
 // without a default are required; flags are 0/1 integers):
 //
-//   linear        out_features, bias=1                      input [.., in_features]
-//   conv1d        out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=1
-//                                                           input [N, C, L]
+//   linear        out_features, bias=1, in_features (optional: checked against the input)
+//                                                           input [.., in_features]
+//   conv1d        out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=1,
+//                 in_channels (optional: checked)           input [N, C, L]
 //   conv2d        the same as conv1d                        input [N, C, H, W]
 //   mlp           hidden, out_features=<in>, activation="gelu" (relu, gelu, gelu_tanh, silu,
-//                 swish), bias=1, dropout=0.0                Linear -> act -> Linear [-> dropout]
+//                 swish), bias=1, dropout=0.0   fc1 -> act -> fc2 [-> dropout]
 //   attention     heads, kv_heads=heads, causal=0, dropout=0.0, bias=1,
 //                 scale_qk=0 (1: scale q and k by head_dim**-0.25 each instead of dividing the
 //                 scores by sqrt(head_dim))                 input [N, T, d_model]
-//   transformer_block  heads, style="gpt2" (pre-LN, GELU MLP, fused qkv) or "llama" (RMSNorm,
+//                 modules q_proj, k_proj, v_proj, core (see Attention), o_proj
+//   transformer_block  heads, style="gpt2" (pre-LN, gelu_new MLP, fused qkv) or "llama" (RMSNorm,
 //                 rotary, grouped-query attention, SwiGLU), ffn=4*d_model (gpt2) or
 //                 8/3*d_model rounded up to 256 (llama), kv_heads=heads (llama only),
 //                 causal=1, dropout=0.0 (gpt2: attention, residual and MLP dropout)
@@ -43,8 +45,8 @@
 //   embedding     num_embeddings, embedding_dim             input: int64 indices
 //
 // Errors: an unknown kind is INVALID_ARGUMENT naming "<field>.kind" and listing the kinds; a
-// missing, mistyped or out-of-range attribute names "<field>.attrs.<name>"; an input of the
-// wrong rank or size names "<field>" with the shape it got.
+// missing, mistyped, out-of-range or unknown (misspelt) attribute names "<field>.attrs.<name>";
+// an input of the wrong rank names "<field>" with the shape it got.
 #ifndef MEMEST_ENGINE_LAYERS_H_
 #define MEMEST_ENGINE_LAYERS_H_
 
@@ -122,7 +124,7 @@ enum class Activation {
   kGeluNew,   // HF's NewGELUActivation (GPT-2 "gelu_new"): 0.5*x*(1+tanh(c*(x+0.044715*x^3)))
               // composed of eight ops, as HF runs it
   kSilu,
-  kSwish,     // x * sigmoid(x), two ops
+  kSwish,  // x * sigmoid(x), two ops
   kSigmoid,
   kTanh,
 };
@@ -213,8 +215,8 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
 // Llama helpers shared by blocks: rotary cos/sin buffers [seq, head_dim] ("<scope>.cos_cached",
 // "<scope>.sin_cached") and the additive causal mask buffer [1, 1, seq, seq] (HF builds it once
 // per forward in the model dtype and every layer adds it to its scores).
-void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim,
-                   int* cos, int* sin);
+void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim, int* cos,
+                   int* sin);
 int AdditiveCausalMask(GraphBuilder& b, const LayerContext& c, int64_t seq);
 
 // nn.Embedding: embedding(weight[num, dim], ids). `weight_out` (optional) receives the weight.

@@ -1,0 +1,337 @@
+// The three front ends: presets (engine/presets.cc), layer models and op graphs.
+#include "engine/model.h"
+
+#include <cmath>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+#include "engine/layers.h"
+#include "engine/presets.h"
+
+namespace memest {
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+Status ValidateContext(const BuildContext& context) {
+  if (context.micro_batch <= 0) {
+    return InvalidArgument("config.batch_size: the micro-batch must be positive, got " +
+                           Str(context.micro_batch));
+  }
+  if (context.generate_tokens < 0) {
+    return InvalidArgument("config.generate_tokens: must be non-negative, got " +
+                           Str(context.generate_tokens));
+  }
+  return Status::Ok();
+}
+
+// Sizes must be positive for a model's input (a zero-size batch predicts nothing useful) and
+// non-negative for declared tensors; both must fit in bytes.
+Status ValidateShape(const Shape& shape, DType dtype, const std::string& field, bool positive) {
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0 || (positive && shape[i] == 0)) {
+      return InvalidArgument(field + "[" + Str(i) + "]: must be " +
+                             (positive ? "positive" : "non-negative") + ", got " + Str(shape[i]));
+    }
+  }
+  return CheckedBytes(shape, dtype, field).status();
+}
+
+}  // namespace
+
+StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) {
+  MEMEST_RETURN_IF_ERROR(ValidateContext(context));
+  if (const auto* preset = std::get_if<PresetSpec>(&model.source)) {
+    return BuildPreset(*preset, context);
+  }
+  if (const auto* layers = std::get_if<LayerModelSpec>(&model.source)) {
+    return BuildLayerModel(*layers, context);
+  }
+  return BuildOpGraph(std::get<OpGraphSpec>(model.source), context);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layer models.
+
+StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& context) {
+  MEMEST_RETURN_IF_ERROR(ValidateContext(context));
+  if (spec.layers.empty()) return InvalidArgument("model.layers: must list at least one layer");
+  if (spec.loss != "sum" && spec.loss != "mse" && spec.loss != "cross_entropy") {
+    return InvalidArgument("model.loss: must be one of cross_entropy, mse, sum, got '" + spec.loss +
+                           "'");
+  }
+  Shape input_shape = {context.micro_batch};
+  input_shape.insert(input_shape.end(), spec.input_shape.begin(), spec.input_shape.end());
+  for (size_t i = 0; i < spec.input_shape.size(); ++i) {
+    if (spec.input_shape[i] <= 0) {
+      return InvalidArgument("model.input_shape[" + Str(i) + "]: must be positive, got " +
+                             Str(spec.input_shape[i]));
+    }
+  }
+  MEMEST_RETURN_IF_ERROR(CheckedBytes(input_shape, spec.input_dtype, "model.input_shape").status());
+  // Floating inputs follow the parameters' dtype (a pure-precision model is fed in that dtype);
+  // integer inputs (token ids) keep theirs.
+  const DType input_dtype = IsFloating(spec.input_dtype) ? context.param_dtype : spec.input_dtype;
+  const LayerContext c{context.mode, context.param_dtype};
+
+  GraphBuilder b;
+  int x = b.Input("input", input_shape, input_dtype, 0);
+  std::set<std::string> scopes;
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    const LayerSpec& layer = spec.layers[i];
+    const std::string field = "model.layers[" + Str(i) + "]";
+    const std::string scope = layer.name.empty() ? Str(i) : layer.name;
+    if (!scopes.insert(scope).second) {
+      return InvalidArgument(field + ".name: '" + scope + "' names an earlier layer too");
+    }
+    b.SetErrorContext(field);
+    ScopeGuard guard(b, scope);
+    b.MarkBlock();
+    MEMEST_ASSIGN_OR_RETURN(x, ExpandLayer(b, x, layer, c, field));
+  }
+  b.SetErrorContext("model");
+  if (context.mode == Mode::kTraining && b.ok()) {
+    const Shape out = b.shape(x);
+    if (spec.loss == "sum") {
+      b.BeginLoss();
+      b.SetLoss(b.Add1("sum", {x}));
+    } else if (spec.loss == "mse") {
+      b.BeginLoss();
+      int target = b.Target("target", out, b.tensor(x).dtype, 0);
+      b.SetLoss(b.Add1("mse_loss", {x, target}));
+    } else {
+      if (out.size() < 2) {
+        return InvalidArgument("model.loss: cross_entropy needs an output [N, .., classes], got " +
+                               ShapeToString(out));
+      }
+      b.BeginLoss();
+      int target = b.Target("target", Shape(out.begin(), out.end() - 1), DType::kInt64, 0);
+      int logits = x;
+      if (out.size() > 2) {
+        logits = b.Add1("reshape", {x}, {{"shape", AttrInts({-1, out.back()})}});
+        target = b.Add1("reshape", {target}, {{"shape", AttrInts({-1})}});
+      }
+      b.SetLoss(b.Add1("cross_entropy", {logits, target}));
+    }
+  }
+  return b.Finish(context.max_ops);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Op graphs.
+
+namespace {
+
+bool IsLeafRole(TensorRole role) { return role != TensorRole::kActivation; }
+
+// Refuses non-finite float attributes (a NaN dropout probability, an infinite scalar).
+Status CheckFiniteAttrs(const Attrs& attrs, const std::string& field) {
+  for (const auto& [name, value] : attrs) {
+    if (const auto* d = std::get_if<double>(&value); d != nullptr && !std::isfinite(*d)) {
+      return InvalidArgument(field + ".attrs." + name + ": must be finite, got " +
+                             std::to_string(*d));
+    }
+  }
+  return Status::Ok();
+}
+
+// With rescaling, a declared dim may differ from the inferred one by the batch ratio
+// (micro_batch / traced_batch), e.g. a flattened [B*T, C].
+bool DimMatches(int64_t declared, int64_t inferred, int64_t traced, int64_t micro) {
+  if (declared == inferred) return true;
+  return traced > 0 && traced != micro && declared * micro == inferred * traced;
+}
+
+}  // namespace
+
+StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& context) {
+  MEMEST_RETURN_IF_ERROR(ValidateContext(context));
+  if (spec.traced_batch < 0) {
+    return InvalidArgument("model.traced_batch: must be non-negative, got " +
+                           Str(spec.traced_batch));
+  }
+  const bool rescale = spec.traced_batch > 0 && spec.traced_batch != context.micro_batch;
+  const bool training = context.mode == Mode::kTraining;
+
+  // Declarations: names must be unique; op outputs may be declared for checking.
+  std::unordered_map<std::string, size_t> declared;
+  std::set<std::string> targets;
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const TensorSpec& t = spec.tensors[i];
+    const std::string field = "model.tensors[" + Str(i) + "]";
+    if (t.name.empty()) return InvalidArgument(field + ".name: must not be empty");
+    if (!declared.emplace(t.name, i).second) {
+      return InvalidArgument(field + ".name: duplicate tensor name '" + t.name + "'");
+    }
+    MEMEST_RETURN_IF_ERROR(ValidateShape(t.shape, t.dtype, field + ".shape", false));
+    if (t.role == TensorRole::kTarget) targets.insert(t.name);
+    const bool batched = t.role == TensorRole::kInput || t.role == TensorRole::kTarget;
+    if (batched && t.batch_dim >= static_cast<int>(t.shape.size())) {
+      return InvalidArgument(field + ".batch_dim: " + Str(t.batch_dim) +
+                             " is out of range for shape " + ShapeToString(t.shape));
+    }
+    if (batched && rescale && t.batch_dim >= 0 && t.shape[t.batch_dim] != spec.traced_batch) {
+      return InvalidArgument(field + ".shape[" + Str(t.batch_dim) + "]: the batch dim is " +
+                             Str(t.shape[t.batch_dim]) + ", but traced_batch is " +
+                             Str(spec.traced_batch));
+    }
+  }
+
+  // The first op of the loss: the first that reads a target or produces the loss tensor.
+  int loss_begin = -1;
+  if (training) {
+    for (size_t i = 0; i < spec.ops.size() && loss_begin < 0; ++i) {
+      for (const std::string& in : spec.ops[i].inputs) {
+        if (targets.count(in)) loss_begin = static_cast<int>(i);
+      }
+      for (const std::string& out : spec.ops[i].outputs) {
+        if (out == spec.loss) loss_begin = static_cast<int>(i);
+      }
+    }
+  }
+
+  GraphBuilder b;
+  std::unordered_map<std::string, int> ids;
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const TensorSpec& t = spec.tensors[i];
+    if (!IsLeafRole(t.role)) continue;
+    b.SetErrorContext("model.tensors[" + Str(i) + "]");
+    Shape shape = t.shape;
+    if (rescale && (t.role == TensorRole::kInput || t.role == TensorRole::kTarget) &&
+        t.batch_dim >= 0) {
+      shape[t.batch_dim] = context.micro_batch;
+    }
+    int id = -1;
+    switch (t.role) {
+      case TensorRole::kInput:
+        id = b.Input(t.name, shape, t.dtype, t.batch_dim);
+        break;
+      case TensorRole::kTarget:
+        id = b.Target(t.name, shape, t.dtype, t.batch_dim);
+        break;
+      case TensorRole::kParameter:
+        id = b.Parameter(t.name, shape, IsFloating(t.dtype) ? context.param_dtype : t.dtype,
+                         t.requires_grad);
+        break;
+      case TensorRole::kBuffer:
+        id = b.Buffer(t.name, shape, IsFloating(t.dtype) ? context.param_dtype : t.dtype);
+        break;
+      case TensorRole::kActivation:
+        break;
+    }
+    if (id < 0) return b.status();
+    ids[t.name] = id;
+  }
+
+  std::set<std::string> produced;
+  for (size_t i = 0; i < spec.ops.size(); ++i) {
+    const OpSpec& op = spec.ops[i];
+    const std::string field = "model.ops[" + Str(i) + "]";
+    std::vector<int> inputs;
+    for (size_t j = 0; j < op.inputs.size(); ++j) {
+      auto it = ids.find(op.inputs[j]);
+      if (it == ids.end()) {
+        const bool later = declared.count(op.inputs[j]) > 0;
+        return InvalidArgument(field + ".inputs[" + Str(j) + "]: '" + op.inputs[j] + "' " +
+                               (later ? "is not produced by any earlier op"
+                                      : "is neither declared nor produced by an earlier op"));
+      }
+      inputs.push_back(it->second);
+    }
+    for (size_t j = 0; j < op.outputs.size(); ++j) {
+      const std::string& name = op.outputs[j];
+      if (name.empty()) continue;
+      auto decl = declared.find(name);
+      if (ids.count(name) ||
+          (decl != declared.end() && IsLeafRole(spec.tensors[decl->second].role))) {
+        return InvalidArgument(field + ".outputs[" + Str(j) + "]: duplicate tensor name '" + name +
+                               "'");
+      }
+      for (size_t k = 0; k < j; ++k) {
+        if (op.outputs[k] == name) {
+          return InvalidArgument(field + ".outputs[" + Str(j) + "]: duplicate tensor name '" +
+                                 name + "'");
+        }
+      }
+    }
+    MEMEST_RETURN_IF_ERROR(CheckFiniteAttrs(op.attrs, field));
+    if (static_cast<int>(i) == loss_begin) b.BeginLoss();
+    b.SetErrorContext(field);
+    std::vector<int> outs;
+    {
+      ScopeGuard scope(b, op.scope);
+      outs = b.Add(op.kind, std::move(inputs), op.attrs, op.outputs);
+    }
+    if (!b.ok()) return b.status();
+    if (op.outputs.size() > outs.size()) {
+      return InvalidArgument(field + ".outputs: " + op.kind + " has " + Str(outs.size()) +
+                             " outputs, " + Str(op.outputs.size()) + " are named");
+    }
+    for (size_t j = 0; j < op.outputs.size(); ++j) {
+      const std::string& name = op.outputs[j];
+      if (name.empty()) continue;
+      ids[name] = outs[j];
+      auto decl = declared.find(name);
+      if (decl == declared.end()) continue;
+      const TensorSpec& t = spec.tensors[decl->second];
+      const Tensor& got = b.tensor(outs[j]);
+      const std::string tfield = "model.tensors[" + Str(decl->second) + "]";
+      bool same = t.shape.size() == got.shape.size();
+      for (size_t d = 0; same && d < t.shape.size(); ++d) {
+        same = DimMatches(t.shape[d], got.shape[d], spec.traced_batch, context.micro_batch);
+      }
+      if (!same) {
+        return InvalidArgument(tfield + ".shape: declared " + ShapeToString(t.shape) + ", but " +
+                               field + " (" + op.kind + ") produces " + ShapeToString(got.shape));
+      }
+      if (IsFloating(t.dtype) != IsFloating(got.dtype)) {
+        return InvalidArgument(tfield + ".dtype: declared " + std::string(DTypeName(t.dtype)) +
+                               ", but " + field + " (" + op.kind + ") produces " +
+                               std::string(DTypeName(got.dtype)));
+      }
+      produced.insert(name);
+    }
+  }
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const TensorSpec& t = spec.tensors[i];
+    if (!IsLeafRole(t.role) && !produced.count(t.name)) {
+      return InvalidArgument("model.tensors[" + Str(i) + "]: '" + t.name +
+                             "' is declared as an op output, but no op produces it");
+    }
+  }
+
+  b.SetErrorContext("model");
+  if (training) {
+    if (spec.loss.empty()) {
+      return InvalidArgument("model.loss: training needs the name of the scalar loss tensor");
+    }
+    auto it = ids.find(spec.loss);
+    if (it == ids.end()) {
+      return InvalidArgument("model.loss: '" + spec.loss + "' is not a tensor of the graph");
+    }
+    const Tensor& loss = b.tensor(it->second);
+    if (!loss.shape.empty()) {
+      return InvalidArgument("model.loss: '" + spec.loss + "' must be a scalar, got shape " +
+                             ShapeToString(loss.shape));
+    }
+    if (!IsFloating(loss.dtype)) {
+      return InvalidArgument("model.loss: '" + spec.loss + "' must be floating, got " +
+                             std::string(DTypeName(loss.dtype)));
+    }
+    b.SetLoss(it->second);
+  }
+  MEMEST_ASSIGN_OR_RETURN(Graph graph, b.Finish(context.max_ops));
+  for (size_t i = 0; i < spec.blocks.size(); ++i) {
+    bool found = false;
+    for (const Op& op : graph.ops) found = found || ScopeWithin(op.scope, spec.blocks[i]);
+    if (!found || spec.blocks[i].empty()) {
+      return InvalidArgument("model.blocks[" + Str(i) + "]: no op runs in scope '" +
+                             spec.blocks[i] + "'");
+    }
+  }
+  graph.blocks = spec.blocks;
+  return graph;
+}
+
+}  // namespace memest

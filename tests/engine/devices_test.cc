@@ -1,0 +1,98 @@
+#include "engine/devices.h"
+
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace memest {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+// Capacities as cudaMemGetInfo reports the total on each GPU (bytes).
+struct CapacityCase {
+  std::string name;
+  int64_t capacity;
+  int compute_capability;
+};
+
+TEST(DevicesTest, CatalogCapacities) {
+  const std::vector<CapacityCase> cases = {
+      {"a100-40gb", 42'505'273'344, 80}, {"a100-80gb", 85'051'572'224, 80},
+      {"h100-80gb", 85'031'714'816, 90}, {"h200-141gb", 150'754'820'096, 90},
+      {"l4", 23'580'639'232, 89},        {"rtx-4090", 25'393'692'672, 89},
+  };
+  for (const CapacityCase& c : cases) {
+    StatusOr<DeviceInfo> d = FindDevice(c.name);
+    ASSERT_TRUE(d.ok()) << c.name;
+    EXPECT_EQ(d->name, c.name);
+    EXPECT_EQ(d->capacity_bytes, c.capacity) << c.name;
+    EXPECT_EQ(d->compute_capability, c.compute_capability) << c.name;
+  }
+  // H100 80GB: 85,031,714,816 bytes = 79.19 GiB.
+  EXPECT_NEAR(FindDevice("h100-80gb")->capacity_bytes / double(int64_t{1} << 30), 79.19, 0.005);
+}
+
+TEST(DevicesTest, FixedCostsFollowTheArchitecture) {
+  // PyTorch 2.x CUBLAS_WORKSPACE_CONFIG defaults: ":4096:8" on sm_90 (8 x 4 MiB), otherwise
+  // ":4096:2:16:8" (2 x 4 MiB + 8 x 16 KiB).
+  for (const DeviceInfo& d : ListDevices()) {
+    SCOPED_TRACE(d.name);
+    if (d.compute_capability >= 90) {
+      EXPECT_EQ(d.cublas_workspace_bytes, 32 * kMiB);
+    } else {
+      EXPECT_EQ(d.cublas_workspace_bytes, 8 * kMiB + 128 * 1024);
+    }
+    // A CUDA context with PyTorch's kernels loaded lazily: a few hundred MiB.
+    EXPECT_GE(d.cuda_context_bytes, 256 * kMiB);
+    EXPECT_LE(d.cuda_context_bytes, 1024 * kMiB);
+    EXPECT_GT(d.capacity_bytes, d.cuda_context_bytes);
+    EXPECT_FALSE(d.description.empty());
+  }
+}
+
+TEST(DevicesTest, NamesAreUniqueAndLowerCase) {
+  std::set<std::string> names;
+  for (const DeviceInfo& d : ListDevices()) {
+    EXPECT_TRUE(names.insert(d.name).second) << d.name;
+    for (char c : d.name) EXPECT_FALSE(std::isupper(static_cast<unsigned char>(c))) << d.name;
+  }
+  EXPECT_GE(names.size(), 6u);
+}
+
+TEST(DevicesTest, AliasesAndCaseAreAccepted) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"H100", "h100-80gb"},      {"h100", "h100-80gb"}, {"a100", "a100-80gb"},
+      {"A100-40GB", "a100-40gb"}, {"4090", "rtx-4090"},  {"RTX-4090", "rtx-4090"},
+      {"h200", "h200-141gb"},     {"L4", "l4"},
+  };
+  for (const auto& [alias, name] : cases) {
+    StatusOr<DeviceInfo> d = FindDevice(alias);
+    ASSERT_TRUE(d.ok()) << alias;
+    EXPECT_EQ(d->name, name) << alias;
+  }
+}
+
+TEST(DevicesTest, UnknownDeviceIsNotFoundAndListsTheCatalog) {
+  StatusOr<DeviceInfo> d = FindDevice("tpu-v5");
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(d.status().message().rfind("config.device: unknown device 'tpu-v5'", 0), 0u);
+  for (const DeviceInfo& info : ListDevices()) {
+    EXPECT_NE(d.status().message().find(info.name), std::string::npos) << info.name;
+  }
+}
+
+TEST(DevicesTest, BareDevice) {
+  DeviceInfo d = BareDevice(int64_t{16} << 30);
+  EXPECT_EQ(d.capacity_bytes, int64_t{16} << 30);
+  EXPECT_GT(d.cuda_context_bytes, 0);
+  EXPECT_GT(d.cublas_workspace_bytes, 0);
+  EXPECT_FALSE(d.name.empty());
+}
+
+}  // namespace
+}  // namespace memest
