@@ -254,10 +254,15 @@ class StepSimulator {
     }
   }
 
-  // torch.utils.checkpoint keeps the region's inputs until its backward.
+  // torch.utils.checkpoint keeps the region's inputs until its backward: they are saved for
+  // backward like any tensor autograd keeps.
   void PinRegionInputs(int r, int delta) {
     for (int s : RegionInputs(r)) {
-      main_.pins[s] += delta;
+      main_.saved[s] += delta;
+      if (main_.buffer[s] >= 0 && g_.tensors[s].role == TensorRole::kActivation) {
+        if (delta > 0 && main_.saved[s] == 1) Retag(main_.buffer[s], Category::kActivations);
+        if (delta < 0 && main_.saved[s] == 0) Retag(main_.buffer[s], Category::kTemporaries);
+      }
       if (delta < 0) MaybeFree(main_, s);
     }
   }
@@ -444,8 +449,8 @@ class StepSimulator {
     saved = SavedByOp{};
   }
 
-  int NewGrad(int64_t bytes) {
-    grads_.push_back({NewBuffer(bytes, Category::kTemporaries), 1});
+  int NewGrad(int64_t bytes, Category category = Category::kTemporaries) {
+    grads_.push_back({NewBuffer(bytes, category), 1});
     return static_cast<int>(grads_.size()) - 1;
   }
   void Deref(int g) {
@@ -538,7 +543,12 @@ class StepSimulator {
           continue;
         }
       }
-      flows.push_back({op.inputs[k], NewGrad(Bytes(in.shape, in.dtype)), ContiguousStrides(in.shape)});
+      // A gradient bound for an empty .grad counts as a gradient from the start.
+      const bool to_grad = in.role == TensorRole::kParameter && param_grad_[op.inputs[k]] < 0;
+      flows.push_back({op.inputs[k],
+                       NewGrad(Bytes(in.shape, in.dtype),
+                               to_grad ? Category::kGradients : Category::kTemporaries),
+                       ContiguousStrides(in.shape)});
     }
     std::vector<int> temps;
     for (const Alloc& a : mem.backward_temps) temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
@@ -588,7 +598,7 @@ class StepSimulator {
     GradBuf& gb = grads_[grad];
     if (gb.refs == 1 && IsContiguous(p.shape, strides)) {  // stolen into .grad
       param_grad_[t] = gb.buffer;
-      Retag(gb.buffer, Category::kGradients);
+      Retag(gb.buffer, Category::kGradients);  // a no-op when it was allocated as one
       gb.buffer = -1;
       gb.refs = 0;
       return;

@@ -1,0 +1,204 @@
+// Each op of the vocabulary on its own: the output shape its rule infers and the bytes autograd
+// keeps for its backward. Expected saved bytes are derived by hand from
+// tools/autograd/derivatives.yaml (what each formula reads), and checked against real PyTorch
+// 1.13 with saved_tensors_hooks (distinct storages, parameters excluded). Inputs are float32
+// activations that need grad, made as `param * 1.0` so that nothing else saves them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/op_rules.h"
+#include "tests/engine/test_graphs.h"
+
+namespace memest {
+namespace {
+
+using testing::PlainTraining;
+using testing::SavedBytes;
+
+struct OpCase {
+  const char* name;
+  const char* kind;
+  std::vector<Shape> inputs;  // float32 activations
+  Attrs attrs;
+  Shape output;
+  int64_t saved;  // bytes autograd keeps (inputs, outputs, extras), parameters excluded
+  std::vector<std::string> prep{};  // a view op applied to input 0 before the op ("permute")
+};
+
+class OpRuleTest : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(OpRuleTest, OutputShapeAndSavedBytes) {
+  const OpCase& c = GetParam();
+  GraphBuilder b;
+  std::vector<int> in;
+  {
+    ScopeGuard s(b, "prep");
+    for (size_t i = 0; i < c.inputs.size(); ++i) {
+      const int p = b.Parameter("p" + std::to_string(i), c.inputs[i], DType::kFloat32);
+      in.push_back(b.Add1("mul", {p}, {{"scalar", 1.0}}));
+    }
+    for (const std::string& v : c.prep) {
+      if (v == "permute") in[0] = b.Add1("permute", {in[0]}, {{"dims", std::vector<int64_t>{0, 2, 1, 3}}});
+    }
+  }
+  int out;
+  {
+    ScopeGuard s(b, "op");
+    out = b.Add1(c.kind, in, c.attrs);
+  }
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b.shape(out), c.output);
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {out}));
+  StatusOr<Graph> g = b.Finish();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(SavedBytes(*g, PlainTraining(), "op"), c.saved);
+}
+
+// Shapes are [4, 8] (128 B of float32) unless stated.
+INSTANTIATE_TEST_SUITE_P(
+    Vocabulary, OpRuleTest,
+    ::testing::Values(
+        OpCase{"relu_keeps_output", "relu", {{4, 8}}, {}, {4, 8}, 128},
+        OpCase{"relu_inplace_keeps_output", "relu", {{4, 8}}, {{"inplace", int64_t{1}}}, {4, 8}, 128},
+        OpCase{"gelu_keeps_input", "gelu", {{4, 8}}, {}, {4, 8}, 128},
+        OpCase{"silu_keeps_input", "silu", {{4, 8}}, {}, {4, 8}, 128},
+        OpCase{"sigmoid_keeps_output", "sigmoid", {{4, 8}}, {}, {4, 8}, 128},
+        OpCase{"tanh_keeps_output", "tanh", {{4, 8}}, {}, {4, 8}, 128},
+        OpCase{"softmax_keeps_output", "softmax", {{4, 8}}, {}, {4, 8}, 128},
+        OpCase{"log_softmax_keeps_output", "log_softmax", {{4, 8}}, {}, {4, 8}, 128},
+        // native_dropout keeps a bool mask (1 B per element), not its output.
+        OpCase{"dropout_keeps_bool_mask", "dropout", {{4, 8}}, {{"p", 0.1}}, {4, 8}, 32},
+        OpCase{"dropout_p0_is_identity", "dropout", {{4, 8}}, {{"p", 0.0}}, {4, 8}, 0},
+        OpCase{"add_keeps_nothing", "add", {{4, 8}, {4, 8}}, {}, {4, 8}, 0},
+        OpCase{"mul_keeps_both", "mul", {{4, 8}, {4, 8}}, {}, {4, 8}, 256},
+        OpCase{"mul_scalar_keeps_nothing", "mul", {{4, 8}}, {{"scalar", 2.0}}, {4, 8}, 0},
+        OpCase{"div_scalar_keeps_nothing", "div", {{4, 8}}, {{"scalar", 8.0}}, {4, 8}, 0},
+        OpCase{"div_keeps_both", "div", {{4, 8}, {4, 8}}, {}, {4, 8}, 256},
+        // [4,1,8] * [4,8] -> [4,4,8]: both operands kept, at their own (small) sizes.
+        OpCase{"mul_broadcast_keeps_operands", "mul", {{4, 1, 8}, {4, 8}}, {}, {4, 4, 8}, 256},
+        // mean and rstd: [4, 1] float32 each.
+        OpCase{"layer_norm_keeps_input_and_stats", "layer_norm", {{4, 8}}, {}, {4, 8}, 128 + 16 + 16},
+        // group_norm on [2, 4, 4] with 2 groups: input 128 B, mean and rstd [2, 2] 16 B each.
+        OpCase{"group_norm", "group_norm", {{2, 4, 4}}, {{"num_groups", int64_t{2}}}, {2, 4, 4}, 160},
+        // batch_norm on [4, 8]: input, save_mean and save_invstd [8] float32.
+        OpCase{"batch_norm", "batch_norm", {{4, 8}}, {}, {4, 8}, 128 + 32 + 32},
+        // [1,2,4,4] pooled 2x2: input 128 B and int64 indices of the [1,2,2,2] output, 64 B.
+        OpCase{"max_pool_keeps_input_and_indices", "max_pool2d", {{1, 2, 4, 4}},
+               {{"kernel_size", int64_t{2}}}, {1, 2, 2, 2}, 192},
+        OpCase{"avg_pool_keeps_input", "avg_pool2d", {{1, 2, 4, 4}}, {{"kernel_size", int64_t{2}}},
+               {1, 2, 2, 2}, 128},
+        OpCase{"adaptive_avg_pool", "adaptive_avg_pool2d", {{1, 2, 4, 4}},
+               {{"output_size", int64_t{1}}}, {1, 2, 1, 1}, 128},
+        // bmm keeps both: 2*3*4*4 = 96 B and 2*4*5*4 = 160 B.
+        OpCase{"matmul_batched_keeps_both", "matmul", {{2, 3, 4}, {2, 4, 5}}, {}, {2, 3, 5}, 256},
+        OpCase{"bmm_keeps_both", "bmm", {{2, 3, 4}, {2, 4, 5}}, {}, {2, 3, 5}, 256},
+        // A [2,3,4,5] permuted to [2,4,3,5] cannot fold its batch dims into a view: matmul
+        // copies it (8*3*5*4 = 480 B) and bmm keeps the copy, plus b (2*4*5*6*4 = 960 B).
+        OpCase{"matmul_copies_permuted_operand", "matmul", {{2, 3, 4, 5}, {2, 4, 5, 6}}, {},
+               {2, 4, 3, 6}, 480 + 960, {"permute"}},
+        // einsum("ijk,ljk->lij"): each operand permuted to [j, i, k] / [j, k, l], which reshape
+        // to 3-D as views (one letter per group); bmm keeps both views: 256 B each.
+        OpCase{"einsum_contraction", "einsum", {{2, 4, 8}, {2, 4, 8}},
+               {{"equation", std::string("ijk,ljk->lij")}}, {2, 2, 4}, 512},
+        OpCase{"sum_keeps_nothing", "sum", {{4, 8}}, {{"dim", std::vector<int64_t>{-1}}}, {4}, 0},
+        OpCase{"transpose_is_a_view", "transpose", {{4, 8}}, {}, {8, 4}, 0},
+        OpCase{"cat_keeps_nothing", "cat", {{4, 8}, {4, 8}}, {{"dim", int64_t{0}}}, {8, 8}, 0},
+        OpCase{"pow_keeps_input", "pow", {{4, 8}}, {{"exponent", 2.0}}, {4, 8}, 128},
+        OpCase{"exp_keeps_output", "exp", {{4, 8}}, {}, {4, 8}, 128},
+        OpCase{"mse_keeps_both", "mse_loss", {{4, 8}, {4, 8}}, {}, {}, 256}),
+    [](const ::testing::TestParamInfo<OpCase>& info) { return std::string(info.param.name); });
+
+TEST(OpRuleTest, LinearKeepsItsInputNotItsOutput) {
+  GraphBuilder b;
+  const int w = b.Parameter("w", {16, 8}, DType::kFloat32);
+  const int x = b.Add1("mul", {b.Parameter("x", {4, 8}, DType::kFloat32)}, {{"scalar", 1.0}});
+  int y;
+  {
+    ScopeGuard s(b, "op");
+    y = b.Add1("linear", {x, w});
+  }
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {y}));
+  StatusOr<Graph> g = b.Finish();
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(testing::SavedBytes(*g, PlainTraining(), "op"), 128);  // x; the weight is a parameter
+}
+
+TEST(OpRuleTest, CrossEntropyKeepsLogSoftmax) {
+  GraphBuilder b;
+  const int logits = b.Add1("mul", {b.Parameter("z", {4, 10}, DType::kFloat32)}, {{"scalar", 1.0}});
+  const int target = b.Target("y", {4}, DType::kInt64);
+  b.BeginLoss();
+  int loss;
+  {
+    ScopeGuard s(b, "op");
+    loss = b.Add1("cross_entropy", {logits, target});
+  }
+  b.SetLoss(loss);
+  StatusOr<Graph> g = b.Finish();
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(testing::SavedBytes(*g, PlainTraining(), "op"), 160);  // log_softmax [4, 10] float32
+}
+
+TEST(OpRuleTest, UnknownKindNamesTheFieldAndTheVocabulary) {
+  GraphBuilder b;
+  b.SetErrorContext("model.ops[3]");
+  const int x = b.Input("x", {2, 2}, DType::kFloat32);
+  b.Add1("frobnicate", {x});
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(b.status().message().find("model.ops[3].kind: unknown op 'frobnicate'"), std::string::npos);
+  EXPECT_NE(b.status().message().find("linear"), std::string::npos);
+}
+
+TEST(OpRuleTest, ShapeMismatchNamesTheInput) {
+  GraphBuilder b;
+  b.SetErrorContext("model.ops[0]");
+  const int x = b.Input("x", {2, 3}, DType::kFloat32);
+  const int w = b.Parameter("w", {4, 5}, DType::kFloat32);
+  b.Add1("linear", {x, w});
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("model.ops[0].inputs[1]"), std::string::npos)
+      << b.status().message();
+}
+
+TEST(OpRuleTest, OverflowingShapeIsRefused) {
+  GraphBuilder b;
+  b.SetErrorContext("model.tensors[0]");
+  b.Input("x", {int64_t{1} << 40, int64_t{1} << 40}, DType::kFloat32);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("model.tensors[0].shape"), std::string::npos);
+  EXPECT_NE(b.status().message().find("overflows"), std::string::npos);
+}
+
+TEST(OpRuleTest, NegativeDimIsRefused) {
+  GraphBuilder b;
+  b.SetErrorContext("model.tensors[1]");
+  b.Input("x", {4, -4}, DType::kFloat32);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("model.tensors[1].shape[1]: must be non-negative, got -4"),
+            std::string::npos)
+      << b.status().message();
+}
+
+TEST(OpRuleTest, NonFiniteAttributeIsRefused) {
+  GraphBuilder b;
+  b.SetErrorContext("model.ops[0]");
+  const int x = b.Input("x", {2, 2}, DType::kFloat32);
+  b.Add1("dropout", {x}, {{"p", std::nan("")}});
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("model.ops[0].attrs.p: must be finite"), std::string::npos);
+}
+
+TEST(OpRuleTest, EveryRuleHasInferenceAndMemory) {
+  for (const OpRule* r : AllOpRules()) {
+    EXPECT_NE(r->infer, nullptr) << r->kind;
+    EXPECT_NE(r->memory, nullptr) << r->kind;
+  }
+  EXPECT_GE(AllOpRules().size(), 50u);
+}
+
+}  // namespace
+}  // namespace memest

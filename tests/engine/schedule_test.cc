@@ -1,0 +1,240 @@
+// One training step of small models, with every number derived by hand.
+#include <gtest/gtest.h>
+
+#include "engine/estimator.h"
+#include "tests/engine/test_graphs.h"
+
+namespace memest {
+namespace {
+
+using testing::Cat;
+using testing::PhasePeak;
+using testing::PlainTraining;
+using testing::Walk;
+
+// x[4,256] -> linear(512) -> relu -> linear(10) -> cross_entropy(target[4] int64).
+// Sizes (each rounded up to 512 B by the allocator):
+//   W1 [512,256] 524288, b1 [512] 2048, W2 [10,512] 20480, b2 [10] 40->512: params 547328
+//   x 4096, target 32->512: inputs 4608
+//   h = a = [4,512] 8192; logits [4,10] 160->512; loss 512; log_softmax 160->512
+Graph Mlp() {
+  GraphBuilder b;
+  const int x = b.Input("x", {4, 256}, DType::kFloat32);
+  const int y = b.Target("y", {4}, DType::kInt64);
+  int h, logits;
+  {
+    ScopeGuard s(b, "fc1");
+    h = b.Add1("linear", {x, b.Parameter("weight", {512, 256}, DType::kFloat32),
+                          b.Parameter("bias", {512}, DType::kFloat32)});
+  }
+  const int a = b.Add1("relu", {h});
+  {
+    ScopeGuard s(b, "fc2");
+    logits = b.Add1("linear", {a, b.Parameter("weight", {10, 512}, DType::kFloat32),
+                               b.Parameter("bias", {10}, DType::kFloat32)});
+  }
+  b.BeginLoss();
+  b.SetLoss(b.Add1("cross_entropy", {logits, y}));
+  return b.Finish().value();
+}
+
+constexpr int64_t kParams = 547328;
+constexpr int64_t kInputs = 4608;
+
+TEST(ScheduleTest, MlpStepByHand) {
+  const Liveness l = Walk(Mlp(), PlainTraining());
+  // data: params + inputs.
+  EXPECT_EQ(PhasePeak(l, Phase::kData).allocated_bytes, kParams + kInputs);
+  // forward: relu allocates a while h is still alive (h dies after relu: nothing saved it).
+  EXPECT_EQ(PhasePeak(l, Phase::kForward).allocated_bytes, kParams + kInputs + 8192 + 8192);
+  EXPECT_EQ(PhasePeak(l, Phase::kForward).op, "relu");
+  // loss: a (kept by relu and fc2) + logits + loss + log_softmax.
+  EXPECT_EQ(PhasePeak(l, Phase::kLoss).allocated_bytes, kParams + kInputs + 8192 + 3 * 512);
+  // backward peaks in fc1: dW1 and db1 (bound for .grad), dW2 and db2 (already .grad), the
+  // incoming grad of h, and the loss the loop still holds; a and its gradient are gone.
+  const PeakPoint& bwd = PhasePeak(l, Phase::kBackward);
+  EXPECT_EQ(bwd.allocated_bytes, 2 * kParams + kInputs + 8192 + 512);
+  EXPECT_EQ(bwd.op, "linear");
+  EXPECT_EQ(bwd.scope, "fc1");
+  EXPECT_EQ(Cat(bwd, Category::kGradients), kParams);
+  EXPECT_EQ(Cat(bwd, Category::kActivations), 0);
+  EXPECT_EQ(Cat(bwd, Category::kTemporaries), 8192 + 512);
+  EXPECT_EQ(l.peak.allocated_bytes, bwd.allocated_bytes);
+  // step (SGD, no state): params and grads.
+  EXPECT_EQ(PhasePeak(l, Phase::kOptimizerStep).allocated_bytes, 2 * kParams);
+}
+
+TEST(ScheduleTest, ZeroGradKeepsOrDropsGrads) {
+  RunConfig keep = PlainTraining();
+  keep.zero_grad_set_to_none = false;
+  EXPECT_EQ(PhasePeak(Walk(Mlp(), keep), Phase::kData).allocated_bytes, 2 * kParams + kInputs);
+  EXPECT_EQ(PhasePeak(Walk(Mlp(), PlainTraining()), Phase::kData).allocated_bytes, kParams + kInputs);
+}
+
+// Adam keeps exp_avg and exp_avg_sq (2 x params). On the first step they are created inside
+// the step. foreach: one _foreach_sqrt list (1 x params) of scratch; for-loop: the sqrt and
+// the quotient of one parameter at a time (2 x the largest, W1: 524288).
+TEST(ScheduleTest, AdamFirstStepForeachVersusForLoop) {
+  RunConfig c = PlainTraining();
+  c.optimizer.kind = OptimizerKind::kAdam;
+  c.step = StepKind::kFirstStep;
+  c.optimizer.impl = OptimizerImpl::kForeach;
+  EXPECT_EQ(PhasePeak(Walk(Mlp(), c), Phase::kOptimizerStep).allocated_bytes,
+            2 * kParams + 2 * kParams + kParams);
+  c.optimizer.impl = OptimizerImpl::kForLoop;
+  EXPECT_EQ(PhasePeak(Walk(Mlp(), c), Phase::kOptimizerStep).allocated_bytes,
+            2 * kParams + 2 * kParams + 2 * 524288);
+  c.optimizer.impl = OptimizerImpl::kFused;  // no scratch; a 0-dim float32 step per parameter
+  EXPECT_EQ(PhasePeak(Walk(Mlp(), c), Phase::kOptimizerStep).allocated_bytes,
+            2 * kParams + 2 * kParams + 4 * 512);
+}
+
+TEST(ScheduleTest, SteadyStateHasOptimizerStateFromTheStart) {
+  RunConfig c = PlainTraining();
+  c.optimizer.kind = OptimizerKind::kAdamW;
+  const Liveness l = Walk(Mlp(), c);
+  EXPECT_EQ(Cat(PhasePeak(l, Phase::kData), Category::kOptimizerState), 2 * kParams);
+}
+
+TEST(ScheduleTest, MomentumStateIsOneCopy) {
+  RunConfig c = PlainTraining();
+  c.optimizer.kind = OptimizerKind::kSgdMomentum;
+  EXPECT_EQ(Cat(PhasePeak(Walk(Mlp(), c), Phase::kData), Category::kOptimizerState), kParams);
+}
+
+TEST(ScheduleTest, InferenceKeepsNothingForBackward) {
+  RunConfig c = PlainTraining();
+  c.mode = Mode::kInference;
+  const Liveness l = Walk(Mlp(), c);
+  EXPECT_EQ(l.phases.size(), 3u);  // data, forward, loss
+  for (const PeakPoint& p : l.phases) EXPECT_EQ(Cat(p, Category::kActivations), 0);
+  EXPECT_EQ(l.peak.allocated_bytes, kParams + kInputs + 8192 + 8192);  // relu, as in training
+}
+
+// A stack of L blocks (linear -> gelu) on [B, D]: without checkpointing autograd keeps, per
+// block, the linear's input and the gelu's input; checkpointing each block keeps only the
+// block inputs, and backward recomputes one block at a time.
+Graph Stack(int blocks, int64_t batch, int64_t dim) {
+  GraphBuilder b;
+  int x = b.Input("x", {batch, dim}, DType::kFloat32);
+  for (int i = 0; i < blocks; ++i) {
+    ScopeGuard s(b, "blocks." + std::to_string(i));
+    b.MarkBlock();
+    x = b.Add1("linear", {x, b.Parameter("weight", {dim, dim}, DType::kFloat32)});
+    x = b.Add1("gelu", {x});
+  }
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {x}));
+  return b.Finish().value();
+}
+
+TEST(ScheduleTest, CheckpointEveryBlockKeepsOnlyBlockInputs) {
+  // Activations dominate: one [1024, 256] float32 activation is 1 MiB, a block's weight 256 KiB.
+  const int L = 16;
+  const int64_t act = 1024 * 256 * 4;
+  const Graph g = Stack(L, 1024, 256);
+  RunConfig c = PlainTraining();
+  // No checkpointing: at the end of forward, blocks 1..15 keep their linear's input and every
+  // block its gelu input (block 0's linear input is the data batch): 31 activations.
+  const Liveness none = Walk(g, c);
+  EXPECT_EQ(Cat(PhasePeak(none, Phase::kLoss), Category::kActivations), (2 * L - 1) * act);
+  c.checkpoint.policy = CheckpointPolicy::kEveryBlock;
+  const CheckpointRegions regions = PlanCheckpoints(g, c.checkpoint).value();
+  ASSERT_EQ(regions.size(), static_cast<size_t>(L));
+  // Checkpointed: the inputs of blocks 1..15 only.
+  const Liveness every = Walk(g, c, regions);
+  EXPECT_EQ(Cat(PhasePeak(every, Phase::kLoss), Category::kActivations), (L - 1) * act);
+  EXPECT_LT(every.peak.allocated_bytes, none.peak.allocated_bytes);
+  EXPECT_TRUE(PhasePeak(every, Phase::kBackward).recompute);
+}
+
+TEST(ScheduleTest, SqrtCheckpointingGroupsBlocks) {
+  const Graph g = Stack(16, 64, 256);
+  CheckpointConfig cc;
+  cc.policy = CheckpointPolicy::kSqrtBlocks;
+  EXPECT_EQ(PlanCheckpoints(g, cc).value().size(), 4u);  // 16 blocks in 4 segments of 4
+  cc.policy = CheckpointPolicy::kEveryKBlocks;
+  cc.every_k = 5;
+  EXPECT_EQ(PlanCheckpoints(g, cc).value().size(), 4u);  // 5 + 5 + 5 + 1
+  cc.policy = CheckpointPolicy::kScopes;
+  cc.scopes = {"blocks.3", "blocks.30"};
+  const auto bad = PlanCheckpoints(g, cc);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("config.checkpoint.scopes[1]"), std::string::npos);
+}
+
+// Memory of sqrt(L) checkpointing grows like sqrt(L): between no checkpointing and one block.
+TEST(ScheduleTest, CheckpointPoliciesOrderAsTheirMemory) {
+  const Graph g = Stack(64, 4096, 256);  // 4 MiB activations, 256 KiB weights
+  RunConfig c = PlainTraining();
+  auto peak = [&](CheckpointPolicy p) {
+    c.checkpoint.policy = p;
+    return Walk(g, c, PlanCheckpoints(g, c.checkpoint).value()).peak.allocated_bytes;
+  };
+  const int64_t none = peak(CheckpointPolicy::kNone);
+  const int64_t sqrt = peak(CheckpointPolicy::kSqrtBlocks);
+  const int64_t every = peak(CheckpointPolicy::kEveryBlock);
+  EXPECT_LT(every, none);
+  EXPECT_LT(sqrt, none);
+  const int64_t act = 4096 * 256 * 4;
+  // No checkpointing keeps 127 activations at the end of forward; every block keeps 63 block
+  // inputs plus one recomputed block; sqrt(64) = 8: 7 segment inputs plus one segment of 8
+  // blocks recomputed (16 activations).
+  EXPECT_GT(none - every, 60 * act);
+  EXPECT_GT(none - sqrt, 100 * act);
+  EXPECT_LT(sqrt, every);
+}
+
+// Gradient accumulation: micro-batch 1 runs with the .grad tensors of micro-batch 0 alive and
+// adds into them, exactly as a step that keeps zeroed grads (set_to_none=False).
+TEST(ScheduleTest, AccumulationPeaksLikeASmallerBatchWithGradsAlive) {
+  RunConfig accum = PlainTraining();
+  accum.batch_size = 8;
+  accum.grad_accum_steps = 2;
+  RunConfig small = PlainTraining();
+  small.batch_size = 4;
+  small.zero_grad_set_to_none = false;
+  const Graph g = Stack(4, 4, 512);  // built for a micro-batch of 4
+  const Liveness a = Walk(g, accum);
+  const Liveness s = Walk(g, small);
+  EXPECT_EQ(a.peak.allocated_bytes, s.peak.allocated_bytes);
+  EXPECT_EQ(a.peak.micro_batch, 1);
+}
+
+TEST(ScheduleTest, AutocastKeepsHalfCopiesOfWeights) {
+  // linear under bf16 autocast: the weight's bf16 copy is cached for the forward and kept by
+  // the linear for backward; x's bf16 copy is kept too.
+  GraphBuilder b;
+  const int x = b.Input("x", {64, 256}, DType::kFloat32);
+  int y;
+  {
+    ScopeGuard s(b, "fc");
+    y = b.Add1("linear", {x, b.Parameter("weight", {256, 256}, DType::kFloat32)});
+  }
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {y}));
+  RunConfig c = PlainTraining();
+  c.precision = Precision::kBf16Amp;
+  StatusOr<Report> r = EstimateGraph(b.Finish().value(), c, {1'000'000, false});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const PeakPoint* loss = nullptr;
+  for (const PeakPoint& p : r->phases) {
+    if (p.phase == Phase::kLoss) loss = &p;
+  }
+  ASSERT_NE(loss, nullptr);
+  EXPECT_EQ(Cat(*loss, Category::kMasterAndCasts), 256 * 256 * 2);  // bf16 weight copy
+  EXPECT_EQ(Cat(*loss, Category::kActivations), 64 * 256 * 2);      // bf16 copy of x
+}
+
+TEST(ScheduleTest, ExpandableSegmentsReserveNoMoreThanSegments) {
+  const Graph g = Stack(8, 512, 1024);
+  RunConfig c = PlainTraining();
+  const Liveness plain = Walk(g, c);
+  c.expandable_segments = true;
+  const Liveness exp = Walk(g, c);
+  EXPECT_EQ(plain.peak.allocated_bytes, exp.peak.allocated_bytes);
+  EXPECT_LE(exp.peak_reserved, plain.peak_reserved);
+}
+
+}  // namespace
+}  // namespace memest

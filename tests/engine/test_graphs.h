@@ -1,0 +1,52 @@
+// Small graphs and helpers shared by the engine tests.
+#ifndef MEMEST_TESTS_ENGINE_TEST_GRAPHS_H_
+#define MEMEST_TESTS_ENGINE_TEST_GRAPHS_H_
+
+#include <string>
+
+#include "engine/config.h"
+#include "engine/graph.h"
+#include "engine/liveness.h"
+#include "engine/schedule.h"
+
+namespace memest {
+namespace testing {
+
+// An fp32 SGD step (no optimizer state, no scratch) with no cuBLAS workspace: the arithmetic
+// of a test then involves only the graph's own tensors.
+inline RunConfig PlainTraining() {
+  RunConfig c;
+  c.optimizer.kind = OptimizerKind::kSgd;
+  c.optimizer.impl = OptimizerImpl::kForLoop;
+  return c;
+}
+
+inline Liveness Walk(const Graph& g, const RunConfig& c, const CheckpointRegions& regions = {}) {
+  const Schedule s = BuildSchedule(g, c, regions, ScheduleOptions{});
+  return WalkSchedule(s, g, c.expandable_segments);
+}
+
+inline int64_t SavedBytes(const Graph& g, const RunConfig& c, const std::string& scope,
+                          const CheckpointRegions& regions = {}) {
+  const Schedule s = BuildSchedule(g, c, regions, ScheduleOptions{});
+  int64_t n = 0;
+  for (const LayerRow& r : s.layers) {
+    if (ScopeWithin(r.scope, scope)) n += r.saved_bytes;
+  }
+  return n;
+}
+
+inline const PeakPoint& PhasePeak(const Liveness& l, Phase p) {
+  for (const PeakPoint& pp : l.phases) {
+    if (pp.phase == p) return pp;
+  }
+  static PeakPoint none;
+  return none;
+}
+
+inline int64_t Cat(const PeakPoint& p, Category c) { return p.by_category[static_cast<int>(c)]; }
+
+}  // namespace testing
+}  // namespace memest
+
+#endif  // MEMEST_TESTS_ENGINE_TEST_GRAPHS_H_
