@@ -11,7 +11,7 @@
 namespace memest {
 
 enum class Category : int {
-  kParameters,
+  kParameters,         // parameters and module buffers (BatchNorm statistics, causal masks)
   kGradients,          // parameter .grad tensors
   kOptimizerState,     // exp_avg, exp_avg_sq, momentum buffers, ...
   kMasterAndCasts,     // autocast's low-precision copies of weights (and master weights)

@@ -646,7 +646,7 @@ class StepSimulator {
     auto it = layer_index_.find(scope);
     if (it == layer_index_.end()) {
       it = layer_index_.emplace(scope, s_.layers.size()).first;
-      s_.layers.push_back(LayerRow{scope.empty() ? "<root>" : scope});
+      s_.layers.push_back(LayerRow{scope.empty() ? "(top level)" : scope});
     }
     return s_.layers[it->second];
   }

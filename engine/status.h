@@ -67,7 +67,8 @@ class StatusOr {
   const Status& status() const { return status_; }
   const T& value() const& { assert(ok()); return *value_; }
   T& value() & { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  // By value, so that `for (x : F().value())` never refers into a destroyed temporary.
+  T value() && { assert(ok()); return std::move(*value_); }
   const T& operator*() const& { return value(); }
   T& operator*() & { return value(); }
   const T* operator->() const { return &value(); }
@@ -89,7 +90,8 @@ class StatusOr {
 
 #define MEMEST_CONCAT_INNER_(a, b) a##b
 #define MEMEST_CONCAT_(a, b) MEMEST_CONCAT_INNER_(a, b)
-// Declares `lhs` from a StatusOr expression, or returns its error.
+// Declares `lhs` from a StatusOr expression, or returns its error. It declares a variable, so
+// under a `case:` label it needs braces.
 #define MEMEST_ASSIGN_OR_RETURN(lhs, expr)                                   \
   auto MEMEST_CONCAT_(_memest_so_, __LINE__) = (expr);                       \
   if (!MEMEST_CONCAT_(_memest_so_, __LINE__).ok())                           \
