@@ -1,0 +1,426 @@
+#include "server/convert.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace memest {
+namespace {
+
+// A byte count or element count for an unsigned proto field. The engine never produces a
+// negative one; should it, 0 is less wrong on the wire than a wrapped 2^64 - n.
+uint64_t Unsigned(int64_t value) { return value < 0 ? 0 : static_cast<uint64_t>(value); }
+
+Status Unknown(const std::string& field, int value) {
+  return InvalidArgument(field + ": unknown value " + std::to_string(value));
+}
+
+Status NotFinite(const std::string& field, double value) {
+  return InvalidArgument(field + ": must be a finite number, got " + std::to_string(value));
+}
+
+StatusOr<DType> DTypeFromProto(const std::string& name, const std::string& field) {
+  if (name.empty()) return DType::kFloat32;
+  StatusOr<DType> dtype = ParseDType(name);
+  if (!dtype.ok()) return dtype.status().Prefixed(field + ": ");
+  return dtype;
+}
+
+StatusOr<AttrValue> AttrFromProto(const v1::AttrValue& value, const std::string& field) {
+  switch (value.value_case()) {
+    case v1::AttrValue::kI:
+      return AttrValue(int64_t{value.i()});
+    case v1::AttrValue::kF:
+      if (!std::isfinite(value.f())) return NotFinite(field, value.f());
+      return AttrValue(value.f());
+    case v1::AttrValue::kInts:
+      return AttrValue(
+          std::vector<int64_t>(value.ints().values().begin(), value.ints().values().end()));
+    case v1::AttrValue::kS:
+      return AttrValue(value.s());
+    case v1::AttrValue::VALUE_NOT_SET:
+      break;
+  }
+  return InvalidArgument(field + ": no value set (expected one of i, f, ints, s)");
+}
+
+// `context` is the owner's path, e.g. "model.layers[3]"; errors name "<context>.attrs.<name>".
+StatusOr<Attrs> AttrsFromProto(const google::protobuf::Map<std::string, v1::AttrValue>& attrs,
+                               const std::string& context) {
+  // Sorted, so that the first error reported does not depend on hash order.
+  std::vector<const std::string*> names;
+  names.reserve(attrs.size());
+  for (const auto& [name, value] : attrs) names.push_back(&name);
+  std::sort(names.begin(), names.end(),
+            [](const std::string* a, const std::string* b) { return *a < *b; });
+  Attrs out;
+  for (const std::string* name : names) {
+    MEMEST_ASSIGN_OR_RETURN(AttrValue value,
+                            AttrFromProto(attrs.at(*name), context + ".attrs." + *name));
+    out.emplace(*name, std::move(value));
+  }
+  return out;
+}
+
+StatusOr<LayerModelSpec> LayerModelFromProto(const v1::LayerModel& model) {
+  LayerModelSpec spec;
+  spec.input_shape.assign(model.input_shape().begin(), model.input_shape().end());
+  MEMEST_ASSIGN_OR_RETURN(spec.input_dtype,
+                          DTypeFromProto(model.input_dtype(), "model.input_dtype"));
+  spec.layers.reserve(model.layers_size());
+  for (int i = 0; i < model.layers_size(); ++i) {
+    const v1::Layer& layer = model.layers(i);
+    LayerSpec& out = spec.layers.emplace_back();
+    out.kind = layer.kind();
+    out.name = layer.name();
+    MEMEST_ASSIGN_OR_RETURN(
+        out.attrs, AttrsFromProto(layer.attrs(), "model.layers[" + std::to_string(i) + "]"));
+  }
+  if (!model.loss().empty()) spec.loss = model.loss();
+  return spec;
+}
+
+StatusOr<OpGraphSpec> OpGraphFromProto(const v1::OpGraph& graph) {
+  OpGraphSpec spec;
+  spec.tensors.reserve(graph.tensors_size());
+  for (int i = 0; i < graph.tensors_size(); ++i) {
+    const v1::TensorDecl& tensor = graph.tensors(i);
+    const std::string field = "model.tensors[" + std::to_string(i) + "]";
+    TensorSpec& out = spec.tensors.emplace_back();
+    out.name = tensor.name();
+    out.shape.assign(tensor.shape().begin(), tensor.shape().end());
+    MEMEST_ASSIGN_OR_RETURN(out.dtype, DTypeFromProto(tensor.dtype(), field + ".dtype"));
+    MEMEST_ASSIGN_OR_RETURN(out.role, TensorRoleFromProto(tensor.role(), field + ".role"));
+    out.batch_dim = tensor.batch_dim();
+    out.requires_grad = !tensor.frozen();
+  }
+  spec.ops.reserve(graph.ops_size());
+  for (int i = 0; i < graph.ops_size(); ++i) {
+    const v1::OpDecl& op = graph.ops(i);
+    OpSpec& out = spec.ops.emplace_back();
+    out.kind = op.kind();
+    out.inputs.assign(op.inputs().begin(), op.inputs().end());
+    out.outputs.assign(op.outputs().begin(), op.outputs().end());
+    MEMEST_ASSIGN_OR_RETURN(out.attrs,
+                            AttrsFromProto(op.attrs(), "model.ops[" + std::to_string(i) + "]"));
+    out.scope = op.scope();
+  }
+  spec.loss = graph.loss();
+  spec.blocks.assign(graph.blocks().begin(), graph.blocks().end());
+  spec.traced_batch = graph.traced_batch();
+  return spec;
+}
+
+void CategoriesToProto(const CategoryBytes& bytes, v1::MemoryByCategory* out) {
+  auto at = [&bytes](Category c) { return Unsigned(bytes[static_cast<int>(c)]); };
+  out->set_parameters(at(Category::kParameters));
+  out->set_gradients(at(Category::kGradients));
+  out->set_optimizer_state(at(Category::kOptimizerState));
+  out->set_master_and_casts(at(Category::kMasterAndCasts));
+  out->set_activations(at(Category::kActivations));
+  out->set_temporaries(at(Category::kTemporaries));
+  out->set_inputs(at(Category::kInputs));
+  out->set_kv_cache(at(Category::kKvCache));
+  out->set_workspace(at(Category::kWorkspace));
+  out->set_allocator_overhead(at(Category::kAllocatorOverhead));
+  out->set_cuda_context(at(Category::kCudaContext));
+  static_assert(kNumCategories == 11, "a new Category needs a field in MemoryByCategory");
+}
+
+void PeakToProto(const PeakPoint& peak, v1::Peak* out) {
+  out->set_phase(PhaseToProto(peak.phase));
+  out->set_allocated_bytes(Unsigned(peak.allocated_bytes));
+  out->set_reserved_bytes(Unsigned(peak.reserved_bytes));
+  CategoriesToProto(peak.by_category, out->mutable_by_category());
+  out->set_op(peak.op);
+  out->set_scope(peak.scope);
+  out->set_micro_batch(peak.micro_batch);
+  out->set_recompute(peak.recompute);
+}
+
+}  // namespace
+
+StatusOr<Mode> ModeFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::MODE_UNSPECIFIED:
+    case v1::MODE_TRAINING:
+      return Mode::kTraining;
+    case v1::MODE_INFERENCE:
+      return Mode::kInference;
+  }
+  return Unknown(field, value);
+}
+
+StatusOr<Precision> PrecisionFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::PRECISION_UNSPECIFIED:
+    case v1::PRECISION_FP32:
+      return Precision::kFp32;
+    case v1::PRECISION_FP16_AMP:
+      return Precision::kFp16Amp;
+    case v1::PRECISION_BF16_AMP:
+      return Precision::kBf16Amp;
+    case v1::PRECISION_BF16_PURE:
+      return Precision::kBf16Pure;
+    case v1::PRECISION_FP16_PURE:
+      return Precision::kFp16Pure;
+  }
+  return Unknown(field, value);
+}
+
+StatusOr<OptimizerKind> OptimizerKindFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::OPTIMIZER_KIND_UNSPECIFIED:
+    case v1::OPTIMIZER_KIND_ADAMW:
+      return OptimizerKind::kAdamW;
+    case v1::OPTIMIZER_KIND_SGD:
+      return OptimizerKind::kSgd;
+    case v1::OPTIMIZER_KIND_SGD_MOMENTUM:
+      return OptimizerKind::kSgdMomentum;
+    case v1::OPTIMIZER_KIND_ADAM:
+      return OptimizerKind::kAdam;
+    case v1::OPTIMIZER_KIND_ADAGRAD:
+      return OptimizerKind::kAdagrad;
+    case v1::OPTIMIZER_KIND_RMSPROP:
+      return OptimizerKind::kRmsprop;
+    case v1::OPTIMIZER_KIND_LION:
+      return OptimizerKind::kLion;
+    case v1::OPTIMIZER_KIND_ADAFACTOR:
+      return OptimizerKind::kAdafactor;
+  }
+  return Unknown(field, value);
+}
+
+StatusOr<OptimizerImpl> OptimizerImplFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::OPTIMIZER_IMPL_UNSPECIFIED:
+    case v1::OPTIMIZER_IMPL_FOREACH:
+      return OptimizerImpl::kForeach;
+    case v1::OPTIMIZER_IMPL_FOR_LOOP:
+      return OptimizerImpl::kForLoop;
+    case v1::OPTIMIZER_IMPL_FUSED:
+      return OptimizerImpl::kFused;
+  }
+  return Unknown(field, value);
+}
+
+StatusOr<CheckpointPolicy> CheckpointPolicyFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::CHECKPOINT_POLICY_UNSPECIFIED:
+    case v1::CHECKPOINT_POLICY_NONE:
+      return CheckpointPolicy::kNone;
+    case v1::CHECKPOINT_POLICY_EVERY_BLOCK:
+      return CheckpointPolicy::kEveryBlock;
+    case v1::CHECKPOINT_POLICY_EVERY_K_BLOCKS:
+      return CheckpointPolicy::kEveryKBlocks;
+    case v1::CHECKPOINT_POLICY_SQRT_BLOCKS:
+      return CheckpointPolicy::kSqrtBlocks;
+    case v1::CHECKPOINT_POLICY_ATTENTION_CORE:
+      return CheckpointPolicy::kAttentionCore;
+    case v1::CHECKPOINT_POLICY_SCOPES:
+      return CheckpointPolicy::kScopes;
+  }
+  return Unknown(field, value);
+}
+
+StatusOr<StepKind> StepKindFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::STEP_KIND_UNSPECIFIED:
+    case v1::STEP_KIND_STEADY_STATE:
+      return StepKind::kSteadyState;
+    case v1::STEP_KIND_FIRST_STEP:
+      return StepKind::kFirstStep;
+  }
+  return Unknown(field, value);
+}
+
+StatusOr<TensorRole> TensorRoleFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::TENSOR_ROLE_UNSPECIFIED:
+    case v1::TENSOR_ROLE_INPUT:
+      return TensorRole::kInput;
+    case v1::TENSOR_ROLE_ACTIVATION:
+      return TensorRole::kActivation;
+    case v1::TENSOR_ROLE_TARGET:
+      return TensorRole::kTarget;
+    case v1::TENSOR_ROLE_PARAMETER:
+      return TensorRole::kParameter;
+    case v1::TENSOR_ROLE_BUFFER:
+      return TensorRole::kBuffer;
+  }
+  return Unknown(field, value);
+}
+
+v1::Phase PhaseToProto(Phase phase) {
+  switch (phase) {
+    case Phase::kData:
+      return v1::PHASE_DATA;
+    case Phase::kForward:
+      return v1::PHASE_FORWARD;
+    case Phase::kLoss:
+      return v1::PHASE_LOSS;
+    case Phase::kBackward:
+      return v1::PHASE_BACKWARD;
+    case Phase::kOptimizerStep:
+      return v1::PHASE_OPTIMIZER_STEP;
+    case Phase::kCount:
+      break;
+  }
+  return v1::PHASE_UNSPECIFIED;
+}
+
+StatusOr<ModelSpec> ModelFromProto(const v1::Model& model) {
+  switch (model.source_case()) {
+    case v1::Model::kPreset: {
+      PresetSpec spec;
+      spec.name = model.preset().name();
+      spec.params.insert(model.preset().params().begin(), model.preset().params().end());
+      return ModelSpec{std::move(spec)};
+    }
+    case v1::Model::kLayers: {
+      MEMEST_ASSIGN_OR_RETURN(LayerModelSpec spec, LayerModelFromProto(model.layers()));
+      return ModelSpec{std::move(spec)};
+    }
+    case v1::Model::kOps: {
+      MEMEST_ASSIGN_OR_RETURN(OpGraphSpec spec, OpGraphFromProto(model.ops()));
+      return ModelSpec{std::move(spec)};
+    }
+    case v1::Model::SOURCE_NOT_SET:
+      break;
+  }
+  return InvalidArgument("model: no model source set (expected one of preset, layers, ops)");
+}
+
+StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
+  RunConfig out;
+  MEMEST_ASSIGN_OR_RETURN(out.mode, ModeFromProto(config.mode(), "config.mode"));
+  out.batch_size = config.batch_size();
+  if (config.has_grad_accum_steps()) out.grad_accum_steps = config.grad_accum_steps();
+  MEMEST_ASSIGN_OR_RETURN(out.precision,
+                          PrecisionFromProto(config.precision(), "config.precision"));
+
+  const v1::Optimizer& optimizer = config.optimizer();
+  MEMEST_ASSIGN_OR_RETURN(out.optimizer.kind,
+                          OptimizerKindFromProto(optimizer.kind(), "config.optimizer.kind"));
+  MEMEST_ASSIGN_OR_RETURN(out.optimizer.impl,
+                          OptimizerImplFromProto(optimizer.impl(), "config.optimizer.impl"));
+  if (!std::isfinite(optimizer.weight_decay())) {
+    return NotFinite("config.optimizer.weight_decay", optimizer.weight_decay());
+  }
+  out.optimizer.weight_decay = optimizer.weight_decay();
+
+  out.zero_grad_set_to_none = !config.zero_grad_keep_grads();
+
+  const v1::Checkpoint& checkpoint = config.checkpoint();
+  MEMEST_ASSIGN_OR_RETURN(
+      out.checkpoint.policy,
+      CheckpointPolicyFromProto(checkpoint.policy(), "config.checkpoint.policy"));
+  if (checkpoint.has_every_k()) out.checkpoint.every_k = checkpoint.every_k();
+  out.checkpoint.scopes.assign(checkpoint.scopes().begin(), checkpoint.scopes().end());
+
+  MEMEST_ASSIGN_OR_RETURN(out.step, StepKindFromProto(config.step(), "config.step"));
+
+  switch (config.device_case()) {
+    case v1::RunConfig::kDeviceName:
+      out.device = config.device_name();
+      break;
+    case v1::RunConfig::kDeviceCapacityBytes:
+      if (config.device_capacity_bytes() == 0) {
+        return InvalidArgument("config.device_capacity_bytes: must be positive, got 0");
+      }
+      if (config.device_capacity_bytes() > static_cast<uint64_t>(kMaxBytes)) {
+        return InvalidArgument("config.device_capacity_bytes: must be at most 2^62 bytes, got " +
+                               std::to_string(config.device_capacity_bytes()));
+      }
+      out.device_capacity_bytes = static_cast<int64_t>(config.device_capacity_bytes());
+      break;
+    case v1::RunConfig::DEVICE_NOT_SET:
+      break;
+  }
+  out.generate_tokens = config.generate_tokens();
+  out.expandable_segments = config.expandable_segments();
+  return out;
+}
+
+StatusOr<EstimateInput> EstimateInputFromProto(const v1::EstimateRequest& request,
+                                               int64_t max_ops) {
+  EstimateInput input;
+  MEMEST_ASSIGN_OR_RETURN(input.model, ModelFromProto(request.model()));
+  MEMEST_ASSIGN_OR_RETURN(input.config, RunConfigFromProto(request.config()));
+  input.options.max_ops = max_ops;
+  input.options.advice = !request.skip_advice();
+  return input;
+}
+
+void ReportToProto(const Report& report, v1::EstimateResponse* out) {
+  out->Clear();
+  CategoriesToProto(report.breakdown, out->mutable_breakdown());
+  PeakToProto(report.peak, out->mutable_peak());
+  out->set_peak_reserved_bytes(Unsigned(report.peak_reserved_bytes));
+  for (const PeakPoint& phase : report.phases) PeakToProto(phase, out->add_phases());
+  for (const LayerRow& row : report.layers) {
+    v1::LayerRow* layer = out->add_layers();
+    layer->set_scope(row.scope);
+    layer->set_parameter_bytes(Unsigned(row.parameter_bytes));
+    layer->set_saved_bytes(Unsigned(row.saved_bytes));
+    layer->set_output_bytes(Unsigned(row.output_bytes));
+    layer->set_temporary_bytes(Unsigned(row.temporary_bytes));
+  }
+  if (report.fit.has_value()) {
+    v1::DeviceFit* fit = out->mutable_fit();
+    fit->set_device(report.fit->device);
+    fit->set_capacity_bytes(Unsigned(report.fit->capacity_bytes));
+    fit->set_required_bytes(Unsigned(report.fit->required_bytes));
+    fit->set_fits(report.fit->fits);
+    fit->set_headroom_bytes(report.fit->headroom_bytes);
+  }
+  for (const Advice& advice : report.advice) {
+    v1::Advice* a = out->add_advice();
+    a->set_kind(advice.kind);
+    a->set_message(advice.message);
+    a->set_saving_bytes(Unsigned(advice.saving_bytes));
+    a->set_scope(advice.scope);
+  }
+  for (const std::string& note : report.notes) out->add_notes(note);
+  out->set_parameter_count(Unsigned(report.parameter_count));
+  out->set_trainable_parameter_count(Unsigned(report.trainable_parameter_count));
+  out->set_micro_batch(Unsigned(report.micro_batch));
+  out->set_op_count(Unsigned(report.op_count));
+}
+
+void PresetInfoToProto(const PresetInfo& preset, v1::PresetInfo* out) {
+  out->Clear();
+  out->set_name(preset.name);
+  out->set_family(preset.family);
+  out->set_description(preset.description);
+  for (const PresetParam& param : preset.params) {
+    v1::PresetParam* p = out->add_params();
+    p->set_name(param.name);
+    p->set_default_value(param.default_value);
+    p->set_description(param.description);
+  }
+}
+
+void DeviceInfoToProto(const DeviceInfo& device, v1::DeviceInfo* out) {
+  out->Clear();
+  out->set_name(device.name);
+  out->set_description(device.description);
+  out->set_capacity_bytes(Unsigned(device.capacity_bytes));
+  out->set_cuda_context_bytes(Unsigned(device.cuda_context_bytes));
+  out->set_cublas_workspace_bytes(Unsigned(device.cublas_workspace_bytes));
+  out->set_compute_capability(device.compute_capability);
+}
+
+void PresetsToProto(const std::vector<PresetInfo>& presets, v1::ListPresetsResponse* out) {
+  out->Clear();
+  for (const PresetInfo& preset : presets) PresetInfoToProto(preset, out->add_presets());
+}
+
+void DevicesToProto(const std::vector<DeviceInfo>& devices, v1::ListDevicesResponse* out) {
+  out->Clear();
+  for (const DeviceInfo& device : devices) DeviceInfoToProto(device, out->add_devices());
+}
+
+}  // namespace memest

@@ -1,0 +1,72 @@
+// Conversion between the wire contract (proto/memest/v1/memest.proto) and the engine's types.
+//
+// Requests go proto -> engine. The conversion refuses only what the engine's types cannot
+// represent: an unset oneof (model source, attribute value), an enum value the proto does not
+// define, a non-finite float, a dtype name PyTorch does not know, a capacity beyond 2^62. Every
+// other check (positive sizes, known op kinds, tensor references, ...) is the engine's, so the
+// service, the CLI and the Python client all get the same messages. Errors name fields as the
+// engine does: "model.layers[3].attrs.out_features", "model.tensors[2].dtype",
+// "config.optimizer.weight_decay".
+//
+// Results go engine -> proto and cannot fail.
+#ifndef MEMEST_SERVER_CONVERT_H_
+#define MEMEST_SERVER_CONVERT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/devices.h"
+#include "engine/estimator.h"
+#include "engine/model.h"
+#include "engine/presets.h"
+#include "engine/report.h"
+#include "engine/status.h"
+#include "memest/v1/memest.pb.h"
+
+namespace memest {
+
+// The model, or INVALID_ARGUMENT naming the field ("model: no model source set", ...).
+StatusOr<ModelSpec> ModelFromProto(const v1::Model& model);
+
+// The run configuration, or INVALID_ARGUMENT naming the field under "config.". Ranges (a
+// positive batch size, ...) are left to ValidateRunConfig, which Estimate() runs.
+StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config);
+
+// Everything Estimate() takes, converted from one request.
+struct EstimateInput {
+  ModelSpec model;
+  RunConfig config;
+  EstimateOptions options;
+};
+
+// ModelFromProto and RunConfigFromProto together; options.advice = !skip_advice and
+// options.max_ops = `max_ops`.
+StatusOr<EstimateInput> EstimateInputFromProto(const v1::EstimateRequest& request,
+                                               int64_t max_ops = EstimateOptions{}.max_ops);
+
+// Engine -> proto. `out` is overwritten (cleared first).
+void ReportToProto(const Report& report, v1::EstimateResponse* out);
+void PresetInfoToProto(const PresetInfo& preset, v1::PresetInfo* out);
+void DeviceInfoToProto(const DeviceInfo& device, v1::DeviceInfo* out);
+
+// The whole catalogs, as ListPresets / ListDevices return them.
+void PresetsToProto(const std::vector<PresetInfo>& presets, v1::ListPresetsResponse* out);
+void DevicesToProto(const std::vector<DeviceInfo>& devices, v1::ListDevicesResponse* out);
+
+// Enum conversions, for clients that print or accept names. Each *FromProto refuses a value
+// the proto does not define with INVALID_ARGUMENT naming `field`; UNSPECIFIED maps to the
+// engine default.
+StatusOr<Mode> ModeFromProto(int value, const std::string& field);
+StatusOr<Precision> PrecisionFromProto(int value, const std::string& field);
+StatusOr<OptimizerKind> OptimizerKindFromProto(int value, const std::string& field);
+StatusOr<OptimizerImpl> OptimizerImplFromProto(int value, const std::string& field);
+StatusOr<CheckpointPolicy> CheckpointPolicyFromProto(int value, const std::string& field);
+StatusOr<StepKind> StepKindFromProto(int value, const std::string& field);
+StatusOr<TensorRole> TensorRoleFromProto(int value, const std::string& field);
+v1::Phase PhaseToProto(Phase phase);
+
+}  // namespace memest
+
+#endif  // MEMEST_SERVER_CONVERT_H_

@@ -1,0 +1,58 @@
+// The memest.v1.MemoryEstimator service: a thin adapter over the engine.
+//
+// Each handler converts the request (server/convert.h), calls the engine, converts the result
+// and finishes with the one status mapping (server/status_conversion.h). Handlers keep no
+// state between calls and may run concurrently: the engine's Estimate() is pure.
+//
+// Every request is logged as one line (spdlog, info): method, model source, status code,
+// microseconds, peer.
+#ifndef MEMEST_SERVER_ESTIMATOR_SERVICE_H_
+#define MEMEST_SERVER_ESTIMATOR_SERVICE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "engine/status.h"
+#include "memest/v1/memest.grpc.pb.h"
+#include "memest/v1/memest.pb.h"
+
+namespace memest {
+
+struct ServiceOptions {
+  // The most ops (OpGraph.ops) or layers (LayerModel.layers) one request may declare, and the
+  // most ops the engine may expand any model into. Larger requests get RESOURCE_EXHAUSTED.
+  int64_t max_ops = 100'000;
+};
+
+// Refuses a request larger than `max_ops` allows, with RESOURCE_EXHAUSTED naming the field,
+// the count and the limit ("model.ops: 100001 ops exceed this server's limit of 100000").
+Status CheckRequestSize(const v1::EstimateRequest& request, int64_t max_ops);
+
+// The whole of Estimate without the RPC: size check, conversion, engine, conversion back.
+Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& options,
+                      v1::EstimateResponse* response);
+
+// "preset:gpt2-small", "layers:12", "ops:345" or "unset": the model as a log line names it.
+std::string DescribeModel(const v1::Model& model);
+
+class EstimatorService final : public v1::MemoryEstimator::CallbackService {
+ public:
+  explicit EstimatorService(ServiceOptions options = {}) : options_(options) {}
+
+  grpc::ServerUnaryReactor* Estimate(grpc::CallbackServerContext* context,
+                                     const v1::EstimateRequest* request,
+                                     v1::EstimateResponse* response) override;
+  grpc::ServerUnaryReactor* ListPresets(grpc::CallbackServerContext* context,
+                                        const v1::ListPresetsRequest* request,
+                                        v1::ListPresetsResponse* response) override;
+  grpc::ServerUnaryReactor* ListDevices(grpc::CallbackServerContext* context,
+                                        const v1::ListDevicesRequest* request,
+                                        v1::ListDevicesResponse* response) override;
+
+ private:
+  const ServiceOptions options_;
+};
+
+}  // namespace memest
+
+#endif  // MEMEST_SERVER_ESTIMATOR_SERVICE_H_

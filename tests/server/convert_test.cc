@@ -1,0 +1,346 @@
+// Tests of proto <-> engine conversion (server/convert.h) and the status mapping, without RPC.
+#include "server/convert.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <variant>
+
+#include "server/status_conversion.h"
+
+namespace memest {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(RunConfigFromProtoTest, DefaultsAreTheEngineDefaults) {
+  StatusOr<RunConfig> config = RunConfigFromProto(v1::RunConfig());
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  const RunConfig defaults;
+  EXPECT_EQ(config->mode, defaults.mode);
+  EXPECT_EQ(config->grad_accum_steps, defaults.grad_accum_steps);
+  EXPECT_EQ(config->precision, defaults.precision);
+  EXPECT_EQ(config->optimizer.kind, defaults.optimizer.kind);
+  EXPECT_EQ(config->optimizer.impl, defaults.optimizer.impl);
+  EXPECT_EQ(config->optimizer.weight_decay, defaults.optimizer.weight_decay);
+  EXPECT_EQ(config->zero_grad_set_to_none, defaults.zero_grad_set_to_none);
+  EXPECT_EQ(config->checkpoint.policy, defaults.checkpoint.policy);
+  EXPECT_EQ(config->checkpoint.every_k, defaults.checkpoint.every_k);
+  EXPECT_EQ(config->step, defaults.step);
+  EXPECT_EQ(config->device, "");
+  EXPECT_EQ(config->device_capacity_bytes, 0);
+  EXPECT_EQ(config->generate_tokens, 0);
+  EXPECT_EQ(config->expandable_segments, defaults.expandable_segments);
+  EXPECT_EQ(config->batch_size, 0) << "batch_size is required; 0 is left for the engine to refuse";
+}
+
+TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
+  v1::RunConfig proto;
+  proto.set_mode(v1::MODE_INFERENCE);
+  proto.set_batch_size(32);
+  proto.set_grad_accum_steps(4);
+  proto.set_precision(v1::PRECISION_BF16_AMP);
+  proto.mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_SGD_MOMENTUM);
+  proto.mutable_optimizer()->set_impl(v1::OPTIMIZER_IMPL_FUSED);
+  proto.mutable_optimizer()->set_weight_decay(0.1);
+  proto.set_zero_grad_keep_grads(true);
+  proto.mutable_checkpoint()->set_policy(v1::CHECKPOINT_POLICY_SCOPES);
+  proto.mutable_checkpoint()->set_every_k(3);
+  proto.mutable_checkpoint()->add_scopes("h.0");
+  proto.set_step(v1::STEP_KIND_FIRST_STEP);
+  proto.set_device_name("a100-80gb");
+  proto.set_generate_tokens(256);
+  proto.set_expandable_segments(true);
+
+  StatusOr<RunConfig> config = RunConfigFromProto(proto);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->mode, Mode::kInference);
+  EXPECT_EQ(config->batch_size, 32);
+  EXPECT_EQ(config->grad_accum_steps, 4);
+  EXPECT_EQ(config->precision, Precision::kBf16Amp);
+  EXPECT_EQ(config->optimizer.kind, OptimizerKind::kSgdMomentum);
+  EXPECT_EQ(config->optimizer.impl, OptimizerImpl::kFused);
+  EXPECT_DOUBLE_EQ(config->optimizer.weight_decay, 0.1);
+  EXPECT_FALSE(config->zero_grad_set_to_none);
+  EXPECT_EQ(config->checkpoint.policy, CheckpointPolicy::kScopes);
+  EXPECT_EQ(config->checkpoint.every_k, 3);
+  EXPECT_EQ(config->checkpoint.scopes, std::vector<std::string>{"h.0"});
+  EXPECT_EQ(config->step, StepKind::kFirstStep);
+  EXPECT_EQ(config->device, "a100-80gb");
+  EXPECT_EQ(config->generate_tokens, 256);
+  EXPECT_TRUE(config->expandable_segments);
+}
+
+TEST(RunConfigFromProtoTest, ExplicitZerosReachTheEngine) {
+  v1::RunConfig proto;
+  proto.set_grad_accum_steps(0);
+  proto.mutable_checkpoint()->set_every_k(0);
+  StatusOr<RunConfig> config = RunConfigFromProto(proto);
+  ASSERT_TRUE(config.ok());
+  EXPECT_EQ(config->grad_accum_steps, 0);
+  EXPECT_EQ(config->checkpoint.every_k, 0);
+}
+
+TEST(RunConfigFromProtoTest, RefusesWhatCannotBeRepresented) {
+  struct Case {
+    const char* field;
+    v1::RunConfig config;
+  };
+  std::vector<Case> cases;
+  auto add = [&cases](const char* field, auto mutate) {
+    v1::RunConfig config;
+    config.set_batch_size(1);
+    mutate(config);
+    cases.push_back({field, config});
+  };
+  add("config.mode", [](v1::RunConfig& c) { c.set_mode(static_cast<v1::Mode>(9)); });
+  add("config.precision",
+      [](v1::RunConfig& c) { c.set_precision(static_cast<v1::Precision>(-1)); });
+  add("config.optimizer.kind", [](v1::RunConfig& c) {
+    c.mutable_optimizer()->set_kind(static_cast<v1::OptimizerKind>(99));
+  });
+  add("config.optimizer.impl",
+      [](v1::RunConfig& c) { c.mutable_optimizer()->set_impl(static_cast<v1::OptimizerImpl>(4)); });
+  add("config.optimizer.weight_decay", [](v1::RunConfig& c) {
+    c.mutable_optimizer()->set_weight_decay(std::numeric_limits<double>::quiet_NaN());
+  });
+  add("config.optimizer.weight_decay", [](v1::RunConfig& c) {
+    c.mutable_optimizer()->set_weight_decay(std::numeric_limits<double>::infinity());
+  });
+  add("config.checkpoint.policy", [](v1::RunConfig& c) {
+    c.mutable_checkpoint()->set_policy(static_cast<v1::CheckpointPolicy>(7));
+  });
+  add("config.step", [](v1::RunConfig& c) { c.set_step(static_cast<v1::StepKind>(3)); });
+  add("config.device_capacity_bytes",
+      [](v1::RunConfig& c) { c.set_device_capacity_bytes(uint64_t{1} << 63); });
+  add("config.device_capacity_bytes", [](v1::RunConfig& c) { c.set_device_capacity_bytes(0); });
+
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.config.ShortDebugString());
+    StatusOr<RunConfig> config = RunConfigFromProto(c.config);
+    ASSERT_FALSE(config.ok());
+    EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(config.status().message(), HasSubstr(c.field));
+  }
+}
+
+TEST(ModelFromProtoTest, UnsetModelIsRefused) {
+  StatusOr<ModelSpec> model = ModelFromProto(v1::Model());
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(model.status().message(), HasSubstr("model"));
+}
+
+TEST(ModelFromProtoTest, PresetIsCarried) {
+  v1::Model proto;
+  proto.mutable_preset()->set_name("gpt2-small");
+  (*proto.mutable_preset()->mutable_params())["seq"] = 128;
+  StatusOr<ModelSpec> model = ModelFromProto(proto);
+  ASSERT_TRUE(model.ok());
+  const auto* preset = std::get_if<PresetSpec>(&model->source);
+  ASSERT_NE(preset, nullptr);
+  EXPECT_EQ(preset->name, "gpt2-small");
+  EXPECT_EQ(preset->params.at("seq"), 128);
+}
+
+TEST(ModelFromProtoTest, LayerModelIsCarriedWithDefaults) {
+  v1::Model proto;
+  v1::LayerModel* layers = proto.mutable_layers();
+  layers->add_input_shape(3);
+  layers->add_input_shape(-224);  // negative sizes are the engine's to refuse
+  v1::Layer* conv = layers->add_layers();
+  conv->set_kind("conv2d");
+  conv->set_name("stem");
+  (*conv->mutable_attrs())["out_channels"].set_i(64);
+  (*conv->mutable_attrs())["p"].set_f(0.5);
+  (*conv->mutable_attrs())["kernel_size"].mutable_ints()->add_values(7);
+  (*conv->mutable_attrs())["activation"].set_s("relu");
+
+  StatusOr<ModelSpec> model = ModelFromProto(proto);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const auto* spec = std::get_if<LayerModelSpec>(&model->source);
+  ASSERT_NE(spec, nullptr);
+  EXPECT_EQ(spec->input_shape, (Shape{3, -224}));
+  EXPECT_EQ(spec->input_dtype, DType::kFloat32);
+  EXPECT_EQ(spec->loss, "sum");
+  ASSERT_EQ(spec->layers.size(), 1u);
+  const Attrs& attrs = spec->layers[0].attrs;
+  EXPECT_EQ(spec->layers[0].name, "stem");
+  EXPECT_EQ(std::get<int64_t>(attrs.at("out_channels")), 64);
+  EXPECT_EQ(std::get<double>(attrs.at("p")), 0.5);
+  EXPECT_EQ(std::get<std::vector<int64_t>>(attrs.at("kernel_size")), std::vector<int64_t>{7});
+  EXPECT_EQ(std::get<std::string>(attrs.at("activation")), "relu");
+}
+
+TEST(ModelFromProtoTest, OpGraphIsCarried) {
+  v1::Model proto;
+  v1::OpGraph* graph = proto.mutable_ops();
+  v1::TensorDecl* w = graph->add_tensors();
+  w->set_name("w");
+  w->add_shape(4);
+  w->set_dtype("bf16");
+  w->set_role(v1::TENSOR_ROLE_PARAMETER);
+  w->set_frozen(true);
+  w->set_batch_dim(-1);
+  v1::TensorDecl* x = graph->add_tensors();
+  x->set_name("x");
+  v1::OpDecl* op = graph->add_ops();
+  op->set_kind("mul");
+  op->add_inputs("x");
+  op->add_inputs("w");
+  op->add_outputs("y");
+  op->set_scope("blocks.0");
+  graph->set_loss("y");
+  graph->add_blocks("blocks.0");
+  graph->set_traced_batch(8);
+
+  StatusOr<ModelSpec> model = ModelFromProto(proto);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const auto* spec = std::get_if<OpGraphSpec>(&model->source);
+  ASSERT_NE(spec, nullptr);
+  ASSERT_EQ(spec->tensors.size(), 2u);
+  EXPECT_EQ(spec->tensors[0].dtype, DType::kBFloat16);
+  EXPECT_EQ(spec->tensors[0].role, TensorRole::kParameter);
+  EXPECT_FALSE(spec->tensors[0].requires_grad);
+  EXPECT_EQ(spec->tensors[0].batch_dim, -1);
+  EXPECT_EQ(spec->tensors[1].role, TensorRole::kInput) << "UNSPECIFIED role is an input";
+  EXPECT_EQ(spec->tensors[1].dtype, DType::kFloat32);
+  EXPECT_TRUE(spec->tensors[1].requires_grad);
+  EXPECT_EQ(spec->tensors[1].batch_dim, 0);
+  ASSERT_EQ(spec->ops.size(), 1u);
+  EXPECT_EQ(spec->ops[0].inputs, (std::vector<std::string>{"x", "w"}));
+  EXPECT_EQ(spec->ops[0].outputs, std::vector<std::string>{"y"});
+  EXPECT_EQ(spec->ops[0].scope, "blocks.0");
+  EXPECT_EQ(spec->loss, "y");
+  EXPECT_EQ(spec->blocks, std::vector<std::string>{"blocks.0"});
+  EXPECT_EQ(spec->traced_batch, 8);
+}
+
+TEST(ModelFromProtoTest, RefusesWhatCannotBeRepresented) {
+  {
+    v1::Model proto;
+    proto.mutable_layers()->set_input_dtype("float13");
+    StatusOr<ModelSpec> model = ModelFromProto(proto);
+    ASSERT_FALSE(model.ok());
+    EXPECT_THAT(model.status().message(), HasSubstr("model.input_dtype"));
+  }
+  {
+    v1::Model proto;
+    v1::OpGraph* graph = proto.mutable_ops();
+    graph->add_tensors()->set_name("x");
+    graph->add_tensors()->set_role(static_cast<v1::TensorRole>(12));
+    StatusOr<ModelSpec> model = ModelFromProto(proto);
+    ASSERT_FALSE(model.ok());
+    EXPECT_THAT(model.status().message(), HasSubstr("model.tensors[1].role"));
+  }
+  {
+    v1::Model proto;
+    v1::OpGraph* graph = proto.mutable_ops();
+    graph->add_ops();
+    (*graph->add_ops()->mutable_attrs())["eps"].set_f(std::nan(""));
+    StatusOr<ModelSpec> model = ModelFromProto(proto);
+    ASSERT_FALSE(model.ok());
+    EXPECT_THAT(model.status().message(), HasSubstr("model.ops[1].attrs.eps"));
+  }
+  {
+    v1::Model proto;
+    v1::Layer* layer = proto.mutable_layers()->add_layers();
+    (*layer->mutable_attrs())["b"].set_i(1);
+    (*layer->mutable_attrs())["a"];  // no value
+    StatusOr<ModelSpec> model = ModelFromProto(proto);
+    ASSERT_FALSE(model.ok());
+    EXPECT_THAT(model.status().message(), HasSubstr("model.layers[0].attrs.a"));
+  }
+}
+
+TEST(ReportToProtoTest, EveryFieldIsCarried) {
+  Report report;
+  report.parameter_count = 10;
+  report.trainable_parameter_count = 7;
+  report.micro_batch = 4;
+  report.op_count = 3;
+  for (int c = 0; c < kNumCategories; ++c) report.breakdown[c] = 100 + c;
+  report.peak.phase = Phase::kBackward;
+  report.peak.allocated_bytes = 1000;
+  report.peak.reserved_bytes = 2000;
+  report.peak.by_category[static_cast<int>(Category::kActivations)] = 600;
+  report.peak.op = "linear";
+  report.peak.scope = "h.1.mlp";
+  report.peak.micro_batch = 1;
+  report.peak.recompute = true;
+  report.peak_reserved_bytes = 2500;
+  report.phases = {report.peak};
+  report.layers.push_back({"h.1", 1, 2, 3, 4});
+  report.fit = DeviceFit{"h100-80gb", 80, 90, false, -10};
+  report.advice.push_back({"checkpoint", "Checkpoint every block.", 123, "h"});
+  report.notes.push_back("a note");
+
+  v1::EstimateResponse out;
+  ReportToProto(report, &out);
+  EXPECT_EQ(out.parameter_count(), 10u);
+  EXPECT_EQ(out.trainable_parameter_count(), 7u);
+  EXPECT_EQ(out.micro_batch(), 4u);
+  EXPECT_EQ(out.op_count(), 3u);
+  const v1::MemoryByCategory& b = out.breakdown();
+  EXPECT_EQ(b.parameters(), 100u);
+  EXPECT_EQ(b.gradients(), 101u);
+  EXPECT_EQ(b.optimizer_state(), 102u);
+  EXPECT_EQ(b.master_and_casts(), 103u);
+  EXPECT_EQ(b.activations(), 104u);
+  EXPECT_EQ(b.temporaries(), 105u);
+  EXPECT_EQ(b.inputs(), 106u);
+  EXPECT_EQ(b.kv_cache(), 107u);
+  EXPECT_EQ(b.workspace(), 108u);
+  EXPECT_EQ(b.allocator_overhead(), 109u);
+  EXPECT_EQ(b.cuda_context(), 110u);
+  EXPECT_EQ(out.peak().phase(), v1::PHASE_BACKWARD);
+  EXPECT_EQ(out.peak().allocated_bytes(), 1000u);
+  EXPECT_EQ(out.peak().reserved_bytes(), 2000u);
+  EXPECT_EQ(out.peak().by_category().activations(), 600u);
+  EXPECT_EQ(out.peak().op(), "linear");
+  EXPECT_EQ(out.peak().scope(), "h.1.mlp");
+  EXPECT_EQ(out.peak().micro_batch(), 1);
+  EXPECT_TRUE(out.peak().recompute());
+  EXPECT_EQ(out.peak_reserved_bytes(), 2500u);
+  ASSERT_EQ(out.phases_size(), 1);
+  ASSERT_EQ(out.layers_size(), 1);
+  EXPECT_EQ(out.layers(0).scope(), "h.1");
+  EXPECT_EQ(out.layers(0).parameter_bytes(), 1u);
+  EXPECT_EQ(out.layers(0).saved_bytes(), 2u);
+  EXPECT_EQ(out.layers(0).output_bytes(), 3u);
+  EXPECT_EQ(out.layers(0).temporary_bytes(), 4u);
+  ASSERT_TRUE(out.has_fit());
+  EXPECT_EQ(out.fit().device(), "h100-80gb");
+  EXPECT_EQ(out.fit().capacity_bytes(), 80u);
+  EXPECT_EQ(out.fit().required_bytes(), 90u);
+  EXPECT_FALSE(out.fit().fits());
+  EXPECT_EQ(out.fit().headroom_bytes(), -10);
+  ASSERT_EQ(out.advice_size(), 1);
+  EXPECT_EQ(out.advice(0).kind(), "checkpoint");
+  EXPECT_EQ(out.advice(0).saving_bytes(), 123u);
+  EXPECT_EQ(out.advice(0).scope(), "h");
+  ASSERT_EQ(out.notes_size(), 1);
+
+  report.fit.reset();
+  ReportToProto(report, &out);
+  EXPECT_FALSE(out.has_fit());
+}
+
+TEST(StatusConversionTest, EveryCodeMapsOneToOne) {
+  EXPECT_TRUE(ToGrpcStatus(Status::Ok()).ok());
+  EXPECT_EQ(ToGrpcCode(StatusCode::kInvalidArgument), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ToGrpcCode(StatusCode::kNotFound), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(ToGrpcCode(StatusCode::kResourceExhausted), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(ToGrpcCode(StatusCode::kFailedPrecondition), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(ToGrpcCode(StatusCode::kUnavailable), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ToGrpcCode(StatusCode::kInternal), grpc::StatusCode::INTERNAL);
+  grpc::Status status = ToGrpcStatus(InvalidArgument("config.batch_size: must be positive"));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "config.batch_size: must be positive");
+}
+
+}  // namespace
+}  // namespace memest
