@@ -115,7 +115,7 @@ StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
 
   Report r;
   r.parameter_count = built.ParameterCount();
-  r.trainable_parameter_count = config.mode == Mode::kTraining ? built.TrainableParameterCount() : 0;
+  r.trainable_parameter_count = built.TrainableParameterCount();
   r.micro_batch = config.micro_batch();
   r.op_count = static_cast<int64_t>(graph->ops.size());
   r.peak = live.peak;

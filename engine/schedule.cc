@@ -300,7 +300,9 @@ class StepSimulator {
       AllocWorkspace();
     }
     const OpCall call = MakeCall(i, grad);
-    const OpMemory mem = OpMemoryOf(call);
+    const OpRule* rule = FindOpRule(op.kind);
+    // In eval mode dropout returns its input: no output, no mask.
+    const OpMemory mem = !training_ && rule && rule->identity_in_eval ? OpMemory{} : OpMemoryOf(call);
     const bool weight_cast = op.kind == "to" && HasAttr(op.attrs, "autocast_weight");
     LayerRow* row = mb_ == 0 && !recompute ? &LayerFor(op.scope) : nullptr;
     for (int o : op.outputs) {

@@ -238,3 +238,21 @@ TEST(ScheduleTest, ExpandableSegmentsReserveNoMoreThanSegments) {
 
 }  // namespace
 }  // namespace memest
+
+namespace memest {
+namespace {
+
+TEST(ScheduleTest, DropoutInEvalModeAllocatesNothing) {
+  GraphBuilder b;
+  const int x = b.Input("x", {1024, 256}, DType::kFloat32);
+  const int h = b.Add1("linear", {x, b.Parameter("w", {256, 256}, DType::kFloat32)});
+  b.Add1("dropout", {h}, {{"p", 0.5}});
+  RunConfig c = testing::PlainTraining();
+  c.mode = Mode::kInference;
+  const Liveness l = testing::Walk(b.Finish().value(), c);
+  // params 256 KiB + x 1 MiB + h 1 MiB; dropout neither copies h nor makes a mask.
+  EXPECT_EQ(l.peak.allocated_bytes, 256 * 1024 + 2 * 1024 * 1024);
+}
+
+}  // namespace
+}  // namespace memest
