@@ -276,7 +276,8 @@ std::vector<Advice> MakeAdvice(const ModelSpec& model, const Graph& graph, const
     if (!big || row.saved_bytes > big->saved_bytes) big = &row;
   }
   if (big && big->saved_bytes > 0 && top == static_cast<int>(Category::kActivations)) {
-    msg += "; the layer that keeps the most for backward is " + big->scope + " (" +
+    msg += "; the layer that keeps the most for backward is " +
+           (big->scope.empty() ? std::string("the top level (the loss)") : big->scope) + " (" +
            FormatBytes(big->saved_bytes) + ")";
   }
   std::vector<Advice> out{{"peak", msg, 0, report.peak.scope}};

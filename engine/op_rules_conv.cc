@@ -4,6 +4,7 @@
 // needs grad). max_pool2d_with_indices saves its input and the int64 indices (an output-shaped
 // tensor); avg_pool2d and _adaptive_avg_pool2d save their input. cuDNN's workspace is chosen
 // per algorithm at run time and is not modelled here (Validate measures it on the device).
+// adaptive_avg_pool2d to 1x1 runs as a mean in PyTorch 2.x and keeps only sizes.
 #include "engine/op_rules_internal.h"
 
 namespace memest {
@@ -74,10 +75,12 @@ StatusOr<std::vector<OutputSpec>> InferConv(const OpCall& c) {
   return std::vector<OutputSpec>{{out, PromoteTypes(c.in(0).dtype, c.in(1).dtype)}};
 }
 
+// One formula serves input, weight and bias (convolution_backward), so both input and weight
+// are kept whenever any gradient is needed.
 void ConvMemory(const OpCall& c, OpMemory* m) {
   const bool any = c.needs_grad(0) || c.needs_grad(1) || (c.inputs.size() == 3 && c.needs_grad(2));
   SaveInputIf(m, any, 0);
-  SaveInputIf(m, c.needs_grad(0), 1);
+  SaveInputIf(m, any, 1);
 }
 
 struct PoolGeometry {
@@ -131,6 +134,14 @@ StatusOr<std::vector<OutputSpec>> InferAvgPool(const OpCall& c) {
 
 void SaveInputMemory(const OpCall& c, OpMemory* m) { SaveInputIf(m, c.needs_grad(0), 0); }
 
+// adaptive_avg_pool2d to 1x1 is mean(dim=(-2, -1), keepdim=True) in PyTorch 2.x, which keeps only
+// sizes; other sizes run _adaptive_avg_pool2d, which keeps its input.
+void AdaptiveAvgPoolMemory(const OpCall& c, OpMemory* m) {
+  const Shape& out = c.out(0).shape;
+  if (out[out.size() - 1] == 1 && out[out.size() - 2] == 1) return;
+  SaveInputIf(m, c.needs_grad(0), 0);
+}
+
 StatusOr<std::vector<OutputSpec>> InferAdaptiveAvgPool(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
   MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 3, 4));
@@ -148,7 +159,7 @@ void RegisterConvRules(std::vector<OpRule>* r) {
   r->push_back({"conv2d", 2, 3, InferConv<2>, ConvMemory});
   r->push_back({"max_pool2d", 1, 1, InferMaxPool, MaxPoolMemory});
   r->push_back({"avg_pool2d", 1, 1, InferAvgPool, SaveInputMemory});
-  r->push_back({"adaptive_avg_pool2d", 1, 1, InferAdaptiveAvgPool, SaveInputMemory});
+  r->push_back({"adaptive_avg_pool2d", 1, 1, InferAdaptiveAvgPool, AdaptiveAvgPoolMemory});
 }
 
 }  // namespace rules

@@ -28,18 +28,25 @@ StatusOr<std::vector<OutputSpec>> InferCrossEntropy(const OpCall& c) {
                            ShapeToString(want) + " (or probabilities shaped like the logits), got " +
                            ShapeToString(t));
   }
-  return std::vector<OutputSpec>{{{}, c.in(0).dtype}};
+  MEMEST_ASSIGN_OR_RETURN(int64_t h2f, IntAttr(c.op.attrs, "half_to_float", 0, c.field));
+  return std::vector<OutputSpec>{{{}, h2f ? DType::kFloat32 : c.in(0).dtype}};
+}
+
+// log_softmax(x, dtype=float) of float16 logits (autocast) writes float32 directly.
+int64_t LogProbBytes(const OpCall& c) {
+  const bool h2f = IntAttr(c.op.attrs, "half_to_float", 0, c.field).value() != 0;
+  return Numel(c.in(0).shape) * (h2f ? 4 : DTypeSize(c.in(0).dtype));
 }
 
 void CrossEntropyMemory(const OpCall& c, OpMemory* m) {
-  Alloc logp{BytesOf(c.in(0)), "log_softmax of the logits"};
+  Alloc logp{LogProbBytes(c), "log_softmax of the logits"};
   if (!c.needs_grad(0)) {
     m->forward_temps.push_back(logp);
     return;
   }
   m->saved_extras.push_back(logp);
   if (!IsFloating(c.in(1).dtype)) m->saved_inputs.push_back(1);
-  m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "nll_loss_backward gradient"});
+  m->backward_temps.push_back(Alloc{LogProbBytes(c), "nll_loss_backward gradient"});
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
 }
 

@@ -37,10 +37,7 @@ StatusOr<std::vector<OutputSpec>> InferLinear(const OpCall& c) {
   return std::vector<OutputSpec>{{out, PromoteTypes(c.in(0).dtype, c.in(1).dtype)}};
 }
 
-void LinearMemory(const OpCall& c, OpMemory* m) {
-  SaveInputIf(m, c.needs_grad(1), 0);  // x, for grad_weight
-  SaveInputIf(m, c.needs_grad(0), 1);  // weight, for grad_input
-}
+void LinearMemory(const OpCall& c, OpMemory* m);  // below, with the folding helpers
 
 StatusOr<std::vector<OutputSpec>> InferAddmm(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(RequireRank(c, 1, 2, 2));
@@ -156,6 +153,24 @@ void SaveOperands(const OpCall& c, const Operand3d& a, const Operand3d& b, OpMem
       m->saved_inputs.push_back(i);
     }
   }
+}
+
+// linear folds an N-D input to [N, in] for addmm: a view when the strides allow it, else aten
+// copies it (and the copy is what is kept for the weight's gradient).
+void LinearMemory(const OpCall& c, OpMemory* m) {
+  const Tensor& x = c.in(0);
+  if (x.shape.size() >= 3) {
+    const Operand3d folded =
+        FoldOperand(x, x.shape, {Numel(x.shape) / std::max<int64_t>(x.shape.back(), 1), x.shape.back()});
+    if (folded.copied) {
+      (c.needs_grad(1) ? m->saved_extras : m->forward_temps)
+          .push_back(Alloc{folded.bytes, "contiguous copy of the linear input"});
+      SaveInputIf(m, c.needs_grad(0), 1);
+      return;
+    }
+  }
+  SaveInputIf(m, c.needs_grad(1), 0);  // x, for grad_weight
+  SaveInputIf(m, c.needs_grad(0), 1);  // weight, for grad_input
 }
 
 void MatmulMemory(const OpCall& c, OpMemory* m) {

@@ -29,6 +29,20 @@ void SaveOutput(const OpCall& c, OpMemory* m) {
 }
 void SaveNothing(const OpCall& c, OpMemory* m) {}
 
+// Backward formulas that form `n` input-sized products before the gradient:
+// rsqrt: -0.5 * grad * result.pow(3) (2); sqrt: grad / (2 * result) (1); log1p: grad / (self + 1) (1).
+template <int n>
+void SaveOutputWithBackwardProducts(const OpCall& c, OpMemory* m) {
+  if (!c.needs_grad(0)) return;
+  m->saved_outputs.push_back(0);
+  m->backward_temps.push_back(Alloc{n * BytesOf(c.in(0)), "backward products"});
+}
+void Log1pMemory(const OpCall& c, OpMemory* m) {
+  if (!c.needs_grad(0)) return;
+  m->saved_inputs.push_back(0);
+  m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "backward: self + 1"});
+}
+
 StatusOr<std::vector<OutputSpec>> InferRelu(const OpCall& c) {
   MEMEST_ASSIGN_OR_RETURN(int64_t inplace, IntAttr(c.op.attrs, "inplace", 0, c.field));
   OutputSpec out = Like(c.in(0));
@@ -153,7 +167,7 @@ void DivMemory(const OpCall& c, OpMemory* m) {
   SaveInputIf(m, c.needs_grad(1), 0);
   BroadcastProducts(c, m);
   if (c.needs_grad(1)) {
-    m->backward_temps.push_back(Alloc{2 * BytesOf(c.out(0)), "div backward: -grad*a/(b*b)"});
+    m->backward_temps.push_back(Alloc{3 * BytesOf(c.out(0)), "div backward: -grad*a/(b*b)"});
   }
 }
 
@@ -228,9 +242,9 @@ void RegisterPointwiseRules(std::vector<OpRule>* r) {
   r->push_back({"sigmoid", 1, 1, InferUnary, SaveOutput});
   r->push_back({"tanh", 1, 1, InferUnary, SaveOutput});
   r->push_back({"exp", 1, 1, InferUnary, SaveOutput});
-  r->push_back({"rsqrt", 1, 1, InferUnary, SaveOutput});
-  r->push_back({"sqrt", 1, 1, InferUnary, SaveOutput});
-  r->push_back({"log1p", 1, 1, InferUnary, SaveInput});
+  r->push_back({"rsqrt", 1, 1, InferUnary, SaveOutputWithBackwardProducts<2>});
+  r->push_back({"sqrt", 1, 1, InferUnary, SaveOutputWithBackwardProducts<1>});
+  r->push_back({"log1p", 1, 1, InferUnary, Log1pMemory});
   r->push_back({"neg", 1, 1, InferUnary, SaveNothing});
   r->push_back({"pow", 1, 1, InferPow, PowMemory});
   r->push_back({"softmax", 1, 1, InferSoftmax, SaveOutput});

@@ -289,8 +289,12 @@ StatusOr<std::vector<OutputSpec>> InferEmbedding(const OpCall& c) {
 void EmbeddingMemory(const OpCall& c, OpMemory* m) {
   if (!c.needs_grad(0)) return;
   m->saved_inputs.push_back(1);
-  // embedding_dense_backward sorts the indices and keeps a few index-sized buffers.
-  m->backward_temps.push_back(Alloc{3 * Numel(c.in(1).shape) * 8, "embedding backward index sort"});
+  // embedding_dense_backward (CUDA) sorts the indices into a few index-sized int64 buffers and
+  // sums gradient rows per segment into grad_weight_per_segment: up to one float32 row per
+  // index.
+  const int64_t n = Numel(c.in(1).shape);
+  m->backward_temps.push_back(Alloc{3 * n * 8, "embedding backward index sort"});
+  m->backward_temps.push_back(Alloc{n * c.in(0).shape[1] * 4, "embedding backward partial sums"});
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
 }
 

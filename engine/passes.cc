@@ -11,15 +11,19 @@ enum class CastPolicy { kNone, kLowerPrecision, kFloat32, kSoftmax };
 CastPolicy PolicyOf(std::string_view kind) {
   static constexpr std::string_view kLower[] = {"linear", "addmm", "matmul", "bmm", "einsum",
                                                 "conv1d", "conv2d", "scaled_dot_product_attention"};
-  static constexpr std::string_view kFp32[] = {"layer_norm", "group_norm", "cross_entropy",
-                                               "mse_loss", "exp", "log1p", "rsqrt", "pow"};
+  // cross_entropy is not on CUDA's list itself: it decomposes into log_softmax (float32 output,
+  // as softmax) and nll_loss (float32).
+  static constexpr std::string_view kFp32[] = {"layer_norm", "group_norm", "mse_loss", "exp",
+                                               "log1p", "rsqrt", "pow"};
   for (std::string_view k : kLower) {
     if (k == kind) return CastPolicy::kLowerPrecision;
   }
   for (std::string_view k : kFp32) {
     if (k == kind) return CastPolicy::kFloat32;
   }
-  if (kind == "softmax" || kind == "log_softmax") return CastPolicy::kSoftmax;
+  if (kind == "softmax" || kind == "log_softmax" || kind == "cross_entropy") {
+    return CastPolicy::kSoftmax;
+  }
   return CastPolicy::kNone;
 }
 

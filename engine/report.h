@@ -53,7 +53,7 @@ struct PeakPoint {
 
 // One row per module scope at the granularity of the model's layers.
 struct LayerRow {
-  std::string scope;
+  std::string scope;  // "" for ops at the model's top level (often the loss)
   int64_t parameter_bytes = 0;
   int64_t saved_bytes = 0;      // held by autograd from forward until backward
   int64_t output_bytes = 0;     // bytes of the tensors the layer's ops produce

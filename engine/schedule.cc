@@ -9,6 +9,22 @@
 namespace memest {
 namespace {
 
+// Non-overlapping and dense (at::Tensor::is_non_overlapping_and_dense): some permutation of the
+// dims has row-major strides. An expanded (stride 0) view is not.
+bool IsDense(const Shape& shape, const Strides& strides) {
+  std::vector<size_t> dims;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] != 1) dims.push_back(i);
+  }
+  std::sort(dims.begin(), dims.end(), [&](size_t a, size_t b) { return strides[a] < strides[b]; });
+  int64_t expected = 1;
+  for (size_t d : dims) {
+    if (strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+
 bool UsesCublas(const std::string& kind) {
   return kind == "linear" || kind == "matmul" || kind == "bmm" || kind == "addmm" ||
          kind == "einsum" || kind == "scaled_dot_product_attention";
@@ -172,7 +188,11 @@ class StepSimulator {
         param_grad_[t] = NewBuffer(Bytes(p.shape, p.dtype), Category::kGradients);
       }
     }
-    if (steady && uses_cublas_) AllocWorkspace();
+    if (steady && uses_cublas_) {  // the forward and the backward thread's handles, both cached
+      AllocWorkspace();
+      AllocWorkspace();
+      workspace_seen_ = workspace_seen_bwd_ = true;
+    }
   }
 
   void AllocOptimizerState(const Tensor& p) {
@@ -578,13 +598,10 @@ class StepSimulator {
     Pending& p = pending_[t];
     if (p.grad < 0) {
       p = {grad, std::move(strides)};
-    } else if (grads_[p.grad].refs == 1) {  // InputBuffer: add into the uniquely owned one
-      Deref(grad);
-    } else if (grads_[grad].refs == 1) {
-      Deref(p.grad);
-      p = {grad, std::move(strides)};
+    } else if (grads_[p.grad].refs == 1 && IsDense(ten.shape, p.strides)) {
+      Deref(grad);  // InputBuffer: old_var.add_(var) into the uniquely owned, dense one
     } else {
-      const int sum = NewGrad(Bytes(ten.shape, ten.dtype));
+      const int sum = NewGrad(Bytes(ten.shape, ten.dtype));  // old_var + var
       Deref(p.grad);
       Deref(grad);
       p = {sum, ContiguousStrides(ten.shape)};
@@ -648,7 +665,7 @@ class StepSimulator {
     auto it = layer_index_.find(scope);
     if (it == layer_index_.end()) {
       it = layer_index_.emplace(scope, s_.layers.size()).first;
-      s_.layers.push_back(LayerRow{scope.empty() ? "(top level)" : scope});
+      s_.layers.push_back(LayerRow{scope});
     }
     return s_.layers[it->second];
   }

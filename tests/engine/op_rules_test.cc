@@ -26,6 +26,8 @@ struct OpCase {
   std::vector<std::string> prep{};  // a view op applied to input 0 before the op ("permute")
 };
 
+void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
+
 class OpRuleTest : public ::testing::TestWithParam<OpCase> {};
 
 TEST_P(OpRuleTest, OutputShapeAndSavedBytes) {
@@ -89,8 +91,14 @@ INSTANTIATE_TEST_SUITE_P(
                {{"kernel_size", int64_t{2}}}, {1, 2, 2, 2}, 192},
         OpCase{"avg_pool_keeps_input", "avg_pool2d", {{1, 2, 4, 4}}, {{"kernel_size", int64_t{2}}},
                {1, 2, 2, 2}, 128},
-        OpCase{"adaptive_avg_pool", "adaptive_avg_pool2d", {{1, 2, 4, 4}},
-               {{"output_size", int64_t{1}}}, {1, 2, 1, 1}, 128},
+        // To 1x1 it is a mean over the spatial dims in PyTorch 2.x: only sizes are kept.
+        OpCase{"adaptive_avg_pool_to_1x1", "adaptive_avg_pool2d", {{1, 2, 4, 4}},
+               {{"output_size", int64_t{1}}}, {1, 2, 1, 1}, 0},
+        OpCase{"adaptive_avg_pool_to_2x2", "adaptive_avg_pool2d", {{1, 2, 4, 4}},
+               {{"output_size", int64_t{2}}}, {1, 2, 2, 2}, 128},
+        // conv keeps input and weight whenever any gradient is needed (both activations here).
+        OpCase{"conv2d_keeps_input", "conv2d", {{1, 2, 4, 4}, {3, 2, 3, 3}}, {}, {1, 3, 2, 2},
+               128 + 3 * 2 * 3 * 3 * 4},
         // bmm keeps both: 2*3*4*4 = 96 B and 2*4*5*4 = 160 B.
         OpCase{"matmul_batched_keeps_both", "matmul", {{2, 3, 4}, {2, 4, 5}}, {}, {2, 3, 5}, 256},
         OpCase{"bmm_keeps_both", "bmm", {{2, 3, 4}, {2, 4, 5}}, {}, {2, 3, 5}, 256},
