@@ -1,0 +1,46 @@
+# memest-server in a container.
+#
+#   docker build -t memest .
+#   docker run --rm -p 50051:50051 memest
+#   docker run --rm --entrypoint memest memest presets --local
+#
+# Two stages: the build stage installs the build dependencies with the same script the README
+# uses (scripts/install-deps.sh, so the package list lives in one place) and builds the two
+# binaries; the runtime stage holds only the shared libraries they link and the binaries.
+
+# ---- build ---------------------------------------------------------------------------------
+FROM debian:12 AS build
+
+# Dependencies first, in their own layer: it is rebuilt only when the package list changes.
+COPY scripts/install-deps.sh /src/scripts/install-deps.sh
+RUN bash /src/scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
+
+COPY . /src
+WORKDIR /src
+RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DMEMEST_BUILD_TESTS=OFF -DMEMEST_BUILD_BENCHMARKS=OFF \
+ && ninja -C build memest-server memest \
+ && strip build/bin/memest-server build/bin/memest
+
+# ---- runtime -------------------------------------------------------------------------------
+FROM debian:12-slim
+
+# The runtime halves of the -dev packages in scripts/install-deps.sh that the binaries link:
+# gRPC (+ reflection, which ships in libgrpc++1.51), protobuf, spdlog (pulls libfmt9).
+# CLI11 and nlohmann-json are header-only.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      libgrpc++1.51 libgrpc29 libprotobuf32 libspdlog1.10 ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin memest
+
+COPY --from=build /src/build/bin/memest-server /usr/local/bin/memest-server
+COPY --from=build /src/build/bin/memest /usr/local/bin/memest
+
+# Numeric, so that Kubernetes' runAsNonRoot can verify it.
+USER 10001
+EXPOSE 50051
+# gRPC health checking (grpc.health.v1) is served on the same port; see
+# deploy/kubernetes/memest.yaml for probes. SIGTERM (docker stop) drains and exits.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["/usr/local/bin/memest-server", "--address", "0.0.0.0:50051"]

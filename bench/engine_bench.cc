@@ -1,0 +1,67 @@
+// Estimates per second of the engine alone (no gRPC): Estimate() for GPT-2 small and the
+// Llama 70B preset, with advice (which re-runs the estimate under alternatives) and without.
+//
+//   build/bin/engine_bench --benchmark_min_time=2
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <string>
+
+#include "engine/config.h"
+#include "engine/estimator.h"
+#include "engine/model.h"
+
+namespace memest {
+namespace {
+
+struct Scenario {
+  std::string preset;
+  int64_t batch;
+  int64_t seq;
+};
+
+const Scenario kGpt2Small{"gpt2-small", 8, 1024};
+const Scenario kLlama70b{"llama-70b", 1, 4096};
+
+void BM_Estimate(benchmark::State& state, const Scenario& scenario, bool advice) {
+  ModelSpec model;
+  model.source = PresetSpec{scenario.preset, {{"seq", scenario.seq}}};
+  RunConfig config;
+  config.batch_size = scenario.batch;
+  config.precision = Precision::kBf16Amp;
+  config.optimizer.kind = OptimizerKind::kAdamW;
+  config.device = "a100-80gb";
+  EstimateOptions options;
+  options.advice = advice;
+
+  // Fail loudly rather than time an error path.
+  StatusOr<Report> first = Estimate(model, config, options);
+  if (!first.ok()) {
+    state.SkipWithError(first.status().ToString().c_str());
+    return;
+  }
+  state.counters["ops"] = static_cast<double>(first->op_count);
+  state.counters["peak_GiB"] =
+      static_cast<double>(first->peak.allocated_bytes) / (1024.0 * 1024.0 * 1024.0);
+
+  for (auto _ : state) {
+    StatusOr<Report> report = Estimate(model, config, options);
+    benchmark::DoNotOptimize(report);
+  }
+  state.counters["estimates_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+BENCHMARK_CAPTURE(BM_Estimate, gpt2_small_b8_s1024_adamw_bf16, kGpt2Small, false)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Estimate, gpt2_small_b8_s1024_adamw_bf16_advice, kGpt2Small, true)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16, kLlama70b, false)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16_advice, kLlama70b, true)
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace memest
+
+BENCHMARK_MAIN();

@@ -1,0 +1,102 @@
+#include "client/cli/backend.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <utility>
+
+#include "engine/devices.h"
+#include "engine/presets.h"
+#include "memest/v1/memest.grpc.pb.h"
+#include "server/convert.h"
+#include "server/estimator_service.h"
+#include "server/status_conversion.h"
+
+namespace memest::cli {
+namespace {
+
+// `address` is empty for the local backend.
+CallResult FromGrpc(const grpc::Status& status, const std::string& address) {
+  if (status.ok()) return {};
+  CallResult result;
+  result.exit_code = ExitCodeForStatus(status);
+  const std::string code = GrpcCodeName(status.error_code());
+  if (!address.empty() && (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+    result.message = code + ": cannot get an answer from memest-server at " + address + ": " +
+                     status.error_message() +
+                     " (start it with build/bin/memest-server --address " + address +
+                     ", or pass --local)";
+  } else {
+    result.message = code + ": " + status.error_message();
+  }
+  return result;
+}
+
+class RemoteBackend : public Backend {
+ public:
+  RemoteBackend(std::string address, int64_t deadline_ms)
+      : address_(std::move(address)),
+        deadline_ms_(deadline_ms),
+        stub_(v1::MemoryEstimator::NewStub(
+            grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))) {}
+
+  CallResult Estimate(const v1::EstimateRequest& request,
+                      v1::EstimateResponse* response) override {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return FromGrpc(stub_->Estimate(&context, request, response), address_);
+  }
+
+  CallResult ListPresets(v1::ListPresetsResponse* response) override {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return FromGrpc(stub_->ListPresets(&context, v1::ListPresetsRequest(), response), address_);
+  }
+
+  CallResult ListDevices(v1::ListDevicesResponse* response) override {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return FromGrpc(stub_->ListDevices(&context, v1::ListDevicesRequest(), response), address_);
+  }
+
+ private:
+  void SetDeadline(grpc::ClientContext* context) const {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(deadline_ms_));
+  }
+
+  std::string address_;
+  int64_t deadline_ms_;
+  std::unique_ptr<v1::MemoryEstimator::Stub> stub_;
+};
+
+class LocalBackend : public Backend {
+ public:
+  CallResult Estimate(const v1::EstimateRequest& request,
+                      v1::EstimateResponse* response) override {
+    // The service's own handler, minus the RPC: the same size limits, conversion and status
+    // mapping as a server applies.
+    return FromGrpc(ToGrpcStatus(HandleEstimate(request, ServiceOptions{}, response)), "");
+  }
+
+  CallResult ListPresets(v1::ListPresetsResponse* response) override {
+    PresetsToProto(memest::ListPresets(), response);
+    return {};
+  }
+
+  CallResult ListDevices(v1::ListDevicesResponse* response) override {
+    DevicesToProto(memest::ListDevices(), response);
+    return {};
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeRemoteBackend(const std::string& address, int64_t deadline_ms) {
+  return std::make_unique<RemoteBackend>(address, deadline_ms);
+}
+
+std::unique_ptr<Backend> MakeLocalBackend() { return std::make_unique<LocalBackend>(); }
+
+}  // namespace memest::cli

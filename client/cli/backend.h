@@ -1,0 +1,46 @@
+// Where `memest` sends its requests: a memest-server over gRPC, or the engine in this process.
+//
+// Both backends speak the proto messages, so everything after them (rendering, --json, exit
+// codes) is the same for --local and for a server. The local backend runs the service's
+// handler without the RPC (HandleEstimate in server/estimator_service.h: size limits,
+// conversion, engine, conversion back) and maps its status with the server's one status
+// conversion, so a request fails with the same code and message locally and remotely.
+#ifndef MEMEST_CLIENT_CLI_BACKEND_H_
+#define MEMEST_CLIENT_CLI_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "client/cli/exit_codes.h"
+#include "memest/v1/memest.pb.h"
+
+namespace memest::cli {
+
+// The outcome of one call: OK, or the exit code it maps to and a message for stderr that
+// names the status code and, for input errors, the offending field.
+struct CallResult {
+  ExitCode exit_code = kExitFits;
+  std::string message;
+  bool ok() const { return message.empty() && exit_code == kExitFits; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual CallResult Estimate(const v1::EstimateRequest& request,
+                              v1::EstimateResponse* response) = 0;
+  virtual CallResult ListPresets(v1::ListPresetsResponse* response) = 0;
+  virtual CallResult ListDevices(v1::ListDevicesResponse* response) = 0;
+};
+
+// Calls memest.v1.MemoryEstimator at `address` (HOST:PORT) over an insecure channel, each call
+// with a deadline of `deadline_ms`.
+std::unique_ptr<Backend> MakeRemoteBackend(const std::string& address, int64_t deadline_ms);
+
+// Runs the engine in this process.
+std::unique_ptr<Backend> MakeLocalBackend();
+
+}  // namespace memest::cli
+
+#endif  // MEMEST_CLIENT_CLI_BACKEND_H_

@@ -1,0 +1,69 @@
+#include "client/cli/commands.h"
+
+#include <iostream>
+#include <memory>
+
+#include "client/cli/backend.h"
+#include "client/cli/exit_codes.h"
+#include "client/cli/render.h"
+#include "server/status_conversion.h"
+
+namespace memest::cli {
+namespace {
+
+std::unique_ptr<Backend> MakeBackend(const ConnectionFlags& connection) {
+  if (connection.local) return MakeLocalBackend();
+  return MakeRemoteBackend(connection.server, connection.deadline_ms);
+}
+
+int Fail(const CallResult& result) {
+  std::cerr << "memest: " << result.message << '\n';
+  return result.exit_code;
+}
+
+}  // namespace
+
+int RunEstimate(const ConnectionFlags& connection, const EstimateFlags& flags) {
+  StatusOr<v1::EstimateRequest> request = BuildEstimateRequest(flags);
+  if (!request.ok()) {
+    std::cerr << "memest: " << request.status().ToString() << '\n';
+    return ExitCodeForStatus(ToGrpcStatus(request.status()));
+  }
+  v1::EstimateResponse response;
+  const CallResult result = MakeBackend(connection)->Estimate(*request, &response);
+  if (!result.ok()) return Fail(result);
+
+  if (connection.json) {
+    std::cout << ToJson(response);
+  } else {
+    RenderEstimate(*request, response, std::cout);
+  }
+  std::cout.flush();
+  return response.has_fit() && !response.fit().fits() ? kExitDoesNotFit : kExitFits;
+}
+
+int RunPresets(const ConnectionFlags& connection) {
+  v1::ListPresetsResponse response;
+  const CallResult result = MakeBackend(connection)->ListPresets(&response);
+  if (!result.ok()) return Fail(result);
+  if (connection.json) {
+    std::cout << ToJson(response);
+  } else {
+    RenderPresets(response, std::cout);
+  }
+  return kExitFits;
+}
+
+int RunDevices(const ConnectionFlags& connection) {
+  v1::ListDevicesResponse response;
+  const CallResult result = MakeBackend(connection)->ListDevices(&response);
+  if (!result.ok()) return Fail(result);
+  if (connection.json) {
+    std::cout << ToJson(response);
+  } else {
+    RenderDevices(response, std::cout);
+  }
+  return kExitFits;
+}
+
+}  // namespace memest::cli

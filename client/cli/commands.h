@@ -1,0 +1,19 @@
+// The subcommands of `memest`: each takes its parsed flags and returns the process's exit code
+// (client/cli/exit_codes.h), printing the answer to stdout and errors to stderr.
+#ifndef MEMEST_CLIENT_CLI_COMMANDS_H_
+#define MEMEST_CLIENT_CLI_COMMANDS_H_
+
+#include "client/cli/flags.h"
+
+namespace memest::cli {
+
+// `memest estimate`: 0 when it fits (or no device was given), 2 when it does not fit.
+int RunEstimate(const ConnectionFlags& connection, const EstimateFlags& flags);
+// `memest presets`.
+int RunPresets(const ConnectionFlags& connection);
+// `memest devices`.
+int RunDevices(const ConnectionFlags& connection);
+
+}  // namespace memest::cli
+
+#endif  // MEMEST_CLIENT_CLI_COMMANDS_H_

@@ -1,0 +1,261 @@
+#include "client/cli/flags.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "client/cli/capacity.h"
+
+namespace memest::cli {
+namespace {
+
+// A word the user types and the enum value it stands for.
+template <typename Enum>
+struct Word {
+  const char* word;
+  Enum value;
+};
+
+const Word<v1::Mode> kModes[] = {
+    {"training", v1::MODE_TRAINING},
+    {"inference", v1::MODE_INFERENCE},
+};
+
+const Word<v1::Precision> kPrecisions[] = {
+    {"fp32", v1::PRECISION_FP32},
+    {"fp16", v1::PRECISION_FP16_AMP},
+    {"bf16", v1::PRECISION_BF16_AMP},
+    {"bf16-pure", v1::PRECISION_BF16_PURE},
+    {"fp16-pure", v1::PRECISION_FP16_PURE},
+};
+
+const Word<v1::OptimizerKind> kOptimizers[] = {
+    {"sgd", v1::OPTIMIZER_KIND_SGD},         {"momentum", v1::OPTIMIZER_KIND_SGD_MOMENTUM},
+    {"adam", v1::OPTIMIZER_KIND_ADAM},       {"adamw", v1::OPTIMIZER_KIND_ADAMW},
+    {"adagrad", v1::OPTIMIZER_KIND_ADAGRAD}, {"rmsprop", v1::OPTIMIZER_KIND_RMSPROP},
+    {"lion", v1::OPTIMIZER_KIND_LION},       {"adafactor", v1::OPTIMIZER_KIND_ADAFACTOR},
+};
+
+const Word<v1::OptimizerImpl> kOptimizerImpls[] = {
+    {"for-loop", v1::OPTIMIZER_IMPL_FOR_LOOP},
+    {"foreach", v1::OPTIMIZER_IMPL_FOREACH},
+    {"fused", v1::OPTIMIZER_IMPL_FUSED},
+};
+
+const Word<v1::CheckpointPolicy> kCheckpoints[] = {
+    {"none", v1::CHECKPOINT_POLICY_NONE},
+    {"every-block", v1::CHECKPOINT_POLICY_EVERY_BLOCK},
+    {"every-k", v1::CHECKPOINT_POLICY_EVERY_K_BLOCKS},
+    {"sqrt", v1::CHECKPOINT_POLICY_SQRT_BLOCKS},
+    {"attention", v1::CHECKPOINT_POLICY_ATTENTION_CORE},
+    {"scopes", v1::CHECKPOINT_POLICY_SCOPES},
+};
+
+template <typename Enum, size_t N>
+std::string WordList(const Word<Enum> (&words)[N]) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i) {
+    if (i > 0) out += ", ";
+    out += words[i].word;
+  }
+  return out;
+}
+
+template <typename Enum, size_t N>
+StatusOr<Enum> ParseWord(const std::string& flag, const std::string& text,
+                         const Word<Enum> (&words)[N]) {
+  for (const Word<Enum>& w : words) {
+    if (text == w.word) return w.value;
+  }
+  return InvalidArgument(flag + ": unknown value \"" + text + "\"; expected one of " +
+                         WordList(words));
+}
+
+// "seq=2048" into the preset's parameter map.
+Status AddPresetParam(const std::string& text, v1::Preset* preset) {
+  const size_t eq = text.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return InvalidArgument("--param: expected NAME=INTEGER, got \"" + text + "\"");
+  }
+  const std::string name = text.substr(0, eq);
+  const std::string value = text.substr(eq + 1);
+  size_t used = 0;
+  int64_t number = 0;
+  try {
+    number = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (value.empty() || used != value.size()) {
+    return InvalidArgument("--param " + name + ": expected an integer, got \"" + value + "\"");
+  }
+  (*preset->mutable_params())[name] = number;
+  return Status::Ok();
+}
+
+Status FillModel(const EstimateFlags& flags, v1::Model* model) {
+  const bool has_preset = !flags.preset.empty();
+  const bool has_file = !flags.model_file.empty();
+  if (has_preset == has_file) {
+    return InvalidArgument(has_preset ? "--preset and --model: give one, not both"
+                                      : "--preset or --model: one is required");
+  }
+  if (has_file) {
+    if (!flags.params.empty() || flags.seq) {
+      return InvalidArgument("--param/--seq: only apply to --preset, not to --model");
+    }
+    MEMEST_ASSIGN_OR_RETURN(*model, ReadModelFile(flags.model_file));
+    return Status::Ok();
+  }
+  v1::Preset* preset = model->mutable_preset();
+  preset->set_name(flags.preset);
+  for (const std::string& param : flags.params) {
+    MEMEST_RETURN_IF_ERROR(AddPresetParam(param, preset));
+  }
+  if (flags.seq) (*preset->mutable_params())["seq"] = *flags.seq;
+  return Status::Ok();
+}
+
+Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
+  config->set_batch_size(flags.batch.value_or(1));
+  if (flags.grad_accum) config->set_grad_accum_steps(*flags.grad_accum);
+  if (!flags.mode.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::Mode mode, ParseWord("--mode", flags.mode, kModes));
+    config->set_mode(mode);
+  }
+  if (!flags.precision.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::Precision precision,
+                            ParseWord("--precision", flags.precision, kPrecisions));
+    config->set_precision(precision);
+  }
+  if (!flags.optimizer.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::OptimizerKind kind,
+                            ParseWord("--optimizer", flags.optimizer, kOptimizers));
+    config->mutable_optimizer()->set_kind(kind);
+  }
+  if (!flags.optimizer_impl.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::OptimizerImpl impl,
+                            ParseWord("--optimizer-impl", flags.optimizer_impl, kOptimizerImpls));
+    config->mutable_optimizer()->set_impl(impl);
+  }
+  if (flags.weight_decay) config->mutable_optimizer()->set_weight_decay(*flags.weight_decay);
+  config->set_zero_grad_keep_grads(flags.keep_grads);
+  if (!flags.checkpoint.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::CheckpointPolicy policy,
+                            ParseWord("--checkpoint", flags.checkpoint, kCheckpoints));
+    config->mutable_checkpoint()->set_policy(policy);
+  }
+  if (flags.checkpoint_k) config->mutable_checkpoint()->set_every_k(*flags.checkpoint_k);
+  for (const std::string& scope : flags.checkpoint_scopes) {
+    config->mutable_checkpoint()->add_scopes(scope);
+  }
+  if (flags.first_step) config->set_step(v1::STEP_KIND_FIRST_STEP);
+  if (!flags.device.empty() && !flags.capacity.empty()) {
+    return InvalidArgument("--device and --capacity: give one, not both");
+  }
+  if (!flags.device.empty()) config->set_device_name(flags.device);
+  if (!flags.capacity.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(int64_t bytes, ParseCapacity(flags.capacity));
+    config->set_device_capacity_bytes(static_cast<uint64_t>(bytes));
+  }
+  if (flags.generate_tokens) config->set_generate_tokens(*flags.generate_tokens);
+  config->set_expandable_segments(flags.expandable_segments);
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddConnectionFlags(CLI::App* app, ConnectionFlags* flags) {
+  app->add_option("--server", flags->server, "memest-server address HOST:PORT")
+      ->capture_default_str();
+  app->add_flag("--local", flags->local,
+                "run the engine in this process instead of calling a server");
+  app->add_flag("--json", flags->json, "print the response as the proto's JSON mapping");
+  app->add_option("--deadline-ms", flags->deadline_ms, "deadline of the call in milliseconds")
+      ->capture_default_str();
+}
+
+void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
+  const char* model = "Model";
+  app->add_option("--preset", f->preset, "built-in model (see `memest presets`)")
+      ->group(model);
+  app->add_option("--param", f->params, "preset parameter NAME=INTEGER (repeatable)")
+      ->group(model)->type_name("NAME=INT");
+  app->add_option("--seq", f->seq, "sequence length: shortcut for --param seq=N")->group(model);
+  app->add_option("--model", f->model_file,
+                  "model file: JSON, the proto JSON mapping of memest.v1.Model")
+      ->group(model)->type_name("FILE");
+
+  const char* run = "Run";
+  app->add_option("--batch", f->batch, "samples per optimizer step (default 1)")->group(run);
+  app->add_option("--grad-accum", f->grad_accum, "micro-batches per step (default 1)")
+      ->group(run);
+  app->add_option("--mode", f->mode, "training | inference (default training)")->group(run);
+  app->add_option("--precision", f->precision,
+                  "fp32 | fp16 | bf16 | bf16-pure | fp16-pure (fp16/bf16: autocast with fp32 "
+                  "master weights; default fp32)")
+      ->group(run);
+  app->add_option("--optimizer", f->optimizer,
+                  "sgd | momentum | adam | adamw | adagrad | rmsprop | lion | adafactor "
+                  "(default adamw)")
+      ->group(run);
+  app->add_option("--optimizer-impl", f->optimizer_impl,
+                  "for-loop | foreach | fused (default foreach)")
+      ->group(run);
+  app->add_option("--weight-decay", f->weight_decay, "optimizer weight decay")->group(run);
+  app->add_flag("--keep-grads", f->keep_grads,
+                "zero_grad(set_to_none=False): gradients stay allocated")
+      ->group(run);
+  app->add_option("--checkpoint", f->checkpoint,
+                  "none | every-block | every-k | sqrt | attention | scopes (default none)")
+      ->group(run);
+  app->add_option("--checkpoint-k", f->checkpoint_k, "blocks per region for every-k")
+      ->group(run);
+  app->add_option("--checkpoint-scope", f->checkpoint_scopes,
+                  "scope to checkpoint for scopes (repeatable)")
+      ->group(run);
+  app->add_flag("--first-step", f->first_step,
+                "the first step, which creates the optimizer state (default: a later step)")
+      ->group(run);
+  app->add_option("--generate-tokens", f->generate_tokens,
+                  "inference: tokens generated after the prompt (KV cache)")
+      ->group(run);
+  app->add_flag("--expandable-segments", f->expandable_segments,
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+      ->group(run);
+  app->add_flag("--no-advice", f->no_advice, "skip the advice (faster)")->group(run);
+
+  const char* device = "Device";
+  app->add_option("--device", f->device, "GPU from the catalog (see `memest devices`)")
+      ->group(device);
+  app->add_option("--capacity", f->capacity, "bare device capacity: bytes, or e.g. 80GiB, 24GB")
+      ->group(device)->type_name("BYTES");
+}
+
+StatusOr<v1::EstimateRequest> BuildEstimateRequest(const EstimateFlags& flags) {
+  v1::EstimateRequest request;
+  MEMEST_RETURN_IF_ERROR(FillModel(flags, request.mutable_model()));
+  MEMEST_RETURN_IF_ERROR(FillConfig(flags, request.mutable_config()));
+  request.set_skip_advice(flags.no_advice);
+  return request;
+}
+
+StatusOr<v1::Model> ReadModelFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return InvalidArgument("--model " + path + ": cannot open the file");
+  std::stringstream text;
+  text << in.rdbuf();
+  v1::Model model;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto status = google::protobuf::util::JsonStringToMessage(text.str(), &model, options);
+  if (!status.ok()) {
+    return InvalidArgument("--model " + path + ": not a memest.v1.Model in JSON: " +
+                           std::string(status.message()));
+  }
+  return model;
+}
+
+}  // namespace memest::cli

@@ -1,0 +1,71 @@
+// The flags of `memest`, and the request they describe.
+//
+// Flags are declared on a CLI11 app (AddEstimateFlags, AddConnectionFlags) into plain structs;
+// BuildEstimateRequest turns the struct into a memest.v1.EstimateRequest, validating only what
+// the flags themselves can get wrong (unknown enum words, a malformed k=v, an unreadable model
+// file). Ranges (a negative batch, an unknown preset) are the engine's to check, so the local
+// and remote paths give the same message naming the field.
+#ifndef MEMEST_CLIENT_CLI_FLAGS_H_
+#define MEMEST_CLIENT_CLI_FLAGS_H_
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/status.h"
+#include "memest/v1/memest.pb.h"
+
+namespace memest::cli {
+
+// Where requests go and how the answer is printed; shared by every subcommand.
+struct ConnectionFlags {
+  std::string server = "127.0.0.1:50051";
+  bool local = false;       // run the engine in-process instead of calling a server
+  bool json = false;        // print the proto's JSON mapping of the response
+  int64_t deadline_ms = 30000;
+};
+
+struct EstimateFlags {
+  // The model: a preset (with parameters) or a model file.
+  std::string preset;
+  std::vector<std::string> params;  // "k=v", repeated
+  std::optional<int64_t> seq;       // shortcut for --param seq=N
+  std::string model_file;           // JSON: the proto JSON mapping of memest.v1.Model
+
+  // The run.
+  std::optional<int64_t> batch;
+  std::optional<int64_t> grad_accum;
+  std::string mode;                 // training | inference
+  std::string precision;            // fp32 | fp16 | bf16 | bf16-pure | fp16-pure
+  std::string optimizer;            // sgd | momentum | adam | adamw | ...
+  std::string optimizer_impl;       // for-loop | foreach | fused
+  std::optional<double> weight_decay;
+  bool keep_grads = false;          // zero_grad(set_to_none=False)
+  std::string checkpoint;           // none | every-block | every-k | sqrt | attention | scopes
+  std::optional<int64_t> checkpoint_k;
+  std::vector<std::string> checkpoint_scopes;
+  bool first_step = false;
+  std::string device;               // catalog name
+  std::string capacity;             // bytes or "80GiB"
+  std::optional<int64_t> generate_tokens;
+  bool expandable_segments = false;
+  bool no_advice = false;
+};
+
+void AddConnectionFlags(CLI::App* app, ConnectionFlags* flags);
+void AddEstimateFlags(CLI::App* app, EstimateFlags* flags);
+
+// The request the flags describe. Errors (INVALID_ARGUMENT) name the flag, e.g.
+// "--precision: unknown value \"fp8\"; expected one of fp32, fp16, bf16, bf16-pure, fp16-pure".
+StatusOr<v1::EstimateRequest> BuildEstimateRequest(const EstimateFlags& flags);
+
+// Reads a model file: JSON in the proto JSON mapping of memest.v1.Model (field names in
+// lowerCamelCase or as in the .proto). Errors name the file.
+StatusOr<v1::Model> ReadModelFile(const std::string& path);
+
+}  // namespace memest::cli
+
+#endif  // MEMEST_CLIENT_CLI_FLAGS_H_

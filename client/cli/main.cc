@@ -1,0 +1,46 @@
+// memest: how much GPU memory will this PyTorch step need, and what would make it fit?
+//
+//   memest estimate --preset gpt2-small --batch 8 --seq 1024 --optimizer adamw --precision bf16
+//   memest estimate --model examples/mlp.json --batch 64 --capacity 8GiB --local
+//   memest presets | memest devices
+#include <CLI/CLI.hpp>
+
+#include "client/cli/commands.h"
+#include "client/cli/exit_codes.h"
+#include "client/cli/flags.h"
+
+int main(int argc, char** argv) {
+  using namespace memest::cli;  // NOLINT(build/namespaces)
+
+  CLI::App app{"memest: predicts the GPU memory of a PyTorch training or inference step, op by op",
+               "memest"};
+  app.require_subcommand(1);
+  app.footer(ExitCodesHelp());
+
+  ConnectionFlags connection;
+  EstimateFlags estimate_flags;
+
+  CLI::App* estimate = app.add_subcommand(
+      "estimate", "estimate the memory of one step of a preset or a model file");
+  AddEstimateFlags(estimate, &estimate_flags);
+  AddConnectionFlags(estimate, &connection);
+  estimate->footer(ExitCodesHelp());
+
+  CLI::App* presets =
+      app.add_subcommand("presets", "list the built-in models and their parameters");
+  AddConnectionFlags(presets, &connection);
+
+  CLI::App* devices = app.add_subcommand("devices", "list the device catalog");
+  AddConnectionFlags(devices, &connection);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints help (code 0) or the error
+    return code == 0 ? kExitFits : kExitBadInput;
+  }
+
+  if (estimate->parsed()) return RunEstimate(connection, estimate_flags);
+  if (presets->parsed()) return RunPresets(connection);
+  return RunDevices(connection);
+}

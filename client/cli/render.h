@@ -1,0 +1,36 @@
+// Readable reports of memest's answers, for a terminal.
+//
+// RenderEstimate prints, in order: a one-line summary of the run; the peak (allocated and
+// reserved, with the phase, op and scope where it happens); the breakdown by category at the
+// peak; the peak of each phase with the overall peaks marked; the top layers by saved bytes;
+// the fit verdict with headroom; advice with savings; notes. Byte counts are in binary units
+// (KiB, MiB, GiB).
+#ifndef MEMEST_CLIENT_CLI_RENDER_H_
+#define MEMEST_CLIENT_CLI_RENDER_H_
+
+#include <ostream>
+#include <string>
+
+#include "memest/v1/memest.pb.h"
+
+namespace memest::cli {
+
+// The number of layers RenderEstimate lists.
+inline constexpr int kTopLayers = 10;
+
+// `request` supplies the summary line (model, mode, batch); `response` everything else.
+void RenderEstimate(const v1::EstimateRequest& request, const v1::EstimateResponse& response,
+                    std::ostream& out);
+void RenderPresets(const v1::ListPresetsResponse& response, std::ostream& out);
+void RenderDevices(const v1::ListDevicesResponse& response, std::ostream& out);
+
+// The proto's JSON mapping of `message`, indented, with fields at their defaults included (so
+// a machine sees every category, even zero ones). Ends with a newline.
+std::string ToJson(const google::protobuf::Message& message);
+
+// "forward", "optimizer_step", ... as the engine names phases.
+std::string PhaseName(v1::Phase phase);
+
+}  // namespace memest::cli
+
+#endif  // MEMEST_CLIENT_CLI_RENDER_H_

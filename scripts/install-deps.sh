@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages memest needs to build, test and benchmark.
+#
+# Usage: bash scripts/install-deps.sh
+#
+# Runs `apt-get update` once and installs the list below. When every package is already
+# installed it says so and touches nothing. Works as root (containers, CI) and as a user with
+# sudo. The Dockerfile's build stage runs this same script, so this list is the one place that
+# names the build dependencies.
+set -euo pipefail
+
+# Keep in step with the runtime libraries in the Dockerfile's final stage.
+readonly PACKAGES=(
+  build-essential
+  cmake
+  ninja-build
+  pkg-config
+  libgrpc++-dev
+  protobuf-compiler-grpc
+  libprotobuf-dev
+  protobuf-compiler
+  libspdlog-dev
+  libcli11-dev
+  nlohmann-json3-dev
+  libgtest-dev
+  libgmock-dev
+  libbenchmark-dev
+  python3
+)
+
+missing=()
+for package in "${PACKAGES[@]}"; do
+  status="$(dpkg-query -W -f='${db:Status-Status}' "${package}" 2>/dev/null || true)"
+  if [[ "${status}" != "installed" ]]; then
+    missing+=("${package}")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages already installed; skipping apt-get"
+  exit 0
+fi
+
+if [[ "$(id -u)" -eq 0 ]]; then
+  as_root=()
+elif command -v sudo >/dev/null 2>&1; then
+  as_root=(sudo)
+else
+  echo "install-deps: not root and sudo is not available; install as root:" >&2
+  echo "  apt-get install ${missing[*]}" >&2
+  exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+"${as_root[@]}" apt-get update
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y --no-install-recommends "${PACKAGES[@]}"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The README's second command (and what .ci/run runs): installs the Debian packages, builds
+# everything, and runs every test. Each section below is one suite; a failing section fails
+# the script, after all sections have run.
+#
+# Usage: bash scripts/test.sh
+# Environment: BUILD_DIR (default build), as for scripts/build.sh.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+failed=()
+
+section() { echo; echo "==== $* ===="; }
+
+section "dependencies"
+bash scripts/install-deps.sh || exit 1
+
+section "build"
+bash scripts/build.sh || exit 1
+
+# C++ tests: engine (table-driven), server (end to end over gRPC on port 0), cli (the
+# `memest` binary, locally and against a real server).
+section "ctest"
+ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure || failed+=("ctest")
+
+# Later suites (the Python conformance suite against real PyTorch, the Python client) go
+# here as their own sections.
+
+echo
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "test: FAILED sections: ${failed[*]}"
+  exit 1
+fi
+echo "test: all sections passed"

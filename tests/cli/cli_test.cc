@@ -1,0 +1,292 @@
+// Tests of the `memest` command as a user runs it: the built binary, with --local (the engine
+// in-process) and against a real memest-server started on port 0. They check what a user and
+// a script rely on: the table's sections, the JSON mapping, model files, and exit codes.
+#include <signal.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tests/cli/subprocess.h"
+
+namespace memest {
+namespace {
+
+using ::memest::testing::Child;
+using ::memest::testing::Run;
+using ::memest::testing::RunResult;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::string kMemest = MEMEST_CLI_PATH;
+const std::string kServer = MEMEST_SERVER_PATH;
+const std::string kSourceDir = MEMEST_SOURCE_DIR;
+
+// The categories every breakdown lists, as the table and the JSON mapping name them.
+const char* const kCategoryNames[] = {
+    "parameters",  "gradients", "optimizer_state", "master_and_casts",   "activations",
+    "temporaries", "inputs",    "kv_cache",        "workspace",          "allocator_overhead",
+    "cuda_context"};
+const char* const kCategoryJsonKeys[] = {
+    "parameters",  "gradients", "optimizerState", "masterAndCasts",    "activations",
+    "temporaries", "inputs",    "kvCache",        "workspace",         "allocatorOverhead",
+    "cudaContext"};
+
+// `memest <args...>`.
+RunResult Memest(std::vector<std::string> args) {
+  args.insert(args.begin(), kMemest);
+  return Run(args);
+}
+
+// A small GPT-2 step: quick to estimate, with every phase and category.
+std::vector<std::string> SmallGpt2(std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"estimate", "--preset", "gpt2-small", "--batch", "2",
+                                   "--seq",    "128",      "--optimizer", "adamw",
+                                   "--precision", "bf16"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// JSON mapping: uint64 fields are strings, int64 fields strings too; accept either.
+int64_t JsonInt(const nlohmann::json& value) {
+  if (value.is_string()) return std::stoll(value.get<std::string>());
+  return value.get<int64_t>();
+}
+
+TEST(CliTest, PresetTableListsCategoriesPhasesAndPeak) {
+  const RunResult r = Memest(SmallGpt2({"--local", "--device", "a100-80gb"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* category : kCategoryNames) EXPECT_THAT(r.out, HasSubstr(category));
+  EXPECT_THAT(r.out, HasSubstr("Peak: "));
+  EXPECT_THAT(r.out, HasSubstr("Peaks by phase"));
+  EXPECT_THAT(r.out, HasSubstr("<- allocated"));  // the peak phase is marked
+  EXPECT_THAT(r.out, HasSubstr("forward"));
+  EXPECT_THAT(r.out, HasSubstr("backward"));
+  EXPECT_THAT(r.out, HasSubstr("layers by saved bytes"));
+  EXPECT_THAT(r.out, HasSubstr("Fit: FITS on a100-80gb"));
+  EXPECT_THAT(r.out, HasSubstr("headroom"));
+  EXPECT_THAT(r.out, HasSubstr("GiB"));
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(CliTest, JsonIsTheProtoMappingWithTheBreakdown) {
+  const RunResult r = Memest(SmallGpt2({"--local", "--json", "--capacity", "80GiB"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json json = nlohmann::json::parse(r.out);  // throws (fails) if not JSON
+  ASSERT_TRUE(json.contains("breakdown")) << r.out;
+  int64_t total = 0;
+  for (const char* key : kCategoryJsonKeys) {
+    ASSERT_TRUE(json["breakdown"].contains(key)) << key;
+    total += JsonInt(json["breakdown"][key]);
+  }
+  EXPECT_GT(JsonInt(json["breakdown"]["parameters"]), 0);
+  EXPECT_GT(JsonInt(json["breakdown"]["optimizerState"]), 0);
+  // A small step peaks in the optimizer step, after activations are freed; the forward
+  // phase's peak holds them.
+  bool saw_forward = false;
+  for (const auto& phase : json["phases"]) {
+    if (phase["phase"] != "PHASE_FORWARD") continue;
+    saw_forward = true;
+    EXPECT_GT(JsonInt(phase["byCategory"]["activations"]), 0) << phase;
+  }
+  EXPECT_TRUE(saw_forward) << json["phases"];
+  // The breakdown is what nvidia-smi would show: reserved + context, i.e. the fit's need.
+  EXPECT_EQ(total, JsonInt(json["fit"]["requiredBytes"]));
+  EXPECT_TRUE(json["fit"]["fits"].get<bool>());
+  EXPECT_GT(JsonInt(json["peak"]["allocatedBytes"]), 0);
+  EXPECT_GT(JsonInt(json["parameterCount"]), 100'000'000);  // GPT-2 small: 124M
+}
+
+TEST(CliTest, NoDeviceMeansExitZeroAndNoVerdict) {
+  const RunResult r = Memest(SmallGpt2({"--local"}));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Fit: no device given"));
+}
+
+// Every model file in examples/ estimates, and the table names its layers.
+struct ExampleCase {
+  const char* file;
+  const char* scope;  // a scope the table must list
+};
+
+class ExampleModelTest : public ::testing::TestWithParam<ExampleCase> {};
+
+TEST_P(ExampleModelTest, EstimatesLocally) {
+  const ExampleCase& c = GetParam();
+  const RunResult r = Memest({"estimate", "--local", "--model", kSourceDir + "/examples/" + c.file,
+                              "--batch", "64", "--optimizer", "adam"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("layer"));
+  EXPECT_THAT(r.out, HasSubstr(c.scope));
+  EXPECT_THAT(r.out, HasSubstr("activations"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, ExampleModelTest,
+                         ::testing::Values(ExampleCase{"mlp.json", "fc1"},
+                                           ExampleCase{"swish.json", "act"}));
+
+// What the README says of examples/swish.json: the advice names silu.
+TEST(CliTest, SwishExampleAdvisesSilu) {
+  const RunResult r = Memest({"estimate", "--local", "--model",
+                              kSourceDir + "/examples/swish.json", "--batch", "4096",
+                              "--optimizer", "adam"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Advice:"));
+  EXPECT_THAT(r.out, HasSubstr("silu"));
+}
+
+TEST(CliTest, DoesNotFitExitsTwo) {
+  const RunResult r = Memest({"estimate", "--local", "--model", kSourceDir + "/examples/mlp.json",
+                              "--batch", "64", "--capacity", "100MiB"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("DOES NOT FIT"));
+  EXPECT_THAT(r.out, HasSubstr("short by"));
+
+  // A large preset on a small card, the same way.
+  const RunResult big = Memest({"estimate", "--local", "--preset", "gpt2-small", "--batch", "64",
+                                "--seq", "1024", "--device", "rtx4090", "--no-advice"});
+  EXPECT_EQ(big.exit_code, 2) << big.out << big.err;
+}
+
+// Bad input: exit code 3, and stderr names what was wrong.
+struct BadInputCase {
+  const char* name;
+  std::vector<std::string> args;
+  const char* names;  // what stderr must mention
+};
+
+class BadInputTest : public ::testing::TestWithParam<BadInputCase> {};
+
+TEST_P(BadInputTest, ExitsThreeNamingTheField) {
+  const BadInputCase& c = GetParam();
+  std::vector<std::string> args = c.args;
+  args.push_back("--local");
+  const RunResult r = Memest(args);
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr(c.names));
+  EXPECT_EQ(r.out, "");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BadInputTest,
+    ::testing::Values(
+        BadInputCase{"NegativeBatch", {"estimate", "--preset", "gpt2-small", "--batch=-4"},
+                     "batch_size"},
+        BadInputCase{"ZeroBatch", {"estimate", "--preset", "gpt2-small", "--batch", "0"},
+                     "batch_size"},
+        BadInputCase{"UnknownPreset", {"estimate", "--preset", "gpt5-huge"}, "gpt5-huge"},
+        BadInputCase{"BadPresetParam",
+                     {"estimate", "--preset", "gpt2-small", "--param", "seq=-7"},
+                     "model.preset.params.seq"},
+        BadInputCase{"MalformedParam",
+                     {"estimate", "--preset", "gpt2-small", "--param", "seq=long"},
+                     "--param seq"},
+        BadInputCase{"UnknownPrecision",
+                     {"estimate", "--preset", "gpt2-small", "--precision", "fp8"},
+                     "--precision"},
+        BadInputCase{"UnknownOptimizer",
+                     {"estimate", "--preset", "gpt2-small", "--optimizer", "adamax"},
+                     "--optimizer"},
+        BadInputCase{"UnknownDevice",
+                     {"estimate", "--preset", "gpt2-small", "--device", "tpu-v5"}, "tpu-v5"},
+        BadInputCase{"BadCapacity",
+                     {"estimate", "--preset", "gpt2-small", "--capacity", "80 parsecs"},
+                     "--capacity"},
+        BadInputCase{"NoModel", {"estimate", "--batch", "8"}, "--preset or --model"},
+        BadInputCase{"MissingModelFile",
+                     {"estimate", "--model", "/nonexistent/model.json"}, "--model"},
+        BadInputCase{"UnknownFlag", {"estimate", "--preset", "gpt2-small", "--frobnicate"},
+                     "--frobnicate"},
+        BadInputCase{"NoSubcommand", {}, "subcommand"}),
+    [](const ::testing::TestParamInfo<BadInputCase>& info) { return info.param.name; });
+
+TEST(CliTest, BadModelFileNamesTheFile) {
+  const std::string path = ::testing::TempDir() + "/bad-model.json";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("{\"layers\": {\"inputShape\": [8], \"layerz\": []}}", f);
+    std::fclose(f);
+  }
+  const RunResult r = Memest({"estimate", "--local", "--model", path});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.err, HasSubstr(path));
+}
+
+TEST(CliTest, HelpDocumentsExitCodes) {
+  const RunResult r = Memest({"estimate", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("Exit codes"));
+  EXPECT_THAT(r.out, HasSubstr("does not fit"));
+  EXPECT_THAT(r.out, HasSubstr("--checkpoint"));
+}
+
+TEST(CliTest, PresetsAndDevicesLocally) {
+  const RunResult presets = Memest({"presets", "--local"});
+  ASSERT_EQ(presets.exit_code, 0) << presets.err;
+  EXPECT_THAT(presets.out, HasSubstr("gpt2-small"));
+  EXPECT_THAT(presets.out, HasSubstr("seq"));
+
+  const RunResult devices = Memest({"devices", "--local", "--json"});
+  ASSERT_EQ(devices.exit_code, 0) << devices.err;
+  const nlohmann::json json = nlohmann::json::parse(devices.out);
+  bool found = false;
+  for (const auto& device : json["devices"]) {
+    if (device["name"] == "a100-80gb") {
+      found = true;
+      EXPECT_GT(JsonInt(device["capacityBytes"]), int64_t{79} << 30);
+    }
+  }
+  EXPECT_TRUE(found) << devices.out;
+}
+
+TEST(CliTest, UnreachableServerExitsFour) {
+  // Port 1 (tcpmux) is not served here; the connection is refused at once.
+  const RunResult r = Memest({"estimate", "--preset", "gpt2-small", "--server", "127.0.0.1:1",
+                              "--deadline-ms", "3000"});
+  EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1"));
+}
+
+// The real server on port 0: the CLI's answers over gRPC equal the local ones, errors keep
+// their field names and exit codes, and SIGTERM stops the server cleanly.
+TEST(CliTest, AgainstRealServer) {
+  Child server({kServer, "--address", "127.0.0.1:0"});
+  ASSERT_TRUE(server.started());
+  const std::string address =
+      server.WaitForLine("memest-server listening on ", std::chrono::seconds(20));
+  ASSERT_THAT(address, HasSubstr("127.0.0.1:")) << server.Output();
+
+  const RunResult remote = Memest(SmallGpt2({"--server", address, "--json"}));
+  ASSERT_EQ(remote.exit_code, 0) << remote.err;
+  const RunResult local = Memest(SmallGpt2({"--local", "--json"}));
+  ASSERT_EQ(local.exit_code, 0) << local.err;
+  EXPECT_EQ(nlohmann::json::parse(remote.out), nlohmann::json::parse(local.out));
+
+  const RunResult table = Memest(SmallGpt2({"--server", address, "--capacity", "1GiB"}));
+  EXPECT_EQ(table.exit_code, 2) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("DOES NOT FIT"));
+
+  const RunResult bad = Memest({"estimate", "--server", address, "--preset", "gpt2-small",
+                                "--batch=-4"});
+  EXPECT_EQ(bad.exit_code, 3);
+  EXPECT_THAT(bad.err, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(bad.err, HasSubstr("batch_size"));
+
+  const RunResult presets = Memest({"presets", "--server", address});
+  EXPECT_EQ(presets.exit_code, 0) << presets.err;
+  EXPECT_THAT(presets.out, HasSubstr("gpt2-small"));
+  const RunResult devices = Memest({"devices", "--server", address});
+  EXPECT_EQ(devices.exit_code, 0) << devices.err;
+  EXPECT_THAT(devices.out, HasSubstr("h100-80gb"));
+
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << server.Output();
+}
+
+}  // namespace
+}  // namespace memest

@@ -1,0 +1,145 @@
+// Unit tests of the CLI's pieces that need no engine: flags to request, capacities, units.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "client/cli/capacity.h"
+#include "client/cli/flags.h"
+#include "client/cli/units.h"
+
+namespace memest::cli {
+namespace {
+
+TEST(ParseCapacityTest, AcceptsBytesAndUnits) {
+  struct Case {
+    const char* text;
+    int64_t bytes;
+  };
+  const Case cases[] = {
+      {"85899345920", 85899345920},
+      {"80GiB", int64_t{80} << 30},
+      {"80 GiB", int64_t{80} << 30},
+      {"80gib", int64_t{80} << 30},
+      {"80G", int64_t{80} << 30},
+      {"80GB", 80'000'000'000},
+      {"512MiB", int64_t{512} << 20},
+      {"1.5TiB", int64_t{3} << 39},
+      {"24KB", 24'000},
+  };
+  for (const Case& c : cases) {
+    StatusOr<int64_t> bytes = ParseCapacity(c.text);
+    ASSERT_TRUE(bytes.ok()) << c.text << ": " << bytes.status().ToString();
+    EXPECT_EQ(*bytes, c.bytes) << c.text;
+  }
+}
+
+TEST(ParseCapacityTest, RefusesNamingTheFlag) {
+  for (const char* text : {"", "GiB", "-5GiB", "0", "80 parsecs", "1.5", "9e30", "nan"}) {
+    StatusOr<int64_t> bytes = ParseCapacity(text);
+    ASSERT_FALSE(bytes.ok()) << text;
+    EXPECT_EQ(bytes.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(bytes.status().message().find("--capacity"), std::string::npos) << text;
+  }
+}
+
+TEST(FormatBytesTest, BinaryUnitsWithThreeFigures) {
+  EXPECT_EQ(FormatBytes(0), "0 B");
+  EXPECT_EQ(FormatBytes(1023), "1023 B");
+  EXPECT_EQ(FormatBytes(1536), "1.50 KiB");
+  EXPECT_EQ(FormatBytes(int64_t{475} << 20), "475 MiB");
+  EXPECT_EQ(FormatBytes(int64_t{1023} << 20), "1.00 GiB");  // never "1023 MiB" rounded up
+  EXPECT_EQ(FormatBytes((int64_t{80} << 30) - (int64_t{1} << 29)), "79.5 GiB");
+  EXPECT_EQ(FormatBytes(-(int64_t{2} << 30)), "-2.00 GiB");
+  EXPECT_EQ(FormatCount(124'439'808), "124M");
+  EXPECT_EQ(FormatCount(6'738'415'616), "6.74B");
+  EXPECT_EQ(FormatPercent(1, 4), "25.0%");
+  EXPECT_EQ(FormatPercent(1, 0), "-");
+}
+
+TEST(BuildEstimateRequestTest, MapsFlagsToTheRequest) {
+  EstimateFlags flags;
+  flags.preset = "gpt2-small";
+  flags.params = {"layers=6"};
+  flags.seq = 1024;
+  flags.batch = 8;
+  flags.grad_accum = 2;
+  flags.precision = "bf16";
+  flags.optimizer = "momentum";
+  flags.optimizer_impl = "fused";
+  flags.weight_decay = 0.1;
+  flags.keep_grads = true;
+  flags.checkpoint = "every-k";
+  flags.checkpoint_k = 3;
+  flags.first_step = true;
+  flags.device = "h100-80gb";
+  flags.no_advice = true;
+
+  StatusOr<v1::EstimateRequest> request = BuildEstimateRequest(flags);
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  const v1::Preset& preset = request->model().preset();
+  EXPECT_EQ(preset.name(), "gpt2-small");
+  EXPECT_EQ(preset.params().at("seq"), 1024);
+  EXPECT_EQ(preset.params().at("layers"), 6);
+  const v1::RunConfig& config = request->config();
+  EXPECT_EQ(config.batch_size(), 8);
+  EXPECT_EQ(config.grad_accum_steps(), 2);
+  EXPECT_EQ(config.precision(), v1::PRECISION_BF16_AMP);
+  EXPECT_EQ(config.optimizer().kind(), v1::OPTIMIZER_KIND_SGD_MOMENTUM);
+  EXPECT_EQ(config.optimizer().impl(), v1::OPTIMIZER_IMPL_FUSED);
+  EXPECT_DOUBLE_EQ(config.optimizer().weight_decay(), 0.1);
+  EXPECT_TRUE(config.zero_grad_keep_grads());
+  EXPECT_EQ(config.checkpoint().policy(), v1::CHECKPOINT_POLICY_EVERY_K_BLOCKS);
+  EXPECT_EQ(config.checkpoint().every_k(), 3);
+  EXPECT_EQ(config.step(), v1::STEP_KIND_FIRST_STEP);
+  EXPECT_EQ(config.device_name(), "h100-80gb");
+  EXPECT_TRUE(request->skip_advice());
+}
+
+TEST(BuildEstimateRequestTest, DefaultsLeaveTheEngineDefaults) {
+  EstimateFlags flags;
+  flags.preset = "mlp";
+  StatusOr<v1::EstimateRequest> request = BuildEstimateRequest(flags);
+  ASSERT_TRUE(request.ok());
+  const v1::RunConfig& config = request->config();
+  EXPECT_EQ(config.batch_size(), 1);
+  EXPECT_FALSE(config.has_grad_accum_steps());
+  EXPECT_EQ(config.precision(), v1::PRECISION_UNSPECIFIED);
+  EXPECT_FALSE(config.has_optimizer());
+  EXPECT_FALSE(config.has_checkpoint());
+  EXPECT_EQ(config.device_case(), v1::RunConfig::DEVICE_NOT_SET);
+  EXPECT_FALSE(request->skip_advice());
+}
+
+TEST(BuildEstimateRequestTest, CapacityAndModelFile) {
+  EstimateFlags flags;
+  flags.model_file = std::string(MEMEST_SOURCE_DIR) + "/examples/mlp.json";
+  flags.capacity = "24GiB";
+  StatusOr<v1::EstimateRequest> request = BuildEstimateRequest(flags);
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  EXPECT_TRUE(request->model().has_layers());
+  EXPECT_GT(request->model().layers().layers_size(), 0);
+  EXPECT_EQ(request->config().device_capacity_bytes(), uint64_t{24} << 30);
+}
+
+TEST(BuildEstimateRequestTest, RefusesConflictsNamingTheFlags) {
+  EstimateFlags both;
+  both.preset = "mlp";
+  both.model_file = "x.json";
+  EXPECT_NE(BuildEstimateRequest(both).status().message().find("--preset and --model"),
+            std::string::npos);
+
+  EstimateFlags device;
+  device.preset = "mlp";
+  device.device = "a100-80gb";
+  device.capacity = "80GiB";
+  EXPECT_NE(BuildEstimateRequest(device).status().message().find("--device and --capacity"),
+            std::string::npos);
+
+  EstimateFlags mode;
+  mode.preset = "mlp";
+  mode.mode = "serving";
+  EXPECT_NE(BuildEstimateRequest(mode).status().message().find("--mode"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace memest::cli
