@@ -96,10 +96,17 @@ StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
   const DeviceInfo fixed = device ? *device : BareDevice(0);
 
+  // Estimate() builds under autocast already; a graph built without it is replayed.
+  const DType half = IsAutocast(config.precision) ? ComputeDType(config.precision) : DType::kFloat32;
+  if (built.autocast != DType::kFloat32 && built.autocast != half) {
+    return FailedPrecondition(std::string("config.precision: the graph was built under ") +
+                              std::string(DTypeName(built.autocast)) + " autocast, not " +
+                              PrecisionName(config.precision));
+  }
   const Graph* graph = &built;
   Graph autocast;
-  if (IsAutocast(config.precision)) {
-    MEMEST_ASSIGN_OR_RETURN(autocast, ApplyAutocast(built, ComputeDType(config.precision)));
+  if (half != built.autocast) {
+    MEMEST_ASSIGN_OR_RETURN(autocast, ApplyAutocast(built, half));
     graph = &autocast;
   }
   CheckpointRegions regions;
@@ -150,6 +157,7 @@ StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
   ctx.param_dtype = ParameterDType(config.precision);
   ctx.generate_tokens = config.generate_tokens;
   ctx.max_ops = options.max_ops;
+  if (IsAutocast(config.precision)) ctx.autocast = ComputeDType(config.precision);
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));
   MEMEST_ASSIGN_OR_RETURN(Report report, EstimateGraph(graph, config, options));
   if (options.advice) report.advice = MakeAdvice(model, graph, config, report);

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/op_rules.h"
+#include "engine/passes.h"
 
 namespace memest {
 
@@ -142,12 +143,27 @@ int GraphBuilder::KvCache(std::string name, Shape shape, DType dtype) {
   return id;
 }
 
+void GraphBuilder::EnableAutocast(DType half) { graph_.autocast = half; }
+
 std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> inputs, Attrs attrs,
                                    std::vector<std::string> output_names) {
   if (!ok()) return {};
-  const std::string field =
-      context_.empty() ? std::string(kind) + " (" + (scope_.empty() ? "<root>" : scope_) + ")"
-                       : context_;
+  if (graph_.autocast != DType::kFloat32 && !in_autocast_) {
+    for (int id : inputs) {
+      if (id < 0 || id >= static_cast<int>(graph_.tensors.size())) {
+        Fail(InvalidArgument((context_.empty() ? std::string(kind) : context_) +
+                             ".inputs: no such tensor"));
+        return {};
+      }
+    }
+    in_autocast_ = true;
+    AutocastInputs(*this, kind, inputs, attrs);
+    in_autocast_ = false;
+    if (!ok()) return {};
+  }
+  // Errors point at the context a front end set ("model.ops[3]"); builder code without one
+  // (presets) gets the op kind, and the scope is added only if an error happens.
+  const std::string field = context_.empty() ? std::string(kind) : context_;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i] < 0 || inputs[i] >= static_cast<int>(graph_.tensors.size())) {
       Fail(InvalidArgument(field + ".inputs[" + std::to_string(i) + "]: no such tensor"));
@@ -163,7 +179,8 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   for (int id : op.inputs) call.inputs.push_back(&graph_.tensors[id]);
   StatusOr<std::vector<OutputSpec>> specs = InferOutputs(call);
   if (!specs.ok()) {
-    Fail(specs.status());
+    Fail(context_.empty() && !scope_.empty() ? specs.status().Prefixed(scope_ + ": ")
+                                             : specs.status());
     return {};
   }
   const int op_index = static_cast<int>(graph_.ops.size());
@@ -173,10 +190,7 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   for (size_t i = 0; i < specs->size(); ++i) {
     OutputSpec& s = (*specs)[i];
     Tensor t;
-    t.name = i < output_names.size() && !output_names[i].empty()
-                 ? output_names[i]
-                 : (scope_.empty() ? "" : scope_ + "/") + op.kind + "#" +
-                       std::to_string(op_index) + ":" + std::to_string(i);
+    if (i < output_names.size()) t.name = std::move(output_names[i]);
     t.strides = s.strides.empty() ? ContiguousStrides(s.shape) : std::move(s.strides);
     t.shape = std::move(s.shape);
     t.dtype = s.dtype;

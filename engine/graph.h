@@ -65,6 +65,9 @@ struct Graph {
   // Scopes of the model's repeated blocks in execution order (e.g. "h.0" .. "h.11"): the units
   // of block-wise checkpoint policies.
   std::vector<std::string> blocks;
+  // The dtype torch.autocast cast to while the graph was built (its casts are ops of the graph);
+  // float32 when it was built without autocast.
+  DType autocast = DType::kFloat32;
 
   int64_t ParameterCount() const;      // elements of all parameters
   int64_t TrainableParameterCount() const;
@@ -104,7 +107,8 @@ class GraphBuilder {
   int KvCache(std::string name, Shape shape, DType dtype);
 
   // Appends an op of `kind` and returns its outputs. `output_names` (optional) names them;
-  // unnamed outputs are called "<scope>/<kind>:<i>".
+  // other outputs stay unnamed (naming every activation would cost an allocation per tensor on
+  // the estimate's hot path; nothing reads activation names).
   std::vector<int> Add(std::string_view kind, std::vector<int> inputs, Attrs attrs = {},
                        std::vector<std::string> output_names = {});
   // Add() for ops with one output (or where only the first matters): returns -1 on error.
@@ -114,6 +118,9 @@ class GraphBuilder {
   int CopyLeaf(const Tensor& leaf);
   // Sets the scope of the ops added next (for passes replaying another graph's ops).
   void SetScope(std::string scope) { scope_ = std::move(scope); }
+  // From now on, ops are added as under torch.autocast(dtype=half): Add() first inserts the
+  // casts autocast would make of their inputs (engine/passes.h, AutocastInputs).
+  void EnableAutocast(DType half);
 
   // Module scopes: ops added between Push and Pop carry "outer.inner" scopes.
   void PushScope(std::string_view name);
@@ -140,8 +147,13 @@ class GraphBuilder {
   int AddLeaf(std::string name, Shape shape, DType dtype, TensorRole role, bool requires_grad,
               int batch_dim);
 
+  friend void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& inputs,
+                             Attrs& attrs);
+
   Graph graph_;
   Status status_;
+  bool in_autocast_ = false;           // inserting autocast's casts: not re-entered
+  std::vector<int> autocast_weights_;  // autocast's cache: parameter id -> its cast
   std::string scope_;
   std::vector<size_t> scope_marks_;
   std::string context_;

@@ -76,6 +76,8 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
   const LayerContext c{context.mode, context.param_dtype};
 
   GraphBuilder b;
+
+  if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   int x = b.Input("input", input_shape, input_dtype, 0);
   std::set<std::string> scopes;
   for (size_t i = 0; i < spec.layers.size(); ++i) {
@@ -192,6 +194,8 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
   }
 
   GraphBuilder b;
+
+  if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   std::unordered_map<std::string, int> ids;
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
     const TensorSpec& t = spec.tensors[i];

@@ -81,6 +81,9 @@ struct BuildContext {
   DType param_dtype = DType::kFloat32;  // from the precision policy
   int64_t generate_tokens = 0;          // inference: KV cache room beyond the prompt
   int64_t max_ops = 1'000'000;          // refuse larger graphs
+  // Build under torch.autocast to this dtype (float32: no autocast); the graph then holds the
+  // casts autocast makes, where it makes them.
+  DType autocast = DType::kFloat32;
 };
 
 // Builds the graph of one micro-batch. Errors name fields under "model." (for example

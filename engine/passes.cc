@@ -27,10 +27,24 @@ CastPolicy PolicyOf(std::string_view kind) {
   return CastPolicy::kNone;
 }
 
+// The names of op's outputs, empty when none is named (the common case: no allocation).
+std::vector<std::string> OutputNames(const Graph& g, const Op& op) {
+  std::vector<std::string> names;
+  for (size_t k = 0; k < op.outputs.size(); ++k) {
+    const std::string& n = g.tensors[op.outputs[k]].name;
+    if (n.empty()) continue;
+    names.resize(op.outputs.size());
+    names[k] = n;
+  }
+  return names;
+}
+
 }  // namespace
 
-StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit) {
+StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional<DType> autocast) {
   GraphBuilder b;
+  const DType half = autocast.value_or(g.autocast);
+  if (half != DType::kFloat32) b.EnableAutocast(half);
   std::vector<int> map(g.tensors.size(), -1);
   for (size_t t = 0; t < g.tensors.size(); ++t) {
     if (g.tensors[t].producer < 0) map[t] = b.CopyLeaf(g.tensors[t]);
@@ -45,9 +59,7 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit) {
         if (map[t] < 0) return Internal("replay: op " + std::to_string(i) + " reads a dropped tensor");
         inputs.push_back(map[t]);
       }
-      std::vector<std::string> names;
-      for (int o : op.outputs) names.push_back(g.tensors[o].name);
-      std::vector<int> outs = b.Add(op.kind, std::move(inputs), op.attrs, std::move(names));
+      std::vector<int> outs = b.Add(op.kind, std::move(inputs), op.attrs, OutputNames(g, op));
       for (size_t k = 0; k < outs.size(); ++k) map[op.outputs[k]] = outs[k];
     }
     if (!b.ok()) return b.status();
@@ -58,46 +70,41 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit) {
   return out;
 }
 
-StatusOr<Graph> ApplyAutocast(const Graph& g, DType half) {
-  std::vector<int> weight_cast(g.tensors.size(), -1);  // autocast's cache, by new tensor id
-  auto emit = [&](int i, GraphBuilder& b, std::vector<int>& map) {
-    const Op& op = g.ops[i];
-    auto cast = [&](int t, DType to) {
-      const Tensor& src = b.tensor(t);
-      const bool weight = src.role == TensorRole::kParameter && src.requires_grad &&
-                          src.dtype == DType::kFloat32 && to == half;
-      if (weight && t < static_cast<int>(weight_cast.size()) && weight_cast[t] >= 0) {
-        return weight_cast[t];
-      }
-      Attrs attrs{{"dtype", std::string(DTypeName(to))}};
-      if (weight) attrs["autocast_weight"] = int64_t{1};
-      const int out = b.Add1("to", {t}, std::move(attrs));
-      if (weight && t < static_cast<int>(weight_cast.size())) weight_cast[t] = out;
-      return out;
-    };
-    std::vector<int> inputs;
-    for (int t : op.inputs) inputs.push_back(map[t]);
-    Attrs attrs = op.attrs;
-    const CastPolicy policy = PolicyOf(op.kind);
-    for (int& t : inputs) {
-      const DType d = b.tensor(t).dtype;
-      if (!IsFloating(d) || d == DType::kFloat64) continue;
-      if (policy == CastPolicy::kLowerPrecision && d != half) t = cast(t, half);
-      if (policy == CastPolicy::kFloat32 && d != DType::kFloat32) t = cast(t, DType::kFloat32);
-      if (policy == CastPolicy::kSoftmax && d != DType::kFloat32) {
-        // softmax(x, dtype=float): half inputs go straight in (half_to_float), others are
-        // converted first.
-        if (d == DType::kFloat16) attrs["half_to_float"] = int64_t{1};
-        else t = cast(t, DType::kFloat32);
-      }
+void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& inputs, Attrs& attrs) {
+  const DType half = b.graph_.autocast;
+  const CastPolicy policy = PolicyOf(kind);
+  if (policy == CastPolicy::kNone) return;
+  auto cast = [&](int t, DType to) {
+    const Tensor& src = b.tensor(t);
+    const bool weight = src.role == TensorRole::kParameter && src.requires_grad &&
+                        src.dtype == DType::kFloat32 && to == half;
+    if (weight) {
+      if (b.autocast_weights_.size() <= static_cast<size_t>(t)) b.autocast_weights_.resize(t + 1, -1);
+      if (b.autocast_weights_[t] >= 0) return b.autocast_weights_[t];
     }
-    std::vector<std::string> names;
-    for (int o : op.outputs) names.push_back(g.tensors[o].name);
-    std::vector<int> outs = b.Add(op.kind, std::move(inputs), std::move(attrs), std::move(names));
-    for (size_t k = 0; k < outs.size(); ++k) map[op.outputs[k]] = outs[k];
-    return true;
+    Attrs cast_attrs{{"dtype", std::string(DTypeName(to))}};
+    if (weight) cast_attrs["autocast_weight"] = int64_t{1};
+    const int out = b.Add1("to", {t}, std::move(cast_attrs));
+    if (weight) b.autocast_weights_[t] = out;
+    return out;
   };
-  StatusOr<Graph> out = ReplayGraph(g, emit);
+  for (int& t : inputs) {
+    const DType d = b.tensor(t).dtype;
+    if (!IsFloating(d) || d == DType::kFloat64) continue;
+    if (policy == CastPolicy::kLowerPrecision && d != half) t = cast(t, half);
+    if (policy == CastPolicy::kFloat32 && d != DType::kFloat32) t = cast(t, DType::kFloat32);
+    if (policy == CastPolicy::kSoftmax && d != DType::kFloat32) {
+      // softmax(x, dtype=float): half inputs go straight in (half_to_float), others are
+      // converted first.
+      if (d == DType::kFloat16) attrs["half_to_float"] = int64_t{1};
+      else t = cast(t, DType::kFloat32);
+    }
+  }
+}
+
+StatusOr<Graph> ApplyAutocast(const Graph& g, DType half) {
+  StatusOr<Graph> out = ReplayGraph(g, [](int, GraphBuilder&, std::vector<int>&) { return false; },
+                                    half);
   if (!out.ok()) return out.status().Prefixed("autocast: ");
   return out;
 }

@@ -614,6 +614,7 @@ StatusOr<Graph> BuildPreset(const PresetSpec& spec, const BuildContext& context)
                            Str(context.generate_tokens));
   }
   GraphBuilder b;
+  if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   MEMEST_RETURN_IF_ERROR(preset->build(b, context, values));
   return b.Finish(context.max_ops);
 }

@@ -98,6 +98,11 @@ class StepSimulator {
     param_grad_.assign(n, -1);
     pending_.assign(n, Pending{});
     op_saved_.resize(g.ops.size());
+    memo_.resize(g.ops.size());
+    // About a context, a few allocations and frees per op, forward and backward.
+    s_.events.reserve(g.ops.size() * 12 + g.tensors.size());
+    s_.contexts.reserve(g.ops.size() * 2 + 8);
+    has_memo_.assign(g.ops.size(), false);
   }
 
   Schedule Run() {
@@ -319,12 +324,17 @@ class StepSimulator {
       workspace_seen_ = true;
       AllocWorkspace();
     }
-    const OpCall call = MakeCall(i, grad);
     const OpRule* rule = FindOpRule(op.kind);
     // In eval mode dropout returns its input: no output, no mask.
-    const OpMemory mem = !training_ && rule && rule->identity_in_eval ? OpMemory{} : OpMemoryOf(call);
+    OpMemory local;
+    if (training_ || !rule || !rule->identity_in_eval) local = OpMemoryOf(MakeCall(i, grad));
+    if (grad) {  // backward asks the same rule the same question: keep the answer
+      memo_[i] = std::move(local);
+      has_memo_[i] = true;
+    }
+    const OpMemory& mem = grad ? memo_[i] : local;
     const bool weight_cast = op.kind == "to" && HasAttr(op.attrs, "autocast_weight");
-    LayerRow* row = mb_ == 0 && !recompute ? &LayerFor(op.scope) : nullptr;
+    LayerRow* row = mb_ == 0 && !recompute ? &LayerFor(i) : nullptr;
     for (int o : op.outputs) {
       const int s = base_[o];
       if (s != o || st.buffer[s] >= 0) continue;
@@ -546,8 +556,11 @@ class StepSimulator {
       workspace_seen_bwd_ = true;
       AllocWorkspace();
     }
-    const OpCall call = MakeCall(i, true);
-    const OpMemory mem = OpMemoryOf(call);
+    if (!has_memo_[i]) {
+      memo_[i] = OpMemoryOf(MakeCall(i, true));
+      has_memo_[i] = true;
+    }
+    const OpMemory& mem = memo_[i];
     const int out0 = op.outputs[0];
     struct Flow {
       int tensor, grad;
@@ -661,13 +674,18 @@ class StepSimulator {
     }
   }
 
-  LayerRow& LayerFor(const std::string& scope) {
+  // The row of op i's scope; ops of one scope are usually adjacent, so the previous op's row is
+  // tried before the map.
+  LayerRow& LayerFor(int i) {
+    const std::string& scope = g_.ops[i].scope;
+    if (last_row_ >= 0 && s_.layers[last_row_].scope == scope) return s_.layers[last_row_];
     auto it = layer_index_.find(scope);
     if (it == layer_index_.end()) {
       it = layer_index_.emplace(scope, s_.layers.size()).first;
       s_.layers.push_back(LayerRow{scope});
     }
-    return s_.layers[it->second];
+    last_row_ = static_cast<int>(it->second);
+    return s_.layers[last_row_];
   }
 
   void FillParameterBytes() {
@@ -692,8 +710,11 @@ class StepSimulator {
   std::vector<GradBuf> grads_;
   std::vector<Pending> pending_;
   std::vector<SavedByOp> op_saved_;
+  std::vector<OpMemory> memo_;  // each op's memory behaviour with grad enabled
+  std::vector<bool> has_memo_;
   std::map<std::string, size_t> layer_index_;
   Schedule s_;
+  int last_row_ = -1;
   int next_buffer_ = 0;
   int mb_ = 0;
   int workspaces_ = 0;
