@@ -22,6 +22,7 @@ readonly PACKAGES=(
   libspdlog-dev
   libcli11-dev
   nlohmann-json3-dev
+  libyaml-cpp-dev
   libgtest-dev
   libgmock-dev
   libbenchmark-dev

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "client/cli/capacity.h"
+#include "client/cli/yaml_json.h"
 
 namespace memest::cli {
 namespace {
@@ -185,7 +186,7 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(model)->type_name("NAME=INT");
   app->add_option("--seq", f->seq, "sequence length: shortcut for --param seq=N")->group(model);
   app->add_option("--model", f->model_file,
-                  "model file: JSON, the proto JSON mapping of memest.v1.Model")
+                  "model file: the proto JSON mapping of memest.v1.Model, in JSON or (.yaml/.yml) YAML")
       ->group(model)->type_name("FILE");
 
   const char* run = "Run";
@@ -247,13 +248,20 @@ StatusOr<v1::Model> ReadModelFile(const std::string& path) {
   if (!in) return InvalidArgument("--model " + path + ": cannot open the file");
   std::stringstream text;
   text << in.rdbuf();
+  std::string json = text.str();
+  const bool yaml = IsYamlPath(path);
+  if (yaml) {
+    StatusOr<std::string> converted = YamlToJson(json);
+    if (!converted.ok()) return converted.status().Prefixed("--model " + path + ": ");
+    json = *std::move(converted);
+  }
   v1::Model model;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
-  const auto status = google::protobuf::util::JsonStringToMessage(text.str(), &model, options);
+  const auto status = google::protobuf::util::JsonStringToMessage(json, &model, options);
   if (!status.ok()) {
-    return InvalidArgument("--model " + path + ": not a memest.v1.Model in JSON: " +
-                           std::string(status.message()));
+    return InvalidArgument("--model " + path + ": not a memest.v1.Model in " +
+                           (yaml ? "YAML" : "JSON") + ": " + std::string(status.message()));
   }
   return model;
 }

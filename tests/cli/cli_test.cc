@@ -128,7 +128,33 @@ TEST_P(ExampleModelTest, EstimatesLocally) {
 
 INSTANTIATE_TEST_SUITE_P(Examples, ExampleModelTest,
                          ::testing::Values(ExampleCase{"mlp.json", "fc1"},
+                                           ExampleCase{"mlp.yaml", "fc1"},
                                            ExampleCase{"swish.json", "act"}));
+
+// examples/mlp.yaml is examples/mlp.json in YAML: the answers are the same to the byte.
+TEST(CliTest, YamlAndJsonModelFilesAgree) {
+  auto estimate = [](const std::string& file) {
+    const RunResult r = Memest({"estimate", "--local", "--model", kSourceDir + "/examples/" + file,
+                                "--batch", "64", "--json", "--no-advice"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  EXPECT_EQ(estimate("mlp.yaml"), estimate("mlp.json"));
+}
+
+TEST(CliTest, YamlSyntaxErrorNamesFileAndLine) {
+  const std::string path = ::testing::TempDir() + "/bad-model.yaml";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("layers:\n  input_shape: [8\n  loss: sum\n", f);
+    std::fclose(f);
+  }
+  const RunResult r = Memest({"estimate", "--local", "--model", path});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.err, HasSubstr(path));
+  EXPECT_THAT(r.err, HasSubstr("line"));
+}
 
 // What the README says of examples/swish.json: the advice names silu.
 TEST(CliTest, SwishExampleAdvisesSilu) {
