@@ -14,7 +14,9 @@ namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-Status ValidateContext(const BuildContext& context) {
+}  // namespace
+
+Status ValidateBuildContext(const BuildContext& context) {
   if (context.micro_batch <= 0) {
     return InvalidArgument("config.batch_size: the micro-batch must be positive, got " +
                            Str(context.micro_batch));
@@ -25,6 +27,8 @@ Status ValidateContext(const BuildContext& context) {
   }
   return Status::Ok();
 }
+
+namespace {
 
 // Sizes must be positive for a model's input (a zero-size batch predicts nothing useful) and
 // non-negative for declared tensors; both must fit in bytes.
@@ -41,7 +45,7 @@ Status ValidateShape(const Shape& shape, DType dtype, const std::string& field, 
 }  // namespace
 
 StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) {
-  MEMEST_RETURN_IF_ERROR(ValidateContext(context));
+  MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
   if (const auto* preset = std::get_if<PresetSpec>(&model.source)) {
     return BuildPreset(*preset, context);
   }
@@ -55,7 +59,7 @@ StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) 
 // Layer models.
 
 StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& context) {
-  MEMEST_RETURN_IF_ERROR(ValidateContext(context));
+  MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
   if (spec.layers.empty()) return InvalidArgument("model.layers: must list at least one layer");
   if (spec.loss != "sum" && spec.loss != "mse" && spec.loss != "cross_entropy") {
     return InvalidArgument("model.loss: must be one of cross_entropy, mse, sum, got '" + spec.loss +
@@ -148,7 +152,7 @@ bool DimMatches(int64_t declared, int64_t inferred, int64_t traced, int64_t micr
 }  // namespace
 
 StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& context) {
-  MEMEST_RETURN_IF_ERROR(ValidateContext(context));
+  MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
   if (spec.traced_batch < 0) {
     return InvalidArgument("model.traced_batch: must be non-negative, got " +
                            Str(spec.traced_batch));

@@ -86,6 +86,10 @@ struct BuildContext {
   DType autocast = DType::kFloat32;
 };
 
+// Checks the context every front end relies on (a positive micro-batch, non-negative
+// generate_tokens); errors name the config field they come from.
+Status ValidateBuildContext(const BuildContext& context);
+
 // Builds the graph of one micro-batch. Errors name fields under "model." (for example
 // "model.layers[3].attrs.out_features: must be positive, got -4").
 StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context);

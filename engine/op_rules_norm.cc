@@ -30,6 +30,15 @@ bool AnyNeedsGrad(const OpCall& c) {
   return false;
 }
 
+// Normalisations keep their input and two float32 statistics (mean and rstd / invstd).
+void SaveInputAndStats(const OpCall& c, const Shape& stats, const char* mean, const char* rstd,
+                       OpMemory* m) {
+  const DType acc = AccType(c.in(0).dtype);
+  m->saved_inputs.push_back(0);
+  m->saved_extras.push_back(AllocOf(stats, acc, mean));
+  m->saved_extras.push_back(AllocOf(stats, acc, rstd));
+}
+
 StatusOr<int64_t> NormalizedNdim(const OpCall& c) {
   MEMEST_ASSIGN_OR_RETURN(int64_t n, IntAttr(c.op.attrs, "normalized_ndim", 1, c.field));
   if (n < 1 || n > static_cast<int64_t>(c.in(0).shape.size())) {
@@ -53,10 +62,7 @@ void LayerNormMemory(const OpCall& c, OpMemory* m) {
   StatusOr<int64_t> n = NormalizedNdim(c);
   Shape stats = c.in(0).shape;
   for (int64_t i = 0; i < (n.ok() ? *n : 1); ++i) stats[stats.size() - 1 - i] = 1;
-  const DType acc = AccType(c.in(0).dtype);
-  m->saved_inputs.push_back(0);
-  m->saved_extras.push_back(AllocOf(stats, acc, "layer_norm mean"));
-  m->saved_extras.push_back(AllocOf(stats, acc, "layer_norm rstd"));
+  SaveInputAndStats(c, stats, "layer_norm mean", "layer_norm rstd", m);
 }
 
 StatusOr<std::vector<OutputSpec>> InferBatchNorm(const OpCall& c) {
@@ -74,11 +80,7 @@ StatusOr<std::vector<OutputSpec>> InferBatchNorm(const OpCall& c) {
 
 void BatchNormMemory(const OpCall& c, OpMemory* m) {
   if (!AnyNeedsGrad(c)) return;
-  const Shape channels{c.in(0).shape[1]};
-  const DType acc = AccType(c.in(0).dtype);
-  m->saved_inputs.push_back(0);
-  m->saved_extras.push_back(AllocOf(channels, acc, "batch_norm save_mean"));
-  m->saved_extras.push_back(AllocOf(channels, acc, "batch_norm save_invstd"));
+  SaveInputAndStats(c, {c.in(0).shape[1]}, "batch_norm save_mean", "batch_norm save_invstd", m);
 }
 
 StatusOr<std::vector<OutputSpec>> InferGroupNorm(const OpCall& c) {
@@ -97,11 +99,8 @@ StatusOr<std::vector<OutputSpec>> InferGroupNorm(const OpCall& c) {
 void GroupNormMemory(const OpCall& c, OpMemory* m) {
   if (!AnyNeedsGrad(c)) return;
   StatusOr<int64_t> groups = IntAttr(c.op.attrs, "num_groups", 1, c.field);
-  const Shape stats{c.in(0).shape[0], groups.ok() ? *groups : 1};
-  const DType acc = AccType(c.in(0).dtype);
-  m->saved_inputs.push_back(0);
-  m->saved_extras.push_back(AllocOf(stats, acc, "group_norm mean"));
-  m->saved_extras.push_back(AllocOf(stats, acc, "group_norm rstd"));
+  SaveInputAndStats(c, {c.in(0).shape[0], groups.ok() ? *groups : 1}, "group_norm mean",
+                    "group_norm rstd", m);
 }
 
 StatusOr<std::vector<OutputSpec>> InferRmsNorm(const OpCall& c) {

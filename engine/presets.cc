@@ -605,14 +605,7 @@ StatusOr<Graph> BuildPreset(const PresetSpec& spec, const BuildContext& context)
     }
     it->second = value;
   }
-  if (context.micro_batch <= 0) {
-    return InvalidArgument("config.batch_size: the micro-batch must be positive, got " +
-                           Str(context.micro_batch));
-  }
-  if (context.generate_tokens < 0) {
-    return InvalidArgument("config.generate_tokens: must be non-negative, got " +
-                           Str(context.generate_tokens));
-  }
+  MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
   GraphBuilder b;
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   MEMEST_RETURN_IF_ERROR(preset->build(b, context, values));

@@ -2,6 +2,8 @@
 // rescaling from the traced batch, and the loss.
 #include <gtest/gtest.h>
 
+#include "tests/engine/test_graphs.h"
+
 #include <cmath>
 #include <limits>
 #include <string>
@@ -15,11 +17,7 @@ namespace {
 
 BuildContext Context(int64_t micro_batch = 8, Mode mode = Mode::kTraining,
                      DType dtype = DType::kFloat32) {
-  BuildContext c;
-  c.micro_batch = micro_batch;
-  c.mode = mode;
-  c.param_dtype = dtype;
-  return c;
+  return enginetest::MakeContext(micro_batch, mode, dtype);
 }
 
 TensorSpec Leaf(std::string name, Shape shape, TensorRole role, DType dtype = DType::kFloat32,

@@ -13,8 +13,8 @@
 namespace memest {
 namespace {
 
-using testing::PlainTraining;
-using testing::SavedBytes;
+using enginetest::PlainTraining;
+using enginetest::SavedBytes;
 
 struct OpCase {
   const char* name;
@@ -131,7 +131,7 @@ TEST(OpRuleTest, LinearKeepsItsInputNotItsOutput) {
   b.SetLoss(b.Add1("sum", {y}));
   StatusOr<Graph> g = b.Finish();
   ASSERT_TRUE(g.ok());
-  EXPECT_EQ(testing::SavedBytes(*g, PlainTraining(), "op"), 128);  // x; the weight is a parameter
+  EXPECT_EQ(enginetest::SavedBytes(*g, PlainTraining(), "op"), 128);  // x; the weight is a parameter
 }
 
 TEST(OpRuleTest, CrossEntropyKeepsLogSoftmax) {
@@ -147,7 +147,7 @@ TEST(OpRuleTest, CrossEntropyKeepsLogSoftmax) {
   b.SetLoss(loss);
   StatusOr<Graph> g = b.Finish();
   ASSERT_TRUE(g.ok());
-  EXPECT_EQ(testing::SavedBytes(*g, PlainTraining(), "op"), 160);  // log_softmax [4, 10] float32
+  EXPECT_EQ(enginetest::SavedBytes(*g, PlainTraining(), "op"), 160);  // log_softmax [4, 10] float32
 }
 
 TEST(OpRuleTest, UnknownKindNamesTheFieldAndTheVocabulary) {

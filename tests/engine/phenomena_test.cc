@@ -10,8 +10,8 @@
 namespace memest {
 namespace {
 
-using testing::Cat;
-using testing::PlainTraining;
+using enginetest::Cat;
+using enginetest::PlainTraining;
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 constexpr int64_t kMiB = int64_t{1} << 20;
@@ -145,8 +145,8 @@ Graph SwishNet(bool manual) {
 TEST(SeedPhenomena, ManualSwishKeepsOneMoreTensor) {
   const int64_t act = 4096 * 256 * 4;
   RunConfig c = PlainTraining();
-  EXPECT_EQ(testing::SavedBytes(SwishNet(true), c, "act"), 2 * act);
-  EXPECT_EQ(testing::SavedBytes(SwishNet(false), c, "act"), act);
+  EXPECT_EQ(enginetest::SavedBytes(SwishNet(true), c, "act"), 2 * act);
+  EXPECT_EQ(enginetest::SavedBytes(SwishNet(false), c, "act"), act);
   const Graph manual = SwishNet(true);
   const Report r = MustEstimate(manual, c);
   EXPECT_TRUE(HasAdvice(MakeAdvice(ModelSpec{}, manual, c, r), "fused_activation", act));
@@ -212,8 +212,8 @@ TEST(SeedPhenomena, ScalingTheScoresByAConstantKeepsNothing) {
   const int64_t scores = 2048LL * 2048 * 4;
   const Graph divide = Attention(Scale::kScores), scaled = Attention(Scale::kQueriesAndKeys);
   const Graph learned = Attention(Scale::kLearnedTemperature);
-  EXPECT_EQ(testing::SavedBytes(divide, c, "core"), testing::SavedBytes(scaled, c, "core"));
-  EXPECT_EQ(testing::SavedBytes(learned, c, "core"), testing::SavedBytes(divide, c, "core") + scores);
+  EXPECT_EQ(enginetest::SavedBytes(divide, c, "core"), enginetest::SavedBytes(scaled, c, "core"));
+  EXPECT_EQ(enginetest::SavedBytes(learned, c, "core"), enginetest::SavedBytes(divide, c, "core") + scores);
   const Report rd = MustEstimate(divide, c), rs = MustEstimate(scaled, c);
   EXPECT_EQ(Phase_(rd, Phase::kForward).allocated_bytes, Phase_(rs, Phase::kForward).allocated_bytes);
   EXPECT_EQ(rd.peak.allocated_bytes, rs.peak.allocated_bytes);

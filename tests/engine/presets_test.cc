@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/engine/test_graphs.h"
+
 #include <set>
 #include <string>
 #include <vector>
@@ -11,11 +13,7 @@ namespace {
 
 BuildContext Context(int64_t micro_batch, Mode mode = Mode::kTraining,
                      DType dtype = DType::kFloat32) {
-  BuildContext c;
-  c.micro_batch = micro_batch;
-  c.mode = mode;
-  c.param_dtype = dtype;
-  return c;
+  return enginetest::MakeContext(micro_batch, mode, dtype);
 }
 
 StatusOr<Graph> Build(const std::string& name, std::map<std::string, int64_t> params = {},

@@ -7,10 +7,10 @@
 namespace memest {
 namespace {
 
-using testing::Cat;
-using testing::PhasePeak;
-using testing::PlainTraining;
-using testing::Walk;
+using enginetest::Cat;
+using enginetest::PhasePeak;
+using enginetest::PlainTraining;
+using enginetest::Walk;
 
 // x[4,256] -> linear(512) -> relu -> linear(10) -> cross_entropy(target[4] int64).
 // Sizes (each rounded up to 512 B by the allocator):
@@ -247,9 +247,9 @@ TEST(ScheduleTest, DropoutInEvalModeAllocatesNothing) {
   const int x = b.Input("x", {1024, 256}, DType::kFloat32);
   const int h = b.Add1("linear", {x, b.Parameter("w", {256, 256}, DType::kFloat32)});
   b.Add1("dropout", {h}, {{"p", 0.5}});
-  RunConfig c = testing::PlainTraining();
+  RunConfig c = enginetest::PlainTraining();
   c.mode = Mode::kInference;
-  const Liveness l = testing::Walk(b.Finish().value(), c);
+  const Liveness l = enginetest::Walk(b.Finish().value(), c);
   // params 256 KiB + x 1 MiB + h 1 MiB; dropout neither copies h nor makes a mask.
   EXPECT_EQ(l.peak.allocated_bytes, 256 * 1024 + 2 * 1024 * 1024);
 }

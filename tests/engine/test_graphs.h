@@ -7,10 +7,21 @@
 #include "engine/config.h"
 #include "engine/graph.h"
 #include "engine/liveness.h"
+#include "engine/model.h"
 #include "engine/schedule.h"
 
 namespace memest {
-namespace testing {
+namespace enginetest {
+
+// The context front ends build a micro-batch in.
+inline BuildContext MakeContext(int64_t micro_batch = 8, Mode mode = Mode::kTraining,
+                                DType dtype = DType::kFloat32) {
+  BuildContext c;
+  c.micro_batch = micro_batch;
+  c.mode = mode;
+  c.param_dtype = dtype;
+  return c;
+}
 
 // An fp32 SGD step (no optimizer state, no scratch) with no cuBLAS workspace: the arithmetic
 // of a test then involves only the graph's own tensors.
@@ -46,7 +57,7 @@ inline const PeakPoint& PhasePeak(const Liveness& l, Phase p) {
 
 inline int64_t Cat(const PeakPoint& p, Category c) { return p.by_category[static_cast<int>(c)]; }
 
-}  // namespace testing
+}  // namespace enginetest
 }  // namespace memest
 
 #endif  // MEMEST_TESTS_ENGINE_TEST_GRAPHS_H_
