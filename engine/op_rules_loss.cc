@@ -1,7 +1,8 @@
 // Rules for losses and the fused attention op.
 //
-// cross_entropy = log_softmax + nll_loss: log_softmax keeps its [N, C] result, nll_loss its
-// targets and a 0-dim total_weight; backward forms nll_loss_backward's [N, C] gradient, then
+// cross_entropy = log_softmax(x, dim, x.dtype) + nll_loss: log_softmax keeps its [N, C] result,
+// nll_loss its input (the same tensor; under autocast a float32 copy of it), its targets and a
+// 0-dim total_weight; backward forms nll_loss_backward's [N, C] gradient, then
 // _log_softmax_backward_data's. mse_loss keeps both operands. scaled_dot_product_attention is
 // modelled in its math form (_scaled_dot_product_attention_math): q and k^T are each scaled
 // by sqrt(scale) into new tensors that bmm keeps, the causal mask is built as an [L, S] bool
@@ -28,25 +29,32 @@ StatusOr<std::vector<OutputSpec>> InferCrossEntropy(const OpCall& c) {
                            ShapeToString(want) + " (or probabilities shaped like the logits), got " +
                            ShapeToString(t));
   }
-  MEMEST_ASSIGN_OR_RETURN(int64_t h2f, IntAttr(c.op.attrs, "half_to_float", 0, c.field));
-  return std::vector<OutputSpec>{{{}, h2f ? DType::kFloat32 : c.in(0).dtype}};
+  MEMEST_ASSIGN_OR_RETURN(int64_t f32, IntAttr(c.op.attrs, "nll_float32", 0, c.field));
+  return std::vector<OutputSpec>{{{}, f32 ? DType::kFloat32 : c.in(0).dtype}};
 }
 
-// log_softmax(x, dtype=float) of float16 logits (autocast) writes float32 directly.
-int64_t LogProbBytes(const OpCall& c) {
-  const bool h2f = IntAttr(c.op.attrs, "half_to_float", 0, c.field).value() != 0;
-  return Numel(c.in(0).shape) * (h2f ? 4 : DTypeSize(c.in(0).dtype));
+// Under autocast (attrs.nll_float32) nll_loss runs on a float32 copy of the half log-probs.
+bool NllFloat32(const OpCall& c) {
+  return IntAttr(c.op.attrs, "nll_float32", 0, c.field).value() != 0;
 }
 
 void CrossEntropyMemory(const OpCall& c, OpMemory* m) {
-  Alloc logp{LogProbBytes(c), "log_softmax of the logits"};
+  const int64_t n = Numel(c.in(0).shape);
+  Alloc logp{BytesOf(c.in(0)), "log_softmax of the logits"};
+  Alloc logp32{n * 4, "float32 copy of the log-probabilities (nll_loss under autocast)"};
+  const bool f32 = NllFloat32(c);
   if (!c.needs_grad(0)) {
     m->forward_temps.push_back(logp);
+    if (f32) m->forward_temps.push_back(logp32);
     return;
   }
-  m->saved_extras.push_back(logp);
+  m->saved_extras.push_back(logp);  // log_softmax keeps its result; nll_loss keeps its input
+  if (f32) m->saved_extras.push_back(logp32);
   if (!IsFloating(c.in(1).dtype)) m->saved_inputs.push_back(1);
-  m->backward_temps.push_back(Alloc{LogProbBytes(c), "nll_loss_backward gradient"});
+  // nll_loss_backward's [N, C] gradient (float32 under autocast, then cast back to the logits'
+  // dtype for _log_softmax_backward_data).
+  m->backward_temps.push_back(Alloc{f32 ? n * 4 : BytesOf(c.in(0)), "nll_loss_backward gradient"});
+  if (f32) m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "its cast to the logits' dtype"});
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
 }
 

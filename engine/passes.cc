@@ -6,13 +6,13 @@
 namespace memest {
 namespace {
 
-enum class CastPolicy { kNone, kLowerPrecision, kFloat32, kSoftmax };
+enum class CastPolicy { kNone, kLowerPrecision, kFloat32, kSoftmax, kCrossEntropy };
 
 CastPolicy PolicyOf(std::string_view kind) {
   static constexpr std::string_view kLower[] = {"linear", "addmm", "matmul", "bmm", "einsum",
                                                 "conv1d", "conv2d", "scaled_dot_product_attention"};
-  // cross_entropy is not on CUDA's list itself: it decomposes into log_softmax (float32 output,
-  // as softmax) and nll_loss (float32).
+  // cross_entropy is not on CUDA's list itself: it decomposes into log_softmax with an explicit
+  // dtype (the logits', which autocast keeps) and nll_loss (float32 list).
   static constexpr std::string_view kFp32[] = {"layer_norm", "group_norm", "mse_loss", "exp",
                                                "log1p", "rsqrt", "pow"};
   for (std::string_view k : kLower) {
@@ -21,9 +21,8 @@ CastPolicy PolicyOf(std::string_view kind) {
   for (std::string_view k : kFp32) {
     if (k == kind) return CastPolicy::kFloat32;
   }
-  if (kind == "softmax" || kind == "log_softmax" || kind == "cross_entropy") {
-    return CastPolicy::kSoftmax;
-  }
+  if (kind == "softmax" || kind == "log_softmax") return CastPolicy::kSoftmax;
+  if (kind == "cross_entropy") return CastPolicy::kCrossEntropy;
   return CastPolicy::kNone;
 }
 
@@ -93,6 +92,11 @@ void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& in
     if (!IsFloating(d) || d == DType::kFloat64) continue;
     if (policy == CastPolicy::kLowerPrecision && d != half) t = cast(t, half);
     if (policy == CastPolicy::kFloat32 && d != DType::kFloat32) t = cast(t, DType::kFloat32);
+    // cross_entropy_loss calls log_softmax(x, dim, x.scalar_type()): the log-probabilities stay
+    // in the logits' dtype; nll_loss, on the float32 list, then works on a float32 copy of them.
+    if (policy == CastPolicy::kCrossEntropy && d != DType::kFloat32 && &t == &inputs[0]) {
+      attrs["nll_float32"] = int64_t{1};
+    }
     if (policy == CastPolicy::kSoftmax && d != DType::kFloat32) {
       // softmax(x, dtype=float): half inputs go straight in (half_to_float), others are
       // converted first.

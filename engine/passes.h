@@ -25,10 +25,10 @@ StatusOr<Graph> ReplayGraph(const Graph& graph, const OpEmitter& emit,
 // Rewrites `graph` as torch.autocast(device_type="cuda", dtype=half) runs it: the inputs of
 // ops on CUDA autocast's lower-precision list (linear, addmm, matmul, bmm, einsum, conv,
 // scaled_dot_product_attention) are cast to `half`; the inputs of ops on its float32 list
-// (layer_norm, group_norm, mse_loss, exp, log1p, rsqrt, pow) are cast to float32; softmax,
-// log_softmax and cross_entropy (which decomposes into log_softmax and nll_loss) compute in
-// float32: float16 inputs directly (half_to_float), bfloat16 inputs through a transient float32
-// copy. Each cast is an explicit `to` op. A parameter is cast once per
+// (layer_norm, group_norm, mse_loss, exp, log1p, rsqrt, pow) are cast to float32; softmax and
+// log_softmax compute in float32 (float16 inputs directly, half_to_float; bfloat16 inputs
+// through a transient float32 copy); cross_entropy keeps half log-probabilities and nll_loss a
+// float32 copy of them (attrs.nll_float32). Each cast is an explicit `to` op. A parameter is cast once per
 // forward: the cast carries attrs.autocast_weight and autocast's cache holds it until the
 // autocast region (forward and loss) ends.
 // Graphs built with GraphBuilder::EnableAutocast(half) already are; this replays others.

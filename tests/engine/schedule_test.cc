@@ -256,3 +256,32 @@ TEST(ScheduleTest, DropoutInEvalModeAllocatesNothing) {
 
 }  // namespace
 }  // namespace memest
+
+namespace memest {
+namespace {
+
+// cross_entropy under bf16 autocast: log_softmax(x, dim, x.dtype) keeps bf16 log-probs and
+// nll_loss (float32 list) keeps a float32 copy: 2 + 4 bytes per logit, against 4 in fp32.
+TEST(ScheduleTest, CrossEntropyUnderAutocastKeepsHalfAndFloatLogProbs) {
+  auto saved = [](Precision p) {
+    GraphBuilder b;
+    if (IsAutocast(p)) b.EnableAutocast(ComputeDType(p));
+    const int x = b.Input("x", {512, 64}, DType::kFloat32);
+    const int y = b.Target("y", {512}, DType::kInt64);
+    const int logits = b.Add1("linear", {x, b.Parameter("w", {1000, 64}, DType::kFloat32)});
+    b.BeginLoss();
+    {
+      ScopeGuard s(b, "loss");
+      b.SetLoss(b.Add1("cross_entropy", {logits, y}));
+    }
+    RunConfig c = enginetest::PlainTraining();
+    c.precision = p;
+    return enginetest::SavedBytes(b.Finish().value(), c, "loss");
+  };
+  EXPECT_EQ(saved(Precision::kFp32), 512 * 1000 * 4);
+  EXPECT_EQ(saved(Precision::kBf16Amp), 512 * 1000 * (2 + 4));
+  EXPECT_EQ(saved(Precision::kFp16Amp), 512 * 1000 * (2 + 4));
+}
+
+}  // namespace
+}  // namespace memest
