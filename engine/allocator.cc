@@ -86,7 +86,9 @@ int CachingAllocatorModel::Malloc(int64_t bytes) {
   EraseFree(id);
   Block& b = blocks_[id];
   const int64_t remaining = b.size - size;
-  const bool split = small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+  // should_split: any remainder of 512 B or more in the small pool or with expandable
+  // segments; more than 1 MiB in the large pool otherwise.
+  const bool split = small || expandable_ ? remaining >= kMinBlockSize : remaining > kSmallSize;
   if (split) {
     Block rest;
     rest.addr = b.addr + size;

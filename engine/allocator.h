@@ -6,8 +6,8 @@
 // requests up to 1 MiB come from the small pool, carved out of 2 MiB segments; larger ones
 // from the large pool, out of 20 MiB segments below 10 MiB and segments rounded up to 2 MiB
 // above; a request takes the smallest free block that fits (best fit, lowest address on ties),
-// which is split when the rest is at least 512 bytes (small pool) or more than 1 MiB (large
-// pool); a freed block merges with free neighbours in its segment; segments are cached, never
+// which is split when the rest is at least 512 bytes (small pool, or any pool with expandable
+// segments) or more than 1 MiB (large pool); a freed block merges with free neighbours in its segment; segments are cached, never
 // returned. "Allocated" counts whole blocks, so an unsplit block counts in full. With
 // expandable_segments each pool is one segment that grows by whole pages (2 MiB small,
 // 20 MiB large) instead of taking new segments.

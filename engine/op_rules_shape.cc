@@ -23,6 +23,13 @@ void PassThrough(const OpCall& c, OpMemory* m) {
 }
 void FreshGrad(const OpCall& c, OpMemory* m) {}
 
+// sum hands back an expanded view of its gradient; when it summed into another dtype
+// (autocast's float32), autograd casts that view back: a fresh input-sized gradient.
+void SumMemory(const OpCall& c, OpMemory* m) {
+  const bool cast = c.out(0).dtype != c.in(0).dtype;
+  m->grad_flow.assign(1, cast ? GradFlow::kFresh : GradFlow::kPassThrough);
+}
+
 StatusOr<Shape> ResolveShape(const OpCall& c, const char* attr) {
   MEMEST_ASSIGN_OR_RETURN(std::vector<int64_t> shape, IntsAttr(c.op.attrs, attr, {}, c.field));
   if (!HasAttr(c.op.attrs, attr)) return InvalidArgument(AttrField(c, attr) + ": required");
@@ -259,6 +266,8 @@ StatusOr<std::vector<OutputSpec>> InferReduce(const OpCall& c) {
     else if (keepdim) out.push_back(1);
   }
   DType d = c.in(0).dtype;
+  MEMEST_ASSIGN_OR_RETURN(int64_t f32, IntAttr(c.op.attrs, "dtype_float32", 0, c.field));
+  if (f32 && IsFloating(d)) d = DType::kFloat32;  // sum(x, dtype=float32), as under autocast
   if (!IsFloating(d)) {
     if (c.op.kind == "mean") {
       return InvalidArgument(InputField(c, 0) + ": mean needs a floating tensor");
@@ -313,7 +322,7 @@ void RegisterShapeRules(std::vector<OpRule>* r) {
   r->push_back({"split", 1, 1, InferSplit, FreshGrad});
   r->push_back({"contiguous", 1, 1, InferContiguous, PassThrough});
   r->push_back({"cat", 1, -1, InferCat, PassThrough});
-  r->push_back({"sum", 1, 1, InferReduce, PassThrough});
+  r->push_back({"sum", 1, 1, InferReduce, SumMemory});
   r->push_back({"mean", 1, 1, InferReduce, FreshGrad});
   r->push_back({"arange", 0, 0, InferArange, FreshGrad});
   r->push_back({"embedding", 2, 2, InferEmbedding, EmbeddingMemory});

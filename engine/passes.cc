@@ -6,7 +6,7 @@
 namespace memest {
 namespace {
 
-enum class CastPolicy { kNone, kLowerPrecision, kFloat32, kSoftmax, kCrossEntropy };
+enum class CastPolicy { kNone, kLowerPrecision, kFloat32, kSoftmax, kCrossEntropy, kSum };
 
 CastPolicy PolicyOf(std::string_view kind) {
   static constexpr std::string_view kLower[] = {"linear", "addmm", "matmul", "bmm", "einsum",
@@ -23,6 +23,7 @@ CastPolicy PolicyOf(std::string_view kind) {
   }
   if (kind == "softmax" || kind == "log_softmax") return CastPolicy::kSoftmax;
   if (kind == "cross_entropy") return CastPolicy::kCrossEntropy;
+  if (kind == "sum") return CastPolicy::kSum;  // fp32_set_opt_dtype: accumulates into float32
   return CastPolicy::kNone;
 }
 
@@ -97,6 +98,7 @@ void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& in
     if (policy == CastPolicy::kCrossEntropy && d != DType::kFloat32 && &t == &inputs[0]) {
       attrs["nll_float32"] = int64_t{1};
     }
+    if (policy == CastPolicy::kSum && d != DType::kFloat32) attrs["dtype_float32"] = int64_t{1};
     if (policy == CastPolicy::kSoftmax && d != DType::kFloat32) {
       // softmax(x, dtype=float): half inputs go straight in (half_to_float), others are
       // converted first.

@@ -135,6 +135,10 @@ class StepSimulator {
   struct Pending {
     int grad = -1;  // index into grads_
     Strides strides;
+    // The same tensor object reached more than one input (add hands its incoming gradient to
+    // both operands): AccumulateGrad then copies it. A view of a shared storage (a slice of
+    // cat's gradient) is a handle of its own, and is stolen.
+    bool shared_handle = false;
   };
   struct SavedByOp {
     std::vector<std::pair<StorageTable*, int>> holds;
@@ -462,6 +466,10 @@ class StepSimulator {
       MaybeFree(rt, s);
     }
     for (int i = last; i >= first; --i) RunBackwardOp(i, true);
+    // PyTorch drops the recomputed graph when the checkpoint's backward returns: ops of the
+    // region that backward did not reach (dead branches) let go of what they saved now, while
+    // the recomputation's table is still alive.
+    for (int i = first; i <= last; ++i) ReleaseSaved(op_saved_[i]);
     for (int s : outputs) {
       --rt.pins[s];
       MaybeFree(rt, s);
@@ -565,8 +573,15 @@ class StepSimulator {
     struct Flow {
       int tensor, grad;
       Strides strides;
+      bool shared_handle = false;
     };
     std::vector<Flow> flows;
+    // View-like backwards hand each input a new view; the others the incoming tensor itself.
+    const bool new_handles = IsViewBackward(op.kind);
+    int passed = 0;
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      passed += mem.grad_flow[k] == GradFlow::kPassThrough;
+    }
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       if (mem.grad_flow[k] == GradFlow::kNone) continue;
       const Tensor& in = g_.tensors[op.inputs[k]];
@@ -574,7 +589,8 @@ class StepSimulator {
         Strides st;
         if (PassThroughStrides(op, static_cast<int>(k), pending_[out0].strides, &st)) {
           ++grads_[pending_[out0].grad].refs;
-          flows.push_back({op.inputs[k], pending_[out0].grad, st});
+          const bool shared = !new_handles && (passed >= 2 || pending_[out0].shared_handle);
+          flows.push_back({op.inputs[k], pending_[out0].grad, st, shared});
           continue;
         }
       }
@@ -595,13 +611,19 @@ class StepSimulator {
         pending_[o] = Pending{};
       }
     }
-    for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides));
+    for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides), f.shared_handle);
   }
 
-  void Deliver(int t, int grad, Strides strides) {
+  static bool IsViewBackward(const std::string& kind) {
+    return kind == "transpose" || kind == "permute" || kind == "reshape" || kind == "view" ||
+           kind == "flatten" || kind == "unsqueeze" || kind == "squeeze" || kind == "sum" ||
+           kind == "cat";
+  }
+
+  void Deliver(int t, int grad, Strides strides, bool shared_handle = false) {
     const Tensor& ten = g_.tensors[t];
     if (ten.role == TensorRole::kParameter) {
-      AccumulateGrad(t, grad, strides);
+      AccumulateGrad(t, grad, strides, shared_handle);
       return;
     }
     if (!ten.requires_grad) {
@@ -610,7 +632,7 @@ class StepSimulator {
     }
     Pending& p = pending_[t];
     if (p.grad < 0) {
-      p = {grad, std::move(strides)};
+      p = {grad, std::move(strides), shared_handle};
     } else if (grads_[p.grad].refs == 1 && IsDense(ten.shape, p.strides)) {
       Deref(grad);  // InputBuffer: old_var.add_(var) into the uniquely owned, dense one
     } else {
@@ -621,18 +643,19 @@ class StepSimulator {
     }
   }
 
-  void AccumulateGrad(int t, int grad, const Strides& strides) {
+  // AccumulateGrad: a first gradient whose tensor nobody else holds and whose layout matches
+  // the parameter's becomes .grad without a copy (and .grad keeps its storage, shared or not,
+  // alive: the reference is never given back); otherwise .grad is a copy.
+  void AccumulateGrad(int t, int grad, const Strides& strides, bool shared_handle) {
     const Tensor& p = g_.tensors[t];
     if (param_grad_[t] >= 0) {  // .grad exists: added in place
       Deref(grad);
       return;
     }
     GradBuf& gb = grads_[grad];
-    if (gb.refs == 1 && IsContiguous(p.shape, strides)) {  // stolen into .grad
+    if (!shared_handle && IsContiguous(p.shape, strides)) {  // stolen into .grad
       param_grad_[t] = gb.buffer;
       Retag(gb.buffer, Category::kGradients);  // a no-op when it was allocated as one
-      gb.buffer = -1;
-      gb.refs = 0;
       return;
     }
     param_grad_[t] = NewBuffer(Bytes(p.shape, p.dtype), Category::kGradients);  // a clone

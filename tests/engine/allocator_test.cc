@@ -88,3 +88,23 @@ TEST(AllocatorTest, ExpandableSegmentsGrowInsteadOfAdding) {
 
 }  // namespace
 }  // namespace memest
+
+namespace memest {
+namespace {
+
+// With expandable segments, should_split splits any remainder of at least 512 B, in the large
+// pool too: a 2.5 MiB request in a freed 3 MiB hole counts 2.5 MiB, not the whole 3 MiB.
+TEST(AllocatorTest, ExpandableSegmentsSplitLargeBlocksFinely) {
+  constexpr int64_t kMiB = 1 << 20;
+  for (bool expandable : {false, true}) {
+    CachingAllocatorModel a(expandable);
+    const int three = a.Malloc(3 * kMiB);
+    a.Malloc(17 * kMiB);
+    a.Free(three);
+    a.Malloc(5 * kMiB / 2);
+    EXPECT_EQ(a.allocated(), expandable ? 17 * kMiB + 5 * kMiB / 2 : 20 * kMiB) << expandable;
+  }
+}
+
+}  // namespace
+}  // namespace memest

@@ -1,6 +1,7 @@
 // One training step of small models, with every number derived by hand.
 #include <gtest/gtest.h>
 
+#include "engine/allocator.h"
 #include "engine/estimator.h"
 #include "tests/engine/test_graphs.h"
 
@@ -281,6 +282,87 @@ TEST(ScheduleTest, CrossEntropyUnderAutocastKeepsHalfAndFloatLogProbs) {
   EXPECT_EQ(saved(Precision::kFp32), 512 * 1000 * 4);
   EXPECT_EQ(saved(Precision::kBf16Amp), 512 * 1000 * (2 + 4));
   EXPECT_EQ(saved(Precision::kFp16Amp), 512 * 1000 * (2 + 4));
+}
+
+}  // namespace
+}  // namespace memest
+
+namespace memest {
+namespace {
+
+// A dead branch inside a checkpointed region (an op whose output needs grad but never reaches
+// the loss): the recomputed graph dies when the region's backward returns, so nothing of it is
+// alive while the ops before the region run their backward.
+TEST(ScheduleTest, RecomputedDeadBranchDiesWithTheRegion) {
+  auto pre_backward_peak = [](bool dead_branch) {
+    GraphBuilder b;
+    const int x = b.Input("x", {4096, 1024}, DType::kFloat32);
+    int h0, o;
+    {
+      ScopeGuard s(b, "pre");
+      h0 = b.Add1("gelu", {b.Add1("linear", {x, b.Parameter("w0", {1024, 1024}, DType::kFloat32)})});
+    }
+    {
+      ScopeGuard s(b, "blk");
+      const int h = b.Add1("linear", {h0, b.Parameter("w1", {1024, 1024}, DType::kFloat32)});
+      if (dead_branch) b.Add1("sigmoid", {h});
+      o = b.Add1("linear", {h, b.Parameter("w2", {1024, 1024}, DType::kFloat32)});
+    }
+    b.BeginLoss();
+    b.SetLoss(b.Add1("sum", {o}));
+    const Graph g = b.Finish().value();
+    RunConfig c = enginetest::PlainTraining();
+    c.checkpoint.policy = CheckpointPolicy::kScopes;
+    c.checkpoint.scopes = {"blk"};
+    const Schedule s = BuildSchedule(g, c, PlanCheckpoints(g, c.checkpoint).value(), {});
+    CachingAllocatorModel a;
+    std::vector<int> h(s.num_buffers, -1);
+    int ctx = -1;
+    int64_t peak = 0;
+    for (const Event& e : s.events) {
+      if (e.kind == EventKind::kContext) ctx = e.buffer;
+      if (e.kind == EventKind::kAlloc) h[e.buffer] = a.Malloc(e.bytes);
+      if (e.kind == EventKind::kFree && h[e.buffer] >= 0) {
+        a.Free(h[e.buffer]);
+        h[e.buffer] = -1;
+      }
+      const StepContext& sc = s.contexts[ctx];
+      if (sc.phase == Phase::kBackward && sc.op >= 0 && g.ops[sc.op].scope == "pre") {
+        peak = std::max(peak, a.allocated());
+      }
+    }
+    return peak;
+  };
+  EXPECT_EQ(pre_backward_peak(true), pre_backward_peak(false));
+}
+
+// Parameters joined by cat: each gets a slice of cat's gradient, a view of its own, which
+// AccumulateGrad steals: both .grad tensors share one storage, counted once (as PyTorch 1.13
+// shows: a.grad and b.grad share the storage of the cat gradient).
+TEST(ScheduleTest, CatOfParametersSharesOneGradientStorage) {
+  GraphBuilder b;
+  const int a = b.Parameter("a", {512, 1024}, DType::kFloat32);
+  const int c = b.Parameter("b", {512, 1024}, DType::kFloat32);
+  const int w = b.Add1("cat", {a, c}, {{"dim", int64_t{0}}});
+  const int x = b.Input("x", {1, 1024}, DType::kFloat32);
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {b.Add1("linear", {x, w})}));
+  const Liveness l = enginetest::Walk(b.Finish().value(), enginetest::PlainTraining());
+  EXPECT_EQ(Cat(PhasePeak(l, Phase::kOptimizerStep), Category::kGradients), 1024 * 1024 * 4);
+}
+
+// Under autocast sum accumulates a half tensor into float32 (no copy), and backward casts the
+// expanded gradient back: a fresh half-precision gradient as large as the input.
+TEST(ScheduleTest, SumUnderAutocastIsFloat32) {
+  GraphBuilder b;
+  b.EnableAutocast(DType::kBFloat16);
+  const int x = b.Input("x", {256, 1024}, DType::kFloat32);
+  const int y = b.Add1("linear", {x, b.Parameter("w", {1024, 1024}, DType::kFloat32)});
+  b.BeginLoss();
+  const int loss = b.Add1("sum", {y});
+  b.SetLoss(loss);
+  EXPECT_EQ(b.tensor(loss).dtype, DType::kFloat32);
+  EXPECT_EQ(b.tensor(y).dtype, DType::kBFloat16);
 }
 
 }  // namespace
