@@ -113,4 +113,12 @@ const char* CheckpointPolicyName(CheckpointPolicy p) {
   return "?";
 }
 
+const char* RuntimeName(Runtime r) {
+  switch (r) {
+    case Runtime::kCuda: return "cuda";
+    case Runtime::kCpuTorch113: return "cpu-1.13";
+  }
+  return "?";
+}
+
 }  // namespace memest

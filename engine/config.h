@@ -13,6 +13,14 @@ namespace memest {
 
 enum class Mode { kTraining, kInference };
 
+// What runs the step. memest predicts PyTorch 2.x on CUDA; the CPU runtime emulates PyTorch 1.13
+// on the CPU, where the conformance suite measures real PyTorch exactly: there is no caching
+// allocator (allocated bytes are the tensors' own), no cuBLAS workspace and no CUDA context, and
+// a few ops and the autograd engine behave as 1.13 does on the CPU (docs/op-rules.md lists them:
+// dropout keeps a float mask, mean over dims keeps its input, gradients of a tensor used twice
+// are summed out of place, foreach Adam keeps two lists of scratch, step counters are tensors).
+enum class Runtime { kCuda, kCpuTorch113 };
+
 enum class Precision {
   kFp32,      // everything in float32
   kFp16Amp,   // float32 parameters (the master weights), torch.autocast(float16), GradScaler
@@ -70,6 +78,7 @@ struct RunConfig {
   int64_t generate_tokens = 0;
   // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
   bool expandable_segments = false;
+  Runtime runtime = Runtime::kCuda;
 
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };
@@ -87,6 +96,7 @@ const char* PrecisionName(Precision p);
 const char* OptimizerKindName(OptimizerKind k);
 const char* OptimizerImplName(OptimizerImpl i);
 const char* CheckpointPolicyName(CheckpointPolicy p);
+const char* RuntimeName(Runtime r);
 
 }  // namespace memest
 

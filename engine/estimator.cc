@@ -56,8 +56,13 @@ StatusOr<std::optional<DeviceInfo>> ResolveDevice(const RunConfig& config) {
 
 void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegions& regions,
               bool has_device, Report* r) {
-  r->notes.push_back("CUDA caching allocator rounding and segments modelled (PyTorch 2.x); "
-                     "reserved memory assumes no other allocations in the process");
+  if (config.runtime == Runtime::kCpuTorch113) {
+    r->notes.push_back("runtime cpu-1.13: PyTorch 1.13 on the CPU, tensors counted at their own "
+                       "size (no caching allocator, no CUDA context, no cuBLAS workspace)");
+  } else {
+    r->notes.push_back("CUDA caching allocator rounding and segments modelled (PyTorch 2.x); "
+                       "reserved memory assumes no other allocations in the process");
+  }
   bool attention = false, conv = false;
   for (const Op& op : graph.ops) {
     attention |= op.scope.find(".core") != std::string::npos ||
@@ -85,7 +90,9 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
       r->notes.push_back("fp16 autocast: GradScaler's scalars are negligible and not listed");
     }
   }
-  if (!has_device) r->notes.push_back("no device given: CUDA context of a generic H100-class GPU");
+  if (!has_device && config.runtime == Runtime::kCuda) {
+    r->notes.push_back("no device given: CUDA context of a generic H100-class GPU");
+  }
 }
 
 }  // namespace
@@ -94,7 +101,9 @@ StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
                                const EstimateOptions& options) {
   MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
-  const DeviceInfo fixed = device ? *device : BareDevice(0);
+  DeviceInfo fixed = device ? *device : BareDevice(0);
+  const bool cpu = config.runtime == Runtime::kCpuTorch113;
+  if (cpu) fixed.cuda_context_bytes = fixed.cublas_workspace_bytes = 0;  // neither exists on a CPU
 
   // Estimate() builds under autocast already; a graph built without it is replayed.
   const DType half = IsAutocast(config.precision) ? ComputeDType(config.precision) : DType::kFloat32;
@@ -118,7 +127,8 @@ StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
   }
   const Schedule schedule =
       BuildSchedule(*graph, config, regions, {fixed.cublas_workspace_bytes});
-  const Liveness live = WalkSchedule(schedule, *graph, config.expandable_segments);
+  const Liveness live = WalkSchedule(schedule, *graph, config.expandable_segments,
+                                     cpu ? Accounting::kExact : Accounting::kCachingAllocator);
 
   Report r;
   r.parameter_count = built.ParameterCount();
@@ -130,6 +140,8 @@ StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
   r.phases = live.phases;
   r.layers = schedule.layers;
   r.breakdown = live.peak.by_category;
+  r.saved_for_backward_bytes = schedule.saved_for_backward_bytes;
+  r.end_of_step = live.at_end;
   int64_t counted = 0;
   for (int64_t b : r.breakdown) counted += b;
   r.breakdown[static_cast<int>(Category::kAllocatorOverhead)] =

@@ -4,8 +4,28 @@
 
 namespace memest {
 
-Liveness WalkSchedule(const Schedule& s, const Graph& g, bool expandable) {
-  CachingAllocatorModel allocator(expandable);
+namespace {
+
+// CachingAllocatorModel's interface, counting each allocation's own bytes.
+class ExactCounter {
+ public:
+  int Malloc(int64_t bytes) {
+    sizes_.push_back(bytes);
+    allocated_ += bytes;
+    return static_cast<int>(sizes_.size()) - 1;
+  }
+  void Free(int h) { allocated_ -= sizes_[h]; }
+  int64_t allocated() const { return allocated_; }
+  int64_t reserved() const { return allocated_; }
+  static int64_t RoundSize(int64_t bytes) { return bytes; }
+
+ private:
+  std::vector<int64_t> sizes_;
+  int64_t allocated_ = 0;
+};
+
+template <typename Allocator>
+Liveness Walk(const Schedule& s, const Graph& g, Allocator& allocator) {
   std::vector<int> handle(s.num_buffers, -1);
   std::vector<Category> category(s.num_buffers, Category::kTemporaries);
   std::vector<int64_t> rounded(s.num_buffers, 0);
@@ -53,7 +73,7 @@ Liveness WalkSchedule(const Schedule& s, const Graph& g, bool expandable) {
       }
       case EventKind::kAlloc: {
         handle[e.buffer] = allocator.Malloc(e.bytes);
-        rounded[e.buffer] = CachingAllocatorModel::RoundSize(e.bytes);
+        rounded[e.buffer] = Allocator::RoundSize(e.bytes);
         category[e.buffer] = e.category;
         live[static_cast<int>(e.category)] += rounded[e.buffer];
         if (allocator.allocated() > out.peak.allocated_bytes) {
@@ -81,7 +101,19 @@ Liveness WalkSchedule(const Schedule& s, const Graph& g, bool expandable) {
     }
   }
   out.peak.reserved_bytes = out.peak_reserved;
+  out.at_end = live;
   return out;
+}
+
+}  // namespace
+
+Liveness WalkSchedule(const Schedule& s, const Graph& g, bool expandable, Accounting accounting) {
+  if (accounting == Accounting::kExact) {
+    ExactCounter exact;
+    return Walk(s, g, exact);
+  }
+  CachingAllocatorModel allocator(expandable);
+  return Walk(s, g, allocator);
 }
 
 }  // namespace memest

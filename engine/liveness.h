@@ -14,11 +14,17 @@ struct Liveness {
   int64_t reserved_at_peak = 0;     // reserved at that same moment
   int64_t peak_reserved = 0;        // the largest reserved total of the step
   std::vector<PeakPoint> phases;    // per phase that ran, in step order
+  CategoryBytes at_end{};           // what is still allocated when the step ends
 };
 
-// Replays `schedule` through CachingAllocatorModel. Peak points name the op (kind and scope)
-// of `graph` that was running.
-Liveness WalkSchedule(const Schedule& schedule, const Graph& graph, bool expandable_segments);
+// How allocations are counted: through the CUDA caching allocator model (rounded, with
+// reserved segments), or exactly (each tensor's own bytes; reserved = allocated), as on the CPU.
+enum class Accounting { kCachingAllocator, kExact };
+
+// Replays `schedule` through CachingAllocatorModel (or exactly). Peak points name the op (kind
+// and scope) of `graph` that was running.
+Liveness WalkSchedule(const Schedule& schedule, const Graph& graph, bool expandable_segments,
+                      Accounting accounting = Accounting::kCachingAllocator);
 
 }  // namespace memest
 

@@ -42,6 +42,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/config.h"
 #include "engine/graph.h"
 #include "engine/status.h"
 
@@ -54,6 +55,7 @@ struct OpCall {
   std::vector<const Tensor*> outputs;
   std::string field;  // where errors point, e.g. "model.ops[3]"
   bool grad_enabled = true;  // false under no_grad: inference, a checkpoint's first pass
+  Runtime runtime = Runtime::kCuda;  // the few rules that differ on PyTorch 1.13's CPU path
 
   const Tensor& in(size_t i) const { return *inputs[i]; }
   const Tensor& out(size_t i) const { return *outputs[i]; }

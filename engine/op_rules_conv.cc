@@ -138,7 +138,8 @@ void SaveInputMemory(const OpCall& c, OpMemory* m) { SaveInputIf(m, c.needs_grad
 // sizes; other sizes run _adaptive_avg_pool2d, which keeps its input.
 void AdaptiveAvgPoolMemory(const OpCall& c, OpMemory* m) {
   const Shape& out = c.out(0).shape;
-  if (out[out.size() - 1] == 1 && out[out.size() - 2] == 1) return;
+  const bool global = out[out.size() - 1] == 1 && out[out.size() - 2] == 1;
+  if (global && c.runtime == Runtime::kCuda) return;  // 1.13's mean.dim kept the input
   SaveInputIf(m, c.needs_grad(0), 0);
 }
 

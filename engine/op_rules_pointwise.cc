@@ -98,10 +98,15 @@ StatusOr<std::vector<OutputSpec>> InferDropout(const OpCall& c) {
   return InferUnary(c);
 }
 
+// CUDA: native_dropout keeps a bool mask. PyTorch 1.13 on the CPU: _dropout_impl draws a noise
+// tensor in the input's dtype (bernoulli_, then div_ by 1-p) and returns input * noise, so mul
+// keeps the noise.
 void DropoutMemory(const OpCall& c, OpMemory* m) {
   StatusOr<double> p = DropoutP(c);
   if (!p.ok() || *p == 0.0) return;
-  Alloc mask = AllocOf(c.in(0).shape, DType::kBool, "dropout mask");
+  Alloc mask = c.runtime == Runtime::kCpuTorch113
+                   ? AllocOf(c.in(0).shape, c.in(0).dtype, "dropout noise (CPU)")
+                   : AllocOf(c.in(0).shape, DType::kBool, "dropout mask");
   (c.needs_grad(0) ? m->saved_extras : m->forward_temps).push_back(mask);
 }
 

@@ -23,6 +23,14 @@ void PassThrough(const OpCall& c, OpMemory* m) {
 }
 void FreshGrad(const OpCall& c, OpMemory* m) {}
 
+// mean's backward expands and divides the gradient (a fresh tensor). PyTorch 2.x keeps only the
+// sizes; 1.13's mean.dim kept its input.
+void MeanMemory(const OpCall& c, OpMemory* m) {
+  if (c.runtime == Runtime::kCpuTorch113 && HasAttr(c.op.attrs, "dim")) {
+    SaveInputIf(m, c.needs_grad(0), 0);
+  }
+}
+
 // sum hands back an expanded view of its gradient; when it summed into another dtype
 // (autocast's float32), autograd casts that view back: a fresh input-sized gradient.
 void SumMemory(const OpCall& c, OpMemory* m) {
@@ -301,9 +309,12 @@ void EmbeddingMemory(const OpCall& c, OpMemory* m) {
   // embedding_dense_backward (CUDA) sorts the indices into a few index-sized int64 buffers and
   // sums gradient rows per segment into grad_weight_per_segment: up to one float32 row per
   // index.
+  // On the CPU, embedding_dense_backward_cpu index_adds rows into the zeroed table: no scratch.
   const int64_t n = Numel(c.in(1).shape);
-  m->backward_temps.push_back(Alloc{3 * n * 8, "embedding backward index sort"});
-  m->backward_temps.push_back(Alloc{n * c.in(0).shape[1] * 4, "embedding backward partial sums"});
+  if (c.runtime == Runtime::kCuda) {
+    m->backward_temps.push_back(Alloc{3 * n * 8, "embedding backward index sort"});
+    m->backward_temps.push_back(Alloc{n * c.in(0).shape[1] * 4, "embedding backward partial sums"});
+  }
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
 }
 
@@ -323,7 +334,7 @@ void RegisterShapeRules(std::vector<OpRule>* r) {
   r->push_back({"contiguous", 1, 1, InferContiguous, PassThrough});
   r->push_back({"cat", 1, -1, InferCat, PassThrough});
   r->push_back({"sum", 1, 1, InferReduce, SumMemory});
-  r->push_back({"mean", 1, 1, InferReduce, FreshGrad});
+  r->push_back({"mean", 1, 1, InferReduce, MeanMemory});
   r->push_back({"arange", 0, 0, InferArange, FreshGrad});
   r->push_back({"embedding", 2, 2, InferEmbedding, EmbeddingMemory});
 }

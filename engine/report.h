@@ -90,6 +90,12 @@ struct Report {
   std::vector<PeakPoint> phases;
   std::vector<LayerRow> layers;
   std::optional<DeviceFit> fit;
+  // Bytes autograd holds for backward at the end of the forward and loss (distinct storages,
+  // inputs included, parameters and buffers not; the tensors' own sizes, not rounded).
+  int64_t saved_for_backward_bytes = 0;
+  // What is allocated when the step ends: parameters, gradients (zero_grad runs at the start of
+  // the next step), optimizer state, workspace.
+  CategoryBytes end_of_step{};
   std::vector<Advice> advice;      // biggest saving first
   std::vector<std::string> notes;  // assumptions the estimate made
 };

@@ -39,7 +39,7 @@ struct OptimizerCosts {
   bool device_step = false;    // fused: a 0-dim float32 `step` per parameter on the device
 };
 
-OptimizerCosts CostsOf(const OptimizerConfig& o) {
+OptimizerCosts CostsOf(const OptimizerConfig& o, Runtime runtime) {
   OptimizerCosts c;
   const double wd = o.weight_decay > 0 ? 1 : 0;  // grad.add(param, alpha=wd): a new tensor
   switch (o.kind) {
@@ -54,10 +54,17 @@ OptimizerCosts CostsOf(const OptimizerConfig& o) {
     case OptimizerKind::kLion: c = {1, 1, 1}; break;  // exp_avg.clone().lerp_(grad).sign_()
     case OptimizerKind::kAdafactor: c = {0, 1, 1}; break;  // factored state added per shape
   }
+  const bool step_tensor = o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW ||
+                           o.kind == OptimizerKind::kAdagrad;
   if (o.impl == OptimizerImpl::kFused) {
     c.loop_scratch = c.all_scratch = 0;
-    c.device_step = o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW ||
-                    o.kind == OptimizerKind::kAdagrad;
+    c.device_step = step_tensor;
+  }
+  if (runtime == Runtime::kCpuTorch113) {
+    // 1.13's _multi_tensor_adam: denom = _foreach_add(_foreach_sqrt(exp_avg_sqs), eps), two
+    // lists; and the step counters are CPU tensors, on the CPU the step's own device.
+    if (o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW) c.all_scratch += 1;
+    c.device_step = step_tensor;
   }
   return c;
 }
@@ -143,7 +150,36 @@ class StepSimulator {
   struct SavedByOp {
     std::vector<std::pair<StorageTable*, int>> holds;
     std::vector<int> extras;
+    int64_t extra_bytes = 0;
   };
+
+  // Autograd starts holding storage s (a tensor saved for backward, or a checkpoint's input);
+  // true when it was not held before. Activations then count as such, and every storage but
+  // parameters and buffers counts toward the bytes saved for backward.
+  bool Hold(StorageTable& st, int s) {
+    if (st.saved[s]++ > 0) return false;
+    const Tensor& t = g_.tensors[s];
+    if (t.role == TensorRole::kParameter || t.role == TensorRole::kBuffer) return true;
+    saved_bytes_ += Bytes(t.shape, t.dtype);
+    if (t.role == TensorRole::kActivation && !(st.pins[s] > 0 && IsCast(s))) {
+      Retag(st.buffer[s], Category::kActivations);
+    }
+    return true;
+  }
+
+  // Autograd lets go of storage s; it is freed when nothing else needs it.
+  void Unhold(StorageTable& st, int s) {
+    if (--st.saved[s] == 0) {
+      const Tensor& t = g_.tensors[s];
+      if (t.role != TensorRole::kParameter && t.role != TensorRole::kBuffer) {
+        saved_bytes_ -= Bytes(t.shape, t.dtype);
+        if (st.buffer[s] >= 0 && t.role == TensorRole::kActivation && !IsCast(s)) {
+          Retag(st.buffer[s], Category::kTemporaries);
+        }
+      }
+    }
+    MaybeFree(st, s);
+  }
 
   // ---- events ----
   int NewBuffer(int64_t bytes, Category c) {
@@ -188,7 +224,7 @@ class StepSimulator {
     }
     if (!training_) return;
     const bool steady = cfg_.step == StepKind::kSteadyState;
-    const OptimizerCosts oc = CostsOf(cfg_.optimizer);
+    const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
     for (size_t t = 0; t < g_.tensors.size(); ++t) {
       const Tensor& p = g_.tensors[t];
       if (p.role != TensorRole::kParameter || !p.requires_grad) continue;
@@ -205,7 +241,7 @@ class StepSimulator {
   }
 
   void AllocOptimizerState(const Tensor& p) {
-    const OptimizerCosts oc = CostsOf(cfg_.optimizer);
+    const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
     const int64_t bytes = Bytes(p.shape, p.dtype);
     int64_t state = static_cast<int64_t>(oc.state * bytes);
     if (cfg_.optimizer.kind == OptimizerKind::kAdafactor) state = AdafactorStateBytes(p);
@@ -235,13 +271,15 @@ class StepSimulator {
     }
     for (auto& s : op_saved_) s = SavedByOp{};
     Forward();
+    if (mb_ == 0) s_.saved_for_backward_bytes = saved_bytes_;
     if (training_ && g_.loss >= 0) Backward();
     // End of the micro-batch: the data batch and whatever the graph still holds go.
     for (size_t t = 0; t < g_.tensors.size(); ++t) {
       const Tensor& ten = g_.tensors[t];
       if (ten.role == TensorRole::kParameter || ten.role == TensorRole::kBuffer) continue;
       if (main_.buffer[t] >= 0) {
-        main_.pins[t] = main_.saved[t] = main_.uses[t] = 0;
+        main_.pins[t] = main_.uses[t] = 0;
+        while (main_.saved[t] > 0) Unhold(main_, static_cast<int>(t));
         MaybeFree(main_, static_cast<int>(t));
       }
     }
@@ -287,12 +325,8 @@ class StepSimulator {
   // backward like any tensor autograd keeps.
   void PinRegionInputs(int r, int delta) {
     for (int s : RegionInputs(r)) {
-      main_.saved[s] += delta;
-      if (main_.buffer[s] >= 0 && g_.tensors[s].role == TensorRole::kActivation) {
-        if (delta > 0 && main_.saved[s] == 1) Retag(main_.buffer[s], Category::kActivations);
-        if (delta < 0 && main_.saved[s] == 0) Retag(main_.buffer[s], Category::kTemporaries);
-      }
-      if (delta < 0) MaybeFree(main_, s);
+      if (delta > 0) Hold(main_, s);
+      else Unhold(main_, s);
     }
   }
 
@@ -314,7 +348,7 @@ class StepSimulator {
 
   OpCall MakeCall(int i, bool grad) const {
     const Op& op = g_.ops[i];
-    OpCall c{op, {}, {}, "", grad};
+    OpCall c{op, {}, {}, "", grad, cfg_.runtime};
     for (int t : op.inputs) c.inputs.push_back(&g_.tensors[t]);
     for (int t : op.outputs) c.outputs.push_back(&g_.tensors[t]);
     return c;
@@ -353,6 +387,8 @@ class StepSimulator {
     SavedByOp& saved = op_saved_[i];
     for (const Alloc& a : mem.saved_extras) {
       saved.extras.push_back(NewBuffer(a.bytes, Category::kActivations));
+      saved.extra_bytes += a.bytes;
+      saved_bytes_ += a.bytes;
       if (row) row->saved_bytes += a.bytes;
     }
     std::vector<int> temps;
@@ -366,10 +402,8 @@ class StepSimulator {
     auto hold = [&](int t) {
       const int s = base_[t];
       if (st.buffer[s] < 0) return;
-      if (st.saved[s]++ == 0 && g_.tensors[s].role == TensorRole::kActivation &&
-          !(st.pins[s] > 0 && IsCast(s))) {
-        Retag(st.buffer[s], Category::kActivations);
-        if (row) row->saved_bytes += Bytes(g_.tensors[s].shape, g_.tensors[s].dtype);
+      if (Hold(st, s) && row && g_.tensors[s].role == TensorRole::kActivation && !IsCast(s)) {
+        row->saved_bytes += Bytes(g_.tensors[s].shape, g_.tensors[s].dtype);
       }
       saved.holds.emplace_back(&st, s);
     };
@@ -478,14 +512,9 @@ class StepSimulator {
   }
 
   void ReleaseSaved(SavedByOp& saved) {
-    for (auto [st, s] : saved.holds) {
-      if (--st->saved[s] == 0 && st->buffer[s] >= 0 && g_.tensors[s].role == TensorRole::kActivation &&
-          !IsCast(s)) {
-        Retag(st->buffer[s], Category::kTemporaries);
-      }
-      MaybeFree(*st, s);
-    }
+    for (auto [st, s] : saved.holds) Unhold(*st, s);
     for (int b : saved.extras) FreeBuffer(b);
+    saved_bytes_ -= saved.extra_bytes;
     saved = SavedByOp{};
   }
 
@@ -633,7 +662,8 @@ class StepSimulator {
     Pending& p = pending_[t];
     if (p.grad < 0) {
       p = {grad, std::move(strides), shared_handle};
-    } else if (grads_[p.grad].refs == 1 && IsDense(ten.shape, p.strides)) {
+    } else if (grads_[p.grad].refs == 1 && IsDense(ten.shape, p.strides) &&
+               cfg_.runtime != Runtime::kCpuTorch113) {  // 1.13: always old_var + var
       Deref(grad);  // InputBuffer: old_var.add_(var) into the uniquely owned, dense one
     } else {
       const int sum = NewGrad(Bytes(ten.shape, ten.dtype));  // old_var + var
@@ -665,7 +695,7 @@ class StepSimulator {
   // ---- optimizer ----
   void OptimizerStep() {
     Context(Phase::kOptimizerStep, -1);
-    const OptimizerCosts oc = CostsOf(cfg_.optimizer);
+    const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
     std::vector<const Tensor*> params;
     for (size_t t = 0; t < g_.tensors.size(); ++t) {
       const Tensor& p = g_.tensors[t];
@@ -738,6 +768,7 @@ class StepSimulator {
   std::map<std::string, size_t> layer_index_;
   Schedule s_;
   int last_row_ = -1;
+  int64_t saved_bytes_ = 0;  // held for backward now: storages (not parameters) and extras
   int next_buffer_ = 0;
   int mb_ = 0;
   int workspaces_ = 0;

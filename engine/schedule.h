@@ -56,6 +56,10 @@ struct Schedule {
   int num_buffers = 0;
   std::vector<LayerRow> layers;  // from the first micro-batch's forward
   int64_t recomputed_ops = 0;    // ops run twice because of checkpointing
+  // Bytes autograd holds at the end of the first micro-batch's forward and loss: distinct
+  // storages saved for backward (inputs and targets included, parameters and buffers not) and
+  // the extra tensors ops save (masks, statistics), as the tensors' own sizes.
+  int64_t saved_for_backward_bytes = 0;
 };
 
 struct ScheduleOptions {

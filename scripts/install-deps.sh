@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages memest needs to build, test and benchmark.
 #
-# Usage: bash scripts/install-deps.sh
+# Usage: bash scripts/install-deps.sh [--test]
 #
 # Runs `apt-get update` once and installs the list below. When every package is already
 # installed it says so and touches nothing. Works as root (containers, CI) and as a user with
@@ -28,9 +28,19 @@ readonly PACKAGES=(
   libbenchmark-dev
   python3
 )
+# With --test, also what the tests need beyond building: the conformance suite
+# (tests/conformance) runs real PyTorch, Debian's 1.13, CPU only.
+readonly TEST_PACKAGES=(
+  python3-torch
+)
+
+wanted=("${PACKAGES[@]}")
+if [[ "${1:-}" == "--test" ]]; then
+  wanted+=("${TEST_PACKAGES[@]}")
+fi
 
 missing=()
-for package in "${PACKAGES[@]}"; do
+for package in "${wanted[@]}"; do
   status="$(dpkg-query -W -f='${db:Status-Status}' "${package}" 2>/dev/null || true)"
   if [[ "${status}" != "installed" ]]; then
     missing+=("${package}")
@@ -38,7 +48,7 @@ for package in "${PACKAGES[@]}"; do
 done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-  echo "install-deps: all ${#PACKAGES[@]} packages already installed; skipping apt-get"
+  echo "install-deps: all ${#wanted[@]} packages already installed; skipping apt-get"
   exit 0
 fi
 
@@ -55,4 +65,4 @@ fi
 echo "install-deps: installing ${missing[*]}"
 "${as_root[@]}" apt-get update
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
-  apt-get install -y --no-install-recommends "${PACKAGES[@]}"
+  apt-get install -y --no-install-recommends "${wanted[@]}"

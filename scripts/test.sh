@@ -14,7 +14,7 @@ failed=()
 section() { echo; echo "==== $* ===="; }
 
 section "dependencies"
-bash scripts/install-deps.sh || exit 1
+bash scripts/install-deps.sh --test || exit 1
 
 section "build"
 bash scripts/build.sh || exit 1

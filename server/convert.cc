@@ -236,6 +236,17 @@ StatusOr<StepKind> StepKindFromProto(int value, const std::string& field) {
   return Unknown(field, value);
 }
 
+StatusOr<Runtime> RuntimeFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::RUNTIME_UNSPECIFIED:
+    case v1::RUNTIME_CUDA:
+      return Runtime::kCuda;
+    case v1::RUNTIME_CPU_TORCH_1_13:
+      return Runtime::kCpuTorch113;
+  }
+  return Unknown(field, value);
+}
+
 StatusOr<TensorRole> TensorRoleFromProto(int value, const std::string& field) {
   switch (value) {
     case v1::TENSOR_ROLE_UNSPECIFIED:
@@ -341,6 +352,7 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
   }
   out.generate_tokens = config.generate_tokens();
   out.expandable_segments = config.expandable_segments();
+  MEMEST_ASSIGN_OR_RETURN(out.runtime, RuntimeFromProto(config.runtime(), "config.runtime"));
   return out;
 }
 
@@ -388,6 +400,8 @@ void ReportToProto(const Report& report, v1::EstimateResponse* out) {
   out->set_trainable_parameter_count(Unsigned(report.trainable_parameter_count));
   out->set_micro_batch(Unsigned(report.micro_batch));
   out->set_op_count(Unsigned(report.op_count));
+  out->set_saved_for_backward_bytes(Unsigned(report.saved_for_backward_bytes));
+  CategoriesToProto(report.end_of_step, out->mutable_end_of_step());
 }
 
 void PresetInfoToProto(const PresetInfo& preset, v1::PresetInfo* out) {

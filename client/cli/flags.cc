@@ -24,6 +24,11 @@ const Word<v1::Mode> kModes[] = {
     {"inference", v1::MODE_INFERENCE},
 };
 
+const Word<v1::Runtime> kRuntimes[] = {
+    {"cuda", v1::RUNTIME_CUDA},
+    {"cpu-1.13", v1::RUNTIME_CPU_TORCH_1_13},
+};
+
 const Word<v1::Precision> kPrecisions[] = {
     {"fp32", v1::PRECISION_FP32},
     {"fp16", v1::PRECISION_FP16_AMP},
@@ -163,6 +168,10 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
   }
   if (flags.generate_tokens) config->set_generate_tokens(*flags.generate_tokens);
   config->set_expandable_segments(flags.expandable_segments);
+  if (!flags.runtime.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::Runtime runtime, ParseWord("--runtime", flags.runtime, kRuntimes));
+    config->set_runtime(runtime);
+  }
   return Status::Ok();
 }
 
@@ -225,6 +234,10 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(run);
   app->add_flag("--expandable-segments", f->expandable_segments,
                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+      ->group(run);
+  app->add_option("--runtime", f->runtime,
+                  "what runs the step: cuda (PyTorch 2.x, default) or cpu-1.13 (PyTorch 1.13 on "
+                  "the CPU, exact tensor bytes: what the conformance suite measures)")
       ->group(run);
   app->add_flag("--no-advice", f->no_advice, "skip the advice (faster)")->group(run);
 

@@ -52,6 +52,7 @@ struct EstimateFlags {
   std::string capacity;             // bytes or "80GiB"
   std::optional<int64_t> generate_tokens;
   bool expandable_segments = false;
+  std::string runtime;              // cuda | cpu-1.13
   bool no_advice = false;
 };
 

@@ -367,3 +367,77 @@ TEST(ScheduleTest, SumUnderAutocastIsFloat32) {
 
 }  // namespace
 }  // namespace memest
+
+namespace memest {
+namespace {
+
+RunConfig Cpu113() {
+  RunConfig c = enginetest::PlainTraining();
+  c.runtime = Runtime::kCpuTorch113;
+  return c;
+}
+
+// PyTorch 1.13 on the CPU: dropout keeps a float noise tensor, not a bool mask; mean over a dim
+// keeps its input.
+TEST(RuntimeTest, CpuDropoutAndMeanKeepWhat113Keeps) {
+  auto saved = [](const RunConfig& c, const char* kind, Attrs attrs) {
+    GraphBuilder b;
+    const int x = b.Add1("mul", {b.Parameter("p", {256, 256}, DType::kFloat32)}, {{"scalar", 1.0}});
+    int y;
+    {
+      ScopeGuard s(b, "op");
+      y = b.Add1(kind, {x}, std::move(attrs));
+    }
+    b.BeginLoss();
+    b.SetLoss(b.Add1("sum", {y}));
+    return enginetest::SavedBytes(b.Finish().value(), c, "op");
+  };
+  const int64_t act = 256 * 256 * 4;
+  EXPECT_EQ(saved(enginetest::PlainTraining(), "dropout", {{"p", 0.1}}), act / 4);  // bool
+  EXPECT_EQ(saved(Cpu113(), "dropout", {{"p", 0.1}}), act);                        // float noise
+  const Attrs mean{{"dim", std::vector<int64_t>{-1}}};
+  EXPECT_EQ(saved(enginetest::PlainTraining(), "mean", mean), 0);
+  EXPECT_EQ(saved(Cpu113(), "mean", mean), act);
+}
+
+// Counting is exact on the CPU (no 512 B rounding, no workspace), and the report's saved bytes
+// include the data batch that autograd keeps.
+TEST(RuntimeTest, CpuCountsTensorsAtTheirOwnSize) {
+  GraphBuilder b;
+  const int x = b.Input("x", {3, 5}, DType::kFloat32);  // 60 B
+  const int y = b.Add1("linear", {x, b.Parameter("w", {7, 5}, DType::kFloat32)});  // 84 B
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {y}));
+  StatusOr<Report> r = EstimateGraph(b.Finish().value(), Cpu113(), {1'000'000, false});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->saved_for_backward_bytes, 60);  // x, kept for the weight's gradient
+  EXPECT_EQ(r->end_of_step[static_cast<int>(Category::kParameters)], 140);
+  EXPECT_EQ(r->end_of_step[static_cast<int>(Category::kGradients)], 140);
+  EXPECT_EQ(r->breakdown[static_cast<int>(Category::kWorkspace)], 0);
+  EXPECT_EQ(r->breakdown[static_cast<int>(Category::kCudaContext)], 0);
+}
+
+// 1.13's foreach Adam keeps two lists of scratch (sqrt, then + eps out of place); its step
+// counters are 0-dim float32 tensors on the CPU.
+TEST(RuntimeTest, CpuForeachAdamScratchAndStepCounters) {
+  GraphBuilder b;
+  const int x = b.Input("x", {4, 256}, DType::kFloat32);
+  const int y = b.Add1("linear", {x, b.Parameter("w", {256, 256}, DType::kFloat32)});
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {y}));
+  RunConfig c = Cpu113();
+  c.optimizer.kind = OptimizerKind::kAdam;
+  c.optimizer.impl = OptimizerImpl::kForeach;
+  StatusOr<Report> r = EstimateGraph(b.Finish().value(), c, {1'000'000, false});
+  ASSERT_TRUE(r.ok());
+  const int64_t p = 256 * 256 * 4;
+  EXPECT_EQ(r->end_of_step[static_cast<int>(Category::kOptimizerState)], 2 * p + 4);
+  int64_t step_peak = 0;
+  for (const PeakPoint& pp : r->phases) {
+    if (pp.phase == Phase::kOptimizerStep) step_peak = pp.allocated_bytes;
+  }
+  EXPECT_EQ(step_peak, p /*param*/ + p /*grad*/ + 2 * p + 4 /*state*/ + 2 * p /*scratch*/);
+}
+
+}  // namespace
+}  // namespace memest
