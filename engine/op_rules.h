@@ -90,6 +90,11 @@ struct OpMemory {
   std::vector<Alloc> saved_extras;    // extra tensors the op returns and autograd keeps
   std::vector<Alloc> backward_temps;  // scratch while its backward runs
   std::vector<GradFlow> grad_flow;    // one per input; filled with defaults when left empty
+  // Per output, when its storage is larger than its shape (a 0-dim result viewing the
+  // full-size buffer it was reduced from); empty or 0: the shape's bytes.
+  std::vector<int64_t> output_storage_bytes;
+  // Backward copies an incoming gradient that is not dense (an expanded view) before using it.
+  bool backward_needs_dense_grad = false;
 };
 
 struct OpRule {

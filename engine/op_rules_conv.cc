@@ -122,6 +122,7 @@ StatusOr<std::vector<OutputSpec>> InferMaxPool(const OpCall& c) {
 
 void MaxPoolMemory(const OpCall& c, OpMemory* m) {
   if (!c.needs_grad(0)) return;
+  m->backward_needs_dense_grad = true;
   m->saved_inputs.push_back(0);
   m->saved_outputs.push_back(1);  // indices
 }

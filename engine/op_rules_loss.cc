@@ -43,13 +43,16 @@ void CrossEntropyMemory(const OpCall& c, OpMemory* m) {
   Alloc logp{BytesOf(c.in(0)), "log_softmax of the logits"};
   Alloc logp32{n * 4, "float32 copy of the log-probabilities (nll_loss under autocast)"};
   const bool f32 = NllFloat32(c);
+  Alloc total_weight{4, "nll_loss total_weight (0-dim float32)"};
   if (!c.needs_grad(0)) {
     m->forward_temps.push_back(logp);
     if (f32) m->forward_temps.push_back(logp32);
+    m->forward_temps.push_back(total_weight);
     return;
   }
   m->saved_extras.push_back(logp);  // log_softmax keeps its result; nll_loss keeps its input
   if (f32) m->saved_extras.push_back(logp32);
+  m->saved_extras.push_back(total_weight);
   if (!IsFloating(c.in(1).dtype)) m->saved_inputs.push_back(1);
   // nll_loss_backward's [N, C] gradient (float32 under autocast, then cast back to the logits'
   // dtype for _log_softmax_backward_data).
@@ -65,7 +68,15 @@ StatusOr<std::vector<OutputSpec>> InferMse(const OpCall& c) {
   return std::vector<OutputSpec>{{{}, PromoteTypes(c.in(0).dtype, c.in(1).dtype)}};
 }
 
+// 1.13 on the CPU computes the elementwise loss into a full-size tensor and reduces into a 0-dim
+// result that shares its storage: the loss keeps input-sized bytes alive as long as it lives;
+// while the kernel runs it holds a second input-sized buffer (measured with the allocator's
+// trace: it is freed inside the op).
 void MseMemory(const OpCall& c, OpMemory* m) {
+  if (c.runtime == Runtime::kCpuTorch113) {
+    m->output_storage_bytes = {BytesOf(c.in(0))};
+    m->forward_temps.push_back(Alloc{BytesOf(c.in(0)), "mse_loss unreduced buffer (CPU)"});
+  }
   if (!c.needs_grad(0) && !c.needs_grad(1)) return;
   m->saved_inputs = {0, 1};
 }

@@ -58,6 +58,7 @@ StatusOr<std::vector<OutputSpec>> InferAddmm(const OpCall& c) {
 }
 
 void AddmmMemory(const OpCall& c, OpMemory* m) {
+  m->backward_needs_dense_grad = true;
   SaveInputIf(m, c.needs_grad(2), 1);
   SaveInputIf(m, c.needs_grad(1), 2);
 }
@@ -158,6 +159,7 @@ void SaveOperands(const OpCall& c, const Operand3d& a, const Operand3d& b, OpMem
 // linear folds an N-D input to [N, in] for addmm: a view when the strides allow it, else aten
 // copies it (and the copy is what is kept for the weight's gradient).
 void LinearMemory(const OpCall& c, OpMemory* m) {
+  m->backward_needs_dense_grad = true;  // mm cannot read an expanded (stride 0) gradient
   const Tensor& x = c.in(0);
   if (x.shape.size() >= 3) {
     const Operand3d folded =
@@ -174,6 +176,7 @@ void LinearMemory(const OpCall& c, OpMemory* m) {
 }
 
 void MatmulMemory(const OpCall& c, OpMemory* m) {
+  m->backward_needs_dense_grad = true;
   StatusOr<MatmulPlan> p = PlanMatmul(c);
   if (p.ok()) SaveOperands(c, p->a, p->b, m);
 }
@@ -191,6 +194,7 @@ StatusOr<std::vector<OutputSpec>> InferBmm(const OpCall& c) {
 }
 
 void BmmMemory(const OpCall& c, OpMemory* m) {
+  m->backward_needs_dense_grad = true;
   SaveInputIf(m, c.needs_grad(1), 0);
   SaveInputIf(m, c.needs_grad(0), 1);
 }

@@ -7,6 +7,8 @@
 // fused kernel in the PyTorch versions that presets target; it is written (as HF's
 // LlamaRMSNorm) as x.to(float32).pow(2).mean(-1, keepdim) -> rsqrt -> x * rstd -> .to(dtype)
 // -> weight * ..., and its rule accounts for what those ops save.
+#include <algorithm>
+
 #include "engine/op_rules_internal.h"
 
 namespace memest {
@@ -63,6 +65,14 @@ void LayerNormMemory(const OpCall& c, OpMemory* m) {
   Shape stats = c.in(0).shape;
   for (int64_t i = 0; i < (n.ok() ? *n : 1); ++i) stats[stats.size() - 1 - i] = 1;
   SaveInputAndStats(c, stats, "layer_norm mean", "layer_norm rstd", m);
+  m->backward_needs_dense_grad = true;
+  if (c.runtime == Runtime::kCpuTorch113) {
+    // LayerNormBackwardKernel (CPU): a [2, 1, N] float32 dgamma/dbeta partial-sum buffer (per
+    // thread; one thread assumed) and a scalar.
+    const int64_t features = Numel(c.in(0).shape) / std::max<int64_t>(Numel(stats), 1);
+    m->backward_temps.push_back(Alloc{2 * features * 4, "layer_norm backward partial sums"});
+    m->backward_temps.push_back(Alloc{4, "layer_norm backward scalar"});
+  }
 }
 
 StatusOr<std::vector<OutputSpec>> InferBatchNorm(const OpCall& c) {
@@ -81,6 +91,9 @@ StatusOr<std::vector<OutputSpec>> InferBatchNorm(const OpCall& c) {
 void BatchNormMemory(const OpCall& c, OpMemory* m) {
   if (!AnyNeedsGrad(c)) return;
   SaveInputAndStats(c, {c.in(0).shape[1]}, "batch_norm save_mean", "batch_norm save_invstd", m);
+  if (c.runtime == Runtime::kCpuTorch113) {  // batch_norm_backward_cpu: an input-sized buffer
+    m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "batch_norm backward buffer"});
+  }
 }
 
 StatusOr<std::vector<OutputSpec>> InferGroupNorm(const OpCall& c) {
@@ -101,6 +114,11 @@ void GroupNormMemory(const OpCall& c, OpMemory* m) {
   StatusOr<int64_t> groups = IntAttr(c.op.attrs, "num_groups", 1, c.field);
   SaveInputAndStats(c, {c.in(0).shape[0], groups.ok() ? *groups : 1}, "group_norm mean",
                     "group_norm rstd", m);
+  m->backward_needs_dense_grad = true;  // derivatives.yaml: grads[0].contiguous()
+  if (c.runtime == Runtime::kCpuTorch113) {  // GroupNormBackwardKernel: two [N, C] float32 sums
+    m->backward_temps.push_back(
+        Alloc{2 * c.in(0).shape[0] * c.in(0).shape[1] * 4, "group_norm backward ds, db"});
+  }
 }
 
 StatusOr<std::vector<OutputSpec>> InferRmsNorm(const OpCall& c) {
@@ -140,13 +158,20 @@ void RmsNormMemory(const OpCall& c, OpMemory* m) {
     m->saved_inputs.push_back(0);
   }
   m->saved_extras.push_back(AllocOf(rows, compute, "rms_norm rstd"));
+  if (c.runtime == Runtime::kCpuTorch113) {  // 1.13's mean.dim keeps its input, x.pow(2)
+    m->saved_extras.push_back(Alloc{n * DTypeSize(compute), "rms_norm x^2 (kept by 1.13's mean)"});
+  }
   if (weighted) {
     // weight * xhat keeps xhat (in x's dtype); with upcast the float32 xhat is a local that
     // lives until the module returns.
     m->saved_extras.push_back(Alloc{n * DTypeSize(x.dtype), "rms_norm normalised x"});
     if (upcast) m->forward_temps.push_back(Alloc{n * 4, "rms_norm float32 x*rstd"});
   }
-  m->backward_temps.push_back(Alloc{2 * n * DTypeSize(compute), "rms_norm backward products"});
+  // The backward of those ops holds two input-sized products at its peak; 1.13, which kept x^2,
+  // one (measured on 1.13's CPU path, where the same ops written out one by one agree).
+  const int products = c.runtime == Runtime::kCpuTorch113 ? 1 : 2;
+  m->backward_temps.push_back(
+      Alloc{products * n * DTypeSize(compute), "rms_norm backward products"});
 }
 
 }  // namespace

@@ -29,6 +29,12 @@ void SaveOutput(const OpCall& c, OpMemory* m) {
 }
 void SaveNothing(const OpCall& c, OpMemory* m) {}
 
+// softmax / log_softmax keep their result; _softmax_backward_data works on a dense gradient.
+void SoftmaxMemory(const OpCall& c, OpMemory* m) {
+  SaveOutput(c, m);
+  m->backward_needs_dense_grad = true;
+}
+
 // Backward formulas that form `n` input-sized products before the gradient:
 // rsqrt: -0.5 * grad * result.pow(3) (2); sqrt: grad / (2 * result) (1); log1p: grad / (self + 1) (1).
 template <int n>
@@ -151,12 +157,21 @@ void AddSubMemory(const OpCall& c, OpMemory* m) {
   }
 }
 
+// A broadcast operand's gradient is an output-sized product reduced to its shape. With two
+// broadcast operands both products are formed first, then reduced one at a time, the first
+// product freed before the second reduction: at the peak, both products and the first reduced
+// gradient. The fresh gradients count in full, so the scratch is the products less the second
+// reduced gradient.
 void BroadcastProducts(const OpCall& c, OpMemory* m) {
-  for (size_t i = 0; i < c.inputs.size() && c.inputs.size() == 2; ++i) {
-    if (c.needs_grad(i) && Broadcast(c, i)) {
-      m->backward_temps.push_back(Alloc{BytesOf(c.out(0)), "output-sized product before sum_to"});
-    }
+  if (c.inputs.size() != 2) return;
+  std::vector<size_t> reduced;
+  for (size_t i = 0; i < 2; ++i) {
+    if (c.needs_grad(i) && Broadcast(c, i)) reduced.push_back(i);
   }
+  if (reduced.empty()) return;
+  int64_t scratch = static_cast<int64_t>(reduced.size()) * BytesOf(c.out(0));
+  if (reduced.size() == 2) scratch -= BytesOf(c.in(reduced[1]));
+  m->backward_temps.push_back(Alloc{scratch, "output-sized products before sum_to"});
 }
 
 void MulMemory(const OpCall& c, OpMemory* m) {
@@ -171,8 +186,12 @@ void DivMemory(const OpCall& c, OpMemory* m) {
   SaveInputIf(m, c.needs_grad(0) || c.needs_grad(1), 1);
   SaveInputIf(m, c.needs_grad(1), 0);
   BroadcastProducts(c, m);
+  // DivBackward0 forms the divisor's gradient first, -grad * a / b / b, holding three
+  // output-sized intermediates besides it; frees them; then the dividend's, grad / b. Both
+  // fresh gradients count in full, so the scratch is two intermediates when both are needed.
   if (c.needs_grad(1)) {
-    m->backward_temps.push_back(Alloc{3 * BytesOf(c.out(0)), "div backward: -grad*a/(b*b)"});
+    const int n = c.needs_grad(0) ? 2 : 3;
+    m->backward_temps.push_back(Alloc{n * BytesOf(c.out(0)), "div backward: -grad*a/b/b"});
   }
 }
 
@@ -252,8 +271,8 @@ void RegisterPointwiseRules(std::vector<OpRule>* r) {
   r->push_back({"log1p", 1, 1, InferUnary, Log1pMemory});
   r->push_back({"neg", 1, 1, InferUnary, SaveNothing});
   r->push_back({"pow", 1, 1, InferPow, PowMemory});
-  r->push_back({"softmax", 1, 1, InferSoftmax, SaveOutput});
-  r->push_back({"log_softmax", 1, 1, InferSoftmax, SaveOutput});
+  r->push_back({"softmax", 1, 1, InferSoftmax, SoftmaxMemory});
+  r->push_back({"log_softmax", 1, 1, InferSoftmax, SoftmaxMemory});
   r->push_back({"dropout", 1, 1, InferDropout, DropoutMemory, /*identity_in_eval=*/true});
   r->push_back({"add", 1, 2, InferBinary, AddSubMemory});
   r->push_back({"sub", 1, 2, InferBinary, AddSubMemory});

@@ -373,10 +373,12 @@ class StepSimulator {
     const OpMemory& mem = grad ? memo_[i] : local;
     const bool weight_cast = op.kind == "to" && HasAttr(op.attrs, "autocast_weight");
     LayerRow* row = mb_ == 0 && !recompute ? &LayerFor(i) : nullptr;
-    for (int o : op.outputs) {
+    for (size_t k = 0; k < op.outputs.size(); ++k) {
+      const int o = op.outputs[k];
       const int s = base_[o];
       if (s != o || st.buffer[s] >= 0) continue;
-      const int64_t bytes = Bytes(g_.tensors[o].shape, g_.tensors[o].dtype);
+      int64_t bytes = Bytes(g_.tensors[o].shape, g_.tensors[o].dtype);
+      if (k < mem.output_storage_bytes.size()) bytes = std::max(bytes, mem.output_storage_bytes[k]);
       st.buffer[s] = NewBuffer(bytes, weight_cast ? Category::kMasterAndCasts : Category::kTemporaries);
       if (row) row->output_bytes += bytes;
       if (weight_cast && cast_cache) {
@@ -632,6 +634,12 @@ class StepSimulator {
     }
     std::vector<int> temps;
     for (const Alloc& a : mem.backward_temps) temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
+    // An expanded incoming gradient (sum's backward) is made dense before the kernel reads it.
+    if (mem.backward_needs_dense_grad && pending_[incoming].grad >= 0 &&
+        !IsDense(g_.tensors[incoming].shape, pending_[incoming].strides)) {
+      const Tensor& o = g_.tensors[incoming];
+      temps.push_back(NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries));
+    }
     for (int b : temps) FreeBuffer(b);
     ReleaseSaved(op_saved_[i]);
     for (int o : op.outputs) {
@@ -703,8 +711,13 @@ class StepSimulator {
         params.push_back(&p);
       }
     }
-    if (cfg_.step == StepKind::kFirstStep && !oc.state_at_init) {
-      for (const Tensor* p : params) AllocOptimizerState(*p);  // _init_group, before updating
+    // _init_group creates the state of every parameter before updating, except SGD's momentum
+    // buffers: the for-loop clones each inside the loop, after its weight-decay scratch.
+    const bool state_in_loop = cfg_.optimizer.kind == OptimizerKind::kSgdMomentum &&
+                               cfg_.optimizer.impl == OptimizerImpl::kForLoop;
+    const bool first = cfg_.step == StepKind::kFirstStep && !oc.state_at_init;
+    if (first && !state_in_loop) {
+      for (const Tensor* p : params) AllocOptimizerState(*p);
     }
     if (cfg_.optimizer.impl == OptimizerImpl::kForeach) {
       std::vector<int> scratch;
@@ -722,6 +735,7 @@ class StepSimulator {
         for (int k = 0; k < static_cast<int>(oc.loop_scratch); ++k) {
           scratch.push_back(NewBuffer(bytes, Category::kTemporaries));
         }
+        if (first && state_in_loop) AllocOptimizerState(*p);
         for (int b : scratch) FreeBuffer(b);
       }
     }

@@ -147,7 +147,8 @@ TEST(OpRuleTest, CrossEntropyKeepsLogSoftmax) {
   b.SetLoss(loss);
   StatusOr<Graph> g = b.Finish();
   ASSERT_TRUE(g.ok());
-  EXPECT_EQ(enginetest::SavedBytes(*g, PlainTraining(), "op"), 160);  // log_softmax [4, 10] float32
+  // log_softmax [4, 10] float32 and nll_loss's 0-dim float32 total_weight.
+  EXPECT_EQ(enginetest::SavedBytes(*g, PlainTraining(), "op"), 160 + 4);
 }
 
 TEST(OpRuleTest, UnknownKindNamesTheFieldAndTheVocabulary) {

@@ -17,7 +17,8 @@ using enginetest::Walk;
 // Sizes (each rounded up to 512 B by the allocator):
 //   W1 [512,256] 524288, b1 [512] 2048, W2 [10,512] 20480, b2 [10] 40->512: params 547328
 //   x 4096, target 32->512: inputs 4608
-//   h = a = [4,512] 8192; logits [4,10] 160->512; loss 512; log_softmax 160->512
+//   h = a = [4,512] 8192; logits [4,10] 160->512; loss 512; log_softmax 160->512;
+//   total_weight 4->512
 Graph Mlp() {
   GraphBuilder b;
   const int x = b.Input("x", {4, 256}, DType::kFloat32);
@@ -49,8 +50,8 @@ TEST(ScheduleTest, MlpStepByHand) {
   // forward: relu allocates a while h is still alive (h dies after relu: nothing saved it).
   EXPECT_EQ(PhasePeak(l, Phase::kForward).allocated_bytes, kParams + kInputs + 8192 + 8192);
   EXPECT_EQ(PhasePeak(l, Phase::kForward).op, "relu");
-  // loss: a (kept by relu and fc2) + logits + loss + log_softmax.
-  EXPECT_EQ(PhasePeak(l, Phase::kLoss).allocated_bytes, kParams + kInputs + 8192 + 3 * 512);
+  // loss: a (kept by relu and fc2) + logits + loss + log_softmax + nll_loss's total_weight.
+  EXPECT_EQ(PhasePeak(l, Phase::kLoss).allocated_bytes, kParams + kInputs + 8192 + 4 * 512);
   // backward peaks in fc1: dW1 and db1 (bound for .grad), dW2 and db2 (already .grad), the
   // incoming grad of h, and the loss the loop still holds; a and its gradient are gone.
   const PeakPoint& bwd = PhasePeak(l, Phase::kBackward);
@@ -279,9 +280,10 @@ TEST(ScheduleTest, CrossEntropyUnderAutocastKeepsHalfAndFloatLogProbs) {
     c.precision = p;
     return enginetest::SavedBytes(b.Finish().value(), c, "loss");
   };
-  EXPECT_EQ(saved(Precision::kFp32), 512 * 1000 * 4);
-  EXPECT_EQ(saved(Precision::kBf16Amp), 512 * 1000 * (2 + 4));
-  EXPECT_EQ(saved(Precision::kFp16Amp), 512 * 1000 * (2 + 4));
+  // Plus nll_loss's 0-dim float32 total_weight in each case.
+  EXPECT_EQ(saved(Precision::kFp32), 512 * 1000 * 4 + 4);
+  EXPECT_EQ(saved(Precision::kBf16Amp), 512 * 1000 * (2 + 4) + 4);
+  EXPECT_EQ(saved(Precision::kFp16Amp), 512 * 1000 * (2 + 4) + 4);
 }
 
 }  // namespace
