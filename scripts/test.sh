@@ -24,8 +24,13 @@ bash scripts/build.sh || exit 1
 section "ctest"
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure || failed+=("ctest")
 
-# Later suites (the Python conformance suite against real PyTorch, the Python client) go
-# here as their own sections.
+# The conformance suite: memest (--runtime cpu-1.13) against real PyTorch 1.13 on the CPU
+# (Debian's python3-torch, hence /usr/bin/python3), case by case; writes build/conformance.json
+# and regenerates docs/fidelity.md.
+section "conformance"
+/usr/bin/python3 tests/conformance/run.py --report "${BUILD_DIR:-build}/conformance.json" || failed+=("conformance")
+
+# Later suites (the Python client) go here as their own sections.
 
 echo
 if [[ ${#failed[@]} -gt 0 ]]; then

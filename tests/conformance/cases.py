@@ -1,0 +1,487 @@
+"""The conformance cases. Each is `forward(r, batch)`, written once (recorder.py), returning the
+loss (training) or the model's output (inference), and run under one or more configurations.
+
+Keep every case small: it runs in well under a second.
+Not covered yet: checkpointing (every block, every k, sqrt L) of the deep MLP; ResNet-18; SDPA
+(absent from PyTorch 1.13); autocast (fp32 only here).
+"""
+import dataclasses
+import math
+
+from measure import Config
+
+SGD = Config()
+
+
+@dataclasses.dataclass
+class Case:
+    group: str
+    name: str
+    fn: object
+    batch: int
+    configs: list
+    note: str = ""
+
+    def variants(self):
+        """(case id, config) pairs."""
+        if len(self.configs) == 1:
+            return [(f"{self.group}/{self.name}", self.configs[0])]
+        return [(f"{self.group}/{self.name}[{c.label()}]", c) for c in self.configs]
+
+
+CASES = []
+
+
+def case(group, name, batch=4, configs=None, note=""):
+    def deco(fn):
+        CASES.append(Case(group, name, fn, batch, list(configs or [SGD]), note))
+        return fn
+    return deco
+
+
+def lift(r, x, name="lift"):
+    """x + b (b a parameter): a non-leaf that requires grad, so the op under test gets a
+    gradient to pass back. add saves nothing."""
+    return r.add(x, r.param(f"{name}.b", [x.shape[-1]]))
+
+
+def loss_of(r, y):
+    """The loss of a single-op case: mean(y). Its gradient is dense (expand, then div), as a
+    real loss's is; sum(y) would hand back a stride-0 expanded gradient, which some kernels
+    copy inside themselves (the `expanded_grad` cases cover that)."""
+    return r.mean(y)
+
+
+def op_case(name, shape, body, batch=4, **kw):
+    """A single op on a lifted input, then the loss = mean of its output."""
+    def fn(r, b):
+        x = lift(r, r.input("x", [b] + list(shape)))
+        y = body(r, x)
+        return loss_of(r, y)
+    case("ops", name, batch=batch, **kw)(fn)
+
+
+# ------------------------------------------------------------------------------ linear algebra
+@case("ops", "linear_2d")
+def _(r, b):
+    x = r.input("x", [b * 8, 16])
+    return loss_of(r, r.linear(x, r.param("w", [12, 16]), r.param("bias", [12])))
+
+
+@case("ops", "linear_3d_nobias")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]))
+    return loss_of(r, r.linear(x, r.param("w", [12, 16])))
+
+
+@case("ops", "linear_3d_bias_x_no_grad")
+def _(r, b):
+    x = r.input("x", [b, 8, 16])
+    return loss_of(r, r.linear(x, r.param("w", [12, 16]), r.param("bias", [12])))
+
+
+@case("ops", "matmul_2d")
+def _(r, b):
+    a = lift(r, r.input("a", [b * 4, 16]))
+    return loss_of(r, r.matmul(a, r.param("w", [16, 12])))
+
+
+@case("ops", "matmul_3d")
+def _(r, b):
+    a = lift(r, r.input("a", [b, 8, 16]), "la")
+    c = lift(r, r.input("c", [b, 16, 12]), "lc")
+    return loss_of(r, r.matmul(a, c))
+
+
+@case("ops", "matmul_3d_2d")
+def _(r, b):
+    a = lift(r, r.input("a", [b, 8, 16]))
+    return loss_of(r, r.matmul(a, r.param("w", [16, 12])))
+
+
+@case("ops", "matmul_4d_permuted")
+def _(r, b):
+    # q @ k^T with k transposed (a permuted operand), as attention does.
+    q = lift(r, r.input("q", [b, 2, 8, 16]), "lq")
+    k = lift(r, r.input("k", [b, 2, 8, 16]), "lk")
+    return loss_of(r, r.matmul(q, r.transpose(k, -2, -1)))
+
+
+@case("ops", "bmm")
+def _(r, b):
+    a = lift(r, r.input("a", [b, 8, 16]), "la")
+    c = lift(r, r.input("c", [b, 16, 12]), "lc")
+    return loss_of(r, r.bmm(a, c))
+
+
+@case("ops", "addmm")
+def _(r, b):
+    a = lift(r, r.input("a", [b * 4, 16]))
+    return loss_of(r, r.addmm(r.param("bias", [12]), a, r.param("w", [16, 12])))
+
+
+@case("ops", "einsum_bhqd_bhkd")
+def _(r, b):
+    q = lift(r, r.input("q", [b, 2, 8, 16]), "lq")
+    k = lift(r, r.input("k", [b, 2, 8, 16]), "lk")
+    return loss_of(r, r.einsum("bhqd,bhkd->bhqk", q, k))
+
+
+# ------------------------------------------------------------------------------ conv, pooling
+@case("ops", "conv1d")
+def _(r, b):
+    x = r.input("x", [b, 4, 32])
+    return loss_of(r, r.conv1d(x, r.param("w", [8, 4, 3]), r.param("bias", [8]), padding=1))
+
+
+@case("ops", "conv2d")
+def _(r, b):
+    x = r.input("x", [b, 3, 16, 16])
+    return loss_of(r, r.conv2d(x, r.param("w", [8, 3, 3, 3]), r.param("bias", [8]), stride=1, padding=1))
+
+
+@case("ops", "conv2d_stride2_lifted")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 4, 16, 16]))
+    return loss_of(r, r.conv2d(x, r.param("w", [8, 4, 3, 3]), None, stride=2, padding=1))
+
+
+op_case("max_pool2d", [4, 16, 16], lambda r, x: r.max_pool2d(x, 2))
+op_case("avg_pool2d", [4, 16, 16], lambda r, x: r.avg_pool2d(x, 2))
+op_case("adaptive_avg_pool2d_3x3", [4, 12, 12], lambda r, x: r.adaptive_avg_pool2d(x, [3, 3]))
+op_case("adaptive_avg_pool2d_1x1", [4, 12, 12], lambda r, x: r.adaptive_avg_pool2d(x, [1, 1]))
+
+
+# ------------------------------------------------------------------------------ norms
+@case("ops", "layer_norm")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]))
+    return loss_of(r, r.layer_norm(x, r.param("ln.w", [16], "ones"), r.param("ln.b", [16], "zeros")))
+
+
+@case("ops", "layer_norm_x_no_grad")
+def _(r, b):
+    x = r.input("x", [b, 8, 16])
+    return loss_of(r, r.layer_norm(x, r.param("ln.w", [16], "ones"), r.param("ln.b", [16], "zeros")))
+
+
+@case("ops", "batch_norm")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 4, 8, 8]))
+    y = r.batch_norm(x, r.param("bn.w", [4], "ones"), r.param("bn.b", [4], "zeros"),
+                     r.buffer("bn.rm", [4]), r.buffer("bn.rv", [4], init="ones"))
+    return loss_of(r, y)
+
+
+@case("ops", "group_norm")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 4, 4]))
+    return loss_of(r, r.group_norm(x, 2, r.param("gn.w", [8], "ones"), r.param("gn.b", [8], "zeros")))
+
+
+@case("ops", "rms_norm_op")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]))
+    return loss_of(r, r.rms_norm(x, r.param("rms.w", [16], "ones")))
+
+
+@case("ops", "rms_norm_written_out")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]))
+    ms = r.mean(r.pow(x, 2.0), dim=[-1], keepdim=True)
+    h = r.mul(x, r.rsqrt(r.add(ms, 1e-6)))
+    return loss_of(r, r.mul(h, r.param("rms.w", [16], "ones")))
+
+
+# ------------------------------------------------------------------------------ pointwise
+SHAPE = [8, 16]
+op_case("relu", SHAPE, lambda r, x: r.relu(x))
+op_case("relu_inplace", SHAPE, lambda r, x: r.relu(x, inplace=True))
+op_case("gelu", SHAPE, lambda r, x: r.gelu(x))
+op_case("gelu_tanh", SHAPE, lambda r, x: r.gelu(x, "tanh"))
+op_case("silu", SHAPE, lambda r, x: r.silu(x))
+op_case("sigmoid", SHAPE, lambda r, x: r.sigmoid(x))
+op_case("tanh", SHAPE, lambda r, x: r.tanh(x))
+op_case("exp", SHAPE, lambda r, x: r.exp(x))
+op_case("rsqrt", SHAPE, lambda r, x: r.rsqrt(r.exp(x)))
+op_case("sqrt", SHAPE, lambda r, x: r.sqrt(r.exp(x)))
+op_case("neg", SHAPE, lambda r, x: r.neg(x))
+op_case("log1p", SHAPE, lambda r, x: r.log1p(r.exp(x)))
+op_case("pow2", SHAPE, lambda r, x: r.pow(x, 2.0))
+op_case("softmax", SHAPE, lambda r, x: r.softmax(x, -1))
+op_case("log_softmax", SHAPE, lambda r, x: r.log_softmax(x, -1))
+op_case("dropout", SHAPE, lambda r, x: r.dropout(x, 0.1))
+op_case("add_tensor", SHAPE, lambda r, x: r.add(x, r.exp(x)))
+op_case("sub_tensor", SHAPE, lambda r, x: r.sub(x, r.exp(x)))
+op_case("mul_tensor", SHAPE, lambda r, x: r.mul(x, r.exp(x)))
+op_case("div_tensor", SHAPE, lambda r, x: r.div(x, r.exp(x)))
+op_case("add_scalar", SHAPE, lambda r, x: r.add(x, 2.0))
+op_case("mul_scalar", SHAPE, lambda r, x: r.mul(x, 2.0))
+op_case("div_scalar", SHAPE, lambda r, x: r.div(x, 2.0))
+op_case("mul_broadcast_param", SHAPE, lambda r, x: r.mul(x, r.param("s", [16])))
+op_case("add_broadcast_param", SHAPE, lambda r, x: r.add(x, r.param("s", [8, 1])))
+op_case("div_broadcast_param", SHAPE, lambda r, x: r.div(x, r.param("s", [16], "ones")))
+op_case("add_inplace", SHAPE, lambda r, x: r.add_(r.neg(x), x))
+op_case("mul_inplace", SHAPE, lambda r, x: r.mul_(r.neg(x), x))
+
+
+@case("ops", "mul_input_not_grad")
+def _(r, b):
+    # mul where one operand does not require grad: only that operand is saved.
+    x = lift(r, r.input("x", [b, 8, 16]))
+    m = r.input("m", [b, 8, 16])
+    return loss_of(r, r.mul(x, m))
+
+
+@case("ops", "masked_fill")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]))
+    return loss_of(r, r.masked_fill(x, r.input("mask", [b, 8, 16], "bool"), -1e4))
+
+
+@case("ops", "where")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]))
+    return loss_of(r, r.where(r.input("cond", [b, 8, 16], "bool"), x, r.exp(x)))
+
+
+# ------------------------------------------------------------------------------ reductions, views
+op_case("sum_dim", SHAPE, lambda r, x: r.exp(r.sum(x, dim=[-1])))
+op_case("sum_dim_keepdim", SHAPE, lambda r, x: r.exp(r.sum(x, dim=[-1], keepdim=True)))
+op_case("mean_all", SHAPE, lambda r, x: r.exp(r.mean(x)))
+op_case("mean_dim", SHAPE, lambda r, x: r.exp(r.mean(x, dim=[-1])))
+op_case("mean_dim_keepdim", SHAPE, lambda r, x: r.exp(r.mean(x, dim=[-1], keepdim=True)))
+op_case("view", SHAPE, lambda r, x: r.exp(r.view(x, [x.shape[0] * 8, 16])))
+op_case("reshape_viewable", SHAPE, lambda r, x: r.exp(r.reshape(x, [x.shape[0], 128])))
+op_case("reshape_copy", SHAPE, lambda r, x: r.exp(r.reshape(r.transpose(x, 1, 2), [x.shape[0], 128])))
+op_case("transpose_contiguous", SHAPE, lambda r, x: r.exp(r.contiguous(r.transpose(x, 1, 2))))
+op_case("permute", [4, 8, 16], lambda r, x: r.exp(r.permute(x, [0, 3, 1, 2])))
+op_case("expand", [1, 16], lambda r, x: r.exp(r.expand(x, [x.shape[0], 8, 16])))
+op_case("unsqueeze_squeeze", SHAPE, lambda r, x: r.exp(r.squeeze(r.unsqueeze(x, 1), 1)))
+op_case("slice", SHAPE, lambda r, x: r.exp(r.slice(x, 1, 2, 6)))
+op_case("split", SHAPE, lambda r, x: r.mul(*r.split(x, 2, [8, 8])))
+op_case("flatten", SHAPE, lambda r, x: r.exp(r.flatten(x, 1, 2)))
+op_case("cat", SHAPE, lambda r, x: r.exp(r.cat([x, r.exp(x)], dim=1)))
+op_case("contiguous_noop", SHAPE, lambda r, x: r.exp(r.contiguous(x)))
+
+
+@case("ops", "embedding")
+def _(r, b):
+    idx = r.input("idx", [b, 8], "int64", high=20)
+    return loss_of(r, r.embedding(r.param("wte", [20, 16]), idx))
+
+
+@case("ops", "arange_embedding")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]))
+    pos = r.embedding(r.param("wpe", [8, 16]), r.arange(8))
+    return loss_of(r, r.add(x, pos))
+
+
+# ------------------------------------------------------------------------------ losses
+@case("ops", "cross_entropy")
+def _(r, b):
+    x = r.input("x", [b * 8, 16])
+    logits = r.linear(x, r.param("w", [10, 16]))
+    return r.cross_entropy(logits, r.target("y", [b * 8], high=10))
+
+
+@case("ops", "mse_loss")
+def _(r, b):
+    x = r.input("x", [b * 8, 16])
+    y = r.linear(x, r.param("w", [10, 16]))
+    return r.mse_loss(y, r.target("y", [b * 8, 10], "float32"))
+
+
+# ------------------------------------------------------------------------------ expanded grads
+# loss = sum(y): backward hands the op a stride-0 expanded gradient of ones.
+@case("expanded_grad", "linear_2d_sum_loss")
+def _(r, b):
+    x = r.input("x", [b * 8, 16])
+    return r.sum(r.linear(x, r.param("w", [12, 16]), r.param("bias", [12])))
+
+
+@case("expanded_grad", "layer_norm_sum_loss")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]))
+    return r.sum(r.layer_norm(x, r.param("ln.w", [16], "ones"), r.param("ln.b", [16], "zeros")))
+
+
+@case("expanded_grad", "group_norm_sum_loss")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 4, 4]))
+    return r.sum(r.group_norm(x, 2, r.param("gn.w", [8], "ones"), r.param("gn.b", [8], "zeros")))
+
+
+@case("expanded_grad", "softmax_sum_loss")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]))
+    return r.sum(r.softmax(x, -1))
+
+
+@case("expanded_grad", "max_pool2d_sum_loss")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 4, 16, 16]))
+    return r.sum(r.max_pool2d(x, 2))
+
+
+# ------------------------------------------------------------------------------ phenomena
+@case("phenomena", "broadcast_mul_then_sum")
+def _(r, b):
+    # [M,1,T,D] * [M,T,D] -> [M,M,T,D], then sum(-1): the big product is a forward temporary,
+    # and backward makes two product-sized temporaries.
+    x = lift(r, r.input("x", [b, 8, 16]), "lx")
+    y = lift(r, r.input("y", [b, 8, 16]), "ly")
+    s = r.sum(r.mul(r.unsqueeze(x, 1), y), dim=[-1])
+    return loss_of(r, s)
+
+
+@case("phenomena", "einsum_contraction")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]), "lx")
+    y = lift(r, r.input("y", [b, 8, 16]), "ly")
+    return loss_of(r, r.einsum("itd,jtd->ijt", x, y))
+
+
+@case("phenomena", "swish_by_hand")
+def _(r, b):
+    h = r.linear(r.input("x", [b * 4, 32]), r.param("fc1.w", [64, 32]), r.param("fc1.b", [64]))
+    a = r.mul(h, r.sigmoid(h))
+    return r.cross_entropy(r.linear(a, r.param("fc2.w", [10, 64])), r.target("y", [b * 4], high=10))
+
+
+@case("phenomena", "swish_silu")
+def _(r, b):
+    h = r.linear(r.input("x", [b * 4, 32]), r.param("fc1.w", [64, 32]), r.param("fc1.b", [64]))
+    a = r.silu(h)
+    return r.cross_entropy(r.linear(a, r.param("fc2.w", [10, 64])), r.target("y", [b * 4], high=10))
+
+
+def _attention(r, b, scale_qk):
+    x = lift(r, r.input("x", [b, 2, 8, 16]), "lx")
+    with r.scope("attn"):
+        q = r.linear(x, r.param("q.w", [16, 16]))
+        k = r.linear(x, r.param("k.w", [16, 16]))
+        v = r.linear(x, r.param("v.w", [16, 16]))
+        if scale_qk:
+            s = 16 ** -0.25
+            scores = r.matmul(r.mul(q, s), r.transpose(r.mul(k, s), -2, -1))
+        else:
+            scores = r.div(r.matmul(q, r.transpose(k, -2, -1)), math.sqrt(16))
+        o = r.matmul(r.softmax(scores, -1), v)
+    return loss_of(r, o)
+
+
+case("phenomena", "attention_scale_scores")(lambda r, b: _attention(r, b, False))
+case("phenomena", "attention_scale_qk")(lambda r, b: _attention(r, b, True))
+
+
+@case("phenomena", "unet_down_path")
+def _(r, b):
+    # A small diffusion-UNet-like down path: conv, group norm, SiLU, strided conv, twice.
+    h = r.input("x", [b, 3, 16, 16])
+    cin = 3
+    for i, c in enumerate((8, 16)):
+        with r.scope(f"down.{i}"):
+            h = r.conv2d(h, r.param(f"down.{i}.conv.w", [c, cin, 3, 3]), r.param(f"down.{i}.conv.b", [c]), padding=1)
+            h = r.group_norm(h, 4, r.param(f"down.{i}.gn.w", [c], "ones"), r.param(f"down.{i}.gn.b", [c], "zeros"))
+            h = r.silu(h)
+            h = r.conv2d(h, r.param(f"down.{i}.ds.w", [c, c, 3, 3]), r.param(f"down.{i}.ds.b", [c]), stride=2, padding=1)
+            cin = c
+    return r.mse_loss(h, r.target("y", [b, 16, 4, 4], "float32"))
+
+
+def deep_mlp(r, b, layers=6, d=32):
+    h = r.input("x", [b * 4, d])
+    for i in range(layers):
+        with r.scope(f"blocks.{i}", block=True):
+            u = r.linear(h, r.param(f"blocks.{i}.fc1.w", [4 * d, d]), r.param(f"blocks.{i}.fc1.b", [4 * d]))
+            u = r.gelu(u)
+            h = r.linear(u, r.param(f"blocks.{i}.fc2.w", [d, 4 * d]), r.param(f"blocks.{i}.fc2.b", [d]))
+    return r.cross_entropy(h, r.target("y", [b * 4], high=d))
+
+
+case("phenomena", "deep_linear_gelu_stack",
+     note="no checkpointing; checkpoint variants (every block, every 4, sqrt L) are not covered yet")(deep_mlp)
+case("phenomena", "grad_accumulation", batch=4,
+     configs=[Config(accum=2), Config(optimizer="adam", accum=2), Config(accum=2, keep_grads=True)])(
+    lambda r, b: deep_mlp(r, b, layers=2))
+
+
+# ------------------------------------------------------------------------------ models
+def gpt(r, b, vocab=64, t=8, d=32, heads=2, layers=2, p=0.1):
+    hd = d // heads
+    idx = r.input("idx", [b, t], "int64", high=vocab)
+    wte = r.param("wte", [vocab, d])
+    x = r.add(r.embedding(wte, idx), r.embedding(r.param("wpe", [t, d]), r.arange(t)))
+    x = r.dropout(x, p) if r.training else x
+    mask = r.buffer("causal_mask", [t, t], "bool", value=_causal(t))
+    for i in range(layers):
+        with r.scope(f"h.{i}", block=True):
+            pre = f"h.{i}"
+            with r.scope("attn"):
+                a = r.layer_norm(x, r.param(f"{pre}.ln1.w", [d], "ones"), r.param(f"{pre}.ln1.b", [d], "zeros"))
+                qkv = r.linear(a, r.param(f"{pre}.attn.w", [3 * d, d]), r.param(f"{pre}.attn.b", [3 * d]))
+                q, k, v = r.split(qkv, 2, [d, d, d])
+                q = r.transpose(r.view(q, [b, t, heads, hd]), 1, 2)
+                k = r.transpose(r.view(k, [b, t, heads, hd]), 1, 2)
+                v = r.transpose(r.view(v, [b, t, heads, hd]), 1, 2)
+                s = r.div(r.matmul(q, r.transpose(k, -2, -1)), math.sqrt(hd))
+                s = r.masked_fill(s, mask, -1e4)
+                att = r.dropout(r.softmax(s, -1), p)
+                y = r.matmul(att, v)
+                y = r.reshape(r.transpose(y, 1, 2), [b, t, d])
+                y = r.dropout(r.linear(y, r.param(f"{pre}.proj.w", [d, d]), r.param(f"{pre}.proj.b", [d])), p)
+                x = r.add(x, y)
+            with r.scope("mlp"):
+                m = r.layer_norm(x, r.param(f"{pre}.ln2.w", [d], "ones"), r.param(f"{pre}.ln2.b", [d], "zeros"))
+                m = r.gelu(r.linear(m, r.param(f"{pre}.fc.w", [4 * d, d]), r.param(f"{pre}.fc.b", [4 * d])))
+                m = r.dropout(r.linear(m, r.param(f"{pre}.mproj.w", [d, 4 * d]), r.param(f"{pre}.mproj.b", [d])), p)
+                x = r.add(x, m)
+    x = r.layer_norm(x, r.param("lnf.w", [d], "ones"), r.param("lnf.b", [d], "zeros"))
+    logits = r.linear(x, wte)  # tied head
+    if not r.training:
+        return logits
+    return r.cross_entropy(r.view(logits, [b * t, vocab]), r.target("y", [b * t], high=vocab))
+
+
+def _causal(t):
+    import torch
+    return torch.ones(t, t, dtype=torch.bool).triu(1)
+
+
+case("models", "gpt_decoder", batch=2,
+     configs=[SGD, Config(optimizer="adamw", impl="foreach"), Config(mode="inference")])(gpt)
+
+
+def mlp(r, b):
+    h = r.relu(r.linear(r.input("x", [b, 64]), r.param("fc1.w", [128, 64]), r.param("fc1.b", [128])))
+    h = r.linear(h, r.param("fc2.w", [32, 128]), r.param("fc2.b", [32]))
+    return r.cross_entropy(h, r.target("y", [b], high=32)) if r.training else h
+
+
+case("models", "mlp_inference", batch=8, configs=[Config(mode="inference")])(mlp)
+case("models", "deep_stack_inference", batch=4, configs=[Config(mode="inference")])(
+    lambda r, b: deep_mlp(r, b) if r.training else _deep_mlp_out(r, b))
+
+
+def _deep_mlp_out(r, b, layers=6, d=32):
+    h = r.input("x", [b * 4, d])
+    for i in range(layers):
+        with r.scope(f"blocks.{i}"):
+            u = r.gelu(r.linear(h, r.param(f"blocks.{i}.fc1.w", [4 * d, d]), r.param(f"blocks.{i}.fc1.b", [4 * d])))
+            h = r.linear(u, r.param(f"blocks.{i}.fc2.w", [d, 4 * d]), r.param(f"blocks.{i}.fc2.b", [d]))
+    return h
+
+
+# ------------------------------------------------------------------------------ optimizers
+OPTIMIZER_CONFIGS = [
+    Config(optimizer=o, impl=i, keep_grads=k)
+    for o in ("sgd", "momentum", "adam", "adamw")
+    for i in ("for-loop", "foreach")
+    for k in (False, True)
+] + [
+    Config(optimizer="adam", impl="for-loop", weight_decay=0.01),
+    Config(optimizer="momentum", impl="for-loop", weight_decay=0.01),
+]
+case("optim", "mlp", batch=8, configs=OPTIMIZER_CONFIGS)(mlp)

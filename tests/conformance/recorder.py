@@ -1,0 +1,558 @@
+"""A dual-mode model builder: each conformance case is written once, as `forward(r, batch)`.
+
+The case calls methods of a Recorder `r` (`r.input`, `r.param`, `r.linear`, `r.relu`, ...).
+Every method runs the real PyTorch op and also records it in memest's op-graph vocabulary
+(engine/op_rules.h: kinds, inputs, outputs, attribute names). Methods return `Value` handles,
+never tensors, so the case itself holds no tensor: the recorder drops its reference to a tensor
+right after the tensor's last use in the graph, which is memest's assumption that "a Python
+reference dies at the tensor's last use" (docs/step-model.md, assumption 4).
+
+Two passes use the same case function:
+
+  * record (`Recorder(store, plan=None)`): runs the ops once (under no_grad) to learn the graph:
+    tensor declarations with roles, shapes and dtypes, the ops, the loss, each tensor's last
+    use and the first op of the loss. `to_model_json()` writes memest's model file (the proto
+    JSON mapping of memest.v1.Model, `ops` variant).
+  * run (`Recorder(store, plan=<the recorded plan>, tracker=...)`): replays the case for
+    measurement. Inputs and targets are made up front by `make_inputs()` (memest's data phase),
+    the tracker's phase switches to "LOSS" at the first op of the loss, and tensors are released
+    at their last use. The loss (training) or the last op's outputs (inference) stay held, as
+    memest pins them.
+
+Parameters and buffers live in a `ParamStore`, created once (nn.Parameter) and reused by every
+pass and every step, so the optimizer sees the same tensors.
+"""
+import contextlib
+import json
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "bool": torch.bool,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+ROLE = {
+    "input": "TENSOR_ROLE_INPUT",
+    "target": "TENSOR_ROLE_TARGET",
+    "parameter": "TENSOR_ROLE_PARAMETER",
+    "buffer": "TENSOR_ROLE_BUFFER",
+    "activation": "TENSOR_ROLE_ACTIVATION",
+}
+
+
+class Value:
+    """A handle on a tensor of the case's graph (the case never sees the tensor)."""
+
+    __slots__ = ("name", "_rec")
+
+    def __init__(self, name, rec):
+        self.name = name
+        self._rec = rec
+
+    @property
+    def shape(self):
+        return list(self._rec._shapes[self.name])
+
+    @property
+    def dtype(self):
+        return self._rec._dtypes[self.name]
+
+    def __repr__(self):
+        return f"Value({self.name}, {self.shape})"
+
+
+class ParamStore:
+    """Parameters and buffers of one case, created once and shared by all passes and steps."""
+
+    def __init__(self, seed=0):
+        self.params = {}   # name -> nn.Parameter (insertion order = declaration order)
+        self.buffers = {}  # name -> tensor
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def trainable(self):
+        return [p for p in self.params.values() if p.requires_grad]
+
+    def storages(self):
+        """Storage data pointers of every parameter and buffer."""
+        ptrs = set()
+        for t in list(self.params.values()) + list(self.buffers.values()):
+            ptrs.add(t.storage().data_ptr())
+        return ptrs
+
+
+def _attr(v):
+    """memest.v1.AttrValue in the proto JSON mapping."""
+    if isinstance(v, bool):
+        return {"i": int(v)}
+    if isinstance(v, int):
+        return {"i": v}
+    if isinstance(v, float):
+        return {"f": v}
+    if isinstance(v, str):
+        return {"s": v}
+    if isinstance(v, (list, tuple)):
+        return {"ints": {"values": [int(x) for x in v]}}
+    raise TypeError(f"unsupported attribute value {v!r}")
+
+
+def _make_leaf(shape, dtype, init, gen, high=None):
+    """A leaf tensor made with exactly one allocation (no temporaries: the allocator-level
+    measurement sees every allocation of the data phase)."""
+    dt = DTYPES[dtype]
+    if dt == torch.bool:
+        return torch.empty(shape, dtype=dt).bernoulli_(0.5, generator=gen)
+    if not dt.is_floating_point:
+        return torch.randint(0, high or 2, shape, generator=gen, dtype=dt)
+    if init == "ones":
+        return torch.ones(shape, dtype=dt)
+    if init == "zeros":
+        return torch.zeros(shape, dtype=dt)
+    return torch.empty(shape, dtype=dt).normal_(0.0, 0.1, generator=gen)
+
+
+class Recorder:
+    def __init__(self, store, plan=None, tracker=None, training=True):
+        self.store = store
+        self.plan = plan
+        self.tracker = tracker
+        self.training = training
+        self.recording = plan is None
+        # graph
+        self.decls = []     # tensor declarations (dicts in the proto JSON mapping)
+        self.ops = []       # op declarations
+        self._shapes = {}
+        self._dtypes = {}
+        self._roles = {}
+        self._leaf_spec = {}  # name -> (shape, dtype, high) for inputs and targets
+        self._scope = []
+        self.blocks = []
+        # execution
+        self._vals = {}     # name -> live tensor held by the recorder
+        self._op_index = 0
+        self._names = set()
+        self._prepared = {}  # run mode: inputs/targets made in the data phase
+
+    # ------------------------------------------------------------------ scopes
+    @contextlib.contextmanager
+    def scope(self, name, block=False):
+        self._scope.append(name)
+        full = ".".join(self._scope)
+        if block and self.recording and full not in self.blocks:
+            self.blocks.append(full)
+        try:
+            yield
+        finally:
+            self._scope.pop()
+
+    # ------------------------------------------------------------------ leaves
+    def _declare(self, name, t, role, batch_dim=None, frozen=False):
+        if name in self._names:
+            raise ValueError(f"duplicate tensor name {name}")
+        self._names.add(name)
+        self._shapes[name] = tuple(t.shape)
+        self._dtypes[name] = DTYPE_NAMES[t.dtype]
+        self._roles[name] = role
+        if self.recording:
+            d = {"name": name, "shape": list(t.shape), "dtype": DTYPE_NAMES[t.dtype], "role": ROLE[role]}
+            if batch_dim is not None and batch_dim != 0:
+                d["batchDim"] = batch_dim
+            if frozen:
+                d["frozen"] = True
+            self.decls.append(d)
+        return Value(name, self)
+
+    def input(self, name, shape, dtype="float32", high=None, batch_dim=0):
+        """A data-batch tensor (memest role input). Integer inputs are drawn from [0, high)."""
+        return self._leaf(name, shape, dtype, high, "input", batch_dim)
+
+    def target(self, name, shape, dtype="int64", high=None, batch_dim=0):
+        """A target (memest role target; the first op reading it starts the loss phase)."""
+        return self._leaf(name, shape, dtype, high, "target", batch_dim)
+
+    def _leaf(self, name, shape, dtype, high, role, batch_dim):
+        if self.recording:
+            t = _make_leaf(shape, dtype, "randn", self.store.gen, high)
+            self._leaf_spec[name] = (list(shape), dtype, high)
+        else:
+            t = self._prepared.pop(name)
+        self._vals[name] = t
+        return self._declare(name, t, role, batch_dim=batch_dim)
+
+    def make_inputs(self):
+        """Run mode: creates every input and target of the plan (memest's data phase)."""
+        assert not self.recording
+        from measure import untracked  # the tracker must not see the random-number temporaries
+        for name, (shape, dtype, high) in self.plan["leaves"].items():
+            with untracked():
+                t = _make_leaf(shape, dtype, "randn", self.store.gen, high)
+            self._prepared[name] = t
+            if self.tracker is not None:
+                self.tracker.register(t, f"input {name}")
+
+    def param(self, name, shape, init="randn", frozen=False):
+        """A parameter (nn.Parameter, created once per case and reused)."""
+        p = self.store.params.get(name)
+        if p is None:
+            p = torch.nn.Parameter(_make_leaf(shape, "float32", init, self.store.gen),
+                                   requires_grad=not frozen)
+            self.store.params[name] = p
+        self._vals[name] = p
+        return self._declare(name, p, "parameter", frozen=frozen)
+
+    def buffer(self, name, shape, dtype="float32", init="zeros", value=None):
+        """A module buffer (BatchNorm running statistics, a causal mask)."""
+        b = self.store.buffers.get(name)
+        if b is None:
+            b = value if value is not None else _make_leaf(shape, dtype, init, self.store.gen)
+            self.store.buffers[name] = b
+        self._vals[name] = b
+        return self._declare(name, b, "buffer")
+
+    # ------------------------------------------------------------------ ops
+    def _t(self, v):
+        return self._vals[v.name]
+
+    def _op(self, kind, inputs, attrs, fn, n_out=1, name=None):
+        """Runs one op: fn(*input tensors) -> tensor or tuple of tensors."""
+        i = self._op_index
+        self._op_index += 1
+        if not self.recording and self.tracker is not None and i == self.plan["loss_begin"]:
+            self.tracker.set_phase("LOSS")
+        ts = [self._t(v) for v in inputs]
+        if self.recording:
+            with torch.no_grad():
+                out = fn(*ts)
+        else:
+            out = fn(*ts)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        assert len(outs) == n_out, (kind, len(outs), n_out)
+        del ts, out
+        values = []
+        for j, t in enumerate(outs):
+            nm = name if (name and n_out == 1) else (f"{name}.{j}" if name else f"{kind}_{i}" + (f".{j}" if n_out > 1 else ""))
+            if self.recording:
+                if nm in self._names:
+                    raise ValueError(f"duplicate tensor name {nm}")
+                self._names.add(nm)
+            self._shapes[nm] = tuple(t.shape)
+            self._dtypes[nm] = DTYPE_NAMES[t.dtype]
+            self._roles[nm] = "activation"
+            self._vals[nm] = t
+            values.append(Value(nm, self))
+        del outs
+        if self.recording:
+            op = {"kind": kind, "inputs": [v.name for v in inputs], "outputs": [v.name for v in values]}
+            a = {k: _attr(v) for k, v in attrs.items() if v is not None}
+            if a:
+                op["attrs"] = a
+            if self._scope:
+                op["scope"] = ".".join(self._scope)
+            self.ops.append(op)
+        else:
+            self._release(i)
+        return values[0] if n_out == 1 else values
+
+    def _release(self, i):
+        """Run mode: drops every tensor whose last use is op i (and is not held)."""
+        for nm in self.plan["dies_after"].get(i, ()):
+            self._vals.pop(nm, None)
+
+    def release_all(self):
+        """End of the micro-batch: the loop drops the batch and what it still holds."""
+        self._vals.clear()
+
+    def take(self, v):
+        """The tensor of a held value (the loss), for the measuring loop."""
+        return self._vals[v.name]
+
+    # linear algebra
+    def linear(self, x, w, b=None):
+        ins = [x, w] + ([b] if b is not None else [])
+        return self._op("linear", ins, {}, lambda *t: F.linear(*t))
+
+    def matmul(self, a, b):
+        return self._op("matmul", [a, b], {}, torch.matmul)
+
+    def bmm(self, a, b):
+        return self._op("bmm", [a, b], {}, torch.bmm)
+
+    def addmm(self, bias, a, b):
+        return self._op("addmm", [bias, a, b], {}, torch.addmm)
+
+    def einsum(self, equation, a, b=None):
+        ins = [a] + ([b] if b is not None else [])
+        return self._op("einsum", ins, {"equation": equation}, lambda *t: torch.einsum(equation, *t))
+
+    def _conv(self, kind, fn, x, w, b, stride, padding, dilation, groups):
+        ins = [x, w] + ([b] if b is not None else [])
+        attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+        return self._op(kind, ins, attrs, lambda x_, w_, b_=None: fn(x_, w_, b_, stride, padding, dilation, groups))
+
+    def conv1d(self, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+        return self._conv("conv1d", F.conv1d, x, w, b, stride, padding, dilation, groups)
+
+    def conv2d(self, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
+        return self._conv("conv2d", F.conv2d, x, w, b, stride, padding, dilation, groups)
+
+    # pooling
+    def max_pool2d(self, x, kernel_size, stride=None, padding=0):
+        """memest's max_pool2d has two outputs (out, indices); the indices are unused here."""
+        s = stride if stride is not None else kernel_size
+        out, _ = self._op("max_pool2d", [x], {"kernel_size": kernel_size, "stride": stride, "padding": padding},
+                          lambda t: F.max_pool2d(t, kernel_size, s, padding, return_indices=True), n_out=2)
+        return out
+
+    def avg_pool2d(self, x, kernel_size, stride=None, padding=0):
+        s = stride if stride is not None else kernel_size
+        return self._op("avg_pool2d", [x], {"kernel_size": kernel_size, "stride": stride, "padding": padding},
+                        lambda t: F.avg_pool2d(t, kernel_size, s, padding))
+
+    def adaptive_avg_pool2d(self, x, output_size):
+        return self._op("adaptive_avg_pool2d", [x], {"output_size": output_size},
+                        lambda t: F.adaptive_avg_pool2d(t, output_size))
+
+    # normalisation
+    def layer_norm(self, x, w=None, b=None, normalized_ndim=1, eps=1e-5):
+        ins = [x] + [v for v in (w, b) if v is not None]
+        if w is None and b is not None:
+            raise ValueError("layer_norm with a bias needs a weight")
+
+        def fn(t, *wb):
+            return F.layer_norm(t, t.shape[t.dim() - normalized_ndim:], *wb, eps=eps)
+        return self._op("layer_norm", ins, {"normalized_ndim": normalized_ndim if normalized_ndim != 1 else None}, fn)
+
+    def batch_norm(self, x, w, b, running_mean, running_var, eps=1e-5):
+        def fn(t, w_, b_, rm, rv):
+            return F.batch_norm(t, rm, rv, w_, b_, training=self.training, eps=eps)
+        return self._op("batch_norm", [x, w, b, running_mean, running_var], {}, fn)
+
+    def group_norm(self, x, num_groups, w=None, b=None, eps=1e-5):
+        ins = [x] + [v for v in (w, b) if v is not None]
+        return self._op("group_norm", ins, {"num_groups": num_groups},
+                        lambda t, *wb: F.group_norm(t, num_groups, *wb, eps=eps))
+
+    def rms_norm(self, x, w=None, eps=1e-6):
+        """memest's rms_norm (upcast=0), run as HF's LlamaRMSNorm writes it for float32."""
+        ins = [x] + ([w] if w is not None else [])
+
+        def fn(t, *w_):
+            h = t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps)
+            return w_[0] * h if w_ else h
+        return self._op("rms_norm", ins, {}, fn)
+
+    # pointwise
+    def relu(self, x, inplace=False):
+        if inplace:
+            return self._op("relu", [x], {"inplace": 1}, torch.relu_)
+        return self._op("relu", [x], {}, torch.relu)
+
+    def gelu(self, x, approximate="none"):
+        return self._op("gelu", [x], {"approximate": approximate if approximate != "none" else None},
+                        lambda t: F.gelu(t, approximate=approximate))
+
+    def silu(self, x):
+        return self._op("silu", [x], {}, F.silu)
+
+    def sigmoid(self, x):
+        return self._op("sigmoid", [x], {}, torch.sigmoid)
+
+    def tanh(self, x):
+        return self._op("tanh", [x], {}, torch.tanh)
+
+    def exp(self, x):
+        return self._op("exp", [x], {}, torch.exp)
+
+    def rsqrt(self, x):
+        return self._op("rsqrt", [x], {}, torch.rsqrt)
+
+    def sqrt(self, x):
+        return self._op("sqrt", [x], {}, torch.sqrt)
+
+    def neg(self, x):
+        return self._op("neg", [x], {}, torch.neg)
+
+    def log1p(self, x):
+        return self._op("log1p", [x], {}, torch.log1p)
+
+    def pow(self, x, exponent=2.0):
+        return self._op("pow", [x], {"exponent": float(exponent)}, lambda t: t.pow(exponent))
+
+    def softmax(self, x, dim=-1):
+        return self._op("softmax", [x], {"dim": dim}, lambda t: torch.softmax(t, dim))
+
+    def log_softmax(self, x, dim=-1):
+        return self._op("log_softmax", [x], {"dim": dim}, lambda t: torch.log_softmax(t, dim))
+
+    def dropout(self, x, p=0.1):
+        return self._op("dropout", [x], {"p": float(p)}, lambda t: F.dropout(t, p, training=self.training))
+
+    def embedding(self, w, idx):
+        return self._op("embedding", [w, idx], {}, lambda w_, i_: F.embedding(i_, w_))
+
+    def _binary(self, kind, a, b, fn):
+        if isinstance(b, (int, float)):
+            s = float(b)
+            return self._op(kind, [a], {"scalar": s}, lambda t: fn(t, s))
+        return self._op(kind, [a, b], {}, fn)
+
+    def add(self, a, b):
+        return self._binary("add", a, b, lambda x, y: x + y)
+
+    def sub(self, a, b):
+        return self._binary("sub", a, b, lambda x, y: x - y)
+
+    def mul(self, a, b):
+        return self._binary("mul", a, b, lambda x, y: x * y)
+
+    def div(self, a, b):
+        return self._binary("div", a, b, lambda x, y: x / y)
+
+    def add_(self, a, b):
+        return self._op("add_", [a, b], {}, lambda x, y: x.add_(y))
+
+    def mul_(self, a, b):
+        return self._op("mul_", [a, b], {}, lambda x, y: x.mul_(y))
+
+    def masked_fill(self, x, mask, value):
+        return self._op("masked_fill", [x, mask], {"value": float(value)},
+                        lambda t, m: t.masked_fill(m, value))
+
+    def where(self, cond, a, b):
+        return self._op("where", [cond, a, b], {}, torch.where)
+
+    # reductions
+    def sum(self, x, dim=None, keepdim=False):
+        attrs = {"dim": list(dim) if dim is not None else None, "keepdim": 1 if keepdim else None}
+        if dim is None:
+            return self._op("sum", [x], attrs, lambda t: t.sum())
+        return self._op("sum", [x], attrs, lambda t: t.sum(list(dim), keepdim=keepdim))
+
+    def mean(self, x, dim=None, keepdim=False):
+        attrs = {"dim": list(dim) if dim is not None else None, "keepdim": 1 if keepdim else None}
+        if dim is None:
+            return self._op("mean", [x], attrs, lambda t: t.mean())
+        return self._op("mean", [x], attrs, lambda t: t.mean(list(dim), keepdim=keepdim))
+
+    # views and copies
+    def view(self, x, shape):
+        return self._op("view", [x], {"shape": list(shape)}, lambda t: t.view(list(shape)))
+
+    def reshape(self, x, shape):
+        return self._op("reshape", [x], {"shape": list(shape)}, lambda t: t.reshape(list(shape)))
+
+    def transpose(self, x, dim0, dim1):
+        return self._op("transpose", [x], {"dim0": dim0, "dim1": dim1}, lambda t: t.transpose(dim0, dim1))
+
+    def permute(self, x, dims):
+        return self._op("permute", [x], {"dims": list(dims)}, lambda t: t.permute(list(dims)))
+
+    def expand(self, x, shape):
+        return self._op("expand", [x], {"shape": list(shape)}, lambda t: t.expand(list(shape)))
+
+    def unsqueeze(self, x, dim):
+        return self._op("unsqueeze", [x], {"dim": dim}, lambda t: t.unsqueeze(dim))
+
+    def squeeze(self, x, dim=None):
+        if dim is None:
+            return self._op("squeeze", [x], {}, lambda t: t.squeeze())
+        return self._op("squeeze", [x], {"dim": dim}, lambda t: t.squeeze(dim))
+
+    def slice(self, x, dim, start, end):
+        return self._op("slice", [x], {"dim": dim, "start": start, "end": end},
+                        lambda t: t.narrow(dim, start, end - start))
+
+    def split(self, x, dim, sizes):
+        return self._op("split", [x], {"dim": dim, "sizes": list(sizes)},
+                        lambda t: t.split(list(sizes), dim), n_out=len(sizes))
+
+    def flatten(self, x, start_dim=0, end_dim=-1):
+        return self._op("flatten", [x], {"start_dim": start_dim, "end_dim": end_dim},
+                        lambda t: t.flatten(start_dim, end_dim))
+
+    def contiguous(self, x):
+        return self._op("contiguous", [x], {}, lambda t: t.contiguous())
+
+    def to(self, x, dtype):
+        return self._op("to", [x], {"dtype": dtype}, lambda t: t.to(DTYPES[dtype]))
+
+    def cat(self, xs, dim=0):
+        return self._op("cat", list(xs), {"dim": dim}, lambda *t: torch.cat(t, dim))
+
+    def arange(self, end):
+        return self._op("arange", [], {"end": end}, lambda: torch.arange(end))
+
+    # losses
+    def cross_entropy(self, logits, target):
+        return self._op("cross_entropy", [logits, target], {}, F.cross_entropy)
+
+    def mse_loss(self, a, b):
+        return self._op("mse_loss", [a, b], {}, F.mse_loss)
+
+    # ------------------------------------------------------------------ the plan
+    def finish(self, result):
+        """Record mode: closes the graph with the case's result (the loss in training, the
+        output in inference) and returns the plan the run mode replays."""
+        assert self.recording
+        result_names = [v.name for v in (result if isinstance(result, (list, tuple)) else [result])]
+        self.result = result_names
+        last_use = {}
+        for i, op in enumerate(self.ops):
+            for nm in op["inputs"]:
+                last_use[nm] = i
+            for nm in op["outputs"]:
+                last_use.setdefault(nm, i)
+        held = set()
+        if self.training:
+            held.update(result_names)  # the loss, held by the loop across backward
+        elif self.ops:
+            held.update(self.ops[-1]["outputs"])  # inference: the model's output
+        # Inputs and targets live until the end of the micro-batch; parameters and buffers
+        # belong to the store.
+        for nm, role in self._roles.items():
+            if role != "activation":
+                held.add(nm)
+        dies_after = {}
+        for nm, i in last_use.items():
+            if nm not in held:
+                dies_after.setdefault(i, []).append(nm)
+        loss_begin = -1
+        if self.training:
+            targets = {nm for nm, role in self._roles.items() if role == "target"}
+            for i, op in enumerate(self.ops):
+                if any(nm in targets for nm in op["inputs"]) or any(nm in result_names for nm in op["outputs"]):
+                    loss_begin = i
+                    break
+        self._vals.clear()
+        return {
+            "leaves": dict(self._leaf_spec),
+            "dies_after": dies_after,
+            "loss_begin": loss_begin,
+            "result": result_names,
+        }
+
+    def to_model_json(self, batch, declare_outputs=True):
+        """memest.v1.Model (ops variant) in the proto JSON mapping."""
+        tensors = list(self.decls)
+        if declare_outputs:
+            # Declared op outputs are checked by memest against its shape inference.
+            for op in self.ops:
+                for nm in op["outputs"]:
+                    tensors.append({"name": nm, "shape": list(self._shapes[nm]), "dtype": self._dtypes[nm],
+                                    "role": ROLE["activation"]})
+        g = {"tensors": tensors, "ops": self.ops, "tracedBatch": batch}
+        if self.training:
+            g["loss"] = self.result[0]
+        if self.blocks:
+            g["blocks"] = list(self.blocks)
+        return {"ops": g}
+
+    def dumps(self, batch):
+        return json.dumps(self.to_model_json(batch), indent=1)

@@ -1,0 +1,339 @@
+#!/usr/bin/python3
+"""memest against real PyTorch, case by case: the conformance suite's entry point.
+
+Usage (from anywhere; use the interpreter that has PyTorch, Debian's /usr/bin/python3):
+  /usr/bin/python3 tests/conformance/run.py [--report FILE] [-k SUBSTRING] [--list]
+      [--explain] [--no-docs] [--memest PATH]
+
+For every case (cases.py) and configuration it runs real PyTorch (measure.py) and
+`memest estimate --local --runtime cpu-1.13` on the same model (recorder.py writes the model
+file), and compares:
+  * saved-for-backward bytes and end-of-step parameter, gradient and optimizer-state bytes:
+    equal, to the byte;
+  * peak live bytes per phase and overall: within 1%.
+Training cases are checked at the first step and in steady state (step 2).
+
+Writes the report (--report, JSON rows) and regenerates docs/fidelity.md when every case ran
+(no -k). Prints `N passed, M failed` and exits 1 on any failure not listed in KNOWN_FAILURES.
+"""
+import argparse
+import datetime
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+warnings.filterwarnings("ignore")
+# The profiler's memory reporter warns (c10 LOG(WARNING)) on every free of a block allocated
+# before profiling started (parameters, grads): expected here, and noise.
+os.environ.setdefault("GLOG_minloglevel", "2")
+
+import torch  # noqa: E402
+
+from cases import CASES  # noqa: E402
+from measure import CaseRun  # noqa: E402
+
+torch.set_num_threads(1)
+
+PEAK_TOLERANCE = 0.01  # peaks: within 1%; everything else: equal
+
+# Disagreements between memest's cpu-1.13 runtime and PyTorch 1.13 that are understood and
+# reported (/tmp/conformance-findings.md, docs/fidelity.md) but not fixed yet: (reason, case-id
+# patterns (fnmatch), quantities). A listed row still appears in the report, marked
+# known_failure, and does not fail the run; a listed row that passes is reported as stale.
+KNOWN_FAILURES = [
+    ("CPU convolution scratch (im2col / oneDNN buffers inside aten::convolution and "
+     "convolution_backward) is not modelled; its CUDA counterpart, the cuDNN workspace, is not "
+     "either",
+     ["ops/conv1d", "ops/conv2d", "ops/conv2d_stride2_lifted", "phenomena/unet_down_path"],
+     ["peak.FORWARD", "peak.BACKWARD", "peak"]),
+]
+
+
+def known_failure(case_id, quantity):
+    for reason, patterns, quantities in KNOWN_FAILURES:
+        if quantity in quantities and any(fnmatch.fnmatchcase(case_id, p) for p in patterns):
+            return reason
+    return None
+
+
+def find_memest(explicit=None):
+    for p in (explicit, os.environ.get("MEMEST_BIN"), os.path.join(ROOT, "build", "bin", "memest")):
+        if p and os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    sys.exit("run.py: build/bin/memest not found (build first: bash scripts/build.sh)")
+
+
+def estimate(memest, model, batch, cfg, first_step):
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(model, f)
+        path = f.name
+    cmd = [memest, "estimate", "--local", "--model", path, "--batch", str(batch * cfg.accum),
+           "--mode", cfg.mode, "--precision", "fp32", "--runtime", "cpu-1.13", "--json", "--no-advice"]
+    if cfg.training:
+        cmd += ["--optimizer", cfg.optimizer, "--optimizer-impl", cfg.impl]
+        if cfg.accum > 1:
+            cmd += ["--grad-accum", str(cfg.accum)]
+        if cfg.weight_decay:
+            cmd += ["--weight-decay", repr(cfg.weight_decay)]
+        if cfg.keep_grads:
+            cmd += ["--keep-grads"]
+        if first_step:
+            cmd += ["--first-step"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(path)
+    if p.returncode != 0:
+        raise RuntimeError(f"memest exited {p.returncode}: {p.stderr.strip() or p.stdout.strip()}"
+                           f"\n  command: {' '.join(cmd)}")
+    return json.loads(p.stdout)
+
+
+def _int(v):
+    return int(v) if v not in (None, "") else 0
+
+
+def estimated_quantities(resp, training):
+    q = {}
+    if training:
+        q["saved_for_backward"] = _int(resp.get("savedForBackwardBytes"))
+    eos = resp.get("endOfStep") or {}
+    q["end_of_step.parameters"] = _int(eos.get("parameters"))
+    q["end_of_step.gradients"] = _int(eos.get("gradients"))
+    q["end_of_step.optimizer_state"] = _int(eos.get("optimizerState"))
+    for ph in resp.get("phases", []):
+        name = ph.get("phase", "").replace("PHASE_", "")
+        q[f"peak.{name}"] = _int(ph.get("allocatedBytes"))
+    q["peak"] = _int((resp.get("peak") or {}).get("allocatedBytes"))
+    return q
+
+
+def measured_quantities(step_result, saved, training):
+    q = {}
+    if training:
+        q["saved_for_backward"] = saved
+    for k, v in step_result["end_of_step"].items():
+        q[f"end_of_step.{k}"] = v
+    for ph, v in step_result["phases"].items():
+        q[f"peak.{ph}"] = v
+    q["peak"] = step_result["peak"]
+    return q
+
+
+def compare(case_id, step, measured, estimated):
+    rows = []
+    keys = list(measured)
+    # A phase memest reports with bytes but PyTorch never entered is a disagreement too.
+    for k, v in estimated.items():
+        if k not in measured and k.startswith("peak.") and v:
+            keys.append(k)
+    for k in keys:
+        m = measured.get(k, 0)
+        e = estimated.get(k)
+        if e is None:
+            e = 0
+        rel = (e - m) / m if m else (0.0 if e == 0 else float("inf"))
+        ok = abs(rel) <= PEAK_TOLERANCE if k.startswith("peak") else e == m
+        row = {"case": case_id, "step": step, "quantity": k, "measured_bytes": m, "estimated_bytes": e,
+               "rel_error": rel if rel != float("inf") else None, "ok": ok}
+        reason = known_failure(case_id, k)
+        if not ok and reason:
+            row["known_failure"] = reason
+        elif ok and reason:
+            row["stale_known_failure"] = reason
+        rows.append(row)
+    return rows
+
+
+def explain(run, steps, saved_list):
+    print("    saved storages (bytes, as packed):")
+    for nb, descs in saved_list:
+        print(f"      {nb:>9}  {', '.join(descs[:4])}{' ...' if len(descs) > 4 else ''}")
+    res = run.run_steps(steps=2, method="dispatch", keep_log=True)
+    print("    (the allocations below are from the dispatch-mode tracker, which names the op behind each storage;\n     it does not see scratch a kernel allocates inside itself, which the allocator trace does)")
+    for i, r in enumerate(res):
+        print(f"    step {i + 1}: phase peaks {r['phases']}  (peak op {r['peak_where']})")
+        for ph, label, nb, live in r["log"]:
+            print(f"      {str(ph):<15} {nb:<+9} live {live:<9} {label}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--report", help="write the JSON report here")
+    ap.add_argument("-k", dest="select", help="run only cases whose id contains this substring")
+    ap.add_argument("--list", action="store_true", help="list the case ids and exit")
+    ap.add_argument("--explain", action="store_true", help="print storages and allocations of failing cases")
+    ap.add_argument("--no-docs", action="store_true", help="do not regenerate docs/fidelity.md")
+    ap.add_argument("--memest", help="the memest binary (default: build/bin/memest)")
+    args = ap.parse_args()
+
+    variants = [(cid, cfg, c) for c in CASES for cid, cfg in c.variants()]
+    if args.select:
+        variants = [v for v in variants if args.select in v[0]]
+    if args.list:
+        for cid, cfg, c in variants:
+            print(f"{cid}  ({cfg.label()}, batch {c.batch})")
+        return 0
+    memest = find_memest(args.memest)
+
+    rows, results = [], []
+    t0 = time.time()
+    for cid, cfg, c in variants:
+        steps = [("first", True), ("steady", False)] if cfg.training else [("inference", False)]
+        try:
+            run = CaseRun(c.fn, c.batch, cfg)
+            saved, saved_list = run.measure_saved()
+            measured = run.run_steps(steps=2 if cfg.training else 1)
+            case_rows = []
+            for (step, first), m in zip(steps, measured):
+                est = estimated_quantities(estimate(memest, run.model, c.batch, cfg, first), cfg.training)
+                case_rows += compare(cid, step, measured_quantities(m, saved, cfg.training), est)
+            error = None
+        except Exception as e:  # a case that cannot run is a failure, reported with its error
+            case_rows, error = [], f"{type(e).__name__}: {e}"
+        rows += case_rows
+        for step, _ in steps:
+            srows = [r for r in case_rows if r["step"] == step]
+            bad = [r for r in srows if not r["ok"] and "known_failure" not in r]
+            known = [r for r in srows if not r["ok"] and "known_failure" in r]
+            status = "ERROR" if error else ("FAIL" if bad else ("KNOWN" if known else "ok"))
+            results.append({"case": cid, "group": c.group, "step": step, "config": cfg.label(),
+                            "status": status, "error": error, "rows": srows, "note": c.note})
+            line = f"{status:<5} {cid} [{step}]"
+            if error:
+                line += f"\n      {error}"
+            for r in bad + known:
+                err = "" if r["rel_error"] is None else f" ({r['rel_error']:+.2%})"
+                line += (f"\n      {r['quantity']}: measured {r['measured_bytes']}, estimated "
+                         f"{r['estimated_bytes']}{err}" + (" [known]" if r in known else ""))
+            print(line, flush=True)
+        if args.explain and any(x["status"] in ("FAIL", "KNOWN") for x in results[-len(steps):]):
+            explain(run, steps, saved_list)
+
+    stale = {(x["case"], x["quantity"]) for x in rows if x.get("stale_known_failure")}
+    stale -= {(x["case"], x["quantity"]) for x in rows if x.get("known_failure")}
+    for cid, q in sorted(stale):
+        print(f"note: KNOWN_FAILURES lists {cid} {q}, which now passes: remove it")
+    passed = sum(1 for r in results if r["status"] in ("ok",))
+    known = sum(1 for r in results if r["status"] == "KNOWN")
+    failed = sum(1 for r in results if r["status"] in ("FAIL", "ERROR"))
+    if args.report:
+        os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
+        with open(args.report, "w") as f:
+            json.dump({"torch": torch.__version__, "date": datetime.date.today().isoformat(),
+                       "command": " ".join(["tests/conformance/run.py"] + sys.argv[1:]),
+                       "rows": rows,
+                       "cases": [{k: v for k, v in r.items() if k != "rows"} for r in results]}, f, indent=1)
+    if not args.select and not args.no_docs:
+        write_fidelity(results, passed, failed, known)
+    print(f"({time.time() - t0:.1f} s)")
+    print(f"{passed} passed, {failed} failed" + (f", {known} known failures" if known else ""))
+    return 1 if failed else 0
+
+
+def _fmt_err(r):
+    if r is None:
+        return "-"
+    if r["rel_error"] is None:
+        return "inf"
+    return f"{r['rel_error']:+.2%}"
+
+
+def write_fidelity(results, passed, failed, known):
+    path = os.path.join(ROOT, "docs", "fidelity.md")
+    out = []
+    w = out.append
+    w("# Fidelity: memest against real PyTorch")
+    w("")
+    w("Generated by `tests/conformance/run.py` (do not edit by hand); regenerate with")
+    w("")
+    w("```sh")
+    w("/usr/bin/python3 tests/conformance/run.py --report build/conformance.json")
+    w("```")
+    w("")
+    w(f"PyTorch {torch.__version__} on the CPU (Debian python3-torch), float32; memest "
+      f"`estimate --local --runtime cpu-1.13`; {datetime.date.today().isoformat()}.")
+    w("")
+    w(f"**{passed} passed, {failed} failed" + (f", {known} known failures" if known else "") + "** "
+      "(one line per case, configuration and step).")
+    w("")
+    w("## What is compared")
+    w("")
+    w("| quantity | PyTorch side | bound |")
+    w("|---|---|---|")
+    w("| saved for backward | distinct storages packed by `saved_tensors_hooks` and still alive at the end of the loss; parameters and buffers excluded, inputs and targets included (its own pass) | equal |")
+    w("| peak per phase, overall | the CPU allocator's own trace (`torch.profiler`, `profile_memory=True`: every allocation and free with its address and a ns time stamp, phases marked on the same clock), over a baseline of the parameters, existing grads and optimizer state counted from the tensors; this sees scratch a kernel allocates inside itself. A `TorchDispatchMode` tracker (a storage counts from the op that returns it until its `StorageWeakRef` expires) names the op behind each storage for `--explain` | within 1% |")
+    w("| end of step: parameters, gradients, optimizer state | distinct storages of the parameters (and buffers), their `.grad`, and the optimizer's state tensors after `step()` | equal |")
+    w("")
+    w("Step: `zero_grad` (start of step), data (inputs and targets made), forward, loss (from the first "
+      "op that reads a target or makes the loss), backward, optimizer step; the loop holds only the loss, "
+      "a tensor dies at its last use in the graph, inputs die at the end of the micro-batch. First step = "
+      "step 1, steady state = step 2. Inference: `torch.no_grad()`, dropout off.")
+    w("")
+    w("Not counted: the optimizer's `record_function` handles (profiler bookkeeping), and in saved "
+      "bytes the wrapped Python scalars autograd keeps for `x * 2.0` (host memory on a CUDA run). "
+      "Counted: Adam/AdamW's 0-dim f32 `step` counters (4 B per parameter, real CPU memory, which "
+      "the cpu-1.13 runtime models). Live bytes include a few transient host scalars (8 B wrapped "
+      "numbers, `mean` backward's 4 B cast), hence the -0.0x% errors. Torch runs with one thread "
+      "(`torch.set_num_threads(1)`): some CPU kernels size their scratch by the thread count.")
+    w("")
+    groups = []
+    for r in results:
+        if r["group"] not in groups:
+            groups.append(r["group"])
+    for g in groups:
+        w(f"## {g}")
+        w("")
+        w("| case | step | saved (measured / memest) | peak (measured / memest, error) | worst phase | end of step P / G / S | result |")
+        w("|---|---|---|---|---|---|---|")
+        for r in results:
+            if r["group"] != g:
+                continue
+            q = {x["quantity"]: x for x in r["rows"]}
+            saved = q.get("saved_for_backward")
+            peak = q.get("peak")
+            phases = [x for x in r["rows"] if x["quantity"].startswith("peak.")]
+            worst = max(phases, key=lambda x: abs(x["rel_error"]) if x["rel_error"] is not None else 1e9, default=None)
+            eos = ["parameters", "gradients", "optimizer_state"]
+            e = [q.get(f"end_of_step.{k}") for k in eos]
+            eos_s = " / ".join("-" if x is None else (f"{x['measured_bytes']}" if x["ok"] else
+                               f"**{x['measured_bytes']} vs {x['estimated_bytes']}**") for x in e)
+            name = r["case"].split("/", 1)[1]
+            res = {"ok": "pass", "FAIL": "**FAIL**", "ERROR": "**ERROR**", "KNOWN": "known failure"}[r["status"]]
+            if r["error"]:
+                w(f"| {name} | {r['step']} | - | - | - | - | {res}: {r['error'][:120]} |")
+                continue
+            sv = "-" if saved is None else (f"{saved['measured_bytes']}" if saved["ok"] else
+                                            f"**{saved['measured_bytes']} / {saved['estimated_bytes']}**")
+            pk = "-" if peak is None else f"{peak['measured_bytes']} / {peak['estimated_bytes']} ({_fmt_err(peak)})"
+            wp = "-" if worst is None else f"{worst['quantity'][5:]} {_fmt_err(worst)}"
+            w(f"| {name} | {r['step']} | {sv} | {pk} | {wp} | {eos_s} | {res} |")
+        w("")
+    notes = [(r["case"], r["note"]) for r in results if r["note"]]
+    seen = set()
+    if notes:
+        w("## Notes")
+        w("")
+        for cid, n in notes:
+            if cid not in seen:
+                seen.add(cid)
+                w(f"- `{cid}`: {n}")
+        w("")
+    w("Not covered yet: checkpointing variants of the deep stack, ResNet-18, autocast and half "
+      "precision, SDPA (absent from PyTorch 1.13), a GPU run against PyTorch 2.x.")
+    w("")
+    with open(path, "w") as f:
+        f.write("\n".join(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
