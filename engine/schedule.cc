@@ -310,7 +310,14 @@ class StepSimulator {
     for (int i = 0; i < n; ++i) {
       const bool in_loss = g_.loss_begin >= 0 && i >= g_.loss_begin;
       const int r = region_of_[i];
-      if (r >= 0 && regions_[r].first == i) PinRegionInputs(r, +1);
+      if (r >= 0 && regions_[r].first == i) {
+        PinRegionInputs(r, +1);
+        // torch.utils.checkpoint (preserve_rng_state) keeps the RNG state until the graph is
+        // freed: the CPU generator's, a 5056-byte uint8 tensor; on CUDA it lives in host memory.
+        if (cfg_.runtime == Runtime::kCpuTorch113 && training_) {
+          rng_states_.push_back(NewBuffer(kCpuRngStateBytes, Category::kActivations));
+        }
+      }
       const bool grad = training_ && r < 0;
       RunForwardOp(i, main_, grad, in_loss ? Phase::kLoss : Phase::kForward, false, &cast_cache);
     }
@@ -455,6 +462,8 @@ class StepSimulator {
       --main_.pins[base_[loss]];
       MaybeFree(main_, base_[loss]);
     }
+    for (int b : rng_states_) FreeBuffer(b);  // the graph, and the checkpoints in it, are gone
+    rng_states_.clear();
   }
 
   void RecomputeAndBackward(int r) {
@@ -492,6 +501,17 @@ class StepSimulator {
         }
       }
     }
+    // CheckpointFunction.backward receives the gradients of the region's outputs and holds them
+    // until the recomputed region's backward returns.
+    std::vector<int> held_grads;
+    for (int i = first; i <= last; ++i) {
+      for (int o : g_.ops[i].outputs) {
+        if (pending_[o].grad >= 0) {
+          ++grads_[pending_[o].grad].refs;
+          held_grads.push_back(pending_[o].grad);
+        }
+      }
+    }
     std::vector<int> cast_cache;
     for (int i = first; i <= last; ++i) {
       RunForwardOp(i, rt, true, Phase::kBackward, true, &cast_cache);
@@ -510,6 +530,7 @@ class StepSimulator {
       --rt.pins[s];
       MaybeFree(rt, s);
     }
+    for (int gb : held_grads) Deref(gb);
     PinRegionInputs(r, -1);
   }
 
@@ -781,6 +802,8 @@ class StepSimulator {
   std::vector<bool> has_memo_;
   std::map<std::string, size_t> layer_index_;
   Schedule s_;
+  static constexpr int64_t kCpuRngStateBytes = 5056;  // torch.get_rng_state() on the CPU
+  std::vector<int> rng_states_;                        // kept by the checkpoints of this graph
   int last_row_ = -1;
   int64_t saved_bytes_ = 0;  // held for backward now: storages (not parameters) and extras
   int next_buffer_ = 0;

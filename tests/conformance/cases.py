@@ -2,8 +2,8 @@
 loss (training) or the model's output (inference), and run under one or more configurations.
 
 Keep every case small: it runs in well under a second.
-Not covered yet: checkpointing (every block, every k, sqrt L) of the deep MLP; ResNet-18; SDPA
-(absent from PyTorch 1.13); autocast (fp32 only here).
+Not covered yet: SDPA (absent from PyTorch 1.13); autocast (fp32 only here); non-reentrant
+checkpoint.
 """
 import dataclasses
 import math
@@ -402,10 +402,45 @@ def deep_mlp(r, b, layers=6, d=32):
 
 
 case("phenomena", "deep_linear_gelu_stack",
-     note="no checkpointing; checkpoint variants (every block, every 4, sqrt L) are not covered yet")(deep_mlp)
+     note="no checkpointing; the checkpointed variants are deep_linear_gelu_stack_checkpointed")(deep_mlp)
 case("phenomena", "grad_accumulation", batch=4,
      configs=[Config(accum=2), Config(optimizer="adam", accum=2), Config(accum=2, keep_grads=True)])(
     lambda r, b: deep_mlp(r, b, layers=2))
+
+
+def checkpointed_mlp(r, b, layers=9, d=32):
+    """The deep Linear-GELU-Linear stack behind a plain Linear (so the first checkpointed
+    block's input requires grad, as in real models), its blocks wrapped in reentrant
+    torch.utils.checkpoint per the run's policy: one checkpoint per segment of k consecutive
+    blocks (checkpoint_sequential's grouping; the last segment may be shorter)."""
+    h = r.linear(r.input("x", [b * 4, d]), r.param("embed.w", [d, d]), r.param("embed.b", [d]))
+
+    def block(i, h):
+        with r.scope(f"blocks.{i}", block=True):
+            u = r.linear(h, r.param(f"blocks.{i}.fc1.w", [4 * d, d]), r.param(f"blocks.{i}.fc1.b", [4 * d]))
+            u = r.gelu(u)
+            return r.linear(u, r.param(f"blocks.{i}.fc2.w", [d, 4 * d]), r.param(f"blocks.{i}.fc2.b", [d]))
+
+    k = r.checkpoint_segment(layers)
+    if k == 0:
+        for i in range(layers):
+            h = block(i, h)
+    else:
+        for s in range(0, layers, k):
+            def segment(h, s=s):
+                for i in range(s, min(layers, s + k)):
+                    h = block(i, h)
+                return h
+            h = r.checkpoint(segment, h)
+    return r.cross_entropy(h, r.target("y", [b * 4], high=d))
+
+
+case("phenomena", "deep_linear_gelu_stack_checkpointed",
+     configs=[Config(), Config(checkpoint="every-block"), Config(checkpoint="every-k", checkpoint_k=4),
+              Config(checkpoint="sqrt"), Config(optimizer="adam", checkpoint="every-k", checkpoint_k=4)],
+     note="9 blocks behind a plain Linear; reentrant torch.utils.checkpoint (1.13's default, "
+          "preserve_rng_state=True) per segment: every block (9 segments), every 4 (4, 4, 1), "
+          "sqrt (round(sqrt 9) = 3: 3, 3, 3)")(checkpointed_mlp)
 
 
 # ------------------------------------------------------------------------------ models
@@ -472,6 +507,54 @@ def _deep_mlp_out(r, b, layers=6, d=32):
             u = r.gelu(r.linear(h, r.param(f"blocks.{i}.fc1.w", [4 * d, d]), r.param(f"blocks.{i}.fc1.b", [4 * d])))
             h = r.linear(u, r.param(f"blocks.{i}.fc2.w", [d, 4 * d]), r.param(f"blocks.{i}.fc2.b", [d]))
     return h
+
+
+def _bn(r, x, name, c):
+    return r.batch_norm(x, r.param(f"{name}.w", [c], "ones"), r.param(f"{name}.b", [c], "zeros"),
+                        r.buffer(f"{name}.running_mean", [c]), r.buffer(f"{name}.running_var", [c], init="ones"))
+
+
+def _basic_block(r, x, name, cin, cout, stride):
+    """torchvision's BasicBlock: conv3x3-bn-relu(inplace)-conv3x3-bn, downsample (conv1x1 + bn)
+    where the shape changes, `out += identity`, relu(inplace)."""
+    with r.scope(name, block=True):
+        identity = x
+        out = r.conv2d(x, r.param(f"{name}.conv1.w", [cout, cin, 3, 3]), None, stride=stride, padding=1)
+        out = r.relu(_bn(r, out, f"{name}.bn1", cout), inplace=True)
+        out = r.conv2d(out, r.param(f"{name}.conv2.w", [cout, cout, 3, 3]), None, stride=1, padding=1)
+        out = _bn(r, out, f"{name}.bn2", cout)
+        if stride != 1 or cin != cout:
+            with r.scope("downsample"):
+                identity = r.conv2d(x, r.param(f"{name}.downsample.0.w", [cout, cin, 1, 1]), None, stride=stride)
+                identity = _bn(r, identity, f"{name}.downsample.1", cout)
+        out = r.add_(out, identity)
+        return r.relu(out, inplace=True)
+
+
+def resnet18_small(r, b, widths=(8, 16, 32, 64), classes=10):
+    """torchvision's ResNet-18 structure, narrow and with one BasicBlock per stage: conv7x7/2 -
+    bn - relu(inplace) - maxpool3x3/2, four stages (stride 1, 2, 2, 2), adaptive average pool to
+    1x1, flatten, fc, cross-entropy. (num_batches_tracked, an int64 counter BatchNorm bumps in
+    place, is left out.)"""
+    x = r.input("x", [b, 3, 32, 32])
+    h = r.conv2d(x, r.param("conv1.w", [widths[0], 3, 7, 7]), None, stride=2, padding=3)
+    h = r.relu(_bn(r, h, "bn1", widths[0]), inplace=True)
+    h = r.max_pool2d(h, 3, stride=2, padding=1)
+    cin = widths[0]
+    for i, c in enumerate(widths):
+        h = _basic_block(r, h, f"layer{i + 1}.0", cin, c, 1 if i == 0 else 2)
+        cin = c
+    h = r.flatten(r.adaptive_avg_pool2d(h, [1, 1]), 1)
+    logits = r.linear(h, r.param("fc.w", [classes, cin]), r.param("fc.b", [classes]))
+    if not r.training:
+        return logits
+    return r.cross_entropy(logits, r.target("y", [b], high=classes))
+
+
+case("models", "resnet18_small", batch=2,
+     configs=[SGD, Config(optimizer="momentum"), Config(mode="inference")],
+     note="ResNet-18 structure (torchvision), channels 8-16-32-64, one BasicBlock per stage, "
+          "input [2, 3, 32, 32]")(resnet18_small)
 
 
 # ------------------------------------------------------------------------------ optimizers

@@ -55,6 +55,8 @@ class Config:
     keep_grads: bool = False        # zero_grad(set_to_none=False)
     accum: int = 1                  # micro-batches per step
     weight_decay: float = 0.0
+    checkpoint: str = "none"        # memest --checkpoint: none | every-block | every-k | sqrt
+    checkpoint_k: int = 0           # memest --checkpoint-k (every-k)
 
     @property
     def training(self):
@@ -69,6 +71,8 @@ class Config:
         parts.append("keep-grads" if self.keep_grads else "set-to-none")
         if self.accum > 1:
             parts.append(f"accum={self.accum}")
+        if self.checkpoint != "none":
+            parts.append(f"checkpoint={self.checkpoint}" + (f":{self.checkpoint_k}" if self.checkpoint == "every-k" else ""))
         return ",".join(parts)
 
 
@@ -372,7 +376,8 @@ class CaseRun:
         self.fn, self.batch, self.cfg = fn, batch, cfg
         torch.manual_seed(seed)
         self.store = ParamStore(seed)
-        rec = Recorder(self.store, training=cfg.training)
+        self.ckpt = {"checkpoint": cfg.checkpoint, "checkpoint_k": cfg.checkpoint_k}
+        rec = Recorder(self.store, training=cfg.training, **self.ckpt)
         result = fn(rec, batch)
         self.plan = rec.finish(result)
         self.model = rec.to_model_json(batch)
@@ -399,7 +404,7 @@ class CaseRun:
                 e[2].append(_desc(t))
             return t.detach()
 
-        rec = Recorder(self.store, plan=self.plan, training=True)
+        rec = Recorder(self.store, plan=self.plan, training=True, **self.ckpt)
         rec.make_inputs()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             result = self.fn(rec, self.batch)
@@ -427,7 +432,7 @@ class CaseRun:
             with tracker, (contextlib.nullcontext() if cfg.training else torch.no_grad()):
                 for mb in range(cfg.accum if cfg.training else 1):
                     tracker.set_phase("DATA")
-                    rec = Recorder(self.store, plan=self.plan, tracker=tracker, training=cfg.training)
+                    rec = Recorder(self.store, plan=self.plan, tracker=tracker, training=cfg.training, **self.ckpt)
                     rec.make_inputs()
                     tracker.set_phase("FORWARD")
                     result = self.fn(rec, self.batch)

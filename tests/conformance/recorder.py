@@ -19,11 +19,16 @@ Two passes use the same case function:
     at their last use. The loss (training) or the last op's outputs (inference) stay held, as
     memest pins them.
 
+Checkpointing: `r.checkpoint(fn, *values)` runs `fn` under reentrant torch.utils.checkpoint in
+the run pass (recorded as plain ops; memest gets the policy from --checkpoint), and
+`r.checkpoint_segment(L)` says how many blocks one checkpoint wraps under the run's policy.
+
 Parameters and buffers live in a `ParamStore`, created once (nn.Parameter) and reused by every
 pass and every step, so the optimizer sees the same tensors.
 """
 import contextlib
 import json
+import math
 
 import torch
 import torch.nn.functional as F
@@ -119,8 +124,13 @@ def _make_leaf(shape, dtype, init, gen, high=None):
 
 
 class Recorder:
-    def __init__(self, store, plan=None, tracker=None, training=True):
+    def __init__(self, store, plan=None, tracker=None, training=True, checkpoint="none", checkpoint_k=0):
         self.store = store
+        # The checkpoint policy of the run (memest's --checkpoint, --checkpoint-k): cases ask
+        # `checkpoint_segment(L)` how many consecutive blocks one torch.utils.checkpoint wraps.
+        self.checkpoint_policy = checkpoint
+        self.checkpoint_k = checkpoint_k
+        self._replaying = False  # run mode: inside a checkpoint's recomputation (backward)
         self.plan = plan
         self.tracker = tracker
         self.training = training
@@ -152,8 +162,70 @@ class Recorder:
         finally:
             self._scope.pop()
 
+    # ------------------------------------------------------------------ checkpointing
+    def checkpoint_segment(self, num_blocks):
+        """Blocks per torch.utils.checkpoint segment under the run's policy (0: no checkpointing),
+        as memest's PlanCheckpoints groups them: consecutive runs of k blocks, the last one
+        possibly shorter."""
+        p = self.checkpoint_policy
+        if p == "none":
+            return 0
+        if p == "every-block":
+            return 1
+        if p == "every-k":
+            return self.checkpoint_k
+        if p == "sqrt":
+            return max(1, int(math.floor(math.sqrt(num_blocks) + 0.5)))  # llround
+        raise ValueError(f"unsupported checkpoint policy {p}")
+
+    def checkpoint(self, fn, *values):
+        """`fn(*values)` (a function of Values returning a Value) under
+        torch.utils.checkpoint.checkpoint (reentrant, 1.13's default, preserve_rng_state=True).
+        Record mode: fn's ops are recorded as usual (memest is told the policy by flags). Run
+        mode: forward runs fn under no_grad keeping only the tensor inputs; backward reruns fn on
+        detached inputs with grad, as PyTorch does. Parameters are fetched inside fn (closure),
+        not passed as inputs, as in a module."""
+        if self.recording or not self.training:
+            return fn(*values)
+        import torch.utils.checkpoint as tcp
+        i0 = self._op_index
+        names = [v.name for v in values]
+        state = {}
+
+        def run(*ts):
+            if "out" not in state:  # forward, under no_grad (inside CheckpointFunction)
+                for nm, t in zip(names, ts):
+                    self._vals[nm] = t
+                del ts
+                out = fn(*values)
+                state["out"] = out.name
+                return self._vals.pop(out.name)
+            # backward: recompute with grad on the detached inputs, in a scratch copy of the
+            # recorder's tensors that dies when the recomputation returns
+            outer, outer_index = self._vals, self._op_index
+            self._vals = dict(outer)
+            self._op_index = i0
+            self._replaying = True
+            try:
+                for nm, t in zip(names, ts):
+                    self._vals[nm] = t
+                del ts
+                out = fn(*values)
+                return self._vals.pop(out.name)
+            finally:
+                self._replaying = False
+                self._vals, self._op_index = outer, outer_index
+
+        ts = [self._t(v) for v in values]
+        out_t = tcp.checkpoint(run, *ts, use_reentrant=True)
+        del ts
+        self._vals[state["out"]] = out_t
+        return Value(state["out"], self)
+
     # ------------------------------------------------------------------ leaves
     def _declare(self, name, t, role, batch_dim=None, frozen=False):
+        if self._replaying:  # a checkpoint's recomputation fetches parameters again
+            return Value(name, self)
         if name in self._names:
             raise ValueError(f"duplicate tensor name {name}")
         self._names.add(name)
