@@ -30,18 +30,18 @@ bool UsesCublas(const std::string& kind) {
          kind == "einsum" || kind == "scaled_dot_product_attention";
 }
 
-// What torch.optim keeps and allocates per parameter, in multiples of the parameter's bytes.
+// What torch.optim keeps and allocates per parameter, in parameter-sized tensors.
 struct OptimizerCosts {
-  double state = 0;          // persistent state (exp_avg, momentum_buffer, ...)
-  double loop_scratch = 0;   // scratch per parameter, one parameter at a time (for-loop)
-  double all_scratch = 0;    // scratch for every parameter at once (foreach)
+  int state = 0;          // persistent state (exp_avg, momentum_buffer, ...)
+  int loop_scratch = 0;   // scratch per parameter, one parameter at a time (for-loop)
+  int all_scratch = 0;    // scratch for every parameter at once (foreach)
   bool state_at_init = false;  // created in the constructor (Adagrad), not on the first step
   bool device_step = false;    // fused: a 0-dim float32 `step` per parameter on the device
 };
 
 OptimizerCosts CostsOf(const OptimizerConfig& o, Runtime runtime) {
   OptimizerCosts c;
-  const double wd = o.weight_decay > 0 ? 1 : 0;  // grad.add(param, alpha=wd): a new tensor
+  const int wd = o.weight_decay > 0 ? 1 : 0;  // grad.add(param, alpha=wd): a new tensor
   switch (o.kind) {
     case OptimizerKind::kSgd: c = {0, wd, wd}; break;
     case OptimizerKind::kSgdMomentum: c = {1, wd, wd}; break;
@@ -242,14 +242,10 @@ class StepSimulator {
 
   void AllocOptimizerState(const Tensor& p) {
     const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
-    const int64_t bytes = Bytes(p.shape, p.dtype);
-    int64_t state = static_cast<int64_t>(oc.state * bytes);
-    if (cfg_.optimizer.kind == OptimizerKind::kAdafactor) state = AdafactorStateBytes(p);
     // One tensor per state entry: each is rounded by the allocator on its own.
-    const int entries = static_cast<int>(std::ceil(oc.state));
-    for (int i = 0; i < entries; ++i) NewBuffer(bytes, Category::kOptimizerState);
-    if (cfg_.optimizer.kind == OptimizerKind::kAdafactor && state > 0) {
-      NewBuffer(state, Category::kOptimizerState);
+    for (int i = 0; i < oc.state; ++i) NewBuffer(Bytes(p.shape, p.dtype), Category::kOptimizerState);
+    if (cfg_.optimizer.kind == OptimizerKind::kAdafactor) {
+      NewBuffer(AdafactorStateBytes(p), Category::kOptimizerState);
     }
     if (oc.device_step) NewBuffer(4, Category::kOptimizerState);
   }
@@ -744,7 +740,7 @@ class StepSimulator {
       std::vector<int> scratch;
       for (const Tensor* p : params) {
         const int64_t bytes = Bytes(p->shape, p->dtype);
-        for (int k = 0; k < static_cast<int>(oc.all_scratch); ++k) {
+        for (int k = 0; k < oc.all_scratch; ++k) {
           scratch.push_back(NewBuffer(bytes, Category::kTemporaries));
         }
       }
@@ -753,7 +749,7 @@ class StepSimulator {
       for (const Tensor* p : params) {
         const int64_t bytes = Bytes(p->shape, p->dtype);
         std::vector<int> scratch;
-        for (int k = 0; k < static_cast<int>(oc.loop_scratch); ++k) {
+        for (int k = 0; k < oc.loop_scratch; ++k) {
           scratch.push_back(NewBuffer(bytes, Category::kTemporaries));
         }
         if (first && state_in_loop) AllocOptimizerState(*p);
