@@ -6,6 +6,7 @@
 // operand), aten copies the operand, and bmm saves the copy rather than the original. einsum
 // (sumproduct_pair) permutes each operand to [batch, free, contracted] and reshapes it to 3-D
 // for bmm, with the same copy-when-not-viewable behaviour.
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -175,10 +176,22 @@ void LinearMemory(const OpCall& c, OpMemory* m) {
   SaveInputIf(m, c.needs_grad(0), 1);  // weight, for grad_input
 }
 
+// PyTorch 2.x (should_fold): an N-D `a` times a matrix `b` is folded into one mm only when that
+// needs no copy of `a`, or when `b` needs grad (bmm's backward would otherwise make a
+// batch-sized gradient for `b`). Else `b` is expanded over the batch (a view) and `a` reshaped
+// to 3-D, a view when its batch dims merge. 1.13 always folds.
 void MatmulMemory(const OpCall& c, OpMemory* m) {
   m->backward_needs_dense_grad = true;
   StatusOr<MatmulPlan> p = PlanMatmul(c);
-  if (p.ok()) SaveOperands(c, p->a, p->b, m);
+  if (!p.ok()) return;
+  const Tensor& a = c.in(0);
+  const bool folded = a.shape.size() >= 3 && c.in(1).shape.size() <= 2;
+  if (folded && p->a.copied && !c.needs_grad(1) && c.runtime == Runtime::kCuda) {
+    const int64_t n = a.shape[a.shape.size() - 2], k = a.shape.back();
+    const int64_t batch = Numel(a.shape) / std::max<int64_t>(n * k, 1);
+    p->a = FoldOperand(a, a.shape, {batch, n, k});
+  }
+  SaveOperands(c, p->a, p->b, m);
 }
 
 StatusOr<std::vector<OutputSpec>> InferBmm(const OpCall& c) {

@@ -211,3 +211,37 @@ TEST(OpRuleTest, EveryRuleHasInferenceAndMemory) {
 
 }  // namespace
 }  // namespace memest
+
+namespace memest {
+namespace {
+
+// matmul of an N-D operand whose rows do not merge (its last two dims transposed) with a frozen
+// matrix: PyTorch 2.x runs bmm on an expanded view of the matrix instead of copying the operand
+// into [N, k] (should_fold); 1.13 folds, copying it.
+TEST(OpRuleTest, MatmulFoldsOnlyWithoutACopyOnCuda) {
+  auto scratch = [](Runtime runtime) {
+    GraphBuilder b;
+    const int p = b.Parameter("p", {4, 64, 32}, DType::kFloat32);
+    const int a = b.Add1("transpose", {b.Add1("mul", {p}, {{"scalar", 1.0}})},
+                         {{"dim0", int64_t{1}}, {"dim1", int64_t{2}}});  // [4, 32, 64]
+    const int w = b.Buffer("w", {64, 16}, DType::kFloat32);             // needs no grad
+    int y;
+    {
+      ScopeGuard s(b, "op");
+      y = b.Add1("matmul", {a, w});
+    }
+    b.BeginLoss();
+    b.SetLoss(b.Add1("sum", {y}));
+    const Graph g = b.Finish().value();
+    OpCall call{g.ops[2], {&g.tensors[g.ops[2].inputs[0]], &g.tensors[g.ops[2].inputs[1]]},
+                {&g.tensors[g.ops[2].outputs[0]]}, "", true, runtime};
+    int64_t bytes = 0;
+    for (const Alloc& t : OpMemoryOf(call).forward_temps) bytes += t.bytes;
+    return bytes;
+  };
+  EXPECT_EQ(scratch(Runtime::kCpuTorch113), 4 * 32 * 64 * 4);  // the folded copy of a
+  EXPECT_EQ(scratch(Runtime::kCuda), 0);                         // bmm on views
+}
+
+}  // namespace
+}  // namespace memest
