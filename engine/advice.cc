@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "engine/estimator.h"
@@ -153,6 +154,53 @@ StatusOr<Graph> RewriteScaleQk(const Graph& g, int matmul, int scale) {
   });
 }
 
+// The largest micro-batch (grad_accum_steps 1) whose step fits the device, by re-estimating:
+// from the configured micro-batch, doubling or halving until the answer changes, then
+// bisecting. 0 when even one sample does not fit; -1 when the model's memory does not grow with
+// the batch (an op graph with no batch dims) or the search passes 2^20.
+int64_t LargestFittingMicroBatch(const ModelSpec& model, const RunConfig& config) {
+  constexpr int64_t kCap = int64_t{1} << 20;
+  const EstimateOptions quiet{std::numeric_limits<int64_t>::max(), false};
+  std::map<int64_t, int64_t> peaks;  // micro-batch -> peak reserved (-1: error)
+  std::map<int64_t, bool> fit;
+  auto fits = [&](int64_t m) {
+    auto it = fit.find(m);
+    if (it != fit.end()) return it->second;
+    RunConfig alt = config;
+    alt.batch_size = m;
+    alt.grad_accum_steps = 1;
+    StatusOr<Report> r = Estimate(model, alt, quiet);
+    peaks[m] = r.ok() ? r->peak_reserved_bytes : -1;
+    return fit[m] = r.ok() && r->fit && r->fit->fits;
+  };
+  const int64_t m0 = std::max<int64_t>(1, config.micro_batch());
+  int64_t lo, hi;  // fits(lo) (or lo == 0), !fits(hi)
+  if (fits(m0)) {
+    lo = m0;
+    hi = 2 * m0;
+    while (fits(hi)) {
+      if (peaks[hi] == peaks[lo]) return -1;  // does not grow with the batch
+      if (hi >= kCap) return -1;
+      lo = hi;
+      hi *= 2;
+    }
+  } else {
+    hi = m0;
+    lo = m0 / 2;
+    while (lo >= 1 && !fits(lo)) {
+      if (peaks[lo] == peaks[hi]) return -1;
+      hi = lo;
+      lo /= 2;
+    }
+    if (lo == 0 && peaks[1] < 0) return -1;
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 std::string Where(const Graph& g, int op) {
   const std::string& scope = g.ops[op].scope;
   return scope.empty() ? "at the model's top level" : "in " + scope;
@@ -256,6 +304,23 @@ std::vector<Advice> MakeAdvice(const ModelSpec& model, const Graph& graph, const
   }
   std::sort(fixes.begin(), fixes.end(),
             [](const Advice& a, const Advice& b) { return a.saving_bytes > b.saving_bytes; });
+
+  // What fits: the largest micro-batch for this device.
+  if (report.fit) {
+    const int64_t m = LargestFittingMicroBatch(model, config);
+    const std::string device = report.fit->device;
+    if (m == 0) {
+      fixes.push_back({"max_batch", "even a micro-batch of 1 does not fit " + device, 0, ""});
+    } else if (m > 0) {
+      std::string msg = "the largest micro-batch that fits " + device + " is " + std::to_string(m);
+      if (config.mode == Mode::kTraining && m < config.batch_size) {
+        const int64_t steps = (config.batch_size + m - 1) / m;
+        msg += "; for a batch of " + std::to_string(config.batch_size) + ", accumulate over " +
+               std::to_string(steps) + " micro-batches of at most " + std::to_string(m);
+      }
+      fixes.push_back({"max_batch", msg, 0, ""});
+    }
+  }
 
   // First: what dominates the peak, and where.
   int top = 0;

@@ -21,6 +21,7 @@ namespace memest {
 //   micro_batch        half the micro-batch with twice the gradient accumulation
 //   optimizer          a for-loop or fused optimizer instead of foreach
 //   precision          bf16 autocast instead of fp32
+// and, when a device is given, `max_batch`: the largest micro-batch that fits it (saving 0).
 std::vector<Advice> MakeAdvice(const ModelSpec& model, const Graph& graph, const RunConfig& config,
                                const Report& report);
 

@@ -238,3 +238,39 @@ TEST(SeedPhenomena, CheckpointingEverySqrtLBlocksFitsWhereNoneDoesNot) {
 
 }  // namespace
 }  // namespace memest
+
+namespace memest {
+namespace {
+
+// With a device, advice names the largest micro-batch that fits it: the estimate at that batch
+// fits and one more does not.
+TEST(AdviceTest, NamesTheLargestMicroBatchThatFits) {
+  const ModelSpec gpt2{PresetSpec{"gpt2-small", {{"seq", 1024}}}};
+  RunConfig c;
+  c.batch_size = 32;
+  c.precision = Precision::kBf16Amp;
+  c.device = "rtx-4090";
+  StatusOr<Report> r = Estimate(gpt2, c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const Advice* max_batch = nullptr;
+  for (const Advice& a : r->advice) {
+    if (a.kind == "max_batch") max_batch = &a;
+  }
+  ASSERT_NE(max_batch, nullptr);
+  auto fits = [&](int64_t m) {
+    RunConfig alt = c;
+    alt.batch_size = m;
+    return Estimate(gpt2, alt, {1'000'000, false})->fit->fits;
+  };
+  int64_t m = 0;
+  for (int64_t b = 1; b <= 64; ++b) {
+    if (fits(b)) m = b;
+  }
+  EXPECT_NE(max_batch->message.find("is " + std::to_string(m) + ";"), std::string::npos)
+      << max_batch->message;
+  EXPECT_TRUE(fits(m));
+  EXPECT_FALSE(fits(m + 1));
+}
+
+}  // namespace
+}  // namespace memest
