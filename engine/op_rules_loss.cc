@@ -61,6 +61,36 @@ void CrossEntropyMemory(const OpCall& c, OpMemory* m) {
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
 }
 
+// nll_loss(logp[N, C, ...], target[N, ...] int64): what cross_entropy runs after log_softmax,
+// and what a traced model shows. It keeps its input (usually log_softmax's result, kept there
+// too), the targets and a 0-dim float32 total_weight; its backward makes an input-sized
+// gradient.
+StatusOr<std::vector<OutputSpec>> InferNllLoss(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 1, 8));
+  const Shape& x = c.in(0).shape;
+  Shape want = x;
+  if (want.size() >= 2) want.erase(want.begin() + 1);
+  else want.clear();
+  if (IsFloating(c.in(1).dtype) || c.in(1).shape != want) {
+    return InvalidArgument(InputField(c, 1) + ": nll_loss targets for log-probabilities " +
+                           ShapeToString(x) + " must be class indices of shape " +
+                           ShapeToString(want) + ", got " + ShapeToString(c.in(1).shape));
+  }
+  return std::vector<OutputSpec>{{{}, c.in(0).dtype}};
+}
+
+void NllLossMemory(const OpCall& c, OpMemory* m) {
+  Alloc total_weight{4, "nll_loss total_weight (0-dim float32)"};
+  if (!c.needs_grad(0)) {
+    m->forward_temps.push_back(total_weight);
+    return;
+  }
+  m->saved_inputs = {0, 1};
+  m->saved_extras.push_back(total_weight);
+  m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
+}
+
 StatusOr<std::vector<OutputSpec>> InferMse(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
   StatusOr<Shape> s = BroadcastShapes(c.in(0).shape, c.in(1).shape);
@@ -139,6 +169,7 @@ void SdpaMemory(const OpCall& c, OpMemory* m) {
 void RegisterLossRules(std::vector<OpRule>* r) {
   r->push_back({"cross_entropy", 2, 2, InferCrossEntropy, CrossEntropyMemory});
   r->push_back({"mse_loss", 2, 2, InferMse, MseMemory});
+  r->push_back({"nll_loss", 2, 2, InferNllLoss, NllLossMemory});
   r->push_back({"scaled_dot_product_attention", 3, 3, InferSdpa, SdpaMemory});
 }
 

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "engine/estimator.h"
 #include "engine/op_rules.h"
 #include "tests/engine/test_graphs.h"
 
@@ -241,6 +242,33 @@ TEST(OpRuleTest, MatmulFoldsOnlyWithoutACopyOnCuda) {
   };
   EXPECT_EQ(scratch(Runtime::kCpuTorch113), 4 * 32 * 64 * 4);  // the folded copy of a
   EXPECT_EQ(scratch(Runtime::kCuda), 0);                         // bmm on views
+}
+
+}  // namespace
+}  // namespace memest
+
+namespace memest {
+namespace {
+
+// log_softmax then nll_loss, as a traced model shows cross_entropy: the same bytes kept.
+TEST(OpRuleTest, LogSoftmaxThenNllLossKeepsWhatCrossEntropyKeeps) {
+  auto saved = [](bool composite) {
+    GraphBuilder b;
+    const int z = b.Add1("mul", {b.Parameter("z", {4, 10}, DType::kFloat32)}, {{"scalar", 1.0}});
+    const int y = b.Target("y", {4}, DType::kInt64);
+    b.BeginLoss();
+    {
+      ScopeGuard s(b, "op");
+      b.SetLoss(composite ? b.Add1("cross_entropy", {z, y})
+                          : b.Add1("nll_loss", {b.Add1("log_softmax", {z}, {{"dim", int64_t{1}}}), y}));
+    }
+    RunConfig c = enginetest::PlainTraining();
+    c.runtime = Runtime::kCpuTorch113;
+    StatusOr<Report> r = EstimateGraph(b.Finish().value(), c, {1'000'000, false});
+    return r->saved_for_backward_bytes;
+  };
+  EXPECT_EQ(saved(true), saved(false));
+  EXPECT_EQ(saved(false), 160 + 32 + 4);  // log-probs, targets, total_weight
 }
 
 }  // namespace
