@@ -29,9 +29,20 @@ readonly PACKAGES=(
   python3
 )
 # With --test, also what the tests need beyond building: the conformance suite
-# (tests/conformance) runs real PyTorch, Debian's 1.13, CPU only.
+# (tests/conformance) runs real PyTorch, Debian's 1.13, CPU only; the Python client
+# (client/python, tests/python) is installed into a venv and tested with pytest.
 readonly TEST_PACKAGES=(
   python3-torch
+  python3-venv
+  python3-pip
+  python3-setuptools
+  python3-wheel
+  python3-grpcio
+  python3-protobuf
+  python3-pandas
+  python3-matplotlib
+  python3-pytest
+  python3-pytest-asyncio
 )
 
 wanted=("${PACKAGES[@]}")

@@ -30,7 +30,20 @@ ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure || failed+=("ctest")
 section "conformance"
 /usr/bin/python3 tests/conformance/run.py --report "${BUILD_DIR:-build}/conformance.json" || failed+=("conformance")
 
-# Later suites (the Python client) go here as their own sections.
+# The Python client (client/python): installed into a venv that sees Debian's grpcio,
+# protobuf, pandas and matplotlib (no network), then pytest against a real memest-server on
+# port 0.
+section "python"
+pyenv="${BUILD_DIR:-build}/pyenv"
+if /usr/bin/python3 -m venv --system-site-packages "${pyenv}" &&
+    "${pyenv}/bin/pip" install --quiet --no-build-isolation --no-deps ./client/python; then
+  MEMEST_SERVER="${BUILD_DIR:-build}/bin/memest-server" \
+    "${pyenv}/bin/python" -m pytest tests/python -q || failed+=("python")
+else
+  failed+=("python")
+fi
+
+# Later suites go here as their own sections.
 
 echo
 if [[ ${#failed[@]} -gt 0 ]]; then

@@ -1,0 +1,72 @@
+"""memest.aio.Client: the asyncio client, for code that runs in an event loop (a notebook's).
+
+    async with memest.aio.Client(address) as client:
+        result = await client.estimate(preset="gpt2-small", batch_size=8)
+
+The same methods, arguments, results and errors as memest.Client; each method is a coroutine.
+Create the client inside the loop that awaits it.
+"""
+
+import grpc
+import grpc.aio
+
+from memest import v1
+from memest.client import CHANNEL_OPTIONS, ESTIMATE_DOC, request_label
+from memest.errors import MemestError, from_rpc_error
+from memest.request import build_request
+from memest.results import DeviceInfo, Estimate, PresetInfo
+
+
+class Client:
+    """An asyncio connection to a memest-server at `address` ("host:port" or memest.Server)."""
+
+    def __init__(self, address, timeout=30.0):
+        self.address = getattr(address, "address", address)
+        self.timeout = timeout
+        self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self._stub = v1.MemoryEstimatorStub(self._channel)
+        self._closed = False
+
+    async def _call(self, method, request, timeout):
+        if self._closed:
+            raise MemestError("%r: closed" % self)
+        try:
+            return await method(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    async def estimate(self, preset=None, model=None, *, timeout=None, **kwargs):
+        request = build_request(preset=preset, model=model, **kwargs)
+        response = await self._call(self._stub.Estimate, request, timeout)
+        return Estimate.from_proto(response, label=request_label(request))
+
+    estimate.__doc__ = ESTIMATE_DOC
+
+    async def estimate_request(self, request, *, timeout=None):
+        """Sends a prepared memest.v1.EstimateRequest; returns a memest.Estimate."""
+        response = await self._call(self._stub.Estimate, request, timeout)
+        return Estimate.from_proto(response, label=request_label(request))
+
+    async def presets(self, *, timeout=None):
+        """The built-in models, as a list of memest.PresetInfo."""
+        response = await self._call(self._stub.ListPresets, v1.ListPresetsRequest(), timeout)
+        return [PresetInfo.from_proto(p) for p in response.presets]
+
+    async def devices(self, *, timeout=None):
+        """The device catalog, as a list of memest.DeviceInfo."""
+        response = await self._call(self._stub.ListDevices, v1.ListDevicesRequest(), timeout)
+        return [DeviceInfo.from_proto(d) for d in response.devices]
+
+    async def close(self):
+        """Closes the channel; calls after this fail."""
+        self._closed = True
+        await self._channel.close()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+    def __repr__(self):
+        return "memest.aio.Client(%r)" % (self.address,)

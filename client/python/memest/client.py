@@ -1,0 +1,112 @@
+"""memest.Client: the synchronous client of memest.v1.MemoryEstimator.
+
+    with memest.Client("127.0.0.1:50051") as client:
+        result = client.estimate(preset="gpt2-small", seq=1024, batch_size=8,
+                                 precision="bf16", device="a100-80gb")
+        print(result)
+
+Each call has a deadline (the client's `timeout`, or the call's own `timeout=`), and a failed
+call raises a memest.MemestError subclass carrying the server's message.
+"""
+
+import grpc
+
+from memest import v1
+from memest.errors import MemestError, from_rpc_error
+from memest.request import build_request
+from memest.results import DeviceInfo, Estimate, PresetInfo
+
+# The server accepts requests up to 64 MiB; answers for large op graphs can be as large.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+
+ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
+
+        The model: `preset` (a name from presets(), with `params` {name: int} overrides and
+        `seq` as a shortcut for params["seq"]) or `model` (a dict in the proto JSON mapping of
+        memest.v1.Model, e.g. {"layers": {...}} as in examples/mlp.json, a path to such a JSON
+        file, or a memest.v1.Model).
+
+        The run, in the `memest estimate` command's words:
+          batch_size (samples per optimizer step, default 1), grad_accum_steps,
+          mode: training | inference,
+          precision: fp32 | fp16 | bf16 | bf16-pure | fp16-pure (fp16/bf16: autocast),
+          optimizer: sgd | momentum | adam | adamw | adagrad | rmsprop | lion | adafactor,
+          optimizer_impl: for-loop | foreach | fused, weight_decay, keep_grads,
+          checkpoint: none | every-block | every-k | sqrt | attention | scopes,
+          checkpoint_k, checkpoint_scopes, first_step, generate_tokens,
+          expandable_segments, runtime: cuda | cpu-1.13,
+          device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
+          advice (False skips the advice: faster), timeout (seconds, this call only).
+        None means the server's default. Unset words raise InvalidArgument before any call.
+        """
+
+
+def request_label(request):
+    """A short name for the request: "gpt2-small seq=128, batch 2"."""
+    model = request.model
+    source = model.WhichOneof("source")
+    if source == "preset":
+        params = " ".join("%s=%d" % item for item in sorted(model.preset.params.items()))
+        name = model.preset.name + (" " + params if params else "")
+    elif source == "layers":
+        name = "layers model (%d layers)" % len(model.layers.layers)
+    else:
+        name = "op graph (%d ops)" % len(model.ops.ops)
+    return "%s, batch %d" % (name, request.config.batch_size)
+
+
+class Client:
+    """A connection to a memest-server at `address` ("host:port", or a memest.Server)."""
+
+    def __init__(self, address, timeout=30.0):
+        self.address = getattr(address, "address", address)
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self._stub = v1.MemoryEstimatorStub(self._channel)
+        self._closed = False
+
+    def _call(self, method, request, timeout):
+        if self._closed:
+            raise MemestError("%r: closed" % self)
+        try:
+            return method(request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+
+    def estimate(self, preset=None, model=None, *, timeout=None, **kwargs):
+        request = build_request(preset=preset, model=model, **kwargs)
+        response = self._call(self._stub.Estimate, request, timeout)
+        return Estimate.from_proto(response, label=request_label(request))
+
+    estimate.__doc__ = ESTIMATE_DOC
+
+    def estimate_request(self, request, *, timeout=None):
+        """Sends a prepared memest.v1.EstimateRequest; returns a memest.Estimate."""
+        response = self._call(self._stub.Estimate, request, timeout)
+        return Estimate.from_proto(response, label=request_label(request))
+
+    def presets(self, *, timeout=None):
+        """The built-in models, as a list of memest.PresetInfo."""
+        response = self._call(self._stub.ListPresets, v1.ListPresetsRequest(), timeout)
+        return [PresetInfo.from_proto(p) for p in response.presets]
+
+    def devices(self, *, timeout=None):
+        """The device catalog, as a list of memest.DeviceInfo."""
+        response = self._call(self._stub.ListDevices, v1.ListDevicesRequest(), timeout)
+        return [DeviceInfo.from_proto(d) for d in response.devices]
+
+    def close(self):
+        """Closes the channel; calls after this fail."""
+        self._closed = True
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "memest.Client(%r)" % (self.address,)

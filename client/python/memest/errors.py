@@ -1,0 +1,79 @@
+"""Errors: every failed call raises a MemestError subclass named after its gRPC status.
+
+str(error) is the server's message, which names the field that was wrong, e.g.
+"config.batch_size: must be positive, got -1". Requests the client refuses before sending
+(an unknown word for `precision`, a model file that is not a memest.v1.Model) raise
+InvalidArgument too, with the argument's name in front.
+"""
+
+import grpc
+
+
+class MemestError(Exception):
+    """A call to memest failed. `code` is the grpc.StatusCode, `details` the server's message."""
+
+    code = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, details, code=None):
+        super().__init__(details)
+        self.details = details
+        if code is not None:
+            self.code = code
+
+    def __str__(self):
+        return self.details
+
+
+class InvalidArgument(MemestError, ValueError):
+    """A malformed request; the message names the field."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(MemestError, LookupError):
+    """An unknown preset, device or op kind."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class ResourceExhausted(MemestError):
+    """A request larger than the service accepts (too many ops, too large a message)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class FailedPrecondition(MemestError):
+    """A well-formed request that cannot be answered as asked."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unavailable(MemestError, ConnectionError):
+    """No server answered at the address (not started, stopped, wrong port)."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(MemestError, TimeoutError):
+    """The call took longer than its deadline."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class Internal(MemestError):
+    """A bug in memest."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, ResourceExhausted,
+                                      FailedPrecondition, Unavailable, DeadlineExceeded,
+                                      Internal)}
+
+
+def from_rpc_error(error):
+    """The MemestError for a grpc.RpcError (sync or aio)."""
+    code = error.code()
+    details = error.details() or str(code)
+    cls = _BY_CODE.get(code, MemestError)
+    return cls(details, code)

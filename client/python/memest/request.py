@@ -1,0 +1,188 @@
+"""Builds an EstimateRequest from the keyword arguments of Client.estimate.
+
+The words are the `memest` command's (client/cli/flags.cc): precision="bf16",
+optimizer="adamw", checkpoint="every-block", and so on. Anything this module refuses raises
+InvalidArgument naming the argument, before any call is made.
+"""
+
+import json
+import os
+import re
+
+from google.protobuf import json_format
+
+from memest import v1
+from memest.errors import InvalidArgument
+
+MODES = {"training": v1.MODE_TRAINING, "inference": v1.MODE_INFERENCE}
+RUNTIMES = {"cuda": v1.RUNTIME_CUDA, "cpu-1.13": v1.RUNTIME_CPU_TORCH_1_13}
+PRECISIONS = {
+    "fp32": v1.PRECISION_FP32,
+    "fp16": v1.PRECISION_FP16_AMP,
+    "bf16": v1.PRECISION_BF16_AMP,
+    "bf16-pure": v1.PRECISION_BF16_PURE,
+    "fp16-pure": v1.PRECISION_FP16_PURE,
+}
+OPTIMIZERS = {
+    "sgd": v1.OPTIMIZER_KIND_SGD,
+    "momentum": v1.OPTIMIZER_KIND_SGD_MOMENTUM,
+    "adam": v1.OPTIMIZER_KIND_ADAM,
+    "adamw": v1.OPTIMIZER_KIND_ADAMW,
+    "adagrad": v1.OPTIMIZER_KIND_ADAGRAD,
+    "rmsprop": v1.OPTIMIZER_KIND_RMSPROP,
+    "lion": v1.OPTIMIZER_KIND_LION,
+    "adafactor": v1.OPTIMIZER_KIND_ADAFACTOR,
+}
+OPTIMIZER_IMPLS = {
+    "for-loop": v1.OPTIMIZER_IMPL_FOR_LOOP,
+    "foreach": v1.OPTIMIZER_IMPL_FOREACH,
+    "fused": v1.OPTIMIZER_IMPL_FUSED,
+}
+CHECKPOINTS = {
+    "none": v1.CHECKPOINT_POLICY_NONE,
+    "every-block": v1.CHECKPOINT_POLICY_EVERY_BLOCK,
+    "every-k": v1.CHECKPOINT_POLICY_EVERY_K_BLOCKS,
+    "sqrt": v1.CHECKPOINT_POLICY_SQRT_BLOCKS,
+    "attention": v1.CHECKPOINT_POLICY_ATTENTION_CORE,
+    "scopes": v1.CHECKPOINT_POLICY_SCOPES,
+}
+
+_CAPACITY_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "ki": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+    "m": 1 << 20, "mi": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+    "g": 1 << 30, "gi": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+    "t": 1 << 40, "ti": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+}
+
+
+def _word(name, value, words):
+    if value not in words:
+        raise InvalidArgument('%s: unknown value "%s"; expected one of %s'
+                              % (name, value, ", ".join(words)))
+    return words[value]
+
+
+def _assign(message, field, value, name):
+    """message.field = value (or repeated.extend(value) when field is None), with a protobuf
+    type or range error turned into InvalidArgument naming the argument."""
+    try:
+        if field is None:
+            message.extend(value)
+        else:
+            setattr(message, field, value)
+    except (TypeError, ValueError) as error:
+        raise InvalidArgument("%s: %s" % (name, error)) from None
+
+
+def parse_capacity(value):
+    """Bytes from an int or a string such as "24GiB", "80GB", "85899345920"."""
+    if isinstance(value, bool):
+        raise InvalidArgument("capacity_bytes: expected bytes or a size such as 24GiB, got %r"
+                              % (value,))
+    if isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
+    unit = match and _CAPACITY_UNITS.get(match.group(2).lower())
+    if not unit:
+        raise InvalidArgument('capacity_bytes: expected bytes or a size such as 24GiB, got "%s" '
+                              "(use B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)" % (value,))
+    return int(float(match.group(1)) * unit)
+
+
+def build_model(preset=None, model=None, params=None, seq=None):
+    """A memest.v1.Model from a preset name (with params) or a model description."""
+    if (preset is None) == (model is None):
+        raise InvalidArgument("preset or model: give one, not both" if preset is not None
+                              else "preset or model: one is required")
+    if preset is not None:
+        message = v1.Model()
+        _assign(message.preset, "name", preset, "preset")
+        for name, value in (params or {}).items():
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidArgument("params[%s]: expected an integer, got %r" % (name, value))
+            message.preset.params[name] = value
+        if seq is not None:
+            message.preset.params["seq"] = seq
+        return message
+    if params or seq is not None:
+        raise InvalidArgument("params/seq: only apply to a preset, not to a model")
+    if isinstance(model, v1.Model):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        return read_model_file(model)
+    if isinstance(model, dict):
+        return _parse_model_dict(model, "model")
+    raise InvalidArgument("model: expected a dict in the proto JSON mapping, a path to a JSON "
+                          "file or a memest.v1.Model, got %s" % type(model).__name__)
+
+
+def _parse_model_dict(data, where):
+    try:
+        return json_format.ParseDict(data, v1.Model())
+    except json_format.ParseError as error:
+        raise InvalidArgument("%s: not a memest.v1.Model: %s" % (where, error)) from None
+
+
+def read_model_file(path):
+    """A memest.v1.Model from a JSON file in the proto JSON mapping (as `memest --model`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as error:
+        raise InvalidArgument("model %s: cannot open the file: %s" % (path, error.strerror)) \
+            from None
+    except ValueError as error:
+        raise InvalidArgument("model %s: not JSON: %s" % (path, error)) from None
+    return _parse_model_dict(data, "model %s" % (path,))
+
+
+def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=1,
+                  grad_accum_steps=None, mode=None, precision=None, optimizer=None,
+                  optimizer_impl=None, weight_decay=None, keep_grads=False, checkpoint=None,
+                  checkpoint_k=None, checkpoint_scopes=(), first_step=False, device=None,
+                  capacity_bytes=None, generate_tokens=None, expandable_segments=False,
+                  runtime=None, advice=True):
+    """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
+    request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
+    config = request.config
+    _assign(config, "batch_size", batch_size, "batch_size")
+    if grad_accum_steps is not None:
+        _assign(config, "grad_accum_steps", grad_accum_steps, "grad_accum_steps")
+    if mode is not None:
+        config.mode = _word("mode", mode, MODES)
+    if precision is not None:
+        config.precision = _word("precision", precision, PRECISIONS)
+    if optimizer is not None:
+        config.optimizer.kind = _word("optimizer", optimizer, OPTIMIZERS)
+    if optimizer_impl is not None:
+        config.optimizer.impl = _word("optimizer_impl", optimizer_impl, OPTIMIZER_IMPLS)
+    if weight_decay is not None:
+        _assign(config.optimizer, "weight_decay", weight_decay, "weight_decay")
+    config.zero_grad_keep_grads = bool(keep_grads)
+    if checkpoint is not None:
+        config.checkpoint.policy = _word("checkpoint", checkpoint, CHECKPOINTS)
+    if checkpoint_k is not None:
+        _assign(config.checkpoint, "every_k", checkpoint_k, "checkpoint_k")
+    if isinstance(checkpoint_scopes, str):
+        checkpoint_scopes = [checkpoint_scopes]
+    if checkpoint_scopes:
+        _assign(config.checkpoint.scopes, None, list(checkpoint_scopes), "checkpoint_scopes")
+    if first_step:
+        config.step = v1.STEP_KIND_FIRST_STEP
+    if device is not None and capacity_bytes is not None:
+        raise InvalidArgument("device and capacity_bytes: give one, not both")
+    if device is not None:
+        _assign(config, "device_name", device, "device")
+    if capacity_bytes is not None:
+        bytes_ = parse_capacity(capacity_bytes)
+        if bytes_ <= 0:
+            raise InvalidArgument("capacity_bytes: must be positive, got %d" % bytes_)
+        config.device_capacity_bytes = bytes_
+    if generate_tokens is not None:
+        _assign(config, "generate_tokens", generate_tokens, "generate_tokens")
+    config.expandable_segments = bool(expandable_segments)
+    if runtime is not None:
+        config.runtime = _word("runtime", runtime, RUNTIMES)
+    request.skip_advice = not advice
+    return request

@@ -1,0 +1,396 @@
+"""Typed results: what Client.estimate, presets() and devices() return.
+
+Every byte count is an int in bytes (the proto's fields, unrounded); `format_bytes` gives the
+human form the reprs use ("2.36 GiB"). Phases are the proto's Phase without its prefix:
+"data", "forward", "loss", "backward", "optimizer_step".
+"""
+
+import dataclasses
+import html
+from typing import List, Optional
+
+from memest import v1
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "master_and_casts", "activations",
+              "temporaries", "inputs", "kv_cache", "workspace", "allocator_overhead",
+              "cuda_context")
+
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def format_bytes(n):
+    """n bytes in binary units with three significant digits: "0 B", "512 B", "2.36 GiB"."""
+    n = int(n)
+    if abs(n) < 1024:
+        return "%d B" % n
+    value = float(n)
+    for unit in _UNITS:
+        value /= 1024.0
+        if abs(value) < 1000 or unit == _UNITS[-1]:
+            break
+    if abs(value) >= 100:
+        return "%.0f %s" % (value, unit)
+    if abs(value) >= 10:
+        return "%.1f %s" % (value, unit)
+    return "%.2f %s" % (value, unit)
+
+
+def _phase_name(phase):
+    name = v1.Phase.Name(phase)
+    return name[len("PHASE_"):].lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryByCategory:
+    """Bytes by category; the categories partition the memory a step needs (see the proto)."""
+
+    parameters: int = 0
+    gradients: int = 0
+    optimizer_state: int = 0
+    master_and_casts: int = 0
+    activations: int = 0
+    temporaries: int = 0
+    inputs: int = 0
+    kv_cache: int = 0
+    workspace: int = 0
+    allocator_overhead: int = 0
+    cuda_context: int = 0
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(**{name: getattr(message, name) for name in CATEGORIES})
+
+    def as_dict(self):
+        """{category: bytes} in the proto's order."""
+        return {name: getattr(self, name) for name in CATEGORIES}
+
+    @property
+    def total(self):
+        """The sum over all categories."""
+        return sum(self.as_dict().values())
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+    """A peak moment: allocated and reserved bytes, by category (allocated only), and where."""
+
+    phase: str
+    allocated_bytes: int
+    reserved_bytes: int
+    by_category: MemoryByCategory
+    op: str = ""
+    scope: str = ""
+    micro_batch: int = 0
+    recompute: bool = False
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(phase=_phase_name(message.phase), allocated_bytes=message.allocated_bytes,
+                   reserved_bytes=message.reserved_bytes,
+                   by_category=MemoryByCategory.from_proto(message.by_category), op=message.op,
+                   scope=message.scope, micro_batch=message.micro_batch,
+                   recompute=message.recompute)
+
+    @property
+    def where(self):
+        """"op cross_entropy in h.3.mlp", or "" between ops."""
+        text = ("op " + self.op) if self.op else ""
+        if self.scope:
+            text += (" in " if text else "in ") + self.scope
+        if self.recompute:
+            text += " (recomputation)"
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerRow:
+    """One module scope's contribution."""
+
+    scope: str
+    parameter_bytes: int
+    saved_bytes: int
+    output_bytes: int
+    temporary_bytes: int
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(scope=message.scope, parameter_bytes=message.parameter_bytes,
+                   saved_bytes=message.saved_bytes, output_bytes=message.output_bytes,
+                   temporary_bytes=message.temporary_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """Whether the step fits the requested device; required = peak reserved + CUDA context."""
+
+    device: str
+    capacity_bytes: int
+    required_bytes: int
+    fits: bool
+    headroom_bytes: int
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(device=message.device, capacity_bytes=message.capacity_bytes,
+                   required_bytes=message.required_bytes, fits=message.fits,
+                   headroom_bytes=message.headroom_bytes)
+
+    def __str__(self):
+        verdict = "fits" if self.fits else "does NOT fit"
+        return "%s %s: needs %s of %s (headroom %s)" % (
+            verdict, self.device, format_bytes(self.required_bytes),
+            format_bytes(self.capacity_bytes), format_bytes(self.headroom_bytes))
+
+
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    """A diagnosis (kind "peak", saving 0) or a fix and the bytes it would save at the peak."""
+
+    kind: str
+    message: str
+    saving_bytes: int
+    scope: str = ""
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(kind=message.kind, message=message.message, saving_bytes=message.saving_bytes,
+                   scope=message.scope)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class Estimate:
+    """The answer to one estimate (EstimateResponse), with tables and a plot.
+
+    breakdown: bytes by category at the overall peak, allocator overhead and CUDA context
+    included, so breakdown.total == peak_reserved_bytes + breakdown.cuda_context.
+    peak: the largest allocated moment; phases: one Peak per phase that ran, in order.
+    fit: None unless the request named a device or a capacity.
+    """
+
+    breakdown: MemoryByCategory
+    peak: Peak
+    peak_reserved_bytes: int
+    phases: List[Peak]
+    layers: List[LayerRow]
+    fit: Optional[Fit]
+    advice: List[Advice]
+    notes: List[str]
+    parameter_count: int
+    trainable_parameter_count: int
+    micro_batch: int
+    op_count: int
+    saved_for_backward_bytes: int
+    end_of_step: MemoryByCategory
+    label: str = ""
+    response: Optional[v1.EstimateResponse] = dataclasses.field(default=None, compare=False)
+
+    @classmethod
+    def from_proto(cls, response, label=""):
+        return cls(
+            breakdown=MemoryByCategory.from_proto(response.breakdown),
+            peak=Peak.from_proto(response.peak),
+            peak_reserved_bytes=response.peak_reserved_bytes,
+            phases=[Peak.from_proto(p) for p in response.phases],
+            layers=[LayerRow.from_proto(row) for row in response.layers],
+            fit=Fit.from_proto(response.fit) if response.HasField("fit") else None,
+            advice=[Advice.from_proto(a) for a in response.advice],
+            notes=list(response.notes),
+            parameter_count=response.parameter_count,
+            trainable_parameter_count=response.trainable_parameter_count,
+            micro_batch=response.micro_batch,
+            op_count=response.op_count,
+            saved_for_backward_bytes=response.saved_for_backward_bytes,
+            end_of_step=MemoryByCategory.from_proto(response.end_of_step),
+            label=label,
+            response=response,
+        )
+
+    @property
+    def required_bytes(self):
+        """What nvidia-smi would show at the peak: peak reserved + CUDA context."""
+        return self.peak_reserved_bytes + self.breakdown.cuda_context
+
+    def fixes(self):
+        """The advice entries that are fixes (everything but the "peak" diagnosis)."""
+        return [a for a in self.advice if a.kind != "peak"]
+
+    # --- tables ---------------------------------------------------------------------------
+
+    def to_dataframe(self, table="categories"):
+        """A pandas DataFrame of one of the result's tables; byte columns are int64 bytes.
+
+        table="categories": index `category` (the 11 categories, proto order); columns
+            `bytes` (the breakdown at the peak) and `share` (fraction of breakdown.total).
+        table="phases": index `phase` (the phases that ran, in order); one column per
+            category (allocated bytes at that phase's peak; allocator_overhead and
+            cuda_context are 0 there, as in the proto), then `allocated_bytes`,
+            `reserved_bytes`, `op`, `scope`.
+        table="layers": index `scope` (per-layer rows, the server's order); columns
+            `parameter_bytes`, `saved_bytes`, `output_bytes`, `temporary_bytes`.
+        """
+        pd = _import_pandas()
+        if table == "categories":
+            total = self.breakdown.total
+            rows = [{"category": name, "bytes": value,
+                     "share": (value / total) if total else 0.0}
+                    for name, value in self.breakdown.as_dict().items()]
+            frame = pd.DataFrame(rows, columns=["category", "bytes", "share"])
+            frame["bytes"] = frame["bytes"].astype("int64")
+            return frame.set_index("category")
+        if table == "phases":
+            columns = ["phase", *CATEGORIES, "allocated_bytes", "reserved_bytes", "op", "scope"]
+            rows = [{"phase": p.phase, **p.by_category.as_dict(),
+                     "allocated_bytes": p.allocated_bytes, "reserved_bytes": p.reserved_bytes,
+                     "op": p.op, "scope": p.scope} for p in self.phases]
+            frame = pd.DataFrame(rows, columns=columns)
+            for name in (*CATEGORIES, "allocated_bytes", "reserved_bytes"):
+                frame[name] = frame[name].astype("int64")
+            return frame.set_index("phase")
+        if table == "layers":
+            columns = ["scope", "parameter_bytes", "saved_bytes", "output_bytes",
+                       "temporary_bytes"]
+            frame = pd.DataFrame([dataclasses.asdict(row) for row in self.layers],
+                                 columns=columns)
+            for name in columns[1:]:
+                frame[name] = frame[name].astype("int64")
+            return frame.set_index("scope")
+        raise ValueError('table: expected "categories", "phases" or "layers", got %r' % (table,))
+
+    # --- plot -----------------------------------------------------------------------------
+
+    def plot(self, top_layers=10, figsize=(13, 5.5)):
+        """A matplotlib Figure: memory by category across the phases, and the top layers.
+
+        Left: one stacked bar per phase (allocated bytes by category at that phase's peak,
+        then allocator overhead up to the phase's reserved bytes and the CUDA context, so a
+        bar's top is what nvidia-smi would show); the overall peak is marked and the device
+        capacity is a dashed line when the request named a device (listed as off scale in
+        the legend when it is over 3 times the tallest bar). Right: the `top_layers`
+        layers that keep the most for backward.
+        """
+        from memest.plot import plot_estimate
+        return plot_estimate(self, top_layers=top_layers, figsize=figsize)
+
+    # --- reprs ----------------------------------------------------------------------------
+
+    def _summary_lines(self):
+        head = self.label + ": " if self.label else ""
+        lines = ["%s%s parameters, micro-batch %d, %d ops" % (
+            head, _count(self.parameter_count), self.micro_batch, self.op_count)]
+        where = self.peak.where
+        lines.append("peak %s allocated, %s reserved, in %s%s" % (
+            format_bytes(self.peak.allocated_bytes), format_bytes(self.peak_reserved_bytes),
+            self.peak.phase, (" (" + where + ")") if where else ""))
+        if self.fit is not None:
+            lines.append(str(self.fit))
+        return lines
+
+    def __repr__(self):
+        lines = ["<memest.Estimate " + self._summary_lines()[0]]
+        lines += ["  " + line for line in self._summary_lines()[1:]]
+        total = self.breakdown.total
+        lines.append("  at the peak, by category:")
+        for name, value in self.breakdown.as_dict().items():
+            if value:
+                lines.append("    %-20s %10s %6.1f%%" % (name, format_bytes(value),
+                                                         100.0 * value / total))
+        fixes = self.fixes()
+        if fixes:
+            lines.append("  best fix: %s" % fixes[0].message)
+        return "\n".join(lines) + ">"
+
+    def _repr_html_(self):
+        e = html.escape
+        total = self.breakdown.total
+        parts = ["<div class='memest-estimate'>"]
+        summary = self._summary_lines()
+        parts.append("<b>memest estimate</b> &mdash; %s<br>" % e(summary[0]))
+        parts.append("<b>%s</b><br>" % e(summary[1]))
+        if self.fit is not None:
+            color = "#1a7f37" if self.fit.fits else "#cf222e"
+            parts.append("<span style='color:%s;font-weight:bold'>%s</span><br>"
+                         % (color, e(summary[2])))
+        parts.append("<table><tr><th>category</th><th>at the peak</th><th>share</th></tr>")
+        for name, value in self.breakdown.as_dict().items():
+            if value:
+                parts.append("<tr><td>%s</td><td style='text-align:right'>%s</td>"
+                             "<td style='text-align:right'>%.1f%%</td></tr>"
+                             % (e(name), e(format_bytes(value)), 100.0 * value / total))
+        parts.append("</table>")
+        parts.append("<table><tr><th>phase</th><th>allocated</th><th>reserved</th>"
+                     "<th>where</th></tr>")
+        for p in self.phases:
+            mark = " &#9664; peak" if p.phase == self.peak.phase else ""
+            parts.append("<tr><td>%s%s</td><td style='text-align:right'>%s</td>"
+                         "<td style='text-align:right'>%s</td><td>%s</td></tr>"
+                         % (e(p.phase), mark, e(format_bytes(p.allocated_bytes)),
+                            e(format_bytes(p.reserved_bytes)), e(p.where)))
+        parts.append("</table>")
+        if self.advice:
+            parts.append("<ul>")
+            for a in self.advice:
+                saving = (" <i>(saves %s)</i>" % e(format_bytes(a.saving_bytes))
+                          if a.saving_bytes else "")
+                parts.append("<li>%s%s</li>" % (e(a.message), saving))
+            parts.append("</ul>")
+        parts.append("</div>")
+        return "".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class PresetParam:
+    name: str
+    default_value: int
+    description: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PresetInfo:
+    """A built-in model and its integer parameters."""
+
+    name: str
+    family: str
+    description: str
+    params: List[PresetParam]
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(name=message.name, family=message.family, description=message.description,
+                   params=[PresetParam(p.name, p.default_value, p.description)
+                           for p in message.params])
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceInfo:
+    """A GPU of the device catalog."""
+
+    name: str
+    description: str
+    capacity_bytes: int
+    cuda_context_bytes: int
+    cublas_workspace_bytes: int
+    compute_capability: int
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(name=message.name, description=message.description,
+                   capacity_bytes=message.capacity_bytes,
+                   cuda_context_bytes=message.cuda_context_bytes,
+                   cublas_workspace_bytes=message.cublas_workspace_bytes,
+                   compute_capability=message.compute_capability)
+
+
+def _count(n):
+    for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= size:
+            return "%.3g%s" % (n / size, unit)
+    return str(n)
+
+
+def _import_pandas():
+    try:
+        import pandas
+    except ImportError:
+        raise ImportError("to_dataframe() needs pandas: pip install 'memest[dataframe]'") \
+            from None
+    return pandas

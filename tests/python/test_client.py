@@ -1,0 +1,168 @@
+"""memest.Client against a real memest-server: estimates, catalogs, errors, deadlines."""
+
+import json
+
+import pytest
+
+import memest
+from memest import v1
+
+PHASES = ["data", "forward", "loss", "backward", "optimizer_step"]
+MLP_PARAMETERS = 784 * 4096 + 4096 + 4096 * 4096 + 4096 + 4096 * 10 + 10
+
+
+def test_preset_estimate_counts_and_phases(gpt2):
+    assert gpt2.parameter_count == 124439808
+    assert gpt2.trainable_parameter_count == 124439808
+    assert gpt2.micro_batch == 2
+    assert gpt2.op_count > 0
+    assert [p.phase for p in gpt2.phases] == PHASES
+    assert gpt2.peak.phase in PHASES
+    assert gpt2.peak.allocated_bytes == max(p.allocated_bytes for p in gpt2.phases)
+    assert gpt2.saved_for_backward_bytes > 0
+    assert gpt2.label == "gpt2-small seq=128, batch 2"
+
+
+def test_breakdown_sums_as_the_proto_says(gpt2):
+    # breakdown: the allocated categories at the peak, + allocator overhead (reserved -
+    # allocated) + the CUDA context; so it sums to what nvidia-smi would show.
+    assert gpt2.breakdown.total == gpt2.peak_reserved_bytes + gpt2.breakdown.cuda_context
+    assert gpt2.breakdown.total == gpt2.fit.required_bytes == gpt2.required_bytes
+    allocated = gpt2.breakdown.as_dict()
+    at_peak = gpt2.peak.by_category.as_dict()
+    for name in memest.results.CATEGORIES:
+        if name not in ("allocator_overhead", "cuda_context"):
+            assert allocated[name] == at_peak[name], name
+    assert at_peak["allocator_overhead"] == 0 and at_peak["cuda_context"] == 0
+    assert gpt2.breakdown.allocator_overhead == (gpt2.peak_reserved_bytes
+                                                 - gpt2.peak.by_category.total)
+
+
+def test_fit_and_advice(gpt2):
+    assert gpt2.fit.device == "a100-80gb"
+    assert gpt2.fit.fits
+    assert gpt2.fit.headroom_bytes == gpt2.fit.capacity_bytes - gpt2.fit.required_bytes
+    assert gpt2.advice[0].kind == "peak"
+    savings = [a.saving_bytes for a in gpt2.fixes()]
+    assert savings == sorted(savings, reverse=True)
+    assert gpt2.notes
+
+
+def test_no_device_means_no_fit_and_no_advice_when_skipped(client):
+    result = client.estimate(preset="gpt2-small", seq=64, batch_size=1, advice=False)
+    assert result.fit is None
+    assert result.advice == []
+
+
+def test_options_change_the_request_as_the_cli_words_say(client):
+    base = dict(preset="gpt2-small", seq=128, batch_size=4, advice=False)
+    plain = client.estimate(**base)
+    checkpointed = client.estimate(checkpoint="every-block", **base)
+    assert checkpointed.saved_for_backward_bytes < plain.saved_for_backward_bytes
+    accumulated = client.estimate(grad_accum_steps=2, **base)
+    assert accumulated.micro_batch == 2
+    first = client.estimate(first_step=True, optimizer="adam", optimizer_impl="fused", **base)
+    assert first.peak.allocated_bytes > 0
+    sgd = client.estimate(optimizer="sgd", **base)
+    assert sgd.breakdown.optimizer_state == 0
+    cpu = client.estimate(runtime="cpu-1.13", **base)
+    assert cpu.breakdown.cuda_context == 0
+    inference = client.estimate(mode="inference", generate_tokens=16, precision="bf16-pure",
+                                **base)
+    assert [p.phase for p in inference.phases] == ["data", "forward"]
+    assert inference.breakdown.kv_cache > 0
+    small = client.estimate(capacity_bytes="1GiB", **base)
+    assert small.fit.capacity_bytes == 1 << 30
+    assert not small.fit.fits and small.fit.headroom_bytes < 0
+
+
+def test_layers_model_as_dict_file_and_message(client, mlp_model, tmp_path):
+    from_dict = client.estimate(model=mlp_model, batch_size=256, capacity_bytes=24 << 30)
+    assert from_dict.parameter_count == MLP_PARAMETERS
+    assert [row.scope for row in from_dict.layers][:1] == ["fc1"]
+    assert {"fc1", "fc2", "head"} <= {row.scope for row in from_dict.layers}
+    assert from_dict.label == "layers model (6 layers), batch 256"
+
+    path = tmp_path / "mlp.json"
+    path.write_text(json.dumps(mlp_model))
+    from_file = client.estimate(model=str(path), batch_size=256, capacity_bytes=24 << 30)
+    assert from_file == from_dict
+
+    message = v1.Model()
+    message.layers.input_shape.append(784)
+    layer = message.layers.layers.add(kind="linear", name="fc")
+    layer.attrs["out_features"].i = 10
+    from_message = client.estimate(model=message, batch_size=8)
+    assert from_message.parameter_count == 784 * 10 + 10
+
+
+def test_negative_batch_is_invalid_argument_naming_the_field(client):
+    with pytest.raises(memest.InvalidArgument) as caught:
+        client.estimate(preset="gpt2-small", batch_size=-1)
+    assert "config.batch_size" in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_bad_layer_attribute_names_the_layer(client, mlp_model):
+    mlp_model["layers"]["layers"][0]["attrs"]["out_features"]["i"] = -4
+    with pytest.raises(memest.InvalidArgument, match=r"model\.layers\[0\]"):
+        client.estimate(model=mlp_model, batch_size=2)
+
+
+def test_unknown_preset_param_names_it(client):
+    with pytest.raises(memest.InvalidArgument, match=r"model\.preset\.params\.nope"):
+        client.estimate(preset="gpt2-small", params={"nope": 3})
+
+
+def test_unknown_preset_and_device_are_not_found(client):
+    with pytest.raises(memest.NotFound, match="unknown preset 'no-such-model'"):
+        client.estimate(preset="no-such-model")
+    with pytest.raises(memest.NotFound):
+        client.estimate(preset="mlp", device="no-such-gpu")
+
+
+def test_client_side_refusals_name_the_argument(client, tmp_path):
+    with pytest.raises(memest.InvalidArgument, match='precision: unknown value "fp8"'):
+        client.estimate(preset="gpt2-small", precision="fp8")
+    with pytest.raises(memest.InvalidArgument, match="preset or model: one is required"):
+        client.estimate()
+    with pytest.raises(memest.InvalidArgument, match="give one, not both"):
+        client.estimate(preset="mlp", device="a100", capacity_bytes=1 << 30)
+    with pytest.raises(memest.InvalidArgument, match="capacity_bytes"):
+        client.estimate(preset="mlp", capacity_bytes="lots")
+    with pytest.raises(memest.InvalidArgument, match="batch_size"):
+        client.estimate(preset="mlp", batch_size="two")
+    with pytest.raises(memest.InvalidArgument, match="not a memest.v1.Model"):
+        client.estimate(model={"layerz": {}})
+    with pytest.raises(memest.InvalidArgument, match="cannot open the file"):
+        client.estimate(model=str(tmp_path / "missing.json"))
+
+
+def test_presets_and_devices(client):
+    presets = {p.name: p for p in client.presets()}
+    assert "gpt2-small" in presets
+    seq = {param.name: param for param in presets["gpt2-small"].params}["seq"]
+    assert seq.default_value == 1024 and seq.description
+    devices = {d.name: d for d in client.devices()}
+    assert devices["a100-80gb"].capacity_bytes > 80 * 10**9
+    assert devices["a100-80gb"].compute_capability == 80
+
+
+def test_dead_server_is_unavailable(closed_port):
+    with memest.Client("127.0.0.1:%d" % closed_port, timeout=2) as dead:
+        with pytest.raises(memest.Unavailable) as caught:
+            dead.presets()
+    assert str(caught.value)
+    assert isinstance(caught.value, ConnectionError)
+
+
+def test_deadline_exceeded(client):
+    with pytest.raises(memest.DeadlineExceeded):
+        client.estimate(preset="llama-7b", batch_size=4, timeout=1e-6)
+
+
+def test_closed_client_refuses_calls(server):
+    c = memest.Client(server)
+    c.close()
+    with pytest.raises(memest.MemestError, match="closed"):
+        c.presets()

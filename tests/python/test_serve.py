@@ -1,0 +1,43 @@
+"""memest.serve(): a child memest-server on a free port, stopped on request."""
+
+import pytest
+
+import memest
+from conftest import server_binary
+
+
+def test_serve_starts_answers_and_stops():
+    server = memest.serve(binary=server_binary(), args=["--log-level", "warn"])
+    try:
+        host, port = server.address.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0
+        assert str(server) == server.address and server.running
+        with memest.Client(server) as client:
+            assert client.presets()
+    finally:
+        server.stop()
+    assert not server.running
+    assert server.process.returncode == 0
+    server.stop()  # idempotent
+    with memest.Client(server.address, timeout=2) as client:
+        with pytest.raises(memest.Unavailable):
+            client.presets()
+
+
+def test_serve_finds_the_binary_from_the_environment(monkeypatch):
+    monkeypatch.setenv("MEMEST_SERVER", server_binary())
+    assert memest.server.find_binary() == server_binary()
+    with memest.serve() as server:
+        assert server.running
+    assert not server.running
+
+
+def test_serve_reports_a_missing_binary(tmp_path):
+    with pytest.raises(memest.ServerError, match="not an executable"):
+        memest.serve(binary=str(tmp_path / "memest-server"))
+
+
+def test_serve_reports_a_server_that_does_not_start(server):
+    # The session's server holds its port; a second one on it must fail, with the log.
+    with pytest.raises(memest.ServerError, match="did not start"):
+        memest.serve(binary=server_binary(), address=server.address, timeout=10)
