@@ -8,7 +8,8 @@
     result                                     # summary; result.plot(), result.to_dataframe()
 
 memest.aio.Client is the same client for asyncio (a notebook's running loop). memest.v1 holds
-the generated protocol messages.
+the generated protocol messages. memest.trace(module, example_inputs) turns a torch.nn.Module
+into a model description the server estimates (torch is imported only when it is used).
 """
 
 from memest import v1
@@ -22,9 +23,21 @@ from memest import aio  # noqa: E402  (after Client: aio reuses its helpers)
 
 __version__ = "0.1.0"
 
+_TRACER_NAMES = ("trace", "save", "TracedModel", "UnsupportedOp")
+
+
+def __getattr__(name):
+    # The tracer needs torch; importing memest must not.
+    if name in _TRACER_NAMES:
+        from memest import tracer
+        return getattr(tracer, name)
+    raise AttributeError(f"module 'memest' has no attribute {name!r}")
+
+
 __all__ = [
     "Advice", "Client", "DeadlineExceeded", "DeviceInfo", "Estimate", "FailedPrecondition",
     "Fit", "Internal", "InvalidArgument", "LayerRow", "MemestError", "MemoryByCategory",
     "NotFound", "Peak", "PresetInfo", "PresetParam", "ResourceExhausted", "Server",
-    "ServerError", "Unavailable", "aio", "format_bytes", "serve", "v1",
+    "ServerError", "TracedModel", "Unavailable", "UnsupportedOp", "aio", "format_bytes", "save",
+    "serve", "trace", "v1",
 ]

@@ -1,0 +1,635 @@
+"""memest.trace: a torch.nn.Module turned into memest's model description (an op graph).
+
+`trace(module, example_inputs, ...)` runs the module once on the example inputs under a
+TorchDispatchMode, which sees the aten ops that actually run below autograd, and records each
+in memest's op vocabulary (engine/op_rules.h; the mapping is in `_aten_map.py`): its inputs and
+outputs (by tensor identity: views and in-place results are tracked as their own tensors), their
+shapes and dtypes, and the scalar arguments memest's rule reads. Parameters and buffers are
+declared by their names in `named_parameters()` / `named_buffers()`; each op carries the module
+path it ran in (`blocks.3.attn`), and repeated children of an nn.ModuleList / nn.Sequential are
+listed as `blocks`. After the forward, the requested loss is applied in the same mode.
+
+The trace records structure only: it never measures memory; every number comes from the engine.
+
+Where it runs: first on the meta device (a deep copy of the module moved to "meta", meta
+inputs: no real memory or compute); when an op has no meta kernel in this PyTorch version, on
+real tensors (a deep copy on the CPU, so the caller's module is untouched). The returned
+dict's `path` attribute says which ("meta" or "real").
+
+Batch sizes: the module is traced twice, at the example batch B and at B + 1. Every dim that
+differs between the two is a batch dim: shape attributes (view, reshape, expand) get -1 there,
+and `tracedBatch` is set to B so the engine can rescale the graph to another batch size. When
+the two traces differ in a way the engine cannot rescale (a batch-dependent scalar, a split of
+the batch dim), `tracedBatch` is left out, with a warning: the graph is then valid at B only.
+
+Refused (UnsupportedOp, naming the aten op and the module scope): any op of the graph that the
+engine has no rule for. Never silently dropped. Elided: ops that allocate nothing and have no
+memest kind (detach, alias, lift_fresh), in-place bookkeeping on buffers that reads nothing of
+the graph (BatchNorm's num_batches_tracked += 1), and ops on constants only (tensors the forward
+makes with factory functions); a constant that an op of the graph reads is declared as a
+buffer named "const.<n>".
+"""
+import copy
+import inspect
+import json
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+try:
+    from . import _aten_map
+except ImportError:  # loaded on its own, outside the memest package
+    import _aten_map
+
+__all__ = ["trace", "save", "UnsupportedOp", "TracedModel"]
+
+_ROLE = {
+    "input": "TENSOR_ROLE_INPUT",
+    "target": "TENSOR_ROLE_TARGET",
+    "parameter": "TENSOR_ROLE_PARAMETER",
+    "buffer": "TENSOR_ROLE_BUFFER",
+    "activation": "TENSOR_ROLE_ACTIVATION",
+}
+_SHAPE_ATTR_KINDS = ("view", "reshape", "expand")
+
+
+class UnsupportedOp(Exception):
+    """An aten op that memest's engine has no rule for (or an argument form it does not take).
+
+    Attributes: `op` (the aten name, e.g. "aten.cumsum.default"), `scope` (the module path it
+    ran in, "" for the top level), `detail` (what about it is unsupported, or None)."""
+
+    def __init__(self, op, scope, detail=None):
+        self.op = op
+        self.scope = scope
+        self.detail = detail
+        where = f" in module '{scope}'" if scope else " at the top level"
+        what = f" ({detail})" if detail else ""
+        super().__init__(f"memest has no rule for {op}{what}{where}; the op graph cannot be "
+                         f"traced without it")
+
+
+class TracedModel(dict):
+    """The traced model: a dict in the proto JSON mapping of memest.v1.Model ({"ops": {...}}),
+    with `path` ("meta" or "real": where the trace ran) and `notes` (what the trace assumed)."""
+
+    path = None
+    notes = ()
+
+
+class _MetaUnsupported(Exception):
+    pass
+
+
+def _attr(v):
+    """memest.v1.AttrValue in the proto JSON mapping."""
+    if isinstance(v, bool):
+        return {"i": int(v)}
+    if isinstance(v, int):
+        return {"i": v}
+    if isinstance(v, float):
+        if math.isnan(v):
+            return {"f": "NaN"}  # the proto JSON mapping spells non-finite doubles as strings
+        if math.isinf(v):
+            return {"f": "Infinity" if v > 0 else "-Infinity"}
+        return {"f": v}
+    if isinstance(v, str):
+        return {"s": v}
+    if isinstance(v, (list, tuple)):
+        return {"ints": {"values": [int(x) for x in v]}}
+    raise TypeError(f"unsupported attribute value {v!r}")
+
+
+def _key(func):
+    return f"{func.overloadpacket.__name__}.{func._overloadname}"
+
+
+def _aten_name(func):
+    return f"aten.{_key(func)}"
+
+
+def _flat_tensors(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for e in x for t in _flat_tensors(e)]
+    return []
+
+
+class _Recording(TorchDispatchMode):
+    """One forward + loss, recorded. Tensors are known by id(); every tensor seen is kept
+    alive until the recording ends so that ids are not reused."""
+
+    def __init__(self, tracer):
+        super().__init__()
+        self.tr = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.tr.record(func, args, kwargs, out)
+        return out
+
+
+class _Tracer:
+    def __init__(self, module, meta):
+        self.meta = meta
+        self._keep = []          # every tensor seen (ids must stay unique)
+        self._names = {}         # id(tensor) -> graph name
+        self._consts = set()     # ids of constant tensors (factory results and derived)
+        self._internal = {}      # id -> aten op: outputs memest folds into its op (stats, masks)
+        self._noise = {}         # id -> dropout noise state {"x": tensor, "keep": float}
+        self._shapes = {}        # name -> (shape list, dtype name)
+        self._roles = {}
+        self.decls = []
+        self.ops = []
+        self._n_const = 0
+        self._n_fresh = 0
+        self.scope_stack = []
+        self._current = None     # aten name of the op being recorded (for errors)
+        self._params = {}
+        for name, p in module.named_parameters():
+            self._declare(p, name, "parameter", frozen=not p.requires_grad)
+        for name, b in module.named_buffers():
+            if b is not None and id(b) not in self._names:
+                self._declare(b, name, "buffer")
+
+    # ------------------------------------------------------------ names
+    @property
+    def scope(self):
+        return self.scope_stack[-1] if self.scope_stack else ""
+
+    def _declare(self, t, name, role, batch_dim=None, frozen=False):
+        self._keep.append(t)
+        self._names[id(t)] = name
+        dt = _aten_map.DTYPE_NAMES.get(t.dtype)
+        if dt is None:
+            raise UnsupportedOp(f"tensor of dtype {t.dtype}", self.scope, f"'{name}'")
+        self._shapes[name] = (list(t.shape), dt)
+        self._roles[name] = role
+        d = {"name": name, "shape": list(t.shape), "dtype": dt, "role": _ROLE[role]}
+        if batch_dim is not None and batch_dim != 0:
+            d["batchDim"] = batch_dim
+        if frozen:
+            d["frozen"] = True
+        self.decls.append(d)
+        return name
+
+    def fresh_name(self, prefix):
+        self._n_fresh += 1
+        return f"{prefix}_{len(self.ops)}_{self._n_fresh}"
+
+    def _name_of(self, t):
+        """Graph name of an input tensor (a constant read by the graph becomes a buffer)."""
+        if isinstance(t, str):
+            return t
+        n = self._names.get(id(t))
+        if n is not None:
+            return n
+        if id(t) in self._internal:
+            self.unsupported(f"an op reading the internal output of {self._internal[id(t)]}")
+        if id(t) in self._noise:
+            self.unsupported("dropout noise used other than by mul")
+        # A constant (made by a factory op in forward, or a tensor attribute that is not a
+        # registered buffer): declared as a buffer.
+        self._n_const += 1
+        return self._declare(t, f"const.{self._n_const}", "buffer")
+
+    def scalar_of(self, v):
+        """The Python number of a scalar operand (a number, or a wrapped 0-dim CPU tensor that
+        the graph does not know), else None."""
+        if isinstance(v, bool):
+            return float(v)
+        if isinstance(v, (int, float)):
+            return float(v)
+        if (isinstance(v, torch.Tensor) and v.dim() == 0 and id(v) not in self._names
+                and v.device.type == "cpu"):
+            return float(v.item())
+        return None
+
+    def _is_graph(self, t):
+        return id(t) in self._names or id(t) in self._internal or id(t) in self._noise
+
+    # ------------------------------------------------------------ emitting
+    def unsupported(self, detail=None):
+        raise UnsupportedOp(self._current, self.scope, detail)
+
+    def alias(self, out, x):
+        self._keep.append(out)
+        self._names[id(out)] = self._name_of(x)
+
+    def internal(self, outs):
+        for o in outs:
+            if isinstance(o, torch.Tensor):
+                self._keep.append(o)
+                self._internal[id(o)] = self._current
+
+    def emit(self, kind, inputs, outputs, attrs, shape_attr=None, out_shapes=None):
+        in_names = [self._name_of(t) for t in inputs]
+        i = len(self.ops)
+        out_names = []
+        for j, o in enumerate(outputs):
+            if isinstance(o, str):
+                nm = o
+                shape, dtype = out_shapes[nm]
+            else:
+                nm = f"{kind}_{i}" + (f".{j}" if len(outputs) > 1 else "")
+                shape, dtype = list(o.shape), o.dtype
+                self._keep.append(o)
+                self._names[id(o)] = nm  # an in-place result takes the new name from here on
+                self._internal.pop(id(o), None)
+            dt = _aten_map.DTYPE_NAMES.get(dtype)
+            if dt is None:
+                self.unsupported(f"output dtype {dtype}")
+            self._shapes[nm] = (list(shape), dt)
+            self._roles[nm] = "activation"
+            out_names.append(nm)
+        op = {"kind": kind, "inputs": in_names, "outputs": out_names}
+        if attrs:
+            op["attrs"] = dict(attrs)
+        if self.scope:
+            op["scope"] = self.scope
+        op["_shape_attr"] = shape_attr
+        op["_aten"] = self._current
+        self.ops.append(op)
+
+    # ------------------------------------------------------------ recording
+    def record(self, func, args, kwargs, out):
+        key = _key(func)
+        self._current = _aten_name(func)
+        ins = _flat_tensors(list(args) + list(kwargs.values()))
+        outs = _flat_tensors(out)
+        self._keep.extend(ins)
+        self._keep.extend(outs)
+        graph_ins = [t for t in ins if self._is_graph(t)]
+
+        if self._dropout_pattern(key, args, out):
+            return
+        if key in _aten_map.FACTORIES and not graph_ins:
+            for o in outs:
+                self._consts.add(id(o))
+            return
+        in_place = func.overloadpacket.__name__.endswith("_")
+        role = lambda t: self._roles.get(self._names.get(id(t)))
+        if ins and not in_place and all(role(t) == "buffer" for t in graph_ins):
+            # Reads constants and buffers only (a causal mask cut from a buffer): a constant,
+            # declared as a buffer where an op of the graph reads it.
+            for o in outs:
+                self._consts.add(id(o))
+            return
+        if in_place and ins:
+            if role(ins[0]) == "buffer" and all(role(t) == "buffer" for t in graph_ins):
+                return  # bookkeeping on a buffer (BatchNorm's num_batches_tracked += 1)
+        handler = _aten_map.HANDLERS.get(key)
+        if handler is None:
+            self.unsupported()
+        handler(self, args, kwargs, out)
+
+    def _dropout_pattern(self, key, args, out):
+        """PyTorch 1.13's CPU dropout: noise = empty_like(x).bernoulli_(1-p).div_(1-p);
+        out = x * noise. Recorded as one dropout op."""
+        if key == "empty_like.default" and id(args[0]) in self._names:
+            self._keep.append(out)
+            self._noise[id(out)] = {"x": args[0], "keep": None, "scaled": False}
+            return True
+        if key == "bernoulli_.float" and id(args[0]) in self._noise:
+            self._noise[id(args[0])]["keep"] = float(args[1])
+            return True
+        if key == "div_.Scalar" and id(args[0]) in self._noise:
+            st = self._noise[id(args[0])]
+            if st["keep"] is None or abs(float(args[1]) - st["keep"]) > 1e-12:
+                self.unsupported("a dropout-like pattern with an unexpected scale")
+            st["scaled"] = True
+            return True
+        if key == "mul.Tensor" and len(args) == 2:
+            a, b = args
+            for x, n in ((a, b), (b, a)):
+                st = self._noise.get(id(n)) if isinstance(n, torch.Tensor) else None
+                if st is not None and st["scaled"] and st["x"] is x:
+                    self.emit("dropout", [x], [out], {"p": 1.0 - st["keep"]})
+                    return True
+        return False
+
+
+# ---------------------------------------------------------------- module scopes and blocks
+
+class _ScopeHooks:
+    def __init__(self, root, tracer):
+        self.paths = {id(m): name for name, m in root.named_modules() if name}
+        self.tracer = tracer
+        self.handles = []
+
+    def __enter__(self):
+        reg_pre = torch.nn.modules.module.register_module_forward_pre_hook
+        reg_post = torch.nn.modules.module.register_module_forward_hook
+        self.handles = [reg_pre(self._pre), reg_post(self._post)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+
+    def _pre(self, module, inputs):
+        p = self.paths.get(id(module))
+        if p is not None:
+            self.tracer.scope_stack.append(p)
+
+    def _post(self, module, inputs, output):
+        p = self.paths.get(id(module))
+        if p is not None and self.tracer.scope_stack and self.tracer.scope_stack[-1] == p:
+            self.tracer.scope_stack.pop()
+
+
+def _blocks(module, scopes_used):
+    """Children of the nn.ModuleList / nn.Sequential with the most repeated children of one
+    class (at least two), in order, that ran ops."""
+    best = []
+    for name, m in module.named_modules():
+        if not isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+            continue
+        kids = list(m.named_children())
+        if len(kids) < 2 or len({type(c) for _, c in kids}) != 1:
+            continue
+        if isinstance(kids[0][1], (torch.nn.ModuleList, torch.nn.Sequential)) or \
+                not any(True for _ in kids[0][1].children()):
+            continue  # blocks are modules with their own children (layers of a block)
+        paths = [f"{name}.{k}" if name else k for k, _ in kids]
+        ran = [p for p in paths if any(s == p or s.startswith(p + ".") for s in scopes_used)]
+        if len(ran) > len(best):
+            best = ran
+    return best if len(best) >= 2 else []
+
+
+# ---------------------------------------------------------------- one recording
+
+def _input_names(module, n):
+    try:
+        params = [p for p in inspect.signature(module.forward).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    if len(params) >= n:
+        return [p.name for p in params[:n]]
+    return ["input"] if n == 1 else [f"input{i}" for i in range(n)]
+
+
+def _first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        if isinstance(out.get("logits"), torch.Tensor):
+            return out["logits"]
+        vals = list(out.values())
+    elif isinstance(out, (list, tuple)):
+        vals = list(out)
+    else:
+        vals = [getattr(out, "logits", None)]
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            return v
+    raise TypeError(f"the module's output {type(out).__name__} holds no tensor to apply a loss to")
+
+
+def _make_target(out, loss, target, device, batch):
+    """The target tensor for the loss (on `device`), or None."""
+    if target is not None:
+        t = target
+        if isinstance(t, torch.Tensor):
+            if batch is not None and t.dim() > 0 and t.shape[0] != batch[1]:
+                t = _resize_batch(t, 0, batch[1])
+            return t.to(device)
+        return t
+    if loss == "cross_entropy":
+        shape = list(out.shape[:-1]) if out.dim() > 2 else list(out.shape[:1])
+        n_classes = out.shape[-1] if out.dim() > 2 else out.shape[1]
+        if device == "meta":
+            return torch.empty(shape, dtype=torch.int64, device="meta")
+        return torch.randint(0, n_classes, shape, dtype=torch.int64)
+    if loss == "mse":
+        if device == "meta":
+            return torch.empty(out.shape, dtype=out.dtype, device="meta")
+        return torch.randn(out.shape, dtype=out.dtype)
+    return None
+
+
+def _apply_loss(out, loss, tgt):
+    if loss == "cross_entropy":
+        if out.dim() > 2:  # language-model logits [.., V]: classes in the last dim
+            return F.cross_entropy(out.reshape(-1, out.shape[-1]), tgt.reshape(-1))
+        return F.cross_entropy(out, tgt)
+    if loss == "mse":
+        return F.mse_loss(out, tgt)
+    if loss == "sum":
+        return out.sum()
+    if callable(loss):
+        return loss(out, tgt) if tgt is not None else loss(out)
+    raise ValueError(f"loss must be 'cross_entropy', 'mse', 'sum', a callable or None, got {loss!r}")
+
+
+def _resize_batch(t, dim, n):
+    """`t` with its `dim` resized to n (rows repeated cyclically), same device and dtype."""
+    if t.device.type == "meta":
+        shape = list(t.shape)
+        shape[dim] = n
+        return torch.empty(shape, dtype=t.dtype, device="meta")
+    idx = torch.arange(n) % t.shape[dim]
+    return t.index_select(dim, idx)
+
+
+def _record(module, inputs, batch_dims, *, device, target, loss, scopes, training, batch):
+    """Records one forward + loss of a deep copy of `module` on `device` ("meta" or "cpu")."""
+    m = copy.deepcopy(module)
+    m = m.to("meta") if device == "meta" else m
+    m.train(training)
+    names = _input_names(module, len(inputs))
+    args = []
+    tracer = _Tracer(m, device == "meta")
+    for nm, x, bd in zip(names, inputs, batch_dims):
+        if not isinstance(x, torch.Tensor):
+            args.append(x)
+            continue
+        if batch is not None and bd >= 0:
+            x = _resize_batch(x, bd, batch[1])
+        if device == "meta":
+            x = torch.empty(x.shape, dtype=x.dtype, device="meta")
+        if x.is_floating_point() and training:
+            x = x.detach()
+        tracer._declare(x, nm, "input", batch_dim=bd)
+        args.append(x)
+    hooks = _ScopeHooks(m, tracer) if scopes else None
+    loss_name = None
+    grad = torch.enable_grad() if training else torch.no_grad()
+    with grad:
+        if hooks:
+            hooks.__enter__()
+        try:
+            with _Recording(tracer):
+                out = m(*args)
+        except NotImplementedError as e:
+            if device == "meta":
+                raise _MetaUnsupported(str(e)) from e
+            raise
+        except RuntimeError as e:
+            if device == "meta" and "meta" in str(e).lower():
+                raise _MetaUnsupported(str(e)) from e
+            raise
+        finally:
+            if hooks:
+                hooks.__exit__(None, None, None)
+        if loss is not None:
+            y = _first_tensor(out)
+            tgt = _make_target(y, loss, target, device, batch)
+            if isinstance(tgt, torch.Tensor):
+                tracer._declare(tgt, "target", "target", batch_dim=0 if tgt.dim() > 0 else -1)
+            tracer.scope_stack = ["loss"] if scopes else []
+            try:
+                with _Recording(tracer):
+                    l = _apply_loss(y, loss, tgt)
+            except (NotImplementedError, RuntimeError) as e:
+                if device == "meta" and (isinstance(e, NotImplementedError) or "meta" in str(e).lower()):
+                    raise _MetaUnsupported(str(e)) from e
+                raise
+            tracer.scope_stack = []
+            loss_name = tracer._names.get(id(l))
+            if loss_name is None or l.dim() != 0:
+                raise ValueError("the loss must be a scalar computed from the module's output")
+    tracer.loss_name = loss_name
+    tracer.module_copy = m
+    return tracer
+
+
+# ---------------------------------------------------------------- batch rescaling
+
+def _batch_attrs(a, b):
+    """Compares the traces at B and B+1 op by op; returns (ops with -1 in batch positions,
+    rescalable, reason)."""
+    if len(a.ops) != len(b.ops):
+        return a.ops, False, "the op sequence depends on the batch size"
+    out = []
+    for i, (oa, ob) in enumerate(zip(a.ops, b.ops)):
+        if oa["kind"] != ob["kind"] or len(oa["inputs"]) != len(ob["inputs"]):
+            return a.ops, False, f"op {i} ({oa['kind']}) differs between batch sizes"
+        attrs = dict(oa.get("attrs", {}))
+        for k, va in attrs.items():
+            vb = ob.get("attrs", {}).get(k)
+            if va == vb:
+                continue
+            if k == oa["_shape_attr"] and isinstance(va, list) and len(va) == len(vb):
+                diff = [j for j in range(len(va)) if va[j] != vb[j]]
+                if len(diff) == 1:
+                    va = list(va)
+                    va[diff[0]] = -1
+                    attrs[k] = va
+                    continue
+            return a.ops, False, (f"op {i} ({oa['kind']}, {oa['_aten']}) has attribute '{k}' "
+                                  f"that depends on the batch size ({va} vs {vb})")
+        op = dict(oa)
+        if attrs:
+            op["attrs"] = attrs
+        out.append(op)
+    return out, True, None
+
+
+def _leaf_batch_ok(a, b):
+    """Leaves other than inputs and targets must not depend on the batch size."""
+    for da, db in zip(a.decls, b.decls):
+        if da["role"] in (_ROLE["input"], _ROLE["target"]):
+            continue
+        if da["shape"] != db["shape"]:
+            return False, f"'{da['name']}' has a batch-dependent shape"
+    if len(a.decls) != len(b.decls):
+        return False, "the declared tensors depend on the batch size"
+    return True, None
+
+
+# ---------------------------------------------------------------- public API
+
+def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_dim=0, scopes=True,
+          training=True):
+    """memest's model description of `module` (proto JSON mapping of memest.v1.Model).
+
+    module: a torch.nn.Module (not modified: the trace runs on a deep copy).
+    example_inputs: a tensor or a tuple/list of forward's positional arguments (non-tensors are
+      passed as they are).
+    target: the loss target (default: made up, an int64 class per sample for cross_entropy, a
+      tensor like the output for mse).
+    loss: "cross_entropy" (logits [N, C], or [.., V] flattened as language models do), "mse",
+      "sum", a callable (output[, target]) -> scalar, or None (no loss: inference only).
+    batch_dim: the batch dim of every tensor input, or one per input (-1: none).
+    scopes: record module paths as op scopes and repeated blocks.
+    training: module.train(training), with autograd on.
+
+    Returns a TracedModel (a dict): {"ops": {tensors, ops, loss, blocks, tracedBatch}}, with
+    `.path` ("meta" or "real") and `.notes`. Raises UnsupportedOp for an op memest has no
+    rule for."""
+    inputs = list(example_inputs) if isinstance(example_inputs, (tuple, list)) else [example_inputs]
+    if isinstance(batch_dim, int):
+        bds = [batch_dim if isinstance(x, torch.Tensor) and x.dim() > 0 else -1 for x in inputs]
+    else:
+        bds = [int(d) for d in batch_dim]
+        if len(bds) != len(inputs):
+            raise ValueError("batch_dim: one per example input, or one int for all")
+    sizes = {x.shape[d] for x, d in zip(inputs, bds) if isinstance(x, torch.Tensor) and d >= 0}
+    if len(sizes) > 1:
+        raise ValueError(f"example inputs disagree on the batch size: {sorted(sizes)}")
+    batch = sizes.pop() if sizes else None
+    if loss is None and training:
+        raise ValueError("training needs a loss ('cross_entropy', 'mse', 'sum' or a callable)")
+
+    notes = []
+    kw = dict(target=target, loss=loss, scopes=scopes, training=training)
+    path = "meta"
+    try:
+        main = _record(module, inputs, bds, device="meta", batch=None, **kw)
+    except _MetaUnsupported as e:
+        notes.append(f"meta device failed ({str(e).splitlines()[0][:200]}); traced on real tensors")
+        path = "real"
+        main = _record(module, inputs, bds, device="cpu", batch=None, **kw)
+    ops, rescalable = main.ops, False
+    if batch is not None:
+        other = _record(module, inputs, bds, device="meta" if path == "meta" else "cpu",
+                        batch=(batch, batch + 1), **kw)
+        ops, rescalable, why = _batch_attrs(main, other)
+        if rescalable:
+            rescalable, why = _leaf_batch_ok(main, other)
+        if not rescalable:
+            ops = main.ops
+            msg = f"tracedBatch left out: {why}; the graph is valid at batch {batch} only"
+            warnings.warn(msg)
+            notes.append(msg)
+
+    graph_ops = []
+    for op in ops:
+        o = {k: v for k, v in op.items() if not k.startswith("_")}
+        if "attrs" in o:
+            o["attrs"] = {k: _attr(v) for k, v in o["attrs"].items()}
+        graph_ops.append(o)
+    tensors = list(main.decls)
+    for op in graph_ops:  # declared outputs are checked by the engine against its inference
+        for nm in op["outputs"]:
+            shape, dt = main._shapes[nm]
+            tensors.append({"name": nm, "shape": shape, "dtype": dt, "role": _ROLE["activation"]})
+    g = {"tensors": tensors, "ops": graph_ops}
+    if main.loss_name is not None:
+        g["loss"] = main.loss_name
+    if scopes:
+        blocks = _blocks(main.module_copy, {op.get("scope", "") for op in graph_ops})
+        if blocks:
+            g["blocks"] = blocks
+    if rescalable:
+        g["tracedBatch"] = batch
+    result = TracedModel({"ops": g})
+    result.path = path
+    result.notes = tuple(notes)
+    return result
+
+
+def save(model_dict, path):
+    """Writes a traced model (or any memest.v1.Model in the proto JSON mapping) to `path`, the
+    form `memest estimate --model FILE.json` reads."""
+    with open(path, "w") as f:
+        json.dump(dict(model_dict), f, indent=1)
+        f.write("\n")
