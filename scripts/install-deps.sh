@@ -30,7 +30,8 @@ readonly PACKAGES=(
 )
 # With --test, also what the tests need beyond building: the conformance suite
 # (tests/conformance) runs real PyTorch, Debian's 1.13, CPU only; the Python client
-# (client/python, tests/python) is installed into a venv and tested with pytest.
+# (client/python, tests/python) is installed into a venv and tested with pytest, and its example
+# notebook is executed with nbclient.
 readonly TEST_PACKAGES=(
   python3-torch
   python3-venv
@@ -43,6 +44,9 @@ readonly TEST_PACKAGES=(
   python3-matplotlib
   python3-pytest
   python3-pytest-asyncio
+  python3-nbclient
+  python3-nbformat
+  python3-ipykernel
 )
 
 wanted=("${PACKAGES[@]}")

@@ -39,6 +39,10 @@ if /usr/bin/python3 -m venv --system-site-packages "${pyenv}" &&
     "${pyenv}/bin/pip" install --quiet --no-build-isolation --no-deps ./client/python; then
   MEMEST_SERVER="${BUILD_DIR:-build}/bin/memest-server" \
     "${pyenv}/bin/python" -m pytest tests/python -q || failed+=("python")
+  # The example notebook, top to bottom, against a real server (memest.serve()).
+  MEMEST_SERVER="$(pwd)/${BUILD_DIR:-build}/bin/memest-server" PYDEVD_DISABLE_FILE_VALIDATION=1 \
+    "${pyenv}/bin/python" -Xfrozen_modules=off tests/python/run_notebook.py \
+    client/python/examples/memest_tour.ipynb || failed+=("notebook")
 else
   failed+=("python")
 fi
