@@ -34,6 +34,7 @@ readonly PACKAGES=(
 # notebook is executed with nbclient.
 readonly TEST_PACKAGES=(
   python3-torch
+  python3-torchvision
   python3-venv
   python3-pip
   python3-setuptools

@@ -39,6 +39,8 @@ if /usr/bin/python3 -m venv --system-site-packages "${pyenv}" &&
     "${pyenv}/bin/pip" install --quiet --no-build-isolation --no-deps ./client/python; then
   MEMEST_SERVER="${BUILD_DIR:-build}/bin/memest-server" \
     "${pyenv}/bin/python" -m pytest tests/python -q || failed+=("python")
+  # The conformance cases again, each traced by memest.trace instead of written by hand.
+  "${pyenv}/bin/python" tests/conformance/run.py --via-tracer || failed+=("conformance via the tracer")
   # The example notebook, top to bottom, against a real server (memest.serve()).
   MEMEST_SERVER="$(pwd)/${BUILD_DIR:-build}/bin/memest-server" PYDEVD_DISABLE_FILE_VALIDATION=1 \
     "${pyenv}/bin/python" -Xfrozen_modules=off tests/python/run_notebook.py \

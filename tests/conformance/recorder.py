@@ -149,6 +149,9 @@ class Recorder:
         self._op_index = 0
         self._names = set()
         self._prepared = {}  # run mode: inputs/targets made in the data phase
+        # Record mode: every op as (fn, input names, output names), the torch code a replay
+        # runs on other tensors (run.py --via-tracer: the case as an nn.Module).
+        self.tape = []
 
     # ------------------------------------------------------------------ scopes
     @contextlib.contextmanager
@@ -328,6 +331,7 @@ class Recorder:
             if self._scope:
                 op["scope"] = ".".join(self._scope)
             self.ops.append(op)
+            self.tape.append((fn, list(op["inputs"]), list(op["outputs"])))
         else:
             self._release(i)
         return values[0] if n_out == 1 else values

@@ -3,7 +3,7 @@
 
 Usage (from anywhere; use the interpreter that has PyTorch, Debian's /usr/bin/python3):
   /usr/bin/python3 tests/conformance/run.py [--report FILE] [-k SUBSTRING] [--list]
-      [--explain] [--no-docs] [--memest PATH]
+      [--explain] [--no-docs] [--memest PATH] [--via-tracer]
 
 For every case (cases.py) and configuration it runs real PyTorch (measure.py) and
 `memest estimate --local --runtime cpu-1.13` on the same model (recorder.py writes the model
@@ -12,6 +12,14 @@ file), and compares:
     equal, to the byte;
   * peak live bytes per phase and overall: within 1%.
 Training cases are checked at the first step and in steady state (step 2).
+
+--via-tracer (run it with an interpreter that has both PyTorch and memest: build/pyenv/bin/python):
+each case is also made a torch.nn.Module (via_tracer.py), traced by memest.trace at the case's
+batch with the case's inputs, target and loss, and the traced model is estimated with the same
+flags and compared with the same measurements to the same bounds. The status printed is the
+traced model's; a traced case that fails where the hand-recorded one passes is marked
+[tracer-only]. Cases a module cannot express (checkpointed runs) are SKIP, with the reason.
+docs/fidelity.md is not regenerated in this mode.
 
 Writes the report (--report, JSON rows) and regenerates docs/fidelity.md when every case ran
 (no -k). Prints `N passed, M failed` and exits 1 on any failure not listed in KNOWN_FAILURES.
@@ -180,6 +188,8 @@ def main():
     ap.add_argument("--explain", action="store_true", help="print storages and allocations of failing cases")
     ap.add_argument("--no-docs", action="store_true", help="do not regenerate docs/fidelity.md")
     ap.add_argument("--memest", help="the memest binary (default: build/bin/memest)")
+    ap.add_argument("--via-tracer", action="store_true",
+                    help="estimate the case as traced by memest.trace from an nn.Module (see above)")
     args = ap.parse_args()
 
     variants = [(cid, cfg, c) for c in CASES for cid, cfg in c.variants()]
@@ -190,19 +200,43 @@ def main():
             print(f"{cid}  ({cfg.label()}, batch {c.batch})")
         return 0
     memest = find_memest(args.memest)
+    if args.via_tracer:
+        import via_tracer
 
     rows, results = [], []
     t0 = time.time()
     for cid, cfg, c in variants:
         steps = [("first", True), ("steady", False)] if cfg.training else [("inference", False)]
+        skip, hand_ok = None, {}
         try:
             run = CaseRun(c.fn, c.batch, cfg)
+            model = run.model
+            if args.via_tracer:
+                skip = via_tracer.not_applicable(c, cfg, run)
+                if skip is None:
+                    model = via_tracer.trace_case(run, cfg)
+        except Exception as e:
+            skip, run, model = None, None, None
+            case_rows, error = [], f"{type(e).__name__}: {e}"
+        if skip is not None:
+            for step, _ in steps:
+                results.append({"case": cid, "group": c.group, "step": step, "config": cfg.label(),
+                                "status": "SKIP", "error": None, "skip": skip, "rows": [], "note": c.note})
+                print(f"SKIP  {cid} [{step}]\n      not applicable through the tracer: {skip}", flush=True)
+            continue
+        try:
+            if model is None:
+                raise RuntimeError(error)
             saved, saved_list = run.measure_saved()
             measured = run.run_steps(steps=2 if cfg.training else 1)
             case_rows = []
             for (step, first), m in zip(steps, measured):
-                est = estimated_quantities(estimate(memest, run.model, c.batch, cfg, first), cfg.training)
-                case_rows += compare(cid, step, measured_quantities(m, saved, cfg.training), est)
+                mq = measured_quantities(m, saved, cfg.training)
+                est = estimated_quantities(estimate(memest, model, c.batch, cfg, first), cfg.training)
+                case_rows += compare(cid, step, mq, est)
+                if args.via_tracer:  # the hand-recorded model on the same measurements
+                    hest = estimated_quantities(estimate(memest, run.model, c.batch, cfg, first), cfg.training)
+                    hand_ok[step] = all(r["ok"] or "known_failure" in r for r in compare(cid, step, mq, hest))
             error = None
         except Exception as e:  # a case that cannot run is a failure, reported with its error
             case_rows, error = [], f"{type(e).__name__}: {e}"
@@ -215,6 +249,9 @@ def main():
             results.append({"case": cid, "group": c.group, "step": step, "config": cfg.label(),
                             "status": status, "error": error, "rows": srows, "note": c.note})
             line = f"{status:<5} {cid} [{step}]"
+            if args.via_tracer and status in ("FAIL", "ERROR") and hand_ok.get(step):
+                line += " [tracer-only]"
+                results[-1]["tracer_only"] = True
             if error:
                 line += f"\n      {error}"
             for r in bad + known:
@@ -230,6 +267,7 @@ def main():
     for cid, q in sorted(stale):
         print(f"note: KNOWN_FAILURES lists {cid} {q}, which now passes: remove it")
     passed = sum(1 for r in results if r["status"] in ("ok",))
+    skipped = sum(1 for r in results if r["status"] == "SKIP")
     known = sum(1 for r in results if r["status"] == "KNOWN")
     failed = sum(1 for r in results if r["status"] in ("FAIL", "ERROR"))
     if args.report:
@@ -239,10 +277,13 @@ def main():
                        "command": " ".join(["tests/conformance/run.py"] + sys.argv[1:]),
                        "rows": rows,
                        "cases": [{k: v for k, v in r.items() if k != "rows"} for r in results]}, f, indent=1)
-    if not args.select and not args.no_docs:
+    if not args.select and not args.no_docs and not args.via_tracer:
         write_fidelity(results, passed, failed, known)
     print(f"({time.time() - t0:.1f} s)")
-    print(f"{passed} passed, {failed} failed" + (f", {known} known failures" if known else ""))
+    print(f"{passed} passed, {failed} failed" + (f", {known} known failures" if known else "")
+          + (f", {skipped} skipped" if skipped else "")
+          + (" (via the tracer; [tracer-only]: " + str(sum(1 for r in results if r.get("tracer_only")))
+             + ")" if args.via_tracer else ""))
     return 1 if failed else 0
 
 
@@ -284,6 +325,12 @@ def write_fidelity(results, passed, failed, known):
       "op that reads a target or makes the loss), backward, optimizer step; the loop holds only the loss, "
       "a tensor dies at its last use in the graph, inputs die at the end of the micro-batch. First step = "
       "step 1, steady state = step 2. Inference: `torch.no_grad()`, dropout off.")
+    w("")
+    w("Through the tracer: `build/pyenv/bin/python tests/conformance/run.py --via-tracer` runs every "
+      "case again as a `torch.nn.Module` (tests/conformance/via_tracer.py: the case's torch code, its "
+      "parameters and buffers registered on the module) traced by `memest.trace`, estimated with the "
+      "same flags and compared with the same measurements to the same bounds; checkpointed runs are "
+      "skipped there (the case module has no block submodules to checkpoint). It does not write this file.")
     w("")
     w("Not counted: the optimizer's `record_function` handles (profiler bookkeeping), and in saved "
       "bytes the wrapped Python scalars autograd keeps for `x * 2.0` (host memory on a CUDA run). "

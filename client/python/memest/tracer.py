@@ -20,7 +20,9 @@ Batch sizes: the module is traced twice, at the example batch B and at B + 1. Ev
 differs between the two is a batch dim: shape attributes (view, reshape, expand) get -1 there,
 and `tracedBatch` is set to B so the engine can rescale the graph to another batch size. When
 the two traces differ in a way the engine cannot rescale (a batch-dependent scalar, a split of
-the batch dim), `tracedBatch` is left out, with a warning: the graph is then valid at B only.
+the batch dim), or the module does not run at B + 1 (a reshape to a fixed size, a target whose
+first dim is not the batch), `tracedBatch` is left out, with a warning: the graph is then valid
+at B only.
 
 Refused (UnsupportedOp, naming the aten op and the module scope): any op of the graph that the
 engine has no rule for. Never silently dropped. Elided: ops that allocate nothing and have no
@@ -219,6 +221,11 @@ class _Tracer:
 
     def alias(self, out, x):
         self._keep.append(out)
+        if isinstance(x, torch.Tensor) and id(x) in self._internal and id(x) not in self._names:
+            # a view of an output memest folds into its op (group_norm's detached mean/rstd,
+            # which autograd saves): folded too
+            self._internal[id(out)] = self._internal[id(x)]
+            return
         self._names[id(out)] = self._name_of(x)
 
     def internal(self, outs):
@@ -545,6 +552,80 @@ def _leaf_batch_ok(a, b):
     return True, None
 
 
+# ---------------------------------------------------------------- fusions
+
+def _fuse_linear(ops, roles):
+    """t(W) read only by addmm(b, x, W^T) or mm(x, W^T), W a parameter -> memest's
+    linear(x, W[, b]).
+
+    F.linear on a 2-D input runs as exactly these aten ops in 1.13 (and 2.x's decomposition);
+    memest's linear rule models them, the weight's gradient included (mm's [in, out] result
+    transposed back onto W.grad). Recorded apart, the transpose of a parameter is an activation
+    whose gradient memest would hold as a tensor of its own."""
+    readers = {}
+    for op in ops:
+        for nm in op["inputs"]:
+            readers[nm] = readers.get(nm, 0) + 1
+    producer = {}
+    for i, op in enumerate(ops):
+        for nm in op["outputs"]:
+            producer[nm] = i
+    drop, out = set(), []
+    for i, op in enumerate(ops):
+        if op["kind"] in ("addmm", "matmul") and not op.get("attrs"):
+            wt = op["inputs"][-1]
+            j = producer.get(wt)
+            src = ops[j] if j is not None else None
+            if (src is not None and src["kind"] == "transpose" and readers.get(wt) == 1
+                    and roles.get(src["inputs"][0]) == "parameter"
+                    and sorted((src.get("attrs") or {}).values()) == [0, 1]
+                    and (op["kind"] == "addmm" or len(op["inputs"]) == 2)):
+                drop.add(j)
+                fused = dict(op)
+                fused["kind"] = "linear"
+                x = op["inputs"][1] if op["kind"] == "addmm" else op["inputs"][0]
+                bias = [op["inputs"][0]] if op["kind"] == "addmm" else []
+                fused["inputs"] = [x, src["inputs"][0]] + bias
+                fused["_aten"] = f"{src['_aten']} + {op['_aten']}"
+                out.append((i, fused))
+                continue
+        out.append((i, op))
+    return [op for i, op in out if i not in drop]
+
+
+def _fuse_cross_entropy(ops, loss_name):
+    """log_softmax(x, dim=1) read only by nll_loss(., target) -> memest's cross_entropy(x, target).
+
+    F.cross_entropy runs as these two aten ops; memest's cross_entropy rule is exactly that
+    pair (op_rules_loss.cc), and, being one op that reads the target, it starts the loss phase
+    where F.cross_entropy starts: recorded as two ops, the log_softmax (which reads no target)
+    would count in the forward phase."""
+    readers = {}
+    for op in ops:
+        for nm in op["inputs"]:
+            readers[nm] = readers.get(nm, 0) + 1
+    producer = {op["outputs"][0]: i for i, op in enumerate(ops) if op["outputs"]}
+    drop, out = set(), []
+    for i, op in enumerate(ops):
+        if op["kind"] == "nll_loss":
+            lp = op["inputs"][0]
+            j = producer.get(lp)
+            src = ops[j] if j is not None else None
+            if (src is not None and src["kind"] == "log_softmax" and len(src["outputs"]) == 1
+                    and src.get("attrs", {}).get("dim") == 1 and "half_to_float" not in src.get("attrs", {})
+                    and readers.get(lp) == 1 and lp != loss_name and j == i - 1):
+                drop.add(j)
+                fused = dict(op)
+                fused["kind"] = "cross_entropy"
+                fused["inputs"] = [src["inputs"][0], op["inputs"][1]]
+                fused.pop("attrs", None)
+                fused["_aten"] = f"{src['_aten']} + {op['_aten']}"
+                out.append((i, fused))
+                continue
+        out.append((i, op))
+    return [op for i, op in out if i not in drop]
+
+
 # ---------------------------------------------------------------- public API
 
 def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_dim=0, scopes=True,
@@ -590,17 +671,27 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
         main = _record(module, inputs, bds, device="cpu", batch=None, **kw)
     ops, rescalable = main.ops, False
     if batch is not None:
-        other = _record(module, inputs, bds, device="meta" if path == "meta" else "cpu",
-                        batch=(batch, batch + 1), **kw)
-        ops, rescalable, why = _batch_attrs(main, other)
-        if rescalable:
-            rescalable, why = _leaf_batch_ok(main, other)
+        try:
+            other = _record(module, inputs, bds, device="meta" if path == "meta" else "cpu",
+                            batch=(batch, batch + 1), **kw)
+        except (_MetaUnsupported, UnsupportedOp):
+            raise
+        except Exception as e:  # the module (or its loss) does not run at batch B + 1
+            other, rescalable = None, False
+            why = (f"the module does not run at batch {batch + 1} ({type(e).__name__}: "
+                   f"{str(e).splitlines()[0][:200] if str(e) else ''})")
+        if other is not None:
+            ops, rescalable, why = _batch_attrs(main, other)
+            if rescalable:
+                rescalable, why = _leaf_batch_ok(main, other)
         if not rescalable:
             ops = main.ops
             msg = f"tracedBatch left out: {why}; the graph is valid at batch {batch} only"
             warnings.warn(msg)
             notes.append(msg)
 
+    ops = _fuse_linear(ops, main._roles)
+    ops = _fuse_cross_entropy(ops, main.loss_name)
     graph_ops = []
     for op in ops:
         o = {k: v for k, v in op.items() if not k.startswith("_")}
