@@ -27,8 +27,10 @@ Parameters and buffers live in a `ParamStore`, created once (nn.Parameter) and r
 pass and every step, so the optimizer sees the same tensors.
 """
 import contextlib
+import importlib.util
 import json
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -93,19 +95,18 @@ class ParamStore:
         return ptrs
 
 
-def _attr(v):
-    """memest.v1.AttrValue in the proto JSON mapping."""
-    if isinstance(v, bool):
-        return {"i": int(v)}
-    if isinstance(v, int):
-        return {"i": v}
-    if isinstance(v, float):
-        return {"f": v}
-    if isinstance(v, str):
-        return {"s": v}
-    if isinstance(v, (list, tuple)):
-        return {"ints": {"values": [int(x) for x in v]}}
-    raise TypeError(f"unsupported attribute value {v!r}")
+def _load_model_json():
+    """memest's shared model-JSON helpers, loaded from the package's source by path: this
+    harness runs under /usr/bin/python3, where the memest package need not be installed."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "client",
+                        "python", "memest", "model_json.py")
+    spec = importlib.util.spec_from_file_location("memest_model_json", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_attr = _load_model_json().attr_value
 
 
 def _make_leaf(shape, dtype, init, gen, high=None):

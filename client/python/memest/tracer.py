@@ -34,12 +34,13 @@ buffer named "const.<n>".
 import copy
 import inspect
 import json
-import math
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from memest.model_json import attr_value
 
 try:
     from . import _aten_map
@@ -84,25 +85,6 @@ class TracedModel(dict):
 
 class _MetaUnsupported(Exception):
     pass
-
-
-def _attr(v):
-    """memest.v1.AttrValue in the proto JSON mapping."""
-    if isinstance(v, bool):
-        return {"i": int(v)}
-    if isinstance(v, int):
-        return {"i": v}
-    if isinstance(v, float):
-        if math.isnan(v):
-            return {"f": "NaN"}  # the proto JSON mapping spells non-finite doubles as strings
-        if math.isinf(v):
-            return {"f": "Infinity" if v > 0 else "-Infinity"}
-        return {"f": v}
-    if isinstance(v, str):
-        return {"s": v}
-    if isinstance(v, (list, tuple)):
-        return {"ints": {"values": [int(x) for x in v]}}
-    raise TypeError(f"unsupported attribute value {v!r}")
 
 
 def _key(func):
@@ -696,7 +678,7 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
     for op in ops:
         o = {k: v for k, v in op.items() if not k.startswith("_")}
         if "attrs" in o:
-            o["attrs"] = {k: _attr(v) for k, v in o["attrs"].items()}
+            o["attrs"] = {k: attr_value(v) for k, v in o["attrs"].items()}
         graph_ops.append(o)
     tensors = list(main.decls)
     for op in graph_ops:  # declared outputs are checked by the engine against its inference
