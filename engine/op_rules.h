@@ -109,6 +109,16 @@ struct OpRule {
   void (*memory)(const OpCall& call, OpMemory* mem) = nullptr;
   // True for ops that return their input in eval mode (dropout): inference aliases them.
   bool identity_in_eval = false;
+  // For ops whose backward hands the incoming gradient on (GradFlow::kPassThrough): the strides
+  // of the gradient input `in` receives, given the output gradient's; false when aten must copy
+  // it instead (a reshape of a layout no view can express). Null: the same strides when the
+  // ranks match, contiguous otherwise.
+  bool (*grad_view)(const Op& op, const Tensor& in, const Tensor& out, const Strides& out_grad,
+                    Strides* in_grad) = nullptr;
+  // The backward hands each input a new view of the incoming gradient (transpose, reshape,
+  // sum, cat), not the incoming tensor itself (add, contiguous): AccumulateGrad may then steal
+  // it even when another input got a view of the same storage.
+  bool backward_makes_views = false;
 };
 
 // The rule for `kind`, or nullptr.

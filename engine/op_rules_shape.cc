@@ -318,22 +318,76 @@ void EmbeddingMemory(const OpCall& c, OpMemory* m) {
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
 }
 
+// ---- how view backwards hand the gradient on ----
+
+// transpose / permute: the input's gradient is the output's, permuted back.
+bool PermutedGradView(const Op& op, const Tensor& in, const Tensor& out, const Strides& out_grad,
+                      Strides* in_grad) {
+  const int r = static_cast<int>(in.shape.size());
+  std::vector<int> perm(r);
+  for (int i = 0; i < r; ++i) perm[i] = i;
+  if (op.kind == "transpose" && r > 0) {
+    const int64_t d0 = IntAttr(op.attrs, "dim0", 0, "").value();
+    const int64_t d1 = IntAttr(op.attrs, "dim1", 1, "").value();
+    std::swap(perm[(d0 + r) % r], perm[(d1 + r) % r]);
+  } else if (op.kind == "permute") {
+    const std::vector<int64_t> dims = IntsAttr(op.attrs, "dims", {}, "").value();
+    for (int i = 0; i < r; ++i) perm[i] = static_cast<int>((dims[i] + r) % r);
+  }
+  in_grad->assign(r, 0);
+  for (int i = 0; i < r; ++i) (*in_grad)[perm[i]] = out_grad[i];
+  return true;
+}
+
+// reshape / view / flatten / (un)squeeze: the gradient reshaped back, a view when it can be.
+bool ReshapedGradView(const Op& op, const Tensor& in, const Tensor& out, const Strides& out_grad,
+                      Strides* in_grad) {
+  return ComputeViewStrides(out.shape, out_grad, in.shape, in_grad);
+}
+
+// sum: the reduced gradient expanded back, stride 0 on the reduced dims.
+bool ExpandedGradView(const Op& op, const Tensor& in, const Tensor& out, const Strides& out_grad,
+                      Strides* in_grad) {
+  const int r = static_cast<int>(in.shape.size());
+  std::vector<bool> reduced(r, !HasAttr(op.attrs, "dim"));
+  for (int64_t d : IntsAttr(op.attrs, "dim", {}, "").value()) reduced[(d + r) % r] = true;
+  const bool keepdim = IntAttr(op.attrs, "keepdim", 0, "").value() != 0;
+  in_grad->assign(r, 0);
+  size_t j = 0;
+  for (int i = 0; i < r; ++i) {
+    if (reduced[i]) {
+      if (keepdim) ++j;
+      continue;
+    }
+    (*in_grad)[i] = j < out_grad.size() ? out_grad[j] : 0;
+    ++j;
+  }
+  return true;
+}
+
+// An op whose backward hands each input its own view of the gradient.
+OpRule ViewBackward(OpRule rule, decltype(OpRule::grad_view) grad_view) {
+  rule.grad_view = grad_view;
+  rule.backward_makes_views = true;
+  return rule;
+}
+
 }  // namespace
 
 void RegisterShapeRules(std::vector<OpRule>* r) {
-  r->push_back({"reshape", 1, 1, InferReshape, PassThrough});
-  r->push_back({"view", 1, 1, InferReshape, PassThrough});
-  r->push_back({"flatten", 1, 1, InferFlatten, PassThrough});
-  r->push_back({"transpose", 1, 1, InferTranspose, PassThrough});
-  r->push_back({"permute", 1, 1, InferPermute, PassThrough});
+  r->push_back(ViewBackward({"reshape", 1, 1, InferReshape, PassThrough}, ReshapedGradView));
+  r->push_back(ViewBackward({"view", 1, 1, InferReshape, PassThrough}, ReshapedGradView));
+  r->push_back(ViewBackward({"flatten", 1, 1, InferFlatten, PassThrough}, ReshapedGradView));
+  r->push_back(ViewBackward({"transpose", 1, 1, InferTranspose, PassThrough}, PermutedGradView));
+  r->push_back(ViewBackward({"permute", 1, 1, InferPermute, PassThrough}, PermutedGradView));
   r->push_back({"expand", 1, 1, InferExpand, ExpandMemory});
-  r->push_back({"unsqueeze", 1, 1, InferUnsqueeze, PassThrough});
-  r->push_back({"squeeze", 1, 1, InferSqueeze, PassThrough});
+  r->push_back(ViewBackward({"unsqueeze", 1, 1, InferUnsqueeze, PassThrough}, ReshapedGradView));
+  r->push_back(ViewBackward({"squeeze", 1, 1, InferSqueeze, PassThrough}, ReshapedGradView));
   r->push_back({"slice", 1, 1, InferSlice, FreshGrad});
   r->push_back({"split", 1, 1, InferSplit, FreshGrad});
   r->push_back({"contiguous", 1, 1, InferContiguous, PassThrough});
-  r->push_back({"cat", 1, -1, InferCat, PassThrough});
-  r->push_back({"sum", 1, 1, InferReduce, SumMemory});
+  r->push_back(ViewBackward({"cat", 1, -1, InferCat, PassThrough}, nullptr));  // slices
+  r->push_back(ViewBackward({"sum", 1, 1, InferReduce, SumMemory}, ExpandedGradView));
   r->push_back({"mean", 1, 1, InferReduce, MeanMemory});
   r->push_back({"arange", 0, 0, InferArange, FreshGrad});
   r->push_back({"embedding", 2, 2, InferEmbedding, EmbeddingMemory});

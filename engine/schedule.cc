@@ -548,52 +548,16 @@ class StepSimulator {
     }
   }
 
-  // Strides of the gradient a view-like op hands to its input, or false when aten must copy.
+  // Strides of the gradient op hands to input k, or false when aten must copy it (the rule's
+  // grad_view; by default the same strides when the ranks match, contiguous otherwise).
   bool PassThroughStrides(const Op& op, int k, const Strides& out_grad, Strides* in_grad) const {
     const Tensor& in = g_.tensors[op.inputs[k]];
     const Tensor& out = g_.tensors[op.outputs[0]];
-    const std::string& kind = op.kind;
-    if (kind == "transpose" || kind == "permute") {
-      const int r = static_cast<int>(in.shape.size());
-      std::vector<int> perm(r);
-      for (int i = 0; i < r; ++i) perm[i] = i;
-      if (kind == "transpose" && r > 0) {
-        auto d0 = IntAttr(op.attrs, "dim0", 0, ""), d1 = IntAttr(op.attrs, "dim1", 1, "");
-        std::swap(perm[(d0.value() + r) % r], perm[(d1.value() + r) % r]);
-      } else if (kind == "permute") {
-        auto dims = IntsAttr(op.attrs, "dims", {}, "");
-        for (int i = 0; i < r; ++i) perm[i] = static_cast<int>((dims.value()[i] + r) % r);
-      }
-      in_grad->assign(r, 0);
-      for (int i = 0; i < r; ++i) (*in_grad)[perm[i]] = out_grad[i];
-      return true;
+    const OpRule* rule = FindOpRule(op.kind);
+    if (rule != nullptr && rule->grad_view != nullptr) {
+      return rule->grad_view(op, in, out, out_grad, in_grad);
     }
-    if (kind == "reshape" || kind == "view" || kind == "flatten" || kind == "unsqueeze" ||
-        kind == "squeeze") {
-      return ComputeViewStrides(out.shape, out_grad, in.shape, in_grad);
-    }
-    if (kind == "sum") {  // expand of the reduced gradient: stride 0 on reduced dims
-      const int r = static_cast<int>(in.shape.size());
-      std::vector<bool> reduced(r, !HasAttr(op.attrs, "dim"));
-      for (int64_t d : IntsAttr(op.attrs, "dim", {}, "").value()) reduced[(d + r) % r] = true;
-      const bool keepdim = IntAttr(op.attrs, "keepdim", 0, "").value() != 0;
-      in_grad->assign(r, 0);
-      size_t j = 0;
-      for (int i = 0; i < r; ++i) {
-        if (reduced[i]) {
-          if (keepdim) ++j;
-          continue;
-        }
-        (*in_grad)[i] = j < out_grad.size() ? out_grad[j] : 0;
-        ++j;
-      }
-      return true;
-    }
-    if (in.shape.size() == out_grad.size()) {
-      *in_grad = out_grad;  // same-shaped, or a slice of the gradient (cat)
-      return true;
-    }
-    *in_grad = ContiguousStrides(in.shape);
+    *in_grad = in.shape.size() == out_grad.size() ? out_grad : ContiguousStrides(in.shape);
     return true;
   }
 
@@ -625,7 +589,8 @@ class StepSimulator {
     };
     std::vector<Flow> flows;
     // View-like backwards hand each input a new view; the others the incoming tensor itself.
-    const bool new_handles = IsViewBackward(op.kind);
+    const OpRule* rule = FindOpRule(op.kind);
+    const bool new_handles = rule != nullptr && rule->backward_makes_views;
     int passed = 0;
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       passed += mem.grad_flow[k] == GradFlow::kPassThrough;
@@ -666,12 +631,6 @@ class StepSimulator {
       }
     }
     for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides), f.shared_handle);
-  }
-
-  static bool IsViewBackward(const std::string& kind) {
-    return kind == "transpose" || kind == "permute" || kind == "reshape" || kind == "view" ||
-           kind == "flatten" || kind == "unsqueeze" || kind == "squeeze" || kind == "sum" ||
-           kind == "cat";
   }
 
   void Deliver(int t, int grad, Strides strides, bool shared_handle = false) {
