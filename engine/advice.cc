@@ -12,20 +12,6 @@
 
 namespace memest {
 
-std::string FormatBytes(int64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(bytes < 0 ? -bytes : bytes);
-  int u = 0;
-  while (v >= 1024 && u < 5) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%s%.0f B", bytes < 0 ? "-" : "", v);
-  else std::snprintf(buf, sizeof buf, "%s%.*f %s", bytes < 0 ? "-" : "", v < 10 ? 2 : v < 100 ? 1 : 0, v, kUnits[u]);
-  return buf;
-}
-
 namespace {
 
 // Consumers of each tensor's storage-independent value (op indices that read it).

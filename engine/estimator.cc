@@ -8,36 +8,6 @@
 
 namespace memest {
 
-const char* CategoryName(Category c) {
-  switch (c) {
-    case Category::kParameters: return "parameters";
-    case Category::kGradients: return "gradients";
-    case Category::kOptimizerState: return "optimizer_state";
-    case Category::kMasterAndCasts: return "master_and_cast_copies";
-    case Category::kActivations: return "activations";
-    case Category::kTemporaries: return "temporaries";
-    case Category::kInputs: return "inputs";
-    case Category::kKvCache: return "kv_cache";
-    case Category::kWorkspace: return "workspace";
-    case Category::kAllocatorOverhead: return "allocator_overhead";
-    case Category::kCudaContext: return "cuda_context";
-    case Category::kCount: break;
-  }
-  return "?";
-}
-
-const char* PhaseName(Phase p) {
-  switch (p) {
-    case Phase::kData: return "data";
-    case Phase::kForward: return "forward";
-    case Phase::kLoss: return "loss";
-    case Phase::kBackward: return "backward";
-    case Phase::kOptimizerStep: return "optimizer_step";
-    case Phase::kCount: break;
-  }
-  return "?";
-}
-
 namespace {
 
 // The device the estimate is for: a catalog entry, a bare capacity, or (neither) a generic

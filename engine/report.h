@@ -34,7 +34,8 @@ const char* PhaseName(Phase p);  // "data", "forward", "loss", "backward", "opti
 
 using CategoryBytes = std::array<int64_t, kNumCategories>;
 
-// "1.50 GiB", "512 B": binary units with three significant digits.
+// "0 B", "512 B", "1.50 KiB", "23.4 MiB", "79.2 GiB": binary units with three significant
+// figures, never "1024 KiB" (it moves up a unit first); negative counts get a leading '-'.
 std::string FormatBytes(int64_t bytes);
 
 // The moment of a peak: how much was allocated and reserved, by what, and where.

@@ -21,20 +21,6 @@ std::string ThreeFigures(double value) {
 
 }  // namespace
 
-std::string FormatBytes(int64_t bytes) {
-  if (bytes < 0) return "-" + FormatBytes(bytes == INT64_MIN ? INT64_MAX : -bytes);
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double value = static_cast<double>(bytes) / 1024.0;
-  int unit = 0;
-  // Move up a unit before rounding could print "1024 KiB".
-  while (value >= 999.5 && unit + 1 < static_cast<int>(std::size(kUnits))) {
-    value /= 1024.0;
-    ++unit;
-  }
-  return ThreeFigures(value) + " " + kUnits[unit];
-}
-
 std::string FormatCount(int64_t count) {
   if (count < 0) return "-" + FormatCount(-count);
   if (count < 1000) return std::to_string(count);

@@ -5,11 +5,12 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/report.h"
+
 namespace memest::cli {
 
-// Formats a byte count in binary units with three significant figures: "0 B", "512 B",
-// "1.50 KiB", "23.4 MiB", "79.2 GiB", "1.20 TiB". Negative counts get a leading '-'.
-std::string FormatBytes(int64_t bytes);
+// Byte counts as the engine formats them in its own messages (engine/report.h).
+using ::memest::FormatBytes;
 
 // Formats a count with a metric suffix: "124M", "6.74B", "950".
 std::string FormatCount(int64_t count);
