@@ -86,8 +86,10 @@ class StepSimulator {
     const size_t n = g.tensors.size();
     base_.resize(n);
     for (size_t t = 0; t < n; ++t) base_[t] = static_cast<int>(t);
+    rules_.reserve(g.ops.size());
     for (const Op& op : g.ops) {
       const OpRule* rule = FindOpRule(op.kind);
+      rules_.push_back(rule);
       const bool eval_identity = !training_ && rule && rule->identity_in_eval;
       for (int o : op.outputs) {
         const Tensor& t = g.tensors[o];
@@ -365,7 +367,7 @@ class StepSimulator {
       workspace_seen_ = true;
       AllocWorkspace();
     }
-    const OpRule* rule = FindOpRule(op.kind);
+    const OpRule* rule = rules_[i];
     // In eval mode dropout returns its input: no output, no mask.
     OpMemory local;
     if (training_ || !rule || !rule->identity_in_eval) local = OpMemoryOf(MakeCall(i, grad));
@@ -548,12 +550,13 @@ class StepSimulator {
     }
   }
 
-  // Strides of the gradient op hands to input k, or false when aten must copy it (the rule's
+  // Strides of the gradient op i hands to input k, or false when aten must copy it (the rule's
   // grad_view; by default the same strides when the ranks match, contiguous otherwise).
-  bool PassThroughStrides(const Op& op, int k, const Strides& out_grad, Strides* in_grad) const {
+  bool PassThroughStrides(int i, int k, const Strides& out_grad, Strides* in_grad) const {
+    const Op& op = g_.ops[i];
     const Tensor& in = g_.tensors[op.inputs[k]];
     const Tensor& out = g_.tensors[op.outputs[0]];
-    const OpRule* rule = FindOpRule(op.kind);
+    const OpRule* rule = rules_[i];
     if (rule != nullptr && rule->grad_view != nullptr) {
       return rule->grad_view(op, in, out, out_grad, in_grad);
     }
@@ -589,8 +592,7 @@ class StepSimulator {
     };
     std::vector<Flow> flows;
     // View-like backwards hand each input a new view; the others the incoming tensor itself.
-    const OpRule* rule = FindOpRule(op.kind);
-    const bool new_handles = rule != nullptr && rule->backward_makes_views;
+    const bool new_handles = rules_[i] != nullptr && rules_[i]->backward_makes_views;
     int passed = 0;
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       passed += mem.grad_flow[k] == GradFlow::kPassThrough;
@@ -600,7 +602,7 @@ class StepSimulator {
       const Tensor& in = g_.tensors[op.inputs[k]];
       if (mem.grad_flow[k] == GradFlow::kPassThrough && pending_[out0].grad >= 0) {
         Strides st;
-        if (PassThroughStrides(op, static_cast<int>(k), pending_[out0].strides, &st)) {
+        if (PassThroughStrides(i, static_cast<int>(k), pending_[out0].strides, &st)) {
           ++grads_[pending_[out0].grad].refs;
           const bool shared = !new_handles && (passed >= 2 || pending_[out0].shared_handle);
           flows.push_back({op.inputs[k], pending_[out0].grad, st, shared});
@@ -746,6 +748,7 @@ class StepSimulator {
   const ScheduleOptions& opt_;
   const bool training_;
   std::vector<int> base_;
+  std::vector<const OpRule*> rules_;  // each op's rule, looked up once
   std::vector<int> region_of_;
   CheckpointRegions regions_;
   StorageTable main_;
