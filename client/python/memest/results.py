@@ -40,6 +40,11 @@ def _phase_name(phase):
     return name[len("PHASE_"):].lower()
 
 
+def _from_same_named_fields(cls, message):
+    """A dataclass whose every field is the message's field of the same name."""
+    return cls(**{f.name: getattr(message, f.name) for f in dataclasses.fields(cls)})
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryByCategory:
     """Bytes by category; the categories partition the memory a step needs (see the proto)."""
@@ -112,11 +117,7 @@ class LayerRow:
     output_bytes: int
     temporary_bytes: int
 
-    @classmethod
-    def from_proto(cls, message):
-        return cls(scope=message.scope, parameter_bytes=message.parameter_bytes,
-                   saved_bytes=message.saved_bytes, output_bytes=message.output_bytes,
-                   temporary_bytes=message.temporary_bytes)
+    from_proto = classmethod(_from_same_named_fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,11 +130,7 @@ class Fit:
     fits: bool
     headroom_bytes: int
 
-    @classmethod
-    def from_proto(cls, message):
-        return cls(device=message.device, capacity_bytes=message.capacity_bytes,
-                   required_bytes=message.required_bytes, fits=message.fits,
-                   headroom_bytes=message.headroom_bytes)
+    from_proto = classmethod(_from_same_named_fields)
 
     def __str__(self):
         verdict = "fits" if self.fits else "does NOT fit"
@@ -151,10 +148,7 @@ class Advice:
     saving_bytes: int
     scope: str = ""
 
-    @classmethod
-    def from_proto(cls, message):
-        return cls(kind=message.kind, message=message.message, saving_bytes=message.saving_bytes,
-                   scope=message.scope)
+    from_proto = classmethod(_from_same_named_fields)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -371,13 +365,7 @@ class DeviceInfo:
     cublas_workspace_bytes: int
     compute_capability: int
 
-    @classmethod
-    def from_proto(cls, message):
-        return cls(name=message.name, description=message.description,
-                   capacity_bytes=message.capacity_bytes,
-                   cuda_context_bytes=message.cuda_context_bytes,
-                   cublas_workspace_bytes=message.cublas_workspace_bytes,
-                   compute_capability=message.compute_capability)
+    from_proto = classmethod(_from_same_named_fields)
 
 
 def _count(n):
