@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,15 @@ const char* const kCategoryJsonKeys[] = {
 RunResult Memest(std::vector<std::string> args) {
   args.insert(args.begin(), kMemest);
   return Run(args);
+}
+
+// Writes `text` to a file called `name` in the test's temporary directory; returns its path.
+std::string WriteTempFile(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream out(path);
+  out << text;
+  EXPECT_TRUE(out.good()) << "could not write " << path;
+  return path;
 }
 
 // A small GPT-2 step: quick to estimate, with every phase and category.
@@ -143,13 +153,7 @@ TEST(CliTest, YamlAndJsonModelFilesAgree) {
 }
 
 TEST(CliTest, YamlSyntaxErrorNamesFileAndLine) {
-  const std::string path = ::testing::TempDir() + "/bad-model.yaml";
-  {
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    std::fputs("layers:\n  input_shape: [8\n  loss: sum\n", f);
-    std::fclose(f);
-  }
+  const std::string path = WriteTempFile("bad-model.yaml", "layers:\n  input_shape: [8\n  loss: sum\n");
   const RunResult r = Memest({"estimate", "--local", "--model", path});
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_THAT(r.err, HasSubstr(path));
@@ -232,13 +236,8 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<BadInputCase>& info) { return info.param.name; });
 
 TEST(CliTest, BadModelFileNamesTheFile) {
-  const std::string path = ::testing::TempDir() + "/bad-model.json";
-  {
-    std::FILE* f = std::fopen(path.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    std::fputs("{\"layers\": {\"inputShape\": [8], \"layerz\": []}}", f);
-    std::fclose(f);
-  }
+  const std::string path =
+      WriteTempFile("bad-model.json", "{\"layers\": {\"inputShape\": [8], \"layerz\": []}}");
   const RunResult r = Memest({"estimate", "--local", "--model", path});
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_THAT(r.err, HasSubstr(path));
