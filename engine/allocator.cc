@@ -1,5 +1,7 @@
 #include "engine/allocator.h"
 
+#include <algorithm>
+
 namespace memest {
 namespace {
 
@@ -38,6 +40,13 @@ void CachingAllocatorModel::EraseFree(int id) {
   Pool(b.small).erase({b.size, b.addr, id});
 }
 
+CachingAllocatorModel::Location CachingAllocatorModel::Locate(int handle) const {
+  const int64_t addr = blocks_[handle].addr;
+  const auto it = std::upper_bound(segment_start_.begin(), segment_start_.end(), addr);
+  const int segment = static_cast<int>(it - segment_start_.begin()) - 1;
+  return {segment, addr - segment_start_[segment]};
+}
+
 int CachingAllocatorModel::Grow(bool small, int64_t size) {
   const int64_t page = small ? kSmallBuffer : kLargeBuffer;
   if (expandable_ && last_block_[small] >= 0) {
@@ -67,6 +76,8 @@ int CachingAllocatorModel::Grow(bool small, int64_t size) {
   nb.addr = next_addr_;
   nb.size = expandable_ ? RoundUp(size, page) : SegmentSize(size);
   nb.small = small;
+  segment_start_.push_back(nb.addr);
+  segment_size_.push_back(nb.size);
   // Leave a gap so that blocks of different segments are never adjacent.
   next_addr_ += nb.size + (int64_t{1} << 40);
   reserved_ += nb.size;

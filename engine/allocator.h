@@ -47,6 +47,16 @@ class CachingAllocatorModel {
   int64_t reserved() const { return reserved_; }
   int segments() const { return segments_; }
 
+  // Where the live block `handle` lies: its segment (0-based, in the order the segments were
+  // reserved) and its offset in it. Validate maps segments to real device memory through this.
+  struct Location {
+    int segment;
+    int64_t offset;
+  };
+  Location Locate(int handle) const;
+  // The size of segment `segment` as reserved (expandable segments grow after the fact).
+  int64_t SegmentBytes(int segment) const { return segment_size_[segment]; }
+
  private:
   struct Block {
     int64_t addr = 0;
@@ -70,6 +80,7 @@ class CachingAllocatorModel {
   FreeSet small_free_, large_free_;
   int last_block_[2] = {-1, -1};  // expandable: the block at the end of each pool's segment
   int64_t next_addr_ = 0;
+  std::vector<int64_t> segment_start_, segment_size_;  // in the order reserved
   int64_t allocated_ = 0;
   int64_t reserved_ = 0;
   int segments_ = 0;

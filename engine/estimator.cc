@@ -67,13 +67,14 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
 
 }  // namespace
 
-StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
-                               const EstimateOptions& options) {
+StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
+                               bool record_operands) {
   MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
-  MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
-  DeviceInfo fixed = device ? *device : BareDevice(0);
+  PlannedStep step;
+  MEMEST_ASSIGN_OR_RETURN(step.device, ResolveDevice(config));
+  step.fixed = step.device ? *step.device : BareDevice(0);
   const bool cpu = config.runtime == Runtime::kCpuTorch113;
-  if (cpu) fixed.cuda_context_bytes = fixed.cublas_workspace_bytes = 0;  // neither exists on a CPU
+  if (cpu) step.fixed.cuda_context_bytes = step.fixed.cublas_workspace_bytes = 0;  // no such thing
 
   // Estimate() builds under autocast already; a graph built without it is replayed.
   const DType half = IsAutocast(config.precision) ? ComputeDType(config.precision) : DType::kFloat32;
@@ -82,65 +83,78 @@ StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
                               std::string(DTypeName(built.autocast)) + " autocast, not " +
                               PrecisionName(config.precision));
   }
-  const Graph* graph = &built;
-  Graph autocast;
+  step.graph = &built;
   if (half != built.autocast) {
-    MEMEST_ASSIGN_OR_RETURN(autocast, ApplyAutocast(built, half));
-    graph = &autocast;
+    MEMEST_ASSIGN_OR_RETURN(Graph autocast, ApplyAutocast(built, half));
+    step.owned = std::make_unique<Graph>(std::move(autocast));
+    step.graph = step.owned.get();
   }
-  CheckpointRegions regions;
   if (config.mode == Mode::kTraining) {
-    MEMEST_ASSIGN_OR_RETURN(regions, PlanCheckpoints(*graph, config.checkpoint));
+    MEMEST_ASSIGN_OR_RETURN(step.regions, PlanCheckpoints(*step.graph, config.checkpoint));
   }
-  if (config.mode == Mode::kTraining && graph->loss < 0) {
+  if (config.mode == Mode::kTraining && step.graph->loss < 0) {
     return InvalidArgument("model: training needs a loss (a scalar to call backward on)");
   }
-  const Schedule schedule =
-      BuildSchedule(*graph, config, regions, {fixed.cublas_workspace_bytes});
-  const Liveness live = WalkSchedule(schedule, *graph, config.expandable_segments,
-                                     cpu ? Accounting::kExact : Accounting::kCachingAllocator);
+  step.schedule = BuildSchedule(*step.graph, config, step.regions,
+                                {step.fixed.cublas_workspace_bytes, record_operands});
+  step.live = WalkSchedule(step.schedule, *step.graph, config.expandable_segments,
+                           cpu ? Accounting::kExact : Accounting::kCachingAllocator);
+  return step;
+}
 
+Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep& step) {
+  const Liveness& live = step.live;
   Report r;
   r.parameter_count = built.ParameterCount();
   r.trainable_parameter_count = built.TrainableParameterCount();
   r.micro_batch = config.micro_batch();
-  r.op_count = static_cast<int64_t>(graph->ops.size());
+  r.op_count = static_cast<int64_t>(step.graph->ops.size());
   r.peak = live.peak;
   r.peak_reserved_bytes = live.peak_reserved;
   r.phases = live.phases;
-  r.layers = schedule.layers;
+  r.layers = step.schedule.layers;
   r.breakdown = live.peak.by_category;
-  r.saved_for_backward_bytes = schedule.saved_for_backward_bytes;
+  r.saved_for_backward_bytes = step.schedule.saved_for_backward_bytes;
   r.end_of_step = live.at_end;
   int64_t counted = 0;
   for (int64_t b : r.breakdown) counted += b;
   r.breakdown[static_cast<int>(Category::kAllocatorOverhead)] =
       std::max<int64_t>(0, live.reserved_at_peak - counted);
-  r.breakdown[static_cast<int>(Category::kCudaContext)] = fixed.cuda_context_bytes;
-  if (device) {
+  r.breakdown[static_cast<int>(Category::kCudaContext)] = step.fixed.cuda_context_bytes;
+  if (step.device) {
     DeviceFit fit;
-    fit.device = device->name;
-    fit.capacity_bytes = device->capacity_bytes;
-    fit.required_bytes = live.peak_reserved + device->cuda_context_bytes;
+    fit.device = step.device->name;
+    fit.capacity_bytes = step.device->capacity_bytes;
+    fit.required_bytes = live.peak_reserved + step.device->cuda_context_bytes;
     fit.fits = fit.required_bytes <= fit.capacity_bytes;
     fit.headroom_bytes = fit.capacity_bytes - fit.required_bytes;
     r.fit = fit;
   }
-  AddNotes(*graph, config, regions, device.has_value(), &r);
+  AddNotes(*step.graph, config, step.regions, step.device.has_value(), &r);
   return r;
 }
 
-StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
-                          const EstimateOptions& options) {
+StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
+                               const EstimateOptions& options) {
+  MEMEST_ASSIGN_OR_RETURN(PlannedStep step, PlanStep(built, config));
+  return ReportStep(built, config, step);
+}
+
+StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, int64_t max_ops) {
   MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
   BuildContext ctx;
   ctx.micro_batch = config.micro_batch();
   ctx.mode = config.mode;
   ctx.param_dtype = ParameterDType(config.precision);
   ctx.generate_tokens = config.generate_tokens;
-  ctx.max_ops = options.max_ops;
+  ctx.max_ops = max_ops;
   if (IsAutocast(config.precision)) ctx.autocast = ComputeDType(config.precision);
-  MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));
+  return BuildGraph(model, ctx);
+}
+
+StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
+                          const EstimateOptions& options) {
+  MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildStepGraph(model, config, options.max_ops));
   MEMEST_ASSIGN_OR_RETURN(Report report, EstimateGraph(graph, config, options));
   if (options.advice) report.advice = MakeAdvice(model, graph, config, report);
   return report;

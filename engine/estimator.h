@@ -6,9 +6,15 @@
 #ifndef MEMEST_ENGINE_ESTIMATOR_H_
 #define MEMEST_ENGINE_ESTIMATOR_H_
 
+#include <memory>
+#include <optional>
+
 #include "engine/config.h"
+#include "engine/devices.h"
+#include "engine/liveness.h"
 #include "engine/model.h"
 #include "engine/report.h"
+#include "engine/schedule.h"
 
 namespace memest {
 
@@ -16,6 +22,31 @@ struct EstimateOptions {
   int64_t max_ops = 1'000'000;  // graphs with more ops are refused (RESOURCE_EXHAUSTED)
   bool advice = true;           // advice re-runs the estimate under alternatives; off is faster
 };
+
+// One step, planned: the graph as it runs (autocast casts inserted), its checkpoint regions,
+// its schedule and the schedule's walk through the allocator. Estimate reports it; Validate
+// replays its schedule on a device.
+struct PlannedStep {
+  const Graph* graph = nullptr;         // the built graph, or `owned` when a pass rewrote it
+  std::unique_ptr<Graph> owned;
+  std::optional<DeviceInfo> device;     // the device the config names, if any
+  DeviceInfo fixed;                     // that device's fixed costs (a generic one's without)
+  CheckpointRegions regions;
+  Schedule schedule;
+  Liveness live;
+};
+
+// Plans the step of `built` (built for config.micro_batch()) under `config`. `built` must
+// outlive the result.
+StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
+                               bool record_operands = false);
+
+// The report of a planned step (without advice).
+Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep& step);
+
+// Builds the graph of one micro-batch of `model` as `config` runs it.
+StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config,
+                               int64_t max_ops = EstimateOptions{}.max_ops);
 
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
                           const EstimateOptions& options = {});

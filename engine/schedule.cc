@@ -193,6 +193,7 @@ class StepSimulator {
   void Retag(int id, Category c) { s_.events.push_back({EventKind::kRetag, c, id, 0}); }
   void Context(Phase phase, int op, bool recompute = false) {
     s_.contexts.push_back({phase, op, mb_, recompute});
+    if (opt_.record_operands) s_.operands.emplace_back();
     s_.events.push_back({EventKind::kContext, Category::kTemporaries,
                          static_cast<int>(s_.contexts.size()) - 1, 0});
   }
@@ -405,6 +406,11 @@ class StepSimulator {
       temp_bytes += a.bytes;
     }
     if (row) row->temporary_bytes = std::max(row->temporary_bytes, temp_bytes);
+    if (opt_.record_operands) {
+      OpOperands& rec = s_.operands.back();
+      for (int t : op.inputs) rec.inputs.push_back(st.buffer[base_[t]]);
+      for (int t : op.outputs) rec.outputs.push_back(st.buffer[base_[t]]);
+    }
     for (int b : temps) FreeBuffer(b);
     auto hold = [&](int t) {
       const int s = base_[t];
@@ -624,6 +630,7 @@ class StepSimulator {
       const Tensor& o = g_.tensors[incoming];
       temps.push_back(NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries));
     }
+    if (opt_.record_operands) RecordBackwardOperands(i, incoming, flows);
     for (int b : temps) FreeBuffer(b);
     ReleaseSaved(op_saved_[i]);
     for (int o : op.outputs) {
@@ -633,6 +640,32 @@ class StepSimulator {
       }
     }
     for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides), f.shared_handle);
+  }
+
+  // What op i's backward reads (the incoming gradient, what the op saved) and writes (the
+  // gradients of its inputs), as buffers.
+  template <typename Flows>
+  void RecordBackwardOperands(int i, int incoming, const Flows& flows) {
+    const Op& op = g_.ops[i];
+    OpOperands& rec = s_.operands.back();
+    rec.output_grad = grads_[pending_[incoming].grad].buffer;
+    auto held = [&](int t) {
+      for (auto [st, s] : op_saved_[i].holds) {
+        if (s == base_[t]) return st->buffer[s];
+      }
+      return -1;
+    };
+    for (int t : op.inputs) rec.inputs.push_back(held(t));
+    for (int t : op.outputs) rec.outputs.push_back(held(t));
+    rec.input_grads.assign(op.inputs.size(), -1);
+    for (const auto& f : flows) {
+      for (size_t k = 0; k < op.inputs.size(); ++k) {
+        if (op.inputs[k] == f.tensor && rec.input_grads[k] < 0) {
+          rec.input_grads[k] = grads_[f.grad].buffer;
+          break;
+        }
+      }
+    }
   }
 
   void Deliver(int t, int grad, Strides strides, bool shared_handle = false) {

@@ -47,6 +47,16 @@ struct Event {
   int64_t bytes;
 };
 
+// The storages an op reads and writes at one context of the schedule (recorded only when
+// ScheduleOptions::record_operands is set: Validate replays them with real kernels). Buffer ids,
+// -1 where the tensor is not live at that moment (an input backward did not keep).
+struct OpOperands {
+  std::vector<int> inputs;        // per op input: the storage's buffer
+  std::vector<int> outputs;       // per op output
+  std::vector<int> input_grads;   // backward: per op input, the gradient it hands on (new or passed)
+  int output_grad = -1;           // backward: the incoming gradient of the op's first output
+};
+
 // Op ranges [first, last] that run under torch.utils.checkpoint.
 using CheckpointRegions = std::vector<std::pair<int, int>>;
 
@@ -60,10 +70,14 @@ struct Schedule {
   // storages saved for backward (inputs and targets included, parameters and buffers not) and
   // the extra tensors ops save (masks, statistics), as the tensors' own sizes.
   int64_t saved_for_backward_bytes = 0;
+  // Per context (same index as `contexts`): what the op read and wrote there. Empty unless
+  // ScheduleOptions::record_operands.
+  std::vector<OpOperands> operands;
 };
 
 struct ScheduleOptions {
   int64_t cublas_workspace_bytes = 0;  // per cuBLAS handle; 0 for none
+  bool record_operands = false;        // fill Schedule::operands (slower; for Validate)
 };
 
 // Regions for the config's checkpoint policy. Errors name "config.checkpoint" when a policy

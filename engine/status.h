@@ -22,6 +22,8 @@ enum class StatusCode {
   kFailedPrecondition, // the request is well formed but cannot be answered as asked
   kUnavailable,        // a capability is missing here (e.g. no GPU for validation)
   kInternal,           // a bug in memest: an invariant did not hold
+  kCancelled,          // the caller cancelled (a validation stopped between ops)
+  kDeadlineExceeded,   // the caller's deadline passed first
 };
 
 class Status {
@@ -53,6 +55,8 @@ inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceEx
 inline Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
+inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 
 const char* StatusCodeName(StatusCode code);
 

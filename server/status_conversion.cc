@@ -18,6 +18,10 @@ grpc::StatusCode ToGrpcCode(StatusCode code) {
       return grpc::StatusCode::UNAVAILABLE;
     case StatusCode::kInternal:
       return grpc::StatusCode::INTERNAL;
+    case StatusCode::kCancelled:
+      return grpc::StatusCode::CANCELLED;
+    case StatusCode::kDeadlineExceeded:
+      return grpc::StatusCode::DEADLINE_EXCEEDED;
   }
   return grpc::StatusCode::UNKNOWN;
 }
