@@ -74,7 +74,9 @@ struct ConvShape {
 
 struct Work {
   WorkKind kind = WorkKind::kElementwise;
-  DType dtype = DType::kFloat32;  // float32, float16 or bfloat16; others run as elementwise bytes
+  // float32, float16 or bfloat16. Only kElementwise takes other dtypes (it then moves
+  // elements * size bytes); the other kinds refuse them with INVALID_ARGUMENT.
+  DType dtype = DType::kFloat32;
   GemmShape gemm;                 // kGemm
   ConvShape conv;                 // kConv*
   int64_t rows = 0, cols = 0;     // kSoftmax, kLayerNorm, kReduce: [rows, cols]
@@ -122,7 +124,10 @@ class Device {
   // (cuDNN's heuristic, as PyTorch with benchmark=False); 0 for kinds that need none.
   virtual StatusOr<int64_t> WorkspaceBytes(const Work& work) = 0;
 
-  // Runs `work` for real: warm-up, then `repeats` timed runs on the device's stream.
+  // Runs `work` for real: warm-up, then `repeats` timed runs on the device's stream, then a
+  // check of a sample of the output. The inputs are overwritten with a known pattern first (so
+  // the check has an answer); the output may be an input only for kElementwise, kSoftmax and
+  // kLayerNorm. Every operand must lie inside memory this device's Malloc returned.
   virtual StatusOr<Timing> Run(const Work& work, int repeats) = 0;
 
   virtual Status Synchronize() = 0;

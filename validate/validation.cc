@@ -283,21 +283,22 @@ struct Plan {
   PlannedStep step;
 };
 
-StatusOr<Plan> PlanFor(const ModelSpec& model, const RunConfig& config) {
+StatusOr<Plan> PlanFor(const ModelSpec& model, const RunConfig& config, int64_t max_ops) {
   Plan p;
-  MEMEST_ASSIGN_OR_RETURN(Graph g, BuildStepGraph(model, config));
+  MEMEST_ASSIGN_OR_RETURN(Graph g, BuildStepGraph(model, config, max_ops));
   p.graph = std::make_unique<Graph>(std::move(g));
   MEMEST_ASSIGN_OR_RETURN(p.step, PlanStep(*p.graph, config, /*record_operands=*/true));
   return p;
 }
 
 // The largest micro-batch below config's whose predicted reserved peak fits `free`, or 0.
-StatusOr<int64_t> LargestFittingMicroBatch(const ModelSpec& model, RunConfig config, int64_t free) {
+StatusOr<int64_t> LargestFittingMicroBatch(const ModelSpec& model, RunConfig config, int64_t free,
+                                           int64_t max_ops) {
   int64_t lo = 0, hi = config.micro_batch() - 1;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
     config.batch_size = mid * config.grad_accum_steps;
-    MEMEST_ASSIGN_OR_RETURN(Plan p, PlanFor(model, config));
+    MEMEST_ASSIGN_OR_RETURN(Plan p, PlanFor(model, config, max_ops));
     if (p.step.live.peak_reserved <= free) lo = mid;
     else hi = mid - 1;
   }
@@ -334,7 +335,7 @@ StatusOr<Validation> Validate(const ModelSpec& model, const RunConfig& requested
 
   progress(Progress::Stage::kPlanning, "planning the step");
   MEMEST_ASSIGN_OR_RETURN(DeviceMemInfo mem, device.MemInfo());
-  MEMEST_ASSIGN_OR_RETURN(Plan plan, PlanFor(model, v.config));
+  MEMEST_ASSIGN_OR_RETURN(Plan plan, PlanFor(model, v.config, options.max_ops));
   const int64_t need = plan.step.live.peak_reserved;
   if (need > mem.free_bytes) {
     const std::string shortfall =
@@ -345,13 +346,14 @@ StatusOr<Validation> Validate(const ModelSpec& model, const RunConfig& requested
       return FailedPrecondition(shortfall + "; ask to scale the batch to fit to validate a "
                                             "smaller micro-batch");
     }
-    MEMEST_ASSIGN_OR_RETURN(int64_t mb, LargestFittingMicroBatch(model, v.config, mem.free_bytes));
+    MEMEST_ASSIGN_OR_RETURN(int64_t mb, LargestFittingMicroBatch(model, v.config, mem.free_bytes,
+                                                                     options.max_ops));
     if (mb == 0) return FailedPrecondition(shortfall + ", and so does a micro-batch of 1");
     v.scaled_down = true;
     v.scaled_down_note = shortfall + "; validated micro-batch " + std::to_string(mb) +
                          " instead of " + std::to_string(v.config.micro_batch());
     v.config.batch_size = mb * v.config.grad_accum_steps;
-    MEMEST_ASSIGN_OR_RETURN(plan, PlanFor(model, v.config));
+    MEMEST_ASSIGN_OR_RETURN(plan, PlanFor(model, v.config, options.max_ops));
   }
   v.estimate = ReportStep(*plan.graph, v.config, plan.step);
 

@@ -41,6 +41,7 @@ struct ValidateOptions {
   // validate the largest micro-batch that fits (true), saying so.
   bool scale_batch_to_fit = false;
   int repeats = 3;  // timed runs per kernel, after one warm-up
+  int64_t max_ops = 1'000'000;  // graphs with more ops are refused, as Estimate does
   std::function<void(const Progress&)> progress;  // called from the validating thread
   std::function<bool()> cancelled;                // polled between ops; true stops with CANCELLED
 };
