@@ -2,14 +2,19 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <chrono>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "engine/devices.h"
 #include "engine/estimator.h"
 #include "engine/presets.h"
 #include "server/convert.h"
 #include "server/status_conversion.h"
+#include "server/validate_convert.h"
 
 namespace memest {
 namespace {
@@ -41,7 +46,10 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const cha
 }  // namespace
 
 Status CheckRequestSize(const v1::EstimateRequest& request, int64_t max_ops) {
-  const v1::Model& model = request.model();
+  return CheckModelSize(request.model(), max_ops);
+}
+
+Status CheckModelSize(const v1::Model& model, int64_t max_ops) {
   if (model.has_ops() && model.ops().ops_size() > max_ops) {
     return TooMany("model.ops", "ops", model.ops().ops_size(), max_ops);
   }
@@ -97,6 +105,106 @@ grpc::ServerUnaryReactor* EstimatorService::ListDevices(grpc::CallbackServerCont
   const Clock::time_point start = Clock::now();
   DevicesToProto(memest::ListDevices(), response);
   return Finish(context, "ListDevices", "-", start, Status::Ok());
+}
+
+namespace {
+
+// One Validate call: a thread runs the validation and hands events to gRPC one write at a time
+// (a write reactor allows one outstanding write); Finish follows the last write.
+class ValidateReactor final : public grpc::ServerWriteReactor<v1::ValidateEvent> {
+ public:
+  ValidateReactor(grpc::CallbackServerContext* context, const v1::ValidateRequest* request,
+                  const ServiceOptions& options, ValidationRunner* runner)
+      : context_(context), start_(Clock::now()), model_(DescribeModel(request->model())) {
+    thread_ = std::thread([this, request, &options, runner] { Run(*request, options, runner); });
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.pop_front();
+    if (!ok) broken_ = true;  // the client went away; the runner notices through Stopped()
+    if (!pending_.empty() && !broken_) {
+      StartWrite(&pending_.front());
+    } else if (finish_) {
+      FinishLocked();
+    }
+  }
+  void OnCancel() override { cancelled_ = true; }
+  void OnDone() override {
+    thread_.join();
+    delete this;
+  }
+
+ private:
+  void Run(const v1::ValidateRequest& request, const ServiceOptions& options,
+           ValidationRunner* runner) {
+    Status status = CheckModelSize(request.model(), options.max_ops);
+    if (status.ok()) status = runner->Available();
+    if (status.ok()) {
+      // Converted here only to refuse a malformed request before it waits in the queue; the
+      // worker converts it again.
+      StatusOr<ValidateInput> in = ValidateInputFromProto(request, options.max_ops);
+      status = in.status();
+    }
+    if (status.ok()) {
+      const auto deadline = context_->deadline();
+      status = runner->Validate(
+          request, [this](const v1::ValidateEvent& e) { return Send(e); },
+          [this] { return Stopped(); }, deadline);
+    }
+    Complete(status);
+  }
+
+  bool Stopped() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancelled_ || broken_;
+  }
+
+  bool Send(const v1::ValidateEvent& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cancelled_ || broken_) return false;
+    pending_.push_back(e);
+    if (pending_.size() == 1) StartWrite(&pending_.front());
+    return true;
+  }
+
+  void Complete(const Status& status) {
+    const auto micros =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start_).count();
+    if (status.ok()) {
+      spdlog::info("rpc=Validate model={} code=OK us={} peer={}", model_, micros, context_->peer());
+    } else {
+      spdlog::info("rpc=Validate model={} code={} us={} peer={} error=\"{}\"", model_,
+                   StatusCodeName(status.code()), micros, context_->peer(), status.message());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = ToGrpcStatus(status);
+    finish_ = true;
+    if (pending_.empty() || broken_) FinishLocked();
+  }
+
+  void FinishLocked() {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status_);
+  }
+
+  grpc::CallbackServerContext* context_;
+  const Clock::time_point start_;
+  const std::string model_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::deque<v1::ValidateEvent> pending_;  // front: being written
+  std::atomic<bool> cancelled_{false};
+  bool broken_ = false, finish_ = false, finished_ = false;
+  grpc::Status status_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::ValidateEvent>* EstimatorService::Validate(
+    grpc::CallbackServerContext* context, const v1::ValidateRequest* request) {
+  return new ValidateReactor(context, request, options_, validations_.get());
 }
 
 }  // namespace memest

@@ -10,11 +10,13 @@
 #define MEMEST_SERVER_ESTIMATOR_SERVICE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "engine/status.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "memest/v1/memest.pb.h"
+#include "server/validation_runner.h"
 
 namespace memest {
 
@@ -22,11 +24,14 @@ struct ServiceOptions {
   // The most ops (OpGraph.ops) or layers (LayerModel.layers) one request may declare, and the
   // most ops the engine may expand any model into. Larger requests get RESOURCE_EXHAUSTED.
   int64_t max_ops = 100'000;
+  // Validate: which device, which worker, how long the queue may grow.
+  ValidationOptions validation;
 };
 
 // Refuses a request larger than `max_ops` allows, with RESOURCE_EXHAUSTED naming the field,
 // the count and the limit ("model.ops: 100001 ops exceed this server's limit of 100000").
 Status CheckRequestSize(const v1::EstimateRequest& request, int64_t max_ops);
+Status CheckModelSize(const v1::Model& model, int64_t max_ops);
 
 // The whole of Estimate without the RPC: size check, conversion, engine, conversion back.
 Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& options,
@@ -37,7 +42,8 @@ std::string DescribeModel(const v1::Model& model);
 
 class EstimatorService final : public v1::MemoryEstimator::CallbackService {
  public:
-  explicit EstimatorService(ServiceOptions options = {}) : options_(options) {}
+  explicit EstimatorService(ServiceOptions options = {})
+      : options_(options), validations_(std::make_unique<ValidationRunner>(options.validation)) {}
 
   grpc::ServerUnaryReactor* Estimate(grpc::CallbackServerContext* context,
                                      const v1::EstimateRequest* request,
@@ -48,9 +54,16 @@ class EstimatorService final : public v1::MemoryEstimator::CallbackService {
   grpc::ServerUnaryReactor* ListDevices(grpc::CallbackServerContext* context,
                                         const v1::ListDevicesRequest* request,
                                         v1::ListDevicesResponse* response) override;
+  // Streams progress and the result; each call runs on a thread of its own (the validation
+  // waits for its turn and for the worker), never on gRPC's callback threads.
+  grpc::ServerWriteReactor<v1::ValidateEvent>* Validate(
+      grpc::CallbackServerContext* context, const v1::ValidateRequest* request) override;
+
+  ValidationRunner& validations() { return *validations_; }
 
  private:
   const ServiceOptions options_;
+  std::unique_ptr<ValidationRunner> validations_;
 };
 
 }  // namespace memest

@@ -64,6 +64,18 @@ int main(int argc, char** argv) {
                  "on SIGTERM/SIGINT, how long calls in flight may take to finish")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--device", options.service.validation.device,
+                 "CUDA device to validate on (enables Validate); without it Validate is UNAVAILABLE")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--validate-worker", options.service.validation.worker_path,
+                 "the memest-validate-worker binary (default: next to this one)");
+  app.add_option("--max-queued-validations", options.service.validation.max_queued,
+                 "validations that may wait while one runs; more are refused")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--validate-worker-arg", options.service.validation.worker_args,
+                 "an extra argument for the worker (tests: --fake-device-gib=16)")
+      ->group("");  // for tests; not in --help
   CLI11_PARSE(app, argc, argv);
 
   // Logs go to stderr; stdout carries only the "listening on" line.

@@ -2,6 +2,7 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
@@ -58,6 +59,16 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
   }
   if (grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService()) {
     health->SetServingStatus(kServiceName, true);
+  }
+  // Whether Validate can run here is asked once, now: the answer (or why not) is logged, and
+  // Validate answers UNAVAILABLE with it. Estimate is unaffected either way.
+  if (options.service.validation.device >= 0) {
+    const Status probe = server->service_.validations().Probe();
+    if (probe.ok()) {
+      spdlog::info("validation on device {}: {}", options.service.validation.device, probe.message());
+    } else {
+      spdlog::warn("validation unavailable: {}", probe.message());
+    }
   }
   return server;
 }

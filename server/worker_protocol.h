@@ -1,0 +1,48 @@
+// The pipe between memest-server and memest-validate-worker.
+//
+// The server runs every validation in a child process (a CUDA fault, an out-of-memory kill or a
+// hang then takes the child, never the server, and the device memory goes back when it exits).
+// The child reads one serialized v1::ValidateRequest from stdin (to EOF) and writes frames to
+// stdout: a type byte, a 4-byte little-endian length, the payload. 'E' frames carry a
+// serialized v1::ValidateEvent; the last frame is one 'S' frame with the final status
+// ("<code>\n<message>"). A child that exits without an 'S' frame died.
+#ifndef MEMEST_SERVER_WORKER_PROTOCOL_H_
+#define MEMEST_SERVER_WORKER_PROTOCOL_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "engine/status.h"
+#include "memest/v1/memest.pb.h"
+
+namespace memest::worker {
+
+inline constexpr char kEventFrame = 'E';
+inline constexpr char kStatusFrame = 'S';
+inline constexpr uint32_t kMaxFrameBytes = 256u << 20;
+
+// Writes one frame to `fd`, all of it (retrying short writes); false if the pipe is gone.
+bool WriteFrame(int fd, char type, const std::string& payload);
+bool WriteEvent(int fd, const v1::ValidateEvent& event);
+bool WriteStatus(int fd, const Status& status);
+Status ParseStatus(const std::string& payload);
+
+// Accumulates bytes read from the pipe and cuts them into frames.
+class FrameReader {
+ public:
+  void Append(const char* data, size_t n) { buffer_.append(data, n); }
+  struct Frame {
+    char type;
+    std::string payload;
+  };
+  // The next complete frame, if any; an error for a malformed stream.
+  StatusOr<std::optional<Frame>> Next();
+
+ private:
+  std::string buffer_;
+};
+
+}  // namespace memest::worker
+
+#endif  // MEMEST_SERVER_WORKER_PROTOCOL_H_
