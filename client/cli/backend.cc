@@ -38,8 +38,8 @@ class RemoteBackend : public Backend {
   RemoteBackend(std::string address, int64_t deadline_ms)
       : address_(std::move(address)),
         deadline_ms_(deadline_ms),
-        stub_(v1::MemoryEstimator::NewStub(
-            grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()))) {}
+        channel_(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials())),
+        stub_(v1::MemoryEstimator::NewStub(channel_)) {}
 
   CallResult Estimate(const v1::EstimateRequest& request,
                       v1::EstimateResponse* response) override {
@@ -60,6 +60,23 @@ class RemoteBackend : public Backend {
     return FromGrpc(stub_->ListDevices(&context, v1::ListDevicesRequest(), response), address_);
   }
 
+  CallResult Validate(const v1::ValidateRequest& request,
+                      const std::function<void(const v1::ValidateProgress&)>& progress,
+                      v1::ValidationResult* result) override {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    std::unique_ptr<grpc::ClientReader<v1::ValidateEvent>> reader = stub_->Validate(&context, request);
+    v1::ValidateEvent event;
+    while (reader->Read(&event)) {
+      if (event.has_progress()) progress(event.progress());
+      if (event.has_result()) *result = event.result();
+    }
+    const grpc::Status status = reader->Finish();
+    // UNAVAILABLE from a server that answered (no GPU there) is its message, not a dead link.
+    const bool answered = channel_->GetState(false) == GRPC_CHANNEL_READY;
+    return FromGrpc(status, answered ? "" : address_);
+  }
+
  private:
   void SetDeadline(grpc::ClientContext* context) const {
     context->set_deadline(std::chrono::system_clock::now() +
@@ -68,6 +85,7 @@ class RemoteBackend : public Backend {
 
   std::string address_;
   int64_t deadline_ms_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::MemoryEstimator::Stub> stub_;
 };
 
@@ -88,6 +106,15 @@ class LocalBackend : public Backend {
   CallResult ListDevices(v1::ListDevicesResponse* response) override {
     DevicesToProto(memest::ListDevices(), response);
     return {};
+  }
+
+  CallResult Validate(const v1::ValidateRequest&,
+                      const std::function<void(const v1::ValidateProgress&)>&,
+                      v1::ValidationResult*) override {
+    return FromGrpc(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "--local cannot validate: validation runs on a memest-server "
+                                 "started with --device on a machine with a GPU"),
+                    "");
   }
 };
 

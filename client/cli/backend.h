@@ -9,6 +9,7 @@
 #define MEMEST_CLIENT_CLI_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -32,13 +33,17 @@ class Backend {
                               v1::EstimateResponse* response) = 0;
   virtual CallResult ListPresets(v1::ListPresetsResponse* response) = 0;
   virtual CallResult ListDevices(v1::ListDevicesResponse* response) = 0;
+  // Streams Validate: each progress event goes to `progress`, the result into `result`.
+  virtual CallResult Validate(const v1::ValidateRequest& request,
+                              const std::function<void(const v1::ValidateProgress&)>& progress,
+                              v1::ValidationResult* result) = 0;
 };
 
 // Calls memest.v1.MemoryEstimator at `address` (HOST:PORT) over an insecure channel, each call
 // with a deadline of `deadline_ms`.
 std::unique_ptr<Backend> MakeRemoteBackend(const std::string& address, int64_t deadline_ms);
 
-// Runs the engine in this process.
+// Runs the engine in this process. It cannot validate: that needs a server with a GPU.
 std::unique_ptr<Backend> MakeLocalBackend();
 
 }  // namespace memest::cli

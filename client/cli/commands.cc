@@ -42,6 +42,37 @@ int RunEstimate(const ConnectionFlags& connection, const EstimateFlags& flags) {
   return response.has_fit() && !response.fit().fits() ? kExitDoesNotFit : kExitFits;
 }
 
+int RunValidate(const ConnectionFlags& connection, const ValidateFlags& flags) {
+  StatusOr<v1::ValidateRequest> request = BuildValidateRequest(flags);
+  if (!request.ok()) {
+    std::cerr << "memest: " << request.status().ToString() << '\n';
+    return ExitCodeForStatus(ToGrpcStatus(request.status()));
+  }
+  v1::ValidationResult result;
+  // Each stage once, and the replay every tenth of the way.
+  int last_stage = -1;
+  uint64_t last_tenth = 0;
+  auto progress = [&](const v1::ValidateProgress& p) {
+    if (flags.quiet) return;
+    const uint64_t tenth = p.ops_total() ? p.ops_done() * 10 / p.ops_total() : 0;
+    if (p.stage() == last_stage && tenth == last_tenth && p.stage() != v1::ValidateProgress::STAGE_QUEUED) {
+      return;
+    }
+    last_stage = p.stage();
+    last_tenth = tenth;
+    std::cerr << "memest: " << DescribeProgress(p) << '\n';
+  };
+  const CallResult call = MakeBackend(connection)->Validate(*request, progress, &result);
+  if (!call.ok()) return Fail(call);
+  if (connection.json) {
+    std::cout << ToJson(result);
+  } else {
+    RenderValidation(*request, result, std::cout);
+  }
+  std::cout.flush();
+  return kExitFits;
+}
+
 int RunPresets(const ConnectionFlags& connection) {
   v1::ListPresetsResponse response;
   const CallResult result = MakeBackend(connection)->ListPresets(&response);

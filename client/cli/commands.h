@@ -9,6 +9,8 @@ namespace memest::cli {
 
 // `memest estimate`: 0 when it fits (or no device was given), 2 when it does not fit.
 int RunEstimate(const ConnectionFlags& connection, const EstimateFlags& flags);
+// `memest validate`: 0 when the validation ran (whatever it found).
+int RunValidate(const ConnectionFlags& connection, const ValidateFlags& flags);
 // `memest presets`.
 int RunPresets(const ConnectionFlags& connection);
 // `memest devices`.

@@ -256,6 +256,26 @@ StatusOr<v1::EstimateRequest> BuildEstimateRequest(const EstimateFlags& flags) {
   return request;
 }
 
+void AddValidateFlags(CLI::App* app, ValidateFlags* f) {
+  AddEstimateFlags(app, &f->model);
+  const char* v = "Validation";
+  app->add_flag("--scale-batch-to-fit", f->scale_batch_to_fit,
+                "validate the largest micro-batch that fits the free memory instead of refusing")
+      ->group(v);
+  app->add_option("--repeats", f->repeats, "timed runs per kernel (default 3)")->group(v);
+  app->add_flag("-q,--quiet", f->quiet, "no progress on stderr")->group(v);
+}
+
+StatusOr<v1::ValidateRequest> BuildValidateRequest(const ValidateFlags& flags) {
+  MEMEST_ASSIGN_OR_RETURN(v1::EstimateRequest estimate, BuildEstimateRequest(flags.model));
+  v1::ValidateRequest request;
+  *request.mutable_model() = std::move(*estimate.mutable_model());
+  *request.mutable_config() = std::move(*estimate.mutable_config());
+  request.set_scale_batch_to_fit(flags.scale_batch_to_fit);
+  request.set_repeats(flags.repeats);
+  return request;
+}
+
 StatusOr<v1::Model> ReadModelFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return InvalidArgument("--model " + path + ": cannot open the file");

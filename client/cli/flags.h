@@ -56,7 +56,16 @@ struct EstimateFlags {
   bool no_advice = false;
 };
 
+struct ValidateFlags {
+  EstimateFlags model;              // the model and the run, as for estimate
+  bool scale_batch_to_fit = false;
+  int repeats = 0;                  // 0: the server's default (3)
+  bool quiet = false;               // no progress on stderr
+};
+
 void AddConnectionFlags(CLI::App* app, ConnectionFlags* flags);
+void AddValidateFlags(CLI::App* app, ValidateFlags* flags);
+StatusOr<v1::ValidateRequest> BuildValidateRequest(const ValidateFlags& flags);
 void AddEstimateFlags(CLI::App* app, EstimateFlags* flags);
 
 // The request the flags describe. Errors (INVALID_ARGUMENT) name the flag, e.g.

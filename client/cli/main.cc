@@ -2,6 +2,7 @@
 //
 //   memest estimate --preset gpt2-small --batch 8 --seq 1024 --optimizer adamw --precision bf16
 //   memest estimate --model examples/mlp.json --batch 64 --capacity 8GiB --local
+//   memest validate --preset gpt2-small --batch 8 --server gpu-host:50051
 //   memest presets | memest devices
 #include <CLI/CLI.hpp>
 
@@ -26,6 +27,15 @@ int main(int argc, char** argv) {
   AddConnectionFlags(estimate, &connection);
   estimate->footer(ExitCodesHelp());
 
+  ValidateFlags validate_flags;
+  ConnectionFlags validate_connection;
+  validate_connection.deadline_ms = 30 * 60 * 1000;  // a validation runs kernels: minutes, not ms
+  CLI::App* validate = app.add_subcommand(
+      "validate", "run the step on the server's GPU and compare predicted with measured");
+  AddValidateFlags(validate, &validate_flags);
+  AddConnectionFlags(validate, &validate_connection);
+  validate->footer(ExitCodesHelp());
+
   CLI::App* presets =
       app.add_subcommand("presets", "list the built-in models and their parameters");
   AddConnectionFlags(presets, &connection);
@@ -41,6 +51,7 @@ int main(int argc, char** argv) {
   }
 
   if (estimate->parsed()) return RunEstimate(connection, estimate_flags);
+  if (validate->parsed()) return RunValidate(validate_connection, validate_flags);
   if (presets->parsed()) return RunPresets(connection);
   return RunDevices(connection);
 }

@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -261,6 +262,94 @@ void RenderEstimate(const v1::EstimateRequest& request, const v1::EstimateRespon
   RenderFit(response, out);
   RenderAdvice(response, out);
   RenderNotes(response, out);
+}
+
+namespace {
+
+std::string SignedPercent(double rel) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%+.2f%%", rel * 100.0);
+  return buf;
+}
+
+void AddComparison(TextTable& t, const v1::Comparison& c) {
+  t.AddRow({c.name(), FormatBytes(Signed(c.predicted_bytes())),
+            c.measured() ? FormatBytes(Signed(c.measured_bytes())) : "not measured",
+            c.measured() ? SignedPercent(c.rel_error()) : "-"});
+}
+
+}  // namespace
+
+std::string DescribeProgress(const v1::ValidateProgress& p) {
+  switch (p.stage()) {
+    case v1::ValidateProgress::STAGE_QUEUED:
+      return "queued: " + p.message();
+    case v1::ValidateProgress::STAGE_REPLAYING:
+      if (p.ops_total() > 0) {
+        return "replaying: " + std::to_string(p.ops_done()) + " / " + std::to_string(p.ops_total()) +
+               " ops (" + p.message() + ")";
+      }
+      return p.message();
+    default:
+      return p.message();
+  }
+}
+
+void RenderValidation(const v1::ValidateRequest& request, const v1::ValidationResult& r,
+                      std::ostream& out) {
+  const v1::MeasuredDevice& d = r.device();
+  out << DescribeModel(request.model()) << ": batch " << r.batch_size() << " validated on "
+      << d.name() << " (device " << d.ordinal() << ", sm_" << d.compute_capability() << ", "
+      << FormatBytes(Signed(d.total_bytes())) << ")\n";
+  if (r.scaled_down()) PrintWrapped("  scaled down: ", r.scaled_down_note(), out);
+  out << '\n';
+
+  TextTable t({{"quantity"}, {"predicted", Align::kRight}, {"measured", Align::kRight},
+               {"error", Align::kRight}});
+  AddComparison(t, r.peak_allocated());
+  AddComparison(t, r.peak_reserved());
+  AddComparison(t, r.device_total());
+  t.AddRule();
+  for (const v1::Comparison& c : r.categories()) {
+    if (c.predicted_bytes() == 0 && c.measured_bytes() == 0) continue;
+    AddComparison(t, c);
+  }
+  t.Print(out);
+  out << '\n';
+
+  TextTable phases({{"phase"}, {"allocated (pred / meas)", Align::kRight},
+                    {"reserved (pred / meas)", Align::kRight}, {"device", Align::kRight}});
+  for (const v1::PhaseComparison& p : r.phases()) {
+    phases.AddRow({PhaseName(p.phase()),
+                   FormatBytes(Signed(p.allocated().predicted_bytes())) + " / " +
+                       FormatBytes(Signed(p.allocated().measured_bytes())),
+                   FormatBytes(Signed(p.reserved().predicted_bytes())) + " / " +
+                       FormatBytes(Signed(p.reserved().measured_bytes())),
+                   p.measured_device_bytes() < 0 ? "-" : FormatBytes(p.measured_device_bytes())});
+  }
+  phases.Print(out);
+  out << '\n';
+
+  std::vector<const v1::OpTiming*> ops;
+  for (const v1::OpTiming& op : r.ops()) ops.push_back(&op);
+  std::sort(ops.begin(), ops.end(), [](const v1::OpTiming* a, const v1::OpTiming* b) {
+    return a->milliseconds() > b->milliseconds();
+  });
+  char step[64];
+  std::snprintf(step, sizeof(step), "%.3f ms", r.step_milliseconds());
+  out << "Kernel time of the step: " << step << " (" << r.ops_run() << " ops ran, "
+      << r.ops_memory_only() << " as memory only)\n";
+  TextTable slow({{"op"}, {"phase"}, {"scope"}, {"ms", Align::kRight}, {"workspace", Align::kRight}});
+  for (size_t i = 0; i < ops.size() && i < 10; ++i) {
+    char ms[32];
+    std::snprintf(ms, sizeof(ms), "%.3f", ops[i]->milliseconds());
+    slow.AddRow({ops[i]->kind(), PhaseName(ops[i]->phase()) + (ops[i]->recompute() ? " (recompute)" : ""),
+                 ops[i]->scope(), ms,
+                 ops[i]->workspace_bytes() ? FormatBytes(Signed(ops[i]->workspace_bytes())) : ""});
+  }
+  slow.Print(out);
+  if (r.notes_size() > 0) out << '\n';
+  for (const std::string& n : r.notes()) PrintWrapped("note: ", n, out);
 }
 
 void RenderPresets(const v1::ListPresetsResponse& response, std::ostream& out) {

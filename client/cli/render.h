@@ -21,6 +21,11 @@ inline constexpr int kTopLayers = 10;
 // `request` supplies the summary line (model, mode, batch); `response` everything else.
 void RenderEstimate(const v1::EstimateRequest& request, const v1::EstimateResponse& response,
                     std::ostream& out);
+// A validation: predicted against measured, per quantity, category and phase; the slowest ops.
+void RenderValidation(const v1::ValidateRequest& request, const v1::ValidationResult& result,
+                      std::ostream& out);
+// One line for a progress event: "queued: 2 validations ahead", "replaying: 120 / 480 ops".
+std::string DescribeProgress(const v1::ValidateProgress& progress);
 void RenderPresets(const v1::ListPresetsResponse& response, std::ostream& out);
 void RenderDevices(const v1::ListDevicesResponse& response, std::ostream& out);
 

@@ -313,5 +313,58 @@ TEST(CliTest, AgainstRealServer) {
   EXPECT_EQ(server.Stop(SIGTERM), 0) << server.Output();
 }
 
+// `memest validate` against a server whose worker runs a fake device: the table, the JSON
+// mapping, progress on stderr; and the refusals (no --device, --local).
+TEST(CliTest, ValidateAgainstAServerWithAFakeDevice) {
+  Child server({kServer, "--address", "127.0.0.1:0", "--device", "0",
+                "--validate-worker-arg=--fake-device-gib=16"});
+  ASSERT_TRUE(server.started());
+  const std::string address =
+      server.WaitForLine("memest-server listening on ", std::chrono::seconds(20));
+  ASSERT_THAT(address, HasSubstr("127.0.0.1:")) << server.Output();
+
+  const std::vector<std::string> model = {"--preset", "gpt2-small", "--seq", "128", "--batch", "2",
+                                          "--repeats", "1", "--server", address};
+  std::vector<std::string> args = {"validate"};
+  args.insert(args.end(), model.begin(), model.end());
+  const RunResult table = Memest(args);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("validated on memest fake device"));
+  EXPECT_THAT(table.out, HasSubstr("peak allocated"));
+  EXPECT_THAT(table.out, HasSubstr("device total (nvidia-smi)"));
+  EXPECT_THAT(table.out, HasSubstr("Kernel time of the step"));
+  EXPECT_THAT(table.err, HasSubstr("replaying"));
+
+  args.push_back("--json");
+  args.push_back("--quiet");
+  const RunResult json = Memest(args);
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_EQ(json.err, "");
+  const nlohmann::json j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(JsonInt(j["peakAllocated"]["predictedBytes"]), JsonInt(j["peakAllocated"]["measuredBytes"]));
+  EXPECT_GT(j["ops"].size(), 100u);
+
+  const RunResult too_big = Memest({"validate", "--preset", "gpt2-large", "--batch", "16",
+                                    "--server", address, "-q"});
+  EXPECT_EQ(too_big.exit_code, 3) << too_big.err;  // FAILED_PRECONDITION: the request, as asked
+  EXPECT_THAT(too_big.err, HasSubstr("short by"));
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << server.Output();
+
+  const RunResult local = Memest({"validate", "--preset", "mlp", "--local"});
+  EXPECT_EQ(local.exit_code, 4) << local.err;
+  EXPECT_THAT(local.err, HasSubstr("--local cannot validate"));
+}
+
+TEST(CliTest, ValidateWithoutADeviceIsUnavailable) {
+  Child server({kServer, "--address", "127.0.0.1:0"});
+  ASSERT_TRUE(server.started());
+  const std::string address =
+      server.WaitForLine("memest-server listening on ", std::chrono::seconds(20));
+  const RunResult r = Memest({"validate", "--preset", "mlp", "--server", address});
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("without --device"));
+  EXPECT_EQ(server.Stop(SIGTERM), 0) << server.Output();
+}
+
 }  // namespace
 }  // namespace memest
