@@ -14,11 +14,12 @@ into a model description the server estimates (torch is imported only when it is
 
 from memest import v1
 from memest.client import Client
-from memest.errors import (DeadlineExceeded, FailedPrecondition, Internal, InvalidArgument,
-                           MemestError, NotFound, ResourceExhausted, Unavailable)
+from memest.errors import (Cancelled, DeadlineExceeded, FailedPrecondition, Internal,
+                           InvalidArgument, MemestError, NotFound, ResourceExhausted, Unavailable)
 from memest.results import (Advice, DeviceInfo, Estimate, Fit, LayerRow, MemoryByCategory,
                             Peak, PresetInfo, PresetParam, format_bytes)
 from memest.server import Server, ServerError, serve
+from memest.validation import Comparison, OpTiming, PhaseComparison, Progress, Validation
 from memest import aio  # noqa: E402  (after Client: aio reuses its helpers)
 
 __version__ = "0.1.0"
@@ -35,9 +36,10 @@ def __getattr__(name):
 
 
 __all__ = [
-    "Advice", "Client", "DeadlineExceeded", "DeviceInfo", "Estimate", "FailedPrecondition",
-    "Fit", "Internal", "InvalidArgument", "LayerRow", "MemestError", "MemoryByCategory",
-    "NotFound", "Peak", "PresetInfo", "PresetParam", "ResourceExhausted", "Server",
-    "ServerError", "TracedModel", "Unavailable", "UnsupportedOp", "aio", "format_bytes", "save",
-    "serve", "trace", "v1",
+    "Advice", "Cancelled", "Client", "Comparison", "DeadlineExceeded", "DeviceInfo", "Estimate",
+    "FailedPrecondition", "Fit", "Internal", "InvalidArgument", "LayerRow", "MemestError",
+    "MemoryByCategory", "NotFound", "OpTiming", "Peak", "PhaseComparison", "PresetInfo",
+    "PresetParam", "Progress", "ResourceExhausted", "Server", "ServerError", "TracedModel",
+    "Unavailable", "UnsupportedOp", "Validation", "aio", "format_bytes", "save", "serve",
+    "trace", "v1",
 ]

@@ -15,6 +15,7 @@ from memest import v1
 from memest.errors import MemestError, from_rpc_error
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
+from memest.validation import Progress, Validation
 
 # The server accepts requests up to 64 MiB; answers for large op graphs can be as large.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -86,6 +87,36 @@ class Client:
         """Sends a prepared memest.v1.EstimateRequest; returns a memest.Estimate."""
         response = self._call(self._stub.Estimate, request, timeout)
         return Estimate.from_proto(response, label=request_label(request))
+
+    def validate(self, preset=None, model=None, *, scale_batch_to_fit=False, repeats=None,
+                 progress=None, timeout=None, **kwargs):
+        """Runs the step on the server's GPU and compares it with the estimate.
+
+        Takes estimate()'s arguments, plus: scale_batch_to_fit (validate the largest
+        micro-batch that fits the free memory instead of refusing), repeats (timed runs per
+        kernel, default 3), progress (called with a memest.Progress for each event: the queue
+        position, then the stages). Returns a memest.Validation. The server must have been
+        started with --device (otherwise Unavailable); timeout defaults to 30 minutes.
+        """
+        kwargs.pop("advice", None)
+        estimate = build_request(preset=preset, model=model, **kwargs)
+        request = v1.ValidateRequest(model=estimate.model, config=estimate.config,
+                                     scale_batch_to_fit=bool(scale_batch_to_fit),
+                                     repeats=repeats or 0)
+        if self._closed:
+            raise MemestError("%r: closed" % self)
+        result = None
+        try:
+            for event in self._stub.Validate(request, timeout=timeout or 30 * 60):
+                if event.HasField("progress") and progress is not None:
+                    progress(Progress.from_proto(event.progress))
+                if event.HasField("result"):
+                    result = event.result
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        if result is None:
+            raise MemestError("Validate ended without a result")
+        return Validation.from_proto(result, label=request_label(estimate))
 
     def presets(self, *, timeout=None):
         """The built-in models, as a list of memest.PresetInfo."""

@@ -66,9 +66,15 @@ class Internal(MemestError):
     code = grpc.StatusCode.INTERNAL
 
 
+class Cancelled(MemestError):
+    """The call was cancelled."""
+
+    code = grpc.StatusCode.CANCELLED
+
+
 _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, ResourceExhausted,
                                       FailedPrecondition, Unavailable, DeadlineExceeded,
-                                      Internal)}
+                                      Internal, Cancelled)}
 
 
 def from_rpc_error(error):
