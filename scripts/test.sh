@@ -19,8 +19,9 @@ bash scripts/install-deps.sh --test || exit 1
 section "build"
 bash scripts/build.sh || exit 1
 
-# C++ tests: engine (table-driven), server (end to end over gRPC on port 0), cli (the
-# `memest` binary, locally and against a real server).
+# C++ tests: engine (table-driven), validate (the replay on a fake device), kernels (label
+# gpu: they skip without a GPU), server (end to end over gRPC on port 0, Validate through a
+# fake-device worker), cli (the `memest` binary, locally and against a real server).
 section "ctest"
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure || failed+=("ctest")
 
@@ -48,6 +49,11 @@ if /usr/bin/python3 -m venv --system-site-packages "${pyenv}" &&
 else
   failed+=("python")
 fi
+
+# The three-way validation's PyTorch models: the same parameters and buffers as memest's
+# presets, and a training step that runs (on the CPU here; the GPU run is scripts/gpu-check.sh).
+section "validation models"
+/usr/bin/python3 -m pytest tests/validation -q || failed+=("validation models")
 
 # Later suites go here as their own sections.
 
