@@ -351,6 +351,10 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
       probs = b.Add1("to", {probs}, {{"dtype", std::string(DTypeName(q_dtype))}});
     } else {
       probs = b.Add1("softmax", {scores}, {{"dim", Int(-1)}});
+      if (o.probs_to_value_dtype && probs >= 0 && v >= 0 &&
+          b.tensor(probs).dtype != b.tensor(v).dtype) {
+        probs = b.Add1("to", {probs}, {{"dtype", std::string(DTypeName(b.tensor(v).dtype))}});
+      }
     }
     probs = Dropout(b, c, probs, o.attn_dropout);
     context = b.Add1("matmul", {probs, v});
@@ -390,6 +394,7 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   if (o.style == BlockStyle::kGpt2) {
     a.projection = AttentionProjection::kFusedHfConv1D;
     a.scale = AttentionScale::kDivideScores;
+    a.probs_to_value_dtype = true;
     a.attn_dropout = o.dropout;
     a.resid_dropout = o.dropout;
     int residual = x;

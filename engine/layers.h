@@ -179,6 +179,9 @@ struct AttentionOptions {
   int rotary_sin = -1;
   // HF Llama: softmax(scores, dtype=float32).to(q.dtype).
   bool softmax_fp32 = false;
+  // HF GPT-2: softmax(scores).type(value.dtype): under autocast softmax returns float32 and
+  // the probabilities are cast back to the values' dtype before dropout.
+  bool probs_to_value_dtype = false;
   // Inference: allocate "<scope>.k_cache" / "<scope>.v_cache" [N, kv_heads, kv_cache_len,
   // head_dim] with GraphBuilder::KvCache (0: no cache).
   int64_t kv_cache_len = 0;

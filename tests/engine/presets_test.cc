@@ -173,6 +173,34 @@ TEST(PresetsTest, AttentionCoreIsItsOwnScope) {
   EXPECT_EQ(core_kinds.count("dropout"), 1u);
 }
 
+// HF GPT2Attention._attn: softmax(w).type(value.dtype), then dropout. Under autocast softmax
+// returns float32, so dropout (and its mask and output) runs in the values' bfloat16.
+TEST(PresetsTest, Gpt2CastsAttentionProbabilitiesBackBeforeDropout) {
+  BuildContext ctx = Context(2);
+  ctx.autocast = DType::kBFloat16;
+  StatusOr<Graph> g = Build("gpt2-small", {{"seq", 16}, {"layers", 1}}, ctx);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  std::vector<const Op*> core;
+  for (const Op& op : g->ops) {
+    if (op.scope == "transformer.h.0.attn.core") core.push_back(&op);
+  }
+  size_t s = 0;
+  while (s < core.size() && core[s]->kind != "softmax") ++s;
+  ASSERT_LT(s + 2, core.size());
+  EXPECT_EQ(g->tensors[core[s]->outputs[0]].dtype, DType::kFloat32);
+  EXPECT_EQ(core[s + 1]->kind, "to");
+  EXPECT_EQ(g->tensors[core[s + 1]->outputs[0]].dtype, DType::kBFloat16);
+  EXPECT_EQ(core[s + 2]->kind, "dropout");
+  EXPECT_EQ(g->tensors[core[s + 2]->outputs[0]].dtype, DType::kBFloat16);
+
+  // Without autocast the cast is a no-op and is not there.
+  g = Build("gpt2-small", {{"seq", 16}, {"layers", 1}});
+  ASSERT_TRUE(g.ok());
+  for (const Op& op : g->ops) {
+    if (op.scope == "transformer.h.0.attn.core") EXPECT_NE(op.kind, "to");
+  }
+}
+
 TEST(PresetsTest, Gpt2TiesLmHeadAndNamesParametersLikeHf) {
   StatusOr<Graph> g = Build("gpt2-small", {{"seq", 16}, {"layers", 1}});
   ASSERT_TRUE(g.ok()) << g.status().ToString();
