@@ -30,9 +30,22 @@ void SaveOutput(const OpCall& c, OpMemory* m) {
 void SaveNothing(const OpCall& c, OpMemory* m) {}
 
 // softmax / log_softmax keep their result; _softmax_backward_data works on a dense gradient.
+// `safe` is PyTorch 2.5+'s _safe_softmax (the math SDPA path's): softmax, then rows whose
+// inputs are all -inf are zeroed in place, through isneginf (a bool per element), all() over the
+// dim (a bool per row) and a 0-dim zero; those are forward scratch. (Measured on 2.15's CPU.)
 void SoftmaxMemory(const OpCall& c, OpMemory* m) {
   SaveOutput(c, m);
   m->backward_needs_dense_grad = true;
+  StatusOr<int64_t> safe = IntAttr(c.op.attrs, "safe", 0, c.field);
+  StatusOr<int64_t> dim = IntAttr(c.op.attrs, "dim", -1, c.field);
+  if (!safe.ok() || *safe == 0 || !dim.ok()) return;
+  const Shape& x = c.in(0).shape;
+  StatusOr<int> axis = NormalizeDim(*dim, static_cast<int>(x.size()), "");
+  const int64_t extent = x.empty() || !axis.ok() ? 1 : x[*axis];
+  const int64_t numel = Numel(x);
+  m->forward_temps.push_back(Alloc{numel, "isneginf mask"});
+  m->forward_temps.push_back(Alloc{extent > 0 ? numel / extent : 0, "rows fully masked"});
+  m->forward_temps.push_back(Alloc{DTypeSize(c.out(0).dtype), "zero"});
 }
 
 // Backward formulas that form `n` input-sized products before the gradient:

@@ -244,6 +244,30 @@ TEST(OpRuleTest, MatmulFoldsOnlyWithoutACopyOnCuda) {
   EXPECT_EQ(scratch(Runtime::kCuda), 0);                         // bmm on views
 }
 
+// PyTorch 2.5+'s _safe_softmax (softmax with attr safe): the result is kept as softmax's, and
+// the zeroing of fully masked rows takes a bool per element, a bool per row and a 0-dim zero as
+// forward scratch (measured on 2.15's CPU: 16384 + 256 + 4 bytes for [4, 64, 64] float32).
+TEST(OpRuleTest, SafeSoftmaxKeepsTheResultAndMasksRowsInScratch) {
+  GraphBuilder b;
+  const int p = b.Parameter("p", {4, 64, 64}, DType::kFloat32);
+  const int x = b.Add1("mul", {p}, {{"scalar", 1.0}});
+  const int y = b.Add1("softmax", {x}, {{"dim", int64_t{-1}}, {"safe", int64_t{1}}});
+  const int plain = b.Add1("softmax", {x}, {{"dim", int64_t{-1}}});
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {b.Add1("add", {y, plain})}));
+  const Graph g = b.Finish().value();
+  auto memory = [&](int op) {
+    OpCall call{g.ops[op], {&g.tensors[g.ops[op].inputs[0]]}, {&g.tensors[g.ops[op].outputs[0]]},
+                "", true, Runtime::kCuda};
+    return OpMemoryOf(call);
+  };
+  int64_t scratch = 0;
+  for (const Alloc& t : memory(1).forward_temps) scratch += t.bytes;
+  EXPECT_EQ(scratch, 16384 + 256 + 4);
+  EXPECT_EQ(memory(1).saved_outputs, std::vector<int>{0});
+  EXPECT_TRUE(memory(2).forward_temps.empty());
+}
+
 }  // namespace
 }  // namespace memest
 

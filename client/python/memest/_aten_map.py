@@ -292,6 +292,14 @@ def _softmax(kind):
     return h
 
 
+def _safe_softmax(tr, args, kwargs, out):
+    """PyTorch 2.5+: softmax whose fully masked (all -inf) rows come out 0 (SDPA's math path)."""
+    dtype = args[2] if len(args) > 2 else kwargs.get("dtype")
+    if dtype is not None and dtype != args[0].dtype:
+        tr.unsupported("_safe_softmax with a dtype other than its input's")
+    tr.emit("softmax", [args[0]], [out], {"dim": int(args[1]), "safe": 1})
+
+
 def _native_dropout(tr, args, kwargs, out):
     x, p, train = args[0], float(args[1]), args[2]
     outs = _outs(out)
@@ -469,6 +477,7 @@ HANDLERS = {
     "pow.Tensor_Scalar": _pow,
     "_softmax.default": _softmax("softmax"),
     "_log_softmax.default": _softmax("log_softmax"),
+    "_safe_softmax.default": _safe_softmax,
     "native_dropout.default": _native_dropout,
     "add.Tensor": _binary("add"),
     "add.Scalar": _binary("add"),
