@@ -33,15 +33,22 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
     r->notes.push_back("CUDA caching allocator rounding and segments modelled (PyTorch 2.x); "
                        "reserved memory assumes no other allocations in the process");
   }
-  bool attention = false, conv = false;
+  bool attention = false, fused = false, conv = false;
   for (const Op& op : graph.ops) {
-    attention |= op.scope.find(".core") != std::string::npos ||
-                 op.kind == "scaled_dot_product_attention";
+    const bool sdpa = op.kind == "scaled_dot_product_attention";
+    const bool op_fused = sdpa && HasAttr(op.attrs, "fused");
+    fused |= op_fused;
+    attention |= (op.scope.find(".core") != std::string::npos || sdpa) && !op_fused;
     conv |= op.kind == "conv1d" || op.kind == "conv2d";
   }
   if (attention) {
     r->notes.push_back("attention in its math form (eager); flash / memory-efficient SDPA "
                        "kernels would not keep the [T, T] score matrices");
+  }
+  if (fused) {
+    r->notes.push_back("scaled_dot_product_attention as PyTorch 2.x dispatches it: fused kernels "
+                       "(flash, memory-efficient) keep a float32 logsumexp per query, not the "
+                       "[T, T] scores");
   }
   if (conv) r->notes.push_back("cuDNN convolution workspace is chosen at run time and not included");
   if (config.mode == Mode::kTraining) {

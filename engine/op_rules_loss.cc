@@ -126,12 +126,58 @@ StatusOr<std::vector<OutputSpec>> InferSdpa(const OpCall& c) {
   MEMEST_ASSIGN_OR_RETURN(double p, FloatAttr(c.op.attrs, "dropout_p", 0.0, c.field));
   if (p < 0 || p >= 1) return InvalidArgument(AttrField(c, "dropout_p") + ": must be in [0, 1)");
   MEMEST_RETURN_IF_ERROR(IntAttr(c.op.attrs, "is_causal", 0, c.field).status());
+  MEMEST_RETURN_IF_ERROR(IntAttr(c.op.attrs, "fused", 0, c.field).status());
+  if (c.inputs.size() == 4) MEMEST_RETURN_IF_ERROR(RequireRank(c, 3, 2, 8));  // attn_mask
   Shape out = q;
   out.back() = v.back();
-  return std::vector<OutputSpec>{{out, c.in(0).dtype}};
+  OutputSpec spec{out, c.in(0).dtype};
+  if (IntAttr(c.op.attrs, "fused", 0, c.field).value()) {
+    // The fused kernels allocate the output in the query's memory layout (measured on 2.15's
+    // CPU: nn.MultiheadAttention's permute(2, 0, 1, 3).contiguous() of it then copies nothing).
+    Tensor like = c.in(0);
+    like.shape = out;
+    spec.strides = DenseStridesLike(like);
+  }
+  return std::vector<OutputSpec>{spec};
+}
+
+// F.scaled_dot_product_attention as PyTorch 2.x dispatches it (attr fused; what memest.trace
+// records): a fused kernel keeps q, k, v, the mask, the output and a float32 logsumexp per query
+// row instead of the [L, S] probabilities. On the CPU (runtime cpu-1.13, which has no SDPA of
+// its own: a fused op comes from a 2.x trace) that is _scaled_dot_product_flash_attention_for_cpu,
+// taken unless dropout is on (then the math path). On CUDA: flash attention for half inputs
+// without a mask (logsumexp [.., L]), the memory-efficient kernel otherwise (logsumexp padded to
+// a multiple of 32 rows), both keeping the dropout RNG's seed and offset.
+bool FusedSdpa(const OpCall& c, OpMemory* m) {
+  const int64_t fused = IntAttr(c.op.attrs, "fused", 0, c.field).value();
+  const double p = FloatAttr(c.op.attrs, "dropout_p", 0.0, c.field).value();
+  const bool cpu = c.runtime == Runtime::kCpuTorch113;
+  if (!fused || (cpu && p > 0 && c.grad_enabled)) return false;
+  const Tensor& q = c.in(0);
+  const bool mask = c.inputs.size() == 4;
+  const bool half = q.dtype == DType::kFloat16 || q.dtype == DType::kBFloat16;
+  const bool flash = cpu || (half && !mask && q.shape.back() <= 256);
+  Shape rows(q.shape.begin(), q.shape.end() - 1);  // [.., L]
+  if (!flash) rows.back() = (rows.back() + 31) / 32 * 32;
+  const Alloc lse = AllocOf(rows, DType::kFloat32, "logsumexp");
+  const bool grad = c.needs_grad(0) || c.needs_grad(1) || c.needs_grad(2);
+  if (!grad) {
+    m->forward_temps.push_back(lse);
+    return true;
+  }
+  m->saved_inputs = {0, 1, 2};
+  if (mask) m->saved_inputs.push_back(3);
+  m->saved_outputs.push_back(0);
+  m->saved_extras.push_back(lse);
+  if (!cpu && p > 0) {
+    m->saved_extras.push_back(Alloc{8, "philox seed"});
+    m->saved_extras.push_back(Alloc{8, "philox offset"});
+  }
+  return true;
 }
 
 void SdpaMemory(const OpCall& c, OpMemory* m) {
+  if (FusedSdpa(c, m)) return;
   const Tensor& q = c.in(0);
   const Tensor& k = c.in(1);
   Shape scores(q.shape.begin(), q.shape.end() - 1);
@@ -170,7 +216,7 @@ void RegisterLossRules(std::vector<OpRule>* r) {
   r->push_back({"cross_entropy", 2, 2, InferCrossEntropy, CrossEntropyMemory});
   r->push_back({"mse_loss", 2, 2, InferMse, MseMemory});
   r->push_back({"nll_loss", 2, 2, InferNllLoss, NllLossMemory});
-  r->push_back({"scaled_dot_product_attention", 3, 3, InferSdpa, SdpaMemory});
+  r->push_back({"scaled_dot_product_attention", 3, 4, InferSdpa, SdpaMemory});
 }
 
 }  // namespace rules

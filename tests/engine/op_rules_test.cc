@@ -244,6 +244,43 @@ TEST(OpRuleTest, MatmulFoldsOnlyWithoutACopyOnCuda) {
   EXPECT_EQ(scratch(Runtime::kCuda), 0);                         // bmm on views
 }
 
+// F.scaled_dot_product_attention as 2.x dispatches it (attr fused): q, k, v, the mask and the
+// output are kept, with a float32 logsumexp per query row; no [L, S] matrix. On CUDA the
+// memory-efficient kernel (float32 inputs, or a mask) pads the logsumexp rows to 32; flash (half
+// inputs without a mask) and the CPU's flash do not.
+TEST(OpRuleTest, FusedSdpaKeepsALogsumexpNotTheScores) {
+  auto memory = [](DType dtype, bool mask, Runtime runtime) {
+    GraphBuilder b;
+    std::vector<int> in;
+    for (const char* n : {"q", "k", "v"}) {
+      const int p = b.Parameter(n, {2, 4, 40, 8}, dtype);
+      in.push_back(b.Add1("mul", {p}, {{"scalar", 1.0}}));
+    }
+    if (mask) in.push_back(b.Buffer("mask", {40, 40}, dtype));
+    const int y = b.Add1("scaled_dot_product_attention", in, {{"fused", int64_t{1}}});
+    b.BeginLoss();
+    b.SetLoss(b.Add1("sum", {y}));
+    const Graph g = b.Finish().value();
+    const Op& op = g.ops[3];
+    OpCall call{op, {}, {&g.tensors[op.outputs[0]]}, "", true, runtime};
+    for (int t : op.inputs) call.inputs.push_back(&g.tensors[t]);
+    return OpMemoryOf(call);
+  };
+  const OpMemory cpu = memory(DType::kFloat32, false, Runtime::kCpuTorch113);
+  EXPECT_EQ(cpu.saved_inputs, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(cpu.saved_outputs, std::vector<int>{0});
+  ASSERT_EQ(cpu.saved_extras.size(), 1u);
+  EXPECT_EQ(cpu.saved_extras[0].bytes, 2 * 4 * 40 * 4);  // logsumexp [2, 4, 40] float32
+  EXPECT_TRUE(cpu.forward_temps.empty());
+  const OpMemory flash = memory(DType::kBFloat16, false, Runtime::kCuda);
+  EXPECT_EQ(flash.saved_extras[0].bytes, 2 * 4 * 40 * 4);
+  const OpMemory efficient = memory(DType::kFloat32, false, Runtime::kCuda);
+  EXPECT_EQ(efficient.saved_extras[0].bytes, 2 * 4 * 64 * 4);  // rows padded to 64
+  const OpMemory masked = memory(DType::kBFloat16, true, Runtime::kCuda);
+  EXPECT_EQ(masked.saved_inputs, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(masked.saved_extras[0].bytes, 2 * 4 * 64 * 4);  // a mask: memory-efficient
+}
+
 // PyTorch 2.5+'s _safe_softmax (softmax with attr safe): the result is kept as softmax's, and
 // the zeroing of fully masked rows takes a bool per element, a bool per row and a 0-dim zero as
 // forward scratch (measured on 2.15's CPU: 16384 + 256 + 4 bytes for [4, 64, 64] float32).

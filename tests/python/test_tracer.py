@@ -151,6 +151,25 @@ class CausalMask(nn.Module):
         return self.fc(torch.softmax(a, -1) @ x)
 
 
+class CausalSdpa(nn.Module):
+    """F.scaled_dot_product_attention (PyTorch 2.x): causal self-attention, and one with a float
+    mask. PyTorch runs its fused kernel (flash on the CPU), which keeps a logsumexp, not the
+    [T, T] scores; memest.trace records the call as one op."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.out = nn.Linear(16, 16)
+        self.register_buffer("bias", torch.zeros(6, 6))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(y, k, v, attn_mask=self.bias[:t, :t])
+        return self.out(y.transpose(1, 2).reshape(b, t, 16))
+
+
 # name -> (model class, example input at batch B, loss)
 CASES = {
     "mlp": (MLP, lambda b: torch.randn(b, 32), "cross_entropy"),
@@ -161,6 +180,8 @@ CASES = {
     "multihead_attention": (MHA, lambda b: torch.randn(b, 5, 16), "sum"),
     "causal_mask": (CausalMask, lambda b: torch.randn(b, 8, 8), "mse"),
 }
+if hasattr(F, "scaled_dot_product_attention"):  # PyTorch 2.x
+    CASES["sdpa_fused"] = (CausalSdpa, lambda b: torch.randn(b, 6, 16), "sum")
 
 
 def make(name, seed=0):

@@ -31,6 +31,7 @@ the graph (BatchNorm's num_batches_tracked += 1), and ops on constants only (ten
 makes with factory functions); a constant that an op of the graph reads is declared as a
 buffer named "const.<n>".
 """
+import contextlib
 import copy
 import inspect
 import json
@@ -114,7 +115,8 @@ class _Recording(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self.tr.record(func, args, kwargs, out)
+        if not self.tr.paused:
+            self.tr.record(func, args, kwargs, out)
         return out
 
 
@@ -134,6 +136,7 @@ class _Tracer:
         self._n_fresh = 0
         self.scope_stack = []
         self._current = None     # aten name of the op being recorded (for errors)
+        self.paused = 0          # > 0: ops run without being recorded (inside a fused op)
         self._params = {}
         for name, p in module.named_parameters():
             self._declare(p, name, "parameter", frozen=not p.requires_grad)
@@ -244,6 +247,18 @@ class _Tracer:
         op["_shape_attr"] = shape_attr
         op["_aten"] = self._current
         self.ops.append(op)
+
+    def record_sdpa(self, q, k, v, attn_mask, dropout_p, is_causal, out):
+        """F.scaled_dot_product_attention as one op: PyTorch 2.x runs a fused kernel for it
+        (flash or memory-efficient; on the CPU flash), which the meta device would not show."""
+        self._current = "scaled_dot_product_attention"
+        inputs = [q, k, v] + ([attn_mask] if isinstance(attn_mask, torch.Tensor) else [])
+        for t in inputs + [out]:
+            self._keep.append(t)
+        attrs = {"fused": 1, "is_causal": int(bool(is_causal))}
+        if dropout_p:
+            attrs["dropout_p"] = float(dropout_p)
+        self.emit("scaled_dot_product_attention", inputs, [out], attrs)
 
     # ------------------------------------------------------------ recording
     def record(self, func, args, kwargs, out):
@@ -428,6 +443,35 @@ def _resize_batch(t, dim, n):
     return t.index_select(dim, idx)
 
 
+@contextlib.contextmanager
+def _sdpa_as_one_op(tracer):
+    """While recording, F.scaled_dot_product_attention (PyTorch 2.x; nn.MultiheadAttention calls
+    it too) is recorded as one op instead of the math decomposition the meta device runs."""
+    functional = torch.nn.functional
+    original = getattr(functional, "scaled_dot_product_attention", None)
+    if original is None:  # PyTorch 1.13
+        yield
+        return
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
+        tracer.paused += 1
+        try:
+            out = original(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
+        finally:
+            tracer.paused -= 1
+        if kwargs.get("enable_gqa"):
+            tracer._current = "scaled_dot_product_attention"
+            tracer.unsupported("scaled_dot_product_attention with enable_gqa")
+        tracer.record_sdpa(query, key, value, attn_mask, dropout_p, is_causal, out)
+        return out
+
+    functional.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original
+
+
 def _record(module, inputs, batch_dims, *, device, target, loss, scopes, training, batch):
     """Records one forward + loss of a deep copy of `module` on `device` ("meta" or "cpu")."""
     m = copy.deepcopy(module)
@@ -455,7 +499,7 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
         if hooks:
             hooks.__enter__()
         try:
-            with _Recording(tracer):
+            with _Recording(tracer), _sdpa_as_one_op(tracer):
                 out = m(*args)
         except NotImplementedError as e:
             if device == "meta":
