@@ -236,7 +236,8 @@ std::vector<Advice> MakeAdvice(const ModelSpec& model, const Graph& graph, const
                    "and k by d^-1/4 each before the product instead",
                0, graph.ops[qk->second].scope});
     }
-    const bool blocks = graph.blocks.size() >= 2;
+    // (A model that checkpoints in its own code gets no checkpoint policy advice.)
+    const bool blocks = graph.blocks.size() >= 2 && graph.checkpoints.empty();
     if (blocks && config.checkpoint.policy == CheckpointPolicy::kNone) {
       for (CheckpointPolicy p : {CheckpointPolicy::kEveryBlock, CheckpointPolicy::kSqrtBlocks}) {
         RunConfig alt = config;

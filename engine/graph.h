@@ -65,6 +65,10 @@ struct Graph {
   // Scopes of the model's repeated blocks in execution order (e.g. "h.0" .. "h.11"): the units
   // of block-wise checkpoint policies.
   std::vector<std::string> blocks;
+  // Op ranges [first, last] the model's own code checkpoints (an op graph's `checkpoints`), in
+  // order, before the loss; and whether any of them is non-reentrant.
+  std::vector<std::pair<int, int>> checkpoints;
+  bool non_reentrant_checkpoints = false;
   // The dtype torch.autocast cast to while the graph was built (its casts are ops of the graph);
   // float32 when it was built without autocast.
   DType autocast = DType::kFloat32;

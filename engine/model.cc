@@ -233,8 +233,11 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
   }
 
   std::set<std::string> produced;
+  // Graph ops [first_op[i], last_op[i]] are spec op i and the casts autocast put before it.
+  std::vector<int> first_op(spec.ops.size()), last_op(spec.ops.size());
   for (size_t i = 0; i < spec.ops.size(); ++i) {
     const OpSpec& op = spec.ops[i];
+    first_op[i] = b.num_ops();
     const std::string field = "model.ops[" + Str(i) + "]";
     std::vector<int> inputs;
     for (size_t j = 0; j < op.inputs.size(); ++j) {
@@ -272,6 +275,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
       outs = b.Add(op.kind, std::move(inputs), op.attrs, op.outputs);
     }
     if (!b.ok()) return b.status();
+    last_op[i] = b.num_ops() - 1;
     if (op.outputs.size() > outs.size()) {
       return InvalidArgument(field + ".outputs: " + op.kind + " has " + Str(outs.size()) +
                              " outputs, " + Str(op.outputs.size()) + " are named");
@@ -339,6 +343,28 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     }
   }
   graph.blocks = spec.blocks;
+  const int64_t n = static_cast<int64_t>(spec.ops.size());
+  const int64_t forward_end = loss_begin >= 0 ? loss_begin : n;
+  int64_t previous = -1;
+  for (size_t k = 0; k < spec.checkpoints.size(); ++k) {
+    const CheckpointSpec& c = spec.checkpoints[k];
+    const std::string field = "model.checkpoints[" + Str(k) + "]";
+    if (c.first_op < 0 || c.last_op < c.first_op || c.last_op >= n) {
+      return InvalidArgument(field + ": ops " + Str(c.first_op) + " to " + Str(c.last_op) +
+                             " are not a range of the graph's " + Str(n) + " ops");
+    }
+    if (c.first_op <= previous) {
+      return InvalidArgument(field + ": overlaps or precedes the region before it (regions are "
+                                     "in order and do not overlap)");
+    }
+    if (training && c.last_op >= forward_end) {
+      return InvalidArgument(field + ": reaches op " + Str(c.last_op) + ", but the loss starts at op " +
+                             Str(forward_end) + " (checkpointed ops belong to the forward)");
+    }
+    previous = c.last_op;
+    graph.checkpoints.emplace_back(first_op[c.first_op], last_op[c.last_op]);
+    graph.non_reentrant_checkpoints |= c.non_reentrant;
+  }
   return graph;
 }
 

@@ -59,12 +59,20 @@ struct OpSpec {
   std::string scope;
 };
 
+// A torch.utils.checkpoint call in the model's code: ops [first_op, last_op] of OpGraphSpec::ops.
+struct CheckpointSpec {
+  int64_t first_op = 0;
+  int64_t last_op = 0;
+  bool non_reentrant = false;
+};
+
 // A graph of ops in execution order, as the tracer records it.
 struct OpGraphSpec {
   std::vector<TensorSpec> tensors;
   std::vector<OpSpec> ops;
   std::string loss;                 // the scalar output backward starts from (training)
   std::vector<std::string> blocks;  // scopes of repeated blocks (checkpoint units)
+  std::vector<CheckpointSpec> checkpoints;  // the model's own torch.utils.checkpoint calls
   // The batch size the shapes were recorded at. When it differs from the run's micro-batch,
   // every input's batch_dim is rescaled and shapes are re-inferred.
   int64_t traced_batch = 0;

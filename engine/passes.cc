@@ -49,8 +49,10 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional
   for (size_t t = 0; t < g.tensors.size(); ++t) {
     if (g.tensors[t].producer < 0) map[t] = b.CopyLeaf(g.tensors[t]);
   }
+  std::vector<int> first_op(g.ops.size()), last_op(g.ops.size());  // op i's ops in the replay
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const Op& op = g.ops[i];
+    first_op[i] = b.num_ops();
     if (static_cast<int>(i) == g.loss_begin) b.BeginLoss();
     b.SetScope(op.scope);
     if (!emit(static_cast<int>(i), b, map)) {
@@ -63,10 +65,15 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional
       for (size_t k = 0; k < outs.size(); ++k) map[op.outputs[k]] = outs[k];
     }
     if (!b.ok()) return b.status();
+    last_op[i] = b.num_ops() - 1;
   }
   if (g.loss >= 0) b.SetLoss(map[g.loss]);
   MEMEST_ASSIGN_OR_RETURN(Graph out, b.Finish(std::numeric_limits<int64_t>::max()));
   out.blocks = g.blocks;
+  for (auto [first, last] : g.checkpoints) {
+    if (first_op[first] <= last_op[last]) out.checkpoints.emplace_back(first_op[first], last_op[last]);
+  }
+  out.non_reentrant_checkpoints = g.non_reentrant_checkpoints;
   return out;
 }
 

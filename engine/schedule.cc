@@ -808,6 +808,15 @@ class StepSimulator {
 }  // namespace
 
 StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& g, const CheckpointConfig& cfg) {
+  if (!g.checkpoints.empty()) {  // the model's code checkpoints (a traced torch.utils.checkpoint)
+    if (cfg.policy != CheckpointPolicy::kNone) {
+      return FailedPrecondition("config.checkpoint.policy: the model checkpoints in its own code (" +
+                                std::to_string(g.checkpoints.size()) +
+                                " regions in model.checkpoints); a policy would checkpoint twice: "
+                                "leave it unset");
+    }
+    return CheckpointRegions(g.checkpoints.begin(), g.checkpoints.end());
+  }
   CheckpointRegions regions;
   const int end = g.loss_begin >= 0 ? g.loss_begin : static_cast<int>(g.ops.size());
   auto add_run = [&](auto in_region) {

@@ -110,6 +110,9 @@ StatusOr<OpGraphSpec> OpGraphFromProto(const v1::OpGraph& graph) {
   spec.loss = graph.loss();
   spec.blocks.assign(graph.blocks().begin(), graph.blocks().end());
   spec.traced_batch = graph.traced_batch();
+  for (const v1::CheckpointRegion& c : graph.checkpoints()) {
+    spec.checkpoints.push_back({c.first_op(), c.last_op(), c.non_reentrant()});
+  }
   return spec;
 }
 

@@ -153,6 +153,9 @@ class Recorder:
         # Record mode: every op as (fn, input names, output names), the torch code a replay
         # runs on other tensors (run.py --via-tracer: the case as an nn.Module).
         self.tape = []
+        # Record mode: the tape ranges [first, last] run under r.checkpoint, and the name of
+        # what each returns (a replay wraps them in torch.utils.checkpoint).
+        self.tape_checkpoints = []
 
     # ------------------------------------------------------------------ scopes
     @contextlib.contextmanager
@@ -189,7 +192,12 @@ class Recorder:
         mode: forward runs fn under no_grad keeping only the tensor inputs; backward reruns fn on
         detached inputs with grad, as PyTorch does. Parameters are fetched inside fn (closure),
         not passed as inputs, as in a module."""
-        if self.recording or not self.training:
+        if self.recording:
+            first = len(self.tape)
+            out = fn(*values)
+            self.tape_checkpoints.append((first, len(self.tape) - 1, out.name))
+            return out
+        if not self.training:
             return fn(*values)
         import torch.utils.checkpoint as tcp
         i0 = self._op_index

@@ -98,7 +98,8 @@ def estimate(memest, model, batch, cfg, first_step):
             cmd += ["--keep-grads"]
         if first_step:
             cmd += ["--first-step"]
-        if cfg.checkpoint != "none":
+        # A traced model carries its own checkpoint regions (memest refuses a policy on top).
+        if cfg.checkpoint != "none" and not model.get("ops", {}).get("checkpoints"):
             cmd += ["--checkpoint", cfg.checkpoint]
             if cfg.checkpoint == "every-k":
                 cmd += ["--checkpoint-k", str(cfg.checkpoint_k)]
@@ -329,8 +330,9 @@ def write_fidelity(results, passed, failed, known):
     w("Through the tracer: `build/pyenv/bin/python tests/conformance/run.py --via-tracer` runs every "
       "case again as a `torch.nn.Module` (tests/conformance/via_tracer.py: the case's torch code, its "
       "parameters and buffers registered on the module) traced by `memest.trace`, estimated with the "
-      "same flags and compared with the same measurements to the same bounds; checkpointed runs are "
-      "skipped there (the case module has no block submodules to checkpoint). It does not write this file.")
+      "same flags and compared with the same measurements to the same bounds; in checkpointed runs "
+      "the module calls torch.utils.checkpoint as the measured run does, and memest gets the "
+      "regions from the trace instead of a policy. It does not write this file.")
     w("")
     w("Not counted: the optimizer's `record_function` handles (profiler bookkeeping), and in saved "
       "bytes the wrapped Python scalars autograd keeps for `x * 2.0` (host memory on a CUDA run). "

@@ -17,11 +17,12 @@ Batch: memest.trace traces at B and B+1 to find the batch dims; the module re-re
 at the batch its inputs imply (a case's shapes are a function of the batch), so view shapes and
 the like follow the batch as the case's code does.
 
-Not expressible: checkpointed runs. memest takes the checkpoint policy from --checkpoint and the
-blocks from the traced module's nn.ModuleList / nn.Sequential children; the case module is flat
-(its ops are a tape, not submodules), so it has no blocks to checkpoint. Cases with more than one
-target, and cases whose first op is already the loss, are not expressible either (memest.trace
-takes one target, applied after forward).
+Checkpointed runs: the ops the case runs under r.checkpoint are replayed under
+torch.utils.checkpoint (reentrant, as the measured run), so memest.trace records them as the
+model's own checkpoint regions and memest is given no --checkpoint policy.
+
+Not expressible: cases with more than one target, and cases whose first op is already the loss
+(memest.trace takes one target, applied after forward).
 """
 import torch
 
@@ -34,10 +35,6 @@ def _safe(name):
 
 def not_applicable(case, cfg, run):
     """Why the case cannot be run through the tracer, or None."""
-    if cfg.checkpoint != "none":
-        return ("checkpointed run: memest gets the policy from --checkpoint and the blocks from the "
-                "module's nn.ModuleList children; the case module is a flat tape with no block "
-                "submodules (and memest.trace records no checkpoint boundaries)")
     targets = [n for n, d in _leaf_roles(run).items() if d == "target"]
     if len(targets) > 1:
         return f"{len(targets)} targets; memest.trace takes one"
@@ -59,10 +56,12 @@ class _Tape:
     """The case recorded at one batch size: its tape, plan and leaf shapes."""
 
     def __init__(self, fn, batch, cfg):
-        rec = Recorder(ParamStore(0), training=cfg.training)
+        rec = Recorder(ParamStore(0), training=cfg.training, checkpoint=cfg.checkpoint,
+                       checkpoint_k=cfg.checkpoint_k)
         result = fn(rec, batch)
         self.plan = rec.finish(result)
         self.tape = rec.tape
+        self.checkpoints = {first: (last, out) for first, last, out in rec.tape_checkpoints}
         self.inputs = [n for n, d in ((d["name"], d) for d in rec.decls) if d["role"] == "TENSOR_ROLE_INPUT"]
         self.shapes = {d["name"]: list(d["shape"]) for d in rec.decls}
 
@@ -97,21 +96,44 @@ class CaseModule(torch.nn.Module):
         kind, attr = self._names[name]
         return self.params[attr] if kind == "params" else getattr(self, attr)
 
-    def _run(self, vals, ops):
-        for fn, ins, outs in ops:
+    def _run(self, vals, ops, checkpoints=None):
+        """Runs tape entries `ops` on `vals`; a range in `checkpoints` ({first: (last, output)})
+        runs under torch.utils.checkpoint, taking the tensors it reads from outside and returning
+        its output, as the measured run does."""
+        checkpoints = checkpoints or {}
+        i = 0
+        while i < len(ops):
+            if i in checkpoints:
+                last, out_name = checkpoints[i]
+                region = ops[i:last + 1]
+                made = {n for _, _, outs in region for n in outs}
+                reads = [n for _, ins, _ in region for n in ins if n not in made and n in vals]
+                reads = list(dict.fromkeys(reads))
+
+                def run(*ts, region=region, reads=reads, out_name=out_name):
+                    local = dict(zip(reads, ts))
+                    self._run(local, region)
+                    return local[out_name]
+
+                import torch.utils.checkpoint as tcp
+                vals[out_name] = tcp.checkpoint(run, *[vals[n] for n in reads], use_reentrant=True)
+                i = last + 1
+                continue
+            fn, ins, outs = ops[i]
             args = [vals[n] if n in vals else self._tensor(n) for n in ins]
             out = fn(*args)
             del args
             got = list(out) if isinstance(out, (tuple, list)) else [out]
             for n, t in zip(outs, got):
                 vals[n] = t
+            i += 1
 
     def forward(self, *xs):
         t = self._tape_for(xs)
         vals = dict(zip(t.inputs, xs))
         lb = t.plan["loss_begin"]
         ops = t.tape if lb < 0 else t.tape[:lb]
-        self._run(vals, ops)
+        self._run(vals, ops, t.checkpoints)
         self.state = {"vals": vals, "tape": t}
         if lb < 0:  # inference: the case's result
             res = [vals[n] for n in t.plan["result"]]

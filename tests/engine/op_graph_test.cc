@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/estimator.h"
 #include "engine/layers.h"
 #include "engine/model.h"
+#include "engine/schedule.h"
 
 namespace memest {
 namespace {
@@ -194,6 +196,18 @@ std::vector<ErrorCase> ErrorCases() {
   s = Classifier();
   s.tensors[0].batch_dim = 2;
   cases.push_back({"batch dim out of range", s, "model.tensors[0].batch_dim: 2 is out of range"});
+  s = Classifier();
+  s.checkpoints = {{2, 1}};
+  cases.push_back({"empty checkpoint", s, "model.checkpoints[0]: ops 2 to 1 are not a range"});
+  s = Classifier();
+  s.checkpoints = {{0, 9}};
+  cases.push_back({"checkpoint past the end", s, "model.checkpoints[0]: ops 0 to 9 are not a range"});
+  s = Classifier();
+  s.checkpoints = {{0, 1}, {1, 2}};
+  cases.push_back({"overlapping checkpoints", s, "model.checkpoints[1]: overlaps"});
+  s = Classifier();
+  s.checkpoints = {{3, 4}};
+  cases.push_back({"checkpoint in the loss", s, "model.checkpoints[0]: reaches op 4, but the loss"});
   return cases;
 }
 
@@ -205,6 +219,61 @@ TEST(OpGraphTest, ErrorsNameTheField) {
     EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(g.status().message().rfind(c.message, 0), 0u) << g.status().message();
   }
+}
+
+// torch.utils.checkpoint in the model's code, as memest.trace records it: the regions are the
+// graph's own, mapped past the casts autocast inserts, and they replace any policy.
+TEST(OpGraphTest, TheModelsOwnCheckpointsAreItsRegions) {
+  OpGraphSpec s = Classifier();
+  s.checkpoints = {{0, 2}};  // fc, relu, dropout
+  BuildContext ctx = Context();
+  ctx.autocast = DType::kBFloat16;  // casts of x and fc.weight come before the linear
+  StatusOr<Graph> g = BuildOpGraph(s, ctx);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_EQ(g->checkpoints.size(), 1u);
+  const auto [first, last] = g->checkpoints[0];
+  EXPECT_EQ(g->ops[first].kind, "to");
+  EXPECT_EQ(g->ops[last].kind, "dropout");
+  EXPECT_EQ(g->ops[last + 1].scope, "head");
+
+  StatusOr<CheckpointRegions> regions = PlanCheckpoints(*g, CheckpointConfig{});
+  ASSERT_TRUE(regions.ok());
+  EXPECT_EQ(*regions, g->checkpoints);
+  CheckpointConfig twice;
+  twice.policy = CheckpointPolicy::kEveryBlock;
+  regions = PlanCheckpoints(*g, twice);
+  ASSERT_FALSE(regions.ok());
+  EXPECT_EQ(regions.status().message().rfind("config.checkpoint.policy: the model checkpoints in "
+                                             "its own code", 0), 0u);
+}
+
+// Regions checkpointed in the model's code are scheduled as a policy's are: one region per
+// scope here, as the scopes policy makes them, gives the same step; one region over all three
+// keeps less than none.
+TEST(OpGraphTest, OwnCheckpointsSaveWhatThePolicyWould) {
+  OpGraphSpec own = Classifier();
+  own.blocks = {};
+  own.checkpoints = {{0, 0}, {1, 1}, {2, 2}};
+  OpGraphSpec plain = Classifier();
+  RunConfig config;
+  config.batch_size = 8;
+  CheckpointConfig by_scope;
+  by_scope.policy = CheckpointPolicy::kScopes;
+  by_scope.scopes = {"fc", "act", "drop"};
+  RunConfig policy = config;
+  policy.checkpoint = by_scope;
+  StatusOr<Report> a = Estimate(ModelSpec{own}, config, {1'000'000, false});
+  StatusOr<Report> b = Estimate(ModelSpec{plain}, policy, {1'000'000, false});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(a->saved_for_backward_bytes, b->saved_for_backward_bytes);
+  EXPECT_EQ(a->peak.allocated_bytes, b->peak.allocated_bytes);
+  StatusOr<Report> none = Estimate(ModelSpec{plain}, config, {1'000'000, false});
+  OpGraphSpec one = Classifier();
+  one.checkpoints = {{0, 2}};
+  StatusOr<Report> c = Estimate(ModelSpec{one}, config, {1'000'000, false});
+  ASSERT_TRUE(none.ok() && c.ok());
+  EXPECT_LT(c->saved_for_backward_bytes, none->saved_for_backward_bytes);
 }
 
 TEST(OpGraphTest, BuildGraphDispatchesOnTheVariant) {

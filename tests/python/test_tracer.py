@@ -170,6 +170,24 @@ class CausalSdpa(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, t, 16))
 
 
+class CheckpointedBlocks(nn.Module):
+    """Blocks run under torch.utils.checkpoint in forward (reentrant: the default in 1.13)."""
+
+    def __init__(self, reentrant=True):
+        super().__init__()
+        self.reentrant = reentrant
+        self.embed = nn.Linear(12, 16)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(16, 48), nn.GELU(), nn.Linear(48, 16)) for _ in range(3))
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = x + torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.reentrant)
+        return self.head(x)
+
+
 # name -> (model class, example input at batch B, loss)
 CASES = {
     "mlp": (MLP, lambda b: torch.randn(b, 32), "cross_entropy"),
@@ -179,6 +197,7 @@ CASES = {
     "einsum": (Einsum, lambda b: torch.randn(b, 8, 16), "sum"),
     "multihead_attention": (MHA, lambda b: torch.randn(b, 5, 16), "sum"),
     "causal_mask": (CausalMask, lambda b: torch.randn(b, 8, 8), "mse"),
+    "checkpointed_blocks": (CheckpointedBlocks, lambda b: torch.randn(b, 10, 12), "cross_entropy"),
 }
 if hasattr(F, "scaled_dot_product_attention"):  # PyTorch 2.x
     CASES["sdpa_fused"] = (CausalSdpa, lambda b: torch.randn(b, 6, 16), "sum")
@@ -387,3 +406,39 @@ def test_torchvision_resnet18_matches_pytorch(tmp_path):
     g = model["ops"]
     assert g["tracedBatch"] == 2
     assert len(g.get("blocks", [])) >= 2  # layer1.0 .. : the residual blocks
+
+
+def test_checkpoint_calls_become_regions(tmp_path):
+    """Each torch.utils.checkpoint call is one region of the block's ops; the estimate
+    checkpoints them (keeping less than the same model run without checkpoint) and refuses a
+    policy on top."""
+    module, inputs, loss = make("checkpointed_blocks")
+    model = tracer.trace(module, inputs(4), loss=loss)
+    regions = model["ops"]["checkpoints"]
+    assert len(regions) == 3
+    ops = model["ops"]["ops"]
+    for i, r in enumerate(regions):
+        assert "nonReentrant" not in r
+        scopes = {ops[j].get("scope", "") for j in range(r["firstOp"], r["lastOp"] + 1)}
+        assert all(s.startswith(f"blocks.{i}") for s in scopes), scopes
+    checkpointed = estimate(model, 4, tmp_path)
+    plain = dict(model["ops"])
+    del plain["checkpoints"]
+    unchecked = estimate({"ops": plain}, 4, tmp_path)
+    assert int(checkpointed["savedForBackwardBytes"]) < int(unchecked["savedForBackwardBytes"])
+    assert any("checkpointing in the model's code" in n for n in checkpointed["notes"])
+    path = tmp_path / "ckpt.json"
+    tracer.save(model, path)
+    r = subprocess.run([cli_binary(), "estimate", "--local", "--model", str(path), "--batch", "4",
+                        "--checkpoint", "every-block", "--no-advice"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3 and "checkpoints in its own code" in r.stderr, r.stderr
+
+
+def test_non_reentrant_checkpoint_is_marked():
+    _, inputs, loss = CASES["checkpointed_blocks"]
+    model = tracer.trace(CheckpointedBlocks(reentrant=False), inputs(2), loss=loss)
+    regions = model["ops"]["checkpoints"]
+    assert len(regions) == 3 and all(r.get("nonReentrant") for r in regions)
+    # The patches are gone after the trace.
+    assert "apply" not in torch.utils.checkpoint.CheckpointFunction.__dict__

@@ -137,6 +137,8 @@ class _Tracer:
         self.scope_stack = []
         self._current = None     # aten name of the op being recorded (for errors)
         self.paused = 0          # > 0: ops run without being recorded (inside a fused op)
+        self.region = None       # the torch.utils.checkpoint call being recorded (an id)
+        self.region_reentrant = {}  # region id -> use_reentrant
         self._params = {}
         for name, p in module.named_parameters():
             self._declare(p, name, "parameter", frozen=not p.requires_grad)
@@ -246,6 +248,8 @@ class _Tracer:
             op["scope"] = self.scope
         op["_shape_attr"] = shape_attr
         op["_aten"] = self._current
+        if self.region is not None:
+            op["_checkpoint"] = self.region
         self.ops.append(op)
 
     def record_sdpa(self, q, k, v, attn_mask, dropout_p, is_causal, out):
@@ -472,6 +476,82 @@ def _sdpa_as_one_op(tracer):
         functional.scaled_dot_product_attention = original
 
 
+@contextlib.contextmanager
+def _checkpoints_as_regions(tracer):
+    """While recording, torch.utils.checkpoint runs its function straight through, and the ops
+    it records are marked as one checkpoint region (memest then schedules the region as
+    checkpointed: only its inputs kept, recomputed in backward). Reentrant calls go through
+    CheckpointFunction.apply; non-reentrant ones through _checkpoint_without_reentrant (1.13) or
+    the _checkpoint_without_reentrant_generator(_impl) that checkpoint() steps around the
+    function (2.x). A checkpoint inside a checkpoint belongs to the outer region."""
+    from torch.utils import checkpoint as cp
+
+    @contextlib.contextmanager
+    def region(reentrant):
+        if tracer.region is not None:
+            yield
+            return
+        tracer.region = len(tracer.region_reentrant)
+        tracer.region_reentrant[tracer.region] = reentrant
+        try:
+            yield
+        finally:
+            tracer.region = None
+
+    def apply(function, preserve_rng_state, *args):
+        with region(True):
+            return function(*args)
+
+    def without_reentrant(function, preserve_rng_state=True, *args):  # 1.13
+        with region(False):
+            return function(*args)
+
+    def generator(*args, **kwargs):  # 2.x: checkpoint() runs the function between two next()s
+        with region(False):
+            yield
+
+    patches = [(cp.CheckpointFunction, "apply", staticmethod(apply))]
+    for name, fn in (("_checkpoint_without_reentrant", without_reentrant),
+                     ("_checkpoint_without_reentrant_generator", generator),
+                     ("_checkpoint_without_reentrant_generator_impl", generator)):
+        if hasattr(cp, name):
+            patches.append((cp, name, fn))
+    saved = [(obj, name, obj.__dict__.get(name, _MISSING)) for obj, name, _ in patches]
+    for obj, name, fn in patches:
+        setattr(obj, name, fn)
+    try:
+        yield
+    finally:
+        for obj, name, old in saved:
+            if old is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+
+_MISSING = object()
+
+
+def _checkpoint_regions(ops, reentrant):
+    """[{firstOp, lastOp[, nonReentrant]}] from the ops' region marks (after the fusions)."""
+    regions = []
+    for i, op in enumerate(ops):
+        r = op.get("_checkpoint")
+        if r is None:
+            continue
+        if regions and regions[-1][0] == r and regions[-1][2] == i - 1:
+            regions[-1][2] = i
+        else:
+            regions.append([r, i, i])
+    out = []
+    for r, first, last in regions:
+        d = {"firstOp": first, "lastOp": last}
+        if not reentrant[r]:
+            d["nonReentrant"] = True
+        out.append(d)
+    return out
+
+
 def _record(module, inputs, batch_dims, *, device, target, loss, scopes, training, batch):
     """Records one forward + loss of a deep copy of `module` on `device` ("meta" or "cpu")."""
     m = copy.deepcopy(module)
@@ -499,7 +579,7 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
         if hooks:
             hooks.__enter__()
         try:
-            with _Recording(tracer), _sdpa_as_one_op(tracer):
+            with _Recording(tracer), _sdpa_as_one_op(tracer), _checkpoints_as_regions(tracer):
                 out = m(*args)
         except NotImplementedError as e:
             if device == "meta":
@@ -669,7 +749,11 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
     scopes: record module paths as op scopes and repeated blocks.
     training: module.train(training), with autograd on.
 
-    Returns a TracedModel (a dict): {"ops": {tensors, ops, loss, blocks, tracedBatch}}, with
+    torch.utils.checkpoint calls in the module's code are recorded as checkpoint regions
+    ("checkpoints"): memest schedules them as checkpointed, and the estimate's checkpoint policy
+    must then be left unset.
+
+    Returns a TracedModel (a dict): {"ops": {tensors, ops, loss, blocks, tracedBatch, checkpoints}}, with
     `.path` ("meta" or "real") and `.notes`. Raises UnsupportedOp for an op memest has no
     rule for."""
     inputs = list(example_inputs) if isinstance(example_inputs, (tuple, list)) else [example_inputs]
@@ -718,6 +802,7 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
 
     ops = _fuse_linear(ops, main._roles)
     ops = _fuse_cross_entropy(ops, main.loss_name)
+    checkpoints = _checkpoint_regions(ops, main.region_reentrant)
     graph_ops = []
     for op in ops:
         o = {k: v for k, v in op.items() if not k.startswith("_")}
@@ -738,6 +823,8 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
             g["blocks"] = blocks
     if rescalable:
         g["tracedBatch"] = batch
+    if checkpoints:
+        g["checkpoints"] = checkpoints
     result = TracedModel({"ops": g})
     result.path = path
     result.notes = tuple(notes)
