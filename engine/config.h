@@ -53,6 +53,12 @@ struct CheckpointConfig {
   CheckpointPolicy policy = CheckpointPolicy::kNone;
   int64_t every_k = 1;              // for kEveryKBlocks
   std::vector<std::string> scopes;  // for kScopes
+  // torch.utils.checkpoint(..., use_reentrant=False): the region runs with grad but keeps
+  // nothing; backward recomputes it when it first needs a saved tensor (on CUDA, PyTorch 2.x,
+  // only up to the last op that saves one) and frees each recomputed tensor as backward uses
+  // it. Reentrant (the default): outputs and their gradients are held until the region's
+  // backward ends.
+  bool non_reentrant = false;
 };
 
 enum class StepKind {

@@ -58,17 +58,15 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
                                                             : "steady state: state exists") +
                        (config.zero_grad_set_to_none ? "; zero_grad(set_to_none=True)"
                                                      : "; zero_grad(set_to_none=False) keeps grads"));
+    int non_reentrant = 0;
+    for (bool b : graph.checkpoint_non_reentrant) non_reentrant += b;
     if (!graph.checkpoints.empty()) {
       r->notes.push_back("checkpointing in the model's code (torch.utils.checkpoint): " +
-                         std::to_string(regions.size()) + " regions recomputed in backward" +
-                         (graph.non_reentrant_checkpoints
-                              ? "; use_reentrant=False modelled as reentrant (its recomputed "
-                                "tensors are not held until the region's backward ends, and it "
-                                "stops recomputing early: the backward peak may be lower)"
-                              : ""));
+                         std::to_string(regions.size()) + " regions recomputed in backward (" +
+                         std::to_string(non_reentrant) + " with use_reentrant=False)");
     } else if (!regions.empty()) {
       r->notes.push_back(std::string("checkpointing (") +
-                         CheckpointPolicyName(config.checkpoint.policy) + "): " +
+                         CheckpointPolicyName(config.checkpoint.policy) + (config.checkpoint.non_reentrant ? ", use_reentrant=False" : "") + "): " +
                          std::to_string(regions.size()) + " regions recomputed in backward");
     }
     if (config.precision == Precision::kFp16Amp) {

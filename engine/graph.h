@@ -66,9 +66,9 @@ struct Graph {
   // of block-wise checkpoint policies.
   std::vector<std::string> blocks;
   // Op ranges [first, last] the model's own code checkpoints (an op graph's `checkpoints`), in
-  // order, before the loss; and whether any of them is non-reentrant.
+  // order, before the loss; and, for each, whether it is non-reentrant (use_reentrant=False).
   std::vector<std::pair<int, int>> checkpoints;
-  bool non_reentrant_checkpoints = false;
+  std::vector<bool> checkpoint_non_reentrant;
   // The dtype torch.autocast cast to while the graph was built (its casts are ops of the graph);
   // float32 when it was built without autocast.
   DType autocast = DType::kFloat32;

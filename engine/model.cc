@@ -363,7 +363,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     }
     previous = c.last_op;
     graph.checkpoints.emplace_back(first_op[c.first_op], last_op[c.last_op]);
-    graph.non_reentrant_checkpoints |= c.non_reentrant;
+    graph.checkpoint_non_reentrant.push_back(c.non_reentrant);
   }
   return graph;
 }

@@ -70,10 +70,12 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional
   if (g.loss >= 0) b.SetLoss(map[g.loss]);
   MEMEST_ASSIGN_OR_RETURN(Graph out, b.Finish(std::numeric_limits<int64_t>::max()));
   out.blocks = g.blocks;
-  for (auto [first, last] : g.checkpoints) {
-    if (first_op[first] <= last_op[last]) out.checkpoints.emplace_back(first_op[first], last_op[last]);
+  for (size_t k = 0; k < g.checkpoints.size(); ++k) {
+    const auto [first, last] = g.checkpoints[k];
+    if (first_op[first] > last_op[last]) continue;  // its ops were all dropped
+    out.checkpoints.emplace_back(first_op[first], last_op[last]);
+    out.checkpoint_non_reentrant.push_back(g.checkpoint_non_reentrant[k]);
   }
-  out.non_reentrant_checkpoints = g.non_reentrant_checkpoints;
   return out;
 }
 

@@ -102,6 +102,12 @@ class StepSimulator {
       for (int i = regions[r].first; i <= regions[r].second; ++i) region_of_[i] = static_cast<int>(r);
     }
     regions_ = regions;
+    // The model's own regions carry their kind; a policy's take the config's.
+    non_reentrant_.assign(regions.size(), cfg.checkpoint.non_reentrant);
+    rng_state_of_.assign(regions.size(), -1);
+    if (!g.checkpoints.empty() && regions == CheckpointRegions(g.checkpoints.begin(), g.checkpoints.end())) {
+      for (size_t r = 0; r < regions.size(); ++r) non_reentrant_[r] = g.checkpoint_non_reentrant[r];
+    }
     main_.Resize(n);
     for (const Op& op : g.ops) uses_cublas_ |= UsesCublas(op.kind);
     param_grad_.assign(n, -1);
@@ -314,7 +320,7 @@ class StepSimulator {
         // torch.utils.checkpoint (preserve_rng_state) keeps the RNG state until the graph is
         // freed: the CPU generator's, a 5056-byte uint8 tensor; on CUDA it lives in host memory.
         if (cfg_.runtime == Runtime::kCpuTorch113 && training_) {
-          rng_states_.push_back(NewBuffer(kCpuRngStateBytes, Category::kActivations));
+          rng_state_of_[r] = NewBuffer(kCpuRngStateBytes, Category::kActivations);
         }
       }
       const bool grad = training_ && r < 0;
@@ -327,12 +333,21 @@ class StepSimulator {
     }
   }
 
-  // torch.utils.checkpoint keeps the region's inputs until its backward: they are saved for
-  // backward like any tensor autograd keeps.
+  // torch.utils.checkpoint keeps the region's inputs until its backward. Reentrant: they are
+  // saved for backward (ctx.save_for_backward) like any tensor autograd keeps. Non-reentrant:
+  // the recomputation's closure keeps them alive; autograd saves nothing of the region.
   void PinRegionInputs(int r, int delta) {
     for (int s : RegionInputs(r)) {
-      if (delta > 0) Hold(main_, s);
-      else Unhold(main_, s);
+      if (!non_reentrant_[r]) {
+        if (delta > 0) Hold(main_, s);
+        else Unhold(main_, s);
+        continue;
+      }
+      main_.pins[s] += delta;
+      if (delta > 0 && g_.tensors[s].role == TensorRole::kActivation && main_.buffer[s] >= 0) {
+        Retag(main_.buffer[s], Category::kActivations);
+      }
+      if (delta < 0) MaybeFree(main_, s);
     }
   }
 
@@ -466,8 +481,11 @@ class StepSimulator {
       --main_.pins[base_[loss]];
       MaybeFree(main_, base_[loss]);
     }
-    for (int b : rng_states_) FreeBuffer(b);  // the graph, and the checkpoints in it, are gone
-    rng_states_.clear();
+    // The graph, and the reentrant checkpoints in it, are gone.
+    for (int& b : rng_state_of_) {
+      if (b >= 0) FreeBuffer(b);
+      b = -1;
+    }
   }
 
   void RecomputeAndBackward(int r) {
@@ -495,29 +513,37 @@ class StepSimulator {
         }
       }
     }
-    CountUses(rt, first, last);
+    const bool reentrant = !non_reentrant_[r];
+    // Non-reentrant on PyTorch 2.x stops recomputing once the last tensor backward needs exists.
+    int stop = last;
+    if (!reentrant && cfg_.runtime == Runtime::kCuda) {
+      while (stop > first && !SavesAnything(stop)) --stop;
+    }
+    CountUses(rt, first, stop);
     std::vector<int> outputs;  // recomputed outputs are held until the region's backward ends
-    for (int i = first; i <= last; ++i) {
-      for (int o : g_.ops[i].outputs) {
-        if (pending_[o].grad >= 0) {
-          ++rt.pins[base_[o]];
-          outputs.push_back(base_[o]);
+    std::vector<int> held_grads;
+    if (reentrant) {
+      for (int i = first; i <= last; ++i) {
+        for (int o : g_.ops[i].outputs) {
+          if (pending_[o].grad >= 0) {
+            ++rt.pins[base_[o]];
+            outputs.push_back(base_[o]);
+          }
         }
       }
-    }
-    // CheckpointFunction.backward receives the gradients of the region's outputs and holds them
-    // until the recomputed region's backward returns.
-    std::vector<int> held_grads;
-    for (int i = first; i <= last; ++i) {
-      for (int o : g_.ops[i].outputs) {
-        if (pending_[o].grad >= 0) {
-          ++grads_[pending_[o].grad].refs;
-          held_grads.push_back(pending_[o].grad);
+      // CheckpointFunction.backward receives the gradients of the region's outputs and holds
+      // them until the recomputed region's backward returns.
+      for (int i = first; i <= last; ++i) {
+        for (int o : g_.ops[i].outputs) {
+          if (pending_[o].grad >= 0) {
+            ++grads_[pending_[o].grad].refs;
+            held_grads.push_back(pending_[o].grad);
+          }
         }
       }
     }
     std::vector<int> cast_cache;
-    for (int i = first; i <= last; ++i) {
+    for (int i = first; i <= stop; ++i) {
       RunForwardOp(i, rt, true, Phase::kBackward, true, &cast_cache);
       s_.recomputed_ops++;
     }
@@ -536,6 +562,20 @@ class StepSimulator {
     }
     for (int gb : held_grads) Deref(gb);
     PinRegionInputs(r, -1);
+    if (!reentrant && rng_state_of_[r] >= 0) {  // the recomputation's closure is gone
+      FreeBuffer(rng_state_of_[r]);
+      rng_state_of_[r] = -1;
+    }
+  }
+
+  // Whether op i, run with grad, has autograd keep anything.
+  bool SavesAnything(int i) {
+    if (!has_memo_[i]) {
+      memo_[i] = OpMemoryOf(MakeCall(i, true));
+      has_memo_[i] = true;
+    }
+    const OpMemory& m = memo_[i];
+    return !m.saved_inputs.empty() || !m.saved_outputs.empty() || !m.saved_extras.empty();
   }
 
   void ReleaseSaved(SavedByOp& saved) {
@@ -784,6 +824,7 @@ class StepSimulator {
   std::vector<const OpRule*> rules_;  // each op's rule, looked up once
   std::vector<int> region_of_;
   CheckpointRegions regions_;
+  std::vector<bool> non_reentrant_;  // per region: use_reentrant=False
   StorageTable main_;
   std::vector<int> param_grad_;
   std::vector<GradBuf> grads_;
@@ -794,7 +835,10 @@ class StepSimulator {
   std::map<std::string, size_t> layer_index_;
   Schedule s_;
   static constexpr int64_t kCpuRngStateBytes = 5056;  // torch.get_rng_state() on the CPU
-  std::vector<int> rng_states_;                        // kept by the checkpoints of this graph
+  // Per region: the RNG state its checkpoint keeps (-1: none). A reentrant checkpoint's node
+  // keeps it until the graph is freed; a non-reentrant one's recomputation closure, until the
+  // region's backward has run.
+  std::vector<int> rng_state_of_;
   int last_row_ = -1;
   int64_t saved_bytes_ = 0;  // held for backward now: storages (not parameters) and extras
   int next_buffer_ = 0;

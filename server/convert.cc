@@ -333,6 +333,7 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
       CheckpointPolicyFromProto(checkpoint.policy(), "config.checkpoint.policy"));
   if (checkpoint.has_every_k()) out.checkpoint.every_k = checkpoint.every_k();
   out.checkpoint.scopes.assign(checkpoint.scopes().begin(), checkpoint.scopes().end());
+  out.checkpoint.non_reentrant = checkpoint.non_reentrant();
 
   MEMEST_ASSIGN_OR_RETURN(out.step, StepKindFromProto(config.step(), "config.step"));
 

@@ -154,6 +154,7 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
     config->mutable_checkpoint()->set_policy(policy);
   }
   if (flags.checkpoint_k) config->mutable_checkpoint()->set_every_k(*flags.checkpoint_k);
+  if (flags.non_reentrant) config->mutable_checkpoint()->set_non_reentrant(true);
   for (const std::string& scope : flags.checkpoint_scopes) {
     config->mutable_checkpoint()->add_scopes(scope);
   }
@@ -225,6 +226,9 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(run);
   app->add_option("--checkpoint-scope", f->checkpoint_scopes,
                   "scope to checkpoint for scopes (repeatable)")
+      ->group(run);
+  app->add_flag("--non-reentrant", f->non_reentrant,
+                "checkpoint with use_reentrant=False (default: reentrant)")
       ->group(run);
   app->add_flag("--first-step", f->first_step,
                 "the first step, which creates the optimizer state (default: a later step)")

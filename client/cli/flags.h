@@ -47,6 +47,7 @@ struct EstimateFlags {
   std::string checkpoint;           // none | every-block | every-k | sqrt | attention | scopes
   std::optional<int64_t> checkpoint_k;
   std::vector<std::string> checkpoint_scopes;
+  bool non_reentrant = false;       // torch.utils.checkpoint(use_reentrant=False)
   bool first_step = false;
   std::string device;               // catalog name
   std::string capacity;             // bytes or "80GiB"

@@ -437,10 +437,13 @@ def checkpointed_mlp(r, b, layers=9, d=32):
 
 case("phenomena", "deep_linear_gelu_stack_checkpointed",
      configs=[Config(), Config(checkpoint="every-block"), Config(checkpoint="every-k", checkpoint_k=4),
-              Config(checkpoint="sqrt"), Config(optimizer="adam", checkpoint="every-k", checkpoint_k=4)],
-     note="9 blocks behind a plain Linear; reentrant torch.utils.checkpoint (1.13's default, "
-          "preserve_rng_state=True) per segment: every block (9 segments), every 4 (4, 4, 1), "
-          "sqrt (round(sqrt 9) = 3: 3, 3, 3)")(checkpointed_mlp)
+              Config(checkpoint="sqrt"), Config(optimizer="adam", checkpoint="every-k", checkpoint_k=4),
+              Config(checkpoint="every-block", non_reentrant=True),
+              Config(checkpoint="every-k", checkpoint_k=4, non_reentrant=True),
+              Config(optimizer="adam", checkpoint="sqrt", non_reentrant=True)],
+     note="9 blocks behind a plain Linear; torch.utils.checkpoint (reentrant, 1.13's default, or "
+          "use_reentrant=False; preserve_rng_state=True) per segment: every block (9 segments), "
+          "every 4 (4, 4, 1), sqrt (round(sqrt 9) = 3: 3, 3, 3)")(checkpointed_mlp)
 
 
 # ------------------------------------------------------------------------------ models

@@ -57,6 +57,7 @@ class Config:
     weight_decay: float = 0.0
     checkpoint: str = "none"        # memest --checkpoint: none | every-block | every-k | sqrt
     checkpoint_k: int = 0           # memest --checkpoint-k (every-k)
+    non_reentrant: bool = False     # memest --non-reentrant: torch.utils.checkpoint(use_reentrant=False)
 
     @property
     def training(self):
@@ -72,7 +73,8 @@ class Config:
         if self.accum > 1:
             parts.append(f"accum={self.accum}")
         if self.checkpoint != "none":
-            parts.append(f"checkpoint={self.checkpoint}" + (f":{self.checkpoint_k}" if self.checkpoint == "every-k" else ""))
+            parts.append(f"checkpoint={self.checkpoint}" + (f":{self.checkpoint_k}" if self.checkpoint == "every-k" else "")
+                         + (",non-reentrant" if self.non_reentrant else ""))
         return ",".join(parts)
 
 
@@ -376,7 +378,8 @@ class CaseRun:
         self.fn, self.batch, self.cfg = fn, batch, cfg
         torch.manual_seed(seed)
         self.store = ParamStore(seed)
-        self.ckpt = {"checkpoint": cfg.checkpoint, "checkpoint_k": cfg.checkpoint_k}
+        self.ckpt = {"checkpoint": cfg.checkpoint, "checkpoint_k": cfg.checkpoint_k,
+                     "non_reentrant": cfg.non_reentrant}
         rec = Recorder(self.store, training=cfg.training, **self.ckpt)
         result = fn(rec, batch)
         self.plan = rec.finish(result)

@@ -125,12 +125,14 @@ def _make_leaf(shape, dtype, init, gen, high=None):
 
 
 class Recorder:
-    def __init__(self, store, plan=None, tracker=None, training=True, checkpoint="none", checkpoint_k=0):
+    def __init__(self, store, plan=None, tracker=None, training=True, checkpoint="none", checkpoint_k=0,
+                 non_reentrant=False):
         self.store = store
         # The checkpoint policy of the run (memest's --checkpoint, --checkpoint-k): cases ask
         # `checkpoint_segment(L)` how many consecutive blocks one torch.utils.checkpoint wraps.
         self.checkpoint_policy = checkpoint
         self.checkpoint_k = checkpoint_k
+        self.non_reentrant = non_reentrant  # use_reentrant=False
         self._replaying = False  # run mode: inside a checkpoint's recomputation (backward)
         self.plan = plan
         self.tracker = tracker
@@ -187,7 +189,8 @@ class Recorder:
 
     def checkpoint(self, fn, *values):
         """`fn(*values)` (a function of Values returning a Value) under
-        torch.utils.checkpoint.checkpoint (reentrant, 1.13's default, preserve_rng_state=True).
+        torch.utils.checkpoint.checkpoint (reentrant, 1.13's default, or use_reentrant=False as
+        the run says; preserve_rng_state=True).
         Record mode: fn's ops are recorded as usual (memest is told the policy by flags). Run
         mode: forward runs fn under no_grad keeping only the tensor inputs; backward reruns fn on
         detached inputs with grad, as PyTorch does. Parameters are fetched inside fn (closure),
@@ -229,7 +232,7 @@ class Recorder:
                 self._vals, self._op_index = outer, outer_index
 
         ts = [self._t(v) for v in values]
-        out_t = tcp.checkpoint(run, *ts, use_reentrant=True)
+        out_t = tcp.checkpoint(run, *ts, use_reentrant=not self.non_reentrant)
         del ts
         self._vals[state["out"]] = out_t
         return Value(state["out"], self)

@@ -103,6 +103,8 @@ def estimate(memest, model, batch, cfg, first_step):
             cmd += ["--checkpoint", cfg.checkpoint]
             if cfg.checkpoint == "every-k":
                 cmd += ["--checkpoint-k", str(cfg.checkpoint_k)]
+            if cfg.non_reentrant:
+                cmd += ["--non-reentrant"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     finally:

@@ -57,7 +57,7 @@ class _Tape:
 
     def __init__(self, fn, batch, cfg):
         rec = Recorder(ParamStore(0), training=cfg.training, checkpoint=cfg.checkpoint,
-                       checkpoint_k=cfg.checkpoint_k)
+                       checkpoint_k=cfg.checkpoint_k, non_reentrant=cfg.non_reentrant)
         result = fn(rec, batch)
         self.plan = rec.finish(result)
         self.tape = rec.tape
@@ -116,7 +116,8 @@ class CaseModule(torch.nn.Module):
                     return local[out_name]
 
                 import torch.utils.checkpoint as tcp
-                vals[out_name] = tcp.checkpoint(run, *[vals[n] for n in reads], use_reentrant=True)
+                vals[out_name] = tcp.checkpoint(run, *[vals[n] for n in reads],
+                                                use_reentrant=not self._cfg.non_reentrant)
                 i = last + 1
                 continue
             fn, ins, outs = ops[i]

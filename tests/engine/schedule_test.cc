@@ -150,6 +150,44 @@ TEST(ScheduleTest, CheckpointEveryBlockKeepsOnlyBlockInputs) {
   EXPECT_TRUE(PhasePeak(every, Phase::kBackward).recompute);
 }
 
+// Residual blocks x + gelu(linear(x)); the add that ends each block saves nothing.
+Graph ResidualStack(int blocks, int64_t batch, int64_t dim) {
+  GraphBuilder b;
+  int x = b.Add1("mul", {b.Input("x", {batch, dim}, DType::kFloat32),
+                         b.Parameter("scale", {dim}, DType::kFloat32)});
+  for (int i = 0; i < blocks; ++i) {
+    ScopeGuard s(b, "blocks." + std::to_string(i));
+    b.MarkBlock();
+    const int h = b.Add1("gelu", {b.Add1("linear", {x, b.Parameter("weight", {dim, dim}, DType::kFloat32)})});
+    x = b.Add1("add", {x, h});
+  }
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {x}));
+  return b.Finish().value();
+}
+
+// use_reentrant=False: autograd saves nothing of the region (its inputs stay alive in the
+// recomputation's closure), no output or gradient is held through the region's backward, and
+// on PyTorch 2.x (CUDA) the recomputation stops after the last op that saves something.
+TEST(ScheduleTest, NonReentrantCheckpointKeepsLessAndStopsEarlyOnCuda) {
+  const int L = 6;
+  const Graph g = ResidualStack(L, 512, 256);
+  RunConfig c = PlainTraining();
+  c.checkpoint.policy = CheckpointPolicy::kEveryBlock;
+  const CheckpointRegions regions = PlanCheckpoints(g, c.checkpoint).value();
+  const Schedule reentrant = BuildSchedule(g, c, regions, {});
+  RunConfig nr = c;
+  nr.checkpoint.non_reentrant = true;
+  const Schedule non_reentrant = BuildSchedule(g, nr, regions, {});
+  EXPECT_EQ(reentrant.recomputed_ops, 3 * L);      // linear, gelu, add
+  EXPECT_EQ(non_reentrant.recomputed_ops, 2 * L);  // the add is not recomputed
+  EXPECT_LT(non_reentrant.saved_for_backward_bytes, reentrant.saved_for_backward_bytes);
+  EXPECT_LE(Walk(g, nr, regions).peak.allocated_bytes, Walk(g, c, regions).peak.allocated_bytes);
+
+  nr.runtime = Runtime::kCpuTorch113;  // 1.13 recomputes the whole function
+  EXPECT_EQ(BuildSchedule(g, nr, regions, {}).recomputed_ops, 3 * L);
+}
+
 TEST(ScheduleTest, SqrtCheckpointingGroupsBlocks) {
   const Graph g = Stack(16, 64, 256);
   CheckpointConfig cc;

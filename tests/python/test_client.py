@@ -59,6 +59,9 @@ def test_options_change_the_request_as_the_cli_words_say(client):
     plain = client.estimate(**base)
     checkpointed = client.estimate(checkpoint="every-block", **base)
     assert checkpointed.saved_for_backward_bytes < plain.saved_for_backward_bytes
+    non_reentrant = client.estimate(checkpoint="every-block", checkpoint_non_reentrant=True, **base)
+    assert non_reentrant.saved_for_backward_bytes < checkpointed.saved_for_backward_bytes
+    assert any("use_reentrant=False" in n for n in non_reentrant.notes)
     accumulated = client.estimate(grad_accum_steps=2, **base)
     assert accumulated.micro_batch == 2
     first = client.estimate(first_step=True, optimizer="adam", optimizer_impl="fused", **base)

@@ -36,7 +36,8 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           optimizer: sgd | momentum | adam | adamw | adagrad | rmsprop | lion | adafactor,
           optimizer_impl: for-loop | foreach | fused, weight_decay, keep_grads,
           checkpoint: none | every-block | every-k | sqrt | attention | scopes,
-          checkpoint_k, checkpoint_scopes, first_step, generate_tokens,
+          checkpoint_k, checkpoint_scopes, checkpoint_non_reentrant (use_reentrant=False),
+          first_step, generate_tokens,
           expandable_segments, runtime: cuda | cpu-1.13,
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
           advice (False skips the advice: faster), timeout (seconds, this call only).

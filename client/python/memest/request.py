@@ -140,7 +140,8 @@ def read_model_file(path):
 def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=1,
                   grad_accum_steps=None, mode=None, precision=None, optimizer=None,
                   optimizer_impl=None, weight_decay=None, keep_grads=False, checkpoint=None,
-                  checkpoint_k=None, checkpoint_scopes=(), first_step=False, device=None,
+                  checkpoint_k=None, checkpoint_scopes=(), checkpoint_non_reentrant=False,
+                  first_step=False, device=None,
                   capacity_bytes=None, generate_tokens=None, expandable_segments=False,
                   runtime=None, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
@@ -164,6 +165,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
         config.checkpoint.policy = _word("checkpoint", checkpoint, CHECKPOINTS)
     if checkpoint_k is not None:
         _assign(config.checkpoint, "every_k", checkpoint_k, "checkpoint_k")
+    config.checkpoint.non_reentrant = bool(checkpoint_non_reentrant)
     if isinstance(checkpoint_scopes, str):
         checkpoint_scopes = [checkpoint_scopes]
     if checkpoint_scopes:
