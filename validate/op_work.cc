@@ -270,41 +270,42 @@ class Planner {
     Add(w, {r_.inputs[0]}, r_.outputs[0], op_.kind.c_str());
   }
 
-  // out[i] = f(inputs...) over output `o`, reading the listed inputs that are as large as it.
-  void Elementwise(int o, std::vector<int> candidates) {
-    if (static_cast<size_t>(o) >= r_.outputs.size() || r_.outputs[o].ptr == 0) return;
+  // An elementwise kernel writing `out` (`elements` of `dtype`), reading up to three of
+  // `candidates` that are live and as large as it; with none it reads its own output (a
+  // gather, a fill).
+  bool ElementwiseInto(const BufferView& out, DType dtype, int64_t elements,
+                       const std::vector<BufferView>& candidates) {
     Work w;
     w.kind = WorkKind::kElementwise;
-    w.dtype = Out(o).dtype;
-    w.elements = Numel(Out(o).shape);
-    const int64_t need = w.elements * DTypeSize(w.dtype);
+    w.dtype = dtype;
+    w.elements = elements;
+    const int64_t need = elements * DTypeSize(dtype);
     std::vector<BufferView> ins;
-    for (int k : candidates) {
-      if (static_cast<size_t>(k) < r_.inputs.size() && r_.inputs[k].ptr != 0 &&
-          r_.inputs[k].bytes >= need && ins.size() < 3) {
-        ins.push_back(r_.inputs[k]);
-      }
+    for (const BufferView& b : candidates) {
+      if (b.ptr != 0 && b.bytes >= need && ins.size() < 3) ins.push_back(b);
     }
-    if (ins.empty()) ins.push_back(r_.outputs[o]);  // a gather or a fill: reads its own output
-    Add(w, ins, r_.outputs[o], op_.kind.c_str());
+    if (ins.empty()) ins.push_back(out);
+    return Add(w, ins, out, op_.kind.c_str());
   }
 
-  // Each new input gradient is written by an elementwise kernel reading the incoming gradient
-  // (and the saved input) where they are as large as it.
+  // Output `o` of the forward, from the inputs `candidates` names.
+  void Elementwise(int o, const std::vector<int>& candidates) {
+    if (static_cast<size_t>(o) >= r_.outputs.size() || r_.outputs[o].ptr == 0) return;
+    std::vector<BufferView> ins;
+    for (int k : candidates) {
+      if (static_cast<size_t>(k) < r_.inputs.size()) ins.push_back(r_.inputs[k]);
+    }
+    ElementwiseInto(r_.outputs[o], Out(o).dtype, Numel(Out(o).shape), ins);
+  }
+
+  // Each new input gradient, from the incoming gradient and the saved input.
   void GenericBackward() {
     for (size_t k = 0; k < op_.inputs.size(); ++k) {
       const BufferView& g = Grad(k);
       if (g.ptr == 0 || g.ptr == r_.output_grad.ptr) continue;
-      Work w;
-      w.kind = WorkKind::kElementwise;
-      w.dtype = In(k).dtype;
-      w.elements = Numel(In(k).shape);
-      const int64_t need = w.elements * DTypeSize(w.dtype);
-      std::vector<BufferView> ins;
-      if (r_.output_grad.ptr != 0 && r_.output_grad.bytes >= need) ins.push_back(r_.output_grad);
-      if (r_.inputs[k].ptr != 0 && r_.inputs[k].bytes >= need) ins.push_back(r_.inputs[k]);
-      if (ins.empty()) ins.push_back(g);
-      if (!Add(w, ins, g, op_.kind.c_str())) return;
+      if (!ElementwiseInto(g, In(k).dtype, Numel(In(k).shape), {r_.output_grad, r_.inputs[k]})) {
+        return;
+      }
     }
   }
 
