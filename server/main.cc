@@ -73,10 +73,16 @@ int main(int argc, char** argv) {
                  "validations that may wait while one runs; more are refused")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  int64_t max_validation_seconds = options.service.validation.max_duration.count();
+  app.add_option("--max-validation-seconds", max_validation_seconds,
+                 "the longest one validation may take, waiting included")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--validate-worker-arg", options.service.validation.worker_args,
                  "an extra argument for the worker (tests: --fake-device-gib=16)")
       ->group("");  // for tests; not in --help
   CLI11_PARSE(app, argc, argv);
+  options.service.validation.max_duration = std::chrono::seconds(max_validation_seconds);
 
   // Logs go to stderr; stdout carries only the "listening on" line.
   spdlog::set_default_logger(spdlog::stderr_color_mt("memest-server"));

@@ -100,9 +100,16 @@ Status ValidationRunner::Validate(const v1::ValidateRequest& request,
                                   const std::function<bool(const v1::ValidateEvent&)>& emit,
                                   const std::function<bool()>& stopped,
                                   Clock::time_point deadline) {
+  const Clock::time_point limit = Clock::now() + options_.max_duration;
+  const bool ours = limit < deadline;  // this server's limit comes first
+  if (ours) deadline = limit;
   auto why_stop = [&]() -> Status {
     if (stopped()) return Cancelled("validation cancelled by the caller");
-    if (Clock::now() >= deadline) return DeadlineExceeded("validation deadline exceeded");
+    if (Clock::now() >= deadline) {
+      return DeadlineExceeded(ours ? "validation took longer than this server allows (" +
+                                         std::to_string(options_.max_duration.count()) + " s)"
+                                   : "validation deadline exceeded");
+    }
     return Status::Ok();
   };
   uint64_t ticket = 0;

@@ -33,6 +33,9 @@ struct ValidationOptions {
   int max_queued = 8;
   // How long a stopped child gets between SIGTERM and SIGKILL.
   std::chrono::milliseconds kill_grace{2000};
+  // The longest a validation may take, waiting included, when the caller set no shorter
+  // deadline: every validation has one.
+  std::chrono::seconds max_duration{30 * 60};
 };
 
 class ValidationRunner {
@@ -48,7 +51,7 @@ class ValidationRunner {
 
   // Waits its turn, runs the worker on `request` and passes each event to `emit` (from the
   // calling thread; false from emit stops the validation). `stopped` is polled (a cancelled
-  // RPC); `deadline` bounds the whole call.
+  // RPC); `deadline` (or max_duration from now, if sooner) bounds the whole call.
   Status Validate(const v1::ValidateRequest& request,
                   const std::function<bool(const v1::ValidateEvent&)>& emit,
                   const std::function<bool()>& stopped, Clock::time_point deadline);

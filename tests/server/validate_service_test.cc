@@ -20,7 +20,8 @@ namespace {
 using Clock = std::chrono::system_clock;
 
 struct Server {
-  explicit Server(std::vector<std::string> worker_args, int device = 0, int max_queued = 8) {
+  explicit Server(std::vector<std::string> worker_args, int device = 0, int max_queued = 8,
+                  std::chrono::seconds max_duration = std::chrono::seconds(600)) {
     ServerOptions o;
     o.address = "127.0.0.1:0";
     o.service.validation.device = device;
@@ -28,6 +29,7 @@ struct Server {
     o.service.validation.worker_args = std::move(worker_args);
     o.service.validation.max_queued = max_queued;
     o.service.validation.kill_grace = std::chrono::milliseconds(500);
+    o.service.validation.max_duration = max_duration;
     auto s = EstimatorServer::Start(o);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     server = std::move(s).value();
@@ -151,6 +153,19 @@ TEST(ValidateService, TheDeadlineStopsARunningValidation) {
   // The next one gets the device.
   Server fast({"--fake-device-gib", "16"});
   EXPECT_TRUE(Validate(*fast.stub, Request()).status.ok());
+}
+
+TEST(ValidateService, ACallWithoutADeadlineGetsTheServersLimit) {
+  Server s({"--fake-device-gib", "16", "--fake-run-ms", "50"}, 0, 8, std::chrono::seconds(1));
+  grpc::ClientContext context;  // no deadline of its own
+  auto reader = s.stub->Validate(&context, Request("gpt2-small", 2));
+  v1::ValidateEvent e;
+  while (reader->Read(&e)) {
+  }
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_NE(status.error_message().find("longer than this server allows (1 s)"), std::string::npos)
+      << status.error_message();
 }
 
 TEST(ValidateService, OneRunsAtATimeAndTheOthersHearTheirPlace) {
