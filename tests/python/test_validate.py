@@ -57,3 +57,19 @@ def test_validate_bad_input_names_the_field(gpu_server):
     with memest.Client(gpu_server) as client:
         with pytest.raises(memest.InvalidArgument, match="repeats"):
             client.validate(preset="mlp", batch_size=4, repeats=1000)
+
+
+def test_aio_validate_in_a_running_loop(gpu_server):
+    import asyncio
+
+    async def run():
+        events = []
+        async with memest.aio.Client(gpu_server) as client:
+            v = await client.validate(preset="mlp", batch_size=8, repeats=1, progress=events.append)
+            with pytest.raises(memest.FailedPrecondition, match="short by"):
+                await client.validate(preset="gpt2-medium", batch_size=32, repeats=1)
+        return v, events
+
+    v, events = asyncio.run(run())
+    assert v.peak_allocated.measured_bytes == v.peak_allocated.predicted_bytes
+    assert events[0].stage == "probing" and events[-1].stage == "finishing"

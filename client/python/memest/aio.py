@@ -11,10 +11,12 @@ import grpc
 import grpc.aio
 
 from memest import v1
-from memest.client import CHANNEL_OPTIONS, ESTIMATE_DOC, request_label
+from memest.client import (CHANNEL_OPTIONS, ESTIMATE_DOC, VALIDATE_DOC, VALIDATE_TIMEOUT,
+                           request_label, validate_request)
 from memest.errors import MemestError, from_rpc_error
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
+from memest.validation import Progress, Validation
 
 
 class Client:
@@ -46,6 +48,25 @@ class Client:
         """Sends a prepared memest.v1.EstimateRequest; returns a memest.Estimate."""
         response = await self._call(self._stub.Estimate, request, timeout)
         return Estimate.from_proto(response, label=request_label(request))
+
+    async def validate(self, preset=None, model=None, *, progress=None, timeout=None, **kwargs):
+        request, label = validate_request(preset, model, **kwargs)
+        if self._closed:
+            raise MemestError("%r: closed" % self)
+        result = None
+        try:
+            async for event in self._stub.Validate(request, timeout=timeout or VALIDATE_TIMEOUT):
+                if event.HasField("progress") and progress is not None:
+                    progress(Progress.from_proto(event.progress))
+                if event.HasField("result"):
+                    result = event.result
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        if result is None:
+            raise MemestError("Validate ended without a result")
+        return Validation.from_proto(result, label=label)
+
+    validate.__doc__ = VALIDATE_DOC
 
     async def presets(self, *, timeout=None):
         """The built-in models, as a list of memest.PresetInfo."""

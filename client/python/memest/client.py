@@ -45,6 +45,28 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
         """
 
 
+VALIDATE_DOC = """Runs the step on the server's GPU and compares it with the estimate.
+
+        Takes estimate()'s arguments, plus: scale_batch_to_fit (validate the largest
+        micro-batch that fits the free memory instead of refusing), repeats (timed runs per
+        kernel, default 3), progress (called with a memest.Progress for each event: the queue
+        position, then the stages). Returns a memest.Validation. The server must have been
+        started with --device (otherwise Unavailable); timeout defaults to 30 minutes.
+        """
+
+VALIDATE_TIMEOUT = 30 * 60.0
+
+
+def validate_request(preset=None, model=None, *, scale_batch_to_fit=False, repeats=None,
+                     **kwargs):
+    """The ValidateRequest for Client.validate's arguments, and its label."""
+    kwargs.pop("advice", None)
+    estimate = build_request(preset=preset, model=model, **kwargs)
+    request = v1.ValidateRequest(model=estimate.model, config=estimate.config,
+                                 scale_batch_to_fit=bool(scale_batch_to_fit), repeats=repeats or 0)
+    return request, request_label(estimate)
+
+
 def request_label(request):
     """A short name for the request: "gpt2-small seq=128, batch 2"."""
     model = request.model
@@ -89,26 +111,13 @@ class Client:
         response = self._call(self._stub.Estimate, request, timeout)
         return Estimate.from_proto(response, label=request_label(request))
 
-    def validate(self, preset=None, model=None, *, scale_batch_to_fit=False, repeats=None,
-                 progress=None, timeout=None, **kwargs):
-        """Runs the step on the server's GPU and compares it with the estimate.
-
-        Takes estimate()'s arguments, plus: scale_batch_to_fit (validate the largest
-        micro-batch that fits the free memory instead of refusing), repeats (timed runs per
-        kernel, default 3), progress (called with a memest.Progress for each event: the queue
-        position, then the stages). Returns a memest.Validation. The server must have been
-        started with --device (otherwise Unavailable); timeout defaults to 30 minutes.
-        """
-        kwargs.pop("advice", None)
-        estimate = build_request(preset=preset, model=model, **kwargs)
-        request = v1.ValidateRequest(model=estimate.model, config=estimate.config,
-                                     scale_batch_to_fit=bool(scale_batch_to_fit),
-                                     repeats=repeats or 0)
+    def validate(self, preset=None, model=None, *, progress=None, timeout=None, **kwargs):
+        request, label = validate_request(preset, model, **kwargs)
         if self._closed:
             raise MemestError("%r: closed" % self)
         result = None
         try:
-            for event in self._stub.Validate(request, timeout=timeout or 30 * 60):
+            for event in self._stub.Validate(request, timeout=timeout or VALIDATE_TIMEOUT):
                 if event.HasField("progress") and progress is not None:
                     progress(Progress.from_proto(event.progress))
                 if event.HasField("result"):
@@ -117,7 +126,9 @@ class Client:
             raise from_rpc_error(error) from None
         if result is None:
             raise MemestError("Validate ended without a result")
-        return Validation.from_proto(result, label=request_label(estimate))
+        return Validation.from_proto(result, label=label)
+
+    validate.__doc__ = VALIDATE_DOC
 
     def presets(self, *, timeout=None):
         """The built-in models, as a list of memest.PresetInfo."""
