@@ -97,6 +97,7 @@ StatusOr<Timing> FakeDevice::Run(const Work& work, int repeats) {
                                     std::string(WorkKindName(work.kind)) + " output"));
   if (work.workspace_bytes > 0) {
     MEMEST_RETURN_IF_ERROR(CheckRange(work.workspace, work.workspace_bytes, "workspace"));
+    ++runs_with_workspace_[work.kind];
   }
   ++runs_[work.kind];
   // A nominal 100 TFLOP/s for GEMMs and 2 TB/s for everything else.
@@ -114,6 +115,11 @@ StatusOr<Timing> FakeDevice::Run(const Work& work, int repeats) {
 int FakeDevice::runs(WorkKind kind) const {
   auto it = runs_.find(kind);
   return it == runs_.end() ? 0 : it->second;
+}
+
+int FakeDevice::runs_with_workspace(WorkKind kind) const {
+  auto it = runs_with_workspace_.find(kind);
+  return it == runs_with_workspace_.end() ? 0 : it->second;
 }
 
 }  // namespace memest::validate

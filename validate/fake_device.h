@@ -42,6 +42,7 @@ class FakeDevice : public Device {
   int64_t peak_held_bytes() const { return peak_held_; }
   int64_t touched_bytes() const { return touched_; }
   int runs(WorkKind kind) const;
+  int runs_with_workspace(WorkKind kind) const;
 
  private:
   // OK when [ptr, ptr + bytes) lies inside one live allocation.
@@ -52,7 +53,7 @@ class FakeDevice : public Device {
   DevicePtr next_ = DevicePtr{1} << 32;
   int64_t held_ = 0, peak_held_ = 0, touched_ = 0;
   int run_count_ = 0;
-  std::map<WorkKind, int> runs_;
+  std::map<WorkKind, int> runs_, runs_with_workspace_;
 };
 
 }  // namespace memest::validate

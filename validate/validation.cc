@@ -101,6 +101,7 @@ class Replayer {
           break;
         case EventKind::kAlloc:
           MEMEST_RETURN_IF_ERROR(Alloc(e.buffer, e.bytes, e.category));
+          if (e.category == Category::kWorkspace) cublas_workspaces_.push_back(e.buffer);
           break;
         case EventKind::kFree:
           MEMEST_RETURN_IF_ERROR(RunPendingOp());
@@ -227,19 +228,30 @@ class Replayer {
     }
     run.memory_only = work.reason;
     for (Work& w : work.work) {
-      MEMEST_ASSIGN_OR_RETURN(int64_t ws, dev_.WorkspaceBytes(w));
       int ws_buffer = -1;
-      if (ws > 0) {  // through the allocator, as PyTorch allocates cuDNN's workspace
-        ws_buffer = static_cast<int>(handle_.size());
-        handle_.push_back(-1);
-        category_.push_back(Category::kWorkspace);
-        rounded_.push_back(0);
-        bytes_.push_back(0);
-        MEMEST_RETURN_IF_ERROR(Alloc(ws_buffer, ws, Category::kWorkspace));
-        w.workspace = Ptr(ws_buffer);
-        w.workspace_bytes = ws;
-        run.workspace_bytes = std::max(run.workspace_bytes, ws);
-        MEMEST_RETURN_IF_ERROR(SampleDevice());
+      if (w.kind == WorkKind::kGemm) {
+        // cuBLAS gets the workspace the schedule allocated for it from the caching allocator,
+        // as PyTorch hands it over: one per handle, the forward thread's, then autograd's.
+        if (!cublas_workspaces_.empty()) {
+          const size_t k = c.phase == Phase::kBackward && cublas_workspaces_.size() > 1 ? 1 : 0;
+          const BufferView ws = View(cublas_workspaces_[k]);
+          w.workspace = ws.ptr;
+          w.workspace_bytes = ws.bytes;
+        }
+      } else {
+        MEMEST_ASSIGN_OR_RETURN(const int64_t ws, dev_.WorkspaceBytes(w));
+        if (ws > 0) {  // through the allocator, as PyTorch allocates cuDNN's workspace
+          ws_buffer = static_cast<int>(handle_.size());
+          handle_.push_back(-1);
+          category_.push_back(Category::kWorkspace);
+          rounded_.push_back(0);
+          bytes_.push_back(0);
+          MEMEST_RETURN_IF_ERROR(Alloc(ws_buffer, ws, Category::kWorkspace));
+          w.workspace = Ptr(ws_buffer);
+          w.workspace_bytes = ws;
+          run.workspace_bytes = std::max(run.workspace_bytes, ws);
+          MEMEST_RETURN_IF_ERROR(SampleDevice());
+        }
       }
       StatusOr<Timing> t = dev_.Run(w, opt_.repeats);
       if (!t.ok()) return t.status().Prefixed(Where() + ": " + WorkKindName(w.kind) + ": ");
@@ -262,6 +274,7 @@ class Replayer {
   std::vector<Category> category_;
   std::vector<int64_t> rounded_, bytes_;
   CategoryBytes live_{};
+  std::vector<int> cublas_workspaces_;  // the schedule's cuBLAS workspace buffers, in order
   int context_ = -1, pending_ = -1;
   int64_t ops_seen_ = 0;
   Measured peak_;

@@ -48,8 +48,11 @@ TEST(Validate, MlpReplaysThePredictedScheduleExactlyAndGivesEveryByteBack) {
   // The device total: context and handles plus the segments, each rounded to 2 MiB pages.
   EXPECT_GE(v->device_total.measured_bytes, v->peak_reserved.measured_bytes + ((512 + 8 + 2) << 20));
   EXPECT_TRUE(v->device_total.measured);
-  // Linear layers ran as GEMMs, forward and backward; every op is accounted for.
+  // Linear layers ran as GEMMs, forward and backward, each with the cuBLAS workspace the
+  // schedule allocated; every op is accounted for.
   EXPECT_GT(device.runs(WorkKind::kGemm), 4);
+  EXPECT_EQ(device.runs_with_workspace(WorkKind::kGemm), device.runs(WorkKind::kGemm));
+  EXPECT_GT(Category(*v, "workspace").measured_bytes, 0);
   EXPECT_EQ(v->ops_run + v->ops_memory_only, static_cast<int64_t>(v->ops.size()));
   EXPECT_GT(v->step_milliseconds, 0);
   EXPECT_GT(device.touched_bytes(), v->peak_allocated.measured_bytes / 2);
