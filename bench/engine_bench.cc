@@ -1,5 +1,7 @@
 // Estimates per second of the engine alone (no gRPC): Estimate() for GPT-2 small and the
 // Llama 70B preset, with advice (which re-runs the estimate under alternatives) and without.
+// Also Validate's host side on a fake device: planning, the replay of every allocation
+// through the caching policy and the op-to-kernel mapping, without any kernel time.
 //
 //   build/bin/engine_bench --benchmark_min_time=2
 #include <benchmark/benchmark.h>
@@ -10,6 +12,8 @@
 #include "engine/config.h"
 #include "engine/estimator.h"
 #include "engine/model.h"
+#include "validate/fake_device.h"
+#include "validate/validation.h"
 
 namespace memest {
 namespace {
@@ -59,6 +63,32 @@ BENCHMARK_CAPTURE(BM_Estimate, gpt2_small_b8_s1024_adamw_bf16_advice, kGpt2Small
 BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16, kLlama70b, false)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16_advice, kLlama70b, true)
+    ->Unit(benchmark::kMillisecond);
+
+void BM_ValidateHostSide(benchmark::State& state, const Scenario& scenario) {
+  ModelSpec model;
+  model.source = PresetSpec{scenario.preset, {{"seq", scenario.seq}}};
+  RunConfig config;
+  config.batch_size = scenario.batch;
+  config.precision = Precision::kBf16Amp;
+  config.optimizer.kind = OptimizerKind::kAdamW;
+  validate::ValidateOptions options;
+  options.repeats = 1;
+  int64_t ops = 0;
+  for (auto _ : state) {
+    validate::FakeDevice device;  // 80 GiB, bookkeeping only
+    StatusOr<validate::Validation> v = validate::Validate(model, config, device, options);
+    if (!v.ok()) {
+      state.SkipWithError(v.status().ToString().c_str());
+      return;
+    }
+    ops = static_cast<int64_t>(v->ops.size());
+    benchmark::DoNotOptimize(v);
+  }
+  state.counters["ops_replayed"] = static_cast<double>(ops);
+}
+
+BENCHMARK_CAPTURE(BM_ValidateHostSide, gpt2_small_b8_s1024_adamw_bf16, kGpt2Small)
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace
