@@ -110,7 +110,9 @@ grpc::ServerUnaryReactor* EstimatorService::ListDevices(grpc::CallbackServerCont
 namespace {
 
 // One Validate call: a thread runs the validation and hands events to gRPC one write at a time
-// (a write reactor allows one outstanding write); Finish follows the last write.
+// (a write reactor allows one outstanding write); Finish follows the last write. The lock
+// guards the queue only: StartWrite and Finish are called outside it, since gRPC may run a
+// reaction on the calling thread.
 class ValidateReactor final : public grpc::ServerWriteReactor<v1::ValidateEvent> {
  public:
   ValidateReactor(grpc::CallbackServerContext* context, const v1::ValidateRequest* request,
@@ -120,14 +122,20 @@ class ValidateReactor final : public grpc::ServerWriteReactor<v1::ValidateEvent>
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.pop_front();
-    if (!ok) broken_ = true;  // the client went away; the runner notices through Stopped()
-    if (!pending_.empty() && !broken_) {
-      StartWrite(&pending_.front());
-    } else if (finish_) {
-      FinishLocked();
+    const v1::ValidateEvent* next = nullptr;
+    bool finish = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.pop_front();
+      if (!ok) broken_ = true;  // the client went away; the runner notices through Stopped()
+      if (!pending_.empty() && !broken_) {
+        next = &pending_.front();  // deque: stays put while later events are pushed
+      } else {
+        finish = TakeFinishLocked();
+      }
     }
+    if (next != nullptr) StartWrite(next);
+    if (finish) Finish(status_);
   }
   void OnCancel() override { cancelled_ = true; }
   void OnDone() override {
@@ -161,10 +169,14 @@ class ValidateReactor final : public grpc::ServerWriteReactor<v1::ValidateEvent>
   }
 
   bool Send(const v1::ValidateEvent& e) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (cancelled_ || broken_) return false;
-    pending_.push_back(e);
-    if (pending_.size() == 1) StartWrite(&pending_.front());
+    const v1::ValidateEvent* first = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_ || broken_) return false;
+      pending_.push_back(e);
+      if (pending_.size() == 1) first = &pending_.front();  // nothing in flight: start it
+    }
+    if (first != nullptr) StartWrite(first);
     return true;
   }
 
@@ -177,16 +189,21 @@ class ValidateReactor final : public grpc::ServerWriteReactor<v1::ValidateEvent>
       spdlog::info("rpc=Validate model={} code={} us={} peer={} error=\"{}\"", model_,
                    StatusCodeName(status.code()), micros, context_->peer(), status.message());
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = ToGrpcStatus(status);
-    finish_ = true;
-    if (pending_.empty() || broken_) FinishLocked();
+    bool finish = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      status_ = ToGrpcStatus(status);
+      finish_ = true;
+      if (pending_.empty() || broken_) finish = TakeFinishLocked();
+    }
+    if (finish) Finish(status_);
   }
 
-  void FinishLocked() {
-    if (finished_) return;
+  // True once: when the validation is complete and the last write is done (or never will be).
+  bool TakeFinishLocked() {
+    if (!finish_ || finished_) return false;
     finished_ = true;
-    Finish(status_);
+    return true;
   }
 
   grpc::CallbackServerContext* context_;

@@ -356,8 +356,9 @@ StatusOr<Validation> Validate(const ModelSpec& model, const RunConfig& requested
         FormatBytes(mem.free_bytes) + " free on " + v.device.name + " (device " +
         std::to_string(v.device.ordinal) + "): short by " + FormatBytes(need - mem.free_bytes);
     if (!options.scale_batch_to_fit) {
-      return FailedPrecondition(shortfall + "; ask to scale the batch to fit to validate a "
-                                            "smaller micro-batch");
+      return FailedPrecondition(shortfall + "; set scale_batch_to_fit (memest validate "
+                                            "--scale-batch-to-fit) to validate the largest "
+                                            "micro-batch that fits");
     }
     MEMEST_ASSIGN_OR_RETURN(int64_t mb, LargestFittingMicroBatch(model, v.config, mem.free_bytes,
                                                                      options.max_ops));
