@@ -10,16 +10,6 @@
 
 namespace memest::validate {
 
-const char* StageName(Progress::Stage stage) {
-  switch (stage) {
-    case Progress::Stage::kProbing: return "probing";
-    case Progress::Stage::kPlanning: return "planning";
-    case Progress::Stage::kReplaying: return "replaying";
-    case Progress::Stage::kFinishing: return "finishing";
-  }
-  return "unknown";
-}
-
 double Comparison::RelError() const {
   if (measured_bytes == 0) return predicted_bytes == 0 ? 0.0 : 1.0;
   return static_cast<double>(predicted_bytes - measured_bytes) / static_cast<double>(measured_bytes);

@@ -34,7 +34,6 @@ struct Progress {
   int64_t ops_total = 0;
   std::string message;
 };
-const char* StageName(Progress::Stage stage);  // "probing", "planning", ...
 
 struct ValidateOptions {
   // When the predicted step does not fit the device's free memory: refuse (false) or
