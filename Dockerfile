@@ -5,8 +5,12 @@
 #   docker run --rm --entrypoint memest memest presets --local
 #
 # Two stages: the build stage installs the build dependencies with the same script the README
-# uses (scripts/install-deps.sh, so the package list lives in one place) and builds the two
+# uses (scripts/install-deps.sh, so the package list lives in one place) and builds the
 # binaries; the runtime stage holds only the shared libraries they link and the binaries.
+#
+# Debian's image has no CUDA toolkit, so this build has none: it estimates, and its Validate
+# answers UNAVAILABLE ("built without CUDA"). A validating server is built where nvcc and the
+# CUDA libraries are (scripts/build.sh finds them) and started with --device.
 
 # ---- build ---------------------------------------------------------------------------------
 FROM debian:12 AS build
@@ -19,8 +23,8 @@ COPY . /src
 WORKDIR /src
 RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DMEMEST_BUILD_TESTS=OFF -DMEMEST_BUILD_BENCHMARKS=OFF \
- && ninja -C build memest-server memest \
- && strip build/bin/memest-server build/bin/memest
+ && ninja -C build memest-server memest-validate-worker memest \
+ && strip build/bin/memest-server build/bin/memest-validate-worker build/bin/memest
 
 # ---- runtime -------------------------------------------------------------------------------
 FROM debian:12-slim
@@ -35,6 +39,7 @@ RUN apt-get update \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin memest
 
 COPY --from=build /src/build/bin/memest-server /usr/local/bin/memest-server
+COPY --from=build /src/build/bin/memest-validate-worker /usr/local/bin/memest-validate-worker
 COPY --from=build /src/build/bin/memest /usr/local/bin/memest
 
 # Numeric, so that Kubernetes' runAsNonRoot can verify it.
