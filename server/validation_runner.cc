@@ -77,8 +77,13 @@ Status ValidationRunner::Probe() {
   if (options_.device < 0) return available_;
   std::vector<std::string> args = WorkerArgs();
   args.push_back("--probe");
-  Status s = RunWorker(args, "", [](const v1::ValidateEvent&) { return true; },
-                       [] { return Status::Ok(); });
+  // A driver that hangs must not hold the server's start for ever.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  Status s = RunWorker(args, "", [](const v1::ValidateEvent&) { return true; }, [until] {
+    return std::chrono::steady_clock::now() < until
+               ? Status::Ok()
+               : DeadlineExceeded("the device did not answer within 60 s");
+  });
   std::lock_guard<std::mutex> lock(mu_);
   available_ = s.ok() ? Status::Ok()
                       : Unavailable("device " + std::to_string(options_.device) +
