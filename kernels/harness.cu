@@ -103,7 +103,16 @@ Status TimeChunk(const KernelContext& ctx, const Bench& bench, int count, Releas
     if (st.ok()) st = FromCuda(cudaEventRecord(events[i + 1], ctx.stream), "cudaEventRecord");
   }
   flag.Set(1);  // on every path, or the stream would stay held until the timeout
-  MEMEST_RETURN_IF_ERROR(st);
+  if (!st.ok()) {
+    // Wait for the hold kernel before returning: the caller frees the flag next (cudaFreeHost,
+    // not documented to wait for kernels), and a kernel still polling it would read unmapped
+    // host memory, a fault that kills the context. The flag is 1, so this
+    // waits only for the launches already queued; its own error (if any) matters less than
+    // the one being returned.
+    (void)cudaStreamSynchronize(ctx.stream);
+    (void)cudaGetLastError();
+    return st;
+  }
   MEMEST_CUDA_TRY(cudaEventSynchronize(events[count]));
   for (int i = 0; i < count; ++i) {
     float t = 0;

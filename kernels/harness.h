@@ -71,9 +71,10 @@ Status FillInputs(const KernelContext& ctx, DType dtype, const std::vector<Devic
 // A result passes when |got - want| <= atol + rtol * |want| + rscale * scale, where want is
 // the host's double result rounded to the output dtype, and scale is the magnitude that the
 // benchmark's intermediate roundings are relative to (0 when the result is exact before its
-// final rounding): the sum of |terms| for cuDNN's FFT and Winograd algorithms, which
-// transform their operands; the largest partial sum for a GEMM, whose split-K partial sums
-// cuBLAS may add up in the output type.
+// final rounding): for a convolution the sum of |terms|, or for cuDNN's FFT and Winograd
+// algorithms, which transform their operands, the root of the sum of squared terms (conv.cu
+// says why); the largest partial sum for a GEMM, whose split-K partial sums cuBLAS may add up
+// in the output type.
 struct Tolerance {
   double atol = 0;
   double rtol = 0;

@@ -62,13 +62,20 @@ Status CheckLayerNorm(const KernelContext& ctx, const Work& work, int seed) {
       var += d * d;
     }
     const double rstd = 1.0 / std::sqrt(var / static_cast<double>(cols) + kEps);
-    MEMEST_ASSIGN_OR_RETURN(std::vector<double> got,
-                            ReadBack(ctx, work.output, work.dtype, row * cols, cols));
-    for (int64_t j = 0; j < cols; ++j) {
-      const double want = (PatternValue(seed, row * cols + j) - mean) * rstd;
-      MEMEST_RETURN_IF_ERROR(
-          ExpectNear("output[" + std::to_string(row) + ", " + std::to_string(j) + "]", got[j],
-                     RoundTo(work.dtype, want), 0, tol));
+    // Read back in chunks, not the whole row at once: 10 bytes of host memory per column, and
+    // a row of a few billion columns would throw std::bad_alloc.
+    constexpr int64_t kChunk = int64_t{1} << 20;
+    for (int64_t j0 = 0; j0 < cols; j0 += kChunk) {
+      const int64_t len = std::min(kChunk, cols - j0);
+      MEMEST_ASSIGN_OR_RETURN(std::vector<double> got,
+                              ReadBack(ctx, work.output, work.dtype, row * cols + j0, len));
+      for (int64_t jj = 0; jj < len; ++jj) {
+        const int64_t j = j0 + jj;
+        const double want = (PatternValue(seed, row * cols + j) - mean) * rstd;
+        MEMEST_RETURN_IF_ERROR(
+            ExpectNear("output[" + std::to_string(row) + ", " + std::to_string(j) + "]",
+                       got[jj], RoundTo(work.dtype, want), 0, tol));
+      }
     }
   }
   return Status::Ok();

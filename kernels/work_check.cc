@@ -34,11 +34,13 @@ Status FitsInt(int64_t v, const char* field) {
 }
 
 // Products of positive dimensions, in double so that absurd shapes cannot overflow int64
-// (here or in BytesNeeded) before they are refused.
+// (here or in BytesNeeded) before they are refused. BytesNeeded multiplies by the element size
+// (up to 8, an elementwise int64/float64), so the bound is 2^56 elements (2^59 bytes at most):
+// room to spare, and still far beyond any device.
 Status ReasonableElements(std::initializer_list<int64_t> dims, const char* field) {
   double product = 1;
   for (int64_t d : dims) product *= static_cast<double>(d);
-  if (product <= static_cast<double>(int64_t{1} << 60)) return Status::Ok();
+  if (product <= static_cast<double>(int64_t{1} << 56)) return Status::Ok();
   return InvalidArgument(std::string(field) + ": " + std::to_string(product) +
                          " elements, more than any device holds");
 }
@@ -90,7 +92,11 @@ Status CheckConvShape(const validate::ConvShape& c) {
     return InvalidArgument("work.conv.k: " + std::to_string(c.k) + " channels do not divide into " +
                            std::to_string(c.groups) + " groups");
   }
-  if (c.out_h() <= 0 || c.out_w() <= 0) {
+  // The extent itself, not only out_h()/out_w(): those divide with truncation toward zero, so
+  // with stride > 1 a kernel up to stride - 1 rows larger than the padded input still gives 1
+  // (h = 3, r = 4, stride 2: (3 - 3 - 1) / 2 + 1 = 1); PyTorch refuses such a shape.
+  if (c.out_h() <= 0 || c.out_w() <= 0 || c.h + 2 * c.pad_h < c.dilation_h * (c.r - 1) + 1 ||
+      c.w + 2 * c.pad_w < c.dilation_w * (c.s - 1) + 1) {
     return InvalidArgument("work.conv: the output would be empty (out_h " +
                            std::to_string(c.out_h()) + ", out_w " + std::to_string(c.out_w()) +
                            "): the dilated kernel is larger than the padded input");
@@ -186,6 +192,22 @@ Status CheckOperands(const Work& work, const AllocationMap& allocations) {
   }
   MEMEST_RETURN_IF_ERROR(
       CheckInsideAllocation(work.output, need.output, allocations, "work.output"));
+  // Float operands are read and written as T* (our kernels, cuBLAS, cuDNN); an address that is
+  // not a multiple of the element size would fault (misaligned address), which kills the
+  // context. Non-float elementwise runs as bytes and takes any address.
+  if (IsFloat(work.dtype)) {
+    const auto size = static_cast<DevicePtr>(DTypeSize(work.dtype));
+    for (size_t i = 0; i <= work.inputs.size(); ++i) {
+      const bool out = i == work.inputs.size();
+      const DevicePtr p = out ? work.output : work.inputs[i];
+      if (p % size != 0) {
+        return InvalidArgument((out ? std::string("work.output") : names[i]) + ": " +
+                               HexAddress(p) + " is not aligned to its " +
+                               std::to_string(size) + "-byte " +
+                               std::string(DTypeName(work.dtype)) + " elements");
+      }
+    }
+  }
   MEMEST_RETURN_IF_ERROR(NonNegative(work.workspace_bytes, "work.workspace_bytes"));
   if (work.workspace_bytes > 0) {
     MEMEST_RETURN_IF_ERROR(CheckInsideAllocation(work.workspace, work.workspace_bytes, allocations,

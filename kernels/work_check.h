@@ -24,11 +24,11 @@ using AllocationMap = std::map<validate::DevicePtr, int64_t>;
 Status CheckShape(const validate::Work& work);
 
 // The operands: as many as the kind takes (gemm and convolutions 2, elementwise 1 to 3, the
-// row kinds 1), each non-null and, with the bytes BytesNeeded says, inside one live
-// allocation; the workspace likewise when workspace_bytes > 0, and 256-byte aligned for
-// cuBLAS. Inputs may share an address with each other (x * x); the output may be exactly an
-// input only for elementwise, softmax and layer norm (in place); any other overlap, and any
-// overlap with the workspace, is refused.
+// row kinds 1), each non-null, aligned to its element size (float dtypes), and, with the bytes
+// BytesNeeded says, inside one live allocation; the workspace likewise when workspace_bytes > 0,
+// and 256-byte aligned for cuBLAS. Inputs may share an address with each other (x * x); the
+// output may be exactly an input only for elementwise, softmax and layer norm (in place); any
+// other overlap, and any overlap with the workspace, is refused.
 Status CheckOperands(const validate::Work& work, const AllocationMap& allocations);
 
 // "0x7f3a00000000", for messages.

@@ -61,6 +61,8 @@ TEST(WorkCheckTest, ShapesMustBePositiveAndNamed) {
   c = Conv();
   c.conv.r = 9;  // larger than the 8-row input, no padding
   ExpectError(CheckShape(c), StatusCode::kInvalidArgument, "work.conv");
+  c.conv.stride_h = 2;  // (8 - 8 - 1) / 2 + 1 truncates to 1 output row: still refused
+  ExpectError(CheckShape(c), StatusCode::kInvalidArgument, "work.conv");
 
   Work rows;
   rows.kind = WorkKind::kLayerNorm;
@@ -75,6 +77,8 @@ TEST(WorkCheckTest, OnlyElementwiseRunsNonFloatDTypes) {
   ew.elements = 10;
   ew.dtype = DType::kInt64;
   EXPECT_TRUE(CheckShape(ew).ok());
+  ew.elements = int64_t{1} << 60;  // 2^63 bytes would overflow BytesNeeded
+  ExpectError(CheckShape(ew), StatusCode::kInvalidArgument, "work.elements");
   Work sm;
   sm.kind = WorkKind::kSoftmax;
   sm.rows = sm.cols = 4;
@@ -102,6 +106,25 @@ TEST(WorkCheckTest, OperandsMustLieInsideOneAllocation) {
   ExpectError(CheckOperands(g, kAllocations), StatusCode::kInvalidArgument, "work.inputs[1]");
   g.inputs.pop_back();
   ExpectError(CheckOperands(g, kAllocations), StatusCode::kInvalidArgument, "work.inputs");
+}
+
+TEST(WorkCheckTest, FloatOperandsMustBeAlignedToTheirElements) {
+  Work g = Gemm(16, 16, 16);
+  g.inputs = {0x100002, 0x100400};  // float32 A two bytes off
+  g.output = 0x100800;
+  ExpectError(CheckOperands(g, kAllocations), StatusCode::kInvalidArgument, "work.inputs[0]");
+  g.dtype = DType::kFloat16;  // two bytes is a whole float16 element
+  EXPECT_TRUE(CheckOperands(g, kAllocations).ok());
+  g.output = 0x100801;
+  ExpectError(CheckOperands(g, kAllocations), StatusCode::kInvalidArgument, "work.output");
+
+  Work ew;  // non-float elementwise runs as bytes: any address
+  ew.kind = WorkKind::kElementwise;
+  ew.dtype = DType::kInt32;
+  ew.elements = 10;
+  ew.inputs = {0x100001};
+  ew.output = 0x100103;
+  EXPECT_TRUE(CheckOperands(ew, kAllocations).ok());
 }
 
 TEST(WorkCheckTest, OverlapsAreRefusedExceptSharedInputsAndInPlace) {
