@@ -68,8 +68,13 @@ struct ConvShape {
   int64_t k = 0, r = 0, s = 0;          // output channels, kernel height and width
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
   int64_t groups = 1;
-  int64_t out_h() const { return (h + 2 * pad_h - dilation_h * (r - 1) - 1) / stride_h + 1; }
-  int64_t out_w() const { return (w + 2 * pad_w - dilation_w * (s - 1) - 1) / stride_w + 1; }
+  // 0 for a stride below 1 (refused by every check before it matters).
+  int64_t out_h() const {
+    return stride_h < 1 ? 0 : (h + 2 * pad_h - dilation_h * (r - 1) - 1) / stride_h + 1;
+  }
+  int64_t out_w() const {
+    return stride_w < 1 ? 0 : (w + 2 * pad_w - dilation_w * (s - 1) - 1) / stride_w + 1;
+  }
 };
 
 struct Work {
