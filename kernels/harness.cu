@@ -263,6 +263,24 @@ std::vector<int64_t> SampleIndices(int64_t total, int count) {
   return idx;
 }
 
+Status ExpectRow(const KernelContext& ctx, const Work& work, int64_t row, const Tolerance& tol,
+                 const std::function<double(int64_t)>& want) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const int64_t cols = work.cols;
+  for (int64_t j0 = 0; j0 < cols; j0 += kChunk) {
+    const int64_t len = std::min(kChunk, cols - j0);
+    MEMEST_ASSIGN_OR_RETURN(std::vector<double> got,
+                            ReadBack(ctx, work.output, work.dtype, row * cols + j0, len));
+    for (int64_t jj = 0; jj < len; ++jj) {
+      const int64_t j = j0 + jj;
+      MEMEST_RETURN_IF_ERROR(
+          ExpectNear("output[" + std::to_string(row) + ", " + std::to_string(j) + "]", got[jj],
+                     RoundTo(work.dtype, want(j)), 0, tol));
+    }
+  }
+  return Status::Ok();
+}
+
 Status ExpectNear(std::string_view element, double got, double want, double scale,
                   const Tolerance& tol) {
   const double diff = std::fabs(got - want);

@@ -98,6 +98,11 @@ std::vector<int64_t> SampleIndices(int64_t total, int count);
 Status ExpectNear(std::string_view element, double got, double want, double scale,
                   const Tolerance& tol);
 
+// Row `row` of the [rows, cols] output of `work` against want(j) for each column j, read back
+// in chunks (a row of billions of columns must not need billions of host doubles).
+Status ExpectRow(const KernelContext& ctx, const Work& work, int64_t row, const Tolerance& tol,
+                 const std::function<double(int64_t)>& want);
+
 }  // namespace memest::kernels
 
 #endif  // MEMEST_KERNELS_HARNESS_H_

@@ -2,7 +2,6 @@
 // for the statistics (mean, then the mean squared deviation) rather than one pass of sums of
 // squares, which cancels badly when the mean is large against the spread.
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <string>
 
@@ -10,6 +9,7 @@
 #include "kernels/cuda_status.h"
 #include "kernels/dtype_cuda.cuh"
 #include "kernels/pattern.h"
+#include "kernels/row_bench.cuh"
 
 namespace memest::kernels {
 
@@ -62,21 +62,9 @@ Status CheckLayerNorm(const KernelContext& ctx, const Work& work, int seed) {
       var += d * d;
     }
     const double rstd = 1.0 / std::sqrt(var / static_cast<double>(cols) + kEps);
-    // Read back in chunks, not the whole row at once: 10 bytes of host memory per column, and
-    // a row of a few billion columns would throw std::bad_alloc.
-    constexpr int64_t kChunk = int64_t{1} << 20;
-    for (int64_t j0 = 0; j0 < cols; j0 += kChunk) {
-      const int64_t len = std::min(kChunk, cols - j0);
-      MEMEST_ASSIGN_OR_RETURN(std::vector<double> got,
-                              ReadBack(ctx, work.output, work.dtype, row * cols + j0, len));
-      for (int64_t jj = 0; jj < len; ++jj) {
-        const int64_t j = j0 + jj;
-        const double want = (PatternValue(seed, row * cols + j) - mean) * rstd;
-        MEMEST_RETURN_IF_ERROR(
-            ExpectNear("output[" + std::to_string(row) + ", " + std::to_string(j) + "]",
-                       got[jj], RoundTo(work.dtype, want), 0, tol));
-      }
-    }
+    MEMEST_RETURN_IF_ERROR(ExpectRow(ctx, work, row, tol, [&](int64_t j) {
+      return (PatternValue(seed, row * cols + j) - mean) * rstd;
+    }));
   }
   return Status::Ok();
 }
@@ -84,25 +72,14 @@ Status CheckLayerNorm(const KernelContext& ctx, const Work& work, int seed) {
 }  // namespace
 
 StatusOr<Timing> RunLayerNorm(const KernelContext& ctx, const Work& work, int repeats) {
-  const int seed = PatternSeeds(work.inputs)[0];
-  const int threads = RowBlockThreads(work.cols);
-  const int blocks = static_cast<int>(std::min<int64_t>(work.rows, INT_MAX));
-  Bench bench;
-  bench.name = "layer_norm";
-  bench.prepare = [&] {
-    return FillInputs(ctx, work.dtype, work.inputs, {work.rows * work.cols});
-  };
-  bench.launch = [&] {
-    return DispatchFloat(work.dtype, [&](auto tag) -> Status {
-      using T = typename decltype(tag)::type;
-      LayerNormKernel<T><<<blocks, threads, 0, ctx.stream>>>(
-          reinterpret_cast<const T*>(work.inputs[0]), reinterpret_cast<T*>(work.output),
-          work.rows, work.cols);
-      return LastLaunchError("LayerNormKernel");
-    });
-  };
-  bench.check = [&] { return CheckLayerNorm(ctx, work, seed); };
-  return RunBench(ctx, bench, repeats);
+  return RunRowBench(
+      ctx, work, repeats, "layer_norm",
+      [&](auto tag, auto* in, auto* out, int blocks, int threads) {
+        using T = typename decltype(tag)::type;
+        LayerNormKernel<T><<<blocks, threads, 0, ctx.stream>>>(in, out, work.rows, work.cols);
+        return LastLaunchError("LayerNormKernel");
+      },
+      [&](int seed) { return CheckLayerNorm(ctx, work, seed); });
 }
 
 }  // namespace memest::kernels

@@ -1,12 +1,12 @@
 // Row sum, one block per row, float accumulation, output in the input dtype.
 #include <algorithm>
-#include <climits>
 #include <string>
 
 #include "kernels/benchmarks.h"
 #include "kernels/cuda_status.h"
 #include "kernels/dtype_cuda.cuh"
 #include "kernels/pattern.h"
+#include "kernels/row_bench.cuh"
 
 namespace memest::kernels {
 
@@ -51,25 +51,14 @@ Status CheckReduce(const KernelContext& ctx, const Work& work, int seed) {
 }  // namespace
 
 StatusOr<Timing> RunReduce(const KernelContext& ctx, const Work& work, int repeats) {
-  const int seed = PatternSeeds(work.inputs)[0];
-  const int threads = RowBlockThreads(work.cols);
-  const int blocks = static_cast<int>(std::min<int64_t>(work.rows, INT_MAX));
-  Bench bench;
-  bench.name = "reduce";
-  bench.prepare = [&] {
-    return FillInputs(ctx, work.dtype, work.inputs, {work.rows * work.cols});
-  };
-  bench.launch = [&] {
-    return DispatchFloat(work.dtype, [&](auto tag) -> Status {
-      using T = typename decltype(tag)::type;
-      RowSumKernel<T><<<blocks, threads, 0, ctx.stream>>>(
-          reinterpret_cast<const T*>(work.inputs[0]), reinterpret_cast<T*>(work.output),
-          work.rows, work.cols);
-      return LastLaunchError("RowSumKernel");
-    });
-  };
-  bench.check = [&] { return CheckReduce(ctx, work, seed); };
-  return RunBench(ctx, bench, repeats);
+  return RunRowBench(
+      ctx, work, repeats, "reduce",
+      [&](auto tag, auto* in, auto* out, int blocks, int threads) {
+        using T = typename decltype(tag)::type;
+        RowSumKernel<T><<<blocks, threads, 0, ctx.stream>>>(in, out, work.rows, work.cols);
+        return LastLaunchError("RowSumKernel");
+      },
+      [&](int seed) { return CheckReduce(ctx, work, seed); });
 }
 
 }  // namespace memest::kernels

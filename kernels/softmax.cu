@@ -1,7 +1,6 @@
 // Row softmax, one block per row, float accumulation: the max, the sum of exp(x - max), then
 // the scaled exponentials (three passes over the row; the later ones mostly hit in L2).
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <string>
 
@@ -9,6 +8,7 @@
 #include "kernels/cuda_status.h"
 #include "kernels/dtype_cuda.cuh"
 #include "kernels/pattern.h"
+#include "kernels/row_bench.cuh"
 
 namespace memest::kernels {
 
@@ -49,27 +49,16 @@ Status CheckSoftmax(const KernelContext& ctx, const Work& work, int seed) {
   const int64_t cols = work.cols;
   const int count = static_cast<int>(std::clamp<int64_t>(4'000'000 / cols, 2, 8));
   const Tolerance tol = SoftmaxTolerance(work.dtype);
-  // Rows are read back in chunks and the exponentials recomputed, not stored: a whole row
-  // with its exponentials beside it takes 18 bytes of host memory per column, and a row of a
-  // few billion columns (a softmax over a whole flattened tensor) would throw std::bad_alloc.
-  constexpr int64_t kChunk = int64_t{1} << 20;
+  // The exponentials are recomputed per column rather than stored beside the row: a row of a
+  // few billion columns (a softmax over a whole flattened tensor) must not need host arrays.
   for (int64_t row : SampleIndices(work.rows, count)) {
     double m = -INFINITY;
     for (int64_t j = 0; j < cols; ++j) m = std::max<double>(m, PatternValue(seed, row * cols + j));
     double sum = 0;
     for (int64_t j = 0; j < cols; ++j) sum += std::exp(PatternValue(seed, row * cols + j) - m);
-    for (int64_t j0 = 0; j0 < cols; j0 += kChunk) {
-      const int64_t len = std::min(kChunk, cols - j0);
-      MEMEST_ASSIGN_OR_RETURN(std::vector<double> got,
-                              ReadBack(ctx, work.output, work.dtype, row * cols + j0, len));
-      for (int64_t jj = 0; jj < len; ++jj) {
-        const int64_t j = j0 + jj;
-        const double want = std::exp(PatternValue(seed, row * cols + j) - m) / sum;
-        MEMEST_RETURN_IF_ERROR(
-            ExpectNear("output[" + std::to_string(row) + ", " + std::to_string(j) + "]", got[jj],
-                       RoundTo(work.dtype, want), 0, tol));
-      }
-    }
+    MEMEST_RETURN_IF_ERROR(ExpectRow(ctx, work, row, tol, [&](int64_t j) {
+      return std::exp(PatternValue(seed, row * cols + j) - m) / sum;
+    }));
   }
   return Status::Ok();
 }
@@ -77,25 +66,14 @@ Status CheckSoftmax(const KernelContext& ctx, const Work& work, int seed) {
 }  // namespace
 
 StatusOr<Timing> RunSoftmax(const KernelContext& ctx, const Work& work, int repeats) {
-  const int seed = PatternSeeds(work.inputs)[0];
-  const int threads = RowBlockThreads(work.cols);
-  const int blocks = static_cast<int>(std::min<int64_t>(work.rows, INT_MAX));
-  Bench bench;
-  bench.name = "softmax";
-  bench.prepare = [&] {
-    return FillInputs(ctx, work.dtype, work.inputs, {work.rows * work.cols});
-  };
-  bench.launch = [&] {
-    return DispatchFloat(work.dtype, [&](auto tag) -> Status {
-      using T = typename decltype(tag)::type;
-      SoftmaxKernel<T><<<blocks, threads, 0, ctx.stream>>>(
-          reinterpret_cast<const T*>(work.inputs[0]), reinterpret_cast<T*>(work.output),
-          work.rows, work.cols);
-      return LastLaunchError("SoftmaxKernel");
-    });
-  };
-  bench.check = [&] { return CheckSoftmax(ctx, work, seed); };
-  return RunBench(ctx, bench, repeats);
+  return RunRowBench(
+      ctx, work, repeats, "softmax",
+      [&](auto tag, auto* in, auto* out, int blocks, int threads) {
+        using T = typename decltype(tag)::type;
+        SoftmaxKernel<T><<<blocks, threads, 0, ctx.stream>>>(in, out, work.rows, work.cols);
+        return LastLaunchError("SoftmaxKernel");
+      },
+      [&](int seed) { return CheckSoftmax(ctx, work, seed); });
 }
 
 }  // namespace memest::kernels
