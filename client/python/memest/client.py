@@ -15,7 +15,7 @@ from memest import v1
 from memest.errors import MemestError, from_rpc_error
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
-from memest.validation import Progress, Validation
+from memest.validation import _Collector
 
 # The server accepts requests up to 64 MiB; answers for large op graphs can be as large.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -115,18 +115,13 @@ class Client:
         request, label = validate_request(preset, model, **kwargs)
         if self._closed:
             raise MemestError("%r: closed" % self)
-        result = None
+        events = _Collector(progress, label)
         try:
             for event in self._stub.Validate(request, timeout=timeout or VALIDATE_TIMEOUT):
-                if event.HasField("progress") and progress is not None:
-                    progress(Progress.from_proto(event.progress))
-                if event.HasField("result"):
-                    result = event.result
+                events.take(event)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
-        if result is None:
-            raise MemestError("Validate ended without a result")
-        return Validation.from_proto(result, label=label)
+        return events.validation()
 
     validate.__doc__ = VALIDATE_DOC
 

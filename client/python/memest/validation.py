@@ -10,6 +10,7 @@ import dataclasses
 from typing import List, Optional
 
 from memest import v1
+from memest.errors import MemestError
 from memest.results import Estimate, _phase_name, format_bytes
 
 
@@ -77,6 +78,25 @@ class Progress:
     def from_proto(cls, m):
         stage = v1.ValidateProgress.Stage.Name(m.stage)[len("STAGE_"):].lower()
         return cls(stage, m.queue_position, m.ops_done, m.ops_total, m.message)
+
+
+class _Collector:
+    """Takes the events of one Validate stream (sync or asyncio): progress goes to the
+    callback, the result is kept for validation()."""
+
+    def __init__(self, progress, label):
+        self._progress, self._label, self._result = progress, label, None
+
+    def take(self, event):
+        if event.HasField("progress") and self._progress is not None:
+            self._progress(Progress.from_proto(event.progress))
+        if event.HasField("result"):
+            self._result = event.result
+
+    def validation(self):
+        if self._result is None:
+            raise MemestError("Validate ended without a result")
+        return Validation.from_proto(self._result, label=self._label)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
