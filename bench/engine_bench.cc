@@ -27,13 +27,22 @@ struct Scenario {
 const Scenario kGpt2Small{"gpt2-small", 8, 1024};
 const Scenario kLlama70b{"llama-70b", 1, 4096};
 
-void BM_Estimate(benchmark::State& state, const Scenario& scenario, bool advice) {
-  ModelSpec model;
-  model.source = PresetSpec{scenario.preset, {{"seq", scenario.seq}}};
+ModelSpec ModelOf(const Scenario& scenario) {
+  return ModelSpec{PresetSpec{scenario.preset, {{"seq", scenario.seq}}}};
+}
+
+// AdamW under bf16 autocast, at the scenario's batch.
+RunConfig ConfigOf(const Scenario& scenario) {
   RunConfig config;
   config.batch_size = scenario.batch;
   config.precision = Precision::kBf16Amp;
   config.optimizer.kind = OptimizerKind::kAdamW;
+  return config;
+}
+
+void BM_Estimate(benchmark::State& state, const Scenario& scenario, bool advice) {
+  const ModelSpec model = ModelOf(scenario);
+  RunConfig config = ConfigOf(scenario);
   config.device = "a100-80gb";
   EstimateOptions options;
   options.advice = advice;
@@ -66,12 +75,8 @@ BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16_advice, kLlama70b, 
     ->Unit(benchmark::kMillisecond);
 
 void BM_ValidateHostSide(benchmark::State& state, const Scenario& scenario) {
-  ModelSpec model;
-  model.source = PresetSpec{scenario.preset, {{"seq", scenario.seq}}};
-  RunConfig config;
-  config.batch_size = scenario.batch;
-  config.precision = Precision::kBf16Amp;
-  config.optimizer.kind = OptimizerKind::kAdamW;
+  const ModelSpec model = ModelOf(scenario);
+  const RunConfig config = ConfigOf(scenario);
   validate::ValidateOptions options;
   options.repeats = 1;
   int64_t ops = 0;
