@@ -21,14 +21,17 @@ int Fail(const CallResult& result) {
   return result.exit_code;
 }
 
+// A request the flags could not make (an unknown word, an unreadable model file).
+int BadRequest(const Status& status) {
+  std::cerr << "memest: " << status.ToString() << '\n';
+  return ExitCodeForStatus(ToGrpcStatus(status));
+}
+
 }  // namespace
 
 int RunEstimate(const ConnectionFlags& connection, const EstimateFlags& flags) {
   StatusOr<v1::EstimateRequest> request = BuildEstimateRequest(flags);
-  if (!request.ok()) {
-    std::cerr << "memest: " << request.status().ToString() << '\n';
-    return ExitCodeForStatus(ToGrpcStatus(request.status()));
-  }
+  if (!request.ok()) return BadRequest(request.status());
   v1::EstimateResponse response;
   const CallResult result = MakeBackend(connection)->Estimate(*request, &response);
   if (!result.ok()) return Fail(result);
@@ -44,10 +47,7 @@ int RunEstimate(const ConnectionFlags& connection, const EstimateFlags& flags) {
 
 int RunValidate(const ConnectionFlags& connection, const ValidateFlags& flags) {
   StatusOr<v1::ValidateRequest> request = BuildValidateRequest(flags);
-  if (!request.ok()) {
-    std::cerr << "memest: " << request.status().ToString() << '\n';
-    return ExitCodeForStatus(ToGrpcStatus(request.status()));
-  }
+  if (!request.ok()) return BadRequest(request.status());
   v1::ValidationResult result;
   // Each stage once, and the replay every tenth of the way.
   int last_stage = -1;

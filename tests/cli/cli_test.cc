@@ -278,13 +278,17 @@ TEST(CliTest, UnreachableServerExitsFour) {
   EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1"));
 }
 
+// The address a started memest-server listens on, once it says so ("" if it never does).
+std::string ListeningAddress(Child& server) {
+  EXPECT_TRUE(server.started());
+  return server.WaitForLine("memest-server listening on ", std::chrono::seconds(20));
+}
+
 // The real server on port 0: the CLI's answers over gRPC equal the local ones, errors keep
 // their field names and exit codes, and SIGTERM stops the server cleanly.
 TEST(CliTest, AgainstRealServer) {
   Child server({kServer, "--address", "127.0.0.1:0"});
-  ASSERT_TRUE(server.started());
-  const std::string address =
-      server.WaitForLine("memest-server listening on ", std::chrono::seconds(20));
+  const std::string address = ListeningAddress(server);
   ASSERT_THAT(address, HasSubstr("127.0.0.1:")) << server.Output();
 
   const RunResult remote = Memest(SmallGpt2({"--server", address, "--json"}));
@@ -318,9 +322,7 @@ TEST(CliTest, AgainstRealServer) {
 TEST(CliTest, ValidateAgainstAServerWithAFakeDevice) {
   Child server({kServer, "--address", "127.0.0.1:0", "--device", "0",
                 "--validate-worker-arg=--fake-device-gib=16"});
-  ASSERT_TRUE(server.started());
-  const std::string address =
-      server.WaitForLine("memest-server listening on ", std::chrono::seconds(20));
+  const std::string address = ListeningAddress(server);
   ASSERT_THAT(address, HasSubstr("127.0.0.1:")) << server.Output();
 
   const std::vector<std::string> model = {"--preset", "gpt2-small", "--seq", "128", "--batch", "2",
@@ -357,9 +359,7 @@ TEST(CliTest, ValidateAgainstAServerWithAFakeDevice) {
 
 TEST(CliTest, ValidateWithoutADeviceIsUnavailable) {
   Child server({kServer, "--address", "127.0.0.1:0"});
-  ASSERT_TRUE(server.started());
-  const std::string address =
-      server.WaitForLine("memest-server listening on ", std::chrono::seconds(20));
+  const std::string address = ListeningAddress(server);
   const RunResult r = Memest({"validate", "--preset", "mlp", "--server", address});
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_THAT(r.err, HasSubstr("without --device"));
