@@ -59,7 +59,6 @@ class Replayer {
     const size_t n = static_cast<size_t>(schedule.num_buffers);
     handle_.assign(n, -1);
     category_.assign(n, Category::kTemporaries);
-    rounded_.assign(n, 0);
     bytes_.assign(n, 0);
   }
   // Every segment goes back to the device, whatever happened.
@@ -99,9 +98,9 @@ class Replayer {
           break;
         case EventKind::kRetag:
           if (handle_[e.buffer] < 0) break;
-          live_[static_cast<int>(category_[e.buffer])] -= rounded_[e.buffer];
+          live_[static_cast<int>(category_[e.buffer])] -= Rounded(e.buffer);
           category_[e.buffer] = e.category;
-          live_[static_cast<int>(e.category)] += rounded_[e.buffer];
+          live_[static_cast<int>(e.category)] += Rounded(e.buffer);
           break;
       }
     }
@@ -129,10 +128,9 @@ class Replayer {
       }
       segments_.push_back(*p);
     }
-    rounded_[buffer] = CachingAllocatorModel::RoundSize(bytes);
     bytes_[buffer] = bytes;
     category_[buffer] = c;
-    live_[static_cast<int>(c)] += rounded_[buffer];
+    live_[static_cast<int>(c)] += Rounded(buffer);
     MEMEST_RETURN_IF_ERROR(dev_.Touch(Ptr(buffer), bytes));
     Observe();
     return Status::Ok();
@@ -142,8 +140,11 @@ class Replayer {
     if (handle_[buffer] < 0) return;
     policy_.Free(handle_[buffer]);
     handle_[buffer] = -1;
-    live_[static_cast<int>(category_[buffer])] -= rounded_[buffer];
+    live_[static_cast<int>(category_[buffer])] -= Rounded(buffer);
   }
+
+  // A buffer's bytes as the allocator counts them.
+  int64_t Rounded(int buffer) const { return CachingAllocatorModel::RoundSize(bytes_[buffer]); }
 
   DevicePtr Ptr(int buffer) const {
     const auto loc = policy_.Locate(handle_[buffer]);
@@ -234,7 +235,6 @@ class Replayer {
           ws_buffer = static_cast<int>(handle_.size());
           handle_.push_back(-1);
           category_.push_back(Category::kWorkspace);
-          rounded_.push_back(0);
           bytes_.push_back(0);
           MEMEST_RETURN_IF_ERROR(Alloc(ws_buffer, ws, Category::kWorkspace));
           w.workspace = Ptr(ws_buffer);
@@ -262,7 +262,7 @@ class Replayer {
   std::vector<DevicePtr> segments_;
   std::vector<int> handle_;
   std::vector<Category> category_;
-  std::vector<int64_t> rounded_, bytes_;
+  std::vector<int64_t> bytes_;  // as requested; the allocator counts them rounded
   CategoryBytes live_{};
   std::vector<int> cublas_workspaces_;  // the schedule's cuBLAS workspace buffers, in order
   int context_ = -1, pending_ = -1;
