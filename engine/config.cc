@@ -121,4 +121,12 @@ const char* RuntimeName(Runtime r) {
   return "?";
 }
 
+const char* CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx2: return "avx2";
+  }
+  return "?";
+}
+
 }  // namespace memest

@@ -21,6 +21,12 @@ enum class Mode { kTraining, kInference };
 // are summed out of place, foreach Adam keeps two lists of scratch, step counters are tensors).
 enum class Runtime { kCuda, kCpuTorch113 };
 
+// The vector ISA oneDNN dispatches to under the CPU runtime (its verbose "isa:" line; capped by
+// ONEDNN_MAX_CPU_ISA). Convolutions pick kernels and channel-blocked layouts by it
+// (engine/cpu_conv.h). AVX-512 covers every AVX-512 core level (avx512_core, _vnni, _bf16, _amx):
+// their float32 convolution kernels are the same.
+enum class CpuIsa { kAvx512, kAvx2 };
+
 enum class Precision {
   kFp32,      // everything in float32
   kFp16Amp,   // float32 parameters (the master weights), torch.autocast(float16), GradScaler
@@ -85,6 +91,7 @@ struct RunConfig {
   // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
   bool expandable_segments = false;
   Runtime runtime = Runtime::kCuda;
+  CpuIsa cpu_isa = CpuIsa::kAvx512;  // the CPU runtime only
 
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };
@@ -103,6 +110,7 @@ const char* OptimizerKindName(OptimizerKind k);
 const char* OptimizerImplName(OptimizerImpl i);
 const char* CheckpointPolicyName(CheckpointPolicy p);
 const char* RuntimeName(Runtime r);
+const char* CpuIsaName(CpuIsa isa);
 
 }  // namespace memest
 

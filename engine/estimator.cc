@@ -50,7 +50,15 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
                        "(flash, memory-efficient) keep a float32 logsumexp per query, not the "
                        "[T, T] scores");
   }
-  if (conv) r->notes.push_back("cuDNN convolution workspace is chosen at run time and not included");
+  if (conv && config.runtime == Runtime::kCpuTorch113) {
+    r->notes.push_back(std::string("CPU convolutions: the scratch of the kernels PyTorch 1.13 picks "
+                                   "with one thread (oneDNN on ") +
+                       CpuIsaName(config.cpu_isa) +
+                       ", or native im2col) is included for float32 and float64; more threads "
+                       "change the kernels");
+  } else if (conv) {
+    r->notes.push_back("cuDNN convolution workspace is chosen at run time and not included");
+  }
   if (config.mode == Mode::kTraining) {
     r->notes.push_back(std::string("optimizer: ") + OptimizerKindName(config.optimizer.kind) + " (" +
                        OptimizerImplName(config.optimizer.impl) + "), " +

@@ -56,6 +56,7 @@ struct OpCall {
   std::string field;  // where errors point, e.g. "model.ops[3]"
   bool grad_enabled = true;  // false under no_grad: inference, a checkpoint's first pass
   Runtime runtime = Runtime::kCuda;  // the few rules that differ on PyTorch 1.13's CPU path
+  CpuIsa cpu_isa = CpuIsa::kAvx512;  // the CPU runtime's convolution kernels
 
   const Tensor& in(size_t i) const { return *inputs[i]; }
   const Tensor& out(size_t i) const { return *outputs[i]; }

@@ -4,7 +4,10 @@
 // needs grad). max_pool2d_with_indices saves its input and the int64 indices (an output-shaped
 // tensor); avg_pool2d and _adaptive_avg_pool2d save their input. cuDNN's workspace is chosen
 // per algorithm at run time and is not modelled here (Validate measures it on the device).
+// On the CPU runtime a convolution's own scratch (oneDNN reorders and scratchpad, or im2col
+// columns) is engine/cpu_conv.h's measured rule.
 // adaptive_avg_pool2d to 1x1 runs as a mean in PyTorch 2.x and keeps only sizes.
+#include "engine/cpu_conv.h"
 #include "engine/op_rules_internal.h"
 
 namespace memest {
@@ -75,12 +78,70 @@ StatusOr<std::vector<OutputSpec>> InferConv(const OpCall& c) {
   return std::vector<OutputSpec>{{out, PromoteTypes(c.in(0).dtype, c.in(1).dtype)}};
 }
 
+// The convolution's geometry as aten hands it to its CPU kernels (1-D viewed as 2-D).
+CpuConvProblem CpuProblem(const OpCall& c) {
+  const Shape& x = c.in(0).shape;
+  const Shape& w = c.in(1).shape;
+  const Shape& y = c.out(0).shape;
+  const int n = static_cast<int>(x.size()) - 2;
+  // The attributes were validated when the outputs were inferred.
+  auto attr = [&](const char* name, int64_t fallback) {
+    StatusOr<std::vector<int64_t>> v = SpatialAttr(c, name, n, fallback, 0);
+    return v.ok() ? *v : std::vector<int64_t>(n, fallback);
+  };
+  const std::vector<int64_t> stride = attr("stride", 1), pad = attr("padding", 0),
+                             dil = attr("dilation", 1);
+  const bool two_d = n == 2;
+  CpuConvProblem p;
+  p.n = x[0];
+  p.ci = x[1];
+  p.co = w[0];
+  p.groups = x[1] / w[1];
+  p.h = two_d ? x[2] : 1;
+  p.w = x[n + 1];
+  p.kh = two_d ? w[2] : 1;
+  p.kw = w[n + 1];
+  p.oh = two_d ? y[2] : 1;
+  p.ow = y[n + 1];
+  p.stride_h = two_d ? stride[0] : 1;
+  p.stride_w = stride[n - 1];
+  p.pad_h = two_d ? pad[0] : 0;
+  p.pad_w = pad[n - 1];
+  p.dil_h = two_d ? dil[0] : 1;
+  p.dil_w = dil[n - 1];
+  p.element_bytes = DTypeSize(c.in(0).dtype);
+  p.bias = c.inputs.size() == 3;
+  p.input_grad = c.needs_grad(0);
+  p.weight_grad = c.needs_grad(1) || (p.bias && c.needs_grad(2));
+  return p;
+}
+
+// PyTorch 1.13's CPU convolutions allocate scratch inside the op (cpu_conv.h). The engine
+// allocates an op's outputs (forward) or fresh gradients (backward) before its temporaries, so
+// each is one temporary: the op's own high-water mark above what it returns.
+void CpuConvScratch(const OpCall& c, OpMemory* m) {
+  const DType dt = c.in(0).dtype;
+  if (dt != DType::kFloat32 && dt != DType::kFloat64) return;  // not measured (see the note)
+  const CpuConvProblem p = CpuProblem(c);
+  const CpuConvTrace t = CpuConvAllocations(p, c.cpu_isa);
+  const int64_t fwd = PeakOfEvents(t.forward).peak - BytesOf(c.out(0));
+  if (fwd > 0) m->forward_temps.push_back(Alloc{fwd, t.scratch});
+  if (!p.input_grad && !p.weight_grad) return;
+  int64_t fresh = 0;  // the gradients the engine allocates for this backward
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    if (c.needs_grad(i)) fresh += BytesOf(c.in(i));
+  }
+  const int64_t bwd = PeakOfEvents(t.backward).peak - fresh;
+  if (bwd > 0) m->backward_temps.push_back(Alloc{bwd, t.scratch});
+}
+
 // One formula serves input, weight and bias (convolution_backward), so both input and weight
 // are kept whenever any gradient is needed.
 void ConvMemory(const OpCall& c, OpMemory* m) {
   const bool any = c.needs_grad(0) || c.needs_grad(1) || (c.inputs.size() == 3 && c.needs_grad(2));
   SaveInputIf(m, any, 0);
   SaveInputIf(m, any, 1);
+  if (c.runtime == Runtime::kCpuTorch113) CpuConvScratch(c, m);
 }
 
 struct PoolGeometry {

@@ -369,7 +369,7 @@ class StepSimulator {
 
   OpCall MakeCall(int i, bool grad) const {
     const Op& op = g_.ops[i];
-    OpCall c{op, {}, {}, "", grad, cfg_.runtime};
+    OpCall c{op, {}, {}, "", grad, cfg_.runtime, cfg_.cpu_isa};
     for (int t : op.inputs) c.inputs.push_back(&g_.tensors[t]);
     for (int t : op.outputs) c.outputs.push_back(&g_.tensors[t]);
     return c;
