@@ -30,6 +30,11 @@ ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure || failed+=("ctest")
 # and regenerates docs/fidelity.md.
 section "conformance"
 /usr/bin/python3 tests/conformance/run.py --report "${BUILD_DIR:-build}/conformance.json" || failed+=("conformance")
+# The cases with convolutions again with oneDNN capped at AVX2: their scratch depends on the
+# CPU's vector ISA, and memest models both (--cpu-isa).
+for k in conv resnet unet; do
+  /usr/bin/python3 tests/conformance/run.py -k "${k}" --onednn-max-isa AVX2 || failed+=("conformance ${k} on AVX2")
+done
 
 # The Python client (client/python): installed into a venv that sees Debian's grpcio,
 # protobuf, pandas and matplotlib (no network), then pytest against a real memest-server on

@@ -250,6 +250,17 @@ StatusOr<Runtime> RuntimeFromProto(int value, const std::string& field) {
   return Unknown(field, value);
 }
 
+StatusOr<CpuIsa> CpuIsaFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::CPU_ISA_UNSPECIFIED:
+    case v1::CPU_ISA_AVX512:
+      return CpuIsa::kAvx512;
+    case v1::CPU_ISA_AVX2:
+      return CpuIsa::kAvx2;
+  }
+  return Unknown(field, value);
+}
+
 StatusOr<TensorRole> TensorRoleFromProto(int value, const std::string& field) {
   switch (value) {
     case v1::TENSOR_ROLE_UNSPECIFIED:
@@ -357,6 +368,11 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
   out.generate_tokens = config.generate_tokens();
   out.expandable_segments = config.expandable_segments();
   MEMEST_ASSIGN_OR_RETURN(out.runtime, RuntimeFromProto(config.runtime(), "config.runtime"));
+  MEMEST_ASSIGN_OR_RETURN(out.cpu_isa, CpuIsaFromProto(config.cpu_isa(), "config.cpu_isa"));
+  if (config.cpu_isa() != v1::CPU_ISA_UNSPECIFIED && out.runtime != Runtime::kCpuTorch113) {
+    return InvalidArgument("config.cpu_isa: applies to the cpu-1.13 runtime only; the step runs "
+                           "on " + std::string(RuntimeName(out.runtime)));
+  }
   return out;
 }
 

@@ -29,6 +29,11 @@ const Word<v1::Runtime> kRuntimes[] = {
     {"cpu-1.13", v1::RUNTIME_CPU_TORCH_1_13},
 };
 
+const Word<v1::CpuIsa> kCpuIsas[] = {
+    {"avx512", v1::CPU_ISA_AVX512},
+    {"avx2", v1::CPU_ISA_AVX2},
+};
+
 const Word<v1::Precision> kPrecisions[] = {
     {"fp32", v1::PRECISION_FP32},
     {"fp16", v1::PRECISION_FP16_AMP},
@@ -173,6 +178,10 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
     MEMEST_ASSIGN_OR_RETURN(v1::Runtime runtime, ParseWord("--runtime", flags.runtime, kRuntimes));
     config->set_runtime(runtime);
   }
+  if (!flags.cpu_isa.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::CpuIsa isa, ParseWord("--cpu-isa", flags.cpu_isa, kCpuIsas));
+    config->set_cpu_isa(isa);
+  }
   return Status::Ok();
 }
 
@@ -242,6 +251,10 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
   app->add_option("--runtime", f->runtime,
                   "what runs the step: cuda (PyTorch 2.x, default) or cpu-1.13 (PyTorch 1.13 on "
                   "the CPU, exact tensor bytes: what the conformance suite measures)")
+      ->group(run);
+  app->add_option("--cpu-isa", f->cpu_isa,
+                  "with --runtime cpu-1.13: the vector ISA oneDNN uses, avx512 (default) or "
+                  "avx2; it picks the convolution kernels and their scratch")
       ->group(run);
   app->add_flag("--no-advice", f->no_advice, "skip the advice (faster)")->group(run);
 

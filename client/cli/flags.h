@@ -54,6 +54,7 @@ struct EstimateFlags {
   std::optional<int64_t> generate_tokens;
   bool expandable_segments = false;
   std::string runtime;              // cuda | cpu-1.13
+  std::string cpu_isa;              // avx512 | avx2 (cpu-1.13 only)
   bool no_advice = false;
 };
 

@@ -72,6 +72,8 @@ TEST(BuildEstimateRequestTest, MapsFlagsToTheRequest) {
   flags.checkpoint_k = 3;
   flags.first_step = true;
   flags.device = "h100-80gb";
+  flags.runtime = "cpu-1.13";
+  flags.cpu_isa = "avx2";
   flags.no_advice = true;
 
   StatusOr<v1::EstimateRequest> request = BuildEstimateRequest(flags);
@@ -92,6 +94,8 @@ TEST(BuildEstimateRequestTest, MapsFlagsToTheRequest) {
   EXPECT_EQ(config.checkpoint().every_k(), 3);
   EXPECT_EQ(config.step(), v1::STEP_KIND_FIRST_STEP);
   EXPECT_EQ(config.device_name(), "h100-80gb");
+  EXPECT_EQ(config.runtime(), v1::RUNTIME_CPU_TORCH_1_13);
+  EXPECT_EQ(config.cpu_isa(), v1::CPU_ISA_AVX2);
   EXPECT_TRUE(request->skip_advice());
 }
 
@@ -107,6 +111,7 @@ TEST(BuildEstimateRequestTest, DefaultsLeaveTheEngineDefaults) {
   EXPECT_FALSE(config.has_optimizer());
   EXPECT_FALSE(config.has_checkpoint());
   EXPECT_EQ(config.device_case(), v1::RunConfig::DEVICE_NOT_SET);
+  EXPECT_EQ(config.cpu_isa(), v1::CPU_ISA_UNSPECIFIED);
   EXPECT_FALSE(request->skip_advice());
 }
 
@@ -139,6 +144,12 @@ TEST(BuildEstimateRequestTest, RefusesConflictsNamingTheFlags) {
   mode.preset = "mlp";
   mode.mode = "serving";
   EXPECT_NE(BuildEstimateRequest(mode).status().message().find("--mode"), std::string::npos);
+
+  EstimateFlags isa;
+  isa.preset = "mlp";
+  isa.runtime = "cpu-1.13";
+  isa.cpu_isa = "avx512f";
+  EXPECT_NE(BuildEstimateRequest(isa).status().message().find("--cpu-isa"), std::string::npos);
 }
 
 }  // namespace

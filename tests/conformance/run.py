@@ -3,11 +3,11 @@
 
 Usage (from anywhere; use the interpreter that has PyTorch, Debian's /usr/bin/python3):
   /usr/bin/python3 tests/conformance/run.py [--report FILE] [-k SUBSTRING] [--list]
-      [--explain] [--no-docs] [--memest PATH] [--via-tracer]
+      [--explain] [--no-docs] [--memest PATH] [--via-tracer] [--onednn-max-isa ISA]
 
 For every case (cases.py) and configuration it runs real PyTorch (measure.py) and
-`memest estimate --local --runtime cpu-1.13` on the same model (recorder.py writes the model
-file), and compares:
+`memest estimate --local --runtime cpu-1.13 --cpu-isa ISA` on the same model (recorder.py writes
+the model file; ISA is what oneDNN reports it runs on here), and compares:
   * saved-for-backward bytes and end-of-step parameter, gradient and optimizer-state bytes:
     equal, to the byte;
   * peak live bytes per phase and overall: within 1%.
@@ -22,11 +22,10 @@ traced model's; a traced case that fails where the hand-recorded one passes is m
 docs/fidelity.md is not regenerated in this mode.
 
 Writes the report (--report, JSON rows) and regenerates docs/fidelity.md when every case ran
-(no -k). Prints `N passed, M failed` and exits 1 on any failure not listed in KNOWN_FAILURES.
+(no -k). Prints `N passed, M failed` and exits 1 on any failure.
 """
 import argparse
 import datetime
-import fnmatch
 import json
 import os
 import subprocess
@@ -53,27 +52,6 @@ torch.set_num_threads(1)
 
 PEAK_TOLERANCE = 0.01  # peaks: within 1%; everything else: equal
 
-# Disagreements between memest's cpu-1.13 runtime and PyTorch 1.13 that are understood and
-# reported (/tmp/conformance-findings.md, docs/fidelity.md) but not fixed yet: (reason, case-id
-# patterns (fnmatch), quantities). A listed row still appears in the report, marked
-# known_failure, and does not fail the run; a listed row that passes is reported as stale.
-KNOWN_FAILURES = [
-    ("CPU convolution scratch (im2col / oneDNN buffers inside aten::convolution and "
-     "convolution_backward) is not modelled: it depends on the CPU's vector width "
-     "(tests/conformance/conv_scratch/RULE.md measures it on this machine); its CUDA counterpart, "
-     "the cuDNN workspace, is not modelled either",
-     ["ops/conv1d", "ops/conv2d", "ops/conv2d_stride2_lifted", "phenomena/unet_down_path",
-      "models/resnet18_small*"],
-     ["peak.FORWARD", "peak.BACKWARD", "peak"]),
-]
-
-
-def known_failure(case_id, quantity):
-    for reason, patterns, quantities in KNOWN_FAILURES:
-        if quantity in quantities and any(fnmatch.fnmatchcase(case_id, p) for p in patterns):
-            return reason
-    return None
-
 
 def find_memest(explicit=None):
     for p in (explicit, os.environ.get("MEMEST_BIN"), os.path.join(ROOT, "build", "bin", "memest")):
@@ -82,12 +60,34 @@ def find_memest(explicit=None):
     sys.exit("run.py: build/bin/memest not found (build first: bash scripts/build.sh)")
 
 
+def onednn_isa():
+    """The ISA oneDNN runs this process's convolutions with, as memest's --cpu-isa word: asked of
+    oneDNN itself (its verbose info line, in a child with the same environment, so that
+    ONEDNN_MAX_CPU_ISA counts)."""
+    probe = ("import torch, torch.nn.functional as F; torch.set_num_threads(1); "
+             "F.conv2d(torch.ones(2, 8, 6, 6), torch.ones(8, 8, 3, 3))")
+    out = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, ONEDNN_VERBOSE="1"),
+                         capture_output=True, text=True, check=True).stdout
+    isa = next((line.split("isa:", 1)[1] for line in out.splitlines() if ",isa:" in line), None)
+    if isa is None:
+        sys.exit("run.py: oneDNN printed no ISA (is PyTorch built with mkldnn?)")
+    if "AVX-512" in isa:
+        return "avx512"
+    if "AVX2" in isa:
+        return "avx2"
+    sys.exit(f"run.py: oneDNN runs on '{isa}'; memest models its AVX-512 and AVX2 convolutions only")
+
+
+CPU_ISA = None  # set by main(): what oneDNN runs on here
+
+
 def estimate(memest, model, batch, cfg, first_step):
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(model, f)
         path = f.name
     cmd = [memest, "estimate", "--local", "--model", path, "--batch", str(batch * cfg.accum),
-           "--mode", cfg.mode, "--precision", "fp32", "--runtime", "cpu-1.13", "--json", "--no-advice"]
+           "--mode", cfg.mode, "--precision", "fp32", "--runtime", "cpu-1.13",
+           "--cpu-isa", CPU_ISA, "--json", "--no-advice"]
     if cfg.training:
         cmd += ["--optimizer", cfg.optimizer, "--optimizer-impl", cfg.impl]
         if cfg.accum > 1:
@@ -162,11 +162,6 @@ def compare(case_id, step, measured, estimated):
         ok = abs(rel) <= PEAK_TOLERANCE if k.startswith("peak") else e == m
         row = {"case": case_id, "step": step, "quantity": k, "measured_bytes": m, "estimated_bytes": e,
                "rel_error": rel if rel != float("inf") else None, "ok": ok}
-        reason = known_failure(case_id, k)
-        if not ok and reason:
-            row["known_failure"] = reason
-        elif ok and reason:
-            row["stale_known_failure"] = reason
         rows.append(row)
     return rows
 
@@ -193,7 +188,14 @@ def main():
     ap.add_argument("--memest", help="the memest binary (default: build/bin/memest)")
     ap.add_argument("--via-tracer", action="store_true",
                     help="estimate the case as traced by memest.trace from an nn.Module (see above)")
+    ap.add_argument("--onednn-max-isa", metavar="ISA",
+                    help="cap oneDNN's ISA (ONEDNN_MAX_CPU_ISA, e.g. AVX2) to check memest's "
+                         "convolution rule for a CPU without AVX-512")
     args = ap.parse_args()
+    if args.onednn_max_isa:  # read by oneDNN at its first primitive, which has not run yet
+        os.environ["ONEDNN_MAX_CPU_ISA"] = args.onednn_max_isa
+    global CPU_ISA
+    CPU_ISA = onednn_isa()
 
     variants = [(cid, cfg, c) for c in CASES for cid, cfg in c.variants()]
     if args.select:
@@ -239,16 +241,15 @@ def main():
                 case_rows += compare(cid, step, mq, est)
                 if args.via_tracer:  # the hand-recorded model on the same measurements
                     hest = estimated_quantities(estimate(memest, run.model, c.batch, cfg, first), cfg.training)
-                    hand_ok[step] = all(r["ok"] or "known_failure" in r for r in compare(cid, step, mq, hest))
+                    hand_ok[step] = all(r["ok"] for r in compare(cid, step, mq, hest))
             error = None
         except Exception as e:  # a case that cannot run is a failure, reported with its error
             case_rows, error = [], f"{type(e).__name__}: {e}"
         rows += case_rows
         for step, _ in steps:
             srows = [r for r in case_rows if r["step"] == step]
-            bad = [r for r in srows if not r["ok"] and "known_failure" not in r]
-            known = [r for r in srows if not r["ok"] and "known_failure" in r]
-            status = "ERROR" if error else ("FAIL" if bad else ("KNOWN" if known else "ok"))
+            bad = [r for r in srows if not r["ok"]]
+            status = "ERROR" if error else ("FAIL" if bad else "ok")
             results.append({"case": cid, "group": c.group, "step": step, "config": cfg.label(),
                             "status": status, "error": error, "rows": srows, "note": c.note})
             line = f"{status:<5} {cid} [{step}]"
@@ -257,21 +258,16 @@ def main():
                 results[-1]["tracer_only"] = True
             if error:
                 line += f"\n      {error}"
-            for r in bad + known:
+            for r in bad:
                 err = "" if r["rel_error"] is None else f" ({r['rel_error']:+.2%})"
                 line += (f"\n      {r['quantity']}: measured {r['measured_bytes']}, estimated "
-                         f"{r['estimated_bytes']}{err}" + (" [known]" if r in known else ""))
+                         f"{r['estimated_bytes']}{err}")
             print(line, flush=True)
-        if args.explain and any(x["status"] in ("FAIL", "KNOWN") for x in results[-len(steps):]):
+        if args.explain and any(x["status"] == "FAIL" for x in results[-len(steps):]):
             explain(run, steps, saved_list)
 
-    stale = {(x["case"], x["quantity"]) for x in rows if x.get("stale_known_failure")}
-    stale -= {(x["case"], x["quantity"]) for x in rows if x.get("known_failure")}
-    for cid, q in sorted(stale):
-        print(f"note: KNOWN_FAILURES lists {cid} {q}, which now passes: remove it")
     passed = sum(1 for r in results if r["status"] in ("ok",))
     skipped = sum(1 for r in results if r["status"] == "SKIP")
-    known = sum(1 for r in results if r["status"] == "KNOWN")
     failed = sum(1 for r in results if r["status"] in ("FAIL", "ERROR"))
     if args.report:
         os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
@@ -281,9 +277,9 @@ def main():
                        "rows": rows,
                        "cases": [{k: v for k, v in r.items() if k != "rows"} for r in results]}, f, indent=1)
     if not args.select and not args.no_docs and not args.via_tracer:
-        write_fidelity(results, passed, failed, known)
+        write_fidelity(results, passed, failed)
     print(f"({time.time() - t0:.1f} s)")
-    print(f"{passed} passed, {failed} failed" + (f", {known} known failures" if known else "")
+    print(f"{passed} passed, {failed} failed"
           + (f", {skipped} skipped" if skipped else "")
           + (" (via the tracer; [tracer-only]: " + str(sum(1 for r in results if r.get("tracer_only")))
              + ")" if args.via_tracer else ""))
@@ -298,7 +294,7 @@ def _fmt_err(r):
     return f"{r['rel_error']:+.2%}"
 
 
-def write_fidelity(results, passed, failed, known):
+def write_fidelity(results, passed, failed):
     path = os.path.join(ROOT, "docs", "fidelity.md")
     out = []
     w = out.append
@@ -310,10 +306,11 @@ def write_fidelity(results, passed, failed, known):
     w("/usr/bin/python3 tests/conformance/run.py --report build/conformance.json")
     w("```")
     w("")
-    w(f"PyTorch {torch.__version__} on the CPU (Debian python3-torch), float32; memest "
-      f"`estimate --local --runtime cpu-1.13`; {datetime.date.today().isoformat()}.")
+    w(f"PyTorch {torch.__version__} on the CPU (Debian python3-torch), float32, one thread, oneDNN "
+      f"on {CPU_ISA}; memest `estimate --local --runtime cpu-1.13 --cpu-isa {CPU_ISA}`; "
+      f"{datetime.date.today().isoformat()}.")
     w("")
-    w(f"**{passed} passed, {failed} failed" + (f", {known} known failures" if known else "") + "** "
+    w(f"**{passed} passed, {failed} failed** "
       "(one line per case, configuration and step).")
     w("")
     w("## What is compared")
@@ -365,7 +362,7 @@ def write_fidelity(results, passed, failed, known):
             eos_s = " / ".join("-" if x is None else (f"{x['measured_bytes']}" if x["ok"] else
                                f"**{x['measured_bytes']} vs {x['estimated_bytes']}**") for x in e)
             name = r["case"].split("/", 1)[1]
-            res = {"ok": "pass", "FAIL": "**FAIL**", "ERROR": "**ERROR**", "KNOWN": "known failure"}[r["status"]]
+            res = {"ok": "pass", "FAIL": "**FAIL**", "ERROR": "**ERROR**"}[r["status"]]
             if r["error"]:
                 w(f"| {name} | {r['step']} | - | - | - | - | {res}: {r['error'][:120]} |")
                 continue

@@ -70,6 +70,10 @@ def test_options_change_the_request_as_the_cli_words_say(client):
     assert sgd.breakdown.optimizer_state == 0
     cpu = client.estimate(runtime="cpu-1.13", **base)
     assert cpu.breakdown.cuda_context == 0
+    with pytest.raises(memest.InvalidArgument, match="config.cpu_isa"):
+        client.estimate(cpu_isa="avx2", **base)  # the ISA is the CPU runtime's
+    with pytest.raises(memest.InvalidArgument, match="cpu_isa"):
+        client.estimate(runtime="cpu-1.13", cpu_isa="sse4", **base)
     inference = client.estimate(mode="inference", generate_tokens=16, precision="bf16-pure",
                                 **base)
     assert [p.phase for p in inference.phases] == ["data", "forward"]

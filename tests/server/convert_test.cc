@@ -34,6 +34,8 @@ TEST(RunConfigFromProtoTest, DefaultsAreTheEngineDefaults) {
   EXPECT_EQ(config->device_capacity_bytes, 0);
   EXPECT_EQ(config->generate_tokens, 0);
   EXPECT_EQ(config->expandable_segments, defaults.expandable_segments);
+  EXPECT_EQ(config->runtime, defaults.runtime);
+  EXPECT_EQ(config->cpu_isa, defaults.cpu_isa);
   EXPECT_EQ(config->batch_size, 0) << "batch_size is required; 0 is left for the engine to refuse";
 }
 
@@ -54,6 +56,8 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   proto.set_device_name("a100-80gb");
   proto.set_generate_tokens(256);
   proto.set_expandable_segments(true);
+  proto.set_runtime(v1::RUNTIME_CPU_TORCH_1_13);
+  proto.set_cpu_isa(v1::CPU_ISA_AVX2);
 
   StatusOr<RunConfig> config = RunConfigFromProto(proto);
   ASSERT_TRUE(config.ok()) << config.status().ToString();
@@ -72,6 +76,8 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   EXPECT_EQ(config->device, "a100-80gb");
   EXPECT_EQ(config->generate_tokens, 256);
   EXPECT_TRUE(config->expandable_segments);
+  EXPECT_EQ(config->runtime, Runtime::kCpuTorch113);
+  EXPECT_EQ(config->cpu_isa, CpuIsa::kAvx2);
 }
 
 TEST(RunConfigFromProtoTest, ExplicitZerosReachTheEngine) {
@@ -117,6 +123,13 @@ TEST(RunConfigFromProtoTest, RefusesWhatCannotBeRepresented) {
   add("config.device_capacity_bytes",
       [](v1::RunConfig& c) { c.set_device_capacity_bytes(uint64_t{1} << 63); });
   add("config.device_capacity_bytes", [](v1::RunConfig& c) { c.set_device_capacity_bytes(0); });
+  add("config.runtime", [](v1::RunConfig& c) { c.set_runtime(static_cast<v1::Runtime>(5)); });
+  add("config.cpu_isa", [](v1::RunConfig& c) {
+    c.set_runtime(v1::RUNTIME_CPU_TORCH_1_13);
+    c.set_cpu_isa(static_cast<v1::CpuIsa>(9));
+  });
+  // The ISA is the CPU runtime's; with CUDA it would be silently meaningless.
+  add("config.cpu_isa", [](v1::RunConfig& c) { c.set_cpu_isa(v1::CPU_ISA_AVX2); });
 
   for (const Case& c : cases) {
     SCOPED_TRACE(c.config.ShortDebugString());

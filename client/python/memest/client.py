@@ -39,6 +39,7 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           checkpoint_k, checkpoint_scopes, checkpoint_non_reentrant (use_reentrant=False),
           first_step, generate_tokens,
           expandable_segments, runtime: cuda | cpu-1.13,
+          cpu_isa: avx512 | avx2 (cpu-1.13 only: the ISA oneDNN's convolutions use),
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
           advice (False skips the advice: faster), timeout (seconds, this call only).
         None means the server's default. Unset words raise InvalidArgument before any call.

@@ -16,6 +16,7 @@ from memest.errors import InvalidArgument
 
 MODES = {"training": v1.MODE_TRAINING, "inference": v1.MODE_INFERENCE}
 RUNTIMES = {"cuda": v1.RUNTIME_CUDA, "cpu-1.13": v1.RUNTIME_CPU_TORCH_1_13}
+CPU_ISAS = {"avx512": v1.CPU_ISA_AVX512, "avx2": v1.CPU_ISA_AVX2}
 PRECISIONS = {
     "fp32": v1.PRECISION_FP32,
     "fp16": v1.PRECISION_FP16_AMP,
@@ -143,7 +144,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   checkpoint_k=None, checkpoint_scopes=(), checkpoint_non_reentrant=False,
                   first_step=False, device=None,
                   capacity_bytes=None, generate_tokens=None, expandable_segments=False,
-                  runtime=None, advice=True):
+                  runtime=None, cpu_isa=None, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
     config = request.config
@@ -186,5 +187,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
     config.expandable_segments = bool(expandable_segments)
     if runtime is not None:
         config.runtime = _word("runtime", runtime, RUNTIMES)
+    if cpu_isa is not None:
+        config.cpu_isa = _word("cpu_isa", cpu_isa, CPU_ISAS)
     request.skip_advice = not advice
     return request
