@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/estimator.h"
 #include "engine/op_rules.h"
 #include "tests/engine/test_graphs.h"
 
@@ -206,6 +207,45 @@ TEST(CpuConvTest, ConvRuleCarriesTheScratchOnTheCpuRuntimeOnly) {
   const OpMemory cuda = memory(Runtime::kCuda, CpuIsa::kAvx512);
   EXPECT_TRUE(cuda.forward_temps.empty());
   EXPECT_TRUE(cuda.backward_temps.empty());
+}
+
+// The whole estimate: the CPU runtime's peak includes the convolution scratch, and the report
+// says which ISA it assumed.
+TEST(CpuConvTest, EstimateIncludesTheScratchAndNamesTheIsa) {
+  GraphBuilder b;
+  const int x = b.Input("x", {4, 8, 12, 12}, DType::kFloat32);
+  const int w = b.Parameter("w", {8, 8, 3, 3}, DType::kFloat32);
+  const int y = b.Add1("conv2d", {x, w}, {{"padding", int64_t{1}}});
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {y}));
+  const Graph g = b.Finish().value();
+  RunConfig c;
+  c.batch_size = 4;
+  c.optimizer.kind = OptimizerKind::kSgd;
+  c.runtime = Runtime::kCpuTorch113;
+  auto estimate = [&](CpuIsa isa) {
+    c.cpu_isa = isa;
+    StatusOr<Report> r = EstimateGraph(g, c);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return *r;
+  };
+  const Report avx512 = estimate(CpuIsa::kAvx512);
+  const Report avx2 = estimate(CpuIsa::kAvx2);
+  // AVX2 blocks 8 channels by 8: its copies are as large as the tensors. AVX-512 runs its
+  // first-conv kernel, with the output padded to 16 channels.
+  const int64_t plain_peak = 4 * 8 * 144 * 4 * 2 + 8 * 8 * 9 * 4;  // x, y and the weight
+  EXPECT_GT(avx2.peak.allocated_bytes, plain_peak);
+  EXPECT_GT(avx512.peak.allocated_bytes, avx2.peak.allocated_bytes);
+  auto has_note = [](const Report& r, const std::string& text) {
+    for (const std::string& n : r.notes) {
+      if (n.find("CPU convolutions") != std::string::npos && n.find(text) != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  };
+  EXPECT_TRUE(has_note(avx512, "oneDNN on avx512"));
+  EXPECT_TRUE(has_note(avx2, "oneDNN on avx2"));
 }
 
 }  // namespace
