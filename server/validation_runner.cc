@@ -56,9 +56,6 @@ int Stop(pid_t pid, std::chrono::milliseconds grace) {
 ValidationRunner::ValidationRunner(ValidationOptions options)
     : options_(std::move(options)),
       worker_(options_.worker_path.empty() ? SiblingWorker() : options_.worker_path) {
-  // A worker that dies before reading its request must not take the server down with SIGPIPE:
-  // the write then fails with EPIPE, and the worker's exit says why.
-  signal(SIGPIPE, SIG_IGN);
   if (options_.device < 0) {
     available_ = Unavailable("this memest-server was started without --device: it estimates but "
                              "does not validate (start it with --device 0 on a machine with a GPU)");
@@ -216,7 +213,7 @@ Status ValidationRunner::RunWorker(const std::vector<std::string>& args, const s
     const int n = poll(fds, to_child >= 0 ? 2 : 1, 100);
     if (n < 0 && errno != EINTR) break;
     if (to_child >= 0 && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const ssize_t w = write(to_child, input.data() + sent, input.size() - sent);
+      const ssize_t w = worker::WriteWithoutSigpipe(to_child, input.data() + sent, input.size() - sent);
       if (w > 0) sent += static_cast<size_t>(w);
       if ((w < 0 && errno != EAGAIN && errno != EINTR) || sent == input.size()) {
         close(to_child);  // all sent, or the child stopped reading (it reports why)

@@ -1,9 +1,29 @@
 #include "server/worker_protocol.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 namespace memest::worker {
+
+ssize_t WriteWithoutSigpipe(int fd, const char* data, size_t size) {
+  sigset_t pipe_only, old;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+  const ssize_t w = write(fd, data, size);
+  const int err = errno;
+  if (w < 0 && err == EPIPE) {
+    const timespec now{0, 0};
+    while (sigtimedwait(&pipe_only, nullptr, &now) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  errno = err;
+  return w;
+}
 
 bool WriteFrame(int fd, char type, const std::string& payload) {
   std::string frame(5, '\0');

@@ -9,6 +9,8 @@
 #ifndef MEMEST_SERVER_WORKER_PROTOCOL_H_
 #define MEMEST_SERVER_WORKER_PROTOCOL_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,6 +29,12 @@ bool WriteFrame(int fd, char type, const std::string& payload);
 bool WriteEvent(int fd, const v1::ValidateEvent& event);
 bool WriteStatus(int fd, const Status& status);
 Status ParseStatus(const std::string& payload);
+
+// write() to the worker's stdin, whose reader may be gone, without SIGPIPE and without touching
+// the process's disposition (the server may be embedded in another program): SIGPIPE is blocked
+// in the calling thread for the call, and the one a broken pipe raises (directed at this
+// thread) is consumed before the mask is restored. A gone reader is then -1 with errno EPIPE.
+ssize_t WriteWithoutSigpipe(int fd, const char* data, size_t size);
 
 // Accumulates bytes read from the pipe and cuts them into frames.
 class FrameReader {
