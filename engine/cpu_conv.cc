@@ -58,9 +58,14 @@ void NativeTrace(const CpuConvProblem& p, CpuConvTrace* t) {
   t->forward_kernel = "native im2col";
   t->scratch = "im2col columns";
   auto cols_pass = [&](std::vector<int64_t>* seq) {
+    if (cols_needed) seq->insert(seq->end(), {cols, -cols});
+  };
+  // Forward: the columns are unfolded, then the output (or a group's) is computed from them.
+  auto forward_through_cols = [&](int64_t out) {
     if (cols_needed) {
-      seq->push_back(cols);
-      seq->push_back(-cols);
+      f.insert(f.end(), {cols, out, -cols});
+    } else {
+      f.push_back(out);
     }
   };
   if (p.groups == 1 && dilated) {  // slow_conv_dilated2d
@@ -76,11 +81,7 @@ void NativeTrace(const CpuConvProblem& p, CpuConvTrace* t) {
     return;
   }
   if (p.groups == 1) {  // slow_conv2d
-    if (cols_needed) {
-      f.insert(f.end(), {cols, y, -cols});
-    } else {
-      f.push_back(y);
-    }
+    forward_through_cols(y);
     if (p.input_grad) bw.push_back(x);
     if (p.weight_grad) {
       if (p.bias) bw.push_back(b);
@@ -96,11 +97,7 @@ void NativeTrace(const CpuConvProblem& p, CpuConvTrace* t) {
   const int64_t gw = cog * cig * k * e, gb = cog * e;
   for (int64_t g = 0; g < p.groups; ++g) {
     if (slice_copy) f.push_back(xg);
-    if (cols_needed) {
-      f.insert(f.end(), {cols, yg, -cols});
-    } else {
-      f.push_back(yg);
-    }
+    forward_through_cols(yg);
     if (slice_copy) f.push_back(-xg);
   }
   f.push_back(y);
@@ -118,8 +115,10 @@ void NativeTrace(const CpuConvProblem& p, CpuConvTrace* t) {
   if (p.input_grad) bw.push_back(x);
   if (p.weight_grad) {
     bw.push_back(wt);
-    if (p.bias) bw.push_back(b);
-    if (p.bias) bw.insert(bw.end(), p.groups, -gb);
+    if (p.bias) {
+      bw.push_back(b);
+      bw.insert(bw.end(), p.groups, -gb);
+    }
     bw.insert(bw.end(), p.groups, -gw);
   }
   if (p.input_grad) bw.insert(bw.end(), p.groups, -xg);
