@@ -192,10 +192,6 @@ def main():
                     help="cap oneDNN's ISA (ONEDNN_MAX_CPU_ISA, e.g. AVX2) to check memest's "
                          "convolution rule for a CPU without AVX-512")
     args = ap.parse_args()
-    if args.onednn_max_isa:  # read by oneDNN at its first primitive, which has not run yet
-        os.environ["ONEDNN_MAX_CPU_ISA"] = args.onednn_max_isa
-    global CPU_ISA
-    CPU_ISA = onednn_isa()
 
     variants = [(cid, cfg, c) for c in CASES for cid, cfg in c.variants()]
     if args.select:
@@ -205,6 +201,10 @@ def main():
             print(f"{cid}  ({cfg.label()}, batch {c.batch})")
         return 0
     memest = find_memest(args.memest)
+    if args.onednn_max_isa:  # read by oneDNN at its first primitive, which has not run yet
+        os.environ["ONEDNN_MAX_CPU_ISA"] = args.onednn_max_isa
+    global CPU_ISA
+    CPU_ISA = onednn_isa()  # a child process with PyTorch: not for --list
     if args.via_tracer:
         import via_tracer
 
