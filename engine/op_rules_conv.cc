@@ -45,6 +45,19 @@ StatusOr<int64_t> OutExtent(const OpCall& c, int64_t in, int64_t k, int64_t s, i
   return (in + 2 * p - span) / s + 1;
 }
 
+struct ConvAttrs {
+  std::vector<int64_t> stride, padding, dilation;
+};
+
+// A convolution's stride, padding and dilation, one value per spatial dim.
+StatusOr<ConvAttrs> ReadConvAttrs(const OpCall& c, int n) {
+  ConvAttrs a;
+  MEMEST_ASSIGN_OR_RETURN(a.stride, SpatialAttr(c, "stride", n, 1, 1));
+  MEMEST_ASSIGN_OR_RETURN(a.padding, SpatialAttr(c, "padding", n, 0, 0));
+  MEMEST_ASSIGN_OR_RETURN(a.dilation, SpatialAttr(c, "dilation", n, 1, 1));
+  return a;
+}
+
 template <int N>
 StatusOr<std::vector<OutputSpec>> InferConv(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
@@ -66,31 +79,26 @@ StatusOr<std::vector<OutputSpec>> InferConv(const OpCall& c) {
     return InvalidArgument(InputField(c, 2) + ": bias must have shape [" + std::to_string(w[0]) +
                            "], got " + ShapeToString(c.in(2).shape));
   }
-  MEMEST_ASSIGN_OR_RETURN(auto stride, SpatialAttr(c, "stride", N, 1, 1));
-  MEMEST_ASSIGN_OR_RETURN(auto padding, SpatialAttr(c, "padding", N, 0, 0));
-  MEMEST_ASSIGN_OR_RETURN(auto dilation, SpatialAttr(c, "dilation", N, 1, 1));
+  MEMEST_ASSIGN_OR_RETURN(ConvAttrs a, ReadConvAttrs(c, N));
   Shape out{x[0], w[0]};
   for (int i = 0; i < N; ++i) {
-    MEMEST_ASSIGN_OR_RETURN(int64_t e, OutExtent(c, x[2 + i], w[2 + i], stride[i], padding[i],
-                                                 dilation[i]));
+    MEMEST_ASSIGN_OR_RETURN(int64_t e, OutExtent(c, x[2 + i], w[2 + i], a.stride[i],
+                                                 a.padding[i], a.dilation[i]));
     out.push_back(e);
   }
   return std::vector<OutputSpec>{{out, PromoteTypes(c.in(0).dtype, c.in(1).dtype)}};
 }
 
-// The convolution's geometry as aten hands it to its CPU kernels (1-D viewed as 2-D).
-CpuConvProblem CpuProblem(const OpCall& c) {
+// The convolution's geometry as aten hands it to its CPU kernels (1-D viewed as 2-D). `a` are
+// its attributes, validated when the outputs were inferred.
+CpuConvProblem CpuProblem(const OpCall& c, const ConvAttrs& a) {
   const Shape& x = c.in(0).shape;
   const Shape& w = c.in(1).shape;
   const Shape& y = c.out(0).shape;
   const int n = static_cast<int>(x.size()) - 2;
-  // The attributes were validated when the outputs were inferred.
-  auto attr = [&](const char* name, int64_t fallback) {
-    StatusOr<std::vector<int64_t>> v = SpatialAttr(c, name, n, fallback, 0);
-    return v.ok() ? *v : std::vector<int64_t>(n, fallback);
-  };
-  const std::vector<int64_t> stride = attr("stride", 1), pad = attr("padding", 0),
-                             dil = attr("dilation", 1);
+  const std::vector<int64_t>& stride = a.stride;
+  const std::vector<int64_t>& pad = a.padding;
+  const std::vector<int64_t>& dil = a.dilation;
   const bool two_d = n == 2;
   CpuConvProblem p;
   p.n = x[0];
@@ -122,7 +130,9 @@ CpuConvProblem CpuProblem(const OpCall& c) {
 void CpuConvScratch(const OpCall& c, OpMemory* m) {
   const DType dt = c.in(0).dtype;
   if (dt != DType::kFloat32 && dt != DType::kFloat64) return;  // not measured (see the note)
-  const CpuConvProblem p = CpuProblem(c);
+  const StatusOr<ConvAttrs> attrs = ReadConvAttrs(c, static_cast<int>(c.in(0).shape.size()) - 2);
+  if (!attrs.ok()) return;  // unreachable: InferConv refused the op already
+  const CpuConvProblem p = CpuProblem(c, *attrs);
   const CpuConvTrace t = CpuConvAllocations(p, c.cpu_isa);
   const int64_t fwd = PeakOfEvents(t.forward).peak - BytesOf(c.out(0));
   if (fwd > 0) m->forward_temps.push_back(Alloc{fwd, t.scratch});
