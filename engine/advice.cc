@@ -144,9 +144,10 @@ StatusOr<Graph> RewriteScaleQk(const Graph& g, int matmul, int scale) {
 // from the configured micro-batch, doubling or halving until the answer changes, then
 // bisecting. 0 when even one sample does not fit; -1 when the model's memory does not grow with
 // the batch (an op graph with no batch dims) or the search passes 2^20.
-int64_t LargestFittingMicroBatch(const ModelSpec& model, const RunConfig& config) {
+int64_t LargestFittingMicroBatch(const ModelSpec& model, const RunConfig& config,
+                                 Budget* budget) {
   constexpr int64_t kCap = int64_t{1} << 20;
-  const EstimateOptions quiet{std::numeric_limits<int64_t>::max(), false};
+  const EstimateOptions quiet{std::numeric_limits<int64_t>::max(), false, budget};
   std::map<int64_t, int64_t> peaks;  // micro-batch -> peak reserved (-1: error)
   std::map<int64_t, bool> fit;
   auto fits = [&](int64_t m) {
@@ -155,6 +156,7 @@ int64_t LargestFittingMicroBatch(const ModelSpec& model, const RunConfig& config
     RunConfig alt = config;
     alt.batch_size = m;
     alt.grad_accum_steps = 1;
+    if (!budget->status().ok()) return false;  // stopped: the caller looks at the budget
     StatusOr<Report> r = Estimate(model, alt, quiet);
     peaks[m] = r.ok() ? r->peak_reserved_bytes : -1;
     return fit[m] = r.ok() && r->fit && r->fit->fits;
@@ -194,11 +196,14 @@ std::string Where(const Graph& g, int op) {
 
 }  // namespace
 
-std::vector<Advice> MakeAdvice(const ModelSpec& model, const Graph& graph, const RunConfig& config,
-                               const Report& report) {
+StatusOr<std::vector<Advice>> MakeAdvice(const ModelSpec& model, const Graph& graph,
+                                         const RunConfig& config, const Report& report,
+                                         Budget* budget) {
   std::vector<Advice> fixes;
   const int64_t base = report.peak.allocated_bytes;
-  const EstimateOptions quiet{std::numeric_limits<int64_t>::max(), false};
+  const EstimateOptions quiet{std::numeric_limits<int64_t>::max(), false, budget};
+  // Each alternative is measured only while the budget lasts; measure() drops an alternative
+  // whose re-estimate failed, the budget's refusal included.
   auto measure = [&](const StatusOr<Report>& alt, Advice a) {
     if (!alt.ok() || alt->peak.allocated_bytes >= base) return;
     a.saving_bytes = base - alt->peak.allocated_bytes;
@@ -293,12 +298,12 @@ std::vector<Advice> MakeAdvice(const ModelSpec& model, const Graph& graph, const
             [](const Advice& a, const Advice& b) { return a.saving_bytes > b.saving_bytes; });
 
   // What fits: the largest micro-batch for this device.
-  if (report.fit) {
-    const int64_t m = LargestFittingMicroBatch(model, config);
+  if (report.fit && budget->status().ok()) {
+    const int64_t m = LargestFittingMicroBatch(model, config, budget);
     const std::string device = report.fit->device;
-    if (m == 0) {
+    if (m == 0 && budget->status().ok()) {
       fixes.push_back({"max_batch", "even a micro-batch of 1 does not fit " + device, 0, ""});
-    } else if (m > 0) {
+    } else if (m > 0 && budget->status().ok()) {
       std::string msg = "the largest micro-batch that fits " + device + " is " + std::to_string(m);
       if (config.mode == Mode::kTraining && m < config.batch_size) {
         const int64_t steps = (config.batch_size + m - 1) / m;
@@ -332,6 +337,7 @@ std::vector<Advice> MakeAdvice(const ModelSpec& model, const Graph& graph, const
            (big->scope.empty() ? std::string("the top level (the loss)") : big->scope) + " (" +
            FormatBytes(big->saved_bytes) + ")";
   }
+  if (!budget->status().ok() && !budget->spent_out()) return budget->status();
   std::vector<Advice> out{{"peak", msg, 0, report.peak.scope}};
   out.insert(out.end(), fixes.begin(), fixes.end());
   return out;

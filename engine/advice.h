@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "engine/budget.h"
 #include "engine/config.h"
 #include "engine/graph.h"
 #include "engine/model.h"
@@ -22,8 +23,13 @@ namespace memest {
 //   optimizer          a for-loop or fused optimizer instead of foreach
 //   precision          bf16 autocast instead of fp32
 // and, when a device is given, `max_batch`: the largest micro-batch that fits it (saving 0).
-std::vector<Advice> MakeAdvice(const ModelSpec& model, const Graph& graph, const RunConfig& config,
-                               const Report& report);
+//
+// Every re-estimate charges `budget`. Once the budget's op steps are spent the advice measured so
+// far is returned (budget->spent_out() tells the caller); a deadline or a cancellation is
+// returned as the error.
+StatusOr<std::vector<Advice>> MakeAdvice(const ModelSpec& model, const Graph& graph,
+                                         const RunConfig& config, const Report& report,
+                                         Budget* budget);
 
 }  // namespace memest
 

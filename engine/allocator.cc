@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/shape.h"
+
 namespace memest {
 namespace {
 
@@ -41,20 +43,25 @@ void CachingAllocatorModel::EraseFree(int id) {
 }
 
 CachingAllocatorModel::Location CachingAllocatorModel::Locate(int handle) const {
-  const int64_t addr = blocks_[handle].addr;
-  const auto it = std::upper_bound(segment_start_.begin(), segment_start_.end(), addr);
-  const int segment = static_cast<int>(it - segment_start_.begin()) - 1;
-  return {segment, addr - segment_start_[segment]};
+  const Block& b = blocks_[handle];
+  return {b.segment, b.addr - segment_start_[b.segment]};
+}
+
+int64_t CachingAllocatorModel::GrowthFor(bool small, int64_t size) const {
+  const int64_t page = small ? kSmallBuffer : kLargeBuffer;
+  if (expandable_ && last_block_[small] >= 0) {
+    const Block& b = blocks_[last_block_[small]];
+    return RoundUp(size - (b.allocated ? 0 : b.size), page);
+  }
+  return expandable_ ? RoundUp(size, page) : SegmentSize(size);
 }
 
 int CachingAllocatorModel::Grow(bool small, int64_t size) {
-  const int64_t page = small ? kSmallBuffer : kLargeBuffer;
+  const int64_t grow = GrowthFor(small, size);
+  reserved_ += grow;
   if (expandable_ && last_block_[small] >= 0) {
     const int last = last_block_[small];
     Block& b = blocks_[last];
-    const int64_t have = b.allocated ? 0 : b.size;
-    const int64_t grow = RoundUp(size - have, page);
-    reserved_ += grow;
     if (!b.allocated) {
       EraseFree(last);
       b.size += grow;
@@ -65,6 +72,7 @@ int CachingAllocatorModel::Grow(bool small, int64_t size) {
     nb.addr = b.addr + b.size;
     nb.size = grow;
     nb.small = small;
+    nb.segment = b.segment;
     nb.prev = last;
     const int id = NewBlock(nb);
     blocks_[last].next = id;
@@ -74,13 +82,12 @@ int CachingAllocatorModel::Grow(bool small, int64_t size) {
   }
   Block nb;
   nb.addr = next_addr_;
-  nb.size = expandable_ ? RoundUp(size, page) : SegmentSize(size);
+  nb.size = grow;
   nb.small = small;
+  nb.segment = segments_;
   segment_start_.push_back(nb.addr);
   segment_size_.push_back(nb.size);
-  // Leave a gap so that blocks of different segments are never adjacent.
-  next_addr_ += nb.size + (int64_t{1} << 40);
-  reserved_ += nb.size;
+  next_addr_ += nb.size;
   ++segments_;
   const int id = NewBlock(nb);
   if (expandable_) last_block_[small] = id;
@@ -89,10 +96,17 @@ int CachingAllocatorModel::Grow(bool small, int64_t size) {
 }
 
 int CachingAllocatorModel::Malloc(int64_t bytes) {
+  if (bytes < 0 || bytes > kMaxBytes) return -1;
   const int64_t size = RoundSize(bytes);
   const bool small = size <= kSmallSize;
   FreeSet& pool = Pool(small);
   auto it = pool.lower_bound({size, 0, 0});
+  // Reserved bytes bound allocated ones (every block lies in a segment): checking the growth of
+  // the reserved total, before anything changes, keeps both within kMaxBytes.
+  if (it == pool.end()) {
+    int64_t reserved = reserved_;
+    if (!AddBytes(&reserved, GrowthFor(small, size))) return -1;
+  }
   const int id = it == pool.end() ? Grow(small, size) : std::get<2>(*it);
   EraseFree(id);
   Block& b = blocks_[id];
@@ -105,6 +119,7 @@ int CachingAllocatorModel::Malloc(int64_t bytes) {
     rest.addr = b.addr + size;
     rest.size = remaining;
     rest.small = small;
+    rest.segment = b.segment;
     rest.prev = id;
     rest.next = b.next;
     b.size = size;

@@ -11,6 +11,9 @@
 // returned. "Allocated" counts whole blocks, so an unsplit block counts in full. With
 // expandable_segments each pool is one segment that grows by whole pages (2 MiB small,
 // 20 MiB large) instead of taking new segments.
+//
+// Allocated and reserved bytes stay within kMaxBytes (engine/shape.h): a request that would
+// take either past it is refused (Malloc returns -1) and changes nothing.
 #ifndef MEMEST_ENGINE_ALLOCATOR_H_
 #define MEMEST_ENGINE_ALLOCATOR_H_
 
@@ -39,7 +42,8 @@ class CachingAllocatorModel {
   // The size of the segment a request of rounded `size` would make the allocator reserve.
   static int64_t SegmentSize(int64_t size);
 
-  // Allocates `bytes`; returns a handle for Free().
+  // Allocates `bytes`; returns a handle for Free(), or -1 (nothing allocated) when `bytes` is
+  // negative or the allocated or reserved total would pass kMaxBytes.
   int Malloc(int64_t bytes);
   void Free(int handle);
 
@@ -63,6 +67,7 @@ class CachingAllocatorModel {
     int64_t size = 0;
     bool allocated = false;
     bool small = false;
+    int segment = 0;           // index into segment_start_ / segment_size_
     int prev = -1, next = -1;  // neighbours in the same segment
   };
   // Free blocks ordered for best fit: by size, then address; the id locates the block.
@@ -70,6 +75,8 @@ class CachingAllocatorModel {
 
   FreeSet& Pool(bool small) { return small ? small_free_ : large_free_; }
   int NewBlock(const Block& b);
+  // The bytes a request of rounded `size` would add to the reserved total.
+  int64_t GrowthFor(bool small, int64_t size) const;
   int Grow(bool small, int64_t size);
   void InsertFree(int id);
   void EraseFree(int id);
@@ -79,6 +86,10 @@ class CachingAllocatorModel {
   std::vector<int> free_ids_;
   FreeSet small_free_, large_free_;
   int last_block_[2] = {-1, -1};  // expandable: the block at the end of each pool's segment
+  // Addresses order blocks for best fit: segments are laid out in the order reserved, each
+  // from the end of the one before (blocks of different segments never merge: neighbours are
+  // linked, not found by address). An expandable segment grows past its start's neighbour
+  // without harm, as its addresses are compared only within its own pool.
   int64_t next_addr_ = 0;
   std::vector<int64_t> segment_start_, segment_size_;  // in the order reserved
   int64_t allocated_ = 0;

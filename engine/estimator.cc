@@ -89,7 +89,7 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
 }  // namespace
 
 StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
-                               bool record_operands) {
+                               bool record_operands, Budget* budget) {
   MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
   PlannedStep step;
   MEMEST_ASSIGN_OR_RETURN(step.device, ResolveDevice(config));
@@ -116,10 +116,12 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   if (config.mode == Mode::kTraining && step.graph->loss < 0) {
     return InvalidArgument("model: training needs a loss (a scalar to call backward on)");
   }
-  step.schedule = BuildSchedule(*step.graph, config, step.regions,
-                                {step.fixed.cublas_workspace_bytes, record_operands});
-  step.live = WalkSchedule(step.schedule, *step.graph, config.expandable_segments,
-                           cpu ? Accounting::kExact : Accounting::kCachingAllocator);
+  MEMEST_ASSIGN_OR_RETURN(step.schedule,
+                          BuildSchedule(*step.graph, config, step.regions,
+                                        {step.fixed.cublas_workspace_bytes, record_operands, budget}));
+  MEMEST_ASSIGN_OR_RETURN(step.live,
+                          WalkSchedule(step.schedule, *step.graph, config.expandable_segments,
+                                       cpu ? Accounting::kExact : Accounting::kCachingAllocator));
   return step;
 }
 
@@ -157,7 +159,8 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
 
 StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
                                const EstimateOptions& options) {
-  MEMEST_ASSIGN_OR_RETURN(PlannedStep step, PlanStep(built, config));
+  if (options.budget != nullptr) MEMEST_RETURN_IF_ERROR(options.budget->status());
+  MEMEST_ASSIGN_OR_RETURN(PlannedStep step, PlanStep(built, config, false, options.budget));
   return ReportStep(built, config, step);
 }
 
@@ -175,9 +178,34 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
 
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
                           const EstimateOptions& options) {
+  if (options.budget != nullptr) MEMEST_RETURN_IF_ERROR(options.budget->status());
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildStepGraph(model, config, options.max_ops));
-  MEMEST_ASSIGN_OR_RETURN(Report report, EstimateGraph(graph, config, options));
-  if (options.advice) report.advice = MakeAdvice(model, graph, config, report);
+  Budget unlimited;
+  Budget* budget = options.budget != nullptr ? options.budget : &unlimited;
+  // Every op runs forward at least once per micro-batch: a step that cannot afford that much is
+  // refused before it is scheduled.
+  const int64_t micro_batches = config.mode == Mode::kTraining && config.grad_accum_steps > 1 ? 2 : 1;
+  const int64_t least = static_cast<int64_t>(graph.ops.size()) * micro_batches;
+  if (!budget->Affords(least)) {
+    return ResourceExhausted("model: one step of its " + std::to_string(graph.ops.size()) +
+                             " ops needs at least " + std::to_string(least) +
+                             " op steps, more than the " +
+                             std::to_string(budget->max_op_steps() - budget->spent()) +
+                             " left of this request's budget");
+  }
+  EstimateOptions charged = options;
+  charged.budget = budget;
+  MEMEST_ASSIGN_OR_RETURN(Report report, EstimateGraph(graph, config, charged));
+  if (options.advice) {
+    MEMEST_ASSIGN_OR_RETURN(report.advice, MakeAdvice(model, graph, config, report, budget));
+    if (budget->spent_out()) {
+      report.notes.push_back("advice cut short: this request's budget of " +
+                             std::to_string(budget->max_op_steps()) +
+                             " op steps was spent before every alternative was measured (" +
+                             std::to_string(report.advice.size()) +
+                             " listed); ask with skip_advice for the estimate alone");
+    }
+  }
   return report;
 }
 

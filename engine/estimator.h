@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 
+#include "engine/budget.h"
 #include "engine/config.h"
 #include "engine/devices.h"
 #include "engine/liveness.h"
@@ -21,6 +22,10 @@ namespace memest {
 struct EstimateOptions {
   int64_t max_ops = 1'000'000;  // graphs with more ops are refused (RESOURCE_EXHAUSTED)
   bool advice = true;           // advice re-runs the estimate under alternatives; off is faster
+  // What the request may spend (op steps, deadline, cancellation), shared by the estimate and its
+  // advice; null: unlimited. A request whose one estimate cannot fit the budget is refused before
+  // it is scheduled; advice that runs out of budget stops, and the report's notes say so.
+  Budget* budget = nullptr;
 };
 
 // One step, planned: the graph as it runs (autocast casts inserted), its checkpoint regions,
@@ -36,10 +41,10 @@ struct PlannedStep {
   Liveness live;
 };
 
-// Plans the step of `built` (built for config.micro_batch()) under `config`. `built` must
-// outlive the result.
+// Plans the step of `built` (built for config.micro_batch()) under `config`, charging `budget`
+// (null: unlimited). `built` must outlive the result.
 StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
-                               bool record_operands = false);
+                               bool record_operands = false, Budget* budget = nullptr);
 
 // The report of a planned step (without advice).
 Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep& step);

@@ -104,6 +104,12 @@ int GraphBuilder::AddLeaf(std::string name, Shape shape, DType dtype, TensorRole
     Fail(bytes.status());
     return -1;
   }
+  if (!AddBytes(&leaf_bytes_, *bytes)) {
+    Fail(InvalidArgument(field + ": the model's parameters, buffers and inputs together would "
+                                 "hold more than 2^62 bytes (4 EiB); memest does not represent "
+                                 "larger byte counts"));
+    return -1;
+  }
   if (batch_dim >= static_cast<int>(shape.size())) batch_dim = -1;
   Tensor t;
   t.name = std::move(name);
@@ -119,6 +125,11 @@ int GraphBuilder::AddLeaf(std::string name, Shape shape, DType dtype, TensorRole
 
 int GraphBuilder::CopyLeaf(const Tensor& leaf) {
   if (!ok()) return -1;
+  if (!AddBytes(&leaf_bytes_, Bytes(leaf.shape, leaf.dtype))) {
+    Fail(InvalidArgument(leaf.name + ": the model's parameters, buffers and inputs together "
+                                     "would hold more than 2^62 bytes (4 EiB)"));
+    return -1;
+  }
   graph_.tensors.push_back(leaf);
   return static_cast<int>(graph_.tensors.size()) - 1;
 }
@@ -148,6 +159,12 @@ void GraphBuilder::EnableAutocast(DType half) { graph_.autocast = half; }
 std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> inputs, Attrs attrs,
                                    std::vector<std::string> output_names) {
   if (!ok()) return {};
+  if (static_cast<int64_t>(graph_.ops.size()) >= max_ops_) {
+    const std::string where = !context_.empty() ? context_ : !scope_.empty() ? scope_ : "";
+    Fail(ResourceExhausted("model: expands to more than the limit of " + std::to_string(max_ops_) +
+                           " ops" + (where.empty() ? std::string() : " (at " + where + ")")));
+    return {};
+  }
   if (graph_.autocast != DType::kFloat32 && !in_autocast_) {
     for (int id : inputs) {
       if (id < 0 || id >= static_cast<int>(graph_.tensors.size())) {

@@ -103,7 +103,8 @@ class GraphBuilder {
  public:
   GraphBuilder();
 
-  // Leaves. Shapes are validated (non-negative, byte count within 64 bits).
+  // Leaves. Shapes are validated (non-negative, at most kMaxTensorBytes each), and all leaves
+  // together (parameters, buffers, inputs, targets) may hold at most kMaxBytes.
   int Input(std::string name, Shape shape, DType dtype, int batch_dim = 0);
   int Target(std::string name, Shape shape, DType dtype, int batch_dim = 0);
   int Parameter(std::string name, Shape shape, DType dtype, bool trainable = true);
@@ -137,6 +138,9 @@ class GraphBuilder {
   void SetLoss(int tensor);
 
   void SetErrorContext(std::string context) { context_ = std::move(context); }
+  // Refuses (RESOURCE_EXHAUSTED) to add an op past `max_ops`, so that no request builds more
+  // than its limit before it is refused.
+  void SetMaxOps(int64_t max_ops) { max_ops_ = max_ops; }
   void Fail(Status status);
   const Status& status() const { return status_; }
   bool ok() const { return status_.ok(); }
@@ -161,6 +165,8 @@ class GraphBuilder {
   std::string scope_;
   std::vector<size_t> scope_marks_;
   std::string context_;
+  int64_t max_ops_ = 1'000'000;
+  int64_t leaf_bytes_ = 0;  // all leaves' bytes, within kMaxBytes
 };
 
 // RAII scope for GraphBuilder.

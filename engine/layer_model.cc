@@ -61,6 +61,10 @@ class AttrReader {
  public:
   AttrReader(const Attrs& attrs, const std::string& field) : attrs_(attrs), field_(field) {}
 
+  // Sizes, counts and window geometry of a layer are at most 2^31 - 1 (no PyTorch kernel takes
+  // more), which keeps the products the layers form of them within 64 bits.
+  static constexpr int64_t kMaxValue = (int64_t{1} << 31) - 1;
+
   const Status& status() const { return status_; }
   std::string Field(std::string_view name) const { return field_ + ".attrs." + std::string(name); }
   void Error(std::string_view name, const std::string& message) {
@@ -86,7 +90,7 @@ class AttrReader {
       Error(name, "must be positive, got " + std::to_string(v));
       return 1;
     }
-    return v;
+    return AtMostMax(name, v, 1);
   }
   int64_t NonNegative(std::string_view name, int64_t fallback) {
     int64_t v = AttrInt(name, fallback);
@@ -94,12 +98,17 @@ class AttrReader {
       Error(name, "must be non-negative, got " + std::to_string(v));
       return 0;
     }
-    return v;
+    return AtMostMax(name, v, 0);
   }
   bool Flag(std::string_view name, bool fallback) {
     int64_t v = AttrInt(name, fallback ? 1 : 0);
     if (v != 0 && v != 1) Error(name, "must be 0 or 1, got " + std::to_string(v));
     return v == 1;
+  }
+  int64_t AtMostMax(std::string_view name, int64_t v, int64_t fallback) {
+    if (v <= kMaxValue) return v;
+    Error(name, "must be at most " + std::to_string(kMaxValue) + ", got " + std::to_string(v));
+    return fallback;
   }
   double Probability(std::string_view name, double fallback) {
     StatusOr<double> v = FloatAttr(attrs_, name, fallback, field_);

@@ -10,8 +10,8 @@ namespace {
 class ExactCounter {
  public:
   int Malloc(int64_t bytes) {
+    if (bytes < 0 || !AddBytes(&allocated_, bytes)) return -1;
     sizes_.push_back(bytes);
-    allocated_ += bytes;
     return static_cast<int>(sizes_.size()) - 1;
   }
   void Free(int h) { allocated_ -= sizes_[h]; }
@@ -24,8 +24,10 @@ class ExactCounter {
   int64_t allocated_ = 0;
 };
 
+// The per-category sums below cannot overflow: every live buffer's rounded bytes lie inside the
+// allocator's allocated total, which Malloc keeps within kMaxBytes.
 template <typename Allocator>
-Liveness Walk(const Schedule& s, const Graph& g, Allocator& allocator) {
+StatusOr<Liveness> Walk(const Schedule& s, const Graph& g, Allocator& allocator) {
   std::vector<int> handle(s.num_buffers, -1);
   std::vector<Category> category(s.num_buffers, Category::kTemporaries);
   std::vector<int64_t> rounded(s.num_buffers, 0);
@@ -73,6 +75,10 @@ Liveness Walk(const Schedule& s, const Graph& g, Allocator& allocator) {
       }
       case EventKind::kAlloc: {
         handle[e.buffer] = allocator.Malloc(e.bytes);
+        if (handle[e.buffer] < 0) {
+          return ByteCountTooLarge(context >= 0 ? &s.contexts[context] : nullptr, g,
+                                   "the bytes reserved at once");
+        }
         rounded[e.buffer] = Allocator::RoundSize(e.bytes);
         category[e.buffer] = e.category;
         live[static_cast<int>(e.category)] += rounded[e.buffer];
@@ -107,7 +113,8 @@ Liveness Walk(const Schedule& s, const Graph& g, Allocator& allocator) {
 
 }  // namespace
 
-Liveness WalkSchedule(const Schedule& s, const Graph& g, bool expandable, Accounting accounting) {
+StatusOr<Liveness> WalkSchedule(const Schedule& s, const Graph& g, bool expandable,
+                                Accounting accounting) {
   if (accounting == Accounting::kExact) {
     ExactCounter exact;
     return Walk(s, g, exact);

@@ -22,9 +22,11 @@ struct Liveness {
 enum class Accounting { kCachingAllocator, kExact };
 
 // Replays `schedule` through CachingAllocatorModel (or exactly). Peak points name the op (kind
-// and scope) of `graph` that was running.
-Liveness WalkSchedule(const Schedule& schedule, const Graph& graph, bool expandable_segments,
-                      Accounting accounting = Accounting::kCachingAllocator);
+// and scope) of `graph` that was running. Refuses (INVALID_ARGUMENT, naming the op) a step
+// that would hold more than kMaxBytes at once; every total it reports is then within kMaxBytes.
+StatusOr<Liveness> WalkSchedule(const Schedule& schedule, const Graph& graph,
+                                bool expandable_segments,
+                                Accounting accounting = Accounting::kCachingAllocator);
 
 }  // namespace memest
 

@@ -80,6 +80,7 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
   const LayerContext c{context.mode, context.param_dtype};
 
   GraphBuilder b;
+  b.SetMaxOps(context.max_ops);
 
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   int x = b.Input("input", input_shape, input_dtype, 0);
@@ -146,7 +147,9 @@ Status CheckFiniteAttrs(const Attrs& attrs, const std::string& field) {
 // (micro_batch / traced_batch), e.g. a flattened [B*T, C].
 bool DimMatches(int64_t declared, int64_t inferred, int64_t traced, int64_t micro) {
   if (declared == inferred) return true;
-  return traced > 0 && traced != micro && declared * micro == inferred * traced;
+  using Wide = __int128;  // each side is a product of two int64 values
+  return traced > 0 && traced != micro &&
+         static_cast<Wide>(declared) * micro == static_cast<Wide>(inferred) * traced;
 }
 
 }  // namespace
@@ -198,6 +201,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
   }
 
   GraphBuilder b;
+  b.SetMaxOps(context.max_ops);
 
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   std::unordered_map<std::string, int> ids;

@@ -14,7 +14,10 @@ namespace memest {
 namespace rules {
 namespace {
 
-// Reads a per-spatial-dim attribute given as one int or a list of `n` ints.
+constexpr int64_t kMaxSpatialAttr = (int64_t{1} << 31) - 1;
+
+// Reads a per-spatial-dim attribute given as one int or a list of `n` ints, each in
+// [min_value, kMaxSpatialAttr].
 StatusOr<std::vector<int64_t>> SpatialAttr(const OpCall& c, const char* name, int n,
                                            int64_t fallback, int64_t min_value) {
   MEMEST_ASSIGN_OR_RETURN(std::vector<int64_t> v,
@@ -29,6 +32,10 @@ StatusOr<std::vector<int64_t>> SpatialAttr(const OpCall& c, const char* name, in
       return InvalidArgument(AttrField(c, name) + ": must be at least " +
                              std::to_string(min_value) + ", got " + std::to_string(x));
     }
+    if (x > kMaxSpatialAttr) {  // cuDNN and oneDNN take 32-bit strides, paddings and dilations
+      return InvalidArgument(AttrField(c, name) + ": must be at most " +
+                             std::to_string(kMaxSpatialAttr) + ", got " + std::to_string(x));
+    }
   }
   return v;
 }
@@ -36,7 +43,13 @@ StatusOr<std::vector<int64_t>> SpatialAttr(const OpCall& c, const char* name, in
 // Output extent of one spatial dim, or an error when the window does not fit.
 StatusOr<int64_t> OutExtent(const OpCall& c, int64_t in, int64_t k, int64_t s, int64_t p,
                             int64_t d) {
-  const int64_t span = d * (k - 1) + 1;
+  // d < 2^31 and k - 1 < 2^56 (a weight's dim): the window's span may pass 64 bits.
+  StatusOr<int64_t> dk = CheckedMul(d, k - 1);
+  if (!dk.ok()) {
+    return InvalidArgument(InputField(c, 1) + ": a window of " + std::to_string(k) +
+                           " with dilation " + std::to_string(d) + " spans more than 2^62");
+  }
+  const int64_t span = *dk + 1;
   if (in + 2 * p < span) {
     return InvalidArgument(InputField(c, 0) + ": spatial size " + std::to_string(in) +
                            " (padding " + std::to_string(p) + ") is smaller than the window " +
@@ -81,12 +94,22 @@ StatusOr<std::vector<OutputSpec>> InferConv(const OpCall& c) {
   }
   MEMEST_ASSIGN_OR_RETURN(ConvAttrs a, ReadConvAttrs(c, N));
   Shape out{x[0], w[0]};
+  // The largest scratch a convolution's kernels make (engine/cpu_conv.h) must be representable
+  // too: the input unfolded for a gemm (im2col, the whole batch) and the weight blocked in
+  // 16-channel tiles. The kernels' other buffers are small multiples of these or of the tensors.
+  Shape columns{x[0], w[1]};
+  Shape blocked{(w[0] + 15) / 16 * 16, (x[1] + 15) / 16 * 16};
   for (int i = 0; i < N; ++i) {
     MEMEST_ASSIGN_OR_RETURN(int64_t e, OutExtent(c, x[2 + i], w[2 + i], a.stride[i],
                                                  a.padding[i], a.dilation[i]));
     out.push_back(e);
+    columns.insert(columns.end(), {w[2 + i], e});
+    blocked.push_back(w[2 + i]);
   }
-  return std::vector<OutputSpec>{{out, PromoteTypes(c.in(0).dtype, c.in(1).dtype)}};
+  const DType dtype = PromoteTypes(c.in(0).dtype, c.in(1).dtype);
+  MEMEST_RETURN_IF_ERROR(CheckedBytes(columns, dtype, c.field + ": its unfolded input").status());
+  MEMEST_RETURN_IF_ERROR(CheckedBytes(blocked, dtype, c.field + ": its blocked weight").status());
+  return std::vector<OutputSpec>{{out, dtype}};
 }
 
 // The convolution's geometry as aten hands it to its CPU kernels (1-D viewed as 2-D). `a` are

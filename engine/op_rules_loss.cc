@@ -128,6 +128,12 @@ StatusOr<std::vector<OutputSpec>> InferSdpa(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(IntAttr(c.op.attrs, "is_causal", 0, c.field).status());
   MEMEST_RETURN_IF_ERROR(IntAttr(c.op.attrs, "fused", 0, c.field).status());
   if (c.inputs.size() == 4) MEMEST_RETURN_IF_ERROR(RequireRank(c, 3, 2, 8));  // attn_mask
+  // The math form materialises [.., L, S] scores (and an [L, S] causal mask): they must be
+  // representable, which bounds every scratch SdpaMemory forms from them.
+  Shape scores(q.begin(), q.end() - 1);
+  scores.push_back(k[k.size() - 2]);
+  MEMEST_RETURN_IF_ERROR(
+      CheckedBytes(scores, c.in(0).dtype, c.field + ": its attention scores").status());
   Shape out = q;
   out.back() = v.back();
   OutputSpec spec{out, c.in(0).dtype};

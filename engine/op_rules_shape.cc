@@ -215,7 +215,7 @@ StatusOr<std::vector<OutputSpec>> InferSplit(const OpCall& c) {
   int64_t total = 0;
   for (int64_t s : sizes) {
     if (s < 0) return InvalidArgument(AttrField(c, "sizes") + ": sizes must be non-negative");
-    total += s;
+    if (!AddBytes(&total, s)) total = -1;  // past 2^62: cannot add up to any size
   }
   if (sizes.empty() || total != c.in(0).shape[dim]) {
     return InvalidArgument(AttrField(c, "sizes") + ": must add up to " +
@@ -253,7 +253,10 @@ StatusOr<std::vector<OutputSpec>> InferCat(const OpCall& c) {
                              " does not match " + ShapeToString(c.in(0).shape) +
                              " outside dim " + std::to_string(dim));
     }
-    out[dim] += s[dim];
+    if (!AddBytes(&out[dim], s[dim])) {
+      return InvalidArgument(InputField(c, i) + ": the concatenation along dim " +
+                             std::to_string(dim) + " has more than 2^62 elements");
+    }
     dtype = PromoteTypes(dtype, c.in(i).dtype);
   }
   return std::vector<OutputSpec>{{out, dtype}};

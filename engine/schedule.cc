@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <string_view>
+#include <unordered_map>
 
 #include "engine/op_rules.h"
 
@@ -120,15 +122,16 @@ class StepSimulator {
     has_memo_.assign(g.ops.size(), false);
   }
 
-  Schedule Run() {
+  StatusOr<Schedule> Run() {
     StartOfStep();
     const int micro_batches = training_ && cfg_.grad_accum_steps > 1 ? 2 : 1;
-    for (int mb = 0; mb < micro_batches; ++mb) {
+    for (int mb = 0; mb < micro_batches && !failed(); ++mb) {
       mb_ = mb;
       RunMicroBatch();
     }
-    if (training_) OptimizerStep();
+    if (training_ && !failed()) OptimizerStep();
     FillParameterBytes();
+    if (failed()) return status_;
     s_.num_buffers = next_buffer_;
     return std::move(s_);
   }
@@ -168,7 +171,7 @@ class StepSimulator {
     if (st.saved[s]++ > 0) return false;
     const Tensor& t = g_.tensors[s];
     if (t.role == TensorRole::kParameter || t.role == TensorRole::kBuffer) return true;
-    saved_bytes_ += Bytes(t.shape, t.dtype);
+    Sum(&saved_bytes_, Bytes(t.shape, t.dtype));
     if (t.role == TensorRole::kActivation && !(st.pins[s] > 0 && IsCast(s))) {
       Retag(st.buffer[s], Category::kActivations);
     }
@@ -180,7 +183,7 @@ class StepSimulator {
     if (--st.saved[s] == 0) {
       const Tensor& t = g_.tensors[s];
       if (t.role != TensorRole::kParameter && t.role != TensorRole::kBuffer) {
-        saved_bytes_ -= Bytes(t.shape, t.dtype);
+        Sum(&saved_bytes_, -Bytes(t.shape, t.dtype));
         if (st.buffer[s] >= 0 && t.role == TensorRole::kActivation && !IsCast(s)) {
           Retag(st.buffer[s], Category::kTemporaries);
         }
@@ -189,8 +192,24 @@ class StepSimulator {
     MaybeFree(st, s);
   }
 
+  // ---- checked sums and the budget ----
+  // Adds `bytes` to a running total; past kMaxBytes the step is refused (the total is left as it
+  // was, so the simulation can run on harmlessly to the next check of status_).
+  void Sum(int64_t* total, int64_t bytes) {
+    if (!AddBytes(total, bytes) && status_.ok()) {
+      status_ = ByteCountTooLarge(CurrentContext(), g_, "a sum of bytes the step keeps");
+    }
+  }
+  const StepContext* CurrentContext() const {
+    return s_.contexts.empty() ? nullptr : &s_.contexts.back();
+  }
+  bool failed() const { return !status_.ok(); }
+
   // ---- events ----
   int NewBuffer(int64_t bytes, Category c) {
+    if ((bytes < 0 || bytes > kMaxBytes) && status_.ok()) {
+      status_ = ByteCountTooLarge(CurrentContext(), g_, "one allocation");
+    }
     const int id = next_buffer_++;
     s_.events.push_back({EventKind::kAlloc, c, id, bytes});
     return id;
@@ -198,6 +217,10 @@ class StepSimulator {
   void FreeBuffer(int id) { s_.events.push_back({EventKind::kFree, Category::kTemporaries, id, 0}); }
   void Retag(int id, Category c) { s_.events.push_back({EventKind::kRetag, c, id, 0}); }
   void Context(Phase phase, int op, bool recompute = false) {
+    if (opt_.budget != nullptr && status_.ok()) {
+      Status charged = opt_.budget->Charge(1);
+      if (!charged.ok()) status_ = std::move(charged);
+    }
     s_.contexts.push_back({phase, op, mb_, recompute});
     if (opt_.record_operands) s_.operands.emplace_back();
     s_.events.push_back({EventKind::kContext, Category::kTemporaries,
@@ -276,8 +299,10 @@ class StepSimulator {
     }
     for (auto& s : op_saved_) s = SavedByOp{};
     Forward();
+    if (failed()) return;
     if (mb_ == 0) s_.saved_for_backward_bytes = saved_bytes_;
     if (training_ && g_.loss >= 0) Backward();
+    if (failed()) return;
     // End of the micro-batch: the data batch and whatever the graph still holds go.
     for (size_t t = 0; t < g_.tensors.size(); ++t) {
       const Tensor& ten = g_.tensors[t];
@@ -312,7 +337,7 @@ class StepSimulator {
       for (int o : g_.ops.back().outputs) ++main_.pins[base_[o]];
     }
     std::vector<int> cast_cache;
-    for (int i = 0; i < n; ++i) {
+    for (int i = 0; i < n && !failed(); ++i) {
       const bool in_loss = g_.loss_begin >= 0 && i >= g_.loss_begin;
       const int r = region_of_[i];
       if (r >= 0 && regions_[r].first == i) {
@@ -401,7 +426,7 @@ class StepSimulator {
       int64_t bytes = Bytes(g_.tensors[o].shape, g_.tensors[o].dtype);
       if (k < mem.output_storage_bytes.size()) bytes = std::max(bytes, mem.output_storage_bytes[k]);
       st.buffer[s] = NewBuffer(bytes, weight_cast ? Category::kMasterAndCasts : Category::kTemporaries);
-      if (row) row->output_bytes += bytes;
+      if (row) Sum(&row->output_bytes, bytes);
       if (weight_cast && cast_cache) {
         ++st.pins[s];
         cast_cache->push_back(s);
@@ -410,15 +435,15 @@ class StepSimulator {
     SavedByOp& saved = op_saved_[i];
     for (const Alloc& a : mem.saved_extras) {
       saved.extras.push_back(NewBuffer(a.bytes, Category::kActivations));
-      saved.extra_bytes += a.bytes;
-      saved_bytes_ += a.bytes;
-      if (row) row->saved_bytes += a.bytes;
+      Sum(&saved.extra_bytes, a.bytes);
+      Sum(&saved_bytes_, a.bytes);
+      if (row) Sum(&row->saved_bytes, a.bytes);
     }
     std::vector<int> temps;
     int64_t temp_bytes = 0;
     for (const Alloc& a : mem.forward_temps) {
       temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
-      temp_bytes += a.bytes;
+      Sum(&temp_bytes, a.bytes);
     }
     if (row) row->temporary_bytes = std::max(row->temporary_bytes, temp_bytes);
     if (opt_.record_operands) {
@@ -431,7 +456,7 @@ class StepSimulator {
       const int s = base_[t];
       if (st.buffer[s] < 0) return;
       if (Hold(st, s) && row && g_.tensors[s].role == TensorRole::kActivation && !IsCast(s)) {
-        row->saved_bytes += Bytes(g_.tensors[s].shape, g_.tensors[s].dtype);
+        Sum(&row->saved_bytes, Bytes(g_.tensors[s].shape, g_.tensors[s].dtype));
       }
       saved.holds.emplace_back(&st, s);
     };
@@ -460,7 +485,7 @@ class StepSimulator {
     grads_.push_back({NewBuffer(Bytes(g_.tensors[loss].shape, g_.tensors[loss].dtype),
                             Category::kTemporaries), 1});
     pending_[loss] = {static_cast<int>(grads_.size()) - 1, ContiguousStrides(g_.tensors[loss].shape)};
-    for (int i = static_cast<int>(g_.ops.size()) - 1; i >= 0; --i) {
+    for (int i = static_cast<int>(g_.ops.size()) - 1; i >= 0 && !failed(); --i) {
       const int r = region_of_[i];
       if (r >= 0) {
         if (regions_[r].second == i) {
@@ -543,7 +568,7 @@ class StepSimulator {
       }
     }
     std::vector<int> cast_cache;
-    for (int i = first; i <= stop; ++i) {
+    for (int i = first; i <= stop && !failed(); ++i) {
       RunForwardOp(i, rt, true, Phase::kBackward, true, &cast_cache);
       s_.recomputed_ops++;
     }
@@ -551,7 +576,7 @@ class StepSimulator {
       --rt.pins[s];
       MaybeFree(rt, s);
     }
-    for (int i = last; i >= first; --i) RunBackwardOp(i, true);
+    for (int i = last; i >= first && !failed(); --i) RunBackwardOp(i, true);
     // PyTorch drops the recomputed graph when the checkpoint's backward returns: ops of the
     // region that backward did not reach (dead branches) let go of what they saved now, while
     // the recomputation's table is still alive.
@@ -581,7 +606,7 @@ class StepSimulator {
   void ReleaseSaved(SavedByOp& saved) {
     for (auto [st, s] : saved.holds) Unhold(*st, s);
     for (int b : saved.extras) FreeBuffer(b);
-    saved_bytes_ -= saved.extra_bytes;
+    Sum(&saved_bytes_, -saved.extra_bytes);
     saved = SavedByOp{};
   }
 
@@ -812,7 +837,7 @@ class StepSimulator {
       const size_t dot = t.name.rfind('.');
       const std::string scope = dot == std::string::npos ? "" : t.name.substr(0, dot);
       auto it = layer_index_.find(scope);
-      if (it != layer_index_.end()) s_.layers[it->second].parameter_bytes += Bytes(t.shape, t.dtype);
+      if (it != layer_index_.end()) Sum(&s_.layers[it->second].parameter_bytes, Bytes(t.shape, t.dtype));
     }
   }
 
@@ -841,6 +866,7 @@ class StepSimulator {
   std::vector<int> rng_state_of_;
   int last_row_ = -1;
   int64_t saved_bytes_ = 0;  // held for backward now: storages (not parameters) and extras
+  Status status_;            // the first refusal: a sum past kMaxBytes, or the budget's
   int next_buffer_ = 0;
   int mb_ = 0;
   int workspaces_ = 0;
@@ -889,21 +915,27 @@ StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& g, const CheckpointConf
       if (cfg.policy == CheckpointPolicy::kSqrtBlocks) {
         k = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(L))));
       }
-      for (int64_t b = 0; b < L; b += k) {
-        const int64_t e = std::min(L, b + k);
-        auto in_group = [&](const std::string& scope) {
-          for (int64_t j = b; j < e; ++j) {
-            if (ScopeWithin(scope, g.blocks[j])) return true;
-          }
-          return false;
-        };
-        int first = -1, last = -1;
-        for (int i = 0; i < end; ++i) {
-          if (in_group(g.ops[i].scope)) {
+      // Each group of k consecutive blocks is one region, from the first to the last op that
+      // runs inside any of its blocks. An op is inside the blocks its scope or one of its
+      // prefixes names (ScopeWithin), found by looking each prefix up: linear in the ops.
+      std::unordered_map<std::string_view, std::vector<int64_t>> blocks_of;
+      for (int64_t j = 0; j < L; ++j) blocks_of[g.blocks[j]].push_back(j);
+      const int64_t groups = (L - 1) / k + 1;
+      std::vector<std::pair<int, int>> span(groups, {-1, -1});
+      for (int i = 0; i < end; ++i) {
+        const std::string_view scope = g.ops[i].scope;
+        for (size_t cut = 0; cut <= scope.size(); ++cut) {
+          if (cut > 0 && cut < scope.size() && scope[cut] != '.') continue;
+          const auto it = blocks_of.find(scope.substr(0, cut));
+          if (it == blocks_of.end()) continue;
+          for (int64_t j : it->second) {
+            auto& [first, last] = span[j / k];
             if (first < 0) first = i;
             last = i;
           }
         }
+      }
+      for (const auto& [first, last] : span) {
         if (first >= 0) regions.emplace_back(first, last);
       }
       break;
@@ -941,9 +973,19 @@ StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& g, const CheckpointConf
   return merged;
 }
 
-Schedule BuildSchedule(const Graph& graph, const RunConfig& config,
-                       const CheckpointRegions& regions, const ScheduleOptions& options) {
+StatusOr<Schedule> BuildSchedule(const Graph& graph, const RunConfig& config,
+                                 const CheckpointRegions& regions, const ScheduleOptions& options) {
   return StepSimulator(graph, config, regions, options).Run();
+}
+
+Status ByteCountTooLarge(const StepContext* c, const Graph& g, const std::string& what) {
+  std::string where = PhaseName(c != nullptr ? c->phase : Phase::kData);
+  if (c != nullptr && c->op >= 0) {
+    where += ", op " + g.ops[c->op].kind;
+    if (!g.ops[c->op].scope.empty()) where += " in " + g.ops[c->op].scope;
+  }
+  return InvalidArgument("model, config.batch_size: " + what + " would pass 2^62 bytes (4 EiB) (" +
+                         where + "); memest does not represent larger byte counts");
 }
 
 }  // namespace memest

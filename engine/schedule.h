@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/budget.h"
 #include "engine/config.h"
 #include "engine/graph.h"
 #include "engine/report.h"
@@ -78,15 +79,22 @@ struct Schedule {
 struct ScheduleOptions {
   int64_t cublas_workspace_bytes = 0;  // per cuBLAS handle; 0 for none
   bool record_operands = false;        // fill Schedule::operands (slower; for Validate)
+  Budget* budget = nullptr;            // charged one op step per op context; null: unlimited
 };
 
 // Regions for the config's checkpoint policy. Errors name "config.checkpoint" when a policy
 // finds nothing to checkpoint (a block policy on a model without blocks, unknown scopes).
 StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& graph, const CheckpointConfig& config);
 
-// Builds the schedule of one step. The graph must be built for config.micro_batch().
-Schedule BuildSchedule(const Graph& graph, const RunConfig& config,
-                       const CheckpointRegions& regions, const ScheduleOptions& options);
+// Builds the schedule of one step. The graph must be built for config.micro_batch(). Refuses
+// with the budget's status once options.budget refuses, and with INVALID_ARGUMENT when a sum
+// of bytes it keeps (bytes saved for backward, a layer's row) would pass kMaxBytes.
+StatusOr<Schedule> BuildSchedule(const Graph& graph, const RunConfig& config,
+                                 const CheckpointRegions& regions, const ScheduleOptions& options);
+
+// The refusal of a byte count past kMaxBytes, `what` of the step at context `c` (null: before
+// the first op) of `graph`.
+Status ByteCountTooLarge(const StepContext* c, const Graph& graph, const std::string& what);
 
 }  // namespace memest
 

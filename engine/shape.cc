@@ -1,5 +1,7 @@
 #include "engine/shape.h"
 
+#include <algorithm>
+
 namespace memest {
 
 StatusOr<int64_t> CheckedMul(int64_t a, int64_t b) {
@@ -13,35 +15,60 @@ StatusOr<int64_t> CheckedMul(int64_t a, int64_t b) {
 }
 
 StatusOr<int64_t> CheckedAdd(int64_t a, int64_t b) {
-  if (a > kMaxBytes - b) return InvalidArgument("byte count overflows 64 bits");
-  return a + b;
+  if (!AddBytes(&a, b)) return InvalidArgument("byte count exceeds 2^62 bytes");
+  return a;
 }
 
-StatusOr<int64_t> CheckedNumel(const Shape& shape, const std::string& field) {
-  int64_t n = 1;
+namespace {
+
+// The element count of `shape`, or -1 when a size is negative (*bad_dim names it) or the
+// product of its sizes, a 0 counted as 1, passes kMaxBytes: an empty tensor's strides
+// (ContiguousStrides) are that product, and must not wrap either.
+int64_t NumelOrMinusOne(const Shape& shape, size_t* bad_dim) {
+  int64_t span = 1;
+  bool empty = false;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0) {
-      return InvalidArgument(field + "[" + std::to_string(i) +
-                             "]: must be non-negative, got " + std::to_string(shape[i]));
+      *bad_dim = i;
+      return -1;
     }
-    StatusOr<int64_t> next = CheckedMul(n, shape[i]);
-    if (!next.ok()) {
-      return InvalidArgument(field + ": shape " + ShapeToString(shape) +
-                             " has too many elements: its byte count overflows 64 bits");
-    }
-    n = *next;
+    empty |= shape[i] == 0;
+    const int64_t d = std::max<int64_t>(shape[i], 1);
+    if (span > kMaxBytes / d) return -1;
+    span *= d;
+  }
+  return empty ? 0 : span;
+}
+
+Status NegativeSize(const Shape& shape, size_t dim, const std::string& field) {
+  return InvalidArgument(field + "[" + std::to_string(dim) + "]: must be non-negative, got " +
+                         std::to_string(shape[dim]));
+}
+
+}  // namespace
+
+StatusOr<int64_t> CheckedNumel(const Shape& shape, const std::string& field) {
+  size_t bad_dim = shape.size();
+  const int64_t n = NumelOrMinusOne(shape, &bad_dim);
+  if (bad_dim < shape.size()) return NegativeSize(shape, bad_dim, field);
+  if (n < 0) {
+    return InvalidArgument(field + ": shape " + ShapeToString(shape) +
+                           ": its sizes multiply to more than 2^62");
   }
   return n;
 }
 
 StatusOr<int64_t> CheckedBytes(const Shape& shape, DType dtype, const std::string& field) {
-  MEMEST_ASSIGN_OR_RETURN(int64_t n, CheckedNumel(shape, field));
-  StatusOr<int64_t> bytes = CheckedMul(n, DTypeSize(dtype));
-  if (!bytes.ok()) {
-    return InvalidArgument(field + ": shape " + ShapeToString(shape) + " of " +
-                           std::string(DTypeName(dtype)) + " overflows 64 bits of bytes");
+  size_t bad_dim = shape.size();
+  const int64_t n = NumelOrMinusOne(shape, &bad_dim);
+  if (bad_dim < shape.size()) return NegativeSize(shape, bad_dim, field);
+  if (n < 0 || n > kMaxTensorBytes / DTypeSize(dtype)) {
+    return InvalidArgument(field + ": a tensor of shape " + ShapeToString(shape) + " of " +
+                           std::string(DTypeName(dtype)) +
+                           " would hold more than 2^56 bytes (64 PiB), the largest tensor "
+                           "memest represents");
   }
-  return bytes;
+  return n * DTypeSize(dtype);
 }
 
 int64_t Numel(const Shape& shape) {

@@ -116,6 +116,10 @@ class Replayer {
  private:
   Status Alloc(int buffer, int64_t bytes, Category c) {
     const int h = policy_.Malloc(bytes);
+    if (h < 0) {  // the plan's own walk kept every total within kMaxBytes
+      return Internal("the allocator model refused " + std::to_string(bytes) + " bytes at " +
+                      Where() + " that the plan's walk accepted");
+    }
     handle_[buffer] = h;
     while (static_cast<int>(segments_.size()) < policy_.segments()) {
       const int64_t size = policy_.SegmentBytes(static_cast<int>(segments_.size()));

@@ -180,7 +180,20 @@ TEST(OpRuleTest, OverflowingShapeIsRefused) {
   b.Input("x", {int64_t{1} << 40, int64_t{1} << 40}, DType::kFloat32);
   ASSERT_FALSE(b.ok());
   EXPECT_NE(b.status().message().find("model.tensors[0].shape"), std::string::npos);
-  EXPECT_NE(b.status().message().find("overflows"), std::string::npos);
+  EXPECT_NE(b.status().message().find("more than 2^56 bytes"), std::string::npos);
+}
+
+// One tensor may hold 2^56 bytes and no more: a byte past it is refused, though its count still
+// fits 64 bits.
+TEST(OpRuleTest, TensorBoundIsTwoToThe56Bytes) {
+  GraphBuilder ok;
+  ok.Input("x", {int64_t{1} << 54}, DType::kFloat32);
+  EXPECT_TRUE(ok.ok()) << ok.status().message();
+  GraphBuilder over;
+  over.Input("x", {(int64_t{1} << 54) + 1}, DType::kFloat32);
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(over.status().message().find("x.shape"), std::string::npos) << over.status().message();
 }
 
 TEST(OpRuleTest, NegativeDimIsRefused) {

@@ -81,7 +81,8 @@ TEST(SeedPhenomena, AdviceRewritesBroadcastReduceAsEinsum) {
   RunConfig c = PlainTraining();
   const Graph g = LogProb(false, true);
   const Report r = MustEstimate(g, c);
-  const std::vector<Advice> advice = MakeAdvice(ModelSpec{}, g, c, r);
+  Budget budget;
+  const std::vector<Advice> advice = MakeAdvice(ModelSpec{}, g, c, r, &budget).value();
   // In training the backward of the broadcast multiply forms a full-size product again; the
   // einsum's peak is about 160 MiB against 4.09 GiB.
   EXPECT_TRUE(HasAdvice(advice, "broadcast_reduce", 3 * kGiB + 900 * kMiB));
@@ -149,7 +150,8 @@ TEST(SeedPhenomena, ManualSwishKeepsOneMoreTensor) {
   EXPECT_EQ(enginetest::SavedBytes(SwishNet(false), c, "act"), act);
   const Graph manual = SwishNet(true);
   const Report r = MustEstimate(manual, c);
-  EXPECT_TRUE(HasAdvice(MakeAdvice(ModelSpec{}, manual, c, r), "fused_activation", act));
+  Budget budget;
+  EXPECT_TRUE(HasAdvice(MakeAdvice(ModelSpec{}, manual, c, r, &budget).value(), "fused_activation", act));
 }
 
 // Seed 003: the timeline of a step, first step against later ones.
@@ -218,7 +220,8 @@ TEST(SeedPhenomena, ScalingTheScoresByAConstantKeepsNothing) {
   EXPECT_EQ(Phase_(rd, Phase::kForward).allocated_bytes, Phase_(rs, Phase::kForward).allocated_bytes);
   EXPECT_EQ(rd.peak.allocated_bytes, rs.peak.allocated_bytes);
   // So memest does not advise the move: advice is only what a re-estimate shows to help.
-  EXPECT_FALSE(HasAdvice(MakeAdvice(ModelSpec{}, divide, c, rd), "attention_scaling", 1));
+  Budget budget;
+  EXPECT_FALSE(HasAdvice(MakeAdvice(ModelSpec{}, divide, c, rd, &budget).value(), "attention_scaling", 1));
 }
 
 TEST(SeedPhenomena, CheckpointingEverySqrtLBlocksFitsWhereNoneDoesNot) {

@@ -175,17 +175,17 @@ TEST(ScheduleTest, NonReentrantCheckpointKeepsLessAndStopsEarlyOnCuda) {
   RunConfig c = PlainTraining();
   c.checkpoint.policy = CheckpointPolicy::kEveryBlock;
   const CheckpointRegions regions = PlanCheckpoints(g, c.checkpoint).value();
-  const Schedule reentrant = BuildSchedule(g, c, regions, {});
+  const Schedule reentrant = BuildSchedule(g, c, regions, {}).value();
   RunConfig nr = c;
   nr.checkpoint.non_reentrant = true;
-  const Schedule non_reentrant = BuildSchedule(g, nr, regions, {});
+  const Schedule non_reentrant = BuildSchedule(g, nr, regions, {}).value();
   EXPECT_EQ(reentrant.recomputed_ops, 3 * L);      // linear, gelu, add
   EXPECT_EQ(non_reentrant.recomputed_ops, 2 * L);  // the add is not recomputed
   EXPECT_LT(non_reentrant.saved_for_backward_bytes, reentrant.saved_for_backward_bytes);
   EXPECT_LE(Walk(g, nr, regions).peak.allocated_bytes, Walk(g, c, regions).peak.allocated_bytes);
 
   nr.runtime = Runtime::kCpuTorch113;  // 1.13 recomputes the whole function
-  EXPECT_EQ(BuildSchedule(g, nr, regions, {}).recomputed_ops, 3 * L);
+  EXPECT_EQ(BuildSchedule(g, nr, regions, {}).value().recomputed_ops, 3 * L);
 }
 
 TEST(ScheduleTest, SqrtCheckpointingGroupsBlocks) {
@@ -354,7 +354,7 @@ TEST(ScheduleTest, RecomputedDeadBranchDiesWithTheRegion) {
     RunConfig c = enginetest::PlainTraining();
     c.checkpoint.policy = CheckpointPolicy::kScopes;
     c.checkpoint.scopes = {"blk"};
-    const Schedule s = BuildSchedule(g, c, PlanCheckpoints(g, c.checkpoint).value(), {});
+    const Schedule s = BuildSchedule(g, c, PlanCheckpoints(g, c.checkpoint).value(), {}).value();
     CachingAllocatorModel a;
     std::vector<int> h(s.num_buffers, -1);
     int ctx = -1;

@@ -33,13 +33,13 @@ inline RunConfig PlainTraining() {
 }
 
 inline Liveness Walk(const Graph& g, const RunConfig& c, const CheckpointRegions& regions = {}) {
-  const Schedule s = BuildSchedule(g, c, regions, ScheduleOptions{});
-  return WalkSchedule(s, g, c.expandable_segments);
+  const Schedule s = BuildSchedule(g, c, regions, ScheduleOptions{}).value();
+  return WalkSchedule(s, g, c.expandable_segments).value();
 }
 
 inline int64_t SavedBytes(const Graph& g, const RunConfig& c, const std::string& scope,
                           const CheckpointRegions& regions = {}) {
-  const Schedule s = BuildSchedule(g, c, regions, ScheduleOptions{});
+  const Schedule s = BuildSchedule(g, c, regions, ScheduleOptions{}).value();
   int64_t n = 0;
   for (const LayerRow& r : s.layers) {
     if (ScopeWithin(r.scope, scope)) n += r.saved_bytes;
