@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "engine/budget.h"
 #include "engine/devices.h"
 #include "engine/estimator.h"
 #include "engine/presets.h"
@@ -60,9 +61,13 @@ Status CheckModelSize(const v1::Model& model, int64_t max_ops) {
 }
 
 Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& options,
-                      v1::EstimateResponse* response) {
+                      v1::EstimateResponse* response, Budget* budget) {
   MEMEST_RETURN_IF_ERROR(CheckRequestSize(request, options.max_ops));
   MEMEST_ASSIGN_OR_RETURN(EstimateInput input, EstimateInputFromProto(request, options.max_ops));
+  Budget own;
+  own.set_max_op_steps(options.max_op_steps);
+  input.options.budget = budget != nullptr ? budget : &own;
+  MEMEST_RETURN_IF_ERROR(input.options.budget->Check());  // a deadline already passed, say
   MEMEST_ASSIGN_OR_RETURN(Report report,
                           memest::Estimate(input.model, input.config, input.options));
   ReportToProto(report, response);
@@ -87,7 +92,13 @@ grpc::ServerUnaryReactor* EstimatorService::Estimate(grpc::CallbackServerContext
                                                      const v1::EstimateRequest* request,
                                                      v1::EstimateResponse* response) {
   const Clock::time_point start = Clock::now();
-  Status status = HandleEstimate(*request, options_, response);
+  // The caller's deadline and cancellation reach the engine, which checks them as it works.
+  const auto left = context->deadline() - std::chrono::system_clock::now();
+  Budget budget;
+  budget.set_max_op_steps(options_.max_op_steps)
+      .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max() : start + left)
+      .set_cancelled([context] { return context->IsCancelled(); });
+  Status status = HandleEstimate(*request, options_, response, &budget);
   return Finish(context, "Estimate", DescribeModel(request->model()), start, status);
 }
 

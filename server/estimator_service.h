@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "engine/budget.h"
 #include "engine/status.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "memest/v1/memest.pb.h"
@@ -24,6 +25,11 @@ struct ServiceOptions {
   // The most ops (OpGraph.ops) or layers (LayerModel.layers) one request may declare, and the
   // most ops the engine may expand any model into. Larger requests get RESOURCE_EXHAUSTED.
   int64_t max_ops = 100'000;
+  // The most op steps (one op simulated once: forward, backward or recomputed) one Estimate may
+  // spend, its advice's re-estimates included; about 1 us each on one core. A request whose
+  // estimate alone needs more is refused before it is scheduled; advice past it is cut short
+  // and the response's notes say so.
+  int64_t max_op_steps = 5'000'000;
   // Validate: which device, which worker, how long the queue may grow.
   ValidationOptions validation;
 };
@@ -33,9 +39,11 @@ struct ServiceOptions {
 Status CheckRequestSize(const v1::EstimateRequest& request, int64_t max_ops);
 Status CheckModelSize(const v1::Model& model, int64_t max_ops);
 
-// The whole of Estimate without the RPC: size check, conversion, engine, conversion back.
+// The whole of Estimate without the RPC: size check, conversion, engine, conversion back. The
+// engine charges `budget` (its deadline and cancellation are the caller's); null: a budget of
+// options.max_op_steps with no deadline.
 Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& options,
-                      v1::EstimateResponse* response);
+                      v1::EstimateResponse* response, Budget* budget = nullptr);
 
 // "preset:gpt2-small", "layers:12", "ops:345" or "unset": the model as a log line names it.
 std::string DescribeModel(const v1::Model& model);

@@ -53,6 +53,11 @@ int main(int argc, char** argv) {
                  "most ops or layers one request may declare or expand into")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-op-steps", options.service.max_op_steps,
+                 "most op steps (ops simulated once each, forward, backward or recomputed) one "
+                 "Estimate may spend, its advice included; about 1 us each")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-message-bytes", options.max_message_bytes,
                  "largest request accepted, in bytes")
       ->capture_default_str()
@@ -99,8 +104,9 @@ int main(int argc, char** argv) {
   }
   std::printf("memest-server listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
-  spdlog::info("listening on {} (max_ops={}, max_message_bytes={})", (*server)->address(),
-               options.service.max_ops, options.max_message_bytes);
+  spdlog::info("listening on {} (max_ops={}, max_op_steps={}, max_message_bytes={})",
+               (*server)->address(), options.service.max_ops, options.service.max_op_steps,
+               options.max_message_bytes);
 
   std::thread stopper([&server, &stop_signals, grace_seconds] {
     const int signal = WaitForStopSignal(stop_signals);

@@ -1,0 +1,107 @@
+// What one Estimate may cost the server, end to end over gRPC: the op-step budget, the caller's
+// deadline and cancellation (which must stop the engine, not just the call), and models whose
+// expansion would pass the op limit.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "tests/server/test_server.h"
+
+namespace memest {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TestServer;
+
+// The process's CPU time (every thread's), in seconds.
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+v1::EstimateRequest Gpt2(int64_t layers, bool advice) {
+  v1::EstimateRequest request;
+  v1::Preset* preset = request.mutable_model()->mutable_preset();
+  preset->set_name("gpt2-small");
+  (*preset->mutable_params())["seq"] = 128;
+  (*preset->mutable_params())["layers"] = layers;
+  request.mutable_config()->set_batch_size(2);
+  request.mutable_config()->set_device_name("a100-80gb");
+  request.set_skip_advice(!advice);
+  return request;
+}
+
+ServerOptions Unbudgeted() {
+  ServerOptions options;
+  options.service.max_op_steps = int64_t{1} << 40;
+  return options;
+}
+
+// gpt2-small with 1,500 layers (67,512 ops) and advice takes seconds. A caller that gives it
+// 300 ms gets DEADLINE_EXCEEDED, and the server's engine stops too: it spends next to no CPU
+// after the deadline.
+TEST(EstimateLimitsTest, TheCallersDeadlineStopsTheEngine) {
+  TestServer server(Unbudgeted());
+  v1::EstimateResponse response;
+  grpc::Status status =
+      server.Estimate(Gpt2(1500, true), &response, std::chrono::milliseconds(300));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const double after_deadline = CpuSeconds();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_LT(CpuSeconds() - after_deadline, 0.25) << "the engine kept computing for nobody";
+}
+
+TEST(EstimateLimitsTest, ACancelledCallStopsTheEngine) {
+  TestServer server(Unbudgeted());
+  grpc::ClientContext context;
+  std::thread canceller([&context] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    context.TryCancel();
+  });
+  v1::EstimateResponse response;
+  grpc::Status status = server.stub().Estimate(&context, Gpt2(1500, true), &response);
+  canceller.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  const double after_cancel = CpuSeconds();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_LT(CpuSeconds() - after_cancel, 0.25) << "the engine kept computing for nobody";
+}
+
+TEST(EstimateLimitsTest, TheOpStepBudgetCutsAdviceShortOrRefusesTheEstimate) {
+  ServerOptions options;
+  options.service.max_op_steps = 5'000;  // one gpt2-small step of 12 layers is about 1,100
+  TestServer server(options);
+  v1::EstimateResponse response;
+  grpc::Status status = server.Estimate(Gpt2(12, true), &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_THAT(response.notes(), ::testing::Contains(HasSubstr("advice cut short")));
+
+  status = server.Estimate(Gpt2(120, false), &response);  // 5,412 ops: over at once
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("model: one step of its 5412 ops"));
+}
+
+// A small request that would expand into a huge graph is refused before it is built: at once,
+// and without the server's memory growing.
+TEST(EstimateLimitsTest, ADeepPresetIsRefusedBeforeItIsExpanded) {
+  TestServer server;
+  v1::EstimateRequest request;
+  request.mutable_model()->mutable_preset()->set_name("mlp");
+  (*request.mutable_model()->mutable_preset()->mutable_params())["layers"] = 16'777'216;
+  request.mutable_config()->set_batch_size(1);
+  v1::EstimateResponse response;
+  const auto start = std::chrono::steady_clock::now();
+  grpc::Status status = server.Estimate(request, &response);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("model.preset.params.layers: mlp with 16777216 layers expands to"));
+}
+
+}  // namespace
+}  // namespace memest
