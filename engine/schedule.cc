@@ -111,6 +111,7 @@ class StepSimulator {
       for (size_t r = 0; r < regions.size(); ++r) non_reentrant_[r] = g.checkpoint_non_reentrant[r];
     }
     main_.Resize(n);
+    seen_.assign(n, 0);
     for (const Op& op : g.ops) uses_cublas_ |= UsesCublas(op.kind);
     param_grad_.assign(n, -1);
     pending_.assign(n, Pending{});
@@ -315,17 +316,33 @@ class StepSimulator {
     }
   }
 
+  // Calls fn(s) once for each distinct storage s among op i's inputs, in input order: by a
+  // pairwise look for the usual few inputs, by a stamp per storage for many (a cat of thousands
+  // of tensors), so that the cost stays linear in the inputs.
+  template <typename Fn>
+  void ForEachInputStorage(int i, Fn fn) {
+    const std::vector<int>& in = g_.ops[i].inputs;
+    if (in.size() <= 8) {
+      for (size_t k = 0; k < in.size(); ++k) {
+        const int s = base_[in[k]];
+        bool dup = false;
+        for (size_t j = 0; j < k; ++j) dup |= base_[in[j]] == s;
+        if (!dup) fn(s);
+      }
+      return;
+    }
+    ++stamp_;
+    for (int t : in) {
+      const int s = base_[t];
+      if (seen_[s] == stamp_) continue;
+      seen_[s] = stamp_;
+      fn(s);
+    }
+  }
+
   // ---- forward ----
   void CountUses(StorageTable& st, int first, int last) {
-    for (int i = first; i <= last; ++i) {
-      const Op& op = g_.ops[i];
-      for (size_t k = 0; k < op.inputs.size(); ++k) {
-        const int s = base_[op.inputs[k]];
-        bool dup = false;
-        for (size_t j = 0; j < k; ++j) dup |= base_[op.inputs[j]] == s;
-        if (!dup) ++st.uses[s];
-      }
-    }
+    for (int i = first; i <= last; ++i) ForEachInputStorage(i, [&](int s) { ++st.uses[s]; });
   }
 
   void Forward() {
@@ -376,9 +393,10 @@ class StepSimulator {
     }
   }
 
-  std::vector<int> RegionInputs(int r) const {
+  std::vector<int> RegionInputs(int r) {
     std::vector<int> out;
     const auto [first, last] = regions_[r];
+    ++stamp_;
     for (int i = first; i <= last; ++i) {
       for (int in : g_.ops[i].inputs) {
         const Tensor& t = g_.tensors[in];
@@ -386,7 +404,9 @@ class StepSimulator {
         const int producer = g_.tensors[s].producer;
         if (t.role == TensorRole::kParameter || t.role == TensorRole::kBuffer) continue;
         if (producer >= first && producer <= last) continue;
-        if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+        if (seen_[s] == stamp_) continue;
+        seen_[s] = stamp_;
+        out.push_back(s);
       }
     }
     return out;
@@ -462,14 +482,10 @@ class StepSimulator {
     };
     for (int k : mem.saved_inputs) hold(op.inputs[k]);
     for (int k : mem.saved_outputs) hold(op.outputs[k]);
-    for (size_t k = 0; k < op.inputs.size(); ++k) {
-      const int s = base_[op.inputs[k]];
-      bool dup = false;
-      for (size_t j = 0; j < k; ++j) dup |= base_[op.inputs[j]] == s;
-      if (dup) continue;
+    ForEachInputStorage(i, [&](int s) {
       --st.uses[s];
       MaybeFree(st, s);
-    }
+    });
     for (int o : op.outputs) MaybeFree(st, base_[o]);
   }
 
@@ -865,6 +881,8 @@ class StepSimulator {
   // region's backward has run.
   std::vector<int> rng_state_of_;
   int last_row_ = -1;
+  std::vector<unsigned> seen_;  // per storage: the stamp_ of the last pass that met it
+  unsigned stamp_ = 0;
   int64_t saved_bytes_ = 0;  // held for backward now: storages (not parameters) and extras
   Status status_;            // the first refusal: a sum past kMaxBytes, or the budget's
   int next_buffer_ = 0;
@@ -874,6 +892,27 @@ class StepSimulator {
   bool workspace_seen_ = false;
   bool workspace_seen_bwd_ = false;
 };
+
+// Scopes by name, each with the indices it has in its list.
+using ScopeIndex = std::unordered_map<std::string_view, std::vector<int64_t>>;
+
+ScopeIndex IndexScopes(const std::vector<std::string>& scopes) {
+  ScopeIndex index;
+  for (size_t j = 0; j < scopes.size(); ++j) index[scopes[j]].push_back(static_cast<int64_t>(j));
+  return index;
+}
+
+// Calls fn(j) for every indexed scope j that `scope` lies within (ScopeWithin): the scope itself
+// and each of its prefixes at a '.' boundary, "" included; linear in the scope's length.
+template <typename Fn>
+void ForEachEnclosing(const ScopeIndex& index, std::string_view scope, Fn fn) {
+  for (size_t cut = 0; cut <= scope.size(); ++cut) {
+    if (cut > 0 && cut < scope.size() && scope[cut] != '.') continue;
+    const auto it = index.find(scope.substr(0, cut));
+    if (it == index.end()) continue;
+    for (int64_t j : it->second) fn(j);
+  }
+}
 
 }  // namespace
 
@@ -918,22 +957,15 @@ StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& g, const CheckpointConf
       // Each group of k consecutive blocks is one region, from the first to the last op that
       // runs inside any of its blocks. An op is inside the blocks its scope or one of its
       // prefixes names (ScopeWithin), found by looking each prefix up: linear in the ops.
-      std::unordered_map<std::string_view, std::vector<int64_t>> blocks_of;
-      for (int64_t j = 0; j < L; ++j) blocks_of[g.blocks[j]].push_back(j);
+      const ScopeIndex blocks_of = IndexScopes(g.blocks);
       const int64_t groups = (L - 1) / k + 1;
       std::vector<std::pair<int, int>> span(groups, {-1, -1});
       for (int i = 0; i < end; ++i) {
-        const std::string_view scope = g.ops[i].scope;
-        for (size_t cut = 0; cut <= scope.size(); ++cut) {
-          if (cut > 0 && cut < scope.size() && scope[cut] != '.') continue;
-          const auto it = blocks_of.find(scope.substr(0, cut));
-          if (it == blocks_of.end()) continue;
-          for (int64_t j : it->second) {
-            auto& [first, last] = span[j / k];
-            if (first < 0) first = i;
-            last = i;
-          }
-        }
+        ForEachEnclosing(blocks_of, g.ops[i].scope, [&](int64_t j) {
+          auto& [first, last] = span[j / k];
+          if (first < 0) first = i;
+          last = i;
+        });
       }
       for (const auto& [first, last] : span) {
         if (first >= 0) regions.emplace_back(first, last);
@@ -949,17 +981,29 @@ StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& g, const CheckpointConf
                                   "(scopes named '<...>.core') to checkpoint");
       }
       break;
-    case CheckpointPolicy::kScopes:
-      for (size_t k = 0; k < cfg.scopes.size(); ++k) {
-        const size_t before = regions.size();
-        add_run([&](const std::string& scope) { return ScopeWithin(scope, cfg.scopes[k]); });
-        if (regions.size() == before) {
+    case CheckpointPolicy::kScopes: {
+      // Each scope's runs of consecutive ops inside it, found in one pass over the ops.
+      const ScopeIndex scopes_of = IndexScopes(cfg.scopes);
+      const size_t n = cfg.scopes.size();
+      std::vector<int> start(n, -1), last(n, -1);
+      for (int i = 0; i < end; ++i) {
+        ForEachEnclosing(scopes_of, g.ops[i].scope, [&](int64_t k) {
+          if (last[k] == i) return;  // the same scope listed twice
+          if (start[k] >= 0 && last[k] < i - 1) regions.emplace_back(start[k], last[k]);
+          if (start[k] < 0 || last[k] < i - 1) start[k] = i;
+          last[k] = i;
+        });
+      }
+      for (size_t k = 0; k < n; ++k) {
+        if (start[k] < 0) {
           return InvalidArgument("config.checkpoint.scopes[" + std::to_string(k) +
                                  "]: no op runs in scope '" + cfg.scopes[k] + "'");
         }
+        regions.emplace_back(start[k], last[k]);
       }
       std::sort(regions.begin(), regions.end());
       break;
+    }
   }
   // Merge overlapping regions (nested scopes).
   CheckpointRegions merged;

@@ -45,9 +45,15 @@ Status NegativeSize(const Shape& shape, size_t dim, const std::string& field) {
                          std::to_string(shape[dim]));
 }
 
+Status TooManyDims(const Shape& shape, const std::string& field) {
+  return InvalidArgument(field + ": has " + std::to_string(shape.size()) + " dims, more than " +
+                         std::to_string(kMaxRank));
+}
+
 }  // namespace
 
 StatusOr<int64_t> CheckedNumel(const Shape& shape, const std::string& field) {
+  if (shape.size() > kMaxRank) return TooManyDims(shape, field);
   size_t bad_dim = shape.size();
   const int64_t n = NumelOrMinusOne(shape, &bad_dim);
   if (bad_dim < shape.size()) return NegativeSize(shape, bad_dim, field);
@@ -59,6 +65,7 @@ StatusOr<int64_t> CheckedNumel(const Shape& shape, const std::string& field) {
 }
 
 StatusOr<int64_t> CheckedBytes(const Shape& shape, DType dtype, const std::string& field) {
+  if (shape.size() > kMaxRank) return TooManyDims(shape, field);
   size_t bad_dim = shape.size();
   const int64_t n = NumelOrMinusOne(shape, &bad_dim);
   if (bad_dim < shape.size()) return NegativeSize(shape, bad_dim, field);

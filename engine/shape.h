@@ -28,6 +28,9 @@ using Strides = std::vector<int64_t>;
 inline constexpr int64_t kMaxBytes = int64_t{1} << 62;
 // The largest tensor memest represents: 2^56 bytes (about 300,000 times an 80 GB GPU).
 inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 56;
+// The most dims a tensor may have (PyTorch's TensorIterator takes 25): rules walk the dims, some
+// pairwise, so a request's ranks must stay small.
+inline constexpr size_t kMaxRank = 64;
 
 // The one checked sum of byte counts: adds `bytes` (negative to take away) to `*total` and
 // returns true, or returns false and leaves `*total` alone when the result would leave
@@ -47,10 +50,11 @@ StatusOr<int64_t> CheckedMul(int64_t a, int64_t b);
 // a + b, or an error if the sum leaves [-kMaxBytes, kMaxBytes] (AddBytes, as a StatusOr).
 StatusOr<int64_t> CheckedAdd(int64_t a, int64_t b);
 
-// Number of elements; an error (naming `field`) if a size is negative or the count overflows.
+// Number of elements; an error (naming `field`) if a size is negative, the count overflows or
+// the shape has more than kMaxRank dims.
 StatusOr<int64_t> CheckedNumel(const Shape& shape, const std::string& field);
 // Bytes of a dense tensor of this shape and dtype: an error naming `field` if a size is
-// negative or the tensor would hold more than kMaxTensorBytes.
+// negative, the tensor would hold more than kMaxTensorBytes or it has more than kMaxRank dims.
 StatusOr<int64_t> CheckedBytes(const Shape& shape, DType dtype, const std::string& field);
 
 // Unchecked variants for shapes that were validated when they entered the graph (or by a

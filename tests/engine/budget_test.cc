@@ -207,5 +207,46 @@ TEST(CheckpointPlanTest, BlockPrefixesRespectScopeBoundaries) {
   EXPECT_EQ(PlanCheckpoints(g, pairs).value(), (CheckpointRegions{{0, 3}}));
 }
 
+// An op with a hundred thousand inputs (a cat) is scheduled in time linear in its inputs; the
+// pairwise look for repeated storages took minutes. (A bound on time that only a quadratic
+// pass can break; the speed itself is measured in bench/.)
+TEST(LinearTimeTest, AnOpWithManyInputsIsScheduled) {
+  GraphBuilder b;
+  std::vector<int> parts;
+  const int x = b.Input("x", {1, 4}, DType::kFloat32);
+  for (int i = 0; i < 2000; ++i) parts.push_back(b.Add1("relu", {x}));
+  std::vector<int> inputs;
+  for (int i = 0; i < 100'000; ++i) inputs.push_back(parts[i % parts.size()]);
+  b.Add1("cat", inputs);
+  const Graph g = b.Finish().value();
+  RunConfig c;
+  c.mode = Mode::kInference;
+  const auto start = Budget::Clock::now();
+  ASSERT_TRUE(EstimateGraph(g, c).ok());
+  EXPECT_LT(Budget::Clock::now() - start, std::chrono::seconds(2));
+}
+
+// The scopes policy: each named scope's runs of consecutive ops, one region per run; a scope
+// nested in another is merged into it; "h.1" does not hold "h.10".
+TEST(CheckpointPlanTest, ScopeRunsAreFoundInOnePass) {
+  GraphBuilder b;
+  int x = b.Input("x", {4, 8}, DType::kFloat32);
+  for (const char* scope : {"h.1.attn", "h.10", "h.1.mlp", "h.1", "out"}) {
+    ScopeGuard guard(b, scope);
+    x = b.Add1("relu", {x});
+  }
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {x}));
+  const Graph g = b.Finish().value();
+  CheckpointConfig c;
+  c.policy = CheckpointPolicy::kScopes;
+  c.scopes = {"h.1", "h.1.mlp"};
+  EXPECT_EQ(PlanCheckpoints(g, c).value(), (CheckpointRegions{{0, 0}, {2, 3}}));
+  c.scopes = {"h.1", "nowhere"};
+  const Status missing = PlanCheckpoints(g, c).status();
+  EXPECT_TRUE(Contains(missing, "config.checkpoint.scopes[1]: no op runs in scope 'nowhere'"))
+      << missing.message();
+}
+
 }  // namespace
 }  // namespace memest

@@ -57,6 +57,9 @@ TEST(OverflowTest, OneTensorHoldsAtMostTwoToThe56Bytes) {
   EXPECT_EQ(CheckedBytes({0, int64_t{1} << 40}, DType::kInt8, "t").value(), 0);
   const Status negative = CheckedBytes({2, -3}, DType::kFloat32, "x.shape").status();
   EXPECT_TRUE(Contains(negative, "x.shape[1]")) << negative.message();
+  EXPECT_TRUE(CheckedBytes(Shape(kMaxRank, 1), DType::kFloat32, "t").ok());
+  const Status deep = CheckedBytes(Shape(kMaxRank + 1, 1), DType::kFloat32, "y.shape").status();
+  EXPECT_TRUE(Contains(deep, "y.shape: has 65 dims")) << deep.message();
 }
 
 TEST(OverflowTest, TheLeavesOfAGraphHoldAtMostTwoToThe62Bytes) {
