@@ -1,5 +1,6 @@
 #include "server/estimator_service.h"
 
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -21,6 +22,10 @@ namespace memest {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Requests that took longer than this (large models, or large graphs refused once built) trim
+// the heap when done.
+constexpr auto kTrimAfter = std::chrono::milliseconds(20);
 
 Status TooMany(const char* field, const char* what, int count, int64_t max_ops) {
   return ResourceExhausted(std::string(field) + ": " + std::to_string(count) + " " + what +
@@ -99,6 +104,10 @@ grpc::ServerUnaryReactor* EstimatorService::Estimate(grpc::CallbackServerContext
       .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max() : start + left)
       .set_cancelled([context] { return context->IsCancelled(); });
   Status status = HandleEstimate(*request, options_, response, &budget);
+  // A large request's graphs and schedules are freed by now, but glibc keeps the pages in its
+  // arenas: give them back, so that the server returns to its idle size after a big model
+  // (measured: 473 MiB kept after three 90,000-op requests, without this).
+  if (Clock::now() - start > kTrimAfter) malloc_trim(0);
   return Finish(context, "Estimate", DescribeModel(request->model()), start, status);
 }
 

@@ -6,8 +6,10 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/server/test_server.h"
 
@@ -101,6 +103,35 @@ TEST(EstimateLimitsTest, ADeepPresetIsRefusedBeforeItIsExpanded) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(),
               HasSubstr("model.preset.params.layers: mlp with 16777216 layers expands to"));
+}
+
+// This process's resident memory, in bytes (the server runs in it).
+int64_t ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// Three large requests at once take hundreds of MiB; once they are answered the server gives the
+// memory back instead of keeping it in the heap's arenas.
+TEST(EstimateLimitsTest, MemoryReturnsToItsIdleLevelAfterLargeRequests) {
+  TestServer server;
+  v1::EstimateResponse response;
+  ASSERT_TRUE(server.Estimate(Gpt2(12, true), &response).ok());
+  const int64_t idle = ResidentBytes();
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.emplace_back([&server] {
+      v1::EstimateResponse r;
+      EXPECT_TRUE(server.Estimate(Gpt2(600, true), &r).ok());
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_LT(ResidentBytes() - idle, int64_t{32} << 20)
+      << "idle " << (idle >> 20) << " MiB, after " << (ResidentBytes() >> 20) << " MiB";
 }
 
 }  // namespace
