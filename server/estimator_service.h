@@ -26,10 +26,10 @@ struct ServiceOptions {
   // most ops the engine may expand any model into. Larger requests get RESOURCE_EXHAUSTED.
   int64_t max_ops = 100'000;
   // The most op steps (one op simulated once: forward, backward or recomputed) one Estimate may
-  // spend, its advice's re-estimates included; about 1 us each on one core. A request whose
-  // estimate alone needs more is refused before it is scheduled; advice past it is cut short
-  // and the response's notes say so.
-  int64_t max_op_steps = 5'000'000;
+  // spend, its advice's re-estimates included: 1.3-2.8 us each on one core of the 2-vCPU VM,
+  // so 3-6 s at most (docs/reliability.md). A request whose estimate alone needs more is
+  // refused before it is scheduled; advice past it is cut short and the notes say so.
+  int64_t max_op_steps = 2'000'000;
   // Validate: which device, which worker, how long the queue may grow.
   ValidationOptions validation;
 };

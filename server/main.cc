@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--max-op-steps", options.service.max_op_steps,
                  "most op steps (ops simulated once each, forward, backward or recomputed) one "
-                 "Estimate may spend, its advice included; about 1 us each")
+                 "Estimate may spend, its advice included; 1.3-2.8 us each")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--max-message-bytes", options.max_message_bytes,
