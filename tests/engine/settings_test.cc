@@ -134,5 +134,19 @@ TEST(SettingsTest, BlockPoliciesMustFitTheBlocks) {
   ExpectRefused(CheckBlockPolicy(g, every_k), "config.checkpoint.every_k");
 }
 
+// A bare capacity with the CPU runtime is a host memory budget: the fit counts the step's
+// tensors and no CUDA context.
+TEST(SettingsTest, CpuCapacityCountsNoCudaContext) {
+  RunConfig c = Cpu();
+  c.device_capacity_bytes = int64_t{1} << 30;
+  const EstimateOptions quick{EstimateOptions{}.max_ops, /*advice=*/false};
+  StatusOr<Report> r = Estimate(Preset("mlp"), c, quick);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->fit.has_value());
+  EXPECT_EQ(r->fit->required_bytes, r->peak_reserved_bytes);
+  EXPECT_EQ(r->fit->headroom_bytes, c.device_capacity_bytes - r->peak_reserved_bytes);
+  EXPECT_EQ(r->breakdown[static_cast<int>(Category::kCudaContext)], 0);
+}
+
 }  // namespace
 }  // namespace memest
