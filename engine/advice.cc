@@ -271,11 +271,13 @@ StatusOr<std::vector<Advice>> MakeAdvice(const ModelSpec& model, const Graph& gr
     }
     if (config.optimizer.impl == OptimizerImpl::kForeach) {
       RunConfig alt = config;
-      const bool fused_ok = config.optimizer.kind == OptimizerKind::kAdam ||
-                            config.optimizer.kind == OptimizerKind::kAdamW ||
-                            config.optimizer.kind == OptimizerKind::kSgd ||
-                            config.optimizer.kind == OptimizerKind::kSgdMomentum ||
-                            config.optimizer.kind == OptimizerKind::kAdagrad;
+      // PyTorch 1.13 has no fused optimizer for CPU tensors.
+      const bool fused_ok = config.runtime == Runtime::kCuda &&
+                            (config.optimizer.kind == OptimizerKind::kAdam ||
+                             config.optimizer.kind == OptimizerKind::kAdamW ||
+                             config.optimizer.kind == OptimizerKind::kSgd ||
+                             config.optimizer.kind == OptimizerKind::kSgdMomentum ||
+                             config.optimizer.kind == OptimizerKind::kAdagrad);
       alt.optimizer.impl = fused_ok ? OptimizerImpl::kFused : OptimizerImpl::kForLoop;
       measure(EstimateGraph(graph, alt, quiet),
               {"optimizer",

@@ -39,12 +39,77 @@ Status ValidateRunConfig(const RunConfig& c) {
     return InvalidArgument("config.generate_tokens: must be non-negative, got " +
                            std::to_string(c.generate_tokens));
   }
+  if (c.generate_tokens > kMaxGenerateTokens) {
+    return InvalidArgument("config.generate_tokens: must be at most " +
+                           std::to_string(kMaxGenerateTokens) + ", got " +
+                           std::to_string(c.generate_tokens));
+  }
   if (c.optimizer.impl == OptimizerImpl::kFused &&
       !(c.optimizer.kind == OptimizerKind::kAdam || c.optimizer.kind == OptimizerKind::kAdamW ||
         c.optimizer.kind == OptimizerKind::kSgd || c.optimizer.kind == OptimizerKind::kSgdMomentum ||
         c.optimizer.kind == OptimizerKind::kAdagrad)) {
     return InvalidArgument(std::string("config.optimizer.impl: torch.optim has no fused ") +
                            OptimizerKindName(c.optimizer.kind));
+  }
+  for (size_t i = 0; i < c.checkpoint.scopes.size(); ++i) {
+    if (c.checkpoint.scopes[i].empty()) {
+      return InvalidArgument("config.checkpoint.scopes[" + std::to_string(i) +
+                             "]: must name a module scope, got an empty name");
+    }
+  }
+  MEMEST_RETURN_IF_ERROR(ValidateSettingsApply(c));
+  return Status::Ok();
+}
+
+Status ValidateSettingsApply(const RunConfig& c) {
+  const bool inference = c.mode == Mode::kInference;
+  if (!inference && c.generate_tokens > 0) {
+    return InvalidArgument(
+        "config.generate_tokens: applies to inference only (tokens generated after the prompt); "
+        "a training step generates none");
+  }
+  if (inference && !c.zero_grad_set_to_none) {
+    return InvalidArgument(
+        "config.zero_grad_keep_grads: applies to training only; inference has no gradients to "
+        "keep");
+  }
+  if (inference && c.step == StepKind::kFirstStep) {
+    return InvalidArgument(
+        "config.step: the first step is the one that creates the optimizer state, which "
+        "inference does not have; leave it unset");
+  }
+  if (!c.checkpoint.scopes.empty() && c.checkpoint.policy != CheckpointPolicy::kScopes) {
+    return InvalidArgument(std::string("config.checkpoint.scopes: apply to the scopes policy "
+                                       "only; the policy is ") +
+                           CheckpointPolicyName(c.checkpoint.policy));
+  }
+  if (c.checkpoint.non_reentrant && c.checkpoint.policy == CheckpointPolicy::kNone) {
+    return InvalidArgument(
+        "config.checkpoint.non_reentrant: applies to the regions a checkpoint policy makes, and "
+        "no policy is set");
+  }
+  if (c.runtime == Runtime::kCpuTorch113) {
+    if (c.expandable_segments) {
+      return InvalidArgument(
+          "config.expandable_segments: a setting of the CUDA caching allocator; the cpu-1.13 "
+          "runtime has none");
+    }
+    if (!c.device.empty()) {
+      return InvalidArgument(
+          "config.device_name: the catalog's devices are GPUs, and the cpu-1.13 runtime runs on "
+          "the host; give device_capacity_bytes for a host memory budget, or no device");
+    }
+    if (c.optimizer.impl == OptimizerImpl::kFused) {
+      return InvalidArgument(
+          "config.optimizer.impl: PyTorch 1.13 has no fused optimizer for CPU tensors "
+          "(fused=True needs CUDA); use foreach or for-loop");
+    }
+    if (c.precision == Precision::kFp16Amp || c.precision == Precision::kFp16Pure) {
+      return InvalidArgument(std::string("config.precision: ") + PrecisionName(c.precision) +
+                             " does not run on PyTorch 1.13's CPU: its autocast takes bfloat16 "
+                             "only, and most of its CPU kernels (addmm, relu, ...) have no "
+                             "float16; use a bf16 precision");
+    }
   }
   return Status::Ok();
 }

@@ -96,8 +96,24 @@ struct RunConfig {
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };
 
-// Validates field ranges; errors name the field as "config.<field>".
+// The most tokens one request may generate (config.generate_tokens): far beyond any model's
+// context, and small enough that prompt + generated tokens cannot overflow.
+constexpr int64_t kMaxGenerateTokens = int64_t{1} << 24;
+
+// Validates field ranges, then ValidateSettingsApply; errors name the field as
+// "config.<field>".
 Status ValidateRunConfig(const RunConfig& config);
+
+// Refuses a setting that does not apply to the mode, policy or runtime it comes with, where
+// the estimate would ignore it or PyTorch would refuse it: generate_tokens in training;
+// keep_grads or the first step in inference; checkpoint scopes without the scopes policy, or
+// non_reentrant without a policy; with the cpu-1.13 runtime, expandable segments, a catalog
+// device (a GPU), a fused optimizer or a float16 precision (PyTorch 1.13 has no fused optimizer
+// for CPU tensors, its CPU autocast refuses float16, and addmm, relu, ... have no float16 CPU
+// kernel). A bare capacity with the cpu-1.13 runtime is a host memory budget, and is accepted.
+// The optimizer and checkpoint in inference are refused where the request says they were set
+// (server/explicit_settings.h): the engine's defaults cannot tell an explicit AdamW from none.
+Status ValidateSettingsApply(const RunConfig& config);
 
 // The dtype of parameters under a precision policy.
 DType ParameterDType(Precision precision);

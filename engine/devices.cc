@@ -85,7 +85,7 @@ StatusOr<DeviceInfo> FindDevice(std::string_view name) {
     if (d.name == key) return d;
     names += (names.empty() ? "" : ", ") + d.name;
   }
-  return NotFound("config.device: unknown device '" + std::string(name) + "'; known: " + names +
+  return NotFound("unknown device '" + std::string(name) + "'; known: " + names +
                   " (or give device_capacity_bytes)");
 }
 

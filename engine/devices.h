@@ -23,7 +23,7 @@ struct DeviceInfo {
 // Every device in the catalog, in a stable order.
 const std::vector<DeviceInfo>& ListDevices();
 // The device called `name` (case-insensitive, aliases such as "a100" accepted), or NOT_FOUND
-// naming the catalog.
+// naming the catalog ("unknown device 'x'; known: ..."; the caller prefixes its field).
 StatusOr<DeviceInfo> FindDevice(std::string_view name);
 // A device of `capacity_bytes` with the fixed costs of a current datacenter GPU.
 DeviceInfo BareDevice(int64_t capacity_bytes);

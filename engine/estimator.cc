@@ -148,7 +148,7 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
     DeviceFit fit;
     fit.device = step.device->name;
     fit.capacity_bytes = step.device->capacity_bytes;
-    fit.required_bytes = live.peak_reserved + step.device->cuda_context_bytes;
+    fit.required_bytes = live.peak_reserved + step.fixed.cuda_context_bytes;  // 0 on the CPU
     fit.fits = fit.required_bytes <= fit.capacity_bytes;
     fit.headroom_bytes = fit.capacity_bytes - fit.required_bytes;
     r.fit = fit;

@@ -46,13 +46,25 @@ Status ValidateShape(const Shape& shape, DType dtype, const std::string& field, 
 
 StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) {
   MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
-  if (const auto* preset = std::get_if<PresetSpec>(&model.source)) {
-    return BuildPreset(*preset, context);
+  StatusOr<Graph> graph = [&] {
+    if (const auto* preset = std::get_if<PresetSpec>(&model.source)) {
+      return BuildPreset(*preset, context);
+    }
+    if (const auto* layers = std::get_if<LayerModelSpec>(&model.source)) {
+      return BuildLayerModel(*layers, context);
+    }
+    return BuildOpGraph(std::get<OpGraphSpec>(model.source), context);
+  }();
+  if (graph.ok() && context.mode == Mode::kInference && context.generate_tokens > 0) {
+    bool kv_cache = false;
+    for (const Tensor& t : graph->tensors) kv_cache = kv_cache || t.kv_cache;
+    if (!kv_cache) {
+      return InvalidArgument(
+          "config.generate_tokens: the model keeps no KV cache, so generated tokens change "
+          "nothing (the decoder presets, GPT-2 and Llama, keep one); leave it 0");
+    }
   }
-  if (const auto* layers = std::get_if<LayerModelSpec>(&model.source)) {
-    return BuildLayerModel(*layers, context);
-  }
-  return BuildOpGraph(std::get<OpGraphSpec>(model.source), context);
+  return graph;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -132,6 +144,22 @@ namespace {
 
 bool IsLeafRole(TensorRole role) { return role != TensorRole::kActivation; }
 
+const char* RoleName(TensorRole role) {
+  switch (role) {
+    case TensorRole::kActivation:
+      return "activation";
+    case TensorRole::kInput:
+      return "input";
+    case TensorRole::kTarget:
+      return "target";
+    case TensorRole::kParameter:
+      return "parameter";
+    case TensorRole::kBuffer:
+      return "buffer";
+  }
+  return "?";
+}
+
 // Refuses non-finite float attributes (a NaN dropout probability, an infinite scalar).
 Status CheckFiniteAttrs(const Attrs& attrs, const std::string& field) {
   for (const auto& [name, value] : attrs) {
@@ -176,9 +204,14 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     MEMEST_RETURN_IF_ERROR(ValidateShape(t.shape, t.dtype, field + ".shape", false));
     if (t.role == TensorRole::kTarget) targets.insert(t.name);
     const bool batched = t.role == TensorRole::kInput || t.role == TensorRole::kTarget;
-    if (batched && t.batch_dim >= static_cast<int>(t.shape.size())) {
+    if (batched && (t.batch_dim < -1 || t.batch_dim >= static_cast<int>(t.shape.size()))) {
       return InvalidArgument(field + ".batch_dim: " + Str(t.batch_dim) +
-                             " is out of range for shape " + ShapeToString(t.shape));
+                             " is out of range for shape " + ShapeToString(t.shape) +
+                             " (-1: nothing scales with the batch)");
+    }
+    if (!batched && t.batch_dim != 0 && t.batch_dim != -1) {
+      return InvalidArgument(field + ".batch_dim: applies to inputs and targets only, not to " +
+                             RoleName(t.role) + "s; got " + Str(t.batch_dim));
     }
     if (batched && rescale && t.batch_dim >= 0 && t.shape[t.batch_dim] != spec.traced_batch) {
       return InvalidArgument(field + ".shape[" + Str(t.batch_dim) + "]: the batch dim is " +

@@ -47,7 +47,9 @@ struct TensorSpec {
   Shape shape;
   DType dtype = DType::kFloat32;
   TensorRole role = TensorRole::kInput;
-  int batch_dim = 0;          // for inputs and targets; -1 when nothing scales with the batch
+  // For inputs and targets: the dim that scales with the batch, -1 when none. Other roles
+  // must leave it 0 (or -1): nothing else scales with the batch.
+  int batch_dim = 0;
   bool requires_grad = true;  // for parameters: false means frozen
 };
 
@@ -99,7 +101,9 @@ struct BuildContext {
 Status ValidateBuildContext(const BuildContext& context);
 
 // Builds the graph of one micro-batch. Errors name fields under "model." (for example
-// "model.layers[3].attrs.out_features: must be positive, got -4").
+// "model.layers[3].attrs.out_features: must be positive, got -4"). In inference, a positive
+// context.generate_tokens is refused ("config.generate_tokens") for a model that keeps no KV
+// cache: only the decoder presets do, and the tokens would change nothing.
 StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context);
 
 StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& context);

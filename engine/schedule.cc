@@ -6,6 +6,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "engine/checkpoint_rules.h"
 #include "engine/op_rules.h"
 
 namespace memest {
@@ -926,6 +927,7 @@ StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& g, const CheckpointConf
     }
     return CheckpointRegions(g.checkpoints.begin(), g.checkpoints.end());
   }
+  MEMEST_RETURN_IF_ERROR(CheckBlockPolicy(g, cfg));
   CheckpointRegions regions;
   const int end = g.loss_begin >= 0 ? g.loss_begin : static_cast<int>(g.ops.size());
   auto add_run = [&](auto in_region) {
@@ -946,10 +948,6 @@ StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& g, const CheckpointConf
     case CheckpointPolicy::kEveryKBlocks:
     case CheckpointPolicy::kSqrtBlocks: {
       const int64_t L = static_cast<int64_t>(g.blocks.size());
-      if (L == 0) {
-        return FailedPrecondition("config.checkpoint.policy: the model has no repeated blocks to "
-                                  "checkpoint; name scopes instead");
-      }
       int64_t k = cfg.policy == CheckpointPolicy::kEveryBlock ? 1 : cfg.every_k;
       if (cfg.policy == CheckpointPolicy::kSqrtBlocks) {
         k = std::max<int64_t>(1, std::llround(std::sqrt(static_cast<double>(L))));

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "server/explicit_settings.h"
+
 namespace memest {
 namespace {
 
@@ -373,6 +375,7 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
     return InvalidArgument("config.cpu_isa: applies to the cpu-1.13 runtime only; the step runs "
                            "on " + std::string(RuntimeName(out.runtime)));
   }
+  MEMEST_RETURN_IF_ERROR(CheckExplicitSettings(config));
   return out;
 }
 

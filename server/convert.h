@@ -2,7 +2,9 @@
 //
 // Requests go proto -> engine. The conversion refuses only what the engine's types cannot
 // represent: an unset oneof (model source, attribute value), an enum value the proto does not
-// define, a non-finite float, a dtype name PyTorch does not know, a capacity beyond 2^62. Every
+// define, a non-finite float, a dtype name PyTorch does not know, a capacity beyond 2^62, and
+// a setting the request makes explicitly where it does not apply (server/explicit_settings.h:
+// an optimizer or checkpointing in inference, an empty device name). Every
 // other check (positive sizes, known op kinds, tensor references, ...) is the engine's, so the
 // service, the CLI and the Python client all get the same messages. Errors name fields as the
 // engine does: "model.layers[3].attrs.out_features", "model.tensors[2].dtype",
@@ -31,7 +33,8 @@ namespace memest {
 StatusOr<ModelSpec> ModelFromProto(const v1::Model& model);
 
 // The run configuration, or INVALID_ARGUMENT naming the field under "config.". Ranges (a
-// positive batch size, ...) are left to ValidateRunConfig, which Estimate() runs.
+// positive batch size, ...) and settings the engine can judge from values alone are left to
+// ValidateRunConfig, which Estimate() runs; CheckExplicitSettings runs here.
 StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config);
 
 // Everything Estimate() takes, converted from one request.

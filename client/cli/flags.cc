@@ -164,10 +164,10 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
     config->mutable_checkpoint()->add_scopes(scope);
   }
   if (flags.first_step) config->set_step(v1::STEP_KIND_FIRST_STEP);
-  if (!flags.device.empty() && !flags.capacity.empty()) {
+  if (flags.device && !flags.capacity.empty()) {
     return InvalidArgument("--device and --capacity: give one, not both");
   }
-  if (!flags.device.empty()) config->set_device_name(flags.device);
+  if (flags.device) config->set_device_name(*flags.device);
   if (!flags.capacity.empty()) {
     MEMEST_ASSIGN_OR_RETURN(int64_t bytes, ParseCapacity(flags.capacity));
     config->set_device_capacity_bytes(static_cast<uint64_t>(bytes));

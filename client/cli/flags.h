@@ -49,7 +49,7 @@ struct EstimateFlags {
   std::vector<std::string> checkpoint_scopes;
   bool non_reentrant = false;       // torch.utils.checkpoint(use_reentrant=False)
   bool first_step = false;
-  std::string device;               // catalog name
+  std::optional<std::string> device;  // catalog name; given empty, the engine refuses it
   std::string capacity;             // bytes or "80GiB"
   std::optional<int64_t> generate_tokens;
   bool expandable_segments = false;

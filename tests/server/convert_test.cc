@@ -39,9 +39,11 @@ TEST(RunConfigFromProtoTest, DefaultsAreTheEngineDefaults) {
   EXPECT_EQ(config->batch_size, 0) << "batch_size is required; 0 is left for the engine to refuse";
 }
 
+// The conversion carries each field as it is; whether they make sense together (scopes with
+// the every-k policy, a catalog device with the CPU runtime, ...) is ValidateRunConfig's.
 TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   v1::RunConfig proto;
-  proto.set_mode(v1::MODE_INFERENCE);
+  proto.set_mode(v1::MODE_TRAINING);
   proto.set_batch_size(32);
   proto.set_grad_accum_steps(4);
   proto.set_precision(v1::PRECISION_BF16_AMP);
@@ -49,7 +51,7 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   proto.mutable_optimizer()->set_impl(v1::OPTIMIZER_IMPL_FUSED);
   proto.mutable_optimizer()->set_weight_decay(0.1);
   proto.set_zero_grad_keep_grads(true);
-  proto.mutable_checkpoint()->set_policy(v1::CHECKPOINT_POLICY_SCOPES);
+  proto.mutable_checkpoint()->set_policy(v1::CHECKPOINT_POLICY_EVERY_K_BLOCKS);
   proto.mutable_checkpoint()->set_every_k(3);
   proto.mutable_checkpoint()->add_scopes("h.0");
   proto.set_step(v1::STEP_KIND_FIRST_STEP);
@@ -61,7 +63,7 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
 
   StatusOr<RunConfig> config = RunConfigFromProto(proto);
   ASSERT_TRUE(config.ok()) << config.status().ToString();
-  EXPECT_EQ(config->mode, Mode::kInference);
+  EXPECT_EQ(config->mode, Mode::kTraining);
   EXPECT_EQ(config->batch_size, 32);
   EXPECT_EQ(config->grad_accum_steps, 4);
   EXPECT_EQ(config->precision, Precision::kBf16Amp);
@@ -69,7 +71,7 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   EXPECT_EQ(config->optimizer.impl, OptimizerImpl::kFused);
   EXPECT_DOUBLE_EQ(config->optimizer.weight_decay, 0.1);
   EXPECT_FALSE(config->zero_grad_set_to_none);
-  EXPECT_EQ(config->checkpoint.policy, CheckpointPolicy::kScopes);
+  EXPECT_EQ(config->checkpoint.policy, CheckpointPolicy::kEveryKBlocks);
   EXPECT_EQ(config->checkpoint.every_k, 3);
   EXPECT_EQ(config->checkpoint.scopes, std::vector<std::string>{"h.0"});
   EXPECT_EQ(config->step, StepKind::kFirstStep);
@@ -80,9 +82,20 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   EXPECT_EQ(config->cpu_isa, CpuIsa::kAvx2);
 }
 
+TEST(RunConfigFromProtoTest, InferenceIsCarried) {
+  v1::RunConfig proto;
+  proto.set_mode(v1::MODE_INFERENCE);
+  proto.set_generate_tokens(256);
+  StatusOr<RunConfig> config = RunConfigFromProto(proto);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->mode, Mode::kInference);
+  EXPECT_EQ(config->generate_tokens, 256);
+}
+
 TEST(RunConfigFromProtoTest, ExplicitZerosReachTheEngine) {
   v1::RunConfig proto;
   proto.set_grad_accum_steps(0);
+  proto.mutable_checkpoint()->set_policy(v1::CHECKPOINT_POLICY_EVERY_K_BLOCKS);
   proto.mutable_checkpoint()->set_every_k(0);
   StatusOr<RunConfig> config = RunConfigFromProto(proto);
   ASSERT_TRUE(config.ok());

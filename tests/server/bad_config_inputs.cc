@@ -1,0 +1,250 @@
+// Rows of the bad-input catalogue for EstimateRequest.config: out-of-range numbers, enum values
+// the proto does not define, and settings that make no sense for the mode, the runtime or the
+// model they come with.
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "tests/server/bad_inputs.h"
+
+namespace memest::testing {
+namespace {
+
+constexpr grpc::StatusCode kInvalid = grpc::StatusCode::INVALID_ARGUMENT;
+constexpr grpc::StatusCode kNotFound = grpc::StatusCode::NOT_FOUND;
+constexpr grpc::StatusCode kPrecondition = grpc::StatusCode::FAILED_PRECONDITION;
+
+const std::string kTwo62 = "4611686018427387904";  // 2^62
+const std::string kInt64Max = "9223372036854775807";
+const std::string kInt64Min = "-9223372036854775808";
+
+// `model` (one of the base models) with the config fields `fields` beside batch_size 2.
+std::string With(const char* model, const std::string& fields) {
+  return std::string(model) + " config { batch_size: 2 " + fields + " } ";
+}
+std::string Gpt2(const std::string& fields) { return With(kGpt2, fields); }
+std::string Infer(const char* model, const std::string& fields) {
+  return With(model, "mode: MODE_INFERENCE " + fields);
+}
+// An edit that sets an enum field to a value the proto does not define.
+template <typename Setter>
+std::function<void(v1::EstimateRequest*)> Undefined(Setter set, int value = 99) {
+  return [set, value](v1::EstimateRequest* r) { set(r->mutable_config(), value); };
+}
+
+std::vector<BadInput> NumberRows() {
+  return {
+      {"ConfigUnset", kGpt2, kInvalid, "config.batch_size"},
+      {"BatchSizeZero", std::string(kGpt2) + "config { batch_size: 0 }", kInvalid,
+       "config.batch_size"},
+      {"BatchSizeNegative", std::string(kGpt2) + "config { batch_size: -3 }", kInvalid,
+       "config.batch_size"},
+      {"BatchSizeInt64Min", std::string(kGpt2) + "config { batch_size: " + kInt64Min + " }",
+       kInvalid, "config.batch_size"},
+      {"GradAccumZero", Gpt2("grad_accum_steps: 0"), kInvalid, "config.grad_accum_steps"},
+      {"GradAccumNegative", Gpt2("grad_accum_steps: -2"), kInvalid, "config.grad_accum_steps"},
+      {"GradAccumDoesNotDivide",
+       std::string(kGpt2) + "config { batch_size: 3 grad_accum_steps: 2 }", kInvalid,
+       "config.grad_accum_steps"},
+      {"GradAccumInt64Max", Gpt2("grad_accum_steps: " + kInt64Max), kInvalid,
+       "config.grad_accum_steps"},
+      {"WeightDecayNegative", Gpt2("optimizer { weight_decay: -0.1 }"), kInvalid,
+       "config.optimizer.weight_decay"},
+      {"WeightDecayNan", Gpt2("optimizer { weight_decay: nan }"), kInvalid,
+       "config.optimizer.weight_decay"},
+      {"WeightDecayInfinite", Gpt2("optimizer { weight_decay: inf }"), kInvalid,
+       "config.optimizer.weight_decay"},
+      {"EveryKZero", Gpt2("checkpoint { policy: CHECKPOINT_POLICY_EVERY_K_BLOCKS every_k: 0 }"),
+       kInvalid, "config.checkpoint.every_k"},
+      {"EveryKNegative",
+       Gpt2("checkpoint { policy: CHECKPOINT_POLICY_EVERY_K_BLOCKS every_k: -1 }"), kInvalid,
+       "config.checkpoint.every_k"},
+      {"GenerateTokensNegative", Infer(kGpt2, "generate_tokens: -1"), kInvalid,
+       "config.generate_tokens"},
+      {"GenerateTokensInt64Min", Infer(kGpt2, "generate_tokens: " + kInt64Min), kInvalid,
+       "config.generate_tokens"},
+      {"GenerateTokensTwo62", Infer(kGpt2, "generate_tokens: " + kTwo62), kInvalid,
+       "config.generate_tokens"},
+      {"GenerateTokensInt64Max", Infer(kGpt2, "generate_tokens: " + kInt64Max), kInvalid,
+       "config.generate_tokens"},
+      {"CapacityZero", Gpt2("device_capacity_bytes: 0"), kInvalid, "config.device_capacity_bytes"},
+      {"CapacityAboveTwo62", Gpt2("device_capacity_bytes: 4611686018427387905"), kInvalid,
+       "config.device_capacity_bytes"},
+      {"CapacityTwo63", Gpt2("device_capacity_bytes: 9223372036854775808"), kInvalid,
+       "config.device_capacity_bytes"},
+      {"CapacityUint64Max", Gpt2("device_capacity_bytes: 18446744073709551615"), kInvalid,
+       "config.device_capacity_bytes"},
+  };
+}
+
+std::vector<BadInput> EnumRows() {
+  using C = v1::RunConfig;
+  return {
+      {"ModeUndefined", Gpt2(""), kInvalid, "config.mode",
+       Undefined([](C* c, int v) { c->set_mode(static_cast<v1::Mode>(v)); })},
+      {"ModeNegative", Gpt2(""), kInvalid, "config.mode",
+       Undefined([](C* c, int v) { c->set_mode(static_cast<v1::Mode>(v)); }, -1)},
+      {"PrecisionUndefined", Gpt2(""), kInvalid, "config.precision",
+       Undefined([](C* c, int v) { c->set_precision(static_cast<v1::Precision>(v)); })},
+      {"OptimizerKindUndefined", Gpt2(""), kInvalid, "config.optimizer.kind",
+       Undefined([](C* c, int v) {
+         c->mutable_optimizer()->set_kind(static_cast<v1::OptimizerKind>(v));
+       })},
+      {"OptimizerImplUndefined", Gpt2(""), kInvalid, "config.optimizer.impl",
+       Undefined([](C* c, int v) {
+         c->mutable_optimizer()->set_impl(static_cast<v1::OptimizerImpl>(v));
+       })},
+      {"CheckpointPolicyUndefined", Gpt2(""), kInvalid, "config.checkpoint.policy",
+       Undefined([](C* c, int v) {
+         c->mutable_checkpoint()->set_policy(static_cast<v1::CheckpointPolicy>(v));
+       })},
+      {"StepUndefined", Gpt2(""), kInvalid, "config.step",
+       Undefined([](C* c, int v) { c->set_step(static_cast<v1::StepKind>(v)); })},
+      {"RuntimeUndefined", Gpt2(""), kInvalid, "config.runtime",
+       Undefined([](C* c, int v) { c->set_runtime(static_cast<v1::Runtime>(v)); })},
+      {"CpuIsaUndefined", Gpt2("runtime: RUNTIME_CPU_TORCH_1_13"), kInvalid, "config.cpu_isa",
+       Undefined([](C* c, int v) { c->set_cpu_isa(static_cast<v1::CpuIsa>(v)); })},
+      {"CpuIsaWithCuda", Gpt2("cpu_isa: CPU_ISA_AVX2"), kInvalid, "config.cpu_isa"},
+  };
+}
+
+std::vector<BadInput> OptimizerAndCheckpointRows() {
+  return {
+      {"FusedLion", Gpt2("optimizer { kind: OPTIMIZER_KIND_LION impl: OPTIMIZER_IMPL_FUSED }"),
+       kInvalid, "config.optimizer.impl"},
+      {"FusedRmsprop",
+       Gpt2("optimizer { kind: OPTIMIZER_KIND_RMSPROP impl: OPTIMIZER_IMPL_FUSED }"), kInvalid,
+       "config.optimizer.impl"},
+      {"FusedAdafactor",
+       Gpt2("optimizer { kind: OPTIMIZER_KIND_ADAFACTOR impl: OPTIMIZER_IMPL_FUSED }"), kInvalid,
+       "config.optimizer.impl"},
+      {"EveryKBeyondBlocks",
+       Gpt2("checkpoint { policy: CHECKPOINT_POLICY_EVERY_K_BLOCKS every_k: 3 }"), kInvalid,
+       "config.checkpoint.every_k"},
+      {"EveryKTwo62",
+       Gpt2("checkpoint { policy: CHECKPOINT_POLICY_EVERY_K_BLOCKS every_k: " + kTwo62 + " }"),
+       kInvalid, "config.checkpoint.every_k"},
+      {"EveryKInt64Max",
+       Gpt2("checkpoint { policy: CHECKPOINT_POLICY_EVERY_K_BLOCKS every_k: " + kInt64Max + " }"),
+       kInvalid, "config.checkpoint.every_k"},
+      {"EveryKBeyondTheLayers",
+       With(kLinearLayers, "checkpoint { policy: CHECKPOINT_POLICY_EVERY_K_BLOCKS every_k: 2 }"),
+       kInvalid, "config.checkpoint.every_k"},
+      {"EveryKWithAnotherPolicy",
+       Gpt2("checkpoint { policy: CHECKPOINT_POLICY_EVERY_BLOCK every_k: 2 }"), kInvalid,
+       "config.checkpoint.every_k"},
+      {"EveryKWithoutAPolicy", Gpt2("checkpoint { every_k: 1 }"), kInvalid,
+       "config.checkpoint.every_k"},
+      {"EveryBlockWithoutBlocks",
+       With(kLinearOps, "checkpoint { policy: CHECKPOINT_POLICY_EVERY_BLOCK }"), kInvalid,
+       "config.checkpoint.policy"},
+      {"EveryKWithoutBlocks",
+       With(kLinearOps, "checkpoint { policy: CHECKPOINT_POLICY_EVERY_K_BLOCKS every_k: 1 }"),
+       kInvalid, "config.checkpoint.policy"},
+      {"SqrtWithoutBlocks",
+       With(kLinearOps, "checkpoint { policy: CHECKPOINT_POLICY_SQRT_BLOCKS }"), kInvalid,
+       "config.checkpoint.policy"},
+      {"AttentionCoreWithoutAttention",
+       With(kMlp, "checkpoint { policy: CHECKPOINT_POLICY_ATTENTION_CORE }"), kPrecondition,
+       "config.checkpoint.policy"},
+      {"ScopesPolicyWithoutScopes", Gpt2("checkpoint { policy: CHECKPOINT_POLICY_SCOPES }"),
+       kInvalid, "config.checkpoint.scopes"},
+      {"ScopeUnknown",
+       Gpt2("checkpoint { policy: CHECKPOINT_POLICY_SCOPES scopes: [\"transformer.h.0\", \"h.9\"] "
+            "}"),
+       kInvalid, "config.checkpoint.scopes[1]"},
+      {"ScopeEmpty", Gpt2("checkpoint { policy: CHECKPOINT_POLICY_SCOPES scopes: [\"\"] }"),
+       kInvalid, "config.checkpoint.scopes[0]"},
+      {"ScopesWithAnotherPolicy",
+       Gpt2("checkpoint { policy: CHECKPOINT_POLICY_EVERY_BLOCK scopes: [\"transformer.h.0\"] }"),
+       kInvalid, "config.checkpoint.scopes"},
+      {"NonReentrantWithoutAPolicy", Gpt2("checkpoint { non_reentrant: true }"), kInvalid,
+       "config.checkpoint.non_reentrant"},
+  };
+}
+
+// Settings that belong to training, sent with mode inference.
+std::vector<BadInput> InferenceRows() {
+  return {
+      {"InferenceWithOptimizerKind", Infer(kGpt2, "optimizer { kind: OPTIMIZER_KIND_ADAM }"),
+       kInvalid, "config.optimizer.kind"},
+      {"InferenceWithExplicitAdamW", Infer(kMlp, "optimizer { kind: OPTIMIZER_KIND_ADAMW }"),
+       kInvalid, "config.optimizer.kind"},
+      {"InferenceWithOptimizerImpl",
+       Infer(kLinearLayers, "optimizer { impl: OPTIMIZER_IMPL_FOR_LOOP }"), kInvalid,
+       "config.optimizer.impl"},
+      {"InferenceWithWeightDecay", Infer(kLinearOps, "optimizer { weight_decay: 0.01 }"), kInvalid,
+       "config.optimizer.weight_decay"},
+      {"InferenceWithCheckpointPolicy",
+       Infer(kGpt2, "checkpoint { policy: CHECKPOINT_POLICY_EVERY_BLOCK }"), kInvalid,
+       "config.checkpoint.policy"},
+      {"InferenceWithEveryK", Infer(kGpt2, "checkpoint { every_k: 2 }"), kInvalid,
+       "config.checkpoint"},
+      {"InferenceWithCheckpointScopes",
+       Infer(kGpt2,
+             "checkpoint { policy: CHECKPOINT_POLICY_SCOPES scopes: [\"transformer.h.0\"] }"),
+       kInvalid, "config.checkpoint.policy"},
+      {"InferenceWithNonReentrant", Infer(kMlp, "checkpoint { non_reentrant: true }"), kInvalid,
+       "config.checkpoint.non_reentrant"},
+      {"InferenceKeepingGrads", Infer(kMlp, "zero_grad_keep_grads: true"), kInvalid,
+       "config.zero_grad_keep_grads"},
+      {"InferenceFirstStep", Infer(kGpt2, "step: STEP_KIND_FIRST_STEP"), kInvalid, "config.step"},
+      {"InferenceWithGradAccum", Infer(kGpt2, "grad_accum_steps: 2"), kInvalid,
+       "config.grad_accum_steps"},
+  };
+}
+
+// generate_tokens where nothing is generated, and the CPU runtime with CUDA settings.
+std::vector<BadInput> GenerationAndRuntimeRows() {
+  return {
+      {"GenerateTokensInTraining", Gpt2("generate_tokens: 16"), kInvalid, "config.generate_tokens"},
+      {"GenerateTokensOnAnMlp", Infer(kMlp, "generate_tokens: 16"), kInvalid,
+       "config.generate_tokens"},
+      {"GenerateTokensOnBert",
+       Infer("model { preset { name: \"bert-base\" params { key: \"seq\" value: 16 } "
+             "params { key: \"layers\" value: 1 } } }",
+             "generate_tokens: 16"),
+       kInvalid, "config.generate_tokens"},
+      {"GenerateTokensOnAResnet",
+       Infer("model { preset { name: \"resnet18\" params { key: \"image\" value: 32 } } }",
+             "generate_tokens: 1"),
+       kInvalid, "config.generate_tokens"},
+      {"GenerateTokensOnCausalLayers",
+       Infer("model { layers { input_shape: [4, 8] layers { kind: \"transformer_block\" "
+             "attrs { key: \"heads\" value { i: 2 } } } } }",
+             "generate_tokens: 8"),
+       kInvalid, "config.generate_tokens"},
+      {"GenerateTokensOnAnOpGraph", Infer(kLinearOps, "generate_tokens: 8"), kInvalid,
+       "config.generate_tokens"},
+      {"ExpandableSegmentsOnCpu", Gpt2("runtime: RUNTIME_CPU_TORCH_1_13 expandable_segments: true"),
+       kInvalid, "config.expandable_segments"},
+      {"CudaDeviceOnCpu", Gpt2("runtime: RUNTIME_CPU_TORCH_1_13 device_name: \"a100-80gb\""),
+       kInvalid, "config.device_name"},
+      {"FusedOptimizerOnCpu",
+       Gpt2("runtime: RUNTIME_CPU_TORCH_1_13 optimizer { kind: OPTIMIZER_KIND_ADAM "
+            "impl: OPTIMIZER_IMPL_FUSED }"),
+       kInvalid, "config.optimizer.impl"},
+      {"Fp16AutocastOnCpu", Gpt2("runtime: RUNTIME_CPU_TORCH_1_13 precision: PRECISION_FP16_AMP"),
+       kInvalid, "config.precision"},
+      {"PureFp16OnCpu",
+       Infer(kMlp, "runtime: RUNTIME_CPU_TORCH_1_13 precision: PRECISION_FP16_PURE"), kInvalid,
+       "config.precision"},
+      {"DeviceNameEmpty", Gpt2("device_name: \"\""), kInvalid, "config.device_name"},
+      {"DeviceNameUnknown", Gpt2("device_name: \"tpu-v5\""), kNotFound, "config.device_name"},
+      {"DeviceNameWithSpaces", Gpt2("device_name: \" a100 \""), kNotFound, "config.device_name"},
+  };
+}
+
+}  // namespace
+
+std::vector<BadInput> BadConfigInputs() {
+  std::vector<BadInput> rows = NumberRows();
+  for (std::vector<BadInput> part :
+       {EnumRows(), OptimizerAndCheckpointRows(), InferenceRows(), GenerationAndRuntimeRows()}) {
+    for (BadInput& row : part) rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+}  // namespace memest::testing
