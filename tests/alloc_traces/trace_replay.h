@@ -1,0 +1,68 @@
+// Reads the allocator event files of tests/alloc_traces/data/ (format in
+// tests/alloc_traces/README.md) and replays them through CachingAllocatorModel, to compare
+// what the model reserves with what PyTorch's caching allocator reserved on a real GPU.
+#ifndef MEMEST_TESTS_ALLOC_TRACES_TRACE_REPLAY_H_
+#define MEMEST_TESTS_ALLOC_TRACES_TRACE_REPLAY_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace memest {
+
+struct AllocTrace {
+  struct Segment {
+    int stream = 0;
+    int64_t bytes = 0;
+  };
+  struct Block {
+    int segment = 0;
+    int64_t offset = 0;
+    int64_t bytes = 0;
+  };
+  enum class Kind { kAlloc, kFree, kEmptyCache, kOom };
+  struct Event {
+    Kind kind = Kind::kAlloc;
+    int64_t bytes = 0;     // kAlloc, kOom: the request
+    int stream = 0;        // kAlloc, kOom
+    int handle = 0;        // kFree: the block freed (start blocks first, then allocs in order)
+    int64_t reserved = 0;  // reserved bytes after the event, as recorded
+  };
+
+  std::string name;
+  bool expandable = false;
+  int64_t capacity_lo = 0, capacity_hi = 0;  // 0, 0: no cudaMalloc failed (no limit needed)
+  std::vector<Segment> segments;             // at the first event, in address order
+  std::vector<Block> blocks;                 // live at the first event
+  std::vector<Event> events;
+  int64_t start_reserved = 0;
+  int64_t peak_reserved = 0, end_reserved = 0;
+  int end_segments = 0;
+};
+
+// Parses one event file's text; on a malformed file returns false with a message in *error.
+bool ParseAllocTrace(const std::string& name, const std::string& text, AllocTrace* trace,
+                     std::string* error);
+
+struct ReplayResult {
+  bool replayed = false;     // false: the model cannot run this trace (see `error`)
+  std::string error;
+  int64_t peak_reserved = 0;
+  int64_t end_reserved = 0;
+  int end_segments = 0;
+  int events = 0;            // allocations, empty_cache calls and failed requests
+  int events_matching = 0;   // of them, those after which reserved matches the trace
+  int first_mismatch = -1;   // index in trace.events of the first that does not, or -1
+
+  bool Exact(const AllocTrace& t) const {
+    return replayed && peak_reserved == t.peak_reserved && end_reserved == t.end_reserved;
+  }
+};
+
+// Rebuilds the trace's start state in a fresh model (with the given device capacity, 0 for
+// none) and replays its events.
+ReplayResult ReplayAllocTrace(const AllocTrace& trace, int64_t capacity);
+
+}  // namespace memest
+
+#endif  // MEMEST_TESTS_ALLOC_TRACES_TRACE_REPLAY_H_
