@@ -9,8 +9,11 @@ A snapshot (torch.cuda.memory._dump_snapshot) holds the allocator's state at its
 by walking the events back from the end state: a segment_alloc undone removes its segment, a
 segment_free undone restores it, an alloc undone frees its block, a free undone makes its
 block live again. What is left is written out with the events in order, buffer and stream
-identities remapped to small integers, and the figures read off the trace: the reserved bytes
-after every allocation, the peak, the end and the number of segments.
+identities remapped to small integers, segment addresses as their ranks, and the figures read
+off the trace: the reserved bytes after every allocation, the peak, the end and the number of
+segments. A run of segment_free/segment_unmap events is a release of the cache: a failed
+cudaMalloc's when the segment it was for follows (the model must release by itself: the file
+gives the range of device capacities the trace allows), else torch.cuda.empty_cache().
 
 Usage:
   extract.py [--traces DIR] [--out DIR]   write the event files (and nothing else)
@@ -167,6 +170,12 @@ def convert(path, device, events, segments, source):
         if "stream" in e and e["action"] != "snapshot":
             stream_id(e["stream"])
 
+    # Best fit breaks ties by address, and the driver chose the addresses: every segment's
+    # address is given by its rank among all the segment addresses of the trace.
+    ranks = sorted(set(seg_addrs) | {e["addr"] for e in events if e["action"] == "segment_alloc"})
+    ranks = {a: k for k, a in enumerate(ranks)}
+    new_segment = None
+
     reserved = sum(v[0] for v in segs.values())
     peak = reserved
     first_alloc = next((k for k, e in enumerate(events) if e["action"] == "alloc"), len(events))
@@ -209,6 +218,8 @@ def convert(path, device, events, segments, source):
                 counts["empty_cache"] += 1
             k = j
             continue
+        if a == "segment_alloc":
+            new_segment = ranks[e["addr"]]
         if a in ("segment_alloc", "segment_map"):
             reserved += e["size"]
             lo = max(lo, reserved)
@@ -222,6 +233,9 @@ def convert(path, device, events, segments, source):
                 printed = reserved
             if stream_id(e["stream"]):
                 line += f" s{stream_id(e['stream'])}"
+            if new_segment is not None:
+                line += f" g{new_segment}"
+                new_segment = None
             out.append(line)
             counts["allocs"] += 1
         elif a == "free_completed":
@@ -261,7 +275,7 @@ def convert(path, device, events, segments, source):
         f"capacity {lo if hi is not None else 0} {hi if hi is not None else 0}",
     ]
     for a in seg_addrs:
-        head.append(f"segment {stream_id(segs[a][1])} {segs[a][0]}")
+        head.append(f"segment {stream_id(segs[a][1])} {segs[a][0]} {ranks[a]}")
     for addr, i, req, size in placed:
         head.append(f"block {i} {addr - seg_addrs[i]} {size}")
     head.append("events")

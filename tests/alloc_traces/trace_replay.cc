@@ -51,7 +51,7 @@ bool ParseAllocTrace(const std::string& name, const std::string& text, AllocTrac
         if (!(ls >> t->capacity_lo >> t->capacity_hi)) return fail("bad capacity");
       } else if (word == "segment") {
         AllocTrace::Segment s;
-        if (!(ls >> s.stream >> s.bytes) || s.bytes <= 0) return fail("bad segment");
+        if (!(ls >> s.stream >> s.bytes >> s.address) || s.bytes <= 0) return fail("bad segment");
         t->segments.push_back(s);
         t->start_reserved += s.bytes;
       } else if (word == "block") {
@@ -97,6 +97,8 @@ bool ParseAllocTrace(const std::string& name, const std::string& text, AllocTrac
         reserved = v;
       } else if (Tagged(token, 's', &v)) {
         e.stream = static_cast<int>(v);
+      } else if (Tagged(token, 'g', &v)) {
+        e.new_segment = v;
       } else {
         return fail("bad field " + token);
       }
@@ -118,8 +120,8 @@ namespace {
 // then carved block by block, the free gaps as stand-ins that are freed at the end. Best fit
 // has no other choice while every earlier segment is full. Returns the handles of the start
 // blocks, or an error when the model did not place a block where the trace has it.
-bool RebuildStart(const AllocTrace& t, CachingAllocatorModel* m, std::vector<int>* handles,
-                  std::string* error) {
+bool RebuildStart(const AllocTrace& t, const ReplayOptions& o, CachingAllocatorModel* m,
+                  std::vector<int>* handles, std::string* error) {
   std::vector<int> gaps;
   std::vector<std::vector<int>> by_segment(t.segments.size());
   for (int i = 0; i < static_cast<int>(t.blocks.size()); ++i) {
@@ -130,7 +132,9 @@ bool RebuildStart(const AllocTrace& t, CachingAllocatorModel* m, std::vector<int
     const AllocTrace::Segment& seg = t.segments[s];
     const bool small = seg.bytes == CachingAllocatorModel::kSmallBuffer;
     const int64_t before = m->reserved();
-    if (!small) m->Free(m->Malloc(seg.bytes));
+    const int stream = o.streams ? seg.stream : 0;
+    if (o.addresses) m->SetNextSegmentAddress(seg.address);
+    if (!small) m->Free(m->Malloc(seg.bytes, stream));
     // (piece bytes, start block index or -1 for a gap)
     std::vector<std::pair<int64_t, int>> pieces;
     auto add_gap = [&](int64_t bytes) {
@@ -147,7 +151,7 @@ bool RebuildStart(const AllocTrace& t, CachingAllocatorModel* m, std::vector<int
     }
     add_gap(seg.bytes - at);
     for (const auto& [bytes, index] : pieces) {
-      const int h = m->Malloc(bytes);
+      const int h = m->Malloc(bytes, stream);
       if (h < 0) {
         *error = "the model refused a start block";
         return false;
@@ -160,8 +164,7 @@ bool RebuildStart(const AllocTrace& t, CachingAllocatorModel* m, std::vector<int
     }
     if (m->reserved() != before + seg.bytes) {
       *error = "start segment " + std::to_string(s) + " reserved " +
-               std::to_string(m->reserved() - before) + " bytes, not " +
-               std::to_string(seg.bytes);
+               std::to_string(m->reserved() - before) + " bytes, not " + std::to_string(seg.bytes);
       return false;
     }
     for (int i : by_segment[s]) {
@@ -178,15 +181,15 @@ bool RebuildStart(const AllocTrace& t, CachingAllocatorModel* m, std::vector<int
 
 }  // namespace
 
-ReplayResult ReplayAllocTrace(const AllocTrace& t, int64_t capacity) {
+ReplayResult ReplayAllocTrace(const AllocTrace& t, int64_t capacity, const ReplayOptions& o) {
   ReplayResult r;
   if (t.expandable && !t.segments.empty()) {
     r.error = "an expandable-segments trace must start empty";
     return r;
   }
-  CachingAllocatorModel m(t.expandable);
+  CachingAllocatorModel m(t.expandable, capacity);
   std::vector<int> handles;
-  if (!RebuildStart(t, &m, &handles, &r.error)) return r;
+  if (!RebuildStart(t, o, &m, &handles, &r.error)) return r;
   r.peak_reserved = m.reserved();
   for (int i = 0; i < static_cast<int>(t.events.size()); ++i) {
     const AllocTrace::Event& e = t.events[i];
@@ -200,12 +203,25 @@ ReplayResult ReplayAllocTrace(const AllocTrace& t, int64_t capacity) {
         handles[e.handle] = -1;
         continue;
       case AllocTrace::Kind::kAlloc:
-        handles.push_back(m.Malloc(e.bytes));
+        if (o.addresses && e.new_segment >= 0) m.SetNextSegmentAddress(e.new_segment);
+        handles.push_back(m.Malloc(e.bytes, o.streams ? e.stream : 0));
+        if (handles.back() < 0) ++r.refused;
         break;
-      case AllocTrace::Kind::kOom:
+      case AllocTrace::Kind::kOom: {
+        // The request failed on the GPU: the model must refuse it too.
+        const int ooms = m.ooms();
+        const int h = m.Malloc(e.bytes, o.streams ? e.stream : 0);
+        if (h >= 0) {
+          ++r.granted;
+          m.Free(h);
+        } else if (m.ooms() != ooms + 1) {
+          ++r.refused;
+        }
+        break;
+      }
       case AllocTrace::Kind::kEmptyCache:
-        r.error = "the model has no device capacity or empty_cache";
-        return r;
+        m.EmptyCache();
+        break;
     }
     ++r.events;
     r.peak_reserved = std::max(r.peak_reserved, m.reserved());
@@ -216,6 +232,7 @@ ReplayResult ReplayAllocTrace(const AllocTrace& t, int64_t capacity) {
     }
   }
   r.replayed = true;
+  r.ooms = m.ooms();
   r.end_reserved = m.reserved();
   r.end_segments = m.segments();
   return r;

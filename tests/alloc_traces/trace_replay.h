@@ -14,6 +14,7 @@ struct AllocTrace {
   struct Segment {
     int stream = 0;
     int64_t bytes = 0;
+    int64_t address = 0;  // rank among the trace's segment addresses
   };
   struct Block {
     int segment = 0;
@@ -23,10 +24,11 @@ struct AllocTrace {
   enum class Kind { kAlloc, kFree, kEmptyCache, kOom };
   struct Event {
     Kind kind = Kind::kAlloc;
-    int64_t bytes = 0;     // kAlloc, kOom: the request
-    int stream = 0;        // kAlloc, kOom
-    int handle = 0;        // kFree: the block freed (start blocks first, then allocs in order)
-    int64_t reserved = 0;  // reserved bytes after the event, as recorded
+    int64_t bytes = 0;         // kAlloc, kOom: the request
+    int stream = 0;            // kAlloc, kOom
+    int handle = 0;            // kFree: the block freed (start blocks first, then allocs in order)
+    int64_t reserved = 0;      // reserved bytes after the event, as recorded
+    int64_t new_segment = -1;  // kAlloc: the address rank of the segment it reserved, or -1
   };
 
   std::string name;
@@ -45,23 +47,35 @@ bool ParseAllocTrace(const std::string& name, const std::string& text, AllocTrac
                      std::string* error);
 
 struct ReplayResult {
-  bool replayed = false;     // false: the model cannot run this trace (see `error`)
+  bool replayed = false;  // false: the model cannot run this trace (see `error`)
   std::string error;
   int64_t peak_reserved = 0;
   int64_t end_reserved = 0;
   int end_segments = 0;
-  int events = 0;            // allocations, empty_cache calls and failed requests
-  int events_matching = 0;   // of them, those after which reserved matches the trace
-  int first_mismatch = -1;   // index in trace.events of the first that does not, or -1
+  int events = 0;           // allocations, empty_cache calls and failed requests
+  int events_matching = 0;  // of them, those after which reserved matches the trace
+  int first_mismatch = -1;  // index in trace.events of the first that does not, or -1
+  int refused = 0;          // allocations the model refused that the GPU served
+  int granted = 0;          // requests that failed on the GPU but not in the model
+  int ooms = 0;             // the model's out-of-memory failures
 
   bool Exact(const AllocTrace& t) const {
-    return replayed && peak_reserved == t.peak_reserved && end_reserved == t.end_reserved;
+    return replayed && refused == 0 && granted == 0 && peak_reserved == t.peak_reserved &&
+           end_reserved == t.end_reserved;
   }
+};
+
+// What the replay tells the model beyond the requests and frees; the tool turns each off to
+// measure what it is needed for.
+struct ReplayOptions {
+  bool streams = true;    // each request's stream (else all on the default stream)
+  bool addresses = true;  // each new segment's address (else each lies above the others)
 };
 
 // Rebuilds the trace's start state in a fresh model (with the given device capacity, 0 for
 // none) and replays its events.
-ReplayResult ReplayAllocTrace(const AllocTrace& trace, int64_t capacity);
+ReplayResult ReplayAllocTrace(const AllocTrace& trace, int64_t capacity,
+                              const ReplayOptions& options = {});
 
 }  // namespace memest
 
