@@ -58,9 +58,10 @@ class CachingAllocatorModel {
   // request does not fit the capacity even after the release (cached segments are released).
   int Malloc(int64_t bytes, int stream = 0);
   void Free(int handle);
-  // The device address at which the next Malloc's new segment (if it reserves one) lies: best
-  // fit breaks ties by address, and the driver chooses addresses. A replay of a recorded trace
-  // gives every segment's; without it each new segment lies above all earlier ones.
+  // The device address (0 or more) at which the next Malloc's new segment, if it reserves one,
+  // lies: best fit breaks ties by address, and the driver chooses addresses. A replay of a
+  // recorded trace gives every segment's; without it each new segment lies above all earlier
+  // ones (give it for every segment or for none).
   void SetNextSegmentAddress(int64_t address) { next_segment_address_ = address; }
   // torch.cuda.empty_cache(): releases every cached segment with nothing allocated in it, and
   // with expandable segments unmaps every whole page that is free.
