@@ -53,8 +53,8 @@ void AppendHex(uint32_t value, int digits, std::string* out) {
     out->push_back(kDigits[(value >> shift) & 0xF]);
 }
 
-// Appends `unit` (the bytes text[i, i + unit.size)) escaped; quotes and backslashes only when
-// `quotes` is set.
+// Appends `unit` (the bytes text[i, i + unit.size)) escaped; quotes (both kinds) and backslashes
+// only when `quotes` is set.
 void AppendUnit(std::string_view text, size_t i, const Unit& unit, bool quotes, std::string* out) {
   if (!unit.valid) {
     out->append("\\x");
@@ -78,6 +78,9 @@ void AppendUnit(std::string_view text, size_t i, const Unit& unit, bool quotes, 
         return;
       case '\'':
         out->append(quotes ? "\\'" : "'");
+        return;
+      case '"':
+        out->append(quotes ? "\\\"" : "\"");
         return;
       default:
         break;
@@ -149,6 +152,12 @@ std::string BoundMessage(std::string_view message, size_t max_bytes) {
   }
   if (i < message.size()) out += kCut;
   return out;
+}
+
+Status CheckNameSize(std::string_view name, const std::string& field) {
+  if (name.size() <= kMaxNameBytes) return Status::Ok();
+  return InvalidArgument(field + ": " + std::to_string(name.size()) + " bytes, more than the " +
+                         std::to_string(kMaxNameBytes) + " a name may have");
 }
 
 bool IsValidUtf8(std::string_view text) {

@@ -1,4 +1,4 @@
-// Quoting request text into error messages and log lines.
+// Request text: how long a name may be, and quoting it into error messages and log lines.
 //
 // Anything a request carries (a preset name, a tensor name, a scope, an attribute's string
 // value) may hold newlines, quotes, terminal escapes or bytes that are not UTF-8, and may be
@@ -13,14 +13,28 @@
 #include <string>
 #include <string_view>
 
+#include "engine/status.h"
+
 namespace memest {
+
+// The most bytes of one name in a request: a layer, tensor or parameter name, an op's inputs,
+// outputs and scope, a block or checkpoint scope, an attribute's name or string value. Module
+// paths of real models are a few dozen bytes (Hugging Face's longest are under 100); 1 KiB is
+// ten times that, and keeps what a reply repeats of each name (a layer table row per scope, the
+// peak's op and scope) and what a message or log line holds from growing with the request: a
+// 4 MiB layer name would otherwise come back four times, beyond a client's 4 MiB reply limit.
+inline constexpr size_t kMaxNameBytes = 1024;
+
+// OK, or INVALID_ARGUMENT "<field>: 4194304 bytes, more than the 1024 a name may have" for a
+// `name` longer than kMaxNameBytes.
+Status CheckNameSize(std::string_view name, const std::string& field);
 
 // The most bytes of one piece of request text a message repeats. 64 keeps every name a user
 // would recognise (the longest module paths of real models are about 60 bytes) while a message
 // naming a few of them stays far below gRPC's 8 KiB limit on a reply's metadata.
 inline constexpr size_t kQuotedBytes = 64;
 
-// `text` escaped: `\\` for a backslash, `\'` for a single quote, `\n`, `\r`, `\t`, and `\xNN` for
+// `text` escaped: `\\` for a backslash, `\'` and `\"` for quotes, `\n`, `\r`, `\t`, and `\xNN` for
 // every other ASCII control byte, DEL and every byte that is not part of valid UTF-8; the C1
 // controls, U+2028/U+2029 (line breaks to some readers) and the bidirectional overrides are
 // written `\u{XXXX}`. Other valid UTF-8 is kept. When `text` is longer than `max_bytes`, only its

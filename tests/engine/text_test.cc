@@ -23,7 +23,7 @@ TEST(EscapeTest, ControlCharactersQuotesAndBackslashesAreEscaped) {
   EXPECT_EQ(Escape("\x7f"), "\\x7F");
   EXPECT_EQ(Escape("it's"), "it\\'s");
   EXPECT_EQ(Escape("a\\nb"), "a\\\\nb") << "a literal backslash-n must not read as a newline";
-  EXPECT_EQ(Quote("x' error=\"forged"), "'x\\' error=\"forged'");
+  EXPECT_EQ(Quote("x' error=\"forged"), "'x\\' error=\\\"forged'");
 }
 
 TEST(EscapeTest, ValidUtf8IsKeptAndInvalidBytesAreHexEscaped) {
@@ -88,6 +88,14 @@ TEST(BoundMessageTest, LongMessagesAreCutAtACharacterBoundary) {
     for (int i = 0; i < 23; ++i) s += "\\x01";
     return s + "...(cut)";
   }());
+}
+
+TEST(CheckNameSizeTest, RefusesNamesBeyondTheBoundNamingTheFieldAndTheBound) {
+  EXPECT_TRUE(CheckNameSize(std::string(kMaxNameBytes, 'n'), "model.layers[0].name").ok());
+  const Status status = CheckNameSize(std::string(kMaxNameBytes + 1, 'n'), "model.layers[0].name");
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "model.layers[0].name: 1025 bytes, more than the 1024 a name may have");
 }
 
 TEST(IsValidUtf8Test, AcceptsUtf8AndRefusesEverythingElse) {
