@@ -6,6 +6,8 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include "server/wire.h"
+
 namespace memest {
 namespace {
 
@@ -42,6 +44,8 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
     return InvalidArgument("max_ops: must be positive, got " +
                            std::to_string(options.service.max_ops));
   }
+  // Before any call is parsed: protobuf's log handler is not safe to replace while in use.
+  InstallProtobufLogHandler();
   std::unique_ptr<EstimatorServer> server(new EstimatorServer(options));
 
   grpc::EnableDefaultHealthCheckService(true);
