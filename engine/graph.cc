@@ -4,6 +4,7 @@
 
 #include "engine/op_rules.h"
 #include "engine/passes.h"
+#include "engine/text.h"
 
 namespace memest {
 
@@ -98,7 +99,7 @@ void GraphBuilder::Fail(Status status) {
 int GraphBuilder::AddLeaf(std::string name, Shape shape, DType dtype, TensorRole role,
                           bool requires_grad, int batch_dim) {
   if (!ok()) return -1;
-  const std::string field = context_.empty() ? name : context_;
+  const std::string field = context_.empty() ? Escape(name) : context_;
   StatusOr<int64_t> bytes = CheckedBytes(shape, dtype, field + ".shape");
   if (!bytes.ok()) {
     Fail(bytes.status());
@@ -179,7 +180,7 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   for (int id : op.inputs) call.inputs.push_back(&graph_.tensors[id]);
   StatusOr<std::vector<OutputSpec>> specs = InferOutputs(call);
   if (!specs.ok()) {
-    Fail(context_.empty() && !scope_.empty() ? specs.status().Prefixed(scope_ + ": ")
+    Fail(context_.empty() && !scope_.empty() ? specs.status().Prefixed(Escape(scope_) + ": ")
                                              : specs.status());
     return {};
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/op_rules_internal.h"
+#include "engine/text.h"
 
 namespace memest {
 namespace rules {
@@ -89,8 +90,8 @@ std::vector<const OpRule*> AllOpRules() {
 StatusOr<std::vector<OutputSpec>> InferOutputs(const OpCall& call) {
   const OpRule* rule = FindOpRule(call.op.kind);
   if (rule == nullptr) {
-    return InvalidArgument(call.field + ".kind: unknown op '" + call.op.kind +
-                           "'; memest knows: " + Vocabulary());
+    return InvalidArgument(call.field + ".kind: unknown op " + Quote(call.op.kind) +
+                           "; memest knows: " + Vocabulary());
   }
   const int n = static_cast<int>(call.inputs.size());
   if (n < rule->min_inputs || (rule->max_inputs >= 0 && n > rule->max_inputs)) {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "engine/layers.h"
+#include "engine/text.h"
 
 namespace memest {
 namespace {
@@ -586,7 +587,7 @@ StatusOr<Graph> BuildPreset(const PresetSpec& spec, const BuildContext& context)
     names += (names.empty() ? "" : ", ") + p.info.name;
   }
   if (preset == nullptr) {
-    return NotFound("model.preset.name: unknown preset '" + spec.name + "'; known: " + names);
+    return NotFound("model.preset.name: unknown preset " + Quote(spec.name) + "; known: " + names);
   }
   Values values;
   for (const PresetParam& p : preset->info.params) values[p.name] = p.default_value;
@@ -596,7 +597,7 @@ StatusOr<Graph> BuildPreset(const PresetSpec& spec, const BuildContext& context)
       std::string known;
       for (const PresetParam& p : preset->info.params)
         known += (known.empty() ? "" : ", ") + p.name;
-      return ParamError(name, "unknown parameter of " + spec.name + "; known: " + known);
+      return ParamError(Escape(name), "unknown parameter of " + spec.name + "; known: " + known);
     }
     if (value <= 0 || value > kMaxParamValue) {
       return ParamError(

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "engine/op_rules.h"
+#include "engine/text.h"
 
 namespace memest {
 namespace {
@@ -923,7 +924,7 @@ StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& g, const CheckpointConf
         add_run([&](const std::string& scope) { return ScopeWithin(scope, cfg.scopes[k]); });
         if (regions.size() == before) {
           return InvalidArgument("config.checkpoint.scopes[" + std::to_string(k) +
-                                 "]: no op runs in scope '" + cfg.scopes[k] + "'");
+                                 "]: no op runs in scope " + Quote(cfg.scopes[k]));
         }
       }
       std::sort(regions.begin(), regions.end());

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/text.h"
+
 namespace memest {
 namespace {
 
@@ -28,6 +30,15 @@ StatusOr<DType> DTypeFromProto(const std::string& name, const std::string& field
   return dtype;
 }
 
+// CheckNameSize for each of `names`, naming "<field>[i]".
+Status CheckNamesSize(const google::protobuf::RepeatedPtrField<std::string>& names,
+                      const std::string& field) {
+  for (int i = 0; i < names.size(); ++i) {
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(names.Get(i), field + "[" + std::to_string(i) + "]"));
+  }
+  return Status::Ok();
+}
+
 StatusOr<AttrValue> AttrFromProto(const v1::AttrValue& value, const std::string& field) {
   switch (value.value_case()) {
     case v1::AttrValue::kI:
@@ -39,6 +50,7 @@ StatusOr<AttrValue> AttrFromProto(const v1::AttrValue& value, const std::string&
       return AttrValue(
           std::vector<int64_t>(value.ints().values().begin(), value.ints().values().end()));
     case v1::AttrValue::kS:
+      MEMEST_RETURN_IF_ERROR(CheckNameSize(value.s(), field));
       return AttrValue(value.s());
     case v1::AttrValue::VALUE_NOT_SET:
       break;
@@ -57,8 +69,9 @@ StatusOr<Attrs> AttrsFromProto(const google::protobuf::Map<std::string, v1::Attr
             [](const std::string* a, const std::string* b) { return *a < *b; });
   Attrs out;
   for (const std::string* name : names) {
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(*name, context + ".attrs"));
     MEMEST_ASSIGN_OR_RETURN(AttrValue value,
-                            AttrFromProto(attrs.at(*name), context + ".attrs." + *name));
+                            AttrFromProto(attrs.at(*name), context + ".attrs." + Escape(*name)));
     out.emplace(*name, std::move(value));
   }
   return out;
@@ -72,11 +85,12 @@ StatusOr<LayerModelSpec> LayerModelFromProto(const v1::LayerModel& model) {
   spec.layers.reserve(model.layers_size());
   for (int i = 0; i < model.layers_size(); ++i) {
     const v1::Layer& layer = model.layers(i);
+    const std::string field = "model.layers[" + std::to_string(i) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(layer.name(), field + ".name"));
     LayerSpec& out = spec.layers.emplace_back();
     out.kind = layer.kind();
     out.name = layer.name();
-    MEMEST_ASSIGN_OR_RETURN(
-        out.attrs, AttrsFromProto(layer.attrs(), "model.layers[" + std::to_string(i) + "]"));
+    MEMEST_ASSIGN_OR_RETURN(out.attrs, AttrsFromProto(layer.attrs(), field));
   }
   if (!model.loss().empty()) spec.loss = model.loss();
   return spec;
@@ -88,6 +102,7 @@ StatusOr<OpGraphSpec> OpGraphFromProto(const v1::OpGraph& graph) {
   for (int i = 0; i < graph.tensors_size(); ++i) {
     const v1::TensorDecl& tensor = graph.tensors(i);
     const std::string field = "model.tensors[" + std::to_string(i) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(tensor.name(), field + ".name"));
     TensorSpec& out = spec.tensors.emplace_back();
     out.name = tensor.name();
     out.shape.assign(tensor.shape().begin(), tensor.shape().end());
@@ -99,14 +114,19 @@ StatusOr<OpGraphSpec> OpGraphFromProto(const v1::OpGraph& graph) {
   spec.ops.reserve(graph.ops_size());
   for (int i = 0; i < graph.ops_size(); ++i) {
     const v1::OpDecl& op = graph.ops(i);
+    const std::string field = "model.ops[" + std::to_string(i) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNamesSize(op.inputs(), field + ".inputs"));
+    MEMEST_RETURN_IF_ERROR(CheckNamesSize(op.outputs(), field + ".outputs"));
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(op.scope(), field + ".scope"));
     OpSpec& out = spec.ops.emplace_back();
     out.kind = op.kind();
     out.inputs.assign(op.inputs().begin(), op.inputs().end());
     out.outputs.assign(op.outputs().begin(), op.outputs().end());
-    MEMEST_ASSIGN_OR_RETURN(out.attrs,
-                            AttrsFromProto(op.attrs(), "model.ops[" + std::to_string(i) + "]"));
+    MEMEST_ASSIGN_OR_RETURN(out.attrs, AttrsFromProto(op.attrs(), field));
     out.scope = op.scope();
   }
+  MEMEST_RETURN_IF_ERROR(CheckNameSize(graph.loss(), "model.loss"));
+  MEMEST_RETURN_IF_ERROR(CheckNamesSize(graph.blocks(), "model.blocks"));
   spec.loss = graph.loss();
   spec.blocks.assign(graph.blocks().begin(), graph.blocks().end());
   spec.traced_batch = graph.traced_batch();
@@ -343,6 +363,7 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
       out.checkpoint.policy,
       CheckpointPolicyFromProto(checkpoint.policy(), "config.checkpoint.policy"));
   if (checkpoint.has_every_k()) out.checkpoint.every_k = checkpoint.every_k();
+  MEMEST_RETURN_IF_ERROR(CheckNamesSize(checkpoint.scopes(), "config.checkpoint.scopes"));
   out.checkpoint.scopes.assign(checkpoint.scopes().begin(), checkpoint.scopes().end());
   out.checkpoint.non_reentrant = checkpoint.non_reentrant();
 

@@ -6,6 +6,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include "engine/text.h"
 #include "server/wire.h"
 
 namespace memest {
@@ -34,7 +35,7 @@ EstimatorServer::~EstimatorServer() {
 
 StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOptions& options) {
   if (HostOf(options.address).empty()) {
-    return InvalidArgument("address: expected HOST:PORT, got '" + options.address + "'");
+    return InvalidArgument("address: expected HOST:PORT, got " + Quote(options.address));
   }
   if (options.max_message_bytes <= 0) {
     return InvalidArgument("max_message_bytes: must be positive, got " +

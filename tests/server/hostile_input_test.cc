@@ -1,14 +1,18 @@
 // Requests built to hurt the service, over a real server on 127.0.0.1:0: bytes that are not a
-// request, strings that are not UTF-8. Each must get a refusal with a message that names the
+// request, strings that are not UTF-8, names of kilobytes and megabytes, names that would forge
+// log lines. Each must get a bounded refusal with a message that names the
 // field, and must leave the channel fit for the next call.
 #include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +23,11 @@ namespace memest {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
+
+// gRPC refuses to deliver a reply whose metadata (the status message is one of its entries)
+// exceeds 8 KiB; a refusal must stay well below that whatever the request held.
+constexpr size_t kMaxReplyMessage = 1024;
 
 std::chrono::system_clock::time_point Deadline() {
   return std::chrono::system_clock::now() + std::chrono::seconds(60);
@@ -140,6 +149,14 @@ std::string PresetRequestBytes(const std::string& name) {
   return Field(1, Field(1, Field(1, name)));
 }
 
+v1::EstimateRequest PresetRequest(const std::string& name) {
+  v1::EstimateRequest request;
+  request.mutable_model()->mutable_preset()->set_name(name);
+  request.mutable_config()->set_batch_size(2);
+  request.set_skip_advice(true);
+  return request;
+}
+
 v1::AttrValue Int(int64_t i) {
   v1::AttrValue value;
   value.set_i(i);
@@ -240,6 +257,89 @@ TEST_F(HostileInputTest, ValidateRefusesBytesThatAreNotARequest) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("model.preset.name"));
   ExpectChannelWorks();
+}
+
+TEST_F(HostileInputTest, LongPresetNamesGetABoundedReply) {
+  for (size_t size : {size_t{8} << 10, size_t{4} << 20}) {
+    SCOPED_TRACE(size);
+    v1::EstimateResponse response;
+    grpc::Status status = Estimate(PresetRequest(std::string(size, 'g')), &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND) << status.error_message().size();
+    EXPECT_THAT(status.error_message(), HasSubstr("model.preset.name"));
+    EXPECT_THAT(status.error_message(), HasSubstr("more bytes"));
+    EXPECT_LE(status.error_message().size(), kMaxReplyMessage);
+    ExpectChannelWorks();
+  }
+}
+
+TEST_F(HostileInputTest, A4MiBLayerNameIsRefusedNamingTheFieldAndTheBound) {
+  v1::EstimateResponse response;
+  grpc::Status status = Estimate(LinearLayerRequest(16, std::string(4 << 20, 'n')), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << status.error_message().size();
+  EXPECT_THAT(status.error_message(), HasSubstr("model.layers[0].name"));
+  EXPECT_THAT(status.error_message(), HasSubstr("1024"));
+  EXPECT_LE(status.error_message().size(), kMaxReplyMessage);
+  ExpectChannelWorks();
+}
+
+TEST_F(HostileInputTest, A4MiBTensorNameIsRefusedNamingTheFieldAndTheBound) {
+  v1::EstimateRequest request;
+  v1::OpGraph* graph = request.mutable_model()->mutable_ops();
+  v1::TensorDecl* x = graph->add_tensors();
+  x->set_name(std::string(4 << 20, 't'));
+  x->add_shape(4);
+  x->add_shape(8);
+  v1::OpDecl* op = graph->add_ops();
+  op->set_kind("relu");
+  op->add_inputs(x->name());
+  request.mutable_config()->set_batch_size(4);
+  request.mutable_config()->set_mode(v1::MODE_INFERENCE);
+  v1::EstimateResponse response;
+  grpc::Status status = Estimate(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << status.error_message().size();
+  EXPECT_THAT(status.error_message(), HasSubstr("model.tensors[0].name"));
+  EXPECT_THAT(status.error_message(), HasSubstr("1024"));
+  EXPECT_LE(status.error_message().size(), kMaxReplyMessage);
+  ExpectChannelWorks();
+}
+
+// Everything the default logger writes while it lives, for checking log lines.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(lines_);
+    sink->set_pattern("%v");
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  std::vector<std::string> Lines() const {
+    std::vector<std::string> out;
+    std::istringstream in(lines_.str());
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  }
+
+ private:
+  std::shared_ptr<spdlog::logger> previous_;
+  std::ostringstream lines_;
+};
+
+TEST_F(HostileInputTest, ANewlineInAPresetNameCannotForgeALogLine) {
+  const std::string forged = "rpc=Estimate model=preset:gpt2-small code=OK us=1 peer=forged";
+  std::vector<std::string> lines;
+  {
+    LogCapture capture;
+    v1::EstimateResponse response;
+    grpc::Status status = Estimate(PresetRequest("nope\n" + forged), &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_THAT(status.error_message(), Not(HasSubstr("\n")));
+    lines = capture.Lines();
+  }
+  ASSERT_EQ(lines.size(), 1u) << "one request, one log line";
+  EXPECT_THAT(lines[0], HasSubstr("code=NOT_FOUND"));
+  EXPECT_THAT(lines[0], HasSubstr("nope\\nrpc=Estimate"));
 }
 
 }  // namespace
