@@ -405,6 +405,8 @@ StatusOr<int> ExpandLayer(GraphBuilder& b, int x, const LayerSpec& spec, const L
           field + ".attrs." + Escape(name) + ": not an attribute of " + spec.kind +
           (info->attrs.empty() ? " (it takes none)" : "; known: " + Join(info->attrs)));
     }
+    // A shape too large to count in bytes names the attribute its size came from.
+    if (const auto* i = std::get_if<int64_t>(&value)) b.NameSize(*i, field + ".attrs." + name);
   }
   AttrReader r(spec.attrs, field);
   StatusOr<int> y = [&]() -> StatusOr<int> {

@@ -56,8 +56,9 @@ Status ValidateShape(const Shape& shape, DType dtype, const std::string& field, 
 
 }  // namespace
 
-StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) {
-  MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
+namespace {
+
+StatusOr<Graph> BuildFrontEnd(const ModelSpec& model, const BuildContext& context) {
   if (const auto* preset = std::get_if<PresetSpec>(&model.source)) {
     return BuildPreset(*preset, context);
   }
@@ -65,6 +66,25 @@ StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) 
     return BuildLayerModel(*layers, context);
   }
   return BuildOpGraph(std::get<OpGraphSpec>(model.source), context);
+}
+
+}  // namespace
+
+StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) {
+  MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
+  StatusOr<Graph> graph = BuildFrontEnd(model, context);
+  if (graph.ok() || context.micro_batch == 1 || !IsUnattributedSizeError(graph.status())) {
+    return graph;
+  }
+  // A tensor too large whose size no field explains alone, such as the batch folded into a
+  // [B * T, C] activation: if one sample builds, the batch is what the user has to lower.
+  BuildContext one = context;
+  one.micro_batch = 1;
+  if (!BuildFrontEnd(model, one).ok()) return graph;
+  std::string why = graph.status().message();
+  if (why.rfind("model: ", 0) == 0) why.erase(0, 7);
+  return InvalidArgument("config.batch_size: " + Str(context.micro_batch) +
+                         " is too large: " + why);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -85,13 +105,17 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
                              Str(spec.input_shape[i]));
     }
   }
-  MEMEST_RETURN_IF_ERROR(CheckedBytes(input_shape, spec.input_dtype, "model.input_shape").status());
   // Floating inputs follow the parameters' dtype (a pure-precision model is fed in that dtype);
   // integer inputs (token ids) keep theirs.
   const DType input_dtype = IsFloating(spec.input_dtype) ? context.param_dtype : spec.input_dtype;
   const LayerContext c{context.mode, context.param_dtype};
 
   GraphBuilder b;
+  // A shape too large to count in bytes names the size the user set (GraphBuilder::NameSize).
+  b.NameSize(context.micro_batch, "config.batch_size");
+  for (size_t i = 0; i < spec.input_shape.size(); ++i) {
+    b.NameSize(spec.input_shape[i], "model.input_shape[" + Str(i) + "]");
+  }
 
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   int x = b.Input("input", input_shape, input_dtype, 0);
@@ -213,6 +237,8 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
   }
 
   GraphBuilder b;
+  // Rescaled inputs take their batch dim from the config (GraphBuilder::NameSize).
+  if (rescale) b.NameSize(context.micro_batch, "config.batch_size");
 
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   std::unordered_map<std::string, int> ids;

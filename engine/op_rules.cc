@@ -103,14 +103,7 @@ StatusOr<std::vector<OutputSpec>> InferOutputs(const OpCall& call) {
     return InvalidArgument(call.field + ".inputs: " + call.op.kind + " takes " + want +
                            " inputs, got " + std::to_string(n));
   }
-  StatusOr<std::vector<OutputSpec>> outs = rule->infer(call);
-  if (!outs.ok()) return outs;
-  for (size_t i = 0; i < outs->size(); ++i) {
-    StatusOr<int64_t> bytes = CheckedBytes((*outs)[i].shape, (*outs)[i].dtype,
-                                           call.field + ".outputs[" + std::to_string(i) + "]");
-    if (!bytes.ok()) return bytes.status();
-  }
-  return outs;
+  return rule->infer(call);
 }
 
 OpMemory OpMemoryOf(const OpCall& call) {

@@ -608,6 +608,9 @@ StatusOr<Graph> BuildPreset(const PresetSpec& spec, const BuildContext& context)
   }
   MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
   GraphBuilder b;
+  // A shape too large to count in bytes names the size the user set (GraphBuilder::NameSize).
+  b.NameSize(context.micro_batch, "config.batch_size");
+  for (const auto& [name, value] : spec.params) b.NameSize(value, ParamField(name));
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   MEMEST_RETURN_IF_ERROR(preset->build(b, context, values));
   return b.Finish(context.max_ops);

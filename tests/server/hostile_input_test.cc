@@ -1,6 +1,6 @@
 // Requests built to hurt the service, over a real server on 127.0.0.1:0: bytes that are not a
 // request, strings that are not UTF-8, names of kilobytes and megabytes, names that would forge
-// log lines. Each must get a bounded refusal with a message that names the
+// log lines, sizes that overflow. Each must get a bounded refusal with a message that names the
 // field, and must leave the channel fit for the next call.
 #include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -340,6 +340,25 @@ TEST_F(HostileInputTest, ANewlineInAPresetNameCannotForgeALogLine) {
   ASSERT_EQ(lines.size(), 1u) << "one request, one log line";
   EXPECT_THAT(lines[0], HasSubstr("code=NOT_FOUND"));
   EXPECT_THAT(lines[0], HasSubstr("nope\\nrpc=Estimate"));
+}
+
+TEST_F(HostileInputTest, AHugeBatchSizeIsReportedAsTheBatchSize) {
+  v1::EstimateRequest request = PresetRequest("gpt2-small");
+  request.mutable_config()->set_batch_size(int64_t{1} << 62);
+  v1::EstimateResponse response;
+  grpc::Status status = Estimate(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), ::testing::StartsWith("config.batch_size: "));
+  EXPECT_THAT(status.error_message(), HasSubstr("4611686018427387904"));
+}
+
+TEST_F(HostileInputTest, AHugeOutFeaturesIsReportedAsTheAttribute) {
+  v1::EstimateResponse response;
+  grpc::Status status = Estimate(LinearLayerRequest(int64_t{1} << 60), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(),
+              ::testing::StartsWith("model.layers[0].attrs.out_features: "));
+  EXPECT_THAT(status.error_message(), HasSubstr("1152921504606846976"));
 }
 
 }  // namespace
