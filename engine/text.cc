@@ -138,20 +138,17 @@ std::string BoundMessage(std::string_view message, size_t max_bytes) {
   static constexpr std::string_view kCut = "...(cut)";
   if (max_bytes < kCut.size()) max_bytes = kCut.size();
   std::string out;
-  std::string piece;
+  size_t keep = 0;  // the longest escaped prefix, whole characters, that leaves room for kCut
   size_t i = 0;
-  while (i < message.size()) {
+  while (i < message.size() && out.size() <= max_bytes) {
     const Unit unit = NextUnit(message, i);
-    piece.clear();
-    AppendUnit(message, i, unit, /*quotes=*/false, &piece);
-    // Room is kept for the marker, unless this is the message's last character.
-    const bool last = i + unit.size == message.size();
-    if (out.size() + piece.size() + (last ? 0 : kCut.size()) > max_bytes) break;
-    out += piece;
+    AppendUnit(message, i, unit, /*quotes=*/false, &out);
     i += unit.size;
+    if (out.size() + kCut.size() <= max_bytes) keep = out.size();
   }
-  if (i < message.size()) out += kCut;
-  return out;
+  if (i == message.size() && out.size() <= max_bytes) return out;
+  out.resize(keep);
+  return out + std::string(kCut);
 }
 
 Status CheckNameSize(std::string_view name, const std::string& field) {

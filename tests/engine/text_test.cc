@@ -60,6 +60,8 @@ TEST(EscapeTest, CutNeverSplitsACharacter) {
 TEST(BoundMessageTest, ShortSafeMessagesAreUnchanged) {
   const std::string message = "model.layers[0].kind: unknown layer kind 'x\\n'; known kinds: relu";
   EXPECT_EQ(BoundMessage(message, 1024), message);
+  EXPECT_EQ(BoundMessage(std::string(1024, 'x'), 1024), std::string(1024, 'x')) << "just fits";
+  EXPECT_EQ(BoundMessage(std::string(1025, 'x'), 1024), std::string(1016, 'x') + "...(cut)");
 }
 
 TEST(BoundMessageTest, ControlCharactersAndInvalidUtf8AreEscaped) {
