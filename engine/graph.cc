@@ -251,14 +251,11 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   // came from (NameSize).
   for (size_t i = 0; i < specs->size(); ++i) {
     const OutputSpec& s = (*specs)[i];
-    StatusOr<int64_t> bytes =
-        CheckedBytes(s.shape, s.dtype, field + ".outputs[" + std::to_string(i) + "]");
-    if (bytes.ok()) continue;
-    Fail(HasNegativeDim(s.shape)
-             ? bytes.status()
-             : TooLarge(s.shape, s.dtype,
-                        "the output of " + op.kind +
-                            (scope_.empty() ? std::string() : " in " + Quote(scope_))));
+    if (CheckedBytes(s.shape, s.dtype, "").ok()) continue;  // the field is named on error only
+    const std::string output = field + ".outputs[" + std::to_string(i) + "]";
+    const std::string in_scope = scope_.empty() ? "" : " in " + Quote(scope_);
+    Fail(HasNegativeDim(s.shape) ? CheckedBytes(s.shape, s.dtype, output).status()
+                                 : TooLarge(s.shape, s.dtype, "the output of " + op.kind + in_scope));
     return {};
   }
   const int op_index = static_cast<int>(graph_.ops.size());
