@@ -3,6 +3,8 @@
 #include <cmath>
 #include <string>
 
+#include "engine/text.h"
+
 namespace memest {
 
 Status ValidateRunConfig(const RunConfig& c) {
@@ -31,6 +33,10 @@ Status ValidateRunConfig(const RunConfig& c) {
   }
   if (c.checkpoint.policy == CheckpointPolicy::kScopes && c.checkpoint.scopes.empty()) {
     return InvalidArgument("config.checkpoint.scopes: the scopes policy needs at least one scope");
+  }
+  for (size_t k = 0; k < c.checkpoint.scopes.size(); ++k) {
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(c.checkpoint.scopes[k],
+                                         "config.checkpoint.scopes[" + std::to_string(k) + "]"));
   }
   if (c.device_capacity_bytes < 0) {
     return InvalidArgument("config.device_capacity_bytes: must be non-negative");

@@ -21,6 +21,8 @@
 #include <cctype>
 #include <utility>
 
+#include "engine/text.h"
+
 namespace memest {
 namespace {
 
@@ -85,7 +87,7 @@ StatusOr<DeviceInfo> FindDevice(std::string_view name) {
     if (d.name == key) return d;
     names += (names.empty() ? "" : ", ") + d.name;
   }
-  return NotFound("unknown device '" + std::string(name) + "'; known: " + names +
+  return NotFound("unknown device " + Quote(name) + "; known: " + names +
                   " (or give device_capacity_bytes)");
 }
 

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "engine/text.h"
+
 namespace memest {
 
 int64_t DTypeSize(DType dtype) {
@@ -43,8 +45,8 @@ StatusOr<DType> ParseDType(std::string_view name) {
   for (const Alias& a : kAliases) {
     if (a.name == name) return a.dtype;
   }
-  return InvalidArgument("unknown dtype '" + std::string(name) +
-                         "' (expected float32, float16, bfloat16, float64, int64, int32, "
+  return InvalidArgument("unknown dtype " + Quote(name) +
+                         " (expected float32, float16, bfloat16, float64, int64, int32, "
                          "int8, uint8 or bool)");
 }
 

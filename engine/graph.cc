@@ -1,9 +1,11 @@
 #include "engine/graph.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/op_rules.h"
 #include "engine/passes.h"
+#include "engine/text.h"
 
 namespace memest {
 
@@ -95,13 +97,77 @@ void GraphBuilder::Fail(Status status) {
   if (status_.ok() && !status.ok()) status_ = std::move(status);
 }
 
+void GraphBuilder::NameSize(int64_t size, std::string field) {
+  named_sizes_.emplace_back(size, std::move(field));
+}
+
+namespace {
+
+// A shape refused for what it is (a negative size, too many dims), not for how much it holds.
+bool NotASize(const Shape& shape) {
+  return shape.size() > kMaxRank ||
+         std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; });
+}
+
+const char* LeafRoleName(TensorRole role) {
+  switch (role) {
+    case TensorRole::kInput:
+      return "input";
+    case TensorRole::kTarget:
+      return "target";
+    case TensorRole::kParameter:
+      return "parameter";
+    case TensorRole::kBuffer:
+      return "buffer";
+    case TensorRole::kActivation:
+      break;
+  }
+  return "tensor";
+}
+
+constexpr std::string_view kBeyondBytes = ", more than the 2^56 bytes (64 PiB) one tensor may hold";
+constexpr std::string_view kTooLarge = " is too large: ";
+
+}  // namespace
+
+bool IsUnattributedSizeError(const Status& status) {
+  const std::string& m = status.message();
+  return status.code() == StatusCode::kInvalidArgument && m.size() >= kBeyondBytes.size() &&
+         m.compare(m.size() - kBeyondBytes.size(), kBeyondBytes.size(), kBeyondBytes) == 0 &&
+         m.find(kTooLarge) == std::string::npos;
+}
+
+Status GraphBuilder::TooLarge(const Shape& shape, DType dtype, const std::string& what) const {
+  const std::string size = what + " would be " + ShapeToString(shape) + " of " +
+                           std::string(DTypeName(dtype)) + std::string(kBeyondBytes);
+  // The dims that alone make the shape too large (it fits with that dim 1), largest first.
+  std::vector<size_t> causes;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    Shape without = shape;
+    without[i] = 1;
+    if (CheckedBytes(without, dtype, "").ok()) causes.push_back(i);
+  }
+  std::stable_sort(causes.begin(), causes.end(),
+                   [&shape](size_t a, size_t b) { return shape[a] > shape[b]; });
+  for (size_t i : causes) {
+    for (auto it = named_sizes_.rbegin(); it != named_sizes_.rend(); ++it) {
+      if (it->first == shape[i]) {
+        return InvalidArgument(it->second + ": " + std::to_string(shape[i]) +
+                               std::string(kTooLarge) + size);
+      }
+    }
+  }
+  return InvalidArgument((context_.empty() ? std::string("model") : context_) + ": " + size);
+}
+
 int GraphBuilder::AddLeaf(std::string name, Shape shape, DType dtype, TensorRole role,
                           bool requires_grad, int batch_dim) {
   if (!ok()) return -1;
-  const std::string field = context_.empty() ? name : context_;
+  const std::string field = context_.empty() ? Escape(name) : context_;
   StatusOr<int64_t> bytes = CheckedBytes(shape, dtype, field + ".shape");
   if (!bytes.ok()) {
-    Fail(bytes.status());
+    const std::string what = std::string("the ") + LeafRoleName(role) + " " + Quote(name);
+    Fail(NotASize(shape) ? bytes.status() : TooLarge(shape, dtype, what));
     return -1;
   }
   if (!AddBytes(&leaf_bytes_, *bytes)) {
@@ -196,8 +262,19 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   for (int id : op.inputs) call.inputs.push_back(&graph_.tensors[id]);
   StatusOr<std::vector<OutputSpec>> specs = InferOutputs(call);
   if (!specs.ok()) {
-    Fail(context_.empty() && !scope_.empty() ? specs.status().Prefixed(scope_ + ": ")
+    Fail(context_.empty() && !scope_.empty() ? specs.status().Prefixed(Escape(scope_) + ": ")
                                              : specs.status());
+    return {};
+  }
+  // Every output must count its bytes in 64 bits; a size too large is blamed on the field it
+  // came from (NameSize).
+  for (size_t i = 0; i < specs->size(); ++i) {
+    const OutputSpec& s = (*specs)[i];
+    if (CheckedBytes(s.shape, s.dtype, "").ok()) continue;  // the field is named on error only
+    const std::string output = field + ".outputs[" + std::to_string(i) + "]";
+    const std::string in_scope = scope_.empty() ? "" : " in " + Quote(scope_);
+    Fail(NotASize(s.shape) ? CheckedBytes(s.shape, s.dtype, output).status()
+                                 : TooLarge(s.shape, s.dtype, "the output of " + op.kind + in_scope));
     return {};
   }
   const int op_index = static_cast<int>(graph_.ops.size());

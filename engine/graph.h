@@ -93,6 +93,11 @@ StatusOr<std::string> StringAttr(const Attrs& attrs, std::string_view name,
                                  std::string fallback, const std::string& context);
 bool HasAttr(const Attrs& attrs, std::string_view name);
 
+// Whether `status` is GraphBuilder's refusal of a tensor too large to count in bytes that it
+// could not blame on a request field (GraphBuilder::NameSize): "<context>: the output of ...
+// would be [...] of float32, more than 2^62 bytes".
+bool IsUnattributedSizeError(const Status& status);
+
 // Builds a Graph op by op, inferring each op's outputs with its rule.
 //
 // Errors are sticky: the first failure is recorded, later calls do nothing and return -1
@@ -141,6 +146,12 @@ class GraphBuilder {
   // Refuses (RESOURCE_EXHAUSTED) to add an op past `max_ops`, so that no request builds more
   // than its limit before it is refused.
   void SetMaxOps(int64_t max_ops) { max_ops_ = max_ops; }
+  // Names the request field a size came from ("config.batch_size",
+  // "model.layers[0].attrs.out_features"). A tensor too large to count in bytes is then
+  // reported against the field of its largest named dim among those that alone make it too
+  // large (the later name where two sizes are equal): the field the user set, rather than a
+  // tensor the user never named.
+  void NameSize(int64_t size, std::string field);
   void Fail(Status status);
   const Status& status() const { return status_; }
   bool ok() const { return status_.ok(); }
@@ -154,6 +165,9 @@ class GraphBuilder {
  private:
   int AddLeaf(std::string name, Shape shape, DType dtype, TensorRole role, bool requires_grad,
               int batch_dim);
+  // The error for `what` ("the input 'x'") of `shape`, whose bytes exceed kMaxBytes: under the
+  // field a size of it came from (NameSize), or else under the error context.
+  Status TooLarge(const Shape& shape, DType dtype, const std::string& what) const;
 
   friend void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& inputs,
                              Attrs& attrs);
@@ -167,6 +181,7 @@ class GraphBuilder {
   std::string context_;
   int64_t max_ops_ = 1'000'000;
   int64_t leaf_bytes_ = 0;  // all leaves' bytes, within kMaxBytes
+  std::vector<std::pair<int64_t, std::string>> named_sizes_;  // size, field
 };
 
 // RAII scope for GraphBuilder.

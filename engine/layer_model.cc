@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "engine/layers.h"
+#include "engine/text.h"
 
 namespace memest {
 
@@ -132,7 +133,7 @@ class AttrReader {
     for (const std::string& a : allowed) {
       if (*v == a) return *v;
     }
-    Error(name, "must be one of " + Join(allowed) + ", got '" + *v + "'");
+    Error(name, "must be one of " + Join(allowed) + ", got " + Quote(*v));
     return fallback;
   }
 
@@ -379,7 +380,7 @@ StatusOr<int> ExpandSimple(GraphBuilder& b, int x, const LayerSpec& spec, const 
     }
     return Embedding(b, c, "", x, num, dim);
   }
-  return Internal(field + ".kind: '" + kind + "' has no expansion");
+  return Internal(field + ".kind: " + Quote(kind) + " has no expansion");
 }
 
 }  // namespace
@@ -402,17 +403,19 @@ StatusOr<int> ExpandLayer(GraphBuilder& b, int x, const LayerSpec& spec, const L
     if (spec.kind == k.kind) info = &k;
   }
   if (info == nullptr) {
-    return InvalidArgument(field + ".kind: unknown layer kind '" + spec.kind +
-                           "'; known kinds: " + Join(LayerKinds()));
+    return InvalidArgument(field + ".kind: unknown layer kind " + Quote(spec.kind) +
+                           "; known kinds: " + Join(LayerKinds()));
   }
   for (const auto& [name, value] : spec.attrs) {
     bool known = false;
     for (const std::string& a : info->attrs) known |= (a == name);
     if (!known) {
       return InvalidArgument(
-          field + ".attrs." + name + ": not an attribute of " + spec.kind +
+          field + ".attrs." + Escape(name) + ": not an attribute of " + spec.kind +
           (info->attrs.empty() ? " (it takes none)" : "; known: " + Join(info->attrs)));
     }
+    // A shape too large to count in bytes names the attribute its size came from.
+    if (const auto* i = std::get_if<int64_t>(&value)) b.NameSize(*i, field + ".attrs." + name);
   }
   AttrReader r(spec.attrs, field);
   StatusOr<int> y = [&]() -> StatusOr<int> {

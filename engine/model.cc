@@ -8,11 +8,23 @@
 
 #include "engine/layers.h"
 #include "engine/presets.h"
+#include "engine/text.h"
 
 namespace memest {
 namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
+
+// Refuses attribute names and string values longer than a name may be (kMaxNameBytes).
+Status CheckAttrSizes(const Attrs& attrs, const std::string& field) {
+  for (const auto& [name, value] : attrs) {
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(name, field + ".attrs"));
+    if (const auto* s = std::get_if<std::string>(&value)) {
+      MEMEST_RETURN_IF_ERROR(CheckNameSize(*s, field + ".attrs." + name));
+    }
+  }
+  return Status::Ok();
+}
 
 }  // namespace
 
@@ -44,17 +56,40 @@ Status ValidateShape(const Shape& shape, DType dtype, const std::string& field, 
 
 }  // namespace
 
+namespace {
+
+StatusOr<Graph> BuildFrontEnd(const ModelSpec& model, const BuildContext& context) {
+  if (const auto* preset = std::get_if<PresetSpec>(&model.source)) {
+    return BuildPreset(*preset, context);
+  }
+  if (const auto* layers = std::get_if<LayerModelSpec>(&model.source)) {
+    return BuildLayerModel(*layers, context);
+  }
+  return BuildOpGraph(std::get<OpGraphSpec>(model.source), context);
+}
+
+// The graph, or its size error attributed to the batch when one sample builds: a tensor too
+// large whose size no field explains alone, such as the batch folded into a [B * T, C]
+// activation, is the batch's fault.
+StatusOr<Graph> BuildAttributed(const ModelSpec& model, const BuildContext& context) {
+  StatusOr<Graph> graph = BuildFrontEnd(model, context);
+  if (graph.ok() || context.micro_batch == 1 || !IsUnattributedSizeError(graph.status())) {
+    return graph;
+  }
+  BuildContext one = context;
+  one.micro_batch = 1;
+  if (!BuildFrontEnd(model, one).ok()) return graph;
+  std::string why = graph.status().message();
+  if (why.rfind("model: ", 0) == 0) why.erase(0, 7);
+  return InvalidArgument("config.batch_size: " + Str(context.micro_batch) + " is too large: " +
+                         why);
+}
+
+}  // namespace
+
 StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) {
   MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
-  StatusOr<Graph> graph = [&] {
-    if (const auto* preset = std::get_if<PresetSpec>(&model.source)) {
-      return BuildPreset(*preset, context);
-    }
-    if (const auto* layers = std::get_if<LayerModelSpec>(&model.source)) {
-      return BuildLayerModel(*layers, context);
-    }
-    return BuildOpGraph(std::get<OpGraphSpec>(model.source), context);
-  }();
+  StatusOr<Graph> graph = BuildAttributed(model, context);
   if (graph.ok() && context.mode == Mode::kInference && context.generate_tokens > 0) {
     bool kv_cache = false;
     for (const Tensor& t : graph->tensors) kv_cache = kv_cache || t.kv_cache;
@@ -74,8 +109,8 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
   MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
   if (spec.layers.empty()) return InvalidArgument("model.layers: must list at least one layer");
   if (spec.loss != "sum" && spec.loss != "mse" && spec.loss != "cross_entropy") {
-    return InvalidArgument("model.loss: must be one of cross_entropy, mse, sum, got '" + spec.loss +
-                           "'");
+    return InvalidArgument("model.loss: must be one of cross_entropy, mse, sum, got " +
+                           Quote(spec.loss));
   }
   Shape input_shape = {context.micro_batch};
   input_shape.insert(input_shape.end(), spec.input_shape.begin(), spec.input_shape.end());
@@ -85,7 +120,6 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
                              Str(spec.input_shape[i]));
     }
   }
-  MEMEST_RETURN_IF_ERROR(CheckedBytes(input_shape, spec.input_dtype, "model.input_shape").status());
   // Floating inputs follow the parameters' dtype (a pure-precision model is fed in that dtype);
   // integer inputs (token ids) keep theirs.
   const DType input_dtype = IsFloating(spec.input_dtype) ? context.param_dtype : spec.input_dtype;
@@ -93,6 +127,11 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
 
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  // A shape too large to count in bytes names the size the user set (GraphBuilder::NameSize).
+  b.NameSize(context.micro_batch, "config.batch_size");
+  for (size_t i = 0; i < spec.input_shape.size(); ++i) {
+    b.NameSize(spec.input_shape[i], "model.input_shape[" + Str(i) + "]");
+  }
 
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   int x = b.Input("input", input_shape, input_dtype, 0);
@@ -100,9 +139,11 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     const LayerSpec& layer = spec.layers[i];
     const std::string field = "model.layers[" + Str(i) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(layer.name, field + ".name"));
+    MEMEST_RETURN_IF_ERROR(CheckAttrSizes(layer.attrs, field));
     const std::string scope = layer.name.empty() ? Str(i) : layer.name;
     if (!scopes.insert(scope).second) {
-      return InvalidArgument(field + ".name: '" + scope + "' names an earlier layer too");
+      return InvalidArgument(field + ".name: " + Quote(scope) + " names an earlier layer too");
     }
     b.SetErrorContext(field);
     ScopeGuard guard(b, scope);
@@ -164,7 +205,7 @@ const char* RoleName(TensorRole role) {
 Status CheckFiniteAttrs(const Attrs& attrs, const std::string& field) {
   for (const auto& [name, value] : attrs) {
     if (const auto* d = std::get_if<double>(&value); d != nullptr && !std::isfinite(*d)) {
-      return InvalidArgument(field + ".attrs." + name + ": must be finite, got " +
+      return InvalidArgument(field + ".attrs." + Escape(name) + ": must be finite, got " +
                              std::to_string(*d));
     }
   }
@@ -198,8 +239,9 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     const TensorSpec& t = spec.tensors[i];
     const std::string field = "model.tensors[" + Str(i) + "]";
     if (t.name.empty()) return InvalidArgument(field + ".name: must not be empty");
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(t.name, field + ".name"));
     if (!declared.emplace(t.name, i).second) {
-      return InvalidArgument(field + ".name: duplicate tensor name '" + t.name + "'");
+      return InvalidArgument(field + ".name: duplicate tensor name " + Quote(t.name));
     }
     MEMEST_RETURN_IF_ERROR(ValidateShape(t.shape, t.dtype, field + ".shape", false));
     if (t.role == TensorRole::kTarget) targets.insert(t.name);
@@ -235,6 +277,8 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
 
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  // Rescaled inputs take their batch dim from the config (GraphBuilder::NameSize).
+  if (rescale) b.NameSize(context.micro_batch, "config.batch_size");
 
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   std::unordered_map<std::string, int> ids;
@@ -276,12 +320,16 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     const OpSpec& op = spec.ops[i];
     first_op[i] = b.num_ops();
     const std::string field = "model.ops[" + Str(i) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(op.scope, field + ".scope"));
+    MEMEST_RETURN_IF_ERROR(CheckAttrSizes(op.attrs, field));
     std::vector<int> inputs;
     for (size_t j = 0; j < op.inputs.size(); ++j) {
+      const std::string input = field + ".inputs[" + Str(j) + "]";
+      MEMEST_RETURN_IF_ERROR(CheckNameSize(op.inputs[j], input));
       auto it = ids.find(op.inputs[j]);
       if (it == ids.end()) {
         const bool later = declared.count(op.inputs[j]) > 0;
-        return InvalidArgument(field + ".inputs[" + Str(j) + "]: '" + op.inputs[j] + "' " +
+        return InvalidArgument(input + ": " + Quote(op.inputs[j]) + " " +
                                (later ? "is not produced by any earlier op"
                                       : "is neither declared nor produced by an earlier op"));
       }
@@ -290,16 +338,16 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     for (size_t j = 0; j < op.outputs.size(); ++j) {
       const std::string& name = op.outputs[j];
       if (name.empty()) continue;
+      const std::string output = field + ".outputs[" + Str(j) + "]";
+      MEMEST_RETURN_IF_ERROR(CheckNameSize(name, output));
       auto decl = declared.find(name);
       if (ids.count(name) ||
           (decl != declared.end() && IsLeafRole(spec.tensors[decl->second].role))) {
-        return InvalidArgument(field + ".outputs[" + Str(j) + "]: duplicate tensor name '" + name +
-                               "'");
+        return InvalidArgument(output + ": duplicate tensor name " + Quote(name));
       }
       for (size_t k = 0; k < j; ++k) {
         if (op.outputs[k] == name) {
-          return InvalidArgument(field + ".outputs[" + Str(j) + "]: duplicate tensor name '" +
-                                 name + "'");
+          return InvalidArgument(output + ": duplicate tensor name " + Quote(name));
         }
       }
     }
@@ -345,8 +393,8 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
     const TensorSpec& t = spec.tensors[i];
     if (!IsLeafRole(t.role) && !produced.count(t.name)) {
-      return InvalidArgument("model.tensors[" + Str(i) + "]: '" + t.name +
-                             "' is declared as an op output, but no op produces it");
+      return InvalidArgument("model.tensors[" + Str(i) + "]: " + Quote(t.name) +
+                             " is declared as an op output, but no op produces it");
     }
   }
 
@@ -355,28 +403,30 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     if (spec.loss.empty()) {
       return InvalidArgument("model.loss: training needs the name of the scalar loss tensor");
     }
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(spec.loss, "model.loss"));
     auto it = ids.find(spec.loss);
     if (it == ids.end()) {
-      return InvalidArgument("model.loss: '" + spec.loss + "' is not a tensor of the graph");
+      return InvalidArgument("model.loss: " + Quote(spec.loss) + " is not a tensor of the graph");
     }
     const Tensor& loss = b.tensor(it->second);
     if (!loss.shape.empty()) {
-      return InvalidArgument("model.loss: '" + spec.loss + "' must be a scalar, got shape " +
+      return InvalidArgument("model.loss: " + Quote(spec.loss) + " must be a scalar, got shape " +
                              ShapeToString(loss.shape));
     }
     if (!IsFloating(loss.dtype)) {
-      return InvalidArgument("model.loss: '" + spec.loss + "' must be floating, got " +
+      return InvalidArgument("model.loss: " + Quote(spec.loss) + " must be floating, got " +
                              std::string(DTypeName(loss.dtype)));
     }
     b.SetLoss(it->second);
   }
   MEMEST_ASSIGN_OR_RETURN(Graph graph, b.Finish(context.max_ops));
   for (size_t i = 0; i < spec.blocks.size(); ++i) {
+    const std::string field = "model.blocks[" + Str(i) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(spec.blocks[i], field));
     bool found = false;
     for (const Op& op : graph.ops) found = found || ScopeWithin(op.scope, spec.blocks[i]);
     if (!found || spec.blocks[i].empty()) {
-      return InvalidArgument("model.blocks[" + Str(i) + "]: no op runs in scope '" +
-                             spec.blocks[i] + "'");
+      return InvalidArgument(field + ": no op runs in scope " + Quote(spec.blocks[i]));
     }
   }
   graph.blocks = spec.blocks;

@@ -101,9 +101,14 @@ struct BuildContext {
 Status ValidateBuildContext(const BuildContext& context);
 
 // Builds the graph of one micro-batch. Errors name fields under "model." (for example
-// "model.layers[3].attrs.out_features: must be positive, got -4"). In inference, a positive
-// context.generate_tokens is refused ("config.generate_tokens") for a model that keeps no KV
-// cache: only the decoder presets do, and the tokens would change nothing.
+// "model.layers[3].attrs.out_features: must be positive, got -4"). A name longer than
+// kMaxNameBytes (engine/text.h) is refused. A tensor too large to count in bytes is reported
+// against the field its size came from: "config.batch_size" (also when the batch only
+// overflows once folded into an activation: the model is then built again for one sample to
+// tell), "model.input_shape[i]", "model.layers[i].attrs.<name>", "model.preset.params.<name>".
+// In inference, a positive context.generate_tokens is refused ("config.generate_tokens") for a
+// model that keeps no KV cache: only the decoder presets do, and the tokens would change
+// nothing.
 StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context);
 
 StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& context);

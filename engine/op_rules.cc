@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/op_rules_internal.h"
+#include "engine/text.h"
 
 namespace memest {
 namespace rules {
@@ -89,8 +90,8 @@ std::vector<const OpRule*> AllOpRules() {
 StatusOr<std::vector<OutputSpec>> InferOutputs(const OpCall& call) {
   const OpRule* rule = FindOpRule(call.op.kind);
   if (rule == nullptr) {
-    return InvalidArgument(call.field + ".kind: unknown op '" + call.op.kind +
-                           "'; memest knows: " + Vocabulary());
+    return InvalidArgument(call.field + ".kind: unknown op " + Quote(call.op.kind) +
+                           "; memest knows: " + Vocabulary());
   }
   const int n = static_cast<int>(call.inputs.size());
   if (n < rule->min_inputs || (rule->max_inputs >= 0 && n > rule->max_inputs)) {
@@ -102,14 +103,7 @@ StatusOr<std::vector<OutputSpec>> InferOutputs(const OpCall& call) {
     return InvalidArgument(call.field + ".inputs: " + call.op.kind + " takes " + want +
                            " inputs, got " + std::to_string(n));
   }
-  StatusOr<std::vector<OutputSpec>> outs = rule->infer(call);
-  if (!outs.ok()) return outs;
-  for (size_t i = 0; i < outs->size(); ++i) {
-    StatusOr<int64_t> bytes = CheckedBytes((*outs)[i].shape, (*outs)[i].dtype,
-                                           call.field + ".outputs[" + std::to_string(i) + "]");
-    if (!bytes.ok()) return bytes.status();
-  }
-  return outs;
+  return rule->infer(call);
 }
 
 OpMemory OpMemoryOf(const OpCall& call) {

@@ -127,7 +127,9 @@ const OpRule* FindOpRule(std::string_view kind);
 // Every rule, sorted by kind.
 std::vector<const OpRule*> AllOpRules();
 // The op's outputs, validated: NOT_FOUND-like INVALID_ARGUMENT for an unknown kind (naming
-// `call.field`.kind and listing the vocabulary), wrong input counts, bad shapes.
+// `call.field`.kind and listing the vocabulary), wrong input counts, bad shapes. Whether each
+// output's bytes fit in 64 bits is for the caller to check (GraphBuilder::Add does, to name the
+// request field a size too large came from).
 StatusOr<std::vector<OutputSpec>> InferOutputs(const OpCall& call);
 // The memory behaviour of a resolved call, with grad_flow defaults filled in.
 OpMemory OpMemoryOf(const OpCall& call);

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "engine/op_rules_internal.h"
+#include "engine/text.h"
 
 namespace memest {
 namespace rules {
@@ -225,8 +226,8 @@ StatusOr<EinsumPlan> PlanEinsum(const OpCall& c) {
   const std::string field = AttrField(c, "equation");
   const size_t arrow = eq.find("->");
   if (eq.empty() || arrow == std::string::npos) {
-    return InvalidArgument(field + ": expected an explicit equation like 'ijk,ljk->lij', got '" +
-                           eq + "'");
+    return InvalidArgument(field + ": expected an explicit equation like 'ijk,ljk->lij', got " +
+                           Quote(eq));
   }
   std::vector<std::string> terms;
   std::string lhs = eq.substr(0, arrow), rhs = eq.substr(arrow + 2), cur;
@@ -243,18 +244,18 @@ StatusOr<EinsumPlan> PlanEinsum(const OpCall& c) {
   for (size_t t = 0; t < terms.size(); ++t) {
     const Shape& s = c.in(t).shape;
     if (terms[t].size() != s.size()) {
-      return InvalidArgument(field + ": operand " + std::to_string(t) + " '" + terms[t] +
-                             "' has " + std::to_string(terms[t].size()) +
-                             " letters but shape " + ShapeToString(s));
+      return InvalidArgument(field + ": operand " + std::to_string(t) + " " + Quote(terms[t]) +
+                             " has " + std::to_string(terms[t].size()) + " letters but shape " +
+                             ShapeToString(s));
     }
     for (size_t i = 0; i < s.size(); ++i) {
       const char l = terms[t][i];
       if (!std::isalpha(static_cast<unsigned char>(l))) {
-        return InvalidArgument(field + ": '" + std::string(1, l) + "' is not a letter");
+        return InvalidArgument(field + ": " + Quote(std::string(1, l)) + " is not a letter");
       }
       auto [it, fresh] = size.emplace(l, s[i]);
       if (!fresh && it->second != s[i] && it->second != 1 && s[i] != 1) {
-        return InvalidArgument(field + ": letter '" + std::string(1, l) + "' has sizes " +
+        return InvalidArgument(field + ": letter " + Quote(std::string(1, l)) + " has sizes " +
                                std::to_string(it->second) + " and " + std::to_string(s[i]));
       }
       it->second = std::max(it->second, s[i]);
@@ -263,8 +264,8 @@ StatusOr<EinsumPlan> PlanEinsum(const OpCall& c) {
   EinsumPlan p;
   for (char l : rhs) {
     if (size.count(l) == 0) {
-      return InvalidArgument(field + ": output letter '" + std::string(1, l) +
-                             "' appears in no operand");
+      return InvalidArgument(field + ": output letter " + Quote(std::string(1, l)) +
+                             " appears in no operand");
     }
     p.out.push_back(size[l]);
   }

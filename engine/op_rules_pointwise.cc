@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "engine/op_rules_internal.h"
+#include "engine/text.h"
 
 namespace memest {
 namespace rules {
@@ -72,8 +73,8 @@ StatusOr<std::vector<OutputSpec>> InferRelu(const OpCall& c) {
 StatusOr<std::vector<OutputSpec>> InferGelu(const OpCall& c) {
   MEMEST_ASSIGN_OR_RETURN(std::string approx, StringAttr(c.op.attrs, "approximate", "none", c.field));
   if (approx != "none" && approx != "tanh") {
-    return InvalidArgument(AttrField(c, "approximate") + ": must be 'none' or 'tanh', got '" +
-                           approx + "'");
+    return InvalidArgument(AttrField(c, "approximate") + ": must be 'none' or 'tanh', got " +
+                           Quote(approx));
   }
   return InferUnary(c);
 }

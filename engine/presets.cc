@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "engine/layers.h"
+#include "engine/text.h"
 
 namespace memest {
 namespace {
@@ -568,9 +569,14 @@ const std::vector<Preset>& Registry() {
 // every limit (and risk overflowing products of parameters).
 constexpr int64_t kMaxParamValue = int64_t{1} << 24;
 
-StatusOr<Graph> Build(const Preset& preset, const BuildContext& context, const Values& values) {
+// The preset's graph. `set` are the parameters the request set: a shape too large to count in
+// bytes names the one its size came from (GraphBuilder::NameSize).
+StatusOr<Graph> Build(const Preset& preset, const BuildContext& context, const Values& values,
+                      const std::map<std::string, int64_t>& set) {
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  b.NameSize(context.micro_batch, "config.batch_size");
+  for (const auto& [name, value] : set) b.NameSize(value, ParamField(name));
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);
   MEMEST_RETURN_IF_ERROR(preset.build(b, context, values));
   return b.Finish(context.max_ops);
@@ -591,7 +597,7 @@ Status CheckOpCount(const Preset& preset, const BuildContext& context, const Val
     shallow["layers"] = n;
     BuildContext counting = context;
     counting.max_ops = std::numeric_limits<int64_t>::max();
-    MEMEST_ASSIGN_OR_RETURN(Graph g, Build(preset, counting, shallow));
+    MEMEST_ASSIGN_OR_RETURN(Graph g, Build(preset, counting, shallow, {}));
     ops[n - 1] = static_cast<int64_t>(g.ops.size());
   }
   const int64_t per_layer = ops[1] - ops[0];
@@ -626,7 +632,7 @@ StatusOr<Graph> BuildPreset(const PresetSpec& spec, const BuildContext& context)
     names += (names.empty() ? "" : ", ") + p.info.name;
   }
   if (preset == nullptr) {
-    return NotFound("model.preset.name: unknown preset '" + spec.name + "'; known: " + names);
+    return NotFound("model.preset.name: unknown preset " + Quote(spec.name) + "; known: " + names);
   }
   Values values;
   for (const PresetParam& p : preset->info.params) values[p.name] = p.default_value;
@@ -636,7 +642,7 @@ StatusOr<Graph> BuildPreset(const PresetSpec& spec, const BuildContext& context)
       std::string known;
       for (const PresetParam& p : preset->info.params)
         known += (known.empty() ? "" : ", ") + p.name;
-      return ParamError(name, "unknown parameter of " + spec.name + "; known: " + known);
+      return ParamError(Escape(name), "unknown parameter of " + spec.name + "; known: " + known);
     }
     if (value <= 0 || value > kMaxParamValue) {
       return ParamError(
@@ -647,7 +653,7 @@ StatusOr<Graph> BuildPreset(const PresetSpec& spec, const BuildContext& context)
   }
   MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
   MEMEST_RETURN_IF_ERROR(CheckOpCount(*preset, context, values));
-  return Build(*preset, context, values);
+  return Build(*preset, context, values, spec.params);
 }
 
 }  // namespace memest

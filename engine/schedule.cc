@@ -8,6 +8,7 @@
 
 #include "engine/checkpoint_rules.h"
 #include "engine/op_rules.h"
+#include "engine/text.h"
 
 namespace memest {
 namespace {
@@ -995,7 +996,7 @@ StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& g, const CheckpointConf
       for (size_t k = 0; k < n; ++k) {
         if (start[k] < 0) {
           return InvalidArgument("config.checkpoint.scopes[" + std::to_string(k) +
-                                 "]: no op runs in scope '" + cfg.scopes[k] + "'");
+                                 "]: no op runs in scope " + Quote(cfg.scopes[k]));
         }
         regions.emplace_back(start[k], last[k]);
       }

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/text.h"
 #include "server/explicit_settings.h"
 
 namespace memest {
@@ -30,6 +31,15 @@ StatusOr<DType> DTypeFromProto(const std::string& name, const std::string& field
   return dtype;
 }
 
+// CheckNameSize for each of `names`, naming "<field>[i]".
+Status CheckNamesSize(const google::protobuf::RepeatedPtrField<std::string>& names,
+                      const std::string& field) {
+  for (int i = 0; i < names.size(); ++i) {
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(names.Get(i), field + "[" + std::to_string(i) + "]"));
+  }
+  return Status::Ok();
+}
+
 StatusOr<AttrValue> AttrFromProto(const v1::AttrValue& value, const std::string& field) {
   switch (value.value_case()) {
     case v1::AttrValue::kI:
@@ -41,6 +51,7 @@ StatusOr<AttrValue> AttrFromProto(const v1::AttrValue& value, const std::string&
       return AttrValue(
           std::vector<int64_t>(value.ints().values().begin(), value.ints().values().end()));
     case v1::AttrValue::kS:
+      MEMEST_RETURN_IF_ERROR(CheckNameSize(value.s(), field));
       return AttrValue(value.s());
     case v1::AttrValue::VALUE_NOT_SET:
       break;
@@ -59,8 +70,9 @@ StatusOr<Attrs> AttrsFromProto(const google::protobuf::Map<std::string, v1::Attr
             [](const std::string* a, const std::string* b) { return *a < *b; });
   Attrs out;
   for (const std::string* name : names) {
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(*name, context + ".attrs"));
     MEMEST_ASSIGN_OR_RETURN(AttrValue value,
-                            AttrFromProto(attrs.at(*name), context + ".attrs." + *name));
+                            AttrFromProto(attrs.at(*name), context + ".attrs." + Escape(*name)));
     out.emplace(*name, std::move(value));
   }
   return out;
@@ -74,11 +86,12 @@ StatusOr<LayerModelSpec> LayerModelFromProto(const v1::LayerModel& model) {
   spec.layers.reserve(model.layers_size());
   for (int i = 0; i < model.layers_size(); ++i) {
     const v1::Layer& layer = model.layers(i);
+    const std::string field = "model.layers[" + std::to_string(i) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(layer.name(), field + ".name"));
     LayerSpec& out = spec.layers.emplace_back();
     out.kind = layer.kind();
     out.name = layer.name();
-    MEMEST_ASSIGN_OR_RETURN(
-        out.attrs, AttrsFromProto(layer.attrs(), "model.layers[" + std::to_string(i) + "]"));
+    MEMEST_ASSIGN_OR_RETURN(out.attrs, AttrsFromProto(layer.attrs(), field));
   }
   if (!model.loss().empty()) spec.loss = model.loss();
   return spec;
@@ -90,6 +103,7 @@ StatusOr<OpGraphSpec> OpGraphFromProto(const v1::OpGraph& graph) {
   for (int i = 0; i < graph.tensors_size(); ++i) {
     const v1::TensorDecl& tensor = graph.tensors(i);
     const std::string field = "model.tensors[" + std::to_string(i) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(tensor.name(), field + ".name"));
     TensorSpec& out = spec.tensors.emplace_back();
     out.name = tensor.name();
     out.shape.assign(tensor.shape().begin(), tensor.shape().end());
@@ -101,14 +115,19 @@ StatusOr<OpGraphSpec> OpGraphFromProto(const v1::OpGraph& graph) {
   spec.ops.reserve(graph.ops_size());
   for (int i = 0; i < graph.ops_size(); ++i) {
     const v1::OpDecl& op = graph.ops(i);
+    const std::string field = "model.ops[" + std::to_string(i) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNamesSize(op.inputs(), field + ".inputs"));
+    MEMEST_RETURN_IF_ERROR(CheckNamesSize(op.outputs(), field + ".outputs"));
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(op.scope(), field + ".scope"));
     OpSpec& out = spec.ops.emplace_back();
     out.kind = op.kind();
     out.inputs.assign(op.inputs().begin(), op.inputs().end());
     out.outputs.assign(op.outputs().begin(), op.outputs().end());
-    MEMEST_ASSIGN_OR_RETURN(out.attrs,
-                            AttrsFromProto(op.attrs(), "model.ops[" + std::to_string(i) + "]"));
+    MEMEST_ASSIGN_OR_RETURN(out.attrs, AttrsFromProto(op.attrs(), field));
     out.scope = op.scope();
   }
+  MEMEST_RETURN_IF_ERROR(CheckNameSize(graph.loss(), "model.loss"));
+  MEMEST_RETURN_IF_ERROR(CheckNamesSize(graph.blocks(), "model.blocks"));
   spec.loss = graph.loss();
   spec.blocks.assign(graph.blocks().begin(), graph.blocks().end());
   spec.traced_batch = graph.traced_batch();
@@ -345,6 +364,7 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
       out.checkpoint.policy,
       CheckpointPolicyFromProto(checkpoint.policy(), "config.checkpoint.policy"));
   if (checkpoint.has_every_k()) out.checkpoint.every_k = checkpoint.every_k();
+  MEMEST_RETURN_IF_ERROR(CheckNamesSize(checkpoint.scopes(), "config.checkpoint.scopes"));
   out.checkpoint.scopes.assign(checkpoint.scopes().begin(), checkpoint.scopes().end());
   out.checkpoint.non_reentrant = checkpoint.non_reentrant();
 

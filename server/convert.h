@@ -2,13 +2,14 @@
 //
 // Requests go proto -> engine. The conversion refuses only what the engine's types cannot
 // represent: an unset oneof (model source, attribute value), an enum value the proto does not
-// define, a non-finite float, a dtype name PyTorch does not know, a capacity beyond 2^62, and
-// a setting the request makes explicitly where it does not apply (server/explicit_settings.h:
-// an optimizer or checkpointing in inference, an empty device name). Every
-// other check (positive sizes, known op kinds, tensor references, ...) is the engine's, so the
-// service, the CLI and the Python client all get the same messages. Errors name fields as the
-// engine does: "model.layers[3].attrs.out_features", "model.tensors[2].dtype",
-// "config.optimizer.weight_decay".
+// define, a non-finite float, a dtype name PyTorch does not know, a capacity beyond 2^62, a
+// name longer than engine/text.h's kMaxNameBytes (refused before it is copied; the engine's
+// front ends refuse it too), and a setting the request makes explicitly where it does not
+// apply (server/explicit_settings.h: an optimizer or checkpointing in inference, an empty
+// device name). Every other check (positive sizes, known op kinds, tensor references, ...) is
+// the engine's, so the service, the CLI and the Python client all get the same messages. Errors
+// name fields as the engine does: "model.layers[3].attrs.out_features",
+// "model.tensors[2].dtype", "config.optimizer.weight_decay".
 //
 // Results go engine -> proto and cannot fail.
 #ifndef MEMEST_SERVER_CONVERT_H_

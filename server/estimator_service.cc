@@ -14,9 +14,11 @@
 #include "engine/devices.h"
 #include "engine/estimator.h"
 #include "engine/presets.h"
+#include "engine/text.h"
 #include "server/convert.h"
 #include "server/status_conversion.h"
 #include "server/validate_convert.h"
+#include "server/wire.h"
 
 namespace memest {
 namespace {
@@ -26,6 +28,11 @@ using Clock = std::chrono::steady_clock;
 // Requests that took longer than this (large models, or large graphs refused once built) trim
 // the heap when done.
 constexpr auto kTrimAfter = std::chrono::milliseconds(20);
+
+// The most bytes of an error a log line repeats, as the reply's message is bounded
+// (server/status_conversion.h). Request text in the error is quoted already (engine/text.h);
+// BoundMessage escapes any control character left, so that one request logs one line.
+constexpr size_t kMaxLoggedError = 1024;
 
 Status TooMany(const char* field, const char* what, int count, int64_t max_ops) {
   return ResourceExhausted(std::string(field) + ": " + std::to_string(count) + " " + what +
@@ -42,7 +49,8 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const cha
     spdlog::info("rpc={} model={} code=OK us={} peer={}", method, model, micros, context->peer());
   } else {
     spdlog::info("rpc={} model={} code={} us={} peer={} error=\"{}\"", method, model,
-                 StatusCodeName(status.code()), micros, context->peer(), status.message());
+                 StatusCodeName(status.code()), micros, context->peer(),
+                 BoundMessage(status.message(), kMaxLoggedError));
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
@@ -82,7 +90,7 @@ Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& 
 std::string DescribeModel(const v1::Model& model) {
   switch (model.source_case()) {
     case v1::Model::kPreset:
-      return "preset:" + model.preset().name();
+      return "preset:" + Escape(model.preset().name());
     case v1::Model::kLayers:
       return "layers:" + std::to_string(model.layers().layers_size());
     case v1::Model::kOps:
@@ -94,21 +102,28 @@ std::string DescribeModel(const v1::Model& model) {
 }
 
 grpc::ServerUnaryReactor* EstimatorService::Estimate(grpc::CallbackServerContext* context,
-                                                     const v1::EstimateRequest* request,
-                                                     v1::EstimateResponse* response) {
+                                                     const grpc::ByteBuffer* request_bytes,
+                                                     grpc::ByteBuffer* response_bytes) {
   const Clock::time_point start = Clock::now();
-  // The caller's deadline and cancellation reach the engine, which checks them as it works.
-  const auto left = context->deadline() - std::chrono::system_clock::now();
-  Budget budget;
-  budget.set_max_op_steps(options_.max_op_steps)
-      .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max() : start + left)
-      .set_cancelled([context] { return context->IsCancelled(); });
-  Status status = HandleEstimate(*request, options_, response, &budget);
+  v1::EstimateRequest request;
+  v1::EstimateResponse response;
+  Status status = ParseRequest(*request_bytes, &request);
+  if (status.ok()) {
+    // The caller's deadline and cancellation reach the engine, which checks them as it works.
+    const auto left = context->deadline() - std::chrono::system_clock::now();
+    Budget budget;
+    budget.set_max_op_steps(options_.max_op_steps)
+        .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max()
+                                                          : start + left)
+        .set_cancelled([context] { return context->IsCancelled(); });
+    status = HandleEstimate(request, options_, &response, &budget);
+  }
+  if (status.ok()) status = SerializeReply(response, response_bytes);
   // A large request's graphs and schedules are freed by now, but glibc keeps the pages in its
   // arenas: give them back, so that the server returns to its idle size after a big model
   // (measured: 473 MiB kept after three 90,000-op requests, without this).
   if (Clock::now() - start > kTrimAfter) malloc_trim(0);
-  return Finish(context, "Estimate", DescribeModel(request->model()), start, status);
+  return Finish(context, "Estimate", DescribeModel(request.model()), start, status);
 }
 
 grpc::ServerUnaryReactor* EstimatorService::ListPresets(grpc::CallbackServerContext* context,
@@ -133,16 +148,19 @@ namespace {
 // (a write reactor allows one outstanding write); Finish follows the last write. The lock
 // guards the queue only: StartWrite and Finish are called outside it, since gRPC may run a
 // reaction on the calling thread.
-class ValidateReactor final : public grpc::ServerWriteReactor<v1::ValidateEvent> {
+class ValidateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  ValidateReactor(grpc::CallbackServerContext* context, const v1::ValidateRequest* request,
+  ValidateReactor(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes,
                   const ServiceOptions& options, ValidationRunner* runner)
-      : context_(context), start_(Clock::now()), model_(DescribeModel(request->model())) {
-    thread_ = std::thread([this, request, &options, runner] { Run(*request, options, runner); });
+      : context_(context),
+        start_(Clock::now()),
+        parsed_(ParseRequest(*request_bytes, &request_)),
+        model_(DescribeModel(request_.model())) {
+    thread_ = std::thread([this, &options, runner] { Run(request_, options, runner); });
   }
 
   void OnWriteDone(bool ok) override {
-    const v1::ValidateEvent* next = nullptr;
+    const grpc::ByteBuffer* next = nullptr;
     bool finish = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -166,7 +184,8 @@ class ValidateReactor final : public grpc::ServerWriteReactor<v1::ValidateEvent>
  private:
   void Run(const v1::ValidateRequest& request, const ServiceOptions& options,
            ValidationRunner* runner) {
-    Status status = CheckModelSize(request.model(), options.max_ops);
+    Status status = parsed_;
+    if (status.ok()) status = CheckModelSize(request.model(), options.max_ops);
     if (status.ok()) status = runner->Available();
     if (status.ok()) {
       // Converted here only to refuse a malformed request before it waits in the queue; the
@@ -189,11 +208,13 @@ class ValidateReactor final : public grpc::ServerWriteReactor<v1::ValidateEvent>
   }
 
   bool Send(const v1::ValidateEvent& e) {
-    const v1::ValidateEvent* first = nullptr;
+    const grpc::ByteBuffer* first = nullptr;
+    grpc::ByteBuffer bytes;
+    if (!SerializeReply(e, &bytes).ok()) return false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (cancelled_ || broken_) return false;
-      pending_.push_back(e);
+      pending_.push_back(std::move(bytes));
       if (pending_.size() == 1) first = &pending_.front();  // nothing in flight: start it
     }
     if (first != nullptr) StartWrite(first);
@@ -207,7 +228,8 @@ class ValidateReactor final : public grpc::ServerWriteReactor<v1::ValidateEvent>
       spdlog::info("rpc=Validate model={} code=OK us={} peer={}", model_, micros, context_->peer());
     } else {
       spdlog::info("rpc=Validate model={} code={} us={} peer={} error=\"{}\"", model_,
-                   StatusCodeName(status.code()), micros, context_->peer(), status.message());
+                   StatusCodeName(status.code()), micros, context_->peer(),
+                   BoundMessage(status.message(), kMaxLoggedError));
     }
     bool finish = false;
     {
@@ -228,10 +250,12 @@ class ValidateReactor final : public grpc::ServerWriteReactor<v1::ValidateEvent>
 
   grpc::CallbackServerContext* context_;
   const Clock::time_point start_;
+  v1::ValidateRequest request_;
+  const Status parsed_;  // whether the request's bytes parsed; Run refuses them if not
   const std::string model_;
   std::thread thread_;
   std::mutex mu_;
-  std::deque<v1::ValidateEvent> pending_;  // front: being written
+  std::deque<grpc::ByteBuffer> pending_;  // front: being written
   std::atomic<bool> cancelled_{false};
   bool broken_ = false, finish_ = false, finished_ = false;
   grpc::Status status_;
@@ -239,8 +263,8 @@ class ValidateReactor final : public grpc::ServerWriteReactor<v1::ValidateEvent>
 
 }  // namespace
 
-grpc::ServerWriteReactor<v1::ValidateEvent>* EstimatorService::Validate(
-    grpc::CallbackServerContext* context, const v1::ValidateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Validate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new ValidateReactor(context, request, options_, validations_.get());
 }
 

@@ -4,8 +4,12 @@
 // and finishes with the one status mapping (server/status_conversion.h). Handlers keep no
 // state between calls and may run concurrently: the engine's Estimate() is pure.
 //
+// Estimate and Validate are registered raw (server/wire.h): they parse their request's bytes
+// themselves, so a request that does not parse gets INVALID_ARGUMENT naming the field, not the
+// UNIMPLEMENTED with an empty message of gRPC's generated handlers.
+//
 // Every request is logged as one line (spdlog, info): method, model source, status code,
-// microseconds, peer.
+// microseconds, peer, and the error; request text in it is escaped and bounded (engine/text.h).
 #ifndef MEMEST_SERVER_ESTIMATOR_SERVICE_H_
 #define MEMEST_SERVER_ESTIMATOR_SERVICE_H_
 
@@ -45,27 +49,36 @@ Status CheckModelSize(const v1::Model& model, int64_t max_ops);
 Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& options,
                       v1::EstimateResponse* response, Budget* budget = nullptr);
 
-// "preset:gpt2-small", "layers:12", "ops:345" or "unset": the model as a log line names it.
+// "preset:gpt2-small", "layers:12", "ops:345" or "unset": the model as a log line names it
+// (a preset's name escaped and cut as engine/text.h's Escape does).
 std::string DescribeModel(const v1::Model& model);
 
-class EstimatorService final : public v1::MemoryEstimator::CallbackService {
+// The generated callback service with Estimate and Validate taking their requests as bytes.
+using MemoryEstimatorBase = v1::MemoryEstimator::WithRawCallbackMethod_Estimate<
+    v1::MemoryEstimator::WithCallbackMethod_ListPresets<
+        v1::MemoryEstimator::WithCallbackMethod_ListDevices<
+            v1::MemoryEstimator::WithRawCallbackMethod_Validate<v1::MemoryEstimator::Service>>>>;
+
+class EstimatorService final : public MemoryEstimatorBase {
  public:
   explicit EstimatorService(ServiceOptions options = {})
       : options_(options), validations_(std::make_unique<ValidationRunner>(options.validation)) {}
 
+  // `request` holds an EstimateRequest's bytes; `response` gets the EstimateResponse's.
   grpc::ServerUnaryReactor* Estimate(grpc::CallbackServerContext* context,
-                                     const v1::EstimateRequest* request,
-                                     v1::EstimateResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListPresets(grpc::CallbackServerContext* context,
                                         const v1::ListPresetsRequest* request,
                                         v1::ListPresetsResponse* response) override;
   grpc::ServerUnaryReactor* ListDevices(grpc::CallbackServerContext* context,
                                         const v1::ListDevicesRequest* request,
                                         v1::ListDevicesResponse* response) override;
-  // Streams progress and the result; each call runs on a thread of its own (the validation
-  // waits for its turn and for the worker), never on gRPC's callback threads.
-  grpc::ServerWriteReactor<v1::ValidateEvent>* Validate(
-      grpc::CallbackServerContext* context, const v1::ValidateRequest* request) override;
+  // Streams progress and the result (ValidateEvents, as bytes) for a ValidateRequest's bytes;
+  // each call runs on a thread of its own (the validation waits for its turn and for the
+  // worker), never on gRPC's callback threads.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Validate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
 
   ValidationRunner& validations() { return *validations_; }
 

@@ -6,6 +6,9 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include "engine/text.h"
+#include "server/wire.h"
+
 namespace memest {
 namespace {
 
@@ -32,7 +35,7 @@ EstimatorServer::~EstimatorServer() {
 
 StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOptions& options) {
   if (HostOf(options.address).empty()) {
-    return InvalidArgument("address: expected HOST:PORT, got '" + options.address + "'");
+    return InvalidArgument("address: expected HOST:PORT, got " + Quote(options.address));
   }
   if (options.max_message_bytes <= 0) {
     return InvalidArgument("max_message_bytes: must be positive, got " +
@@ -42,6 +45,8 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
     return InvalidArgument("max_ops: must be positive, got " +
                            std::to_string(options.service.max_ops));
   }
+  // Before any call is parsed: protobuf's log handler is not safe to replace while in use.
+  InstallProtobufLogHandler();
   std::unique_ptr<EstimatorServer> server(new EstimatorServer(options));
 
   grpc::EnableDefaultHealthCheckService(true);

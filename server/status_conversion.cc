@@ -1,5 +1,7 @@
 #include "server/status_conversion.h"
 
+#include "engine/text.h"
+
 namespace memest {
 
 grpc::StatusCode ToGrpcCode(StatusCode code) {
@@ -28,7 +30,7 @@ grpc::StatusCode ToGrpcCode(StatusCode code) {
 
 grpc::Status ToGrpcStatus(const Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(ToGrpcCode(status.code()), status.message());
+  return grpc::Status(ToGrpcCode(status.code()), BoundMessage(status.message(), kMaxStatusMessage));
 }
 
 }  // namespace memest

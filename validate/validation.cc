@@ -6,6 +6,7 @@
 
 #include "engine/allocator.h"
 #include "engine/estimator.h"
+#include "engine/text.h"
 #include "validate/op_work.h"
 
 namespace memest::validate {
@@ -165,7 +166,7 @@ class Replayer {
     std::string w = std::string(PhaseName(c.phase));
     if (c.op >= 0) {
       w += " op " + std::to_string(c.op) + " (" + g_.ops[c.op].kind +
-           (g_.ops[c.op].scope.empty() ? "" : " in " + g_.ops[c.op].scope) + ")";
+           (g_.ops[c.op].scope.empty() ? "" : " in " + Quote(g_.ops[c.op].scope)) + ")";
     }
     return w;
   }

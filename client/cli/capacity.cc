@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/shape.h"
+#include "engine/text.h"
 
 namespace memest::cli {
 namespace {
@@ -47,24 +48,24 @@ StatusOr<int64_t> ParseCapacity(std::string_view text) {
   const double number = std::strtod(begin, &end);
   if (end == begin || errno != 0 || !std::isfinite(number)) {
     return InvalidArgument(field + ": expected a byte count such as 85899345920 or 80GiB, got \"" +
-                           input + "\"");
+                           Escape(input) + "\"");
   }
   std::string unit = Lower(std::string_view(end));
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   const double unit_bytes = UnitBytes(unit);
   if (unit_bytes == 0) {
-    return InvalidArgument(field + ": unknown unit \"" + unit +
+    return InvalidArgument(field + ": unknown unit \"" + Escape(unit) +
                            "\" (use B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)");
   }
   const double bytes = number * unit_bytes;
   if (bytes <= 0) {
-    return InvalidArgument(field + ": must be positive, got \"" + input + "\"");
+    return InvalidArgument(field + ": must be positive, got \"" + Escape(input) + "\"");
   }
   if (bytes > static_cast<double>(kMaxBytes)) {
-    return InvalidArgument(field + ": larger than 2^62 bytes: \"" + input + "\"");
+    return InvalidArgument(field + ": larger than 2^62 bytes: \"" + Escape(input) + "\"");
   }
   if (unit_bytes == 1 && bytes != std::floor(bytes)) {
-    return InvalidArgument(field + ": a byte count must be whole, got \"" + input + "\"");
+    return InvalidArgument(field + ": a byte count must be whole, got \"" + Escape(input) + "\"");
   }
   return static_cast<int64_t>(std::llround(bytes));
 }

@@ -8,6 +8,7 @@
 
 #include "client/cli/capacity.h"
 #include "client/cli/yaml_json.h"
+#include "engine/text.h"
 
 namespace memest::cli {
 namespace {
@@ -80,7 +81,7 @@ StatusOr<Enum> ParseWord(const std::string& flag, const std::string& text,
   for (const Word<Enum>& w : words) {
     if (text == w.word) return w.value;
   }
-  return InvalidArgument(flag + ": unknown value \"" + text + "\"; expected one of " +
+  return InvalidArgument(flag + ": unknown value \"" + Escape(text) + "\"; expected one of " +
                          WordList(words));
 }
 
@@ -88,7 +89,7 @@ StatusOr<Enum> ParseWord(const std::string& flag, const std::string& text,
 Status AddPresetParam(const std::string& text, v1::Preset* preset) {
   const size_t eq = text.find('=');
   if (eq == std::string::npos || eq == 0) {
-    return InvalidArgument("--param: expected NAME=INTEGER, got \"" + text + "\"");
+    return InvalidArgument("--param: expected NAME=INTEGER, got \"" + Escape(text) + "\"");
   }
   const std::string name = text.substr(0, eq);
   const std::string value = text.substr(eq + 1);
@@ -100,7 +101,8 @@ Status AddPresetParam(const std::string& text, v1::Preset* preset) {
     used = 0;
   }
   if (value.empty() || used != value.size()) {
-    return InvalidArgument("--param " + name + ": expected an integer, got \"" + value + "\"");
+    return InvalidArgument("--param " + Escape(name) + ": expected an integer, got \"" +
+                           Escape(value) + "\"");
   }
   (*preset->mutable_params())[name] = number;
   return Status::Ok();
@@ -294,15 +296,16 @@ StatusOr<v1::ValidateRequest> BuildValidateRequest(const ValidateFlags& flags) {
 }
 
 StatusOr<v1::Model> ReadModelFile(const std::string& path) {
+  const std::string flag = "--model " + Escape(path, kMaxNameBytes);
   std::ifstream in(path);
-  if (!in) return InvalidArgument("--model " + path + ": cannot open the file");
+  if (!in) return InvalidArgument(flag + ": cannot open the file");
   std::stringstream text;
   text << in.rdbuf();
   std::string json = text.str();
   const bool yaml = IsYamlPath(path);
   if (yaml) {
     StatusOr<std::string> converted = YamlToJson(json);
-    if (!converted.ok()) return converted.status().Prefixed("--model " + path + ": ");
+    if (!converted.ok()) return converted.status().Prefixed(flag + ": ");
     json = *std::move(converted);
   }
   v1::Model model;
@@ -310,8 +313,9 @@ StatusOr<v1::Model> ReadModelFile(const std::string& path) {
   options.ignore_unknown_fields = false;
   const auto status = google::protobuf::util::JsonStringToMessage(json, &model, options);
   if (!status.ok()) {
-    return InvalidArgument("--model " + path + ": not a memest.v1.Model in " +
-                           (yaml ? "YAML" : "JSON") + ": " + std::string(status.message()));
+    // The parser's message may quote the file's text: escaped and bounded like any message.
+    return InvalidArgument(flag + ": not a memest.v1.Model in " + (yaml ? "YAML" : "JSON") + ": " +
+                           BoundMessage(std::string(status.message()), kMaxNameBytes));
   }
   return model;
 }

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
+#include "engine/text.h"
+
 namespace memest::cli {
 namespace {
 
@@ -56,7 +58,7 @@ StatusOr<nlohmann::json> Convert(const YAML::Node& node, const std::string& wher
                                  std::to_string(kv.first.Mark().line + 1) + ")");
         }
         const std::string key = kv.first.Scalar();
-        MEMEST_ASSIGN_OR_RETURN(nlohmann::json v, Convert(kv.second, where + "." + key));
+        MEMEST_ASSIGN_OR_RETURN(nlohmann::json v, Convert(kv.second, where + "." + Escape(key)));
         out[key] = std::move(v);
       }
       return out;

@@ -396,6 +396,37 @@ TEST(PresetsTest, BadParametersNameTheField) {
   }
 }
 
+// A size too large to count in bytes names the field the user set: the batch, or a parameter,
+// whether it overflows an input directly or only once folded into an activation ([B * T, C]).
+TEST(PresetsTest, ShapesTooLargeNameTheFieldTheUserSet) {
+  struct TooLarge {
+    int64_t batch;
+    std::map<std::string, int64_t> params;
+    std::string message;
+  };
+  const std::vector<TooLarge> cases = {
+      {int64_t{1} << 62,
+       {},
+       "config.batch_size: 4611686018427387904 is too large: the input "
+       "'input_ids' would be [4611686018427387904, 1024] of int64"},
+      {int64_t{1} << 34,  // [B, T, 768] fits in 2^56 bytes, the folded [B * T, 2304] does not
+       {},
+       "config.batch_size: 17179869184 is too large: the output of addmm "
+       "in 'transformer.h.0.attn.c_attn' would be [17592186044416, 2304]"},
+      {1024,
+       {{"seq", int64_t{1} << 24}},
+       "model.preset.params.seq: 16777216 is too large: the "
+       "output of matmul in 'transformer.h.0.attn.core'"},
+  };
+  for (const TooLarge& c : cases) {
+    ModelSpec model{PresetSpec{"gpt2-small", c.params}};
+    StatusOr<Graph> g = BuildGraph(model, Context(c.batch));
+    ASSERT_FALSE(g.ok()) << c.message;
+    EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(g.status().message().rfind(c.message, 0), 0u) << g.status().message();
+  }
+}
+
 TEST(PresetsTest, RefusesBadContext) {
   StatusOr<Graph> g = Build("mlp", {}, Context(0));
   ASSERT_FALSE(g.ok());
