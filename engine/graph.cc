@@ -31,6 +31,22 @@ bool ScopeWithin(std::string_view scope, std::string_view prefix) {
   return scope.size() == prefix.size() || scope[prefix.size()] == '.';
 }
 
+const char* TensorRoleName(TensorRole role) {
+  switch (role) {
+    case TensorRole::kActivation:
+      return "activation";
+    case TensorRole::kInput:
+      return "input";
+    case TensorRole::kTarget:
+      return "target";
+    case TensorRole::kParameter:
+      return "parameter";
+    case TensorRole::kBuffer:
+      return "buffer";
+  }
+  return "tensor";
+}
+
 bool HasAttr(const Attrs& attrs, std::string_view name) { return attrs.find(name) != attrs.end(); }
 
 namespace {
@@ -109,21 +125,6 @@ bool NotASize(const Shape& shape) {
          std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; });
 }
 
-const char* LeafRoleName(TensorRole role) {
-  switch (role) {
-    case TensorRole::kInput:
-      return "input";
-    case TensorRole::kTarget:
-      return "target";
-    case TensorRole::kParameter:
-      return "parameter";
-    case TensorRole::kBuffer:
-      return "buffer";
-    case TensorRole::kActivation:
-      break;
-  }
-  return "tensor";
-}
 
 constexpr std::string_view kBeyondBytes = ", more than the 2^56 bytes (64 PiB) one tensor may hold";
 constexpr std::string_view kTooLarge = " is too large: ";
@@ -166,7 +167,7 @@ int GraphBuilder::AddLeaf(std::string name, Shape shape, DType dtype, TensorRole
   const std::string field = context_.empty() ? Escape(name) : context_;
   StatusOr<int64_t> bytes = CheckedBytes(shape, dtype, field + ".shape");
   if (!bytes.ok()) {
-    const std::string what = std::string("the ") + LeafRoleName(role) + " " + Quote(name);
+    const std::string what = std::string("the ") + TensorRoleName(role) + " " + Quote(name);
     Fail(NotASize(shape) ? bytes.status() : TooLarge(shape, dtype, what));
     return -1;
   }

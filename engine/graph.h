@@ -77,6 +77,9 @@ struct Graph {
   int64_t TrainableParameterCount() const;
 };
 
+// "activation", "input", "target", "parameter" or "buffer".
+const char* TensorRoleName(TensorRole role);
+
 // True if `scope` is `prefix` or lies inside it ("h.3.attn" is inside "h.3", "h.30" is not).
 bool ScopeWithin(std::string_view scope, std::string_view prefix);
 

@@ -185,21 +185,6 @@ namespace {
 
 bool IsLeafRole(TensorRole role) { return role != TensorRole::kActivation; }
 
-const char* RoleName(TensorRole role) {
-  switch (role) {
-    case TensorRole::kActivation:
-      return "activation";
-    case TensorRole::kInput:
-      return "input";
-    case TensorRole::kTarget:
-      return "target";
-    case TensorRole::kParameter:
-      return "parameter";
-    case TensorRole::kBuffer:
-      return "buffer";
-  }
-  return "?";
-}
 
 // Refuses non-finite float attributes (a NaN dropout probability, an infinite scalar).
 Status CheckFiniteAttrs(const Attrs& attrs, const std::string& field) {
@@ -253,7 +238,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     }
     if (!batched && t.batch_dim != 0 && t.batch_dim != -1) {
       return InvalidArgument(field + ".batch_dim: applies to inputs and targets only, not to " +
-                             RoleName(t.role) + "s; got " + Str(t.batch_dim));
+                             TensorRoleName(t.role) + "s; got " + Str(t.batch_dim));
     }
     if (batched && rescale && t.batch_dim >= 0 && t.shape[t.batch_dim] != spec.traced_batch) {
       return InvalidArgument(field + ".shape[" + Str(t.batch_dim) + "]: the batch dim is " +

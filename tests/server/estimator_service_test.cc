@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "health_client.h"
+#include "tests/server/test_server.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "server/serve.h"
 
@@ -24,34 +25,7 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kGpt2SmallParameters = 124'439'808;
 
-// A server on port 0 and a stub connected to it.
-class Connection {
- public:
-  explicit Connection(ServerOptions options = {}) {
-    options.address = "127.0.0.1:0";
-    auto server = EstimatorServer::Start(options);
-    EXPECT_TRUE(server.ok()) << server.status().ToString();
-    if (!server.ok()) return;
-    server_ = std::move(server).value();
-    channel_ = grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials());
-    stub_ = v1::MemoryEstimator::NewStub(channel_);
-  }
-
-  v1::MemoryEstimator::Stub& stub() { return *stub_; }
-  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
-  EstimatorServer& server() { return *server_; }
-
-  grpc::Status Estimate(const v1::EstimateRequest& request, v1::EstimateResponse* response) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    return stub_->Estimate(&context, request, response);
-  }
-
- private:
-  std::unique_ptr<EstimatorServer> server_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::MemoryEstimator::Stub> stub_;
-};
+using Connection = testing::TestServer;
 
 // One server for the whole suite: starting gRPC is the slow part.
 class EstimatorServiceTest : public ::testing::Test {
