@@ -3,6 +3,11 @@
 // changes it with ProtoMutator and serializes it again; one time in eight it leaves the
 // structure alone and lets libFuzzer mutate the raw bytes, which is what exercises the parser.
 // Built only by scripts/fuzz.sh (CMake option MEMEST_FUZZ, clang, ASan + UBSan).
+//
+// MEMEST_FUZZ_CHECKS=0 in the environment turns off the checks of the answer (CheckEstimate):
+// then only crashes, sanitizer reports, timeouts and out-of-memory count. That hunts those while
+// a known broken check is not fixed yet, and minimizes a sanitizer finding without the
+// minimizer sliding to an input that breaks a check instead.
 #include <google/protobuf/stubs/logging.h>
 
 #include <cstdio>
@@ -17,6 +22,9 @@
 extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
 
 namespace {
+
+// False when MEMEST_FUZZ_CHECKS=0: broken checks of the answer do not count.
+bool check_answers = true;
 
 const memest::fuzz::MutatorOptions& Options() {
   static const auto* options = [] {
@@ -47,13 +55,18 @@ size_t Write(const memest::v1::EstimateRequest& request, uint8_t* out, size_t ma
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   // Serializing a string that is not UTF-8 logs an error each time: keep the output readable.
   google::protobuf::SetLogHandler(nullptr);
+  const char* env = std::getenv("MEMEST_FUZZ_CHECKS");
+  check_answers = env == nullptr || std::string(env) != "0";
+  if (!check_answers) {
+    std::fprintf(stderr, "memest fuzz: MEMEST_FUZZ_CHECKS=0: answers are not checked\n");
+  }
   Options();
   return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string broken = memest::fuzz::FuzzEstimateOnce(data, size);
-  if (!broken.empty()) {
+  if (check_answers && !broken.empty()) {
     std::fprintf(stderr, "memest fuzz: check failed: %s\n", broken.c_str());
     std::abort();
   }

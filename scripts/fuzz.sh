@@ -7,7 +7,8 @@
 #            inputs only
 #   extra    passed to libFuzzer after the script's own, e.g. -fork=1 -ignore_crashes=1
 #            -ignore_timeouts=1 -ignore_ooms=1 to keep going after a finding (long runs)
-# Environment: FUZZ_BUILD_DIR (default build-fuzz), JOBS (parallel compile jobs).
+# Environment: FUZZ_BUILD_DIR (default build-fuzz), JOBS (parallel compile jobs),
+#              MEMEST_FUZZ_CHECKS=0 (ignore broken checks of the answer; fuzz/README.md).
 #
 # Inputs: fuzz/corpus (the seeds) and fuzz/regressions are read, never written; inputs that
 # reach new coverage are kept in $FUZZ_BUILD_DIR/corpus across runs. Each crash, timeout (10 s),
