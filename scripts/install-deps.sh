@@ -31,8 +31,11 @@ readonly PACKAGES=(
 # With --test, also what the tests need beyond building: the conformance suite
 # (tests/conformance) runs real PyTorch, Debian's 1.13, CPU only; the Python client
 # (client/python, tests/python) is installed into a venv and tested with pytest, and its example
-# notebook is executed with nbclient.
+# notebook is executed with nbclient. The fuzzer (scripts/fuzz.sh) is built with clang, whose
+# libFuzzer and sanitizer runtimes are in libclang-rt-14-dev.
 readonly TEST_PACKAGES=(
+  clang
+  libclang-rt-14-dev
   python3-torch
   python3-torchvision
   python3-venv

@@ -25,6 +25,13 @@ bash scripts/build.sh || exit 1
 section "ctest"
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure || failed+=("ctest")
 
+# The Estimate fuzzer (fuzz/README.md) for a minute: clang with libFuzzer, ASan and UBSan builds
+# it into build-fuzz/ (about a minute on 2 cores), then it mutates requests from fuzz/corpus.
+# A crash, a sanitizer report, a broken check of the answer, a timeout (10 s) or more than 2 GiB
+# fails the section; the input is in build-fuzz/artifacts/.
+section "fuzz"
+bash scripts/fuzz.sh 60 || failed+=("fuzz")
+
 # The conformance suite: memest (--runtime cpu-1.13) against real PyTorch 1.13 on the CPU
 # (Debian's python3-torch, hence /usr/bin/python3), case by case; writes build/conformance.json
 # and regenerates docs/fidelity.md.

@@ -1,0 +1,8 @@
+
+$
+"
+
+gpt2-small
+
+layers
+seq€hp

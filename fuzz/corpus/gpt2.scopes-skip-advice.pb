@@ -1,0 +1,8 @@
+
+$
+"
+
+gpt2-small
+
+layers
+seq€:transformer.h.1

@@ -1,0 +1,6 @@
+
+
+
+	bert-base
+
+layers

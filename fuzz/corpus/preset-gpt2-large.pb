@@ -1,0 +1,7 @@
+
+
+
+
+gpt2-large
+
+layers

@@ -1,0 +1,6 @@
+
+
+
+gpt2-medium
+
+layers

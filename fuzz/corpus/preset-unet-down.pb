@@ -1,0 +1,6 @@
+
+
+
+	unet-down
+
+levels

@@ -1,0 +1,135 @@
+#include "fuzz/estimate_target.h"
+
+#include <algorithm>
+#include <string>
+
+#include "engine/devices.h"
+#include "engine/dtype.h"
+#include "engine/layers.h"
+#include "engine/op_rules.h"
+#include "engine/presets.h"
+#include "server/estimator_service.h"
+#include "server/status_conversion.h"
+
+namespace memest::fuzz {
+namespace {
+
+uint64_t Sum(const v1::MemoryByCategory& c) {
+  return c.parameters() + c.gradients() + c.optimizer_state() + c.master_and_casts() +
+         c.activations() + c.temporaries() + c.inputs() + c.kv_cache() + c.workspace() +
+         c.allocator_overhead() + c.cuda_context();
+}
+
+std::string Str(uint64_t v) { return std::to_string(v); }
+
+// `exact`: the CPU runtime counts each tensor at its own size, so the categories add up to the
+// allocated bytes exactly. Under the caching allocator a block may be larger than the rounded
+// request it serves (a remainder too small to split stays with it): allocated_bytes counts the
+// block, the categories the rounded request, so they add up to at most allocated_bytes.
+std::string CheckPeak(const std::string& name, const v1::Peak& peak, bool exact) {
+  const uint64_t sum = Sum(peak.by_category());
+  if (exact ? sum != peak.allocated_bytes() : sum > peak.allocated_bytes()) {
+    return name + ": categories add up to " + Str(sum) + ", allocated_bytes is " +
+           Str(peak.allocated_bytes());
+  }
+  if (peak.allocated_bytes() > peak.reserved_bytes()) {
+    return name + ": allocated_bytes " + Str(peak.allocated_bytes()) + " > reserved_bytes " +
+           Str(peak.reserved_bytes());
+  }
+  return "";
+}
+
+std::string CheckAnswer(const v1::EstimateRequest& request, const v1::EstimateResponse& r) {
+  const bool exact = request.config().runtime() == v1::RUNTIME_CPU_TORCH_1_13;
+  if (std::string broken = CheckPeak("peak", r.peak(), exact); !broken.empty()) return broken;
+  if (r.peak().reserved_bytes() > r.peak_reserved_bytes()) {
+    return "peak.reserved_bytes " + Str(r.peak().reserved_bytes()) + " > peak_reserved_bytes " +
+           Str(r.peak_reserved_bytes());
+  }
+  for (int i = 0; i < r.phases_size(); ++i) {
+    const v1::Peak& phase = r.phases(i);
+    const std::string name = "phases[" + std::to_string(i) + "]";
+    if (std::string broken = CheckPeak(name, phase, exact); !broken.empty()) return broken;
+    if (phase.allocated_bytes() > r.peak().allocated_bytes()) {
+      return name + ".allocated_bytes " + Str(phase.allocated_bytes()) +
+             " > peak.allocated_bytes " + Str(r.peak().allocated_bytes());
+    }
+    if (phase.reserved_bytes() > r.peak_reserved_bytes()) {
+      return name + ".reserved_bytes " + Str(phase.reserved_bytes()) + " > peak_reserved_bytes " +
+             Str(r.peak_reserved_bytes());
+    }
+  }
+  const v1::RunConfig& config = request.config();
+  const uint64_t steps = config.has_grad_accum_steps() ? config.grad_accum_steps() : 1;
+  if (r.micro_batch() * steps != static_cast<uint64_t>(config.batch_size())) {
+    return "micro_batch " + Str(r.micro_batch()) + " * " + Str(steps) + " steps is not batch " +
+           std::to_string(config.batch_size());
+  }
+  const bool device = config.device_case() != v1::RunConfig::DEVICE_NOT_SET;
+  if (r.has_fit() != device) {
+    return device ? "no fit although a device was named" : "a fit although no device was named";
+  }
+  if (device) {
+    const v1::DeviceFit& fit = r.fit();
+    if (fit.required_bytes() != r.peak_reserved_bytes() + r.breakdown().cuda_context()) {
+      return "fit.required_bytes " + Str(fit.required_bytes()) + " is not peak_reserved_bytes " +
+             Str(r.peak_reserved_bytes()) + " + cuda_context " + Str(r.breakdown().cuda_context());
+    }
+    const int64_t headroom = static_cast<int64_t>(fit.capacity_bytes() - fit.required_bytes());
+    if (fit.headroom_bytes() != headroom || fit.fits() != (headroom >= 0)) {
+      return "fit: capacity " + Str(fit.capacity_bytes()) + ", required " +
+             Str(fit.required_bytes()) + ", headroom " + std::to_string(fit.headroom_bytes()) +
+             ", fits " + (fit.fits() ? "true" : "false");
+    }
+  }
+  for (int i = 2; i < r.advice_size(); ++i) {
+    if (r.advice(i).saving_bytes() > r.advice(i - 1).saving_bytes()) {
+      return "advice[" + std::to_string(i) + "] saves more than advice[" + std::to_string(i - 1) +
+             "]";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string CheckEstimate(const v1::EstimateRequest& request, const Status& status,
+                          const v1::EstimateResponse& response) {
+  if (status.ok()) return CheckAnswer(request, response);
+  if (status.message().empty()) {
+    return std::string("a refusal without a message (") + StatusCodeName(status.code()) + ")";
+  }
+  if (status.code() == StatusCode::kInternal) return "INTERNAL: " + status.message();
+  return "";
+}
+
+std::string FuzzEstimateOnce(const uint8_t* data, size_t size) {
+  v1::EstimateRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return "";
+  v1::EstimateResponse response;
+  const Status status = HandleEstimate(request, ServiceOptions{}, &response);
+  // What the server does with the answer besides sending it: log the model, map the code.
+  const std::string model = DescribeModel(request.model());
+  const grpc::Status mapped = ToGrpcStatus(status);
+  if (mapped.ok() != status.ok()) return "the gRPC status disagrees with the engine's: " + model;
+  return CheckEstimate(request, status, response);
+}
+
+std::vector<std::string> EstimateDictionary() {
+  std::vector<std::string> words = {"cross_entropy", "mse", "sum"};
+  for (const OpRule* rule : AllOpRules()) words.emplace_back(rule->kind);
+  for (const std::string& kind : LayerKinds()) words.push_back(kind);
+  for (const PresetInfo& preset : ListPresets()) {
+    words.push_back(preset.name);
+    for (const PresetParam& param : preset.params) words.push_back(param.name);
+  }
+  for (const DeviceInfo& device : ListDevices()) words.push_back(device.name);
+  for (int d = 0; d <= static_cast<int>(DType::kBool); ++d) {
+    words.emplace_back(DTypeName(static_cast<DType>(d)));
+  }
+  std::sort(words.begin(), words.end());
+  words.erase(std::unique(words.begin(), words.end()), words.end());
+  return words;
+}
+
+}  // namespace memest::fuzz

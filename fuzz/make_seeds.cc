@@ -1,0 +1,386 @@
+// memest-fuzz-seeds: writes the fuzzers' seed corpus, a few dozen small serialized
+// EstimateRequests, one file each (<model>.<config>.pb).
+//
+//   build/bin/memest-fuzz-seeds [--examples DIR] OUT_DIR
+//
+// The models: the example model files (examples/*.json, *.yaml), every preset with few blocks,
+// every preset's graph again as an op graph (what the tracer sends), and layer models that use
+// each layer kind. The configs: the defaults, then one variant each of mode, precision,
+// optimizer, checkpointing, step, device, runtime, accumulation and advice, on two models; and a
+// few refusals. Output is deterministic (the files are the same bytes on every run); the *.pb
+// files already in OUT_DIR are removed first. Each seed is run through the service's handler
+// and its status printed, so a seed that stops working shows.
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "client/cli/flags.h"
+#include "engine/model.h"
+#include "engine/presets.h"
+#include "fuzz/estimate_target.h"
+#include "server/estimator_service.h"
+
+namespace memest::fuzz {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Seed {
+  std::string name;
+  v1::EstimateRequest request;
+};
+
+// Builds an attribute value.
+v1::AttrValue I(int64_t v) {
+  v1::AttrValue a;
+  a.set_i(v);
+  return a;
+}
+v1::AttrValue F(double v) {
+  v1::AttrValue a;
+  a.set_f(v);
+  return a;
+}
+v1::AttrValue S(const std::string& v) {
+  v1::AttrValue a;
+  a.set_s(v);
+  return a;
+}
+
+void AddLayer(v1::LayerModel* model, const std::string& kind,
+              std::vector<std::pair<std::string, v1::AttrValue>> attrs = {}) {
+  v1::Layer* layer = model->add_layers();
+  layer->set_kind(kind);
+  for (auto& [name, value] : attrs) (*layer->mutable_attrs())[name] = value;
+}
+
+// Layer models that, together with examples/, use every kind of engine/layers.h.
+std::vector<std::pair<std::string, v1::Model>> LayerModels() {
+  std::vector<std::pair<std::string, v1::Model>> models;
+  {
+    v1::Model m;
+    v1::LayerModel* l = m.mutable_layers();
+    for (int64_t d : {3, 32, 32}) l->add_input_shape(d);
+    AddLayer(l, "conv2d", {{"out_channels", I(8)}, {"kernel_size", I(3)}, {"padding", I(1)}});
+    AddLayer(l, "batch_norm");
+    AddLayer(l, "relu", {{"inplace", I(1)}});
+    AddLayer(l, "max_pool2d", {{"kernel_size", I(2)}});
+    AddLayer(l, "conv2d",
+             {{"out_channels", I(16)},
+              {"kernel_size", I(3)},
+              {"stride", I(2)},
+              {"groups", I(2)},
+              {"bias", I(0)}});
+    AddLayer(l, "group_norm", {{"num_groups", I(4)}});
+    AddLayer(l, "silu");
+    AddLayer(l, "avg_pool2d", {{"kernel_size", I(2)}});
+    AddLayer(l, "adaptive_avg_pool2d");
+    AddLayer(l, "flatten");
+    AddLayer(l, "linear", {{"out_features", I(10)}});
+    l->set_loss("cross_entropy");
+    models.emplace_back("layers-cnn", m);
+  }
+  {
+    v1::Model m;
+    v1::LayerModel* l = m.mutable_layers();
+    for (int64_t d : {4, 64}) l->add_input_shape(d);
+    AddLayer(l, "conv1d",
+             {{"out_channels", I(8)}, {"kernel_size", I(5)}, {"dilation", I(2)}, {"groups", I(2)}});
+    AddLayer(l, "gelu", {{"approximate", S("tanh")}});
+    AddLayer(l, "flatten");
+    AddLayer(l, "linear", {{"out_features", I(1)}});
+    AddLayer(l, "tanh");
+    l->set_loss("mse");
+    models.emplace_back("layers-conv1d", m);
+  }
+  {
+    v1::Model m;
+    v1::LayerModel* l = m.mutable_layers();
+    l->add_input_shape(16);
+    l->set_input_dtype("int64");
+    AddLayer(l, "embedding", {{"num_embeddings", I(100)}, {"embedding_dim", I(32)}});
+    AddLayer(l, "transformer_block", {{"heads", I(4)}, {"dropout", F(0.1)}});
+    AddLayer(l, "transformer_block", {{"heads", I(4)}, {"style", S("llama")}, {"kv_heads", I(2)}});
+    AddLayer(l, "rms_norm", {{"upcast", I(1)}});
+    AddLayer(l, "linear", {{"out_features", I(100)}, {"bias", I(0)}});
+    l->set_loss("cross_entropy");
+    models.emplace_back("layers-transformer", m);
+  }
+  {
+    v1::Model m;
+    v1::LayerModel* l = m.mutable_layers();
+    for (int64_t d : {8, 32}) l->add_input_shape(d);
+    l->set_input_dtype("bf16");
+    AddLayer(l, "attention",
+             {{"heads", I(4)}, {"causal", I(1)}, {"dropout", F(0.1)}, {"scale_qk", I(1)}});
+    AddLayer(l, "layer_norm");
+    AddLayer(l, "mlp", {{"hidden", I(64)}, {"activation", S("swish")}});
+    AddLayer(l, "swish");
+    AddLayer(l, "sigmoid");
+    AddLayer(l, "softmax", {{"dim", I(-1)}});
+    AddLayer(l, "dropout", {{"p", F(0.2)}});
+    models.emplace_back("layers-attention", m);
+  }
+  return models;
+}
+
+// A preset with at most two blocks (layers, levels), so each run is quick.
+v1::Model SmallPreset(const PresetInfo& preset) {
+  v1::Model m;
+  m.mutable_preset()->set_name(preset.name);
+  for (const PresetParam& param : preset.params) {
+    if (param.name == "layers" || param.name == "levels") {
+      (*m.mutable_preset()->mutable_params())[param.name] = 2;
+    }
+  }
+  return m;
+}
+
+// The graph the engine builds for `preset`, written as the op graph a tracer would send.
+StatusOr<v1::Model> PresetAsOpGraph(const v1::Model& preset, int64_t micro_batch) {
+  PresetSpec spec{preset.preset().name(), {}};
+  for (const auto& [name, value] : preset.preset().params()) spec.params[name] = value;
+  BuildContext context;
+  context.micro_batch = micro_batch;
+  MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(ModelSpec{spec}, context));
+  auto name_of = [&graph](int id) {
+    const Tensor& t = graph.tensors[id];
+    return t.producer < 0 && !t.name.empty() ? t.name : "t" + std::to_string(id);
+  };
+  v1::Model m;
+  v1::OpGraph* g = m.mutable_ops();
+  for (size_t id = 0; id < graph.tensors.size(); ++id) {
+    const Tensor& t = graph.tensors[id];
+    if (t.producer >= 0) continue;
+    v1::TensorDecl* decl = g->add_tensors();
+    decl->set_name(name_of(static_cast<int>(id)));
+    for (int64_t d : t.shape) decl->add_shape(d);
+    decl->set_dtype(std::string(DTypeName(t.dtype)));
+    switch (t.role) {
+      case TensorRole::kInput:
+        decl->set_role(v1::TENSOR_ROLE_INPUT);
+        break;
+      case TensorRole::kTarget:
+        decl->set_role(v1::TENSOR_ROLE_TARGET);
+        break;
+      case TensorRole::kParameter:
+        decl->set_role(v1::TENSOR_ROLE_PARAMETER);
+        break;
+      case TensorRole::kBuffer:
+        decl->set_role(v1::TENSOR_ROLE_BUFFER);
+        break;
+      case TensorRole::kActivation:
+        decl->set_role(v1::TENSOR_ROLE_ACTIVATION);
+        break;
+    }
+    if (t.role == TensorRole::kInput || t.role == TensorRole::kTarget) {
+      decl->set_batch_dim(t.batch_dim);
+    }
+    decl->set_frozen(t.role == TensorRole::kParameter && !t.requires_grad);
+  }
+  for (const Op& op : graph.ops) {
+    v1::OpDecl* decl = g->add_ops();
+    decl->set_kind(op.kind);
+    decl->set_scope(op.scope);
+    for (int in : op.inputs) decl->add_inputs(name_of(in));
+    for (int out : op.outputs) decl->add_outputs(name_of(out));
+    for (const auto& [name, value] : op.attrs) {
+      v1::AttrValue& a = (*decl->mutable_attrs())[name];
+      if (const auto* i = std::get_if<int64_t>(&value)) a.set_i(*i);
+      if (const auto* f = std::get_if<double>(&value)) a.set_f(*f);
+      if (const auto* s = std::get_if<std::string>(&value)) a.set_s(*s);
+      if (const auto* ints = std::get_if<std::vector<int64_t>>(&value)) {
+        for (int64_t v : *ints) a.mutable_ints()->add_values(v);
+      }
+    }
+  }
+  if (graph.loss >= 0) g->set_loss(name_of(graph.loss));
+  for (const std::string& block : graph.blocks) g->add_blocks(block);
+  return m;
+}
+
+// One variant of the run: a name and what it changes in a training request of batch 8.
+using Variant = std::pair<std::string, std::function<void(v1::EstimateRequest*)>>;
+
+std::vector<Variant> ConfigVariants() {
+  auto config = [](v1::EstimateRequest* r) { return r->mutable_config(); };
+  return {
+      {"inference", [=](auto* r) { config(r)->set_mode(v1::MODE_INFERENCE); }},
+      {"generate",
+       [=](auto* r) {
+         config(r)->set_mode(v1::MODE_INFERENCE);
+         config(r)->set_generate_tokens(16);
+       }},
+      {"fp16-amp", [=](auto* r) { config(r)->set_precision(v1::PRECISION_FP16_AMP); }},
+      {"bf16-amp", [=](auto* r) { config(r)->set_precision(v1::PRECISION_BF16_AMP); }},
+      {"bf16-pure", [=](auto* r) { config(r)->set_precision(v1::PRECISION_BF16_PURE); }},
+      {"fp16-pure", [=](auto* r) { config(r)->set_precision(v1::PRECISION_FP16_PURE); }},
+      {"sgd-momentum-for-loop",
+       [=](auto* r) {
+         config(r)->mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_SGD_MOMENTUM);
+         config(r)->mutable_optimizer()->set_impl(v1::OPTIMIZER_IMPL_FOR_LOOP);
+       }},
+      {"adam-decay-fused",
+       [=](auto* r) {
+         config(r)->mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_ADAM);
+         config(r)->mutable_optimizer()->set_impl(v1::OPTIMIZER_IMPL_FUSED);
+         config(r)->mutable_optimizer()->set_weight_decay(0.01);
+       }},
+      {"adafactor",
+       [=](auto* r) { config(r)->mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_ADAFACTOR); }},
+      {"lion", [=](auto* r) { config(r)->mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_LION); }},
+      {"every-block",
+       [=](auto* r) {
+         config(r)->mutable_checkpoint()->set_policy(v1::CHECKPOINT_POLICY_EVERY_BLOCK);
+         config(r)->mutable_checkpoint()->set_non_reentrant(true);
+       }},
+      {"every-2",
+       [=](auto* r) {
+         config(r)->mutable_checkpoint()->set_policy(v1::CHECKPOINT_POLICY_EVERY_K_BLOCKS);
+         config(r)->mutable_checkpoint()->set_every_k(2);
+       }},
+      {"sqrt",
+       [=](auto* r) {
+         config(r)->mutable_checkpoint()->set_policy(v1::CHECKPOINT_POLICY_SQRT_BLOCKS);
+       }},
+      {"attention-core",
+       [=](auto* r) {
+         config(r)->mutable_checkpoint()->set_policy(v1::CHECKPOINT_POLICY_ATTENTION_CORE);
+       }},
+      {"first-step-keep-grads",
+       [=](auto* r) {
+         config(r)->set_step(v1::STEP_KIND_FIRST_STEP);
+         config(r)->set_zero_grad_keep_grads(true);
+       }},
+      {"accum-4", [=](auto* r) { config(r)->set_grad_accum_steps(4); }},
+      {"a100-expandable",
+       [=](auto* r) {
+         config(r)->set_device_name("a100-80gb");
+         config(r)->set_expandable_segments(true);
+       }},
+      {"capacity-24gib", [=](auto* r) { config(r)->set_device_capacity_bytes(24ull << 30); }},
+      {"cpu-avx2",
+       [=](auto* r) {
+         config(r)->set_runtime(v1::RUNTIME_CPU_TORCH_1_13);
+         config(r)->set_cpu_isa(v1::CPU_ISA_AVX2);
+       }},
+  };
+}
+
+std::vector<Seed> MakeSeeds(const fs::path& examples) {
+  std::vector<Seed> seeds;
+  auto add = [&seeds](std::string name, const v1::Model& model, int64_t batch = 8) {
+    Seed seed{std::move(name), {}};
+    *seed.request.mutable_model() = model;
+    seed.request.mutable_config()->set_batch_size(batch);
+    seeds.push_back(std::move(seed));
+    return &seeds.back().request;
+  };
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(examples)) files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  for (const fs::path& file : files) {
+    StatusOr<v1::Model> model = cli::ReadModelFile(file.string());
+    if (!model.ok()) {
+      std::cerr << "skipped " << file << ": " << model.status().message() << "\n";
+      continue;
+    }
+    add(file.stem().string() + "-" + file.extension().string().substr(1), *model);
+  }
+  for (const PresetInfo& preset : ListPresets()) {
+    const v1::Model small = SmallPreset(preset);
+    add("preset-" + preset.name, small);
+    StatusOr<v1::Model> ops = PresetAsOpGraph(small, 2);
+    if (ops.ok()) {
+      add("ops-" + preset.name, *ops, 2);
+    } else {
+      std::cerr << "no op graph for " << preset.name << ": " << ops.status().message() << "\n";
+    }
+  }
+  for (const auto& [name, model] : LayerModels()) add(name, model);
+
+  // The variants on a decoder preset and on a convolutional layer model.
+  v1::Model gpt2 = SmallPreset(ListPresets().front());
+  (*gpt2.mutable_preset()->mutable_params())["seq"] = 128;
+  const v1::Model cnn = LayerModels().front().second;
+  for (const auto& [name, change] : ConfigVariants()) {
+    change(add("gpt2." + name, gpt2));
+    change(add("cnn." + name, cnn));
+  }
+  v1::EstimateRequest* scopes = add("gpt2.scopes-skip-advice", gpt2);
+  scopes->mutable_config()->mutable_checkpoint()->set_policy(v1::CHECKPOINT_POLICY_SCOPES);
+  scopes->mutable_config()->mutable_checkpoint()->add_scopes("transformer.h.1");
+  scopes->set_skip_advice(true);
+
+  // Refusals: the fuzzer finds many more, these show it the shape of a few.
+  add("refused.batch-0", gpt2, 0);
+  v1::Model unknown;
+  unknown.mutable_preset()->set_name("gpt5");
+  add("refused.unknown-preset", unknown);
+  add("refused.no-model", v1::Model());
+  return seeds;
+}
+
+std::string Serialize(const v1::EstimateRequest& request) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream out(&stream);
+    out.SetSerializationDeterministic(true);
+    request.SerializeToCodedStream(&out);
+  }
+  return bytes;
+}
+
+int Main(int argc, char** argv) {
+  fs::path examples = MEMEST_EXAMPLES_DIR;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 3 && args[0] == "--examples") {
+    examples = args[1];
+    args.erase(args.begin(), args.begin() + 2);
+  }
+  if (args.size() != 1) {
+    std::cerr << "usage: memest-fuzz-seeds [--examples DIR] OUT_DIR\n";
+    return 2;
+  }
+  const fs::path out = args[0];
+  fs::create_directories(out);
+  for (const auto& entry : fs::directory_iterator(out)) {
+    if (entry.path().extension() == ".pb") fs::remove(entry.path());
+  }
+  std::set<std::string> written;
+  int failures = 0;
+  for (const Seed& seed : MakeSeeds(examples)) {
+    const std::string bytes = Serialize(seed.request);
+    if (!written.insert(bytes).second) continue;  // the same request under another name
+    std::ofstream(out / (seed.name + ".pb"), std::ios::binary) << bytes;
+    v1::EstimateResponse response;
+    const auto start = std::chrono::steady_clock::now();
+    const Status status = HandleEstimate(seed.request, ServiceOptions{}, &response);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const std::string broken = CheckEstimate(seed.request, status, response);
+    if (!broken.empty()) ++failures;
+    std::printf("%-40s %6zu bytes %8.1f ms  %s%s%s\n", (seed.name + ".pb").c_str(), bytes.size(),
+                ms, StatusCodeName(status.code()), status.ok() ? "" : ": ",
+                status.ok() ? "" : status.message().substr(0, 80).c_str());
+    if (!broken.empty()) std::printf("  CHECK FAILED: %s\n", broken.c_str());
+  }
+  std::printf("%zu seeds in %s\n", written.size(), out.c_str());
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace memest::fuzz
+
+int main(int argc, char** argv) { return memest::fuzz::Main(argc, argv); }
