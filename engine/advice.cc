@@ -164,6 +164,7 @@ int64_t LargestFittingMicroBatch(const ModelSpec& model, const RunConfig& config
   const int64_t m0 = std::max<int64_t>(1, config.micro_batch());
   int64_t lo, hi;  // fits(lo) (or lo == 0), !fits(hi)
   if (fits(m0)) {
+    if (m0 >= kCap) return -1;  // past the search's cap already (and 2 * m0 must not wrap)
     lo = m0;
     hi = 2 * m0;
     while (fits(hi)) {
