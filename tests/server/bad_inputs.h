@@ -9,7 +9,9 @@
 // runs only after an estimate succeeded, so no refusal depends on it.
 //
 // The rows live in one file per part of the request: bad_model_inputs.cc (presets, layer lists,
-// op graphs) and bad_config_inputs.cc (the run configuration and its combinations).
+// op graphs), bad_config_inputs.cc (the run configuration and its combinations) and
+// bad_size_inputs.cc (byte counts that cannot be represented, attributes past their bounds,
+// models that would expand past the op limit).
 #ifndef MEMEST_TESTS_SERVER_BAD_INPUTS_H_
 #define MEMEST_TESTS_SERVER_BAD_INPUTS_H_
 
@@ -37,6 +39,7 @@ inline void PrintTo(const BadInput& row, std::ostream* os) { *os << row.name; }
 
 std::vector<BadInput> BadModelInputs();
 std::vector<BadInput> BadConfigInputs();
+std::vector<BadInput> BadSizeInputs();
 
 // Small models to build rows on, as text-format EstimateRequest fields (no config).
 // GPT-2 small cut to 2 blocks of seq 32: a decoder with a KV cache in inference.
