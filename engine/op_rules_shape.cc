@@ -194,6 +194,7 @@ StatusOr<std::vector<OutputSpec>> InferSqueeze(const OpCall& c) {
 }
 
 StatusOr<std::vector<OutputSpec>> InferSlice(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 1, static_cast<int>(kMaxRank)));  // a 0-dim tensor has no dim to cut
   MEMEST_ASSIGN_OR_RETURN(int64_t d, IntAttr(c.op.attrs, "dim", 0, c.field));
   MEMEST_ASSIGN_OR_RETURN(int dim, NormalizeDim(d, Rank(c), AttrField(c, "dim")));
   const int64_t n = c.in(0).shape[dim];
@@ -209,6 +210,7 @@ StatusOr<std::vector<OutputSpec>> InferSlice(const OpCall& c) {
 }
 
 StatusOr<std::vector<OutputSpec>> InferSplit(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 1, static_cast<int>(kMaxRank)));  // a 0-dim tensor has no dim to cut
   MEMEST_ASSIGN_OR_RETURN(int64_t d, IntAttr(c.op.attrs, "dim", 0, c.field));
   MEMEST_ASSIGN_OR_RETURN(int dim, NormalizeDim(d, Rank(c), AttrField(c, "dim")));
   MEMEST_ASSIGN_OR_RETURN(std::vector<int64_t> sizes, IntsAttr(c.op.attrs, "sizes", {}, c.field));
@@ -240,6 +242,7 @@ StatusOr<std::vector<OutputSpec>> InferContiguous(const OpCall& c) {
 }
 
 StatusOr<std::vector<OutputSpec>> InferCat(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 1, static_cast<int>(kMaxRank)));  // nor one to join along
   MEMEST_ASSIGN_OR_RETURN(int64_t d, IntAttr(c.op.attrs, "dim", 0, c.field));
   MEMEST_ASSIGN_OR_RETURN(int dim, NormalizeDim(d, Rank(c), AttrField(c, "dim")));
   Shape out = c.in(0).shape;

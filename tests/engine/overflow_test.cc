@@ -233,6 +233,18 @@ TEST(OverflowTest, RulesRefuseSizesTheyCannotRepresent) {
   EXPECT_TRUE(Contains(s, "model.ops[1]: its unfolded input")) << s.message();
 }
 
+// A 0-dim tensor has no dim to slice, split or concatenate along: refused, not indexed (found by
+// fuzzing: fuzz/regressions/ubsan-index-split-of-a-0-dim-tensor.pb).
+TEST(OverflowTest, DimOpsRefuseAZeroDimTensor) {
+  for (const char* kind : {"slice", "split", "cat"}) {
+    GraphBuilder b;
+    b.SetErrorContext("model.ops[0]");
+    const int w = b.Buffer("w", {}, DType::kFloat32);
+    b.Add(kind, {w}, {{"sizes", std::vector<int64_t>{1}}});
+    EXPECT_TRUE(Contains(b.status(), "model.ops[0].inputs[0]")) << kind << ": " << b.status().message();
+  }
+}
+
 TEST(OverflowTest, LayerAttributesAreAtMostTwoToThe31) {
   LayerModelSpec spec;
   spec.input_shape = {3, 32, 32};
