@@ -386,8 +386,24 @@ def write_fidelity(results, passed, failed):
     w("Not covered yet: autocast and half precision, SDPA (absent from PyTorch 1.13), non-reentrant "
       "checkpoint (`use_reentrant=False`), a GPU run against PyTorch 2.x.")
     w("")
+    text = keep_zoo_section(path_text(path), "\n".join(out))
     with open(path, "w") as f:
-        f.write("\n".join(out))
+        f.write(text)
+
+
+def path_text(path):
+    return open(path).read() if os.path.exists(path) else ""
+
+
+def keep_zoo_section(old, new):
+    """`new` with the model zoo's section of `old` (zoo.py writes it, between its markers)
+    appended as it was."""
+    begin = "<!-- zoo: begin"
+    end = "<!-- zoo: end -->"
+    if begin not in old or end not in old:
+        return new
+    section = begin + old.split(begin, 1)[1].split(end, 1)[0] + end
+    return new.rstrip("\n") + "\n\n" + section + "\n"
 
 
 if __name__ == "__main__":
