@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "engine/layers.h"
+#include "engine/op_graph_batch.h"
 #include "engine/presets.h"
 #include "engine/text.h"
 
@@ -247,6 +248,8 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     }
   }
 
+  MEMEST_RETURN_IF_ERROR(CheckUnscaledBatch(spec, context.micro_batch));
+
   // The first op of the loss: the first that reads a target or produces the loss tensor.
   int loss_begin = -1;
   if (training) {
@@ -339,10 +342,13 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     MEMEST_RETURN_IF_ERROR(CheckFiniteAttrs(op.attrs, field));
     if (static_cast<int>(i) == loss_begin) b.BeginLoss();
     b.SetErrorContext(field);
+    MEMEST_ASSIGN_OR_RETURN(
+        Attrs attrs,
+        BatchScaledAttrs(op, field, spec.traced_batch, context.micro_batch, rescale));
     std::vector<int> outs;
     {
       ScopeGuard scope(b, op.scope);
-      outs = b.Add(op.kind, std::move(inputs), op.attrs, op.outputs);
+      outs = b.Add(op.kind, std::move(inputs), std::move(attrs), op.outputs);
     }
     if (!b.ok()) return b.status();
     last_op[i] = b.num_ops() - 1;

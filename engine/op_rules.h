@@ -32,6 +32,9 @@
 //   expand(x; shape)  unsqueeze(x; dim)  squeeze(x; dim)  slice(x; dim, start, end)
 //   split(x; dim, sizes=[...]) -> several views      flatten(x; start_dim=0, end_dim=-1)
 //   contiguous(x)  to(x; dtype)  cat(xs...; dim=0)  arange(; end)
+//   full(; shape, dtype=float32)   a tensor made without reading the graph (a factory, a mask
+//                                  computed from constants and buffers): fresh, no gradient
+//   expand and full take batch_dim: the dim of `shape` that is the micro-batch (rescaled with it)
 //   cross_entropy(logits[N,C], target[N] int64)  nll_loss(logp[N,C], target[N])  mse_loss(a, b)
 //   scaled_dot_product_attention(q, k, v; is_causal=0, dropout_p=0)   (the math form)
 #ifndef MEMEST_ENGINE_OP_RULES_H_

@@ -297,6 +297,24 @@ StatusOr<std::vector<OutputSpec>> InferArange(const OpCall& c) {
   return std::vector<OutputSpec>{{{end}, DType::kInt64, {}, -1, false}};
 }
 
+// A tensor the forward makes without reading the graph: a factory (torch.full, zeros, ones,
+// empty, rand), or a tensor computed from constants and buffers only (a causal mask), as the
+// tracer records it. A fresh allocation; no gradient.
+StatusOr<std::vector<OutputSpec>> InferFull(const OpCall& c) {
+  if (!HasAttr(c.op.attrs, "shape")) return InvalidArgument(AttrField(c, "shape") + ": required");
+  MEMEST_ASSIGN_OR_RETURN(std::vector<int64_t> shape, IntsAttr(c.op.attrs, "shape", {}, c.field));
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return InvalidArgument(AttrField(c, "shape") + ": " + ShapeToString(shape) +
+                             " has a negative size");
+    }
+  }
+  MEMEST_ASSIGN_OR_RETURN(std::string name, StringAttr(c.op.attrs, "dtype", "float32", c.field));
+  StatusOr<DType> d = ParseDType(name);
+  if (!d.ok()) return d.status().Prefixed(AttrField(c, "dtype") + ": ");
+  return std::vector<OutputSpec>{{shape, *d, {}, -1, false}};
+}
+
 StatusOr<std::vector<OutputSpec>> InferEmbedding(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 2, 2));
   MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
@@ -396,6 +414,7 @@ void RegisterShapeRules(std::vector<OpRule>* r) {
   r->push_back(ViewBackward({"sum", 1, 1, InferReduce, SumMemory}, ExpandedGradView));
   r->push_back({"mean", 1, 1, InferReduce, MeanMemory});
   r->push_back({"arange", 0, 0, InferArange, FreshGrad});
+  r->push_back({"full", 0, 0, InferFull, FreshGrad});
   r->push_back({"embedding", 2, 2, InferEmbedding, EmbeddingMemory});
 }
 

@@ -64,6 +64,13 @@ def tokens(vocab, seq, n=1):
     return make
 
 
+def tokens_and_mask(vocab, seq):
+    """Token ids and an attention mask of ones, as an encoder's training loop passes them."""
+    def make(b, gen):
+        return torch.randint(0, vocab, (b, seq), generator=gen), torch.ones(b, seq, dtype=torch.int64)
+    return make
+
+
 # ------------------------------------------------------------------ torchvision classification
 
 # torchvision 0.14's classification models, each at num_classes=10 and the smallest input its
@@ -325,6 +332,9 @@ def _hf(cls_name, cfg_name, seq2seq=False, **cfg):
 
 HF_VOCAB = 512
 HF_SMALL = dict(vocab_size=HF_VOCAB)
+# Encoders get the attention mask too (what their loops pass: the models check the ids for
+# padding when it is missing); decoders run without one (packed sequences, causal mask only).
+HF_MASKED = {"bert", "roberta", "distilbert"}
 HF = [
     # name, model class, config class, config, ci
     ("bert", "BertForMaskedLM", "BertConfig",
@@ -368,9 +378,12 @@ HF_SEQ = 16
 
 def _hugging_face():
     for name, cls, cfg, kw, ci in HF:
+        masked = name in HF_MASKED
         add(f"hf_{name}", "Hugging Face transformers", _hf(cls, cfg, **HF_SMALL, **kw),
-            tokens(HF_VOCAB, HF_SEQ), target=classes(HF_VOCAB, (HF_SEQ,)), ci=ci,
-            note=f"{cls}, vocab {HF_VOCAB}, {', '.join(f'{k}={v}' for k, v in kw.items())}, sequence {HF_SEQ}")
+            tokens_and_mask(HF_VOCAB, HF_SEQ) if masked else tokens(HF_VOCAB, HF_SEQ),
+            target=classes(HF_VOCAB, (HF_SEQ,)), ci=ci,
+            note=f"{cls}, vocab {HF_VOCAB}, {', '.join(f'{k}={v}' for k, v in kw.items())}, sequence {HF_SEQ}"
+                 + (", input_ids and attention_mask" if masked else ", input_ids"))
     for name, cls, cfg, kw, ci in HF_SEQ2SEQ:
         add(f"hf_{name}", "Hugging Face transformers", _hf(cls, cfg, seq2seq=True, **HF_SMALL, **kw),
             tokens(HF_VOCAB, HF_SEQ, n=2), target=classes(HF_VOCAB, (HF_SEQ,)), ci=ci,

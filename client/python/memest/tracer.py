@@ -45,8 +45,12 @@ from memest.model_json import attr_value
 
 try:
     from . import _aten_map
+    from ._trace_leaves import _module_on_meta
+    from ._trace_static import Statics, batch_attr
 except ImportError:  # loaded on its own, outside the memest package
     import _aten_map
+    from _trace_leaves import _module_on_meta
+    from _trace_static import Statics, batch_attr
 
 __all__ = ["trace", "save", "UnsupportedOp", "TracedModel"]
 
@@ -116,7 +120,7 @@ class _Recording(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not self.tr.paused:
-            self.tr.record(func, args, kwargs, out)
+            self.tr.record_op(func, args, kwargs, out)
         return out
 
 
@@ -125,7 +129,7 @@ class _Tracer:
         self.meta = meta
         self._keep = []          # every tensor seen (ids must stay unique)
         self._names = {}         # id(tensor) -> graph name
-        self._consts = set()     # ids of constant tensors (factory results and derived)
+        self.statics = Statics(self)  # tensors made without reading the graph (_trace_static)
         self._internal = {}      # id -> aten op: outputs memest folds into its op (stats, masks)
         self._noise = {}         # id -> dropout noise state {"x": tensor, "keep": float}
         self._shapes = {}        # name -> (shape list, dtype name)
@@ -182,8 +186,11 @@ class _Tracer:
             self.unsupported(f"an op reading the internal output of {self._internal[id(t)]}")
         if id(t) in self._noise:
             self.unsupported("dropout noise used other than by mul")
-        # A constant (made by a factory op in forward, or a tensor attribute that is not a
-        # registered buffer): declared as a buffer.
+        n = self.statics.name_of(t)  # a view of a buffer, or a tensor made in forward
+        if n is not None:
+            return n
+        # A tensor the trace never saw made (a tensor attribute that is not a registered
+        # buffer): module state, declared as a buffer.
         self._n_const += 1
         return self._declare(t, f"const.{self._n_const}", "buffer")
 
@@ -265,6 +272,17 @@ class _Tracer:
         self.emit("scaled_dot_product_attention", inputs, [out], attrs)
 
     # ------------------------------------------------------------ recording
+    def record_op(self, func, args, kwargs, out):
+        """record(), where any failure to map the op is an UnsupportedOp naming it and its
+        scope: the tracer never fails with another exception on an op it was given."""
+        try:
+            self.record(func, args, kwargs, out)
+        except UnsupportedOp:
+            raise
+        except Exception as e:
+            raise UnsupportedOp(self._current or _aten_name(func), self.scope,
+                                f"the tracer could not map its arguments: {type(e).__name__}: {e}") from e
+
     def record(self, func, args, kwargs, out):
         key = _key(func)
         self._current = _aten_name(func)
@@ -272,31 +290,19 @@ class _Tracer:
         outs = _flat_tensors(out)
         self._keep.extend(ins)
         self._keep.extend(outs)
-        graph_ins = [t for t in ins if self._is_graph(t)]
 
-        if self._dropout_pattern(key, args, out):
+        if self._dropout_pattern(key, args, kwargs, out):
             return
-        if key in _aten_map.FACTORIES and not graph_ins:
-            for o in outs:
-                self._consts.add(id(o))
+        # Made without reading the graph (factories, masks cut from buffers, bookkeeping on a
+        # buffer): recorded when, and as what, an op of the graph reads it.
+        if self.statics.absorb(func, key, args, kwargs, ins, outs):
             return
-        in_place = func.overloadpacket.__name__.endswith("_")
-        role = lambda t: self._roles.get(self._names.get(id(t)))
-        if ins and not in_place and all(role(t) == "buffer" for t in graph_ins):
-            # Reads constants and buffers only (a causal mask cut from a buffer): a constant,
-            # declared as a buffer where an op of the graph reads it.
-            for o in outs:
-                self._consts.add(id(o))
-            return
-        if in_place and ins:
-            if role(ins[0]) == "buffer" and all(role(t) == "buffer" for t in graph_ins):
-                return  # bookkeeping on a buffer (BatchNorm's num_batches_tracked += 1)
         handler = _aten_map.HANDLERS.get(key)
         if handler is None:
             self.unsupported()
         handler(self, args, kwargs, out)
 
-    def _dropout_pattern(self, key, args, out):
+    def _dropout_pattern(self, key, args, kwargs, out):
         """PyTorch 1.13's CPU dropout: noise = empty_like(x).bernoulli_(1-p).div_(1-p);
         out = x * noise. Recorded as one dropout op."""
         if key == "empty_like.default" and id(args[0]) in self._names:
@@ -304,7 +310,8 @@ class _Tracer:
             self._noise[id(out)] = {"x": args[0], "keep": None, "scaled": False}
             return True
         if key == "bernoulli_.float" and id(args[0]) in self._noise:
-            self._noise[id(args[0])]["keep"] = float(args[1])
+            # p is left out of args when it is the schema's default (0.5: nn.Dropout(0.5))
+            self._noise[id(args[0])]["keep"] = float(_aten_map._arg(args, kwargs, 1, "p", 0.5))
             return True
         if key == "div_.Scalar" and id(args[0]) in self._noise:
             st = self._noise[id(args[0])]
@@ -554,8 +561,8 @@ def _checkpoint_regions(ops, reentrant):
 
 def _record(module, inputs, batch_dims, *, device, target, loss, scopes, training, batch):
     """Records one forward + loss of a deep copy of `module` on `device` ("meta" or "cpu")."""
-    m = copy.deepcopy(module)
-    m = m.to("meta") if device == "meta" else m
+    m = copy.deepcopy(module)  # keeps tied weights tied (one object, the deep copy's memo)
+    m = _module_on_meta(m) if device == "meta" else m
     m.train(training)
     names = _input_names(module, len(inputs))
     args = []
@@ -581,13 +588,11 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
         try:
             with _Recording(tracer), _sdpa_as_one_op(tracer), _checkpoints_as_regions(tracer):
                 out = m(*args)
-        except NotImplementedError as e:
-            if device == "meta":
-                raise _MetaUnsupported(str(e)) from e
+        except UnsupportedOp:
             raise
-        except RuntimeError as e:
-            if device == "meta" and "meta" in str(e).lower():
-                raise _MetaUnsupported(str(e)) from e
+        except Exception as e:  # on meta: no meta kernel, or code that needs real tensors
+            if device == "meta":  # (autocast(device_type="meta") in HF's rotary embeddings)
+                raise _MetaUnsupported(f"{type(e).__name__}: {e}") from e
             raise
         finally:
             if hooks:
@@ -601,9 +606,11 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
             try:
                 with _Recording(tracer):
                     l = _apply_loss(y, loss, tgt)
-            except (NotImplementedError, RuntimeError) as e:
-                if device == "meta" and (isinstance(e, NotImplementedError) or "meta" in str(e).lower()):
-                    raise _MetaUnsupported(str(e)) from e
+            except UnsupportedOp:
+                raise
+            except Exception as e:
+                if device == "meta":
+                    raise _MetaUnsupported(f"{type(e).__name__}: {e}") from e
                 raise
             tracer.scope_stack = []
             loss_name = tracer._names.get(id(l))
@@ -616,9 +623,9 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
 
 # ---------------------------------------------------------------- batch rescaling
 
-def _batch_attrs(a, b):
-    """Compares the traces at B and B+1 op by op; returns (ops with -1 in batch positions,
-    rescalable, reason)."""
+def _batch_attrs(a, b, batch):
+    """Compares the traces at B and B+1 op by op; returns (ops whose shape attributes name the
+    batch: -1 or batch_dim, see _trace_static.batch_attr; rescalable, reason)."""
     if len(a.ops) != len(b.ops):
         return a.ops, False, "the op sequence depends on the batch size"
     out = []
@@ -626,16 +633,15 @@ def _batch_attrs(a, b):
         if oa["kind"] != ob["kind"] or len(oa["inputs"]) != len(ob["inputs"]):
             return a.ops, False, f"op {i} ({oa['kind']}) differs between batch sizes"
         attrs = dict(oa.get("attrs", {}))
-        for k, va in attrs.items():
+        for k, va in list(attrs.items()):
             vb = ob.get("attrs", {}).get(k)
             if va == vb:
                 continue
             if k == oa["_shape_attr"] and isinstance(va, list) and len(va) == len(vb):
-                diff = [j for j in range(len(va)) if va[j] != vb[j]]
-                if len(diff) == 1:
-                    va = list(va)
-                    va[diff[0]] = -1
-                    attrs[k] = va
+                in_shape = a._shapes[oa["inputs"][0]][0] if oa["inputs"] else []
+                scaled = batch_attr(oa["kind"], attrs, in_shape, va, vb, batch)
+                if scaled is not None:
+                    attrs = scaled
                     continue
             return a.ops, False, (f"op {i} ({oa['kind']}, {oa['_aten']}) has attribute '{k}' "
                                   f"that depends on the batch size ({va} vs {vb})")
@@ -784,14 +790,14 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
         try:
             other = _record(module, inputs, bds, device="meta" if path == "meta" else "cpu",
                             batch=(batch, batch + 1), **kw)
-        except (_MetaUnsupported, UnsupportedOp):
+        except UnsupportedOp:
             raise
         except Exception as e:  # the module (or its loss) does not run at batch B + 1
             other, rescalable = None, False
             why = (f"the module does not run at batch {batch + 1} ({type(e).__name__}: "
                    f"{str(e).splitlines()[0][:200] if str(e) else ''})")
         if other is not None:
-            ops, rescalable, why = _batch_attrs(main, other)
+            ops, rescalable, why = _batch_attrs(main, other, batch)
             if rescalable:
                 rescalable, why = _leaf_batch_ok(main, other)
         if not rescalable:
