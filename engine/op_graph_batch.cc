@@ -1,5 +1,6 @@
 #include "engine/op_graph_batch.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace memest {
@@ -11,10 +12,19 @@ std::string Str(int64_t v) { return std::to_string(v); }
 
 Status CheckUnscaledBatch(const OpGraphSpec& spec, int64_t micro_batch) {
   if (spec.traced_batch > 0) return Status::Ok();
+  // The inputs fix the batch (a language model's target may be flattened to [B * T]); the
+  // targets only when no input has a batch dim.
+  auto batched = [](const TensorSpec& t, TensorRole role) {
+    return t.role == role && t.batch_dim >= 0 && t.batch_dim < static_cast<int>(t.shape.size());
+  };
+  TensorRole role = TensorRole::kInput;
+  if (std::none_of(spec.tensors.begin(), spec.tensors.end(),
+                   [&](const TensorSpec& t) { return batched(t, TensorRole::kInput); })) {
+    role = TensorRole::kTarget;
+  }
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
     const TensorSpec& t = spec.tensors[i];
-    if (t.role != TensorRole::kInput && t.role != TensorRole::kTarget) continue;
-    if (t.batch_dim < 0 || t.batch_dim >= static_cast<int>(t.shape.size())) continue;
+    if (!batched(t, role)) continue;
     const int64_t batch = t.shape[t.batch_dim];
     if (batch == micro_batch) continue;
     return InvalidArgument(

@@ -18,8 +18,9 @@
 
 namespace memest {
 
-// OK when the graph has traced_batch, or when every input and target with a batch dim has the
-// run's micro-batch there; otherwise INVALID_ARGUMENT naming config.batch_size and the input.
+// OK when the graph has traced_batch, or when every input with a batch dim (every target when
+// no input has one) has the run's micro-batch there; otherwise INVALID_ARGUMENT naming
+// config.batch_size and the input.
 Status CheckUnscaledBatch(const OpGraphSpec& spec, int64_t micro_batch);
 
 // The attributes op `op` (at `field`, "model.ops[3]") is built with: its own, with

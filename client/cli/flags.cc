@@ -2,7 +2,9 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -211,7 +213,10 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(model)->type_name("FILE");
 
   const char* run = "Run";
-  app->add_option("--batch", f->batch, "samples per optimizer step (default 1)")->group(run);
+  app->add_option("--batch", f->batch,
+                  "samples per optimizer step (default 1; an op graph without a traced batch: "
+                  "its own batch)")
+      ->group(run);
   app->add_option("--grad-accum", f->grad_accum, "micro-batches per step (default 1)")
       ->group(run);
   app->add_option("--mode", f->mode, "training | inference (default training)")->group(run);
@@ -267,10 +272,35 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(device)->type_name("BYTES");
 }
 
+// An op graph without traced_batch is estimated at the batch it was written at: without
+// --batch, that batch (its first input's batch dim, times --grad-accum); a --batch that differs
+// is the engine's to refuse (config.batch_size), never silently ignored.
+namespace {
+std::optional<int64_t> OwnBatch(const EstimateFlags& flags, const v1::Model& model) {
+  if (!model.has_ops() || model.ops().traced_batch() != 0) return std::nullopt;
+  const int64_t accum = std::max<int64_t>(1, flags.grad_accum.value_or(1));
+  for (bool inputs : {true, false}) {  // the inputs fix the batch; targets when no input does
+    for (const v1::TensorDecl& t : model.ops().tensors()) {
+      const bool role = inputs ? t.role() == v1::TENSOR_ROLE_INPUT ||
+                                     t.role() == v1::TENSOR_ROLE_UNSPECIFIED
+                               : t.role() == v1::TENSOR_ROLE_TARGET;
+      if (!role || t.batch_dim() < 0 || t.batch_dim() >= t.shape_size()) continue;
+      return t.shape(t.batch_dim()) * accum;
+    }
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 StatusOr<v1::EstimateRequest> BuildEstimateRequest(const EstimateFlags& flags) {
   v1::EstimateRequest request;
   MEMEST_RETURN_IF_ERROR(FillModel(flags, request.mutable_model()));
   MEMEST_RETURN_IF_ERROR(FillConfig(flags, request.mutable_config()));
+  if (!flags.batch) {
+    if (std::optional<int64_t> own = OwnBatch(flags, request.model())) {
+      request.mutable_config()->set_batch_size(*own);
+    }
+  }
   request.set_skip_advice(flags.no_advice);
   return request;
 }

@@ -85,8 +85,11 @@ def estimate(memest, model, batch, cfg, first_step):
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(model, f)
         path = f.name
-    cmd = [memest, "estimate", "--local", "--model", path, "--batch", str(batch * cfg.accum),
-           "--mode", cfg.mode, "--precision", "fp32", "--runtime", "cpu-1.13",
+    # A traced graph without tracedBatch (the module does not run at batch B + 1) is valid at
+    # the batch it was traced at only: memest takes that batch itself (and refuses another).
+    own_batch = "ops" in model and not model["ops"].get("tracedBatch")
+    cmd = [memest, "estimate", "--local", "--model", path] + \
+        ([] if own_batch else ["--batch", str(batch * cfg.accum)]) + ["--mode", cfg.mode, "--precision", "fp32", "--runtime", "cpu-1.13",
            "--cpu-isa", CPU_ISA, "--json", "--no-advice"]
     if cfg.training:
         cmd += ["--optimizer", cfg.optimizer, "--optimizer-impl", cfg.impl]
