@@ -201,8 +201,10 @@ int GraphBuilder::CopyLeaf(const Tensor& leaf) {
   return static_cast<int>(graph_.tensors.size()) - 1;
 }
 
-int GraphBuilder::Input(std::string name, Shape shape, DType dtype, int batch_dim) {
-  return AddLeaf(std::move(name), std::move(shape), dtype, TensorRole::kInput, false, batch_dim);
+int GraphBuilder::Input(std::string name, Shape shape, DType dtype, int batch_dim,
+                        bool requires_grad) {
+  return AddLeaf(std::move(name), std::move(shape), dtype, TensorRole::kInput, requires_grad,
+                 batch_dim);
 }
 int GraphBuilder::Target(std::string name, Shape shape, DType dtype, int batch_dim) {
   return AddLeaf(std::move(name), std::move(shape), dtype, TensorRole::kTarget, false, batch_dim);

@@ -113,7 +113,9 @@ class GraphBuilder {
 
   // Leaves. Shapes are validated (non-negative, at most kMaxTensorBytes each), and all leaves
   // together (parameters, buffers, inputs, targets) may hold at most kMaxBytes.
-  int Input(std::string name, Shape shape, DType dtype, int batch_dim = 0);
+  // requires_grad: the input's gradient is computed in backward and kept in its .grad while it
+  // lives (floating inputs only).
+  int Input(std::string name, Shape shape, DType dtype, int batch_dim = 0, bool requires_grad = false);
   int Target(std::string name, Shape shape, DType dtype, int batch_dim = 0);
   int Parameter(std::string name, Shape shape, DType dtype, bool trainable = true);
   int Buffer(std::string name, Shape shape, DType dtype);

@@ -237,6 +237,12 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
                              " is out of range for shape " + ShapeToString(t.shape) +
                              " (-1: nothing scales with the batch)");
     }
+    if (t.input_requires_grad && (t.role != TensorRole::kInput || !IsFloating(t.dtype))) {
+      return InvalidArgument(field + ".requires_grad: applies to floating inputs only, not to " +
+                             (t.role == TensorRole::kInput ? std::string(DTypeName(t.dtype)) + " inputs"
+                                                           : std::string(RoleName(t.role)) + "s") +
+                             (t.role == TensorRole::kParameter ? " (a parameter without a gradient is frozen)" : ""));
+    }
     if (!batched && t.batch_dim != 0 && t.batch_dim != -1) {
       return InvalidArgument(field + ".batch_dim: applies to inputs and targets only, not to " +
                              TensorRoleName(t.role) + "s; got " + Str(t.batch_dim));
@@ -282,7 +288,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     int id = -1;
     switch (t.role) {
       case TensorRole::kInput:
-        id = b.Input(t.name, shape, t.dtype, t.batch_dim);
+        id = b.Input(t.name, shape, t.dtype, t.batch_dim, t.input_requires_grad);
         break;
       case TensorRole::kTarget:
         id = b.Target(t.name, shape, t.dtype, t.batch_dim);

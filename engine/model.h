@@ -51,6 +51,7 @@ struct TensorSpec {
   // must leave it 0 (or -1): nothing else scales with the batch.
   int batch_dim = 0;
   bool requires_grad = true;  // for parameters: false means frozen
+  bool input_requires_grad = false;  // for inputs: x.requires_grad_(), its gradient in x.grad
 };
 
 struct OpSpec {

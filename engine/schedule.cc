@@ -306,10 +306,15 @@ class StepSimulator {
     if (mb_ == 0) s_.saved_for_backward_bytes = saved_bytes_;
     if (training_ && g_.loss >= 0) Backward();
     if (failed()) return;
-    // End of the micro-batch: the data batch and whatever the graph still holds go.
+    // End of the micro-batch: the data batch (with an input's .grad) and whatever the graph
+    // still holds go.
     for (size_t t = 0; t < g_.tensors.size(); ++t) {
       const Tensor& ten = g_.tensors[t];
       if (ten.role == TensorRole::kParameter || ten.role == TensorRole::kBuffer) continue;
+      if (ten.role == TensorRole::kInput && param_grad_[t] >= 0) {
+        FreeBuffer(param_grad_[t]);
+        param_grad_[t] = -1;
+      }
       if (main_.buffer[t] >= 0) {
         main_.pins[t] = main_.uses[t] = 0;
         while (main_.saved[t] > 0) Unhold(main_, static_cast<int>(t));
@@ -753,7 +758,9 @@ class StepSimulator {
 
   void Deliver(int t, int grad, Strides strides, bool shared_handle = false) {
     const Tensor& ten = g_.tensors[t];
-    if (ten.role == TensorRole::kParameter) {
+    // A leaf that requires grad: a parameter, or an input (x.requires_grad_()), whose .grad
+    // lives while the input does.
+    if (ten.role == TensorRole::kParameter || (ten.role == TensorRole::kInput && ten.requires_grad)) {
       AccumulateGrad(t, grad, strides, shared_handle);
       return;
     }

@@ -48,12 +48,20 @@ done
 # port 0.
 section "python"
 pyenv="${BUILD_DIR:-build}/pyenv"
+# The model zoo also needs Hugging Face transformers, from PyPI: 4.47.1 is the last release
+# whose models run on PyTorch 1.13 (4.48 requires torch >= 2.0); it pulls no torch.
 if /usr/bin/python3 -m venv --system-site-packages "${pyenv}" &&
-    "${pyenv}/bin/pip" install --quiet --no-build-isolation --no-deps ./client/python; then
+    "${pyenv}/bin/pip" install --quiet --no-build-isolation --no-deps ./client/python &&
+    "${pyenv}/bin/pip" install --quiet "transformers==4.47.1"; then
   MEMEST_SERVER="${BUILD_DIR:-build}/bin/memest-server" \
     "${pyenv}/bin/python" -m pytest tests/python -q || failed+=("python")
   # The conformance cases again, each traced by memest.trace instead of written by hand.
   "${pyenv}/bin/python" tests/conformance/run.py --via-tracer || failed+=("conformance via the tracer")
+  # The model zoo's representative subset (tests/conformance/zoo_models.py, ci=True): real
+  # torchvision, Hugging Face, nn.Transformer, RNN and UNet models traced by memest.trace and
+  # measured by real PyTorch. The whole zoo: tests/conformance/zoo.py without --ci.
+  "${pyenv}/bin/python" tests/conformance/zoo.py --ci --quiet --report "${BUILD_DIR:-build}/zoo-ci.json" ||
+    failed+=("model zoo")
   # The example notebook, top to bottom, against a real server (memest.serve()).
   MEMEST_SERVER="$(pwd)/${BUILD_DIR:-build}/bin/memest-server" PYDEVD_DISABLE_FILE_VALIDATION=1 \
     "${pyenv}/bin/python" -Xfrozen_modules=off tests/python/run_notebook.py \

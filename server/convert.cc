@@ -111,6 +111,7 @@ StatusOr<OpGraphSpec> OpGraphFromProto(const v1::OpGraph& graph) {
     MEMEST_ASSIGN_OR_RETURN(out.role, TensorRoleFromProto(tensor.role(), field + ".role"));
     out.batch_dim = tensor.batch_dim();
     out.requires_grad = !tensor.frozen();
+    out.input_requires_grad = tensor.requires_grad();
   }
   spec.ops.reserve(graph.ops_size());
   for (int i = 0; i < graph.ops_size(); ++i) {

@@ -16,8 +16,11 @@ state; inference), in a child process of its own:
      parameter, gradient and optimizer-state bytes equal, peaks per phase and overall within 1%.
 Prints, per model and mode, its status and every quantity measured vs estimated; `N passed,
 M failed` at the end. The whole zoo (no -k, no --ci) rewrites its section of docs/fidelity.md.
---ci runs the representative subset scripts/test.sh runs (zoo_models: ci=True) and exits 1 when
-one of them does not pass.
+--ci runs the representative subset scripts/test.sh runs (zoo_models: ci=True).
+
+Exits 1 when a model mode fails that zoo_models.KNOWN does not list (a model that does not pass
+yet, with the reason: an op memest.trace lacks, a lifetime memest does not model); a listed one
+that passes is reported, to be taken off the list.
 """
 import argparse
 import datetime
@@ -118,10 +121,13 @@ def _err(r):
     return f"{r['rel_error']:+.2%}"
 
 
-def print_result(res, verbose=True):
+def print_result(res, verbose=True, known=None):
     lines = []
     for m in res["modes"]:
         head = f"{m['status']:<14} {res['name']} [{m['mode']}]"
+        why = (known or {}).get((res["name"], m["mode"]))
+        if why and m["status"] != "ok":
+            head += f"  (known: {why})"
         if m["status"] == "NOT TRACED":
             head += f"\n      {m['op']}" + (f" ({m['detail']})" if m.get("detail") else "") + \
                     f" in '{m['scope'] or '(top level)'}'"
@@ -205,11 +211,15 @@ def main():
         res = run_child(m.name, args, isa)
         res.update(name=m.name, group=m.group, note=m.note, ci=m.ci)
         results.append(res)
-        print_result(res, verbose=not args.quiet)
+        print_result(res, verbose=not args.quiet, known=zoo_models.KNOWN)
     total = time.time() - t0
     lines = [(r, m) for r in results for m in r["modes"]]
     passed = sum(1 for _, m in lines if m["status"] == "ok")
     failed = len(lines) - passed
+    known = [(r["name"], m["mode"]) for r, m in lines
+             if m["status"] != "ok" and (r["name"], m["mode"]) in zoo_models.KNOWN]
+    fixed = [(r["name"], m["mode"]) for r, m in lines
+             if m["status"] == "ok" and (r["name"], m["mode"]) in zoo_models.KNOWN]
     not_traced = sorted({(r["name"], m["op"]) for r, m in lines if m["status"] == "NOT TRACED"})
     if args.report:
         os.makedirs(os.path.dirname(os.path.abspath(args.report)) or ".", exist_ok=True)
@@ -224,8 +234,12 @@ def main():
     print(f"({total:.0f} s; {traced} of {len(lines)} model modes traced)")
     if not_traced:
         print("not traced: " + "; ".join(f"{n}: {op}" for n, op in not_traced))
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    if known:
+        print(f"known not to pass yet (zoo_models.KNOWN): {len(known)}")
+    if fixed:
+        print("passing now, take them off zoo_models.KNOWN: " + ", ".join(f"{n} [{m}]" for n, m in fixed))
+    print(f"{passed} passed, {failed} failed" + (f" ({len(known)} of them known)" if known else ""))
+    return 1 if failed > len(known) else 0
 
 
 if __name__ == "__main__":

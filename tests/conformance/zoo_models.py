@@ -40,6 +40,33 @@ class ZooModel:
 
 MODELS = []
 
+# Model modes of the CI subset that do not pass yet, and why (docs/fidelity.md's zoo section
+# has every model's numbers). zoo.py does not fail on them, and says when one passes.
+_LIFETIMES = ("forward peak under: the module's Python locals keep tensors past their last use "
+              "(issue 10, section 2)")
+KNOWN = {
+    ("mobilenet_v3_small", TRAIN): "not traced: aten.hardswish_",
+    ("mobilenet_v3_small", INFER): "not traced: aten.hardswish_",
+    ("squeezenet1_1", TRAIN): "not traced: max_pool2d with ceil_mode",
+    ("squeezenet1_1", INFER): "not traced: max_pool2d with ceil_mode",
+    ("lstm_lm", TRAIN): "not traced: nn.LSTM (aten.unsafe_split, the fused cell)",
+    ("lstm_lm", INFER): "not traced: nn.LSTM (aten.unsafe_split, the fused cell)",
+    ("unet_transposed", TRAIN): "not traced: transposed convolution",
+    ("unet_transposed", INFER): "not traced: transposed convolution",
+    ("transformer_encoder", TRAIN): _LIFETIMES,
+    ("transformer_encoder", INFER): "forward peak over: PyTorch 1.13 runs the CPU fast path "
+                                    "(_transformer_encoder_layer_fwd) in inference, the meta "
+                                    "trace the layer's Python path",
+    ("hf_bert", TRAIN): "backward peak under: the tied word embedding's two gradients are summed "
+                        "in its AccumulateGrad input buffer before .grad",
+    ("hf_bert", INFER): _LIFETIMES,
+    ("hf_gpt2", INFER): _LIFETIMES,
+    ("hf_llama", INFER): _LIFETIMES,
+    ("hf_t5", INFER): _LIFETIMES,
+    ("hf_vit", TRAIN): _LIFETIMES,
+    ("hf_vit", INFER): _LIFETIMES,
+}
+
 
 def add(name, group, make, inputs, **kw):
     MODELS.append(ZooModel(name, group, make, inputs, **kw))
@@ -77,40 +104,29 @@ def tokens_and_mask(vocab, seq):
 # architecture takes here (32 x 32 unless said), batch 2.
 RESOLUTION = {"alexnet": 64, "inception_v3": 75, "googlenet": 32}
 VIT_IMAGE = {"vit_b_16": 32, "vit_b_32": 32}
-# Left out, with the reason (measured on this machine: 2 cores shared, one thread).
+# Left out, with the reason: more than 150 M parameters, or more than 5 s for one training
+# step at 32 x 32, batch 2, on this machine (2 shared cores, one thread; build/zoo.json of a run
+# has each model's time).
 EXCLUDED = {
-    "convnext_base": "88 M parameters, 24 s a training step at 64 px",
-    "convnext_large": "196 M parameters, 51 s a training step at 64 px",
-    "efficientnet_b5": "28 M parameters, slow (6 s a step at 64 px); b0-b4 cover the family",
-    "efficientnet_b6": "41 M parameters, slow; b0-b4 cover the family",
-    "efficientnet_b7": "64 M parameters, slow; b0-b4 cover the family",
-    "efficientnet_v2_l": "117 M parameters, 19 s a step at 64 px",
-    "efficientnet_v2_m": "53 M parameters, slow; v2_s covers the family",
-    "maxvit_t": "takes 224 x 224 only (window partition of 7 x 7 at every stage)",
-    "regnet_x_16gf": "52 M parameters, 12 s a step at 64 px; smaller RegNets cover the family",
-    "regnet_x_32gf": "105 M parameters, 24 s a step at 64 px",
-    "regnet_y_128gf": "638 M parameters, 122 s a step at 64 px",
-    "regnet_y_16gf": "81 M parameters, 18 s a step at 64 px",
-    "regnet_y_32gf": "141 M parameters, 22 s a step at 64 px",
-    "resnext101_32x8d": "87 M parameters, 19 s a step at 64 px; resnext50_32x4d covers it",
-    "resnext101_64x4d": "81 M parameters, 17 s a step at 64 px; resnext50_32x4d covers it",
-    "swin_b": "87 M parameters, 38 s a step at 64 px; swin_t covers the family",
-    "swin_s": "49 M parameters, 24 s a step at 64 px; swin_t covers the family",
-    "swin_v2_b": "87 M parameters, 38 s a step at 64 px; swin_v2_t covers the family",
-    "swin_v2_s": "49 M parameters, slow; swin_v2_t covers the family",
-    "vgg11_bn": "133 M parameters; vgg11 and vgg16_bn cover the family",
-    "vgg13": "133 M parameters; vgg11 and vgg16_bn cover the family",
-    "vgg13_bn": "133 M parameters; vgg11 and vgg16_bn cover the family",
-    "vgg16": "138 M parameters; vgg11 and vgg16_bn cover the family",
-    "vgg19": "144 M parameters; vgg11 and vgg16_bn cover the family",
-    "vgg19_bn": "144 M parameters; vgg11 and vgg16_bn cover the family",
+    "convnext_large": "196 M parameters",
+    "efficientnet_v2_l": "5.1 s a training step",
+    "maxvit_t": "takes 224 x 224 only (a 7 x 7 window partition at every stage)",
+    "regnet_x_32gf": "7.4 s a training step",
+    "regnet_y_128gf": "638 M parameters",
+    "regnet_y_16gf": "6.7 s a training step",
+    "regnet_y_32gf": "8.5 s a training step",
+    "resnext101_32x8d": "8.2 s a training step",
+    "resnext101_64x4d": "6.7 s a training step",
+    "swin_b": "18 s a training step",
+    "swin_s": "6.3 s a training step",
+    "swin_v2_b": "20 s a training step",
+    "swin_v2_s": "over 6 s a training step (as swin_s)",
     "vit_h_14": "632 M parameters",
-    "vit_l_16": "304 M parameters; vit_b_16 covers the family",
-    "vit_l_32": "306 M parameters; vit_b_32 covers the family",
-    "wide_resnet101_2": "127 M parameters; wide_resnet50_2 covers it",
+    "vit_l_16": "304 M parameters",
+    "vit_l_32": "306 M parameters",
 }
 CI_TORCHVISION = {"resnet18", "mobilenet_v3_small", "squeezenet1_1", "shufflenet_v2_x0_5",
-                  "vit_b_32"}
+                  "densenet121", "regnet_x_400mf"}
 
 
 def _torchvision(name):
@@ -391,7 +407,7 @@ def _hugging_face():
     add("hf_vit", "Hugging Face transformers",
         _hf("ViTForImageClassification", "ViTConfig", hidden_size=64, num_hidden_layers=2,
             num_attention_heads=4, intermediate_size=128, image_size=32, patch_size=8, num_labels=10),
-        image([3, 32, 32]), target=classes(10),
+        image([3, 32, 32]), target=classes(10), ci=True,
         note="ViTForImageClassification, hidden 64, 2 layers, 4 heads, patch 8, input [2, 3, 32, 32]")
 
 

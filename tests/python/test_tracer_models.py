@@ -195,3 +195,32 @@ def test_a_mask_made_at_the_batch_size_rescales(tmp_path):
     direct = estimate(tracer.trace(module, torch.randn(5, 8, 16), loss="sum"), 5, tmp_path)
     for key in ("savedForBackwardBytes", "peak", "endOfStep"):
         assert rescaled[key] == direct[key], key
+
+
+# ------------------------------------------------------------------ inputs that require grad
+
+class InputGrad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16))
+
+    def forward(self, x):
+        return torch.sigmoid(x) + self.w  # sigmoid keeps its output only for x's gradient
+
+
+def test_an_input_that_requires_grad_keeps_requiring_it(tmp_path):
+    """Float inputs used to be detached: an input that requires grad (an adversarial step,
+    embeddings fed in) got no gradient, and what autograd keeps for it was missing."""
+    torch.manual_seed(0)
+    module = InputGrad()
+    x = torch.randn(4, 16, requires_grad=True)
+    model = tracer.trace(module, x, loss="sum")
+    decl = {t["name"]: t for t in model["ops"]["tensors"]}
+    assert decl["x"].get("requiresGrad") is True
+    assert not x.grad_fn and x.grad is None  # the caller's tensor is untouched
+    result = estimate(model, 4, tmp_path)
+    assert int(result["savedForBackwardBytes"]) == measure_saved(module, x, "sum")
+    plain = tracer.trace(module, x.detach(), loss="sum")
+    assert "requiresGrad" not in {k for t in plain["ops"]["tensors"] for k in t}
+    assert int(estimate(plain, 4, tmp_path)["savedForBackwardBytes"]) == measure_saved(module, x.detach(), "sum")
+    assert int(result["savedForBackwardBytes"]) > int(estimate(plain, 4, tmp_path)["savedForBackwardBytes"])

@@ -18,18 +18,22 @@ dict's `path` attribute says which ("meta" or "real").
 
 Batch sizes: the module is traced twice, at the example batch B and at B + 1. Every dim that
 differs between the two is a batch dim: shape attributes (view, reshape, expand) get -1 there,
-and `tracedBatch` is set to B so the engine can rescale the graph to another batch size. When
+or, where -1 cannot say it (a size-1 dim expanded to the batch, a tensor made at the batch's
+size), keep B and name the dim with attrs.batch_dim; `tracedBatch` is set to B so the engine can
+rescale the graph to another batch size. When
 the two traces differ in a way the engine cannot rescale (a batch-dependent scalar, a split of
 the batch dim), or the module does not run at B + 1 (a reshape to a fixed size, a target whose
 first dim is not the batch), `tracedBatch` is left out, with a warning: the graph is then valid
 at B only.
 
 Refused (UnsupportedOp, naming the aten op and the module scope): any op of the graph that the
-engine has no rule for. Never silently dropped. Elided: ops that allocate nothing and have no
-memest kind (detach, alias, lift_fresh), in-place bookkeeping on buffers that reads nothing of
-the graph (BatchNorm's num_batches_tracked += 1), and ops on constants only (tensors the forward
-makes with factory functions); a constant that an op of the graph reads is declared as a
-buffer named "const.<n>".
+engine has no rule for, and any op the tracer fails to map (never another exception). Never
+silently dropped. Elided: ops that allocate nothing and have no memest kind (detach, alias,
+lift_fresh). Static tensors, made without reading the graph (buffers, factories, masks and tables
+computed from them, in-place bookkeeping on buffers such as BatchNorm's num_batches_tracked += 1),
+are not recorded as they are made; an op of the graph that reads one gets it as a view of its
+buffer or as a `full` op (a tensor of the forward), see _trace_static.py. Tied weights are
+declared once. A float input that requires grad keeps requiring it (`requiresGrad`).
 """
 import contextlib
 import copy
@@ -155,7 +159,7 @@ class _Tracer:
     def scope(self):
         return self.scope_stack[-1] if self.scope_stack else ""
 
-    def _declare(self, t, name, role, batch_dim=None, frozen=False):
+    def _declare(self, t, name, role, batch_dim=None, frozen=False, requires_grad=False):
         self._keep.append(t)
         self._names[id(t)] = name
         dt = _aten_map.DTYPE_NAMES.get(t.dtype)
@@ -168,6 +172,8 @@ class _Tracer:
             d["batchDim"] = batch_dim
         if frozen:
             d["frozen"] = True
+        if requires_grad:  # an input that requires grad (its gradient is computed and kept)
+            d["requiresGrad"] = True
         self.decls.append(d)
         return name
 
@@ -573,11 +579,14 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
             continue
         if batch is not None and bd >= 0:
             x = _resize_batch(x, bd, batch[1])
+        grad = training and x.is_floating_point() and x.requires_grad
         if device == "meta":
             x = torch.empty(x.shape, dtype=x.dtype, device="meta")
-        if x.is_floating_point() and training:
-            x = x.detach()
-        tracer._declare(x, nm, "input", batch_dim=bd)
+        elif x.is_floating_point():
+            x = x.detach()  # a leaf of its own (the caller's graph is not touched)
+        if grad:  # an input that requires grad keeps requiring it
+            x.requires_grad_(True)
+        tracer._declare(x, nm, "input", batch_dim=bd, requires_grad=grad)
         args.append(x)
     hooks = _ScopeHooks(m, tracer) if scopes else None
     loss_name = None
