@@ -240,7 +240,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     if (t.input_requires_grad && (t.role != TensorRole::kInput || !IsFloating(t.dtype))) {
       return InvalidArgument(field + ".requires_grad: applies to floating inputs only, not to " +
                              (t.role == TensorRole::kInput ? std::string(DTypeName(t.dtype)) + " inputs"
-                                                           : std::string(RoleName(t.role)) + "s") +
+                                                           : std::string(TensorRoleName(t.role)) + "s") +
                              (t.role == TensorRole::kParameter ? " (a parameter without a gradient is frozen)" : ""));
     }
     if (!batched && t.batch_dim != 0 && t.batch_dim != -1) {

@@ -88,9 +88,11 @@ def estimate(memest, model, batch, cfg, first_step):
     # A traced graph without tracedBatch (the module does not run at batch B + 1) is valid at
     # the batch it was traced at only: memest takes that batch itself (and refuses another).
     own_batch = "ops" in model and not model["ops"].get("tracedBatch")
-    cmd = [memest, "estimate", "--local", "--model", path] + \
-        ([] if own_batch else ["--batch", str(batch * cfg.accum)]) + ["--mode", cfg.mode, "--precision", "fp32", "--runtime", "cpu-1.13",
-           "--cpu-isa", CPU_ISA, "--json", "--no-advice"]
+    cmd = [memest, "estimate", "--local", "--model", path]
+    if not own_batch:
+        cmd += ["--batch", str(batch * cfg.accum)]
+    cmd += ["--mode", cfg.mode, "--precision", "fp32", "--runtime", "cpu-1.13",
+            "--cpu-isa", CPU_ISA, "--json", "--no-advice"]
     if cfg.training:
         cmd += ["--optimizer", cfg.optimizer, "--optimizer-impl", cfg.impl]
         if cfg.accum > 1:
