@@ -46,7 +46,8 @@ def section(results, isa, seconds, zoo_models):
     passed = sum(1 for _, m in lines if m["status"] == "ok")
     traced = sum(1 for _, m in lines if m["status"] in ("ok", "FAIL", "ESTIMATE ERROR"))
     import transformers  # noqa: the version the zoo ran with
-    w(f"PyTorch {torch.__version__}, torchvision, transformers {transformers.__version__}; oneDNN on "
+    w(f"PyTorch {torch.__version__}, torchvision {_torchvision_version()}, transformers "
+      f"{transformers.__version__}; oneDNN on "
       f"{isa}; {datetime.date.today().isoformat()}; {seconds / 60:.0f} min for the whole zoo.")
     w("")
     w(f"**{len(results)} models, {len(lines)} model-modes: {traced} traced, {passed} within every bound.**")
