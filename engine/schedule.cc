@@ -117,6 +117,7 @@ class StepSimulator {
     for (const Op& op : g.ops) uses_cublas_ |= UsesCublas(op.kind);
     param_grad_.assign(n, -1);
     pending_.assign(n, Pending{});
+    FindSharedLeaves();
     op_saved_.resize(g.ops.size());
     memo_.resize(g.ops.size());
     // About a context, a few allocations and frees per op, forward and backward.
@@ -508,17 +509,21 @@ class StepSimulator {
     grads_.push_back({NewBuffer(Bytes(g_.tensors[loss].shape, g_.tensors[loss].dtype),
                             Category::kTemporaries), 1});
     pending_[loss] = {static_cast<int>(grads_.size()) - 1, ContiguousStrides(g_.tensors[loss].shape)};
+    flushed_ = 0;
     for (int i = static_cast<int>(g_.ops.size()) - 1; i >= 0 && !failed(); --i) {
       const int r = region_of_[i];
       if (r >= 0) {
         if (regions_[r].second == i) {
           RecomputeAndBackward(r);
           i = regions_[r].first;
+          FlushSharedLeaves(i);
         }
         continue;
       }
       RunBackwardOp(i, false);
+      FlushSharedLeaves(i);
     }
+    FlushSharedLeaves(-1);
     // Nodes that backward never reached are freed with the graph.
     for (auto& saved : op_saved_) ReleaseSaved(saved);
     for (size_t t = 0; t < pending_.size(); ++t) {
@@ -759,8 +764,10 @@ class StepSimulator {
   void Deliver(int t, int grad, Strides strides, bool shared_handle = false) {
     const Tensor& ten = g_.tensors[t];
     // A leaf that requires grad: a parameter, or an input (x.requires_grad_()), whose .grad
-    // lives while the input does.
-    if (ten.role == TensorRole::kParameter || (ten.role == TensorRole::kInput && ten.requires_grad)) {
+    // lives while the input does. One that several ops read (a tied weight) collects their
+    // gradients in its AccumulateGrad node's input buffer, as an activation does, until the
+    // first of them has run its backward (FlushSharedLeaves).
+    if (IsGradLeaf(ten) && first_reader_[t] < 0) {
       AccumulateGrad(t, grad, strides, shared_handle);
       return;
     }
@@ -779,6 +786,51 @@ class StepSimulator {
       Deref(p.grad);
       Deref(grad);
       p = {sum, ContiguousStrides(ten.shape)};
+    }
+  }
+
+  static bool IsGradLeaf(const Tensor& t) {
+    return (t.role == TensorRole::kParameter || t.role == TensorRole::kInput) && t.requires_grad;
+  }
+
+  // Leaves that require grad and that two or more ops read (GPT-2's and BERT's tied word
+  // embedding and head): autograd's AccumulateGrad node for one runs once, when every reader's
+  // backward has handed it a gradient (the engine counts its dependencies), and runs at once
+  // then (its sequence number is the highest). Backward runs the ops last to first, so that is
+  // right after the first reader's backward.
+  void FindSharedLeaves() {
+    const size_t n = g_.tensors.size();
+    first_reader_.assign(n, -1);
+    std::vector<int> readers(n, 0);
+    for (int i = static_cast<int>(g_.ops.size()) - 1; i >= 0; --i) {
+      const std::vector<int>& in = g_.ops[i].inputs;
+      for (size_t k = 0; k < in.size(); ++k) {
+        const int t = in[k];
+        if (!IsGradLeaf(g_.tensors[t])) continue;
+        bool dup = false;
+        for (size_t j = 0; j < k; ++j) dup |= in[j] == t;
+        if (dup) continue;
+        ++readers[t];
+        first_reader_[t] = i;
+      }
+    }
+    for (size_t t = 0; t < n; ++t) {
+      if (readers[t] < 2) first_reader_[t] = -1;
+      else shared_leaves_.push_back(static_cast<int>(t));
+    }
+    std::sort(shared_leaves_.begin(), shared_leaves_.end(),
+              [&](int a, int b) { return first_reader_[a] > first_reader_[b]; });
+  }
+
+  // The shared leaves whose first reader is at or after op `i`: their gradients are all in, and
+  // AccumulateGrad takes their sum.
+  void FlushSharedLeaves(int i) {
+    while (flushed_ < shared_leaves_.size() && first_reader_[shared_leaves_[flushed_]] >= i) {
+      const int t = shared_leaves_[flushed_++];
+      if (pending_[t].grad < 0) continue;
+      Pending p = std::move(pending_[t]);
+      pending_[t] = Pending{};
+      AccumulateGrad(t, p.grad, p.strides, p.shared_handle);
     }
   }
 
@@ -877,6 +929,9 @@ class StepSimulator {
   std::vector<bool> non_reentrant_;  // per region: use_reentrant=False
   StorageTable main_;
   std::vector<int> param_grad_;
+  std::vector<int> first_reader_;    // per tensor: a shared leaf's first reader op, else -1
+  std::vector<int> shared_leaves_;   // shared leaves, by first reader, last first
+  size_t flushed_ = 0;               // shared leaves whose gradient went to .grad this backward
   std::vector<GradBuf> grads_;
   std::vector<Pending> pending_;
   std::vector<SavedByOp> op_saved_;

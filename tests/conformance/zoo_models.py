@@ -57,8 +57,6 @@ KNOWN = {
     ("transformer_encoder", INFER): "forward peak over: PyTorch 1.13 runs the CPU fast path "
                                     "(_transformer_encoder_layer_fwd) in inference, the meta "
                                     "trace the layer's Python path",
-    ("hf_bert", TRAIN): "backward peak under: the tied word embedding's two gradients are summed "
-                        "in its AccumulateGrad input buffer before .grad",
     ("hf_bert", INFER): _LIFETIMES,
     ("hf_gpt2", INFER): _LIFETIMES,
     ("hf_llama", INFER): _LIFETIMES,
