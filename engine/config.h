@@ -92,6 +92,14 @@ struct RunConfig {
   bool expandable_segments = false;
   Runtime runtime = Runtime::kCuda;
   CpuIsa cpu_isa = CpuIsa::kAvx512;  // the CPU runtime only
+  // Training: the loop keeps the model's outputs in a variable, as `outputs = model(**batch);
+  // loss = outputs.loss; loss.backward(); optimizer.step()` does (PyTorch's tutorials, Hugging
+  // Face's no_trainer examples, nanoGPT): they live through backward and the optimizer step, and
+  // a steady-state step starts with the previous step's outputs, released when its forward and
+  // loss have made new ones. false: the loop lets them go once the loss exists (Hugging Face's
+  // Trainer, whose compute_loss returns the loss alone; Lightning's training_step). Inference
+  // ignores it (the server refuses it there).
+  bool hold_outputs = true;
 
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };

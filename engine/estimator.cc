@@ -4,6 +4,7 @@
 #include "engine/devices.h"
 #include "engine/liveness.h"
 #include "engine/passes.h"
+#include "engine/python_refs.h"
 #include "engine/schedule.h"
 
 namespace memest {
@@ -77,9 +78,26 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
                          CheckpointPolicyName(config.checkpoint.policy) + (config.checkpoint.non_reentrant ? ", use_reentrant=False" : "") + "): " +
                          std::to_string(regions.size()) + " regions recomputed in backward");
     }
+    if (config.hold_outputs) {
+      int64_t bytes = 0;
+      for (int t : ModelOutputs(graph, config.mode)) {
+        if (graph.tensors[t].role != TensorRole::kActivation) continue;
+        AddBytes(&bytes, Bytes(graph.tensors[t].shape, graph.tensors[t].dtype));
+      }
+      r->notes.push_back("the loop holds the model's outputs (" + FormatBytes(bytes) +
+                         ") through backward and the optimizer step, as `outputs = "
+                         "model(**batch)` does; a steady-state step starts with the previous "
+                         "step's (hold_outputs=false: a loop that lets them go once the loss "
+                         "exists, as Hugging Face's Trainer and Lightning do)");
+    }
     if (config.precision == Precision::kFp16Amp) {
       r->notes.push_back("fp16 autocast: GradScaler's scalars are negligible and not listed");
     }
+  }
+  if (!graph.held.empty()) {
+    r->notes.push_back(std::to_string(graph.held.size()) +
+                       " tensors stay referenced by the model's code past their last use "
+                       "(Python locals, model.held), each until an op of the graph has run");
   }
   if (!has_device && config.runtime == Runtime::kCuda) {
     r->notes.push_back("no device given: CUDA context of a generic H100-class GPU");

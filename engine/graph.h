@@ -49,6 +49,15 @@ struct Tensor {
   bool kv_cache = false;       // a buffer that is an inference KV cache
 };
 
+// A tensor the model's Python code keeps referenced past its last use in the graph (a local
+// variable that lives until its function returns): PyTorch frees a storage when its last
+// reference dies, so this one stays allocated until op `until_op` has run (and longer when an
+// op still reads it or autograd holds it).
+struct HeldTensor {
+  int tensor = -1;
+  int until_op = -1;
+};
+
 struct Op {
   std::string kind;
   std::vector<int> inputs;
@@ -69,6 +78,13 @@ struct Graph {
   // order, before the loss; and, for each, whether it is non-reentrant (use_reentrant=False).
   std::vector<std::pair<int, int>> checkpoints;
   std::vector<bool> checkpoint_non_reentrant;
+  // Tensors the model's code keeps referenced past their last use (memest.trace records them
+  // from weak references), each until an op of the graph has run.
+  std::vector<HeldTensor> held;
+  // The tensors the model's forward returns (memest.trace records them). Empty: the forward
+  // tensors the loss reads in training, the last op's outputs in inference (ModelOutputs in
+  // engine/python_refs.h).
+  std::vector<int> outputs;
   // The dtype torch.autocast cast to while the graph was built (its casts are ops of the graph);
   // float32 when it was built without autocast.
   DType autocast = DType::kFloat32;

@@ -206,6 +206,42 @@ bool DimMatches(int64_t declared, int64_t inferred, int64_t traced, int64_t micr
          static_cast<Wide>(declared) * micro == static_cast<Wide>(inferred) * traced;
 }
 
+// Graph::held and Graph::outputs from the spec's names: `ids` maps names to tensors, `made_by`
+// names to the spec op that makes them (leaves are absent), and spec op i ends at graph op
+// last_op[i].
+Status AddPythonRefs(const OpGraphSpec& spec, const std::unordered_map<std::string, int>& ids,
+                     const std::unordered_map<std::string, int64_t>& made_by,
+                     const std::vector<int>& last_op, Graph* graph) {
+  const int64_t n = static_cast<int64_t>(spec.ops.size());
+  for (size_t k = 0; k < spec.held.size(); ++k) {
+    const HeldSpec& h = spec.held[k];
+    const std::string field = "model.held[" + Str(k) + "]";
+    const auto it = ids.find(h.tensor);
+    if (it == ids.end()) {
+      return InvalidArgument(field + ".tensor: '" + h.tensor + "' is not a tensor of the graph");
+    }
+    if (h.until_op < 0 || h.until_op >= n) {
+      return InvalidArgument(field + ".until_op: " + Str(h.until_op) +
+                             " is not an op of the graph's " + Str(n) + " ops");
+    }
+    const auto made = made_by.find(h.tensor);
+    if (made != made_by.end() && made->second > h.until_op) {
+      return InvalidArgument(field + ".until_op: " + Str(h.until_op) + " runs before op " +
+                             Str(made->second) + ", which makes '" + h.tensor + "'");
+    }
+    graph->held.push_back({it->second, last_op[h.until_op]});
+  }
+  for (size_t k = 0; k < spec.outputs.size(); ++k) {
+    const auto it = ids.find(spec.outputs[k]);
+    if (it == ids.end()) {
+      return InvalidArgument("model.outputs[" + Str(k) + "]: '" + spec.outputs[k] +
+                             "' is not a tensor of the graph");
+    }
+    graph->outputs.push_back(it->second);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& context) {
@@ -299,6 +335,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
   }
 
   std::set<std::string> produced;
+  std::unordered_map<std::string, int64_t> made_by;  // op output name -> the spec op
   // Graph ops [first_op[i], last_op[i]] are spec op i and the casts autocast put before it.
   std::vector<int> first_op(spec.ops.size()), last_op(spec.ops.size());
   for (size_t i = 0; i < spec.ops.size(); ++i) {
@@ -354,6 +391,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
       const std::string& name = op.outputs[j];
       if (name.empty()) continue;
       ids[name] = outs[j];
+      made_by[name] = static_cast<int64_t>(i);
       auto decl = declared.find(name);
       if (decl == declared.end()) continue;
       const TensorSpec& t = spec.tensors[decl->second];
@@ -437,6 +475,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     graph.checkpoints.emplace_back(first_op[c.first_op], last_op[c.last_op]);
     graph.checkpoint_non_reentrant.push_back(c.non_reentrant);
   }
+  MEMEST_RETURN_IF_ERROR(AddPythonRefs(spec, ids, made_by, last_op, &graph));
   return graph;
 }
 

@@ -68,6 +68,13 @@ struct CheckpointSpec {
   bool non_reentrant = false;
 };
 
+// A reference of the model's code that keeps `tensor` allocated past its last use in the graph,
+// until op `until_op` (an index into OpGraphSpec::ops) has run.
+struct HeldSpec {
+  std::string tensor;
+  int64_t until_op = 0;
+};
+
 // A graph of ops in execution order, as the tracer records it.
 struct OpGraphSpec {
   std::vector<TensorSpec> tensors;
@@ -75,6 +82,8 @@ struct OpGraphSpec {
   std::string loss;                 // the scalar output backward starts from (training)
   std::vector<std::string> blocks;  // scopes of repeated blocks (checkpoint units)
   std::vector<CheckpointSpec> checkpoints;  // the model's own torch.utils.checkpoint calls
+  std::vector<HeldSpec> held;        // references of the model's code (Graph::held)
+  std::vector<std::string> outputs;  // what the forward returns (Graph::outputs)
   // The batch size the shapes were recorded at. When it differs from the run's micro-batch,
   // every input's batch_dim is rescaled and shapes are re-inferred.
   int64_t traced_batch = 0;

@@ -8,6 +8,7 @@
 
 #include "engine/checkpoint_rules.h"
 #include "engine/op_rules.h"
+#include "engine/python_refs.h"
 #include "engine/text.h"
 
 namespace memest {
@@ -101,6 +102,7 @@ class StepSimulator {
         else if (eval_identity) base_[o] = base_[op.inputs[0]];
       }
     }
+    refs_ = PlanPythonRefs(g, base_, cfg.mode);
     region_of_.assign(g.ops.size(), -1);
     for (size_t r = 0; r < regions.size(); ++r) {
       for (int i = regions[r].first; i <= regions[r].second; ++i) region_of_[i] = static_cast<int>(r);
@@ -273,6 +275,7 @@ class StepSimulator {
       AllocWorkspace();
       workspace_seen_ = workspace_seen_bwd_ = true;
     }
+    if (steady && cfg_.hold_outputs) CarryOverOutputs();
   }
 
   void AllocOptimizerState(const Tensor& p) {
@@ -306,7 +309,9 @@ class StepSimulator {
     if (mb_ == 0) s_.saved_for_backward_bytes = saved_bytes_;
     if (training_ && g_.loss >= 0) Backward();
     if (failed()) return;
-    // End of the micro-batch: the data batch and whatever the graph still holds go.
+    // End of the micro-batch: the data batch and whatever the graph still holds go, but for
+    // the outputs a loop keeps.
+    if (training_ && cfg_.hold_outputs) KeepOutputsInLoop();
     for (size_t t = 0; t < g_.tensors.size(); ++t) {
       const Tensor& ten = g_.tensors[t];
       if (ten.role == TensorRole::kParameter || ten.role == TensorRole::kBuffer) continue;
@@ -350,11 +355,13 @@ class StepSimulator {
   void Forward() {
     const int n = static_cast<int>(g_.ops.size());
     CountUses(main_, 0, n - 1);
-    // The loss is held by the training loop; in inference the model's output is.
+    // The loss is held by the training loop (with hold_outputs, the model's outputs too); in
+    // inference the model's output is.
     if (training_ && g_.loss >= 0) ++main_.pins[base_[g_.loss]];
-    if (!training_ && n > 0) {
-      for (int o : g_.ops.back().outputs) ++main_.pins[base_[o]];
+    if (!training_ || cfg_.hold_outputs) {
+      for (int s : training_ ? refs_.held_outputs : refs_.outputs) ++main_.pins[s];
     }
+    PinRefs(main_, 0, n - 1);
     std::vector<int> cast_cache;
     for (int i = 0; i < n && !failed(); ++i) {
       const bool in_loss = g_.loss_begin >= 0 && i >= g_.loss_begin;
@@ -369,11 +376,53 @@ class StepSimulator {
       }
       const bool grad = training_ && r < 0;
       RunForwardOp(i, main_, grad, in_loss ? Phase::kLoss : Phase::kForward, false, &cast_cache);
+      ReleaseRefs(main_, i, 0);
     }
     // Leaving torch.autocast drops its cache of cast weights.
     for (int s : cast_cache) {
       --main_.pins[s];
       MaybeFree(main_, s);
+    }
+    // `outputs = model(...)` has returned: the loop lets go of the previous ones.
+    for (int b : loop_outputs_) FreeBuffer(b);
+    loop_outputs_.clear();
+  }
+
+  // ---- what the Python program holds (engine/python_refs.h) ----
+  // Pins the storages made in ops [first, last] whose Python references die after one of them
+  // (a recomputed region pins its own; the forward, all).
+  void PinRefs(StorageTable& st, int first, int last) {
+    for (int i = first; i <= last; ++i) {
+      for (int s : refs_.release_after[i]) {
+        if (g_.tensors[s].producer >= first) ++st.pins[s];
+      }
+    }
+  }
+
+  // Op i has run: the references PinRefs(st, first, ...) pinned until then die.
+  void ReleaseRefs(StorageTable& st, int i, int first) {
+    for (int s : refs_.release_after[i]) {
+      if (g_.tensors[s].producer < first) continue;
+      --st.pins[s];
+      MaybeFree(st, s);
+    }
+  }
+
+  // The end of a micro-batch whose loop keeps its outputs: they leave the graph's table, and
+  // live on until the next forward has made new ones.
+  void KeepOutputsInLoop() {
+    for (int s : refs_.held_outputs) {
+      if (main_.buffer[s] >= 0) loop_outputs_.push_back(main_.buffer[s]);
+      main_.buffer[s] = -1;
+      main_.pins[s] = 0;
+    }
+  }
+
+  // A steady-state step starts with the previous step's outputs, still held by the loop.
+  void CarryOverOutputs() {
+    for (int s : refs_.held_outputs) {
+      const Tensor& t = g_.tensors[s];
+      loop_outputs_.push_back(NewBuffer(Bytes(t.shape, t.dtype), Category::kTemporaries));
     }
   }
 
@@ -563,6 +612,7 @@ class StepSimulator {
       while (stop > first && !SavesAnything(stop)) --stop;
     }
     CountUses(rt, first, stop);
+    PinRefs(rt, first, stop);  // the region's code runs again, with its locals
     std::vector<int> outputs;  // recomputed outputs are held until the region's backward ends
     std::vector<int> held_grads;
     if (reentrant) {
@@ -588,6 +638,7 @@ class StepSimulator {
     std::vector<int> cast_cache;
     for (int i = first; i <= stop && !failed(); ++i) {
       RunForwardOp(i, rt, true, Phase::kBackward, true, &cast_cache);
+      ReleaseRefs(rt, i, first);
       s_.recomputed_ops++;
     }
     for (int s : cast_cache) {
@@ -869,6 +920,8 @@ class StepSimulator {
   CheckpointRegions regions_;
   std::vector<bool> non_reentrant_;  // per region: use_reentrant=False
   StorageTable main_;
+  PythonRefs refs_;
+  std::vector<int> loop_outputs_;  // buffers of the outputs the training loop holds
   std::vector<int> param_grad_;
   std::vector<GradBuf> grads_;
   std::vector<Pending> pending_;
