@@ -42,6 +42,8 @@ struct OptimizerCosts {
   int all_scratch = 0;    // scratch for every parameter at once (foreach)
   bool state_at_init = false;  // created in the constructor (Adagrad), not on the first step
   bool device_step = false;    // fused: a 0-dim float32 `step` per parameter on the device
+  int loop_carry = 0;  // of the for-loop's scratch, the last made that a local keeps alive
+                       // until the next parameter's scratch exists
 };
 
 OptimizerCosts CostsOf(const OptimizerConfig& o, Runtime runtime) {
@@ -59,10 +61,14 @@ OptimizerCosts CostsOf(const OptimizerConfig& o, Runtime runtime) {
     case OptimizerKind::kLion: c = {1, 1, 1}; break;  // exp_avg.clone().lerp_(grad).sign_()
     case OptimizerKind::kAdafactor: c = {0, 1, 1}; break;  // factored state added per shape
   }
+  // The for-loop's `denom` (the quotient) is a local of the loop body in _single_tensor_adam
+  // and _single_tensor_adamw, 1.13 and 2.x alike: the previous parameter's lives until the next
+  // one's is assigned, after that parameter's sqrt and quotient are made.
+  if (o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW) c.loop_carry = 1;
   const bool step_tensor = o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW ||
                            o.kind == OptimizerKind::kAdagrad;
   if (o.impl == OptimizerImpl::kFused) {
-    c.loop_scratch = c.all_scratch = 0;
+    c.loop_scratch = c.loop_carry = c.all_scratch = 0;
     c.device_step = step_tensor;
   }
   if (runtime == Runtime::kCpuTorch113) {
@@ -874,6 +880,7 @@ class StepSimulator {
       }
       for (int b : scratch) FreeBuffer(b);
     } else if (cfg_.optimizer.impl == OptimizerImpl::kForLoop) {
+      std::vector<int> carried;  // the previous parameter's scratch that a local still holds
       for (const Tensor* p : params) {
         const int64_t bytes = Bytes(p->shape, p->dtype);
         std::vector<int> scratch;
@@ -881,8 +888,15 @@ class StepSimulator {
           scratch.push_back(NewBuffer(bytes, Category::kTemporaries));
         }
         if (first && state_in_loop) AllocOptimizerState(*p);
-        for (int b : scratch) FreeBuffer(b);
+        for (int b : carried) FreeBuffer(b);
+        carried.clear();
+        const size_t keep = std::min<size_t>(oc.loop_carry, scratch.size());
+        for (size_t k = 0; k < scratch.size(); ++k) {
+          if (k + keep >= scratch.size()) carried.push_back(scratch[k]);
+          else FreeBuffer(scratch[k]);
+        }
       }
+      for (int b : carried) FreeBuffer(b);
     }
   }
 

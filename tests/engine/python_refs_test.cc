@@ -1,5 +1,5 @@
-// What the Python program holds: locals of the model's code (Graph::held) and the loop's
-// variable for the model's outputs (RunConfig::hold_outputs).
+// What the Python program holds: locals of the model's code (Graph::held), the loop's variable
+// for the model's outputs (RunConfig::hold_outputs), and the for-loop optimizer's `denom`.
 // Every number is derived by hand under the cpu-1.13 runtime, which counts tensors at their
 // own size.
 #include <gtest/gtest.h>
@@ -177,6 +177,35 @@ TEST(PythonRefsTest, ARecomputedRegionsLocalsAreHeldAgain) {
   const Graph held = Chain(Mode::kTraining, {{a, 3}});
   EXPECT_EQ(after_recomputed(held, 2) - after_recomputed(Chain(Mode::kTraining), 2), 1024);
   EXPECT_EQ(after_recomputed(held, 3), after_recomputed(Chain(Mode::kTraining), 3));
+}
+
+// x [4, 64] -> linear(W1 [64, 64]) -> linear(W2 [64, 64]) -> sum: two parameters of 16384 B.
+TEST(PythonRefsTest, ForLoopAdamKeepsThePreviousDenomWhileTheNextIsMade) {
+  GraphBuilder b;
+  const int x = b.Input("x", {4, 64}, DType::kFloat32);
+  const int h = b.Add1("linear", {x, b.Parameter("w1", {64, 64}, DType::kFloat32)});
+  const int y = b.Add1("linear", {h, b.Parameter("w2", {64, 64}, DType::kFloat32)});
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {y}));
+  const Graph g = b.Finish().value();
+  constexpr int64_t P = 16384;
+  for (OptimizerKind kind : {OptimizerKind::kAdam, OptimizerKind::kAdamW}) {
+    for (Runtime runtime : {Runtime::kCpuTorch113, Runtime::kCuda}) {
+      RunConfig c = Cpu();
+      c.runtime = runtime;
+      c.optimizer.kind = kind;
+      c.optimizer.impl = OptimizerImpl::kForLoop;
+      // Parameters, grads, exp_avg and exp_avg_sq, the step counters (CPU tensors on 1.13);
+      // then, at w2, w1's denom with w2's sqrt and quotient.
+      const int64_t counters = runtime == Runtime::kCpuTorch113 ? 2 * 4 : 0;
+      const int64_t step = PhasePeak(Walk(g, c), Phase::kOptimizerStep).allocated_bytes;
+      if (runtime == Runtime::kCpuTorch113) {
+        EXPECT_EQ(step, 2 * P + 2 * P + 4 * P + counters + 3 * P);
+      } else {  // allocator blocks of 16384 B round to themselves; counters are host memory
+        EXPECT_EQ(step, 11 * P);
+      }
+    }
+  }
 }
 
 TensorSpec Leaf(std::string name, Shape shape, TensorRole role) {
