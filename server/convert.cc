@@ -134,6 +134,8 @@ StatusOr<OpGraphSpec> OpGraphFromProto(const v1::OpGraph& graph) {
   for (const v1::CheckpointRegion& c : graph.checkpoints()) {
     spec.checkpoints.push_back({c.first_op(), c.last_op(), c.non_reentrant()});
   }
+  for (const v1::HeldTensor& h : graph.held()) spec.held.push_back({h.tensor(), h.until_op()});
+  spec.outputs.assign(graph.outputs().begin(), graph.outputs().end());
   return spec;
 }
 
@@ -389,6 +391,7 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
   }
   out.generate_tokens = config.generate_tokens();
   out.expandable_segments = config.expandable_segments();
+  if (config.has_hold_outputs()) out.hold_outputs = config.hold_outputs();
   MEMEST_ASSIGN_OR_RETURN(out.runtime, RuntimeFromProto(config.runtime(), "config.runtime"));
   MEMEST_ASSIGN_OR_RETURN(out.cpu_isa, CpuIsaFromProto(config.cpu_isa(), "config.cpu_isa"));
   if (config.cpu_isa() != v1::CPU_ISA_UNSPECIFIED && out.runtime != Runtime::kCpuTorch113) {

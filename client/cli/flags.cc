@@ -176,6 +176,10 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
   }
   if (flags.generate_tokens) config->set_generate_tokens(*flags.generate_tokens);
   config->set_expandable_segments(flags.expandable_segments);
+  if (flags.hold_outputs && flags.no_hold_outputs) {
+    return InvalidArgument("--hold-outputs and --no-hold-outputs: give one, not both");
+  }
+  if (flags.hold_outputs || flags.no_hold_outputs) config->set_hold_outputs(flags.hold_outputs);
   if (!flags.runtime.empty()) {
     MEMEST_ASSIGN_OR_RETURN(v1::Runtime runtime, ParseWord("--runtime", flags.runtime, kRuntimes));
     config->set_runtime(runtime);
@@ -249,6 +253,14 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(run);
   app->add_flag("--expandable-segments", f->expandable_segments,
                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+      ->group(run);
+  app->add_flag("--hold-outputs", f->hold_outputs,
+                "training: the loop keeps the model's outputs through backward and the "
+                "optimizer step, as `outputs = model(**batch)` does (the default)")
+      ->group(run);
+  app->add_flag("--no-hold-outputs", f->no_hold_outputs,
+                "training: the loop lets the outputs go once the loss exists (Hugging Face's "
+                "Trainer, Lightning)")
       ->group(run);
   app->add_option("--runtime", f->runtime,
                   "what runs the step: cuda (PyTorch 2.x, default) or cpu-1.13 (PyTorch 1.13 on "

@@ -53,6 +53,8 @@ struct EstimateFlags {
   std::string capacity;             // bytes or "80GiB"
   std::optional<int64_t> generate_tokens;
   bool expandable_segments = false;
+  bool hold_outputs = false;        // the loop keeps the model's outputs (the default)
+  bool no_hold_outputs = false;     // the loop lets them go once the loss exists
   std::string runtime;              // cuda | cpu-1.13
   std::string cpu_isa;              // avx512 | avx2 (cpu-1.13 only)
   bool no_advice = false;

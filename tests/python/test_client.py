@@ -81,6 +81,14 @@ def test_options_change_the_request_as_the_cli_words_say(client):
     small = client.estimate(capacity_bytes="1GiB", **base)
     assert small.fit.capacity_bytes == 1 << 30
     assert not small.fit.fits and small.fit.headroom_bytes < 0
+    # The loop keeps the [4, 128, 50257] logits through backward by default, not when told.
+    let_go = client.estimate(hold_outputs=False, **base)
+    held = client.estimate(hold_outputs=True, **base)
+    assert held.peak.allocated_bytes == plain.peak.allocated_bytes > let_go.peak.allocated_bytes
+    assert any("holds the model's outputs" in n for n in held.notes)
+    assert not any("holds the model's outputs" in n for n in let_go.notes)
+    with pytest.raises(memest.InvalidArgument, match="config.hold_outputs"):
+        client.estimate(mode="inference", hold_outputs=False, **base)
 
 
 def test_layers_model_as_dict_file_and_message(client, mlp_model, tmp_path):

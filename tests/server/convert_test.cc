@@ -36,6 +36,7 @@ TEST(RunConfigFromProtoTest, DefaultsAreTheEngineDefaults) {
   EXPECT_EQ(config->expandable_segments, defaults.expandable_segments);
   EXPECT_EQ(config->runtime, defaults.runtime);
   EXPECT_EQ(config->cpu_isa, defaults.cpu_isa);
+  EXPECT_TRUE(config->hold_outputs) << "unset: the loop keeps the outputs";
   EXPECT_EQ(config->batch_size, 0) << "batch_size is required; 0 is left for the engine to refuse";
 }
 
@@ -60,6 +61,7 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   proto.set_expandable_segments(true);
   proto.set_runtime(v1::RUNTIME_CPU_TORCH_1_13);
   proto.set_cpu_isa(v1::CPU_ISA_AVX2);
+  proto.set_hold_outputs(false);
 
   StatusOr<RunConfig> config = RunConfigFromProto(proto);
   ASSERT_TRUE(config.ok()) << config.status().ToString();
@@ -80,6 +82,7 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   EXPECT_TRUE(config->expandable_segments);
   EXPECT_EQ(config->runtime, Runtime::kCpuTorch113);
   EXPECT_EQ(config->cpu_isa, CpuIsa::kAvx2);
+  EXPECT_FALSE(config->hold_outputs);
 }
 
 TEST(RunConfigFromProtoTest, InferenceIsCarried) {
@@ -222,6 +225,10 @@ TEST(ModelFromProtoTest, OpGraphIsCarried) {
   graph->set_loss("y");
   graph->add_blocks("blocks.0");
   graph->set_traced_batch(8);
+  v1::HeldTensor* held = graph->add_held();
+  held->set_tensor("x");
+  held->set_until_op(0);
+  graph->add_outputs("y");
 
   StatusOr<ModelSpec> model = ModelFromProto(proto);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
@@ -243,6 +250,10 @@ TEST(ModelFromProtoTest, OpGraphIsCarried) {
   EXPECT_EQ(spec->loss, "y");
   EXPECT_EQ(spec->blocks, std::vector<std::string>{"blocks.0"});
   EXPECT_EQ(spec->traced_batch, 8);
+  ASSERT_EQ(spec->held.size(), 1u);
+  EXPECT_EQ(spec->held[0].tensor, "x");
+  EXPECT_EQ(spec->held[0].until_op, 0);
+  EXPECT_EQ(spec->outputs, std::vector<std::string>{"y"});
 }
 
 TEST(ModelFromProtoTest, RefusesWhatCannotBeRepresented) {

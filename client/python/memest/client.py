@@ -40,6 +40,10 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           first_step, generate_tokens,
           expandable_segments, runtime: cuda | cpu-1.13,
           cpu_isa: avx512 | avx2 (cpu-1.13 only: the ISA oneDNN's convolutions use),
+          hold_outputs (training: True, the default, for a loop that keeps the model's outputs
+          in a variable, `outputs = model(**batch)`, through backward and the optimizer step;
+          False for one that lets them go once the loss exists: Hugging Face's Trainer,
+          Lightning),
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
           advice (False skips the advice: faster), timeout (seconds, this call only).
         None means the server's default. Unset words raise InvalidArgument before any call.

@@ -144,7 +144,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   checkpoint_k=None, checkpoint_scopes=(), checkpoint_non_reentrant=False,
                   first_step=False, device=None,
                   capacity_bytes=None, generate_tokens=None, expandable_segments=False,
-                  runtime=None, cpu_isa=None, advice=True):
+                  runtime=None, cpu_isa=None, hold_outputs=None, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
     config = request.config
@@ -189,5 +189,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
         config.runtime = _word("runtime", runtime, RUNTIMES)
     if cpu_isa is not None:
         config.cpu_isa = _word("cpu_isa", cpu_isa, CPU_ISAS)
+    if hold_outputs is not None:
+        config.hold_outputs = bool(hold_outputs)
     request.skip_advice = not advice
     return request
