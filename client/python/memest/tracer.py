@@ -24,6 +24,11 @@ the batch dim), or the module does not run at B + 1 (a reshape to a fixed size, 
 first dim is not the batch), `tracedBatch` is left out, with a warning: the graph is then valid
 at B only.
 
+Lifetimes: every tensor the trace records is watched with a weak reference, so the graph also
+says when the module's Python code lets go of each one (`held`: a local that outlives the
+tensor's last use, until an op) and what the module returned (`outputs`); see
+_trace_lifetimes.py. The tracer keeps no recorded tensor alive itself.
+
 Refused (UnsupportedOp, naming the aten op and the module scope): any op of the graph that the
 engine has no rule for. Never silently dropped. Elided: ops that allocate nothing and have no
 memest kind (detach, alias, lift_fresh), in-place bookkeeping on buffers that reads nothing of
@@ -44,9 +49,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memest.model_json import attr_value
 
 try:
-    from . import _aten_map
+    from . import _aten_map, _trace_lifetimes
 except ImportError:  # loaded on its own, outside the memest package
     import _aten_map
+    import _trace_lifetimes
 
 __all__ = ["trace", "save", "UnsupportedOp", "TracedModel"]
 
@@ -105,8 +111,8 @@ def _flat_tensors(x):
 
 
 class _Recording(TorchDispatchMode):
-    """One forward + loss, recorded. Tensors are known by id(); every tensor seen is kept
-    alive until the recording ends so that ids are not reused."""
+    """One forward + loss, recorded. Tensors are known by id(); the tracer forgets an id when
+    its object dies (_trace_lifetimes.Lifetimes), so that a reused id is never mistaken."""
 
     def __init__(self, tracer):
         super().__init__()
@@ -123,7 +129,7 @@ class _Recording(TorchDispatchMode):
 class _Tracer:
     def __init__(self, module, meta):
         self.meta = meta
-        self._keep = []          # every tensor seen (ids must stay unique)
+        self._keep = []          # declared leaves (the module and the caller hold them anyway)
         self._names = {}         # id(tensor) -> graph name
         self._consts = set()     # ids of constant tensors (factory results and derived)
         self._internal = {}      # id -> aten op: outputs memest folds into its op (stats, masks)
@@ -139,12 +145,20 @@ class _Tracer:
         self.paused = 0          # > 0: ops run without being recorded (inside a fused op)
         self.region = None       # the torch.utils.checkpoint call being recorded (an id)
         self.region_reentrant = {}  # region id -> use_reentrant
+        self.life = _trace_lifetimes.Lifetimes(lambda: len(self.ops), self._forget)
         self._params = {}
         for name, p in module.named_parameters():
             self._declare(p, name, "parameter", frozen=not p.requires_grad)
         for name, b in module.named_buffers():
             if b is not None and id(b) not in self._names:
                 self._declare(b, name, "buffer")
+
+    def _forget(self, oid):
+        """The object with id `oid` died: its id may be reused from now on."""
+        self._names.pop(oid, None)
+        self._consts.discard(oid)
+        self._internal.pop(oid, None)
+        self._noise.pop(oid, None)
 
     # ------------------------------------------------------------ names
     @property
@@ -207,18 +221,19 @@ class _Tracer:
         raise UnsupportedOp(self._current, self.scope, detail)
 
     def alias(self, out, x):
-        self._keep.append(out)
+        self.life.watch(out)
         if isinstance(x, torch.Tensor) and id(x) in self._internal and id(x) not in self._names:
             # a view of an output memest folds into its op (group_norm's detached mean/rstd,
             # which autograd saves): folded too
             self._internal[id(out)] = self._internal[id(x)]
             return
         self._names[id(out)] = self._name_of(x)
+        self.life.name(out, self._names[id(out)])
 
     def internal(self, outs):
         for o in outs:
             if isinstance(o, torch.Tensor):
-                self._keep.append(o)
+                self.life.watch(o)
                 self._internal[id(o)] = self._current
 
     def emit(self, kind, inputs, outputs, attrs, shape_attr=None, out_shapes=None):
@@ -232,8 +247,8 @@ class _Tracer:
             else:
                 nm = f"{kind}_{i}" + (f".{j}" if len(outputs) > 1 else "")
                 shape, dtype = list(o.shape), o.dtype
-                self._keep.append(o)
                 self._names[id(o)] = nm  # an in-place result takes the new name from here on
+                self.life.name(o, nm)
                 self._internal.pop(id(o), None)
             dt = _aten_map.DTYPE_NAMES.get(dtype)
             if dt is None:
@@ -248,6 +263,7 @@ class _Tracer:
             op["scope"] = self.scope
         op["_shape_attr"] = shape_attr
         op["_aten"] = self._current
+        op["_seq"] = i  # its index as recorded (fusions drop ops; lifetimes count these)
         if self.region is not None:
             op["_checkpoint"] = self.region
         self.ops.append(op)
@@ -258,7 +274,7 @@ class _Tracer:
         self._current = "scaled_dot_product_attention"
         inputs = [q, k, v] + ([attn_mask] if isinstance(attn_mask, torch.Tensor) else [])
         for t in inputs + [out]:
-            self._keep.append(t)
+            self.life.watch(t)
         attrs = {"fused": 1, "is_causal": int(bool(is_causal))}
         if dropout_p:
             attrs["dropout_p"] = float(dropout_p)
@@ -270,8 +286,8 @@ class _Tracer:
         self._current = _aten_name(func)
         ins = _flat_tensors(list(args) + list(kwargs.values()))
         outs = _flat_tensors(out)
-        self._keep.extend(ins)
-        self._keep.extend(outs)
+        for t in ins + outs:
+            self.life.watch(t)
         graph_ins = [t for t in ins if self._is_graph(t)]
 
         if self._dropout_pattern(key, args, out):
@@ -300,8 +316,8 @@ class _Tracer:
         """PyTorch 1.13's CPU dropout: noise = empty_like(x).bernoulli_(1-p).div_(1-p);
         out = x * noise. Recorded as one dropout op."""
         if key == "empty_like.default" and id(args[0]) in self._names:
-            self._keep.append(out)
-            self._noise[id(out)] = {"x": args[0], "keep": None, "scaled": False}
+            self.life.watch(out)
+            self._noise[id(out)] = {"x": id(args[0]), "keep": None, "scaled": False}
             return True
         if key == "bernoulli_.float" and id(args[0]) in self._noise:
             self._noise[id(args[0])]["keep"] = float(args[1])
@@ -316,7 +332,7 @@ class _Tracer:
             a, b = args
             for x, n in ((a, b), (b, a)):
                 st = self._noise.get(id(n)) if isinstance(n, torch.Tensor) else None
-                if st is not None and st["scaled"] and st["x"] is x:
+                if st is not None and st["scaled"] and st["x"] == id(x):
                     self.emit("dropout", [x], [out], {"p": 1.0 - st["keep"]})
                     return True
         return False
@@ -575,7 +591,7 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
     hooks = _ScopeHooks(m, tracer) if scopes else None
     loss_name = None
     grad = torch.enable_grad() if training else torch.no_grad()
-    with grad:
+    with grad, _trace_lifetimes.watching(tracer.life):
         if hooks:
             hooks.__enter__()
         try:
@@ -609,6 +625,10 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
             loss_name = tracer._names.get(id(l))
             if loss_name is None or l.dim() != 0:
                 raise ValueError("the loss must be a scalar computed from the module's output")
+    outs = _trace_lifetimes.output_tensors(out)
+    tracer.output_names = [tracer._names[id(t)] for t in outs if id(t) in tracer._names]
+    tracer.recorded_ops = len(tracer.ops)
+    tracer.life.stop()  # what dies from here on dies with the trace, not in the module's code
     tracer.loss_name = loss_name
     tracer.module_copy = m
     return tracer
@@ -753,7 +773,8 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
     ("checkpoints"): memest schedules them as checkpointed, and the estimate's checkpoint policy
     must then be left unset.
 
-    Returns a TracedModel (a dict): {"ops": {tensors, ops, loss, blocks, tracedBatch, checkpoints}}, with
+    Returns a TracedModel (a dict): {"ops": {tensors, ops, loss, blocks, tracedBatch, checkpoints,
+    held, outputs}}, with
     `.path` ("meta" or "real") and `.notes`. Raises UnsupportedOp for an op memest has no
     rule for."""
     inputs = list(example_inputs) if isinstance(example_inputs, (tuple, list)) else [example_inputs]
@@ -803,6 +824,8 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
     ops = _fuse_linear(ops, main._roles)
     ops = _fuse_cross_entropy(ops, main.loss_name)
     checkpoints = _checkpoint_regions(ops, main.region_reentrant)
+    held, outputs = _trace_lifetimes.held_and_outputs(ops, main.life, main.output_names,
+                                                      main.loss_name, main.recorded_ops)
     graph_ops = []
     for op in ops:
         o = {k: v for k, v in op.items() if not k.startswith("_")}
@@ -825,6 +848,10 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
         g["tracedBatch"] = batch
     if checkpoints:
         g["checkpoints"] = checkpoints
+    if held:
+        g["held"] = held
+    if outputs:
+        g["outputs"] = outputs
     result = TracedModel({"ops": g})
     result.path = path
     result.notes = tuple(notes)
