@@ -571,3 +571,113 @@ OPTIMIZER_CONFIGS = [
     Config(optimizer="momentum", impl="for-loop", weight_decay=0.01),
 ]
 case("optim", "mlp", batch=8, configs=OPTIMIZER_CONFIGS)(mlp)
+
+
+# ------------------------------------------------------------------------------ what Python holds
+# The program's own references (docs/step-model.md, "What the Python program holds"): locals that
+# outlive their last use (`r.frame()`: the model file's `held`; the tracer finds them with weak
+# references) and a loop that keeps the model's outputs (hold_outputs).
+HOLD = Config(hold_outputs=True)
+INFERENCE = Config(mode="inference")
+
+
+def _attention_holding_dot(r, b, t=32, d=8, heads=2):
+    """A hand-written attention function: `dot = q @ k.transpose(-2, -1)` stays referenced by
+    its local until the function returns, through the softmax and `att @ v`."""
+    x = lift(r, r.input("x", [b, heads, t, d]), "lx")
+    with r.scope("attn"):
+        q = r.linear(x, r.param("q.w", [d, d]))
+        k = r.linear(x, r.param("k.w", [d, d]))
+        v = r.linear(x, r.param("v.w", [d, d]))
+        with r.frame() as local:
+            dot = local(r.matmul(q, r.transpose(k, -2, -1)))
+            att = r.softmax(r.div(dot, math.sqrt(d)), -1)
+            out = r.matmul(att, v)
+    return loss_of(r, out) if r.training else out
+
+
+case("lifetimes", "attention_holds_dot", configs=[SGD, INFERENCE],
+     note="`dot` ([4, 2, 32, 32]) held by its local through softmax and att @ v")(_attention_holding_dot)
+
+
+def _resnet_holding_stem(r, b, c=8, classes=10):
+    """ResNet's _forward_impl: `x = self.maxpool(x); x = self.layer1(x)` keeps the stem's
+    output referenced while both blocks of layer1 run (nn.Sequential and nn.Module.__call__
+    hold their input too); then layer2 (one block, downsampling), pool and fc. The stem keeps
+    the resolution (3x3 conv, stride-1 max pool), so that layer1, not the stem, peaks."""
+    x = r.input("x", [b, 3, 16, 16])
+    h = r.conv2d(x, r.param("conv1.w", [c, 3, 3, 3]), None, stride=1, padding=1)
+    h = r.relu(_bn(r, h, "bn1", c), inplace=True)
+    with r.frame() as local:
+        h = local(r.max_pool2d(h, 3, stride=1, padding=1))
+        for j in range(2):
+            h = _basic_block(r, h, f"layer1.{j}", c, c, 1)
+    h = _basic_block(r, h, "layer2.0", c, 2 * c, 2)
+    h = r.flatten(r.adaptive_avg_pool2d(h, [1, 1]), 1)
+    logits = r.linear(h, r.param("fc.w", [classes, 2 * c]), r.param("fc.b", [classes]))
+    return r.cross_entropy(logits, r.target("y", [b], high=classes)) if r.training else logits
+
+
+case("lifetimes", "resnet_stem_held_by_x", batch=2, configs=[SGD, INFERENCE],
+     note="the stem's output ([2, 8, 16, 16]) held by `x` while layer1's two BasicBlocks run")(
+    _resnet_holding_stem)
+
+
+def _encoder_layer(r, x, name, b, t, d, heads, ff):
+    """nn.TransformerEncoderLayer (post-norm, ReLU, as 1.13's math path runs it): its input
+    `src` stays referenced (the argument, and nn.Module.__call__'s) until the layer returns."""
+    hd = d // heads
+    with r.scope(name, block=True), r.frame() as local:
+        local(x)
+        qkv = r.linear(x, r.param(f"{name}.in_proj.w", [3 * d, d]), r.param(f"{name}.in_proj.b", [3 * d]))
+        q, k, v = (r.transpose(r.view(u, [b, t, heads, hd]), 1, 2) for u in r.split(qkv, 2, [d, d, d]))
+        att = r.softmax(r.div(r.matmul(q, r.transpose(k, -2, -1)), math.sqrt(hd)), -1)
+        y = r.reshape(r.transpose(r.matmul(att, v), 1, 2), [b, t, d])
+        y = r.linear(y, r.param(f"{name}.out_proj.w", [d, d]), r.param(f"{name}.out_proj.b", [d]))
+        x1 = r.layer_norm(r.add(x, y), r.param(f"{name}.norm1.w", [d], "ones"), r.param(f"{name}.norm1.b", [d], "zeros"))
+        f = r.relu(r.linear(x1, r.param(f"{name}.linear1.w", [ff, d]), r.param(f"{name}.linear1.b", [ff])))
+        f = r.linear(f, r.param(f"{name}.linear2.w", [d, ff]), r.param(f"{name}.linear2.b", [d]))
+        return r.layer_norm(r.add(x1, f), r.param(f"{name}.norm2.w", [d], "ones"), r.param(f"{name}.norm2.b", [d], "zeros"))
+
+
+def _transformer_encoder(r, b, t=16, d=32, heads=2, ff=128, layers=2):
+    x = lift(r, r.input("x", [b, t, d]), "embed")
+    for i in range(layers):
+        x = _encoder_layer(r, x, f"layers.{i}", b, t, d, heads, ff)
+    return loss_of(r, x) if r.training else x
+
+
+case("lifetimes", "transformer_encoder_layer_inputs", batch=2, configs=[SGD, INFERENCE],
+     note="each layer's input ([2, 16, 32]) held until the layer returns, through its feed-forward")(
+    _transformer_encoder)
+
+
+def _lm_holding_logits(r, b, t=16, vocab=512, d=32):
+    """A small language model whose logits ([B, T, vocab]) outweigh the rest; its loop keeps
+    `outputs` (hold_outputs): through backward and the optimizer step, and into the next
+    micro-batch or step until its forward and loss have returned."""
+    idx = r.input("idx", [b, t], "int64", high=vocab)
+    h = r.embedding(r.param("wte", [vocab, d]), idx)
+    h = r.gelu(r.linear(h, r.param("fc.w", [d, d]), r.param("fc.b", [d])))
+    logits = r.linear(h, r.param("head.w", [vocab, d]))
+    return r.cross_entropy(r.view(logits, [b * t, vocab]), r.target("y", [b * t], high=vocab))
+
+
+case("lifetimes", "lm_loop_holds_logits", batch=2,
+     configs=[HOLD, Config(optimizer="adamw", impl="foreach", hold_outputs=True),
+              Config(accum=2, hold_outputs=True), SGD],
+     note="logits [2, 16, 512] (64 KiB); `outputs = model(**batch)` holds them (hold-outputs) or "
+          "the loop lets them go once the loss exists")(_lm_holding_logits)
+
+
+def _two_square_layers(r, b, d=256):
+    h = r.linear(r.input("x", [b, d]), r.param("fc1.w", [d, d]))
+    h = r.linear(r.relu(h), r.param("fc2.w", [d, d]))
+    return r.cross_entropy(h, r.target("y", [b], high=d))
+
+
+case("optim", "adam_for_loop_keeps_previous_denom", batch=4,
+     configs=[Config(optimizer="adam"), Config(optimizer="adamw"),
+              Config(optimizer="adam", weight_decay=0.01), Config(optimizer="adamw", accum=2)],
+     note="two [256, 256] weights; for-loop Adam's `denom` of fc1.w is alive while fc2.w's sqrt "
+          "and quotient are made")(_two_square_layers)

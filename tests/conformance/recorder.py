@@ -4,8 +4,9 @@ The case calls methods of a Recorder `r` (`r.input`, `r.param`, `r.linear`, `r.r
 Every method runs the real PyTorch op and also records it in memest's op-graph vocabulary
 (engine/op_rules.h: kinds, inputs, outputs, attribute names). Methods return `Value` handles,
 never tensors, so the case itself holds no tensor: the recorder drops its reference to a tensor
-right after the tensor's last use in the graph, which is memest's assumption that "a Python
-reference dies at the tensor's last use" (docs/step-model.md, assumption 4).
+right after the tensor's last use in the graph, unless the case says the program holds it
+longer: `with r.frame() as local: x = local(r.linear(...))` keeps x until the frame ends, as a
+local variable lives until its function returns (recorded in the model file's `held`).
 
 Two passes use the same case function:
 
@@ -16,8 +17,10 @@ Two passes use the same case function:
   * run (`Recorder(store, plan=<the recorded plan>, tracker=...)`): replays the case for
     measurement. Inputs and targets are made up front by `make_inputs()` (memest's data phase),
     the tracker's phase switches to "LOSS" at the first op of the loss, and tensors are released
-    at their last use. The loss (training) or the last op's outputs (inference) stay held, as
-    memest pins them.
+    at their last use (or their frame's end). The loss (training) or the last op's outputs
+    (inference) stay held, as memest pins them; with `hold_outputs`, the model's outputs too
+    (the forward's tensors the loss reads: memest's default outputs), which the measuring loop
+    takes with `take_outputs()` and keeps as `outputs = model(**batch)` does.
 
 Checkpointing: `r.checkpoint(fn, *values)` runs `fn` under reentrant torch.utils.checkpoint in
 the run pass (recorded as plain ops; memest gets the policy from --checkpoint), and
@@ -126,8 +129,9 @@ def _make_leaf(shape, dtype, init, gen, high=None):
 
 class Recorder:
     def __init__(self, store, plan=None, tracker=None, training=True, checkpoint="none", checkpoint_k=0,
-                 non_reentrant=False):
+                 non_reentrant=False, hold_outputs=False):
         self.store = store
+        self.hold_outputs = hold_outputs and training  # the loop keeps the model's outputs
         # The checkpoint policy of the run (memest's --checkpoint, --checkpoint-k): cases ask
         # `checkpoint_segment(L)` how many consecutive blocks one torch.utils.checkpoint wraps.
         self.checkpoint_policy = checkpoint
@@ -152,6 +156,7 @@ class Recorder:
         self._op_index = 0
         self._names = set()
         self._prepared = {}  # run mode: inputs/targets made in the data phase
+        self._held_until = {}  # record mode: name -> the op its frame ended after
         # Record mode: every op as (fn, input names, output names), the torch code a replay
         # runs on other tensors (run.py --via-tracer: the case as an nn.Module).
         self.tape = []
@@ -170,6 +175,21 @@ class Recorder:
             yield
         finally:
             self._scope.pop()
+
+    @contextlib.contextmanager
+    def frame(self):
+        """A function of the model's code: `local(v)` (what the context yields) keeps value v
+        referenced until the frame ends, as a local variable lives until its function returns;
+        recorded as held until the frame's last op."""
+        kept = []
+
+        def local(v):
+            kept.append(v.name)
+            return v
+        yield local
+        if self.recording:
+            for nm in kept:
+                self._held_until[nm] = max(self._held_until.get(nm, -1), self._op_index - 1)
 
     # ------------------------------------------------------------------ checkpointing
     def checkpoint_segment(self, num_blocks):
@@ -360,6 +380,10 @@ class Recorder:
     def take(self, v):
         """The tensor of a held value (the loss), for the measuring loop."""
         return self._vals[v.name]
+
+    def take_outputs(self):
+        """The model's outputs the loop holds (hold_outputs), for the measuring loop."""
+        return [self._vals[nm] for nm in self.plan["outputs"]]
 
     # linear algebra
     def linear(self, x, w, b=None):
@@ -597,6 +621,10 @@ class Recorder:
                 last_use[nm] = i
             for nm in op["outputs"]:
                 last_use.setdefault(nm, i)
+        # A local referenced past its last use: held in the model file, released at its frame's end.
+        self.held = {nm: i for nm, i in self._held_until.items()
+                     if self._roles.get(nm) == "activation" and i > last_use.get(nm, -1)}
+        last_use.update(self.held)
         held = set()
         if self.training:
             held.update(result_names)  # the loss, held by the loop across backward
@@ -618,12 +646,21 @@ class Recorder:
                 if any(nm in targets for nm in op["inputs"]) or any(nm in result_names for nm in op["outputs"]):
                     loss_begin = i
                     break
+        # The model's outputs as memest takes them by default: what the forward made that the
+        # loss reads.
+        made_before = {nm for op in self.ops[:max(loss_begin, 0)] for nm in op["outputs"]}
+        outputs = list(dict.fromkeys(nm for op in self.ops[max(loss_begin, 0):] for nm in op["inputs"]
+                                     if nm in made_before)) if loss_begin > 0 else []
+        if self.hold_outputs:
+            for i in list(dies_after):
+                dies_after[i] = [nm for nm in dies_after[i] if nm not in outputs]
         self._vals.clear()
         return {
             "leaves": dict(self._leaf_spec),
             "dies_after": dies_after,
             "loss_begin": loss_begin,
             "result": result_names,
+            "outputs": outputs,
         }
 
     def to_model_json(self, batch, declare_outputs=True):
@@ -636,6 +673,8 @@ class Recorder:
                     tensors.append({"name": nm, "shape": list(self._shapes[nm]), "dtype": self._dtypes[nm],
                                     "role": ROLE["activation"]})
         g = {"tensors": tensors, "ops": self.ops, "tracedBatch": batch}
+        if self.held:
+            g["held"] = [{"tensor": nm, "untilOp": i} for nm, i in self.held.items()]
         if self.training:
             g["loss"] = self.result[0]
         if self.blocks:
