@@ -216,9 +216,10 @@ Status AddPythonRefs(const OpGraphSpec& spec, const std::unordered_map<std::stri
   for (size_t k = 0; k < spec.held.size(); ++k) {
     const HeldSpec& h = spec.held[k];
     const std::string field = "model.held[" + Str(k) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(h.tensor, field + ".tensor"));
     const auto it = ids.find(h.tensor);
     if (it == ids.end()) {
-      return InvalidArgument(field + ".tensor: '" + h.tensor + "' is not a tensor of the graph");
+      return InvalidArgument(field + ".tensor: " + Quote(h.tensor) + " is not a tensor of the graph");
     }
     if (h.until_op < 0 || h.until_op >= n) {
       return InvalidArgument(field + ".until_op: " + Str(h.until_op) +
@@ -227,15 +228,16 @@ Status AddPythonRefs(const OpGraphSpec& spec, const std::unordered_map<std::stri
     const auto made = made_by.find(h.tensor);
     if (made != made_by.end() && made->second > h.until_op) {
       return InvalidArgument(field + ".until_op: " + Str(h.until_op) + " runs before op " +
-                             Str(made->second) + ", which makes '" + h.tensor + "'");
+                             Str(made->second) + ", which makes " + Quote(h.tensor));
     }
     graph->held.push_back({it->second, last_op[h.until_op]});
   }
   for (size_t k = 0; k < spec.outputs.size(); ++k) {
+    const std::string field = "model.outputs[" + Str(k) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(spec.outputs[k], field));
     const auto it = ids.find(spec.outputs[k]);
     if (it == ids.end()) {
-      return InvalidArgument("model.outputs[" + Str(k) + "]: '" + spec.outputs[k] +
-                             "' is not a tensor of the graph");
+      return InvalidArgument(field + ": " + Quote(spec.outputs[k]) + " is not a tensor of the graph");
     }
     graph->outputs.push_back(it->second);
   }

@@ -134,7 +134,13 @@ StatusOr<OpGraphSpec> OpGraphFromProto(const v1::OpGraph& graph) {
   for (const v1::CheckpointRegion& c : graph.checkpoints()) {
     spec.checkpoints.push_back({c.first_op(), c.last_op(), c.non_reentrant()});
   }
-  for (const v1::HeldTensor& h : graph.held()) spec.held.push_back({h.tensor(), h.until_op()});
+  for (int k = 0; k < graph.held_size(); ++k) {
+    const v1::HeldTensor& h = graph.held(k);
+    MEMEST_RETURN_IF_ERROR(
+        CheckNameSize(h.tensor(), "model.held[" + std::to_string(k) + "].tensor"));
+    spec.held.push_back({h.tensor(), h.until_op()});
+  }
+  MEMEST_RETURN_IF_ERROR(CheckNamesSize(graph.outputs(), "model.outputs"));
   spec.outputs.assign(graph.outputs().begin(), graph.outputs().end());
   return spec;
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <variant>
 
+#include "engine/text.h"
 #include "server/status_conversion.h"
 
 namespace memest {
@@ -290,6 +291,21 @@ TEST(ModelFromProtoTest, RefusesWhatCannotBeRepresented) {
     StatusOr<ModelSpec> model = ModelFromProto(proto);
     ASSERT_FALSE(model.ok());
     EXPECT_THAT(model.status().message(), HasSubstr("model.layers[0].attrs.a"));
+  }
+  for (const char* field : {"model.held[0].tensor", "model.outputs[1]"}) {
+    v1::Model proto;
+    v1::OpGraph* graph = proto.mutable_ops();
+    const std::string long_name(kMaxNameBytes + 1, 'h');
+    if (std::string(field) == "model.outputs[1]") {
+      graph->add_outputs("y");
+      graph->add_outputs(long_name);
+    } else {
+      graph->add_held()->set_tensor(long_name);
+    }
+    StatusOr<ModelSpec> model = ModelFromProto(proto);
+    ASSERT_FALSE(model.ok());
+    EXPECT_THAT(model.status().message(), HasSubstr(field));
+    EXPECT_THAT(model.status().message(), HasSubstr("1024"));
   }
 }
 
