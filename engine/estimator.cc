@@ -182,7 +182,8 @@ StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
   return ReportStep(built, config, step);
 }
 
-StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, int64_t max_ops) {
+StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, int64_t max_ops,
+                               Budget* budget) {
   MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
   BuildContext ctx;
   ctx.micro_batch = config.micro_batch();
@@ -190,6 +191,7 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   ctx.param_dtype = ParameterDType(config.precision);
   ctx.generate_tokens = config.generate_tokens;
   ctx.max_ops = max_ops;
+  ctx.budget = budget;
   if (IsAutocast(config.precision)) ctx.autocast = ComputeDType(config.precision);
   return BuildGraph(model, ctx);
 }
@@ -197,7 +199,8 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
                           const EstimateOptions& options) {
   if (options.budget != nullptr) MEMEST_RETURN_IF_ERROR(options.budget->status());
-  MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildStepGraph(model, config, options.max_ops));
+  MEMEST_ASSIGN_OR_RETURN(Graph graph,
+                          BuildStepGraph(model, config, options.max_ops, options.budget));
   Budget unlimited;
   Budget* budget = options.budget != nullptr ? options.budget : &unlimited;
   // Every op runs forward at least once per micro-batch: a step that cannot afford that much is

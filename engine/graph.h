@@ -18,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "engine/budget.h"
 #include "engine/dtype.h"
 #include "engine/shape.h"
 #include "engine/status.h"
@@ -165,6 +166,9 @@ class GraphBuilder {
   // Refuses (RESOURCE_EXHAUSTED) to add an op past `max_ops`, so that no request builds more
   // than its limit before it is refused.
   void SetMaxOps(int64_t max_ops) { max_ops_ = max_ops; }
+  // Looks at `budget`'s deadline and cancellation every 256 ops added, and fails with its
+  // refusal (null: never).
+  void SetBudget(Budget* budget) { budget_ = budget; }
   // Names the request field a size came from ("config.batch_size",
   // "model.layers[0].attrs.out_features"). A tensor too large to count in bytes is then
   // reported against the field of its largest named dim among those that alone make it too
@@ -199,6 +203,7 @@ class GraphBuilder {
   std::vector<size_t> scope_marks_;
   std::string context_;
   int64_t max_ops_ = 1'000'000;
+  Budget* budget_ = nullptr;
   int64_t leaf_bytes_ = 0;  // all leaves' bytes, within kMaxBytes
   std::vector<std::pair<int64_t, std::string>> named_sizes_;  // size, field
 };

@@ -127,6 +127,7 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
 
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  b.SetBudget(context.budget);
   // A shape too large to count in bytes names the size the user set (GraphBuilder::NameSize).
   b.NameSize(context.micro_batch, "config.batch_size");
   for (size_t i = 0; i < spec.input_shape.size(); ++i) {
@@ -300,6 +301,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
 
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  b.SetBudget(context.budget);
   // Rescaled inputs take their batch dim from the config (GraphBuilder::NameSize).
   if (rescale) b.NameSize(context.micro_batch, "config.batch_size");
 

@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "engine/budget.h"
 #include "engine/config.h"
 #include "engine/graph.h"
 
@@ -103,6 +104,9 @@ struct BuildContext {
   // Build under torch.autocast to this dtype (float32: no autocast); the graph then holds the
   // casts autocast makes, where it makes them.
   DType autocast = DType::kFloat32;
+  // The request's budget (engine/budget.h): its deadline and cancellation are looked at while
+  // the graph is built (every 256 ops), so a large build stops too. Null: none.
+  Budget* budget = nullptr;
 };
 
 // Checks the context every front end relies on (a positive micro-batch, non-negative

@@ -129,6 +129,20 @@ TEST(BudgetTest, DeadlineAndCancellationEndTheEstimateWithTheirCodes) {
   EXPECT_LE(b.spent(), one + 2 * Budget::kCheckEvery) << "stopped within one check interval";
 }
 
+// The deadline and cancellation reach the graph's construction too: a large build stops within
+// 256 ops of the caller going away.
+TEST(BudgetTest, ACancelledBuildStops) {
+  int asked = 0;
+  Budget b;
+  b.set_cancelled([&asked] { return ++asked > 2; });
+  BuildContext ctx = enginetest::MakeContext(1);
+  ctx.budget = &b;
+  StatusOr<Graph> g = BuildPreset(PresetSpec{"gpt2-small", {{"layers", 60}, {"seq", 16}}}, ctx);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kCancelled);
+  EXPECT_EQ(asked, 3);
+}
+
 // A deep preset is refused by its op count, computed from one- and two-layer builds, before it
 // is expanded; the count is exact, so the limit is neither early nor late.
 TEST(PresetOpCountTest, DeepPresetsAreRefusedBeforeExpansionAtTheirExactCount) {
