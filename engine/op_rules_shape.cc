@@ -291,12 +291,6 @@ StatusOr<std::vector<OutputSpec>> InferReduce(const OpCall& c) {
   return std::vector<OutputSpec>{{out, d}};
 }
 
-StatusOr<std::vector<OutputSpec>> InferArange(const OpCall& c) {
-  MEMEST_ASSIGN_OR_RETURN(int64_t end, IntAttr(c.op.attrs, "end", -1, c.field));
-  if (end < 0) return InvalidArgument(AttrField(c, "end") + ": required, non-negative");
-  return std::vector<OutputSpec>{{{end}, DType::kInt64, {}, -1, false}};
-}
-
 StatusOr<std::vector<OutputSpec>> InferEmbedding(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 2, 2));
   MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
@@ -395,7 +389,6 @@ void RegisterShapeRules(std::vector<OpRule>* r) {
   r->push_back(ViewBackward({"cat", 1, -1, InferCat, PassThrough}, nullptr));  // slices
   r->push_back(ViewBackward({"sum", 1, 1, InferReduce, SumMemory}, ExpandedGradView));
   r->push_back({"mean", 1, 1, InferReduce, MeanMemory});
-  r->push_back({"arange", 0, 0, InferArange, FreshGrad});
   r->push_back({"embedding", 2, 2, InferEmbedding, EmbeddingMemory});
 }
 

@@ -743,6 +743,26 @@ class StepSimulator {
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       passed += mem.grad_flow[k] == GradFlow::kPassThrough;
     }
+    const int incoming_buffer = grads_[pending_[incoming].grad].buffer;
+    std::vector<int> temps;
+    auto make_temps = [&] {
+      for (const Alloc& a : mem.backward_temps) {
+        temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
+      }
+      // An expanded incoming gradient (sum's backward) is made dense before the kernel reads it.
+      if (mem.backward_needs_dense_grad && pending_[incoming].grad >= 0 &&
+          !IsDense(g_.tensors[incoming].shape, pending_[incoming].strides)) {
+        const Tensor& o = g_.tensors[incoming];
+        temps.push_back(NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries));
+      }
+    };
+    // The scratch is made from the incoming gradient, which is gone before the inputs'
+    // gradients are made (OpMemory::backward_scratch_consumes_grad).
+    const bool consume_first = mem.backward_scratch_consumes_grad && passed == 0;
+    if (consume_first) {
+      make_temps();
+      ReleaseIncomingGrads(op);
+    }
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       if (mem.grad_flow[k] == GradFlow::kNone) continue;
       const Tensor& in = g_.tensors[op.inputs[k]];
@@ -762,33 +782,31 @@ class StepSimulator {
                                to_grad ? Category::kGradients : Category::kTemporaries),
                        ContiguousStrides(in.shape)});
     }
-    std::vector<int> temps;
-    for (const Alloc& a : mem.backward_temps) temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
-    // An expanded incoming gradient (sum's backward) is made dense before the kernel reads it.
-    if (mem.backward_needs_dense_grad && pending_[incoming].grad >= 0 &&
-        !IsDense(g_.tensors[incoming].shape, pending_[incoming].strides)) {
-      const Tensor& o = g_.tensors[incoming];
-      temps.push_back(NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries));
-    }
-    if (opt_.record_operands) RecordBackwardOperands(i, incoming, flows);
+    if (!consume_first) make_temps();
+    if (opt_.record_operands) RecordBackwardOperands(i, incoming_buffer, flows);
     for (int b : temps) FreeBuffer(b);
     ReleaseSaved(op_saved_[i]);
+    ReleaseIncomingGrads(op);
+    for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides), f.shared_handle);
+  }
+
+  // Drops op's incoming gradients (its outputs' pending gradients).
+  void ReleaseIncomingGrads(const Op& op) {
     for (int o : op.outputs) {
       if (pending_[o].grad >= 0) {
         Deref(pending_[o].grad);
         pending_[o] = Pending{};
       }
     }
-    for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides), f.shared_handle);
   }
 
-  // What op i's backward reads (the incoming gradient, what the op saved) and writes (the
-  // gradients of its inputs), as buffers.
+  // What op i's backward reads (the incoming gradient's buffer, what the op saved) and writes
+  // (the gradients of its inputs), as buffers.
   template <typename Flows>
-  void RecordBackwardOperands(int i, int incoming, const Flows& flows) {
+  void RecordBackwardOperands(int i, int incoming_buffer, const Flows& flows) {
     const Op& op = g_.ops[i];
     OpOperands& rec = s_.operands.back();
-    rec.output_grad = grads_[pending_[incoming].grad].buffer;
+    rec.output_grad = incoming_buffer;
     auto held = [&](int t) {
       for (auto [st, s] : op_saved_[i].holds) {
         if (s == base_[t]) return st->buffer[s];

@@ -114,6 +114,23 @@ def _(r, b):
     return loss_of(r, r.bmm(a, c))
 
 
+@case("ops", "baddbmm_mask")
+def _(r, b):
+    # nn.MultiheadAttention's scores with an attn_mask in 1.13: baddbmm(mask[1, L, S], q, k^T).
+    q = lift(r, r.input("q", [b * 2, 8, 16]), "lq")
+    k = lift(r, r.input("k", [b * 2, 8, 16]), "lk")
+    mask = r.input("mask", [1, 8, 8], batch_dim=-1)
+    return loss_of(r, r.baddbmm(mask, q, r.transpose(k, -2, -1)))
+
+
+@case("ops", "baddbmm_beta_alpha")
+def _(r, b):
+    q = lift(r, r.input("q", [b * 2, 8, 16]), "lq")
+    k = lift(r, r.input("k", [b * 2, 16, 8]), "lk")
+    bias = r.add(r.input("bias", [1, 8, 8], batch_dim=-1), r.param("bias.b", [8]))
+    return loss_of(r, r.baddbmm(bias, q, k, beta=0.5, alpha=0.25))
+
+
 @case("ops", "addmm")
 def _(r, b):
     a = lift(r, r.input("a", [b * 4, 16]))
@@ -146,8 +163,47 @@ def _(r, b):
     return loss_of(r, r.conv2d(x, r.param("w", [8, 4, 3, 3]), None, stride=2, padding=1))
 
 
+@case("ops", "conv_transpose2d")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 8, 8]))
+    return loss_of(r, r.conv_transpose2d(x, r.param("w", [8, 4, 2, 2]), r.param("bias", [4]), stride=2))
+
+
+@case("ops", "conv_transpose2d_k3_output_padding")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 8, 8]))
+    return loss_of(r, r.conv_transpose2d(x, r.param("w", [8, 4, 3, 3]), r.param("bias", [4]), stride=2,
+                                         padding=1, output_padding=1))
+
+
+@case("ops", "conv_transpose2d_groups_dilation")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 6, 6]))
+    return loss_of(r, r.conv_transpose2d(x, r.param("w", [8, 3, 3, 3]), None, stride=2, padding=1,
+                                         output_padding=1, dilation=2, groups=2))
+
+
+@case("ops", "conv_transpose2d_x_no_grad")
+def _(r, b):
+    x = r.input("x", [b, 8, 8, 8])
+    return loss_of(r, r.conv_transpose2d(x, r.param("w", [8, 4, 4, 4]), r.param("bias", [4]), stride=2, padding=1))
+
+
+@case("ops", "conv_transpose1d")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]))
+    return loss_of(r, r.conv_transpose1d(x, r.param("w", [8, 4, 4]), r.param("bias", [4]), stride=2, padding=1))
+
+
+op_case("upsample_nearest_x2", [4, 8, 8], lambda r, x: r.upsample(x, "nearest", scale_factor=2))
+op_case("upsample_nearest_size", [4, 8, 8], lambda r, x: r.upsample(x, "nearest", size=(5, 7)))
+op_case("upsample_bilinear_x2", [4, 8, 8], lambda r, x: r.upsample(x, "bilinear", scale_factor=2))
+op_case("upsample_bilinear_align_corners", [4, 8, 8],
+        lambda r, x: r.upsample(x, "bilinear", scale_factor=2, align_corners=True))
 op_case("max_pool2d", [4, 16, 16], lambda r, x: r.max_pool2d(x, 2))
+op_case("max_pool2d_ceil_mode", [4, 15, 15], lambda r, x: r.max_pool2d(x, 3, stride=2, ceil_mode=True))
 op_case("avg_pool2d", [4, 16, 16], lambda r, x: r.avg_pool2d(x, 2))
+op_case("avg_pool2d_ceil_mode", [4, 15, 15], lambda r, x: r.avg_pool2d(x, 2, ceil_mode=True))
 op_case("adaptive_avg_pool2d_3x3", [4, 12, 12], lambda r, x: r.adaptive_avg_pool2d(x, [3, 3]))
 op_case("adaptive_avg_pool2d_1x1", [4, 12, 12], lambda r, x: r.adaptive_avg_pool2d(x, [1, 1]))
 
@@ -200,8 +256,17 @@ op_case("relu_inplace", SHAPE, lambda r, x: r.relu(x, inplace=True))
 op_case("gelu", SHAPE, lambda r, x: r.gelu(x))
 op_case("gelu_tanh", SHAPE, lambda r, x: r.gelu(x, "tanh"))
 op_case("silu", SHAPE, lambda r, x: r.silu(x))
+op_case("silu_inplace", SHAPE, lambda r, x: r.silu(x, inplace=True))
+op_case("hardtanh", SHAPE, lambda r, x: r.hardtanh(x))
+op_case("relu6_inplace", SHAPE, lambda r, x: r.hardtanh(x, 0.0, 6.0, inplace=True))
+op_case("hardswish", SHAPE, lambda r, x: r.hardswish(x))
+op_case("hardswish_inplace", SHAPE, lambda r, x: r.hardswish(x, inplace=True))
+op_case("hardsigmoid", SHAPE, lambda r, x: r.hardsigmoid(x))
+op_case("hardsigmoid_inplace", SHAPE, lambda r, x: r.hardsigmoid(x, inplace=True))
 op_case("sigmoid", SHAPE, lambda r, x: r.sigmoid(x))
+op_case("sigmoid_inplace", SHAPE, lambda r, x: r.sigmoid(x, inplace=True))
 op_case("tanh", SHAPE, lambda r, x: r.tanh(x))
+op_case("tanh_inplace", SHAPE, lambda r, x: r.tanh(x, inplace=True))
 op_case("exp", SHAPE, lambda r, x: r.exp(x))
 op_case("rsqrt", SHAPE, lambda r, x: r.rsqrt(r.exp(x)))
 op_case("sqrt", SHAPE, lambda r, x: r.sqrt(r.exp(x)))
@@ -211,6 +276,9 @@ op_case("pow2", SHAPE, lambda r, x: r.pow(x, 2.0))
 op_case("softmax", SHAPE, lambda r, x: r.softmax(x, -1))
 op_case("log_softmax", SHAPE, lambda r, x: r.log_softmax(x, -1))
 op_case("dropout", SHAPE, lambda r, x: r.dropout(x, 0.1))
+op_case("dropout_inplace", SHAPE, lambda r, x: r.dropout(x, 0.2, inplace=True))
+op_case("stochastic_depth_row", [4, 6, 6], lambda r, x: r.stochastic_depth(x, 0.25))
+op_case("stochastic_depth_batch", [4, 6, 6], lambda r, x: r.stochastic_depth(x, 0.25, "batch"))
 op_case("add_tensor", SHAPE, lambda r, x: r.add(x, r.exp(x)))
 op_case("sub_tensor", SHAPE, lambda r, x: r.sub(x, r.exp(x)))
 op_case("mul_tensor", SHAPE, lambda r, x: r.mul(x, r.exp(x)))
@@ -278,12 +346,75 @@ def _(r, b):
     return loss_of(r, r.add(x, pos))
 
 
+@case("ops", "arange_start_step")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 8, 16]))
+    pos = r.embedding(r.param("wpe", [20, 16]), r.arange(19, start=3, step=2))
+    return loss_of(r, r.add(x, pos))
+
+
+for _mode in ("sum", "mean", "max"):
+    @case("ops", f"embedding_bag_2d_{_mode}")
+    def _(r, b, mode=_mode):
+        # nn.EmbeddingBag on [B, L] indices (F.embedding_bag makes the offsets with an arange)
+        idx = r.input("idx", [b, 6], "int64", high=20)
+        return loss_of(r, r.embedding_bag(r.param("w", [20, 16]), idx, mode=mode))
+
+
+@case("ops", "embedding_bag_offsets")
+def _(r, b):
+    idx = r.input("idx", [b], "int64", high=20)
+    offsets = r.input("offsets", [b], "int64", high=1)  # all 0: valid, and memory does not depend on them
+    return loss_of(r, r.embedding_bag(r.param("w", [20, 16]), idx, offsets, mode="mean"))
+
+
+@case("ops", "embedding_bag_per_sample_weights")
+def _(r, b):
+    idx = r.input("idx", [b, 6], "int64", high=20)
+    psw = r.input("psw", [b, 6])
+    return loss_of(r, r.embedding_bag(r.param("w", [20, 16]), idx, mode="sum", per_sample_weights=psw))
+
+
+@case("ops", "index_table")
+def _(r, b):
+    # Swin's relative position bias: table[index] with an index buffer.
+    table = r.param("table", [25, 4])
+    idx = r.buffer("index", [81], "int64", value=_index_buffer(81, 25))
+    y = r.index(table, idx)
+    x = lift(r, r.input("x", [b, 81, 4]))
+    return loss_of(r, r.add(x, y))
+
+
+# x[:, idx]: Python runs a full slice of dim 0 first (a view whose backward copies into zeros).
+op_case("index_dim1", [20, 16], lambda r, x: r.index(r.slice(x, 0, 0, x.shape[0]),
+                                                   r.input("idx", [6], "int64", high=20, batch_dim=-1), dim=1))
+
+
+def _index_buffer(n, high):
+    import torch
+    return torch.arange(n) % high
+
+
 # ------------------------------------------------------------------------------ losses
 @case("ops", "cross_entropy")
 def _(r, b):
     x = r.input("x", [b * 8, 16])
     logits = r.linear(x, r.param("w", [10, 16]))
     return r.cross_entropy(logits, r.target("y", [b * 8], high=10))
+
+
+@case("ops", "cross_entropy_reduction_none")
+def _(r, b):
+    x = r.input("x", [b * 8, 16])
+    logits = r.linear(x, r.param("w", [10, 16]))
+    return r.mean(r.cross_entropy(logits, r.target("y", [b * 8], high=10), reduction="none"))
+
+
+@case("ops", "cross_entropy_sum_4d")
+def _(r, b):
+    # Segmentation-style logits [N, C, H, W] (nll_loss2d in aten), summed.
+    x = lift(r, r.input("x", [b, 10, 3, 3]))
+    return r.cross_entropy(x, r.target("y", [b, 3, 3], high=10), reduction="sum")
 
 
 @case("ops", "mse_loss")

@@ -49,10 +49,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memest.model_json import attr_value
 
 try:
-    from . import _aten_map, _trace_lifetimes
+    from . import _aten_map, _trace_lifetimes, _trace_random
 except ImportError:  # loaded on its own, outside the memest package
     import _aten_map
     import _trace_lifetimes
+    import _trace_random
 
 __all__ = ["trace", "save", "UnsupportedOp", "TracedModel"]
 
@@ -134,6 +135,7 @@ class _Tracer:
         self._consts = set()     # ids of constant tensors (factory results and derived)
         self._internal = {}      # id -> aten op: outputs memest folds into its op (stats, masks)
         self._noise = {}         # id -> dropout noise state {"x": tensor, "keep": float}
+        self._deferred = {}      # id -> (aten name, record()): ops recorded when first read
         self._shapes = {}        # name -> (shape list, dtype name)
         self._roles = {}
         self.decls = []
@@ -159,6 +161,8 @@ class _Tracer:
         self._consts.discard(oid)
         self._internal.pop(oid, None)
         self._noise.pop(oid, None)
+        self._deferred.pop(oid, None)
+        _trace_random.forget(self, oid)
 
     # ------------------------------------------------------------ names
     @property
@@ -192,6 +196,12 @@ class _Tracer:
         n = self._names.get(id(t))
         if n is not None:
             return n
+        deferred = self._deferred.pop(id(t), None)
+        if deferred is not None:  # recorded now, before the op that reads it
+            current, self._current = self._current, deferred[0]
+            deferred[1]()
+            self._current = current
+            return self._names[id(t)]
         if id(t) in self._internal:
             self.unsupported(f"an op reading the internal output of {self._internal[id(t)]}")
         if id(t) in self._noise:
@@ -214,7 +224,8 @@ class _Tracer:
         return None
 
     def _is_graph(self, t):
-        return id(t) in self._names or id(t) in self._internal or id(t) in self._noise
+        return (id(t) in self._names or id(t) in self._internal or id(t) in self._noise
+                or id(t) in self._deferred)
 
     # ------------------------------------------------------------ emitting
     def unsupported(self, detail=None):
@@ -229,6 +240,13 @@ class _Tracer:
             return
         self._names[id(out)] = self._name_of(x)
         self.life.name(out, self._names[id(out)])
+
+    def defer(self, t, record):
+        """Records the op that made `t` only when an op of the graph reads `t`: `record()` (which
+        emits it) runs then, first. Until then `t` is held back (a handler may fold it into
+        another op, as embedding_bag does with the offsets an arange made)."""
+        self.life.watch(t)
+        self._deferred[id(t)] = (self._current, record)
 
     def internal(self, outs):
         for o in outs:
@@ -292,6 +310,8 @@ class _Tracer:
 
         if self._dropout_pattern(key, args, out):
             return
+        if _trace_random.stochastic_depth(self, key, args, kwargs, out):
+            return
         if key in _aten_map.FACTORIES and not graph_ins:
             for o in outs:
                 self._consts.add(id(o))
@@ -328,12 +348,15 @@ class _Tracer:
                 self.unsupported("a dropout-like pattern with an unexpected scale")
             st["scaled"] = True
             return True
-        if key == "mul.Tensor" and len(args) == 2:
+        if key in ("mul.Tensor", "mul_.Tensor") and len(args) == 2:  # mul_: Dropout(inplace=True)
             a, b = args
             for x, n in ((a, b), (b, a)):
                 st = self._noise.get(id(n)) if isinstance(n, torch.Tensor) else None
                 if st is not None and st["scaled"] and st["x"] == id(x):
-                    self.emit("dropout", [x], [out], {"p": 1.0 - st["keep"]})
+                    attrs = {"p": 1.0 - st["keep"]}
+                    if key == "mul_.Tensor":
+                        attrs["inplace"] = 1
+                    self.emit("dropout", [x], [out], attrs)
                     return True
         return False
 
@@ -743,8 +766,7 @@ def _fuse_cross_entropy(ops, loss_name):
                 drop.add(j)
                 fused = dict(op)
                 fused["kind"] = "cross_entropy"
-                fused["inputs"] = [src["inputs"][0], op["inputs"][1]]
-                fused.pop("attrs", None)
+                fused["inputs"] = [src["inputs"][0], op["inputs"][1]]  # nll_loss's attrs stay
                 fused["_aten"] = f"{src['_aten']} + {op['_aten']}"
                 out.append((i, fused))
                 continue
