@@ -57,6 +57,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterShapeRules(t);
     rules::RegisterLossRules(t);
     rules::RegisterIndexRules(t);
+    rules::RegisterRecurrentRules(t);
     std::sort(t->begin(), t->end(),
               [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
     return t;

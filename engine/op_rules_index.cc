@@ -1,5 +1,5 @@
-// Rules for ops that make or follow indices: arange, index (advanced indexing with one index
-// tensor) and embedding_bag.
+// Rules for ops that make tensors or follow indices: arange, full, index (advanced indexing
+// with one index tensor) and embedding_bag.
 //
 // derivatives.yaml: index.Tensor keeps its indices and self's sizes; its backward is
 // index_put_(zeros(self), indices, grad, accumulate=true), which on CUDA sorts the flattened
@@ -34,6 +34,27 @@ StatusOr<std::vector<OutputSpec>> InferArange(const OpCall& c) {
   }
   const int64_t n = (end - start) / step + ((end - start) % step != 0);
   return std::vector<OutputSpec>{{{n}, DType::kInt64, {}, -1, false}};
+}
+
+// full(; shape, dtype="float32"): a new tensor made in forward (torch.zeros / ones / full /
+// empty): it reads nothing and has no gradient.
+StatusOr<std::vector<OutputSpec>> InferFull(const OpCall& c) {
+  if (!HasAttr(c.op.attrs, "shape")) return InvalidArgument(AttrField(c, "shape") + ": required");
+  MEMEST_ASSIGN_OR_RETURN(std::vector<int64_t> shape, IntsAttr(c.op.attrs, "shape", {}, c.field));
+  MEMEST_ASSIGN_OR_RETURN(std::string name, StringAttr(c.op.attrs, "dtype", "float32", c.field));
+  StatusOr<DType> d = ParseDType(name);
+  if (!d.ok()) return d.status().Prefixed(AttrField(c, "dtype") + ": ");
+  if (shape.size() > kMaxRank) {
+    return InvalidArgument(AttrField(c, "shape") + ": more than " + std::to_string(kMaxRank) +
+                           " dims");
+  }
+  for (int64_t n : shape) {
+    if (n < 0) {
+      return InvalidArgument(AttrField(c, "shape") + ": " + ShapeToString(shape) +
+                             " has a negative size");
+    }
+  }
+  return std::vector<OutputSpec>{{shape, *d, {}, -1, false}};
 }
 
 // ---- index(x, idx; dim=0): x[:, ..., idx] with one integer index tensor at `dim` ----
@@ -225,6 +246,7 @@ void EmbeddingBagMemory(const OpCall& c, OpMemory* m) {
 
 void RegisterIndexRules(std::vector<OpRule>* r) {
   r->push_back({"arange", 0, 0, InferArange, NoMemory});
+  r->push_back({"full", 0, 0, InferFull, NoMemory});
   r->push_back({"index", 2, 2, InferIndex, IndexMemory});
   r->push_back({"embedding_bag", 2, 4, InferEmbeddingBag, EmbeddingBagMemory});
 }

@@ -162,6 +162,8 @@ void SaveOperands(const OpCall& c, const Operand3d& a, const Operand3d& b, OpMem
 // copies it (and the copy is what is kept for the weight's gradient).
 void LinearMemory(const OpCall& c, OpMemory* m) {
   m->backward_needs_dense_grad = true;  // mm cannot read an expanded (stride 0) gradient
+  // addmm's (or add's, then mm's) edges: bias, x, then the weight through t()'s backward.
+  m->grad_order = c.inputs.size() == 3 ? std::vector<int>{2, 0, 1} : std::vector<int>{0, 1};
   const Tensor& x = c.in(0);
   if (x.shape.size() >= 3) {
     const Operand3d folded =

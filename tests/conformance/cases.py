@@ -395,6 +395,50 @@ def _index_buffer(n, high):
     return torch.arange(n) % high
 
 
+# ------------------------------------------------------------------------------ recurrent layers
+def rnn_weights(r, prefix, kind, input_size, hidden, layers=1, dirs=1, bias=True):
+    """nn.LSTM / nn.GRU's parameters in _flat_weights' order."""
+    g = (4 if kind == "lstm" else 3) * hidden
+    ws = []
+    for l in range(layers):
+        for d in range(dirs):
+            sfx = f"l{l}" + ("_reverse" if d else "")
+            width = input_size if l == 0 else dirs * hidden
+            ws.append(r.param(f"{prefix}.weight_ih_{sfx}", [g, width]))
+            ws.append(r.param(f"{prefix}.weight_hh_{sfx}", [g, hidden]))
+            if bias:
+                ws.append(r.param(f"{prefix}.bias_ih_{sfx}", [g]))
+                ws.append(r.param(f"{prefix}.bias_hh_{sfx}", [g]))
+    return ws
+
+
+def _rnn_case(kind, layers=1, bidirectional=False, batch_first=False, dropout=0.0, bias=True,
+              state=False, lifted=True):
+    def fn(r, b):
+        t, i, h = 5, 8, 6
+        shape = [b, t, i] if batch_first else [t, b, i]
+        x = r.input("x", shape, batch_dim=0 if batch_first else 1)
+        if lifted:
+            x = lift(r, x)
+        dirs = 2 if bidirectional else 1
+        st = ()
+        if state:
+            n = 2 if kind == "lstm" else 1
+            st = tuple(lift(r, r.input(f"h{k}", [layers * dirs, b, h], batch_dim=1), f"lh{k}") for k in range(n))
+        ws = rnn_weights(r, kind, kind, i, h, layers, dirs, bias)
+        outs = r.recurrent(kind, x, ws, st, layers, bidirectional, batch_first, dropout, bias)
+        return loss_of(r, outs[0])
+    return fn
+
+
+for _kind in ("lstm", "gru"):
+    case("ops", _kind)(_rnn_case(_kind))
+    case("ops", f"{_kind}_batch_first_input_no_grad")(_rnn_case(_kind, batch_first=True, lifted=False))
+    case("ops", f"{_kind}_2_layers_bidirectional_dropout")(
+        _rnn_case(_kind, layers=2, bidirectional=True, dropout=0.25))
+    case("ops", f"{_kind}_state_no_bias")(_rnn_case(_kind, bias=False, state=True))
+
+
 # ------------------------------------------------------------------------------ losses
 @case("ops", "cross_entropy")
 def _(r, b):

@@ -564,6 +564,31 @@ class Recorder:
         return self._op("stochastic_depth", [x], {"p": float(p), "mode": mode},
                         lambda t: stochastic_depth(t, p, mode, training=self.training))
 
+    def recurrent(self, kind, x, weights, state=(), num_layers=1, bidirectional=False,
+                  batch_first=False, dropout=0.0, bias=True):
+        """nn.LSTM / nn.GRU's call: torch._VF.lstm / gru on `weights` (_flat_weights' order),
+        starting from `state` (h0[, c0]) or, as nn.LSTM does without one, from zeros made here.
+        Returns output, h_n[, c_n]."""
+        n_state = 2 if kind == "lstm" else 1
+        attrs = {"num_layers": num_layers if num_layers != 1 else None,
+                 "bidirectional": 1 if bidirectional else None,
+                 "batch_first": 1 if batch_first else None, "bias": None if bias else 0,
+                 "dropout": float(dropout) if dropout and self.training else None}
+        ins = [x] + list(weights) + list(state)
+        dirs = 2 if bidirectional else 1
+
+        def fn(x_, *rest):
+            ws, st = list(rest[:len(weights)]), list(rest[len(weights):])
+            if not st:
+                b_ = x_.shape[0] if batch_first else x_.shape[1]
+                shape = (num_layers * dirs, b_, ws[1].shape[1])
+                st = [torch.zeros(shape, dtype=x_.dtype) for _ in range(n_state)]
+            hx = tuple(st) if kind == "lstm" else st[0]
+            f = torch._VF.lstm if kind == "lstm" else torch._VF.gru
+            out = f(x_, hx, ws, bias, num_layers, float(dropout), self.training, bidirectional, batch_first)
+            return tuple(out)
+        return self._op(kind, ins, attrs, fn, n_out=n_state + 1)
+
     def embedding_bag(self, w, idx, offsets=None, mode="mean", per_sample_weights=None):
         """F.embedding_bag: 2-D indices (bags of rows) or 1-D indices with offsets."""
         ins = [w, idx] + ([offsets] if offsets is not None else []) + \

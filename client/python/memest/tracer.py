@@ -49,11 +49,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memest.model_json import attr_value
 
 try:
-    from . import _aten_map, _trace_lifetimes, _trace_random
+    from . import _aten_map, _trace_lifetimes, _trace_random, _trace_rnn
 except ImportError:  # loaded on its own, outside the memest package
     import _aten_map
     import _trace_lifetimes
     import _trace_random
+    import _trace_rnn
 
 __all__ = ["trace", "save", "UnsupportedOp", "TracedModel"]
 
@@ -618,7 +619,8 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
         if hooks:
             hooks.__enter__()
         try:
-            with _Recording(tracer), _sdpa_as_one_op(tracer), _checkpoints_as_regions(tracer):
+            with _Recording(tracer), _sdpa_as_one_op(tracer), _checkpoints_as_regions(tracer), \
+                    _trace_rnn.recurrent_as_one_op(tracer):
                 out = m(*args)
         except NotImplementedError as e:
             if device == "meta":
