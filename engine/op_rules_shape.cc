@@ -204,9 +204,16 @@ StatusOr<std::vector<OutputSpec>> InferSlice(const OpCall& c) {
   if (end < 0) end += n;
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
+  MEMEST_ASSIGN_OR_RETURN(int64_t step, IntAttr(c.op.attrs, "step", 1, c.field));
+  if (step <= 0) return InvalidArgument(AttrField(c, "step") + ": must be positive");
   Shape s = c.in(0).shape;
-  s[dim] = end - start;
-  return std::vector<OutputSpec>{ViewOf(0, s, c.in(0).dtype, c.in(0).strides)};
+  s[dim] = (end - start) / step + ((end - start) % step != 0);
+  Strides st = c.in(0).strides;
+  if (step != 1 && s[dim] > 1) {  // every step-th element: the stride grows (below 2^62 / n)
+    if (st.empty()) st = ContiguousStrides(c.in(0).shape);
+    st[dim] *= step;
+  }
+  return std::vector<OutputSpec>{ViewOf(0, s, c.in(0).dtype, st)};
 }
 
 StatusOr<std::vector<OutputSpec>> InferSplit(const OpCall& c) {

@@ -677,9 +677,20 @@ class Recorder:
             return self._op("squeeze", [x], {}, lambda t: t.squeeze())
         return self._op("squeeze", [x], {"dim": dim}, lambda t: t.squeeze(dim))
 
-    def slice(self, x, dim, start, end):
+    def slice(self, x, dim, start, end, step=1):
+        if step != 1:
+            idx = (slice(None),) * dim + (slice(start, end, step),)
+            return self._op("slice", [x], {"dim": dim, "start": start, "end": end, "step": step},
+                            lambda t: t[idx])
         return self._op("slice", [x], {"dim": dim, "start": start, "end": end},
                         lambda t: t.narrow(dim, start, end - start))
+
+    def pad(self, x, pad):
+        return self._op("pad", [x], {"pad": list(pad)}, lambda t: F.pad(t, list(pad)))
+
+    def roll(self, x, shifts, dims):
+        return self._op("roll", [x], {"shifts": list(shifts), "dims": list(dims)},
+                        lambda t: torch.roll(t, tuple(shifts), tuple(dims)))
 
     def split(self, x, dim, sizes):
         return self._op("split", [x], {"dim": dim, "sizes": list(sizes)},

@@ -98,9 +98,7 @@ def _slice(tr, args, kwargs, out):
     dim = int(_arg(args, kwargs, 1, "dim", 0))
     start = _arg(args, kwargs, 2, "start", None)
     end = _arg(args, kwargs, 3, "end", None)
-    step = _arg(args, kwargs, 4, "step", 1)
-    if step != 1:
-        tr.unsupported("slice with step %s" % step)
+    step = int(_arg(args, kwargs, 4, "step", 1))
     n = x.shape[dim]
     start = 0 if start is None else int(start)
     end = n if end is None else int(end)
@@ -112,6 +110,8 @@ def _slice(tr, args, kwargs, out):
     attrs = {"dim": dim, "start": start}
     if end < n:  # to the end of the dim: left out, so a batch dim can rescale
         attrs["end"] = max(end, start)
+    if step != 1:
+        attrs["step"] = step
     tr.emit("slice", [x], [out], attrs)
 
 
@@ -156,6 +156,30 @@ def _index(tr, args, kwargs, out):
     if idx.dtype not in (torch.int64, torch.int32):
         tr.unsupported("indexing with a %s index" % idx.dtype)
     tr.emit("index", [x, idx], [out], {"dim": len(indices) - 1} if len(indices) > 1 else {})
+
+
+def _pad(tr, args, kwargs, out):
+    value = tr.scalar_of(_arg(args, kwargs, 2, "value", 0))
+    attrs = {"pad": _ints(args[1])}
+    if value:
+        attrs["value"] = value if math.isfinite(value) else 0.0  # memest takes finite values
+    tr.emit("pad", [args[0]], [out], attrs)
+
+
+def _roll(tr, args, kwargs, out):
+    shifts = _ints(_arg(args, kwargs, 1, "shifts"))
+    dims = _ints(_arg(args, kwargs, 2, "dims", []))
+    tr.emit("roll", [args[0]], [out], {"shifts": shifts, "dims": dims} if dims else {"shifts": shifts})
+
+
+def _as_strided_(tr, args, kwargs, out):
+    """as_strided_ that keeps the sizes (1.13's adaptive_avg_pool2d to 1x1 restrides its mean
+    for a channels-last input): the same storage, the same bytes."""
+    x, size = args[0], [int(v) for v in args[1]]
+    recorded = tr._shapes.get(tr._names.get(id(x)))  # x's sizes before the call restrided it
+    if recorded is None or size != recorded[0]:
+        tr.unsupported("as_strided_ to other sizes")
+    tr.alias(out, x)
 
 
 def _cat(tr, args, kwargs, out):
@@ -477,9 +501,6 @@ def _embedding(tr, args, kwargs, out):
     tr.emit("embedding", [args[0], args[1]], [out], {})
 
 
-_PENDING_ARANGES = "_pending_aranges"  # tracer attribute: id(tensor) -> (start, end, step)
-
-
 def _arange(tr, args, kwargs, out):
     """arange(end), arange(start, end), arange(start, end, step) of int64. With a step other
     than 1 (F.embedding_bag's offsets for a 2-D input) it is recorded only when an op reads it:
@@ -495,12 +516,13 @@ def _arange(tr, args, kwargs, out):
         attrs["start"] = start
     if step != 1:
         attrs["step"] = step
-        pending = getattr(tr, _PENDING_ARANGES, None)
-        if pending is None:
-            pending = {}
-            setattr(tr, _PENDING_ARANGES, pending)
-        pending[id(out)] = (start, end, step)
-        tr.defer(out, lambda: tr.emit("arange", [], [out], attrs))
+        name = tr.fresh_name("arange")
+        n = len(range(start, end, step))
+
+        def record():
+            tr.emit("arange", [], [name], attrs, out_shapes={name: ([n], torch.int64)})
+            return name
+        tr.defer(out, record, info=(start, end, step))
         return
     tr.emit("arange", [], [out], attrs)
 
@@ -522,7 +544,7 @@ def _embedding_bag(tr, args, kwargs, out):
         tr.unsupported("embedding_bag with scale_grad_by_freq, sparse or padding_idx")
     attrs = {"mode": _BAG_MODES[mode]}
     ins = [w, idx]
-    made = getattr(tr, _PENDING_ARANGES, {}).get(id(offsets))
+    made = tr.deferred_info(offsets)  # (start, end, step) of an arange not recorded yet
     if (made is not None and made[0] == 0 and made[1] == idx.numel() and not last
             and idx.numel() % made[2] == 0):
         attrs["bag_size"] = made[2]
@@ -560,6 +582,9 @@ HANDLERS = {
     "unbind.int": _unbind,
     "cat.default": _cat,
     "index.Tensor": _index,
+    "constant_pad_nd.default": _pad,
+    "roll.default": _roll,
+    "as_strided_.default": _as_strided_,
     "clone.default": _clone,
     "_to_copy.default": _to_copy,
     "addmm.default": _addmm,

@@ -199,10 +199,13 @@ class _Tracer:
             return n
         deferred = self._deferred.pop(id(t), None)
         if deferred is not None:  # recorded now, before the op that reads it
-            current, self._current = self._current, deferred[0]
-            deferred[1]()
-            self._current = current
-            return self._names[id(t)]
+            if deferred["name"] is None:
+                current, self._current = self._current, deferred["aten"]
+                deferred["name"] = deferred["record"]()
+                self._current = current
+            self._names[id(t)] = deferred["name"]
+            self.life.name(t, deferred["name"])
+            return deferred["name"]
         if id(t) in self._internal:
             self.unsupported(f"an op reading the internal output of {self._internal[id(t)]}")
         if id(t) in self._noise:
@@ -234,6 +237,9 @@ class _Tracer:
 
     def alias(self, out, x):
         self.life.watch(out)
+        if isinstance(x, torch.Tensor) and id(x) in self._deferred:  # still held back
+            self._deferred[id(out)] = self._deferred[id(x)]
+            return
         if isinstance(x, torch.Tensor) and id(x) in self._internal and id(x) not in self._names:
             # a view of an output memest folds into its op (group_norm's detached mean/rstd,
             # which autograd saves): folded too
@@ -242,12 +248,20 @@ class _Tracer:
         self._names[id(out)] = self._name_of(x)
         self.life.name(out, self._names[id(out)])
 
-    def defer(self, t, record):
-        """Records the op that made `t` only when an op of the graph reads `t`: `record()` (which
-        emits it) runs then, first. Until then `t` is held back (a handler may fold it into
-        another op, as embedding_bag does with the offsets an arange made)."""
+    def defer(self, t, record, info=None):
+        """Records the op that made `t` only when an op of the graph reads `t` (or an alias of
+        it): `record()` (which emits it and returns its output's name) runs then, first. Until
+        then `t` is held back, with `info` for handlers that fold it into another op
+        (embedding_bag takes the offsets an arange made as its bag size). Nothing here keeps
+        `t` alive."""
         self.life.watch(t)
-        self._deferred[id(t)] = (self._current, record)
+        self._deferred[id(t)] = {"aten": self._current, "record": record, "name": None,
+                                 "info": info}
+
+    def deferred_info(self, t):
+        """The `info` of a held-back tensor (or of an alias of one), else None."""
+        d = self._deferred.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return d["info"] if d is not None else None
 
     def internal(self, outs):
         for o in outs:
@@ -313,7 +327,8 @@ class _Tracer:
             return
         if _trace_random.stochastic_depth(self, key, args, kwargs, out):
             return
-        if key in _aten_map.FACTORIES and not graph_ins:
+        # x.new_zeros(...) reads x for its dtype and device only
+        if key in _aten_map.FACTORIES and (not graph_ins or key.startswith("new_")):
             for o in outs:
                 self._consts.add(id(o))
             return
@@ -328,6 +343,8 @@ class _Tracer:
         if in_place and ins:
             if role(ins[0]) == "buffer" and all(role(t) == "buffer" for t in graph_ins):
                 return  # bookkeeping on a buffer (BatchNorm's num_batches_tracked += 1)
+            if not graph_ins:
+                return  # filling a constant (Swin's attention mask: mask[h, w] = count)
         handler = _aten_map.HANDLERS.get(key)
         if handler is None:
             self.unsupported()
