@@ -40,12 +40,17 @@
 //   masked_fill(x, mask; value)  where(cond, a, b)
 //   sum / mean(x; dim=[...] (all when absent), keepdim=0)
 //   reshape / view(x; shape=[...], one -1 allowed)  transpose(x; dim0, dim1)  permute(x; dims)
-//   expand(x; shape)  unsqueeze(x; dim)  squeeze(x; dim)  slice(x; dim, start, end)
+//   expand(x; shape)  unsqueeze(x; dim)  squeeze(x; dim)  slice(x; dim, start, end, step=1)
 //   split(x; dim, sizes=[...]) -> several views      flatten(x; start_dim=0, end_dim=-1)
 //   contiguous(x)  to(x; dtype)  cat(xs...; dim=0)  arange(; end, start=0, step=1)
 //   cross_entropy(logits[N,C,..], target[N,..] int64; reduction="mean"|"sum"|"none")
 //   nll_loss(logp[N,C,..], target[N,..]; reduction)  mse_loss(a, b)
 //   scaled_dot_product_attention(q, k, v; is_causal=0, dropout_p=0)   (the math form)
+//   lstm / gru(x, per layer and direction w_ih, w_hh[, b_ih, b_hh], h0?[, c0?]; num_layers=1,
+//       bidirectional=0, batch_first=0, bias=1, dropout=0) -> (output, h_n[, c_n])
+//       (engine/rnn_expand.h; cuDNN's fused RNN on CUDA, 1.13's per-step ops on the CPU)
+//   full(; shape, dtype="float32")   a tensor made in forward (torch.zeros, ...)
+//   pad(x; pad=[left, right, ...], value=0)   roll(x; shifts, dims)
 #ifndef MEMEST_ENGINE_OP_RULES_H_
 #define MEMEST_ENGINE_OP_RULES_H_
 
