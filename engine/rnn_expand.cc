@@ -65,8 +65,11 @@ class CpuRecurrent {
         final_h[i] = h;
         if (s_.lstm) final_c[i] = c;
       }
-      layer_in = dir_outs.size() == 1 ? dir_outs[0] : b_.Add1("cat", dir_outs, {{"dim", int64_t{2}}});
+      const int layer_out =
+          dir_outs.size() == 1 ? dir_outs[0] : b_.Add1("cat", dir_outs, {{"dim", int64_t{2}}});
       KeepAlive(pres.back());
+      KeepAlive(layer_in);  // apply_layer_stack's layer_input, reassigned once the layer returns
+      layer_in = layer_out;
       if (s_.dropout > 0 && l + 1 < s_.layers) {
         layer_in = b_.Add1("dropout", {layer_in}, {{"p", s_.dropout}});
       }
@@ -75,6 +78,11 @@ class CpuRecurrent {
     if (s_.lstm) outs[2] = Stack(final_c, Name(names, 2));
     outs[1] = Stack(final_h, Name(names, 1));
     outs[0] = s_.batch_first ? Transpose(layer_in, Name(names, 0)) : layer_in;
+    // One call: its caller holds the input and the states (given, or nn.LSTM.forward's zeros)
+    // until it returns.
+    KeepAlive(ins[0]);
+    KeepAlive(h0);
+    if (s_.lstm) KeepAlive(c0);
     return outs;
   }
 

@@ -740,6 +740,49 @@ case("models", "resnet18_small", batch=2,
           "input [2, 3, 32, 32]")(resnet18_small)
 
 
+def lstm_lm(r, b, vocab=40, t=6, d=16, h=24):
+    """An RNN language model: embedding, a 2-layer batch-first LSTM with dropout between the
+    layers, a linear head over every step, cross-entropy."""
+    idx = r.input("idx", [b, t], "int64", high=vocab)
+    x = r.embedding(r.param("emb", [vocab, d]), idx)
+    with r.scope("rnn"):
+        out = r.recurrent("lstm", x, rnn_weights(r, "rnn", "lstm", d, h, layers=2), num_layers=2,
+                          batch_first=True, dropout=0.2)[0]
+    logits = r.linear(out, r.param("head.w", [vocab, h]), r.param("head.b", [vocab]))
+    if not r.training:
+        return logits
+    return r.cross_entropy(r.view(logits, [b * t, vocab]), r.target("y", [b * t], high=vocab))
+
+
+# Not with for-loop Adam: 1.13 keeps the previous parameter's denom while the next one's are
+# made, which memest does not model yet (issue 10, section 2), and this model's weights come in
+# runs of equal size, so the step's peak shows it.
+case("models", "lstm_lm", batch=3, configs=[SGD, Config(optimizer="momentum"), Config(mode="inference")],
+     note="embedding 40x16, nn.LSTM(16, 24, num_layers=2, batch_first, dropout=0.2), head; T = 6")(lstm_lm)
+
+
+def unet_small(r, b):
+    """A small UNet: two strided convs down, up by a transposed convolution and by nearest
+    upsampling, skip connections concatenated, ReLU6 and hardswish in place."""
+    x = r.input("x", [b, 3, 16, 16])
+    d1 = r.hardtanh(r.conv2d(x, r.param("d1.w", [8, 3, 3, 3]), r.param("d1.b", [8]), stride=2, padding=1),
+                    0.0, 6.0, inplace=True)                                                   # [b, 8, 8, 8]
+    d2 = r.hardswish(r.conv2d(d1, r.param("d2.w", [16, 8, 3, 3]), r.param("d2.b", [16]), stride=2, padding=1),
+                     inplace=True)                                                            # [b, 16, 4, 4]
+    u1 = r.conv_transpose2d(d2, r.param("u1.w", [16, 8, 2, 2]), r.param("u1.b", [8]), stride=2)  # [b, 8, 8, 8]
+    u1 = r.conv2d(r.cat([u1, d1], dim=1), r.param("c1.w", [8, 16, 3, 3]), None, padding=1)
+    u2 = r.upsample(r.silu(u1, inplace=True), "nearest", scale_factor=2)                      # [b, 8, 16, 16]
+    y = r.conv2d(u2, r.param("out.w", [2, 8, 1, 1]), r.param("out.b", [2]))
+    if not r.training:
+        return y
+    return r.mse_loss(y, r.target("y", [b, 2, 16, 16], "float32"))
+
+
+case("models", "unet_small", batch=2, configs=[SGD, Config(mode="inference")],
+     note="down: conv3x3/2 + ReLU6_, conv3x3/2 + hardswish_; up: conv_transpose 2x2/2, cat skip, "
+          "conv, SiLU_, nearest x2; mse")(unet_small)
+
+
 # ------------------------------------------------------------------------------ optimizers
 OPTIMIZER_CONFIGS = [
     Config(optimizer=o, impl=i, keep_grads=k)
