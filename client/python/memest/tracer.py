@@ -49,12 +49,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memest.model_json import attr_value
 
 try:
-    from . import _aten_map, _trace_lifetimes, _trace_random, _trace_rnn
+    from . import _aten_map, _trace_fused, _trace_lifetimes, _trace_random
 except ImportError:  # loaded on its own, outside the memest package
     import _aten_map
+    import _trace_fused
     import _trace_lifetimes
     import _trace_random
-    import _trace_rnn
 
 __all__ = ["trace", "save", "UnsupportedOp", "TracedModel"]
 
@@ -505,35 +505,6 @@ def _resize_batch(t, dim, n):
 
 
 @contextlib.contextmanager
-def _sdpa_as_one_op(tracer):
-    """While recording, F.scaled_dot_product_attention (PyTorch 2.x; nn.MultiheadAttention calls
-    it too) is recorded as one op instead of the math decomposition the meta device runs."""
-    functional = torch.nn.functional
-    original = getattr(functional, "scaled_dot_product_attention", None)
-    if original is None:  # PyTorch 1.13
-        yield
-        return
-
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
-        tracer.paused += 1
-        try:
-            out = original(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
-        finally:
-            tracer.paused -= 1
-        if kwargs.get("enable_gqa"):
-            tracer._current = "scaled_dot_product_attention"
-            tracer.unsupported("scaled_dot_product_attention with enable_gqa")
-        tracer.record_sdpa(query, key, value, attn_mask, dropout_p, is_causal, out)
-        return out
-
-    functional.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        functional.scaled_dot_product_attention = original
-
-
-@contextlib.contextmanager
 def _checkpoints_as_regions(tracer):
     """While recording, torch.utils.checkpoint runs its function straight through, and the ops
     it records are marked as one checkpoint region (memest then schedules the region as
@@ -636,8 +607,8 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
         if hooks:
             hooks.__enter__()
         try:
-            with _Recording(tracer), _sdpa_as_one_op(tracer), _checkpoints_as_regions(tracer), \
-                    _trace_rnn.recurrent_as_one_op(tracer):
+            with _Recording(tracer), _trace_fused.sdpa_as_one_op(tracer), \
+                    _trace_fused.recurrent_as_one_op(tracer), _checkpoints_as_regions(tracer):
                 out = m(*args)
         except NotImplementedError as e:
             if device == "meta":

@@ -1,15 +1,47 @@
-"""nn.LSTM / nn.GRU as one memest op (lstm / gru; engine/rnn_expand.h says what it reads).
+"""Calls PyTorch runs as one fused kernel on CUDA, recorded as one memest op.
 
-nn.LSTM.forward calls torch._VF.lstm(input, hx, flat_weights, bias, num_layers, dropout,
-training, bidirectional, batch_first) (nn.GRU: torch._VF.gru). While recording, `recurrent_as_one_op`
-replaces those two functions: the call runs unrecorded (on CUDA PyTorch runs it as one cuDNN
-kernel, which the meta device and the CPU would show as dozens of aten ops per step), and is
-recorded as one op. A state that no op of the graph made (the zeros nn.LSTM makes when given
-none) is left out: the engine's op makes it itself. PackedSequence inputs are refused.
+While recording, `sdpa_as_one_op` records F.scaled_dot_product_attention (PyTorch 2.x;
+nn.MultiheadAttention calls it too) as one op instead of the math decomposition the meta device
+runs, and `recurrent_as_one_op` records nn.LSTM / nn.GRU as one lstm / gru op
+(engine/rnn_expand.h says what it reads): nn.LSTM.forward calls torch._VF.lstm(input, hx,
+flat_weights, bias, num_layers, dropout, training, bidirectional, batch_first) (nn.GRU:
+torch._VF.gru). The call runs unrecorded (on CUDA PyTorch runs it as one cuDNN kernel, which the
+meta device and the CPU would show as dozens of aten ops per step), and is recorded as one op.
+A state that no op of the graph made (the zeros nn.LSTM makes when given none) is left out: the
+engine's op makes it itself. PackedSequence inputs are refused.
 """
 import contextlib
 
 import torch
+
+
+@contextlib.contextmanager
+def sdpa_as_one_op(tracer):
+    """While recording, F.scaled_dot_product_attention (PyTorch 2.x; nn.MultiheadAttention calls
+    it too) is recorded as one op instead of the math decomposition the meta device runs."""
+    functional = torch.nn.functional
+    original = getattr(functional, "scaled_dot_product_attention", None)
+    if original is None:  # PyTorch 1.13
+        yield
+        return
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
+        tracer.paused += 1
+        try:
+            out = original(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
+        finally:
+            tracer.paused -= 1
+        if kwargs.get("enable_gqa"):
+            tracer._current = "scaled_dot_product_attention"
+            tracer.unsupported("scaled_dot_product_attention with enable_gqa")
+        tracer.record_sdpa(query, key, value, attn_mask, dropout_p, is_causal, out)
+        return out
+
+    functional.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original
 
 
 def _is_tensor_list(v):
