@@ -50,7 +50,8 @@
 //       bidirectional=0, batch_first=0, bias=1, dropout=0) -> (output, h_n[, c_n])
 //       (engine/rnn_expand.h; cuDNN's fused RNN on CUDA, 1.13's per-step ops on the CPU)
 //   full(; shape, dtype="float32")   a tensor made in forward (torch.zeros, ...)
-//   pad(x; pad=[left, right, ...], value=0)   roll(x; shifts, dims)
+//   pad(x; pad=[left, right, ...], value=0)   roll(x; shifts, dims)   clone(x)
+//   fill_(x; value=0) in place   norm(x; p=2, dim=[...], keepdim=0)   clamp(x; min?, max?)
 #ifndef MEMEST_ENGINE_OP_RULES_H_
 #define MEMEST_ENGINE_OP_RULES_H_
 

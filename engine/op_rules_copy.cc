@@ -1,4 +1,5 @@
-// Rules for ops that copy a tensor into a new arrangement: pad (constant_pad_nd) and roll.
+// Rules for ops that copy a tensor, into a new arrangement or as it is, or fill it: pad
+// (constant_pad_nd), roll, clone and fill_.
 //
 // derivatives.yaml: constant_pad_nd keeps only its pads (its backward is constant_pad_nd of
 // the gradient with the pads negated: a new input-sized tensor); roll keeps only its shifts
@@ -66,9 +67,26 @@ void RollMemory(const OpCall& c, OpMemory* m) {
   }
 }
 
+// clone(x): a copy in x's layout (memory_format=preserve); backward hands the gradient on
+// (derivatives.yaml: grad). An explicit x.clone() copies even a contiguous x.
+StatusOr<std::vector<OutputSpec>> InferClone(const OpCall& c) {
+  return std::vector<OutputSpec>{Like(c.in(0))};
+}
+
+void PassGrad(const OpCall& c, OpMemory* m) { m->grad_flow = {GradFlow::kPassThrough}; }
+
+// fill_(x; value) (zero_, fill_): in place; x's gradient is zeros (derivatives.yaml:
+// zeros_like(grad)), a new tensor.
+StatusOr<std::vector<OutputSpec>> InferFill(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "value", 0.0, c.field).status());
+  return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides)};
+}
+
 }  // namespace
 
 void RegisterCopyRules(std::vector<OpRule>* r) {
+  r->push_back({"clone", 1, 1, InferClone, PassGrad});
+  r->push_back({"fill_", 1, 1, InferFill, NoSaves});
   r->push_back({"pad", 1, 1, InferPad, NoSaves});
   r->push_back({"roll", 1, 1, InferRoll, RollMemory});
 }

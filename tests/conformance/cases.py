@@ -331,6 +331,15 @@ op_case("split", SHAPE, lambda r, x: r.mul(*r.split(x, 2, [8, 8])))
 # Swin's patch merging: x[:, 0::2] and x[:, 1::2], concatenated.
 op_case("slice_step2_cat", [8, 6], lambda r, x: r.exp(r.cat([r.slice(x, 1, 0, 8, 2), r.slice(x, 1, 1, 8, 2)], dim=2)))
 op_case("pad", [5, 4, 8], lambda r, x: r.exp(r.pad(x, [0, 0, 0, 3, 0, 2])))
+op_case("clone", SHAPE, lambda r, x: r.exp(r.clone(x)))
+op_case("norm_keepdim", [4, 16], lambda r, x: r.exp(r.norm(x, [-1], keepdim=True)))
+op_case("clamp_min", SHAPE, lambda r, x: r.clamp(x, min=0.0))
+op_case("clamp_max", SHAPE, lambda r, x: r.clamp(x, max=0.05))
+op_case("clamp_both", SHAPE, lambda r, x: r.clamp(x, -0.05, 0.05))
+# F.normalize(x, dim=-1) as 1.13 runs it: norm, clamp_min, expand_as, div (Swin V2's cosine
+# attention).
+op_case("normalize", [4, 16], lambda r, x: r.div(
+    x, r.expand(r.clamp(r.norm(x, [-1], keepdim=True), min=1e-12), [x.shape[0], 4, 16])))
 op_case("roll_two_dims", [5, 4, 8], lambda r, x: r.exp(r.roll(x, [-2, -2], [1, 2])))
 op_case("roll_one_dim", [5, 4, 8], lambda r, x: r.exp(r.roll(x, [3], [1])))
 op_case("flatten", SHAPE, lambda r, x: r.exp(r.flatten(x, 1, 2)))

@@ -685,6 +685,18 @@ class Recorder:
         return self._op("slice", [x], {"dim": dim, "start": start, "end": end},
                         lambda t: t.narrow(dim, start, end - start))
 
+    def norm(self, x, dim, keepdim=False):
+        """The 2-norm over `dim` (1.13's Tensor.norm; F.normalize's first step)."""
+        return self._op("norm", [x], {"dim": list(dim), "keepdim": 1 if keepdim else None},
+                        lambda t: t.norm(2.0, list(dim), keepdim))
+
+    def clamp(self, x, min=None, max=None):
+        return self._op("clamp", [x], {"min": min, "max": max},
+                        lambda t: torch.clamp(t, min, max))
+
+    def clone(self, x):
+        return self._op("clone", [x], {}, lambda t: t.clone())
+
     def pad(self, x, pad):
         return self._op("pad", [x], {"pad": list(pad)}, lambda t: F.pad(t, list(pad)))
 

@@ -189,7 +189,57 @@ def _cat(tr, args, kwargs, out):
 
 
 def _clone(tr, args, kwargs, out):
-    tr.emit("contiguous", [args[0]], [out], {})
+    """x.contiguous() of a non-contiguous x is clone(memory_format=contiguous_format); an
+    explicit x.clone() (memory_format=preserve) copies even a contiguous x."""
+    x, fmt = args[0], kwargs.get("memory_format")
+    if fmt == torch.contiguous_format and not x.is_contiguous():
+        tr.emit("contiguous", [x], [out], {})
+    elif fmt in (None, torch.preserve_format, torch.contiguous_format):
+        tr.emit("clone", [x], [out], {})
+    else:
+        tr.unsupported("clone to %s" % fmt)
+
+
+def _fill_(tr, args, kwargs, out):
+    value = tr.scalar_of(args[1]) if len(args) > 1 else 0.0
+    if value is None:
+        tr.unsupported("fill_ with a tensor of the graph")
+    tr.emit("fill_", [args[0]], [out], {"value": value} if value and math.isfinite(value) else {})
+
+
+def _norm(tr, args, kwargs, out):
+    """norm.ScalarOpt_dim(x, p, dim, keepdim) and linalg_vector_norm(x, ord, dim, keepdim)."""
+    p = _arg(args, kwargs, 1, "ord" if "ord" in kwargs else "p", 2)
+    dims = _arg(args, kwargs, 2, "dim", None)
+    keepdim = bool(_arg(args, kwargs, 3, "keepdim", False))
+    if p is None or float(p) != 2.0 or kwargs.get("dtype") is not None:
+        tr.unsupported("a norm other than the 2-norm")
+    attrs = {}
+    if dims is not None and len(_ints(dims)) > 0:
+        attrs["dim"] = _ints(dims)
+    if keepdim:
+        attrs["keepdim"] = 1
+    tr.emit("norm", [args[0]], [out], attrs)
+
+
+def _clamp(which):
+    def h(tr, args, kwargs, out):
+        if which == "both":
+            bounds = {"min": _arg(args, kwargs, 1, "min"), "max": _arg(args, kwargs, 2, "max")}
+        else:
+            bounds = {which: args[1]}
+        attrs = {}
+        for k, v in bounds.items():
+            if v is None:
+                continue
+            value = tr.scalar_of(v)
+            if value is None or not math.isfinite(value):
+                tr.unsupported("clamp with a tensor or infinite bound")
+            attrs[k] = value
+        if not attrs:
+            tr.unsupported("clamp without bounds")
+        tr.emit("clamp", [args[0]], [out], attrs)
+    return h
 
 
 def _to_copy(tr, args, kwargs, out):
@@ -585,6 +635,14 @@ HANDLERS = {
     "constant_pad_nd.default": _pad,
     "roll.default": _roll,
     "as_strided_.default": _as_strided_,
+    "zero_.default": _fill_,
+    "fill_.Scalar": _fill_,
+    "fill_.Tensor": _fill_,
+    "norm.ScalarOpt_dim": _norm,
+    "linalg_vector_norm.default": _norm,
+    "clamp.default": _clamp("both"),
+    "clamp_min.default": _clamp("min"),
+    "clamp_max.default": _clamp("max"),
     "clone.default": _clone,
     "_to_copy.default": _to_copy,
     "addmm.default": _addmm,
