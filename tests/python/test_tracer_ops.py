@@ -185,6 +185,7 @@ def test_unet_up_path(tmp_path):
     ("efficientnet_b0", 32),      # silu_, stochastic depth
     ("convnext_tiny", 32),        # permute + layer_norm, stochastic depth, channels-last pooling
     ("swin_t", 64),               # pad, roll, window mask, relative position index, strided slices
+    ("swin_v2_t", 64),            # clone + zero_ of a bias, F.normalize (norm, clamp_min), clamp
 ])
 def test_torchvision_models_trace_and_estimate(name, resolution, tmp_path):
     import torchvision
