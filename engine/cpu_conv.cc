@@ -346,28 +346,42 @@ void TransposedTrace(const CpuConvProblem& p, CpuConvTrace* t) {
   const bool slice_copy = p.n > 1;
   const int64_t xg = p.n * cig * hw * e, yg = p.n * cog * ohw * e;
   const int64_t gw = cig * cog * k * e, gb = cog * e;
-  for (int64_t g = 0; g < p.groups; ++g) {
+  // Every group repeats the same allocations and leaves its results behind, so the high-water
+  // mark is reached in the last group: the groups between the first and the last are written
+  // as one allocation of what they leave, and the frees of more than two groups' results as
+  // one, which keeps the sequence short for any number of groups.
+  auto groups = [&](std::vector<int64_t>* seq, int64_t left_by_one, auto&& one) {
+    one();
+    if (p.groups > 2) seq->push_back((p.groups - 2) * left_by_one);
+    if (p.groups > 1) one();
+  };
+  auto free_each = [&](std::vector<int64_t>* seq, int64_t bytes) {
+    if (p.groups > 2) seq->push_back(-p.groups * bytes);
+    else seq->insert(seq->end(), p.groups, -bytes);
+  };
+  groups(&f, yg, [&] {
     if (slice_copy) f.push_back(xg);
     forward(yg);
     if (slice_copy) f.push_back(-xg);
-  }
+  });
   f.push_back(y);
-  f.insert(f.end(), p.groups, -yg);
-  for (int64_t g = 0; g < p.groups; ++g) {
+  free_each(&f, yg);
+  const int64_t left = (p.input_grad ? xg : 0) + (p.weight_grad ? gw + (p.bias ? gb : 0) : 0);
+  groups(&bw, left, [&] {
     if (slice_copy) bw.insert(bw.end(), {yg, xg});
     backward(xg, gw, gb);
     if (slice_copy) bw.insert(bw.end(), {-xg, -yg});
-  }
+  });
   if (p.input_grad) bw.push_back(x);
   if (p.weight_grad) {
     bw.push_back(wt);
     if (p.bias) {
       bw.push_back(b);
-      bw.insert(bw.end(), p.groups, -gb);
+      free_each(&bw, gb);
     }
-    bw.insert(bw.end(), p.groups, -gw);
+    free_each(&bw, gw);
   }
-  if (p.input_grad) bw.insert(bw.end(), p.groups, -xg);
+  if (p.input_grad) free_each(&bw, xg);
 }
 
 }  // namespace

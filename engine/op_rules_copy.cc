@@ -50,6 +50,10 @@ StatusOr<std::vector<OutputSpec>> InferRoll(const OpCall& c) {
                            "dims), got " + std::to_string(shifts.size()) + " shifts and " +
                            std::to_string(dims.size()) + " dims");
   }
+  if (shifts.size() > kMaxRank) {
+    return InvalidArgument(AttrField(c, "shifts") + ": at most " + std::to_string(kMaxRank) +
+                           " shifts, got " + std::to_string(shifts.size()));
+  }
   for (int64_t d : dims) {
     MEMEST_RETURN_IF_ERROR(
         NormalizeDim(d, static_cast<int>(c.in(0).shape.size()), AttrField(c, "dims")).status());

@@ -167,6 +167,9 @@ StatusOr<std::vector<OutputSpec>> InferEmbeddingBag(const OpCall& c) {
                              ", with mode 'sum'");
     }
   }
+  // CUDA's backward sums gradient rows per index in float32 (embedding's partial sums).
+  MEMEST_RETURN_IF_ERROR(
+      CheckedBytes({b.n, b.dim}, DType::kFloat32, c.field + ": its per-index partial sums").status());
   return std::vector<OutputSpec>{{{b.bags, b.dim}, c.in(0).dtype}};
 }
 

@@ -23,8 +23,20 @@ namespace memest {
 namespace rules {
 namespace {
 
+// cudnnGetRNNTempSpaceSizes' reserve for training, as above; an error when it passes 2^62.
+StatusOr<int64_t> CheckedReserveBytes(const RecurrentShape& s, int64_t e) {
+  const int64_t per_unit = s.layers * s.dirs * (s.lstm ? 5 : 6) + (s.layers - 1) * s.dirs;
+  int64_t bytes = 1;
+  for (int64_t f : {s.seq, s.batch, s.hidden, e, per_unit}) {
+    MEMEST_ASSIGN_OR_RETURN(bytes, CheckedMul(bytes, f));
+  }
+  return bytes;
+}
+
 StatusOr<std::vector<OutputSpec>> InferRecurrent(const OpCall& c) {
   MEMEST_ASSIGN_OR_RETURN(RecurrentShape s, ReadRecurrent(c.op, c.inputs, c.field));
+  const StatusOr<int64_t> reserve = CheckedReserveBytes(s, DTypeSize(c.in(0).dtype));
+  if (!reserve.ok()) return InvalidArgument(c.field + ": its cuDNN reserve space passes 2^62 bytes");
   const int64_t t = s.seq, b = s.batch, out_features = s.dirs * s.hidden;
   const Shape out = s.batch_first ? Shape{b, t, out_features} : Shape{t, b, out_features};
   const Shape state{s.layers * s.dirs, b, s.hidden};
@@ -32,12 +44,6 @@ StatusOr<std::vector<OutputSpec>> InferRecurrent(const OpCall& c) {
   std::vector<OutputSpec> outs{{out, d}, {state, d}};
   if (s.lstm) outs.push_back({state, d});
   return outs;
-}
-
-// cudnnGetRNNTempSpaceSizes' reserve for training, as above.
-int64_t ReserveBytes(const RecurrentShape& s, int64_t e) {
-  const int64_t per_unit = s.layers * s.dirs * (s.lstm ? 5 : 6) + (s.layers - 1) * s.dirs;
-  return s.seq * s.batch * s.hidden * e * per_unit;
 }
 
 void CudnnRecurrentMemory(const OpCall& c, OpMemory* m) {
@@ -66,7 +72,8 @@ void CudnnRecurrentMemory(const OpCall& c, OpMemory* m) {
   }
   m->saved_outputs.push_back(0);
   for (const Alloc& a : zero_state) m->saved_extras.push_back(a);
-  m->saved_extras.push_back(Alloc{ReserveBytes(s, e), "cuDNN reserve space"});
+  const StatusOr<int64_t> reserve = CheckedReserveBytes(s, e);  // checked when inferred
+  m->saved_extras.push_back(Alloc{reserve.ok() ? *reserve : 0, "cuDNN reserve space"});
   // _cudnn_rnn_backward: zeros for the gradients of hy / cy that did not arrive (taken as the
   // common case: only the output is used), dx and dhx / dcx computed unconditionally (they
   // update the reserve), and batch-first copies of x and of the output's gradient.

@@ -209,9 +209,9 @@ StatusOr<std::vector<OutputSpec>> InferSlice(const OpCall& c) {
   Shape s = c.in(0).shape;
   s[dim] = (end - start) / step + ((end - start) % step != 0);
   Strides st = c.in(0).strides;
-  if (step != 1 && s[dim] > 1) {  // every step-th element: the stride grows (below 2^62 / n)
+  if (step != 1 && s[dim] > 1) {  // every step-th element: the stride grows
     if (st.empty()) st = ContiguousStrides(c.in(0).shape);
-    st[dim] *= step;
+    MEMEST_ASSIGN_OR_RETURN(st[dim], CheckedMul(st[dim], step));
   }
   return std::vector<OutputSpec>{ViewOf(0, s, c.in(0).dtype, st)};
 }

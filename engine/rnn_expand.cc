@@ -267,6 +267,16 @@ StatusOr<Graph> ExpandRecurrentForCpu(const Graph& g) {
       b.Fail(s.status());
       return true;
     }
+    // About 20 ops a step (a cell's ops, its unbind view, its output's unsqueeze), per layer
+    // and direction; refused before any is built when that passes kMaxExpandedOps.
+    const int64_t units = s->layers * s->dirs;
+    if (s->seq > kMaxExpandedOps / 20 / units) {
+      b.Fail(InvalidArgument(field + ": " + op.kind + " over " + std::to_string(s->seq) +
+                             " steps and " + std::to_string(units) + " layer direction(s) is " +
+                             "more than " + std::to_string(kMaxExpandedOps) +
+                             " ops on the cpu-1.13 runtime, which runs every step as its own ops"));
+      return true;
+    }
     std::vector<std::string> names;
     for (int t : op.outputs) names.push_back(g.tensors[t].name);
     std::vector<int> outs = CpuRecurrent(b, *s).Build(ins, names);

@@ -46,7 +46,9 @@ StatusOr<RecurrentShape> ReadRecurrent(const Op& op, const std::vector<const Ten
 // True if `g` has an lstm or gru op.
 bool HasRecurrent(const Graph& g);
 
-// `g` with every lstm / gru op replaced by the ops PyTorch 1.13's CPU path runs for it.
+// `g` with every lstm / gru op replaced by the ops PyTorch 1.13's CPU path runs for it. An op
+// that would become more than kMaxExpandedOps ops is refused (INVALID_ARGUMENT naming it).
+inline constexpr int64_t kMaxExpandedOps = 1'000'000;
 StatusOr<Graph> ExpandRecurrentForCpu(const Graph& g);
 
 }  // namespace memest

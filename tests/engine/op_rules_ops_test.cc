@@ -252,6 +252,40 @@ TEST(CpuConvTest, TransposedMatchesMeasuredSequences) {
   }
 }
 
+// Depthwise 1x1 with 8 groups (measured: eight identical rounds, then the concatenation): the
+// sequence is kept short (the middle groups as one allocation), its high-water mark and net
+// unchanged.
+TEST(CpuConvTest, TransposedManyGroupsKeepThePeak) {
+  std::vector<int64_t> fwd, bwd;
+  for (int g = 0; g < 8; ++g) fwd.insert(fwd.end(), {512, 512, 256, 256, -256, -256, -512});
+  fwd.push_back(4096);
+  fwd.insert(fwd.end(), 8, -512);
+  for (int g = 0; g < 8; ++g) bwd.insert(bwd.end(), {512, 512, 512, 4, 4, -512, -512});
+  bwd.insert(bwd.end(), {4096, 32, 32});
+  bwd.insert(bwd.end(), 16, -4);
+  bwd.insert(bwd.end(), 8, -512);
+  CpuConvProblem p;
+  p.transposed = true;
+  p.n = 2, p.ci = 8, p.co = 8, p.groups = 8, p.h = p.w = p.oh = p.ow = 8;
+  p.bias = p.input_grad = p.weight_grad = true;
+  const CpuConvTrace t = CpuConvAllocations(p, CpuIsa::kAvx512);
+  EXPECT_LT(t.forward.size(), fwd.size());
+  EXPECT_EQ(PeakOfEvents(t.forward).peak, PeakOfEvents(fwd).peak);
+  EXPECT_EQ(PeakOfEvents(t.forward).net, PeakOfEvents(fwd).net);
+  EXPECT_EQ(PeakOfEvents(t.backward).peak, PeakOfEvents(bwd).peak);
+  EXPECT_EQ(PeakOfEvents(t.backward).net, PeakOfEvents(bwd).net);
+  p.groups = p.ci = p.co = int64_t{1} << 30;  // a long loop, were it one event list per group
+  EXPECT_LT(CpuConvAllocations(p, CpuIsa::kAvx512).forward.size(), 32u);
+}
+
+TEST(RecurrentRuleTest, CpuExpansionRefusesEndlessSequences) {
+  const Built b = OneOp("gru", RecurrentInputs(false, 100'000, 1, 1, 1, 1), {});
+  StatusOr<Graph> g = ExpandRecurrentForCpu(b.graph);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("gru over 100000 steps"), std::string::npos)
+      << g.status().message();
+}
+
 // Every rule's kind appears in the vocabulary comment at the top of engine/op_rules.h.
 TEST(OpRuleTest, HeaderListsEveryKind) {
   std::ifstream f(std::string(MEMEST_SOURCE_DIR) + "/engine/op_rules.h");
