@@ -134,6 +134,10 @@ StatusOr<Bags> ReadBags(const OpCall& c) {
                              " indices");
     }
     b.bags = b.n / size;
+    if (c.inputs.size() > 3) {
+      return InvalidArgument(c.field + ".inputs: embedding_bag with attrs.bag_size takes no " +
+                             "offsets (weight, indices and optionally per_sample_weights)");
+    }
     if (c.inputs.size() == 3) b.psw = 2;
   } else {
     if (c.inputs.size() < 3) {
