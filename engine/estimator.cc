@@ -5,6 +5,7 @@
 #include "engine/liveness.h"
 #include "engine/passes.h"
 #include "engine/python_refs.h"
+#include "engine/rnn_expand.h"
 #include "engine/schedule.h"
 
 namespace memest {
@@ -126,6 +127,11 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   if (half != built.autocast) {
     MEMEST_ASSIGN_OR_RETURN(Graph autocast, ApplyAutocast(built, half));
     step.owned = std::make_unique<Graph>(std::move(autocast));
+    step.graph = step.owned.get();
+  }
+  if (cpu && HasRecurrent(*step.graph)) {  // 1.13's CPU path runs them as separate aten ops
+    MEMEST_ASSIGN_OR_RETURN(Graph expanded, ExpandRecurrentForCpu(*step.graph));
+    step.owned = std::make_unique<Graph>(std::move(expanded));
     step.graph = step.owned.get();
   }
   if (config.mode == Mode::kTraining) {

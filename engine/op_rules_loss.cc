@@ -2,7 +2,7 @@
 //
 // cross_entropy = log_softmax(x, dim, x.dtype) + nll_loss: log_softmax keeps its [N, C] result,
 // nll_loss its input (the same tensor; under autocast a float32 copy of it), its targets and a
-// 0-dim total_weight; backward forms nll_loss_backward's [N, C] gradient, then
+// 0-dim total_weight, whatever the reduction (reduction="none" returns one loss per target); backward forms nll_loss_backward's [N, C] gradient, then
 // _log_softmax_backward_data's. mse_loss keeps both operands. scaled_dot_product_attention is
 // modelled in its math form (_scaled_dot_product_attention_math): q and k^T are each scaled
 // by sqrt(scale) into new tensors that bmm keeps, the causal mask is built as an [L, S] bool
@@ -14,6 +14,16 @@
 namespace memest {
 namespace rules {
 namespace {
+
+// attrs.reduction: "mean" (the default) and "sum" give a 0-dim loss, "none" one per target.
+StatusOr<Shape> ReducedLossShape(const OpCall& c, const Shape& per_target) {
+  MEMEST_ASSIGN_OR_RETURN(std::string r, StringAttr(c.op.attrs, "reduction", "mean", c.field));
+  if (r != "mean" && r != "sum" && r != "none") {
+    return InvalidArgument(AttrField(c, "reduction") + ": must be 'mean', 'sum' or 'none', got '" +
+                           r + "'");
+  }
+  return r == "none" ? per_target : Shape{};
+}
 
 StatusOr<std::vector<OutputSpec>> InferCrossEntropy(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
@@ -30,7 +40,8 @@ StatusOr<std::vector<OutputSpec>> InferCrossEntropy(const OpCall& c) {
                            ShapeToString(t));
   }
   MEMEST_ASSIGN_OR_RETURN(int64_t f32, IntAttr(c.op.attrs, "nll_float32", 0, c.field));
-  return std::vector<OutputSpec>{{{}, f32 ? DType::kFloat32 : c.in(0).dtype}};
+  MEMEST_ASSIGN_OR_RETURN(Shape out, ReducedLossShape(c, want));
+  return std::vector<OutputSpec>{{out, f32 ? DType::kFloat32 : c.in(0).dtype}};
 }
 
 // Under autocast (attrs.nll_float32) nll_loss runs on a float32 copy of the half log-probs.
@@ -59,6 +70,7 @@ void CrossEntropyMemory(const OpCall& c, OpMemory* m) {
   m->backward_temps.push_back(Alloc{f32 ? n * 4 : BytesOf(c.in(0)), "nll_loss_backward gradient"});
   if (f32) m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "its cast to the logits' dtype"});
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
+  m->backward_scratch_consumes_grad = true;  // NllLossBackward releases it
 }
 
 // nll_loss(logp[N, C, ...], target[N, ...] int64): what cross_entropy runs after log_softmax,
@@ -77,7 +89,8 @@ StatusOr<std::vector<OutputSpec>> InferNllLoss(const OpCall& c) {
                            ShapeToString(x) + " must be class indices of shape " +
                            ShapeToString(want) + ", got " + ShapeToString(c.in(1).shape));
   }
-  return std::vector<OutputSpec>{{{}, c.in(0).dtype}};
+  MEMEST_ASSIGN_OR_RETURN(Shape out, ReducedLossShape(c, want));
+  return std::vector<OutputSpec>{{out, c.in(0).dtype}};
 }
 
 void NllLossMemory(const OpCall& c, OpMemory* m) {

@@ -125,6 +125,12 @@ class StepSimulator {
     for (const Op& op : g.ops) uses_cublas_ |= UsesCublas(op.kind);
     param_grad_.assign(n, -1);
     pending_.assign(n, Pending{});
+    first_reader_.assign(n, -1);
+    for (size_t i = g.ops.size(); i-- > 0;) {
+      for (int t : g.ops[i].inputs) {
+        if (g.tensors[t].role == TensorRole::kParameter) first_reader_[t] = static_cast<int>(i);
+      }
+    }
     op_saved_.resize(g.ops.size());
     memo_.resize(g.ops.size());
     // About a context, a few allocations and frees per op, forward and backward.
@@ -569,6 +575,10 @@ class StepSimulator {
       }
       RunBackwardOp(i, false);
     }
+    // Parameters whose first reader backward did not reach.
+    for (size_t t = 0; t < pending_.size(); ++t) {
+      if (g_.tensors[t].role == TensorRole::kParameter) FlushParamGrad(static_cast<int>(t));
+    }
     // Nodes that backward never reached are freed with the graph.
     for (auto& saved : op_saved_) ReleaseSaved(saved);
     for (size_t t = 0; t < pending_.size(); ++t) {
@@ -735,6 +745,7 @@ class StepSimulator {
       int tensor, grad;
       Strides strides;
       bool shared_handle = false;
+      int input = 0;  // the op's input index
     };
     std::vector<Flow> flows;
     // View-like backwards hand each input a new view; the others the incoming tensor itself.
@@ -742,6 +753,26 @@ class StepSimulator {
     int passed = 0;
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       passed += mem.grad_flow[k] == GradFlow::kPassThrough;
+    }
+    const int incoming_buffer = grads_[pending_[incoming].grad].buffer;
+    std::vector<int> temps;
+    auto make_temps = [&] {
+      for (const Alloc& a : mem.backward_temps) {
+        temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
+      }
+      // An expanded incoming gradient (sum's backward) is made dense before the kernel reads it.
+      if (mem.backward_needs_dense_grad && pending_[incoming].grad >= 0 &&
+          !IsDense(g_.tensors[incoming].shape, pending_[incoming].strides)) {
+        const Tensor& o = g_.tensors[incoming];
+        temps.push_back(NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries));
+      }
+    };
+    // The scratch is made from the incoming gradient, which is gone before the inputs'
+    // gradients are made (OpMemory::backward_scratch_consumes_grad).
+    const bool consume_first = mem.backward_scratch_consumes_grad && passed == 0;
+    if (consume_first) {
+      make_temps();
+      ReleaseIncomingGrads(op);
     }
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       if (mem.grad_flow[k] == GradFlow::kNone) continue;
@@ -751,44 +782,56 @@ class StepSimulator {
         if (PassThroughStrides(i, static_cast<int>(k), pending_[out0].strides, &st)) {
           ++grads_[pending_[out0].grad].refs;
           const bool shared = !new_handles && (passed >= 2 || pending_[out0].shared_handle);
-          flows.push_back({op.inputs[k], pending_[out0].grad, st, shared});
+          flows.push_back({op.inputs[k], pending_[out0].grad, st, shared, static_cast<int>(k)});
           continue;
         }
       }
       // A gradient bound for an empty .grad counts as a gradient from the start.
-      const bool to_grad = in.role == TensorRole::kParameter && param_grad_[op.inputs[k]] < 0;
+      const bool to_grad = in.role == TensorRole::kParameter && param_grad_[op.inputs[k]] < 0 &&
+                           pending_[op.inputs[k]].grad < 0;
       flows.push_back({op.inputs[k],
                        NewGrad(Bytes(in.shape, in.dtype),
                                to_grad ? Category::kGradients : Category::kTemporaries),
-                       ContiguousStrides(in.shape)});
+                       ContiguousStrides(in.shape), false, static_cast<int>(k)});
     }
-    std::vector<int> temps;
-    for (const Alloc& a : mem.backward_temps) temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
-    // An expanded incoming gradient (sum's backward) is made dense before the kernel reads it.
-    if (mem.backward_needs_dense_grad && pending_[incoming].grad >= 0 &&
-        !IsDense(g_.tensors[incoming].shape, pending_[incoming].strides)) {
-      const Tensor& o = g_.tensors[incoming];
-      temps.push_back(NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries));
-    }
-    if (opt_.record_operands) RecordBackwardOperands(i, incoming, flows);
+    if (!consume_first) make_temps();
+    if (opt_.record_operands) RecordBackwardOperands(i, incoming_buffer, flows);
     for (int b : temps) FreeBuffer(b);
     ReleaseSaved(op_saved_[i]);
+    ReleaseIncomingGrads(op);
+    if (!mem.grad_order.empty()) {
+      auto rank = [&](const Flow& f) {
+        for (size_t r = 0; r < mem.grad_order.size(); ++r) {
+          if (mem.grad_order[r] == f.input) return static_cast<int>(r);
+        }
+        return static_cast<int>(mem.grad_order.size()) + f.input;
+      };
+      std::stable_sort(flows.begin(), flows.end(),
+                       [&](const Flow& a, const Flow& b) { return rank(a) < rank(b); });
+    }
+    for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides), f.shared_handle);
+    for (int t : op.inputs) {
+      if (first_reader_[t] == i) FlushParamGrad(t);
+    }
+  }
+
+  // Drops op's incoming gradients (its outputs' pending gradients).
+  void ReleaseIncomingGrads(const Op& op) {
     for (int o : op.outputs) {
       if (pending_[o].grad >= 0) {
         Deref(pending_[o].grad);
         pending_[o] = Pending{};
       }
     }
-    for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides), f.shared_handle);
   }
 
-  // What op i's backward reads (the incoming gradient, what the op saved) and writes (the
-  // gradients of its inputs), as buffers.
+  // What op i's backward reads (the incoming gradient's buffer, what the op saved) and writes
+  // (the gradients of its inputs), as buffers.
   template <typename Flows>
-  void RecordBackwardOperands(int i, int incoming, const Flows& flows) {
+  void RecordBackwardOperands(int i, int incoming_buffer, const Flows& flows) {
     const Op& op = g_.ops[i];
     OpOperands& rec = s_.operands.back();
-    rec.output_grad = grads_[pending_[incoming].grad].buffer;
+    rec.output_grad = incoming_buffer;
     auto held = [&](int t) {
       for (auto [st, s] : op_saved_[i].holds) {
         if (s == base_[t]) return st->buffer[s];
@@ -808,12 +851,12 @@ class StepSimulator {
     }
   }
 
+  // A gradient reaching tensor t. It waits in t's InputBuffer, summed with those that reached
+  // t before, until every op that reads t has run backward: for an activation that is when t's
+  // producer runs backward; a parameter's AccumulateGrad runs once, after its first reader's
+  // backward (FlushParamGrad), with the sum of every use (an RNN's weights, tied embeddings).
   void Deliver(int t, int grad, Strides strides, bool shared_handle = false) {
     const Tensor& ten = g_.tensors[t];
-    if (ten.role == TensorRole::kParameter) {
-      AccumulateGrad(t, grad, strides, shared_handle);
-      return;
-    }
     if (!ten.requires_grad) {
       Deref(grad);
       return;
@@ -825,11 +868,21 @@ class StepSimulator {
                cfg_.runtime != Runtime::kCpuTorch113) {  // 1.13: always old_var + var
       Deref(grad);  // InputBuffer: old_var.add_(var) into the uniquely owned, dense one
     } else {
-      const int sum = NewGrad(Bytes(ten.shape, ten.dtype));  // old_var + var
+      const bool param = ten.role == TensorRole::kParameter && param_grad_[t] < 0;
+      const int sum = NewGrad(Bytes(ten.shape, ten.dtype),  // old_var + var
+                              param ? Category::kGradients : Category::kTemporaries);
       Deref(p.grad);
       Deref(grad);
       p = {sum, ContiguousStrides(ten.shape)};
     }
+  }
+
+  // Runs parameter t's AccumulateGrad on what its InputBuffer holds.
+  void FlushParamGrad(int t) {
+    Pending& p = pending_[t];
+    if (p.grad < 0) return;
+    AccumulateGrad(t, p.grad, p.strides, p.shared_handle);
+    p = Pending{};
   }
 
   // AccumulateGrad: a first gradient whose tensor nobody else holds and whose layout matches
@@ -937,6 +990,7 @@ class StepSimulator {
   PythonRefs refs_;
   std::vector<int> loop_outputs_;  // buffers of the outputs the training loop holds
   std::vector<int> param_grad_;
+  std::vector<int> first_reader_;  // per parameter, the first op that reads it (else -1)
   std::vector<GradBuf> grads_;
   std::vector<Pending> pending_;
   std::vector<SavedByOp> op_saved_;

@@ -49,10 +49,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memest.model_json import attr_value
 
 try:
-    from . import _aten_map, _trace_lifetimes
+    from . import _aten_map, _trace_fused, _trace_lifetimes, _trace_random
 except ImportError:  # loaded on its own, outside the memest package
     import _aten_map
+    import _trace_fused
     import _trace_lifetimes
+    import _trace_random
 
 __all__ = ["trace", "save", "UnsupportedOp", "TracedModel"]
 
@@ -134,6 +136,7 @@ class _Tracer:
         self._consts = set()     # ids of constant tensors (factory results and derived)
         self._internal = {}      # id -> aten op: outputs memest folds into its op (stats, masks)
         self._noise = {}         # id -> dropout noise state {"x": tensor, "keep": float}
+        self._deferred = {}      # id -> (aten name, record()): ops recorded when first read
         self._shapes = {}        # name -> (shape list, dtype name)
         self._roles = {}
         self.decls = []
@@ -159,6 +162,8 @@ class _Tracer:
         self._consts.discard(oid)
         self._internal.pop(oid, None)
         self._noise.pop(oid, None)
+        self._deferred.pop(oid, None)
+        _trace_random.forget(self, oid)
 
     # ------------------------------------------------------------ names
     @property
@@ -192,6 +197,15 @@ class _Tracer:
         n = self._names.get(id(t))
         if n is not None:
             return n
+        deferred = self._deferred.pop(id(t), None)
+        if deferred is not None:  # recorded now, before the op that reads it
+            if deferred["name"] is None:
+                current, self._current = self._current, deferred["aten"]
+                deferred["name"] = deferred["record"]()
+                self._current = current
+            self._names[id(t)] = deferred["name"]
+            self.life.name(t, deferred["name"])
+            return deferred["name"]
         if id(t) in self._internal:
             self.unsupported(f"an op reading the internal output of {self._internal[id(t)]}")
         if id(t) in self._noise:
@@ -214,7 +228,8 @@ class _Tracer:
         return None
 
     def _is_graph(self, t):
-        return id(t) in self._names or id(t) in self._internal or id(t) in self._noise
+        return (id(t) in self._names or id(t) in self._internal or id(t) in self._noise
+                or id(t) in self._deferred)
 
     # ------------------------------------------------------------ emitting
     def unsupported(self, detail=None):
@@ -222,6 +237,9 @@ class _Tracer:
 
     def alias(self, out, x):
         self.life.watch(out)
+        if isinstance(x, torch.Tensor) and id(x) in self._deferred:  # still held back
+            self._deferred[id(out)] = self._deferred[id(x)]
+            return
         if isinstance(x, torch.Tensor) and id(x) in self._internal and id(x) not in self._names:
             # a view of an output memest folds into its op (group_norm's detached mean/rstd,
             # which autograd saves): folded too
@@ -229,6 +247,21 @@ class _Tracer:
             return
         self._names[id(out)] = self._name_of(x)
         self.life.name(out, self._names[id(out)])
+
+    def defer(self, t, record, info=None):
+        """Records the op that made `t` only when an op of the graph reads `t` (or an alias of
+        it): `record()` (which emits it and returns its output's name) runs then, first. Until
+        then `t` is held back, with `info` for handlers that fold it into another op
+        (embedding_bag takes the offsets an arange made as its bag size). Nothing here keeps
+        `t` alive."""
+        self.life.watch(t)
+        self._deferred[id(t)] = {"aten": self._current, "record": record, "name": None,
+                                 "info": info}
+
+    def deferred_info(self, t):
+        """The `info` of a held-back tensor (or of an alias of one), else None."""
+        d = self._deferred.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return d["info"] if d is not None else None
 
     def internal(self, outs):
         for o in outs:
@@ -292,7 +325,10 @@ class _Tracer:
 
         if self._dropout_pattern(key, args, out):
             return
-        if key in _aten_map.FACTORIES and not graph_ins:
+        if _trace_random.stochastic_depth(self, key, args, kwargs, out):
+            return
+        # x.new_zeros(...) reads x for its dtype and device only
+        if key in _aten_map.FACTORIES and (not graph_ins or key.startswith("new_")):
             for o in outs:
                 self._consts.add(id(o))
             return
@@ -307,6 +343,8 @@ class _Tracer:
         if in_place and ins:
             if role(ins[0]) == "buffer" and all(role(t) == "buffer" for t in graph_ins):
                 return  # bookkeeping on a buffer (BatchNorm's num_batches_tracked += 1)
+            if not graph_ins:
+                return  # filling a constant (Swin's attention mask: mask[h, w] = count)
         handler = _aten_map.HANDLERS.get(key)
         if handler is None:
             self.unsupported()
@@ -328,12 +366,15 @@ class _Tracer:
                 self.unsupported("a dropout-like pattern with an unexpected scale")
             st["scaled"] = True
             return True
-        if key == "mul.Tensor" and len(args) == 2:
+        if key in ("mul.Tensor", "mul_.Tensor") and len(args) == 2:  # mul_: Dropout(inplace=True)
             a, b = args
             for x, n in ((a, b), (b, a)):
                 st = self._noise.get(id(n)) if isinstance(n, torch.Tensor) else None
                 if st is not None and st["scaled"] and st["x"] == id(x):
-                    self.emit("dropout", [x], [out], {"p": 1.0 - st["keep"]})
+                    attrs = {"p": 1.0 - st["keep"]}
+                    if key == "mul_.Tensor":
+                        attrs["inplace"] = 1
+                    self.emit("dropout", [x], [out], attrs)
                     return True
         return False
 
@@ -464,35 +505,6 @@ def _resize_batch(t, dim, n):
 
 
 @contextlib.contextmanager
-def _sdpa_as_one_op(tracer):
-    """While recording, F.scaled_dot_product_attention (PyTorch 2.x; nn.MultiheadAttention calls
-    it too) is recorded as one op instead of the math decomposition the meta device runs."""
-    functional = torch.nn.functional
-    original = getattr(functional, "scaled_dot_product_attention", None)
-    if original is None:  # PyTorch 1.13
-        yield
-        return
-
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
-        tracer.paused += 1
-        try:
-            out = original(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
-        finally:
-            tracer.paused -= 1
-        if kwargs.get("enable_gqa"):
-            tracer._current = "scaled_dot_product_attention"
-            tracer.unsupported("scaled_dot_product_attention with enable_gqa")
-        tracer.record_sdpa(query, key, value, attn_mask, dropout_p, is_causal, out)
-        return out
-
-    functional.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        functional.scaled_dot_product_attention = original
-
-
-@contextlib.contextmanager
 def _checkpoints_as_regions(tracer):
     """While recording, torch.utils.checkpoint runs its function straight through, and the ops
     it records are marked as one checkpoint region (memest then schedules the region as
@@ -595,7 +607,8 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
         if hooks:
             hooks.__enter__()
         try:
-            with _Recording(tracer), _sdpa_as_one_op(tracer), _checkpoints_as_regions(tracer):
+            with _Recording(tracer), _trace_fused.sdpa_as_one_op(tracer), \
+                    _trace_fused.recurrent_as_one_op(tracer), _checkpoints_as_regions(tracer):
                 out = m(*args)
         except NotImplementedError as e:
             if device == "meta":
@@ -743,8 +756,7 @@ def _fuse_cross_entropy(ops, loss_name):
                 drop.add(j)
                 fused = dict(op)
                 fused["kind"] = "cross_entropy"
-                fused["inputs"] = [src["inputs"][0], op["inputs"][1]]
-                fused.pop("attrs", None)
+                fused["inputs"] = [src["inputs"][0], op["inputs"][1]]  # nll_loss's attrs stay
                 fused["_aten"] = f"{src['_aten']} + {op['_aten']}"
                 out.append((i, fused))
                 continue
