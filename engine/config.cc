@@ -159,6 +159,8 @@ const char* OptimizerKindName(OptimizerKind k) {
     case OptimizerKind::kRmsprop: return "RMSprop";
     case OptimizerKind::kLion: return "Lion";
     case OptimizerKind::kAdafactor: return "Adafactor";
+    case OptimizerKind::kHfAdamW: return "transformers AdamW";
+    case OptimizerKind::kHfAdafactor: return "transformers Adafactor";
   }
   return "?";
 }

@@ -35,7 +35,18 @@ enum class Precision {
   kFp16Pure,  // the same in float16 (inference, or training without master weights)
 };
 
-enum class OptimizerKind { kSgd, kSgdMomentum, kAdam, kAdamW, kAdagrad, kRmsprop, kLion, kAdafactor };
+enum class OptimizerKind {
+  kSgd,
+  kSgdMomentum,
+  kAdam,
+  kAdamW,
+  kAdagrad,
+  kRmsprop,
+  kLion,
+  kAdafactor,    // torch.optim.Adafactor (PyTorch 2.5+)
+  kHfAdamW,      // transformers.AdamW (deprecated; optim="adamw_hf"): a Python loop
+  kHfAdafactor,  // transformers.Adafactor (optim="adafactor"): a Python loop, float32 math
+};
 // How torch.optim runs the update: one parameter at a time, _foreach_ ops over all
 // parameters at once (PyTorch's default on CUDA), or one fused kernel.
 enum class OptimizerImpl { kForLoop, kForeach, kFused };

@@ -221,6 +221,10 @@ StatusOr<OptimizerKind> OptimizerKindFromProto(int value, const std::string& fie
       return OptimizerKind::kLion;
     case v1::OPTIMIZER_KIND_ADAFACTOR:
       return OptimizerKind::kAdafactor;
+    case v1::OPTIMIZER_KIND_HF_ADAMW:
+      return OptimizerKind::kHfAdamW;
+    case v1::OPTIMIZER_KIND_HF_ADAFACTOR:
+      return OptimizerKind::kHfAdafactor;
   }
   return Unknown(field, value);
 }
