@@ -110,6 +110,11 @@ Status ValidateSettingsApply(const RunConfig& c) {
           "config.optimizer.impl: PyTorch 1.13 has no fused optimizer for CPU tensors "
           "(fused=True needs CUDA); use foreach or for-loop");
     }
+    if (c.module_loading != ModuleLoading::kLazy) {
+      return InvalidArgument(
+          "config.cuda_module_loading: sets how the CUDA context loads kernels; the cpu-1.13 "
+          "runtime has no CUDA context");
+    }
     if (c.precision == Precision::kFp16Amp || c.precision == Precision::kFp16Pure) {
       return InvalidArgument(std::string("config.precision: ") + PrecisionName(c.precision) +
                              " does not run on PyTorch 1.13's CPU: its autocast takes bfloat16 "
@@ -198,6 +203,14 @@ const char* CpuIsaName(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512: return "avx512";
     case CpuIsa::kAvx2: return "avx2";
+  }
+  return "?";
+}
+
+const char* ModuleLoadingName(ModuleLoading m) {
+  switch (m) {
+    case ModuleLoading::kLazy: return "lazy";
+    case ModuleLoading::kEager: return "eager";
   }
   return "?";
 }

@@ -83,6 +83,12 @@ enum class StepKind {
   kFirstStep,    // the first step: optimizer state is created inside it
 };
 
+// How the CUDA driver loads PyTorch's kernel images (CUDA_MODULE_LOADING): lazily, when a
+// kernel first runs (PyTorch's default since 1.13, with CUDA >= 11.7), or all at
+// initialisation (CUDA_MODULE_LOADING=EAGER, or an older CUDA): the CUDA context grows
+// (engine/devices.h, CudaContextBytes).
+enum class ModuleLoading { kLazy, kEager };
+
 struct RunConfig {
   Mode mode = Mode::kTraining;
   int64_t batch_size = 1;        // samples per optimizer step on this device
@@ -111,6 +117,7 @@ struct RunConfig {
   // Trainer, whose compute_loss returns the loss alone; Lightning's training_step). Inference
   // ignores it (the server refuses it there).
   bool hold_outputs = true;
+  ModuleLoading module_loading = ModuleLoading::kLazy;  // the CUDA runtime only
 
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };
@@ -146,6 +153,7 @@ const char* OptimizerImplName(OptimizerImpl i);
 const char* CheckpointPolicyName(CheckpointPolicy p);
 const char* RuntimeName(Runtime r);
 const char* CpuIsaName(CpuIsa isa);
+const char* ModuleLoadingName(ModuleLoading m);
 
 }  // namespace memest
 

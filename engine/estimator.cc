@@ -102,6 +102,13 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
   if (!has_device && config.runtime == Runtime::kCuda) {
     r->notes.push_back("no device given: CUDA context of a generic H100-class GPU");
   }
+  if (config.runtime == Runtime::kCuda) {
+    r->notes.push_back(config.module_loading == ModuleLoading::kLazy
+                           ? "CUDA context with lazy module loading (CUDA_MODULE_LOADING=LAZY, "
+                             "PyTorch's default since 1.13 with CUDA >= 11.7)"
+                           : "CUDA context with every kernel image loaded at initialisation "
+                             "(CUDA_MODULE_LOADING=EAGER, or CUDA before 11.7)");
+  }
 }
 
 }  // namespace
@@ -112,6 +119,7 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   PlannedStep step;
   MEMEST_ASSIGN_OR_RETURN(step.device, ResolveDevice(config));
   step.fixed = step.device ? *step.device : BareDevice(0);
+  step.fixed.cuda_context_bytes = CudaContextBytes(step.fixed, config.module_loading);
   const bool cpu = config.runtime == Runtime::kCpuTorch113;
   if (cpu) step.fixed.cuda_context_bytes = step.fixed.cublas_workspace_bytes = 0;  // no such thing
 
@@ -172,6 +180,11 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
     r.fit = fit;
   }
   AddNotes(*step.graph, config, step.regions, step.device.has_value(), &r);
+  if (step.device && !step.device->cuda) {
+    r.notes.push_back(step.device->name + " runs PyTorch through ROCm: estimated with its "
+                      "capacity and the caching allocator's rules (shared with CUDA), with "
+                      "sm_90's attention kernels and an H100-class context; Validate refuses it");
+  }
   return r;
 }
 
