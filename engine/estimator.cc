@@ -1,5 +1,8 @@
 #include "engine/estimator.h"
 
+#include <map>
+#include <string>
+
 #include "engine/advice.h"
 #include "engine/devices.h"
 #include "engine/liveness.h"
@@ -34,22 +37,36 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
     r->notes.push_back("CUDA caching allocator rounding and segments modelled (PyTorch 2.x); "
                        "reserved memory assumes no other allocations in the process");
   }
-  bool attention = false, fused = false, conv = false;
+  bool attention = false, conv = false;
+  std::map<std::string, int> fused;  // SDPA calls by the kernel that runs them
   for (const Op& op : graph.ops) {
     const bool sdpa = op.kind == "scaled_dot_product_attention";
-    const bool op_fused = sdpa && HasAttr(op.attrs, "fused");
-    fused |= op_fused;
-    attention |= (op.scope.find(".core") != std::string::npos || sdpa) && !op_fused;
+    StatusOr<int64_t> fused_attr = IntAttr(op.attrs, "fused", 0, "");
+    StatusOr<std::string> backend = StringAttr(op.attrs, "backend", "", "");
+    const bool op_fused = sdpa && fused_attr.ok() && *fused_attr != 0;
+    if (sdpa && (op_fused || HasAttr(op.attrs, "backend"))) {
+      ++fused[backend.ok() ? *backend : std::string()];
+    }
+    attention |= (op.scope.find(".core") != std::string::npos || sdpa) && !op_fused &&
+                 !HasAttr(op.attrs, "backend");
     conv |= op.kind == "conv1d" || op.kind == "conv2d";
   }
+  const std::string impl = AttentionImplName(ResolveAttention(config));
   if (attention) {
-    r->notes.push_back("attention in its math form (eager); flash / memory-efficient SDPA "
-                       "kernels would not keep the [T, T] score matrices");
+    r->notes.push_back("attention in its math form (eager" +
+                       std::string(impl == "eager" ? ", as config.attention asks" : "") +
+                       "): [T, T] scores and probabilities kept for backward");
   }
-  if (fused) {
-    r->notes.push_back("scaled_dot_product_attention as PyTorch 2.x dispatches it: fused kernels "
-                       "(flash, memory-efficient) keep a float32 logsumexp per query, not the "
-                       "[T, T] scores");
+  if (!fused.empty()) {
+    std::string kernels;
+    for (const auto& [backend, calls] : fused) {
+      kernels += (kernels.empty() ? "" : ", ") + std::to_string(calls) + " " +
+                 (backend.empty() ? "chosen as on sm_90" : backend);
+    }
+    r->notes.push_back("scaled_dot_product_attention (config.attention " + impl +
+                       ") as PyTorch 2.x dispatches it: " + kernels +
+                       "; flash and memory-efficient keep a float32 logsumexp per query and "
+                       "cuDNN its softmax statistics, not the [T, T] scores");
   }
   if (conv && config.runtime == Runtime::kCpuTorch113) {
     r->notes.push_back(std::string("CPU convolutions: the scratch of the kernels PyTorch 1.13 picks "
@@ -206,6 +223,9 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   ctx.max_ops = max_ops;
   ctx.budget = budget;
   if (IsAutocast(config.precision)) ctx.autocast = ComputeDType(config.precision);
+  ctx.attention = ResolveAttention(config);
+  MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
+  ctx.compute_capability = device ? AttentionCapability(*device) : 90;
   return BuildGraph(model, ctx);
 }
 
