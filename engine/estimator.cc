@@ -53,9 +53,9 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
   }
   const std::string impl = AttentionImplName(ResolveAttention(config));
   if (attention) {
-    r->notes.push_back("attention in its math form (eager" +
-                       std::string(impl == "eager" ? ", as config.attention asks" : "") +
-                       "): [T, T] scores and probabilities kept for backward");
+    r->notes.push_back("attention in its math form (eager): the [T, T] scores and "
+                       "probabilities are kept for backward; flash / memory-efficient SDPA "
+                       "kernels would not keep them (config.attention)");
   }
   if (!fused.empty()) {
     std::string kernels;
@@ -63,10 +63,12 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
       kernels += (kernels.empty() ? "" : ", ") + std::to_string(calls) + " " +
                  (backend.empty() ? "chosen as on sm_90" : backend);
     }
+    const bool math = fused.count("math") > 0;
     r->notes.push_back("scaled_dot_product_attention (config.attention " + impl +
                        ") as PyTorch 2.x dispatches it: " + kernels +
-                       "; flash and memory-efficient keep a float32 logsumexp per query and "
-                       "cuDNN its softmax statistics, not the [T, T] scores");
+                       "; the fused kernels keep a float32 logsumexp per query (cuDNN its "
+                       "softmax statistics), not the [T, T] scores" +
+                       (math ? "; the math kernel keeps them" : ""));
   }
   if (conv && config.runtime == Runtime::kCpuTorch113) {
     r->notes.push_back(std::string("CPU convolutions: the scratch of the kernels PyTorch 1.13 picks "

@@ -1,11 +1,11 @@
 #include "engine/layers.h"
 
-#include "engine/sdpa_select.h"
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
+
+#include "engine/sdpa_select.h"
 
 namespace memest {
 namespace {

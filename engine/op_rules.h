@@ -33,7 +33,9 @@
 //   split(x; dim, sizes=[...]) -> several views      flatten(x; start_dim=0, end_dim=-1)
 //   contiguous(x)  to(x; dtype)  cat(xs...; dim=0)  arange(; end)
 //   cross_entropy(logits[N,C], target[N] int64)  nll_loss(logp[N,C], target[N])  mse_loss(a, b)
-//   scaled_dot_product_attention(q, k, v; is_causal=0, dropout_p=0)   (the math form)
+//   scaled_dot_product_attention(q, k, v, mask?; is_causal=0, dropout_p=0, fused=0, backend)
+//                                            fused=0: the math form; fused=1: the kernel PyTorch
+//                                            2.x runs (backend flash|efficient|cudnn|math)
 #ifndef MEMEST_ENGINE_OP_RULES_H_
 #define MEMEST_ENGINE_OP_RULES_H_
 

@@ -90,6 +90,11 @@ std::vector<int64_t> ExtraStateBytes(const OptimizerConfig& o, const Tensor& p) 
   return {};
 }
 
+std::vector<int64_t> LoopSideScratchBytes(const OptimizerConfig& o, const Tensor& p) {
+  if (o.kind != OptimizerKind::kHfAdafactor || p.shape.size() < 2) return {};
+  return {Rows(p.shape) * 4, Cols(p.shape) * 4};
+}
+
 int64_t ScratchBytes(const OptimizerCosts& c, const Tensor& p) {
   if (c.float32_scratch && IsHalf(p.dtype)) return Numel(p.shape) * 4;
   return Bytes(p.shape, p.dtype);

@@ -42,6 +42,11 @@ OptimizerImpl EffectiveImpl(const OptimizerConfig& o);
 //     (exp_avg_sq like the parameter for a vector), and the 0-dim float32 RMS.
 std::vector<int64_t> ExtraStateBytes(const OptimizerConfig& o, const Tensor& p);
 
+// Smaller scratch the loop holds beside its full-size scratch for parameter `p`, one entry per
+// tensor: transformers' Adafactor's r_factor [.., rows] and c_factor [.., cols] (float32), alive
+// while _approx_sq_grad multiplies them into the new update. Empty otherwise.
+std::vector<int64_t> LoopSideScratchBytes(const OptimizerConfig& o, const Tensor& p);
+
 // The bytes of one scratch tensor of the step for parameter `p`.
 int64_t ScratchBytes(const OptimizerCosts& c, const Tensor& p);
 

@@ -838,6 +838,9 @@ class StepSimulator {
         for (int k = 0; k < UpcastCopies(oc, *p); ++k) {  // grad.float(), p.float()
           scratch.push_back(NewBuffer(Numel(p->shape) * 4, Category::kTemporaries));
         }
+        for (int64_t side : LoopSideScratchBytes(cfg_.optimizer, *p)) {
+          scratch.push_back(NewBuffer(side, Category::kTemporaries));
+        }
         for (int k = 0; k < oc.loop_scratch; ++k) {
           scratch.push_back(NewBuffer(bytes, Category::kTemporaries));
         }

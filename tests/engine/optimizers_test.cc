@@ -56,13 +56,15 @@ TEST(OptimizersTest, HfAdamWKeepsTwoStatesAndOneScratch) {
 //   fc1.weight 2048 + 1024 + 512, fc1.bias 2048 + 512, fc2.weight 40->512 + 2048 + 512,
 //   fc2.bias 40->512 + 512 = 10,240.
 // Its step holds two full-size float32 tensors at once (grad**2 + eps; then r_factor * c_factor
-// while the old update is referenced): 2 x fc1.weight.
+// while the old update is referenced): 2 x fc1.weight, with r_factor [512] and c_factor [256]
+// (2048 + 1024 bytes) beside them.
 TEST(OptimizersTest, HfAdafactorFactorsItsSecondMomentInFloat32) {
   RunConfig c = PlainTraining();
   c.optimizer.kind = OptimizerKind::kHfAdafactor;
   const Liveness l = Walk(Mlp(), c);
   EXPECT_EQ(Cat(PhasePeak(l, Phase::kData), Category::kOptimizerState), 10240);
-  EXPECT_EQ(PhasePeak(l, Phase::kOptimizerStep).allocated_bytes, 2 * kParams + 10240 + 2 * kW1);
+  EXPECT_EQ(PhasePeak(l, Phase::kOptimizerStep).allocated_bytes,
+            2 * kParams + 10240 + 2 * kW1 + 2048 + 1024);
   // torch.optim.Adafactor: row_var [.., rows, 1] and col_var [.., 1, cols] in the parameter's
   // dtype, no RMS; one full-size scratch (var_estimate).
   c.optimizer.kind = OptimizerKind::kAdafactor;
@@ -74,7 +76,7 @@ TEST(OptimizersTest, HfAdafactorFactorsItsSecondMomentInFloat32) {
 
 // A bfloat16 parameter: transformers' Adafactor copies grad and data to float32 first
 // (grad.float(), p.float()), keeps float32 moments, and its two scratch tensors are float32:
-// four float32 copies of fc1.weight at once, twice its bfloat16 bytes each.
+// four float32 copies of fc1.weight at once, twice its bfloat16 bytes each, and the factors.
 TEST(OptimizersTest, HfAdafactorUpcastsHalfParameters) {
   RunConfig c = PlainTraining();
   c.precision = Precision::kBf16Pure;
@@ -84,7 +86,7 @@ TEST(OptimizersTest, HfAdafactorUpcastsHalfParameters) {
   const int64_t params = 262144 + 1024 + 10240 + 512;  // bf16, each rounded to 512
   EXPECT_EQ(Cat(PhasePeak(l, Phase::kData), Category::kOptimizerState), 10240);
   EXPECT_EQ(PhasePeak(l, Phase::kOptimizerStep).allocated_bytes,
-            2 * params + 10240 + 4 * 512 * 256 * 4);
+            2 * params + 10240 + 4 * 512 * 256 * 4 + 2048 + 1024);
 }
 
 TEST(OptimizersTest, TransformersOptimizersHaveNoFusedKernel) {
