@@ -1,5 +1,8 @@
 #include "engine/estimator.h"
 
+#include <map>
+#include <string>
+
 #include "engine/advice.h"
 #include "engine/devices.h"
 #include "engine/liveness.h"
@@ -35,22 +38,38 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
     r->notes.push_back("CUDA caching allocator rounding and segments modelled (PyTorch 2.x); "
                        "reserved memory assumes no other allocations in the process");
   }
-  bool attention = false, fused = false, conv = false;
+  bool attention = false, conv = false;
+  std::map<std::string, int> fused;  // SDPA calls by the kernel that runs them
   for (const Op& op : graph.ops) {
     const bool sdpa = op.kind == "scaled_dot_product_attention";
-    const bool op_fused = sdpa && HasAttr(op.attrs, "fused");
-    fused |= op_fused;
-    attention |= (op.scope.find(".core") != std::string::npos || sdpa) && !op_fused;
+    StatusOr<int64_t> fused_attr = IntAttr(op.attrs, "fused", 0, "");
+    StatusOr<std::string> backend = StringAttr(op.attrs, "backend", "", "");
+    const bool op_fused = sdpa && fused_attr.ok() && *fused_attr != 0;
+    if (sdpa && (op_fused || HasAttr(op.attrs, "backend"))) {
+      ++fused[backend.ok() ? *backend : std::string()];
+    }
+    attention |= (op.scope.find(".core") != std::string::npos || sdpa) && !op_fused &&
+                 !HasAttr(op.attrs, "backend");
     conv |= op.kind == "conv1d" || op.kind == "conv2d";
   }
+  const std::string impl = AttentionImplName(ResolveAttention(config));
   if (attention) {
-    r->notes.push_back("attention in its math form (eager); flash / memory-efficient SDPA "
-                       "kernels would not keep the [T, T] score matrices");
+    r->notes.push_back("attention in its math form (eager): the [T, T] scores and "
+                       "probabilities are kept for backward; flash / memory-efficient SDPA "
+                       "kernels would not keep them (config.attention)");
   }
-  if (fused) {
-    r->notes.push_back("scaled_dot_product_attention as PyTorch 2.x dispatches it: fused kernels "
-                       "(flash, memory-efficient) keep a float32 logsumexp per query, not the "
-                       "[T, T] scores");
+  if (!fused.empty()) {
+    std::string kernels;
+    for (const auto& [backend, calls] : fused) {
+      kernels += (kernels.empty() ? "" : ", ") + std::to_string(calls) + " " +
+                 (backend.empty() ? "chosen as on sm_90" : backend);
+    }
+    const bool math = fused.count("math") > 0;
+    r->notes.push_back("scaled_dot_product_attention (config.attention " + impl +
+                       ") as PyTorch 2.x dispatches it: " + kernels +
+                       "; the fused kernels keep a float32 logsumexp per query (cuDNN its "
+                       "softmax statistics), not the [T, T] scores" +
+                       (math ? "; the math kernel keeps them" : ""));
   }
   if (conv && config.runtime == Runtime::kCpuTorch113) {
     r->notes.push_back(std::string("CPU convolutions: the scratch of the kernels PyTorch 1.13 picks "
@@ -103,6 +122,13 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
   if (!has_device && config.runtime == Runtime::kCuda) {
     r->notes.push_back("no device given: CUDA context of a generic H100-class GPU");
   }
+  if (config.runtime == Runtime::kCuda) {
+    r->notes.push_back(config.module_loading == ModuleLoading::kLazy
+                           ? "CUDA context with lazy module loading (CUDA_MODULE_LOADING=LAZY, "
+                             "PyTorch's default since 1.13 with CUDA >= 11.7)"
+                           : "CUDA context with every kernel image loaded at initialisation "
+                             "(CUDA_MODULE_LOADING=EAGER, or CUDA before 11.7)");
+  }
 }
 
 }  // namespace
@@ -113,6 +139,7 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   PlannedStep step;
   MEMEST_ASSIGN_OR_RETURN(step.device, ResolveDevice(config));
   step.fixed = step.device ? *step.device : BareDevice(0);
+  step.fixed.cuda_context_bytes = CudaContextBytes(step.fixed, config.module_loading);
   const bool cpu = config.runtime == Runtime::kCpuTorch113;
   if (cpu) step.fixed.cuda_context_bytes = step.fixed.cublas_workspace_bytes = 0;  // no such thing
 
@@ -178,6 +205,11 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
     r.fit = fit;
   }
   AddNotes(*step.graph, config, step.regions, step.device.has_value(), &r);
+  if (step.device && !step.device->cuda) {
+    r.notes.push_back(step.device->name + " runs PyTorch through ROCm: estimated with its "
+                      "capacity and the caching allocator's rules (shared with CUDA), with "
+                      "sm_90's attention kernels and an H100-class context; Validate refuses it");
+  }
   return r;
 }
 
@@ -199,6 +231,9 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   ctx.max_ops = max_ops;
   ctx.budget = budget;
   if (IsAutocast(config.precision)) ctx.autocast = ComputeDType(config.precision);
+  ctx.attention = ResolveAttention(config);
+  MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
+  ctx.compute_capability = device ? AttentionCapability(*device) : 90;
   return BuildGraph(model, ctx);
 }
 

@@ -28,6 +28,17 @@ Status CheckAttrSizes(const Attrs& attrs, const std::string& field) {
 
 }  // namespace
 
+LayerContext LayerContextOf(const BuildContext& context) {
+  LayerContext c;
+  c.mode = context.mode;
+  c.param_dtype = context.param_dtype;
+  c.attention = context.attention == AttentionImpl::kDefault ? AttentionImpl::kEager
+                                                              : context.attention;
+  c.compute_capability = context.compute_capability;
+  c.autocast = context.autocast;
+  return c;
+}
+
 Status ValidateBuildContext(const BuildContext& context) {
   if (context.micro_batch <= 0) {
     return InvalidArgument("config.batch_size: the micro-batch must be positive, got " +
@@ -123,7 +134,7 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
   // Floating inputs follow the parameters' dtype (a pure-precision model is fed in that dtype);
   // integer inputs (token ids) keep theirs.
   const DType input_dtype = IsFloating(spec.input_dtype) ? context.param_dtype : spec.input_dtype;
-  const LayerContext c{context.mode, context.param_dtype};
+  const LayerContext c = LayerContextOf(context);
 
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);

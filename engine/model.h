@@ -107,7 +107,15 @@ struct BuildContext {
   // The request's budget (engine/budget.h): its deadline and cancellation are looked at while
   // the graph is built (every 256 ops), so a large build stops too. Null: none.
   Budget* budget = nullptr;
+  // How attention layers run (config.attention, resolved: ResolveAttention in engine/config.h)
+  // and the generation of the device that picks the SDPA kernel (10 * major + minor).
+  AttentionImpl attention = AttentionImpl::kEager;
+  int compute_capability = 90;
 };
+
+// The LayerContext (engine/layers.h) a front end builds its layers with.
+struct LayerContext;
+LayerContext LayerContextOf(const BuildContext& context);
 
 // Checks the context every front end relies on (a positive micro-batch, non-negative
 // generate_tokens); errors name the config field they come from.

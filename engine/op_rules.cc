@@ -59,6 +59,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterIndexRules(t);
     rules::RegisterRecurrentRules(t);
     rules::RegisterCopyRules(t);
+    rules::RegisterAttentionRules(t);
     std::sort(t->begin(), t->end(),
               [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
     return t;

@@ -45,7 +45,9 @@
 //   contiguous(x)  to(x; dtype)  cat(xs...; dim=0)  arange(; end, start=0, step=1)
 //   cross_entropy(logits[N,C,..], target[N,..] int64; reduction="mean"|"sum"|"none")
 //   nll_loss(logp[N,C,..], target[N,..]; reduction)  mse_loss(a, b)
-//   scaled_dot_product_attention(q, k, v; is_causal=0, dropout_p=0)   (the math form)
+//   scaled_dot_product_attention(q, k, v, mask?; is_causal=0, dropout_p=0, fused=0, backend)
+//                                            fused=0: the math form; fused=1: the kernel PyTorch
+//                                            2.x runs (backend flash|efficient|cudnn|math)
 //   lstm / gru(x, per layer and direction w_ih, w_hh[, b_ih, b_hh], h0?[, c0?]; num_layers=1,
 //       bidirectional=0, batch_first=0, bias=1, dropout=0) -> (output, h_n[, c_n])
 //       (engine/rnn_expand.h; cuDNN's fused RNN on CUDA, 1.13's per-step ops on the CPU)

@@ -8,6 +8,7 @@
 
 #include "engine/checkpoint_rules.h"
 #include "engine/op_rules.h"
+#include "engine/optimizers.h"
 #include "engine/python_refs.h"
 #include "engine/text.h"
 
@@ -33,60 +34,6 @@ bool IsDense(const Shape& shape, const Strides& strides) {
 bool UsesCublas(const std::string& kind) {
   return kind == "linear" || kind == "matmul" || kind == "bmm" || kind == "addmm" ||
          kind == "einsum" || kind == "scaled_dot_product_attention";
-}
-
-// What torch.optim keeps and allocates per parameter, in parameter-sized tensors.
-struct OptimizerCosts {
-  int state = 0;          // persistent state (exp_avg, momentum_buffer, ...)
-  int loop_scratch = 0;   // scratch per parameter, one parameter at a time (for-loop)
-  int all_scratch = 0;    // scratch for every parameter at once (foreach)
-  bool state_at_init = false;  // created in the constructor (Adagrad), not on the first step
-  bool device_step = false;    // fused: a 0-dim float32 `step` per parameter on the device
-  int loop_carry = 0;  // of the for-loop's scratch, the last made that a local keeps alive
-                       // until the next parameter's scratch exists
-};
-
-OptimizerCosts CostsOf(const OptimizerConfig& o, Runtime runtime) {
-  OptimizerCosts c;
-  const int wd = o.weight_decay > 0 ? 1 : 0;  // grad.add(param, alpha=wd): a new tensor
-  switch (o.kind) {
-    case OptimizerKind::kSgd: c = {0, wd, wd}; break;
-    case OptimizerKind::kSgdMomentum: c = {1, wd, wd}; break;
-    // _single_tensor_adam: (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) holds the
-    // sqrt and the quotient at once; _multi_tensor_adam: one _foreach_sqrt list, then in place.
-    case OptimizerKind::kAdam: c = {2, 2 + wd, 1 + wd}; break;
-    case OptimizerKind::kAdamW: c = {2, 2, 1}; break;  // decay is param.mul_(): in place
-    case OptimizerKind::kAdagrad: c = {1, 1 + wd, 1 + wd}; c.state_at_init = true; break;
-    case OptimizerKind::kRmsprop: c = {1, 1 + wd, 1 + wd}; break;
-    case OptimizerKind::kLion: c = {1, 1, 1}; break;  // exp_avg.clone().lerp_(grad).sign_()
-    case OptimizerKind::kAdafactor: c = {0, 1, 1}; break;  // factored state added per shape
-  }
-  // The for-loop's `denom` (the quotient) is a local of the loop body in _single_tensor_adam
-  // and _single_tensor_adamw, 1.13 and 2.x alike: the previous parameter's lives until the next
-  // one's is assigned, after that parameter's sqrt and quotient are made.
-  if (o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW) c.loop_carry = 1;
-  const bool step_tensor = o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW ||
-                           o.kind == OptimizerKind::kAdagrad;
-  if (o.impl == OptimizerImpl::kFused) {
-    c.loop_scratch = c.loop_carry = c.all_scratch = 0;
-    c.device_step = step_tensor;
-  }
-  if (runtime == Runtime::kCpuTorch113) {
-    // 1.13's _multi_tensor_adam: denom = _foreach_add(_foreach_sqrt(exp_avg_sqs), eps), two
-    // lists; and the step counters are CPU tensors, on the CPU the step's own device.
-    if (o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW) c.all_scratch += 1;
-    c.device_step = step_tensor;
-  }
-  return c;
-}
-
-// Adafactor keeps row and column second moments for a matrix, a full one for a vector.
-int64_t AdafactorStateBytes(const Tensor& p) {
-  const int64_t es = DTypeSize(p.dtype);
-  if (p.shape.size() < 2) return Numel(p.shape) * es;
-  const int64_t rows = Numel(p.shape) / p.shape.back();
-  const int64_t cols = Numel(p.shape) / p.shape[p.shape.size() - 2];
-  return (rows + cols) * es;
 }
 
 class StepSimulator {
@@ -294,8 +241,8 @@ class StepSimulator {
     const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
     // One tensor per state entry: each is rounded by the allocator on its own.
     for (int i = 0; i < oc.state; ++i) NewBuffer(Bytes(p.shape, p.dtype), Category::kOptimizerState);
-    if (cfg_.optimizer.kind == OptimizerKind::kAdafactor) {
-      NewBuffer(AdafactorStateBytes(p), Category::kOptimizerState);
+    for (int64_t bytes : ExtraStateBytes(cfg_.optimizer, p)) {
+      NewBuffer(bytes, Category::kOptimizerState);
     }
     if (oc.device_step) NewBuffer(4, Category::kOptimizerState);
   }
@@ -917,26 +864,36 @@ class StepSimulator {
     }
     // _init_group creates the state of every parameter before updating, except SGD's momentum
     // buffers: the for-loop clones each inside the loop, after its weight-decay scratch.
-    const bool state_in_loop = cfg_.optimizer.kind == OptimizerKind::kSgdMomentum &&
-                               cfg_.optimizer.impl == OptimizerImpl::kForLoop;
+    const OptimizerImpl impl = EffectiveImpl(cfg_.optimizer);
+    // transformers' optimizers create each parameter's state inside their loop too.
+    const bool state_in_loop = (cfg_.optimizer.kind == OptimizerKind::kSgdMomentum &&
+                                impl == OptimizerImpl::kForLoop) ||
+                               cfg_.optimizer.kind == OptimizerKind::kHfAdamW ||
+                               cfg_.optimizer.kind == OptimizerKind::kHfAdafactor;
     const bool first = cfg_.step == StepKind::kFirstStep && !oc.state_at_init;
     if (first && !state_in_loop) {
       for (const Tensor* p : params) AllocOptimizerState(*p);
     }
-    if (cfg_.optimizer.impl == OptimizerImpl::kForeach) {
+    if (impl == OptimizerImpl::kForeach) {
       std::vector<int> scratch;
       for (const Tensor* p : params) {
-        const int64_t bytes = Bytes(p->shape, p->dtype);
+        const int64_t bytes = ScratchBytes(oc, *p);
         for (int k = 0; k < oc.all_scratch; ++k) {
           scratch.push_back(NewBuffer(bytes, Category::kTemporaries));
         }
       }
       for (int b : scratch) FreeBuffer(b);
-    } else if (cfg_.optimizer.impl == OptimizerImpl::kForLoop) {
+    } else if (impl == OptimizerImpl::kForLoop) {
       std::vector<int> carried;  // the previous parameter's scratch that a local still holds
       for (const Tensor* p : params) {
-        const int64_t bytes = Bytes(p->shape, p->dtype);
+        const int64_t bytes = ScratchBytes(oc, *p);
         std::vector<int> scratch;
+        for (int k = 0; k < UpcastCopies(oc, *p); ++k) {  // grad.float(), p.float()
+          scratch.push_back(NewBuffer(Numel(p->shape) * 4, Category::kTemporaries));
+        }
+        for (int64_t side : LoopSideScratchBytes(cfg_.optimizer, *p)) {
+          scratch.push_back(NewBuffer(side, Category::kTemporaries));
+        }
         for (int k = 0; k < oc.loop_scratch; ++k) {
           scratch.push_back(NewBuffer(bytes, Category::kTemporaries));
         }

@@ -221,6 +221,10 @@ StatusOr<OptimizerKind> OptimizerKindFromProto(int value, const std::string& fie
       return OptimizerKind::kLion;
     case v1::OPTIMIZER_KIND_ADAFACTOR:
       return OptimizerKind::kAdafactor;
+    case v1::OPTIMIZER_KIND_HF_ADAMW:
+      return OptimizerKind::kHfAdamW;
+    case v1::OPTIMIZER_KIND_HF_ADAFACTOR:
+      return OptimizerKind::kHfAdafactor;
   }
   return Unknown(field, value);
 }
@@ -275,6 +279,35 @@ StatusOr<Runtime> RuntimeFromProto(int value, const std::string& field) {
       return Runtime::kCuda;
     case v1::RUNTIME_CPU_TORCH_1_13:
       return Runtime::kCpuTorch113;
+  }
+  return Unknown(field, value);
+}
+
+StatusOr<AttentionImpl> AttentionFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::ATTENTION_UNSPECIFIED:
+      return AttentionImpl::kDefault;
+    case v1::ATTENTION_EAGER:
+      return AttentionImpl::kEager;
+    case v1::ATTENTION_SDPA:
+      return AttentionImpl::kSdpa;
+    case v1::ATTENTION_FLASH:
+      return AttentionImpl::kFlash;
+    case v1::ATTENTION_MEM_EFFICIENT:
+      return AttentionImpl::kMemEfficient;
+    case v1::ATTENTION_CUDNN:
+      return AttentionImpl::kCudnn;
+  }
+  return Unknown(field, value);
+}
+
+StatusOr<ModuleLoading> ModuleLoadingFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::CUDA_MODULE_LOADING_UNSPECIFIED:
+    case v1::CUDA_MODULE_LOADING_LAZY:
+      return ModuleLoading::kLazy;
+    case v1::CUDA_MODULE_LOADING_EAGER:
+      return ModuleLoading::kEager;
   }
   return Unknown(field, value);
 }
@@ -404,6 +437,18 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
     return InvalidArgument("config.cpu_isa: applies to the cpu-1.13 runtime only; the step runs "
                            "on " + std::string(RuntimeName(out.runtime)));
   }
+  if (config.has_attention()) {
+    MEMEST_ASSIGN_OR_RETURN(out.attention, AttentionFromProto(config.attention(), "config.attention"));
+  }
+  if (config.has_cuda_module_loading()) {
+    if (out.runtime != Runtime::kCuda) {
+      return InvalidArgument("config.cuda_module_loading: applies to the CUDA runtime only; the "
+                             "step runs on " + std::string(RuntimeName(out.runtime)));
+    }
+    MEMEST_ASSIGN_OR_RETURN(out.module_loading,
+                            ModuleLoadingFromProto(config.cuda_module_loading(),
+                                                   "config.cuda_module_loading"));
+  }
   MEMEST_RETURN_IF_ERROR(CheckExplicitSettings(config));
   return out;
 }
@@ -477,6 +522,8 @@ void DeviceInfoToProto(const DeviceInfo& device, v1::DeviceInfo* out) {
   out->set_cuda_context_bytes(Unsigned(device.cuda_context_bytes));
   out->set_cublas_workspace_bytes(Unsigned(device.cublas_workspace_bytes));
   out->set_compute_capability(device.compute_capability);
+  out->set_rocm(!device.cuda);
+  out->set_capacity_measured(device.measured);
 }
 
 void PresetsToProto(const std::vector<PresetInfo>& presets, v1::ListPresetsResponse* out) {

@@ -2,10 +2,12 @@
 loss (training) or the model's output (inference), and run under one or more configurations.
 
 Keep every case small: it runs in well under a second.
-Not covered yet: SDPA (absent from PyTorch 1.13); autocast (fp32 only here); non-reentrant
-checkpoint.
+Not covered yet: SDPA (absent from PyTorch 1.13: the CUDA kernels' rules are read from their
+source, and the CPU flash path a PyTorch 2.x trace records was checked on 2.15, outside this
+suite); autocast (fp32 only here); non-reentrant checkpoint.
 """
 import dataclasses
+import importlib.util
 import math
 
 from measure import Config
@@ -802,6 +804,17 @@ OPTIMIZER_CONFIGS = [
     Config(optimizer="adam", impl="for-loop", weight_decay=0.01),
     Config(optimizer="momentum", impl="for-loop", weight_decay=0.01),
 ]
+# transformers' AdamW and Adafactor, where transformers is installed (build/pyenv has it; Debian's
+# /usr/bin/python3 does not, and run.py says the cases were left out).
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+if HAS_TRANSFORMERS:
+    OPTIMIZER_CONFIGS += [
+        Config(optimizer="hf-adamw"),
+        Config(optimizer="hf-adamw", keep_grads=True),
+        Config(optimizer="hf-adamw", weight_decay=0.01),
+        Config(optimizer="hf-adafactor"),
+        Config(optimizer="hf-adafactor", keep_grads=True),
+    ]
 case("optim", "mlp", batch=8, configs=OPTIMIZER_CONFIGS)(mlp)
 
 

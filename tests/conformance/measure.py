@@ -53,7 +53,7 @@ PHASES = ("DATA", "FORWARD", "LOSS", "BACKWARD", "OPTIMIZER_STEP")
 @dataclasses.dataclass(frozen=True)
 class Config:
     mode: str = "training"          # training | inference
-    optimizer: str = "sgd"          # sgd | momentum | adam | adamw
+    optimizer: str = "sgd"          # sgd | momentum | adam | adamw | hf-adamw | hf-adafactor
     impl: str = "for-loop"          # for-loop | foreach
     keep_grads: bool = False        # zero_grad(set_to_none=False)
     accum: int = 1                  # micro-batches per step
@@ -321,6 +321,13 @@ def make_optimizer(cfg, params):
         return torch.optim.Adam(params, lr=1e-3, weight_decay=wd, foreach=foreach)
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-3, weight_decay=wd, foreach=foreach)
+    # transformers' own optimizers (a Python loop whatever `foreach` says), with their defaults.
+    if cfg.optimizer == "hf-adamw":
+        from transformers.optimization import AdamW
+        return AdamW(params, lr=1e-3, weight_decay=wd, no_deprecation_warning=True)
+    if cfg.optimizer == "hf-adafactor":
+        from transformers.optimization import Adafactor
+        return Adafactor(params, weight_decay=wd)  # lr=None: relative_step, scale_parameter
     raise ValueError(cfg.optimizer)
 
 

@@ -91,6 +91,26 @@ def test_options_change_the_request_as_the_cli_words_say(client):
         client.estimate(mode="inference", hold_outputs=False, **base)
 
 
+def test_attention_module_loading_and_hf_optimizers(client):
+    base = dict(preset="gpt2-small", seq=256, batch_size=4, precision="bf16", advice=False)
+    sdpa = client.estimate(**base)  # the default on CUDA
+    eager = client.estimate(attention="eager", **base)
+    flash = client.estimate(attention="flash_attention_2", **base)  # HF's name
+    assert sdpa.saved_for_backward_bytes == flash.saved_for_backward_bytes
+    assert flash.saved_for_backward_bytes < eager.saved_for_backward_bytes
+    assert any("flash" in n for n in sdpa.notes)
+    with pytest.raises(memest.InvalidArgument, match="config.attention"):
+        client.estimate(attention="flash", **dict(base, precision="fp32"))
+    with pytest.raises(memest.InvalidArgument, match="attention"):
+        client.estimate(attention="xformers", **base)
+    lazy = client.estimate(device="Tesla-T4", **base)
+    eager_ctx = client.estimate(device="Tesla-T4", cuda_module_loading="eager", **base)
+    assert eager_ctx.breakdown.cuda_context > lazy.breakdown.cuda_context
+    adafactor = client.estimate(optimizer="hf-adafactor", **base)
+    adamw = client.estimate(optimizer="hf-adamw", **base)
+    assert 0 < adafactor.breakdown.optimizer_state < adamw.breakdown.optimizer_state
+
+
 def test_layers_model_as_dict_file_and_message(client, mlp_model, tmp_path):
     from_dict = client.estimate(model=mlp_model, batch_size=256, capacity_bytes=24 << 30)
     assert from_dict.parameter_count == MLP_PARAMETERS

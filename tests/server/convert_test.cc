@@ -86,6 +86,29 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   EXPECT_FALSE(config->hold_outputs);
 }
 
+TEST(RunConfigFromProtoTest, AttentionAndModuleLoadingAreCarried) {
+  v1::RunConfig proto;
+  proto.set_batch_size(1);
+  StatusOr<RunConfig> unset = RunConfigFromProto(proto);
+  ASSERT_TRUE(unset.ok());
+  EXPECT_EQ(unset->attention, AttentionImpl::kDefault);
+  EXPECT_EQ(unset->module_loading, ModuleLoading::kLazy);
+  proto.set_attention(v1::ATTENTION_FLASH);
+  proto.set_cuda_module_loading(v1::CUDA_MODULE_LOADING_EAGER);
+  StatusOr<RunConfig> set = RunConfigFromProto(proto);
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->attention, AttentionImpl::kFlash);
+  EXPECT_EQ(set->module_loading, ModuleLoading::kEager);
+  proto.set_attention(v1::ATTENTION_EAGER);
+  EXPECT_EQ(RunConfigFromProto(proto)->attention, AttentionImpl::kEager);
+  proto.set_attention(v1::ATTENTION_CUDNN);
+  EXPECT_EQ(RunConfigFromProto(proto)->attention, AttentionImpl::kCudnn);
+  proto.mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_HF_ADAFACTOR);
+  EXPECT_EQ(RunConfigFromProto(proto)->optimizer.kind, OptimizerKind::kHfAdafactor);
+  proto.mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_HF_ADAMW);
+  EXPECT_EQ(RunConfigFromProto(proto)->optimizer.kind, OptimizerKind::kHfAdamW);
+}
+
 TEST(RunConfigFromProtoTest, InferenceIsCarried) {
   v1::RunConfig proto;
   proto.set_mode(v1::MODE_INFERENCE);
