@@ -110,6 +110,17 @@ Status ValidateSettingsApply(const RunConfig& c) {
           "config.optimizer.impl: PyTorch 1.13 has no fused optimizer for CPU tensors "
           "(fused=True needs CUDA); use foreach or for-loop");
     }
+    if (c.module_loading != ModuleLoading::kLazy) {
+      return InvalidArgument(
+          "config.cuda_module_loading: sets how the CUDA context loads kernels; the cpu-1.13 "
+          "runtime has no CUDA context");
+    }
+    if (c.attention != AttentionImpl::kDefault && c.attention != AttentionImpl::kEager) {
+      return InvalidArgument(std::string("config.attention: ") + AttentionImplName(c.attention) +
+                             " needs torch.nn.functional.scaled_dot_product_attention, which "
+                             "PyTorch 1.13 does not have; the cpu-1.13 runtime runs eager "
+                             "attention");
+    }
     if (c.precision == Precision::kFp16Amp || c.precision == Precision::kFp16Pure) {
       return InvalidArgument(std::string("config.precision: ") + PrecisionName(c.precision) +
                              " does not run on PyTorch 1.13's CPU: its autocast takes bfloat16 "
@@ -118,6 +129,11 @@ Status ValidateSettingsApply(const RunConfig& c) {
     }
   }
   return Status::Ok();
+}
+
+AttentionImpl ResolveAttention(const RunConfig& c) {
+  if (c.attention != AttentionImpl::kDefault) return c.attention;
+  return c.runtime == Runtime::kCpuTorch113 ? AttentionImpl::kEager : AttentionImpl::kSdpa;
 }
 
 DType ParameterDType(Precision p) {
@@ -159,6 +175,8 @@ const char* OptimizerKindName(OptimizerKind k) {
     case OptimizerKind::kRmsprop: return "RMSprop";
     case OptimizerKind::kLion: return "Lion";
     case OptimizerKind::kAdafactor: return "Adafactor";
+    case OptimizerKind::kHfAdamW: return "transformers AdamW";
+    case OptimizerKind::kHfAdafactor: return "transformers Adafactor";
   }
   return "?";
 }
@@ -196,6 +214,26 @@ const char* CpuIsaName(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512: return "avx512";
     case CpuIsa::kAvx2: return "avx2";
+  }
+  return "?";
+}
+
+const char* AttentionImplName(AttentionImpl a) {
+  switch (a) {
+    case AttentionImpl::kDefault: return "default";
+    case AttentionImpl::kEager: return "eager";
+    case AttentionImpl::kSdpa: return "sdpa";
+    case AttentionImpl::kFlash: return "flash";
+    case AttentionImpl::kMemEfficient: return "mem-efficient";
+    case AttentionImpl::kCudnn: return "cudnn";
+  }
+  return "?";
+}
+
+const char* ModuleLoadingName(ModuleLoading m) {
+  switch (m) {
+    case ModuleLoading::kLazy: return "lazy";
+    case ModuleLoading::kEager: return "eager";
   }
   return "?";
 }

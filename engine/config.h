@@ -35,7 +35,18 @@ enum class Precision {
   kFp16Pure,  // the same in float16 (inference, or training without master weights)
 };
 
-enum class OptimizerKind { kSgd, kSgdMomentum, kAdam, kAdamW, kAdagrad, kRmsprop, kLion, kAdafactor };
+enum class OptimizerKind {
+  kSgd,
+  kSgdMomentum,
+  kAdam,
+  kAdamW,
+  kAdagrad,
+  kRmsprop,
+  kLion,
+  kAdafactor,    // torch.optim.Adafactor (PyTorch 2.5+)
+  kHfAdamW,      // transformers.AdamW (deprecated; optim="adamw_hf"): a Python loop
+  kHfAdafactor,  // transformers.Adafactor (optim="adafactor"): a Python loop, float32 math
+};
 // How torch.optim runs the update: one parameter at a time, _foreach_ ops over all
 // parameters at once (PyTorch's default on CUDA), or one fused kernel.
 enum class OptimizerImpl { kForLoop, kForeach, kFused };
@@ -72,6 +83,27 @@ enum class StepKind {
   kFirstStep,    // the first step: optimizer state is created inside it
 };
 
+// How attention runs in the presets' and layer models' attention layers (traced graphs carry
+// their own ops). Hugging Face's attn_implementation names map onto these: "eager" -> kEager,
+// "sdpa" -> kSdpa, "flash_attention_2" -> kFlash (the flash-attn package keeps what SDPA's
+// flash kernel keeps: engine/sdpa_select.h).
+enum class AttentionImpl {
+  kDefault,       // kSdpa on CUDA (what transformers >= 4.36 and torchvision give on PyTorch
+                  // 2.x); kEager on the cpu-1.13 runtime, which has no SDPA
+  kEager,         // the math written out op by op: [T, T] scores, softmax, dropout kept
+  kSdpa,          // F.scaled_dot_product_attention, the kernel PyTorch 2.x selects
+                  // (flash, then memory-efficient, then math)
+  kFlash,         // the flash kernel only (sdpa_kernel(FLASH_ATTENTION), HF flash_attention_2)
+  kMemEfficient,  // the memory-efficient (xformers/CUTLASS) kernel only
+  kCudnn,         // cuDNN attention first, as PyTorch orders it where it prefers cuDNN
+};
+
+// How the CUDA driver loads PyTorch's kernel images (CUDA_MODULE_LOADING): lazily, when a
+// kernel first runs (PyTorch's default since 1.13, with CUDA >= 11.7), or all at
+// initialisation (CUDA_MODULE_LOADING=EAGER, or an older CUDA): the CUDA context grows
+// (engine/devices.h, CudaContextBytes).
+enum class ModuleLoading { kLazy, kEager };
+
 struct RunConfig {
   Mode mode = Mode::kTraining;
   int64_t batch_size = 1;        // samples per optimizer step on this device
@@ -92,6 +124,16 @@ struct RunConfig {
   bool expandable_segments = false;
   Runtime runtime = Runtime::kCuda;
   CpuIsa cpu_isa = CpuIsa::kAvx512;  // the CPU runtime only
+  // Training: the loop keeps the model's outputs in a variable, as `outputs = model(**batch);
+  // loss = outputs.loss; loss.backward(); optimizer.step()` does (PyTorch's tutorials, Hugging
+  // Face's no_trainer examples, nanoGPT): they live through backward and the optimizer step, and
+  // a steady-state step starts with the previous step's outputs, released when its forward and
+  // loss have made new ones. false: the loop lets them go once the loss exists (Hugging Face's
+  // Trainer, whose compute_loss returns the loss alone; Lightning's training_step). Inference
+  // ignores it (the server refuses it there).
+  bool hold_outputs = true;
+  AttentionImpl attention = AttentionImpl::kDefault;
+  ModuleLoading module_loading = ModuleLoading::kLazy;  // the CUDA runtime only
 
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };
@@ -110,10 +152,16 @@ Status ValidateRunConfig(const RunConfig& config);
 // non_reentrant without a policy; with the cpu-1.13 runtime, expandable segments, a catalog
 // device (a GPU), a fused optimizer or a float16 precision (PyTorch 1.13 has no fused optimizer
 // for CPU tensors, its CPU autocast refuses float16, and addmm, relu, ... have no float16 CPU
-// kernel). A bare capacity with the cpu-1.13 runtime is a host memory budget, and is accepted.
+// kernel), or an attention implementation other than eager (1.13 has no
+// scaled_dot_product_attention). A bare capacity with the cpu-1.13 runtime is a host memory
+// budget, and is accepted.
 // The optimizer and checkpoint in inference are refused where the request says they were set
 // (server/explicit_settings.h): the engine's defaults cannot tell an explicit AdamW from none.
 Status ValidateSettingsApply(const RunConfig& config);
+
+// The attention implementation a step runs: config.attention with kDefault resolved by the
+// runtime (kSdpa on CUDA, kEager on cpu-1.13).
+AttentionImpl ResolveAttention(const RunConfig& config);
 
 // The dtype of parameters under a precision policy.
 DType ParameterDType(Precision precision);
@@ -127,6 +175,8 @@ const char* OptimizerImplName(OptimizerImpl i);
 const char* CheckpointPolicyName(CheckpointPolicy p);
 const char* RuntimeName(Runtime r);
 const char* CpuIsaName(CpuIsa isa);
+const char* AttentionImplName(AttentionImpl a);
+const char* ModuleLoadingName(ModuleLoading m);
 
 }  // namespace memest
 

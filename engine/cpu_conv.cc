@@ -311,11 +311,86 @@ void OneDnnTrace(const CpuConvProblem& p, CpuIsa isa, CpuConvTrace* t) {
   }
 }
 
+// A transposed convolution: 1.13 never hands a float one to oneDNN (measured with
+// ONEDNN_VERBOSE=1), so slow_conv_transpose2d runs it (1-D as 2-D). Per image it multiplies
+// into one columns buffer [Cout/g * kh * kw, H * W] and folds it into the output (col2im),
+// with a row of ones [oh, ow] for the bias; backward unfolds the output gradient into columns
+// of the same size for the input's gradient and again for the weight's, except for a 1x1
+// kernel of unit stride, no padding and no dilation. groups > 1 loops over the groups as
+// at::_convolution does for the native kernels: each group's input (and output gradient) is
+// copied out when N > 1, the groups' results are concatenated.
+void TransposedTrace(const CpuConvProblem& p, CpuConvTrace* t) {
+  const int64_t e = p.element_bytes;
+  const int64_t k = p.kh * p.kw, hw = p.h * p.w, ohw = p.oh * p.ow;
+  const int64_t cig = p.ci / p.groups, cog = p.co / p.groups;
+  const int64_t x = p.n * p.ci * hw * e, y = p.n * p.co * ohw * e;
+  const int64_t wt = p.ci * cog * k * e, b = p.co * e;
+  const int64_t cols = cog * k * hw * e, ones = p.bias ? ohw * e : 0;
+  const bool unit = k == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 &&
+                    p.pad_w == 0 && p.dil_h == 1 && p.dil_w == 1;
+  const int64_t bcols = unit ? 0 : cols;
+  std::vector<int64_t>& f = t->forward;
+  std::vector<int64_t>& bw = t->backward;
+  t->forward_kernel = "native transposed (col2im)";
+  t->scratch = "col2im columns";
+  auto forward = [&](int64_t out) { AllocThenFree(&f, {out, cols, ones}, {ones, cols}); };
+  auto backward = [&](int64_t gx, int64_t gw, int64_t gb) {
+    if (p.input_grad) AllocThenFree(&bw, {gx, bcols}, {bcols});
+    if (p.weight_grad) AllocThenFree(&bw, {gw, p.bias ? gb : 0, bcols}, {bcols});
+  };
+  if (p.groups == 1) {
+    forward(y);
+    backward(x, wt, b);
+    return;
+  }
+  const bool slice_copy = p.n > 1;
+  const int64_t xg = p.n * cig * hw * e, yg = p.n * cog * ohw * e;
+  const int64_t gw = cig * cog * k * e, gb = cog * e;
+  // Every group repeats the same allocations and leaves its results behind, so the high-water
+  // mark is reached in the last group: the groups between the first and the last are written
+  // as one allocation of what they leave, and the frees of more than two groups' results as
+  // one, which keeps the sequence short for any number of groups.
+  auto groups = [&](std::vector<int64_t>* seq, int64_t left_by_one, auto&& one) {
+    one();
+    if (p.groups > 2) seq->push_back((p.groups - 2) * left_by_one);
+    if (p.groups > 1) one();
+  };
+  auto free_each = [&](std::vector<int64_t>* seq, int64_t bytes) {
+    if (p.groups > 2) seq->push_back(-p.groups * bytes);
+    else seq->insert(seq->end(), p.groups, -bytes);
+  };
+  groups(&f, yg, [&] {
+    if (slice_copy) f.push_back(xg);
+    forward(yg);
+    if (slice_copy) f.push_back(-xg);
+  });
+  f.push_back(y);
+  free_each(&f, yg);
+  const int64_t left = (p.input_grad ? xg : 0) + (p.weight_grad ? gw + (p.bias ? gb : 0) : 0);
+  groups(&bw, left, [&] {
+    if (slice_copy) bw.insert(bw.end(), {yg, xg});
+    backward(xg, gw, gb);
+    if (slice_copy) bw.insert(bw.end(), {-xg, -yg});
+  });
+  if (p.input_grad) bw.push_back(x);
+  if (p.weight_grad) {
+    bw.push_back(wt);
+    if (p.bias) {
+      bw.push_back(b);
+      free_each(&bw, gb);
+    }
+    free_each(&bw, gw);
+  }
+  if (p.input_grad) free_each(&bw, xg);
+}
+
 }  // namespace
 
 CpuConvTrace CpuConvAllocations(const CpuConvProblem& p, CpuIsa isa) {
   CpuConvTrace t;
-  if (UsesOneDnn(p)) {
+  if (p.transposed) {
+    TransposedTrace(p, &t);
+  } else if (UsesOneDnn(p)) {
     OneDnnTrace(p, isa, &t);
   } else {
     NativeTrace(p, &t);

@@ -20,6 +20,8 @@
 namespace memest {
 
 // One convolution, 1-D given as 2-D with h = kh = oh = 1 (as aten's view1d_as_2d runs it).
+// Transposed: ci and h, w are the input's, co and oh, ow the output's (the weight is
+// [ci, co / groups, kh, kw]).
 struct CpuConvProblem {
   int64_t n = 1, ci = 1, co = 1, groups = 1;
   int64_t h = 1, w = 1;    // input spatial extent
@@ -30,6 +32,7 @@ struct CpuConvProblem {
   bool bias = false;
   bool input_grad = false;   // backward computes the input's gradient
   bool weight_grad = false;  // backward computes the weight's (and bias') gradient
+  bool transposed = false;   // conv_transpose (the weight is [ci, co / groups, kh, kw])
 };
 
 // Allocation events in program order: +bytes allocates, -bytes frees the allocation of that

@@ -1,9 +1,14 @@
 #include "engine/estimator.h"
 
+#include <map>
+#include <string>
+
 #include "engine/advice.h"
 #include "engine/devices.h"
 #include "engine/liveness.h"
 #include "engine/passes.h"
+#include "engine/python_refs.h"
+#include "engine/rnn_expand.h"
 #include "engine/schedule.h"
 
 namespace memest {
@@ -33,22 +38,38 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
     r->notes.push_back("CUDA caching allocator rounding and segments modelled (PyTorch 2.x); "
                        "reserved memory assumes no other allocations in the process");
   }
-  bool attention = false, fused = false, conv = false;
+  bool attention = false, conv = false;
+  std::map<std::string, int> fused;  // SDPA calls by the kernel that runs them
   for (const Op& op : graph.ops) {
     const bool sdpa = op.kind == "scaled_dot_product_attention";
-    const bool op_fused = sdpa && HasAttr(op.attrs, "fused");
-    fused |= op_fused;
-    attention |= (op.scope.find(".core") != std::string::npos || sdpa) && !op_fused;
+    StatusOr<int64_t> fused_attr = IntAttr(op.attrs, "fused", 0, "");
+    StatusOr<std::string> backend = StringAttr(op.attrs, "backend", "", "");
+    const bool op_fused = sdpa && fused_attr.ok() && *fused_attr != 0;
+    if (sdpa && (op_fused || HasAttr(op.attrs, "backend"))) {
+      ++fused[backend.ok() ? *backend : std::string()];
+    }
+    attention |= (op.scope.find(".core") != std::string::npos || sdpa) && !op_fused &&
+                 !HasAttr(op.attrs, "backend");
     conv |= op.kind == "conv1d" || op.kind == "conv2d";
   }
+  const std::string impl = AttentionImplName(ResolveAttention(config));
   if (attention) {
-    r->notes.push_back("attention in its math form (eager); flash / memory-efficient SDPA "
-                       "kernels would not keep the [T, T] score matrices");
+    r->notes.push_back("attention in its math form (eager): the [T, T] scores and "
+                       "probabilities are kept for backward; flash / memory-efficient SDPA "
+                       "kernels would not keep them (config.attention)");
   }
-  if (fused) {
-    r->notes.push_back("scaled_dot_product_attention as PyTorch 2.x dispatches it: fused kernels "
-                       "(flash, memory-efficient) keep a float32 logsumexp per query, not the "
-                       "[T, T] scores");
+  if (!fused.empty()) {
+    std::string kernels;
+    for (const auto& [backend, calls] : fused) {
+      kernels += (kernels.empty() ? "" : ", ") + std::to_string(calls) + " " +
+                 (backend.empty() ? "chosen as on sm_90" : backend);
+    }
+    const bool math = fused.count("math") > 0;
+    r->notes.push_back("scaled_dot_product_attention (config.attention " + impl +
+                       ") as PyTorch 2.x dispatches it: " + kernels +
+                       "; the fused kernels keep a float32 logsumexp per query (cuDNN its "
+                       "softmax statistics), not the [T, T] scores" +
+                       (math ? "; the math kernel keeps them" : ""));
   }
   if (conv && config.runtime == Runtime::kCpuTorch113) {
     r->notes.push_back(std::string("CPU convolutions: the scratch of the kernels PyTorch 1.13 picks "
@@ -77,12 +98,36 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
                          CheckpointPolicyName(config.checkpoint.policy) + (config.checkpoint.non_reentrant ? ", use_reentrant=False" : "") + "): " +
                          std::to_string(regions.size()) + " regions recomputed in backward");
     }
+    if (config.hold_outputs) {
+      int64_t bytes = 0;
+      for (int t : ModelOutputs(graph, config.mode)) {
+        if (graph.tensors[t].role != TensorRole::kActivation) continue;
+        AddBytes(&bytes, Bytes(graph.tensors[t].shape, graph.tensors[t].dtype));
+      }
+      r->notes.push_back("the loop holds the model's outputs (" + FormatBytes(bytes) +
+                         ") through backward and the optimizer step, as `outputs = "
+                         "model(**batch)` does; a steady-state step starts with the previous "
+                         "step's (hold_outputs=false: a loop that lets them go once the loss "
+                         "exists, as Hugging Face's Trainer and Lightning do)");
+    }
     if (config.precision == Precision::kFp16Amp) {
       r->notes.push_back("fp16 autocast: GradScaler's scalars are negligible and not listed");
     }
   }
+  if (!graph.held.empty()) {
+    r->notes.push_back(std::to_string(graph.held.size()) +
+                       " tensors stay referenced by the model's code past their last use "
+                       "(Python locals, model.held), each until an op of the graph has run");
+  }
   if (!has_device && config.runtime == Runtime::kCuda) {
     r->notes.push_back("no device given: CUDA context of a generic H100-class GPU");
+  }
+  if (config.runtime == Runtime::kCuda) {
+    r->notes.push_back(config.module_loading == ModuleLoading::kLazy
+                           ? "CUDA context with lazy module loading (CUDA_MODULE_LOADING=LAZY, "
+                             "PyTorch's default since 1.13 with CUDA >= 11.7)"
+                           : "CUDA context with every kernel image loaded at initialisation "
+                             "(CUDA_MODULE_LOADING=EAGER, or CUDA before 11.7)");
   }
 }
 
@@ -94,6 +139,7 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   PlannedStep step;
   MEMEST_ASSIGN_OR_RETURN(step.device, ResolveDevice(config));
   step.fixed = step.device ? *step.device : BareDevice(0);
+  step.fixed.cuda_context_bytes = CudaContextBytes(step.fixed, config.module_loading);
   const bool cpu = config.runtime == Runtime::kCpuTorch113;
   if (cpu) step.fixed.cuda_context_bytes = step.fixed.cublas_workspace_bytes = 0;  // no such thing
 
@@ -108,6 +154,11 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   if (half != built.autocast) {
     MEMEST_ASSIGN_OR_RETURN(Graph autocast, ApplyAutocast(built, half));
     step.owned = std::make_unique<Graph>(std::move(autocast));
+    step.graph = step.owned.get();
+  }
+  if (cpu && HasRecurrent(*step.graph)) {  // 1.13's CPU path runs them as separate aten ops
+    MEMEST_ASSIGN_OR_RETURN(Graph expanded, ExpandRecurrentForCpu(*step.graph));
+    step.owned = std::make_unique<Graph>(std::move(expanded));
     step.graph = step.owned.get();
   }
   if (config.mode == Mode::kTraining) {
@@ -154,6 +205,11 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
     r.fit = fit;
   }
   AddNotes(*step.graph, config, step.regions, step.device.has_value(), &r);
+  if (step.device && !step.device->cuda) {
+    r.notes.push_back(step.device->name + " runs PyTorch through ROCm: estimated with its "
+                      "capacity and the caching allocator's rules (shared with CUDA), with "
+                      "sm_90's attention kernels and an H100-class context; Validate refuses it");
+  }
   return r;
 }
 
@@ -164,7 +220,8 @@ StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
   return ReportStep(built, config, step);
 }
 
-StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, int64_t max_ops) {
+StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, int64_t max_ops,
+                               Budget* budget) {
   MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
   BuildContext ctx;
   ctx.micro_batch = config.micro_batch();
@@ -172,14 +229,19 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   ctx.param_dtype = ParameterDType(config.precision);
   ctx.generate_tokens = config.generate_tokens;
   ctx.max_ops = max_ops;
+  ctx.budget = budget;
   if (IsAutocast(config.precision)) ctx.autocast = ComputeDType(config.precision);
+  ctx.attention = ResolveAttention(config);
+  MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
+  ctx.compute_capability = device ? AttentionCapability(*device) : 90;
   return BuildGraph(model, ctx);
 }
 
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
                           const EstimateOptions& options) {
   if (options.budget != nullptr) MEMEST_RETURN_IF_ERROR(options.budget->status());
-  MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildStepGraph(model, config, options.max_ops));
+  MEMEST_ASSIGN_OR_RETURN(Graph graph,
+                          BuildStepGraph(model, config, options.max_ops, options.budget));
   Budget unlimited;
   Budget* budget = options.budget != nullptr ? options.budget : &unlimited;
   // Every op runs forward at least once per micro-batch: a step that cannot afford that much is

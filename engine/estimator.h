@@ -49,9 +49,11 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
 // The report of a planned step (without advice).
 Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep& step);
 
-// Builds the graph of one micro-batch of `model` as `config` runs it.
+// Builds the graph of one micro-batch of `model` as `config` runs it; `budget` (null: none)
+// can stop the build at its deadline or cancellation.
 StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config,
-                               int64_t max_ops = EstimateOptions{}.max_ops);
+                               int64_t max_ops = EstimateOptions{}.max_ops,
+                               Budget* budget = nullptr);
 
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
                           const EstimateOptions& options = {});

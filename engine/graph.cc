@@ -234,6 +234,13 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
                            " ops" + (where.empty() ? std::string() : " (at " + where + ")")));
     return {};
   }
+  if (budget_ != nullptr && graph_.ops.size() % Budget::kCheckEvery == 0) {
+    Status stopped = budget_->Check();
+    if (!stopped.ok()) {
+      Fail(std::move(stopped));
+      return {};
+    }
+  }
   if (graph_.autocast != DType::kFloat32 && !in_autocast_) {
     for (int id : inputs) {
       if (id < 0 || id >= static_cast<int>(graph_.tensors.size())) {

@@ -18,6 +18,7 @@
 #include <variant>
 #include <vector>
 
+#include "engine/budget.h"
 #include "engine/dtype.h"
 #include "engine/shape.h"
 #include "engine/status.h"
@@ -49,6 +50,15 @@ struct Tensor {
   bool kv_cache = false;       // a buffer that is an inference KV cache
 };
 
+// A tensor the model's Python code keeps referenced past its last use in the graph (a local
+// variable that lives until its function returns): PyTorch frees a storage when its last
+// reference dies, so this one stays allocated until op `until_op` has run (and longer when an
+// op still reads it or autograd holds it).
+struct HeldTensor {
+  int tensor = -1;
+  int until_op = -1;
+};
+
 struct Op {
   std::string kind;
   std::vector<int> inputs;
@@ -69,6 +79,13 @@ struct Graph {
   // order, before the loss; and, for each, whether it is non-reentrant (use_reentrant=False).
   std::vector<std::pair<int, int>> checkpoints;
   std::vector<bool> checkpoint_non_reentrant;
+  // Tensors the model's code keeps referenced past their last use (memest.trace records them
+  // from weak references), each until an op of the graph has run.
+  std::vector<HeldTensor> held;
+  // The tensors the model's forward returns (memest.trace records them). Empty: the forward
+  // tensors the loss reads in training, the last op's outputs in inference (ModelOutputs in
+  // engine/python_refs.h).
+  std::vector<int> outputs;
   // The dtype torch.autocast cast to while the graph was built (its casts are ops of the graph);
   // float32 when it was built without autocast.
   DType autocast = DType::kFloat32;
@@ -151,6 +168,9 @@ class GraphBuilder {
   // Refuses (RESOURCE_EXHAUSTED) to add an op past `max_ops`, so that no request builds more
   // than its limit before it is refused.
   void SetMaxOps(int64_t max_ops) { max_ops_ = max_ops; }
+  // Looks at `budget`'s deadline and cancellation every 256 ops added, and fails with its
+  // refusal (null: never).
+  void SetBudget(Budget* budget) { budget_ = budget; }
   // Names the request field a size came from ("config.batch_size",
   // "model.layers[0].attrs.out_features"). A tensor too large to count in bytes is then
   // reported against the field of its largest named dim among those that alone make it too
@@ -185,6 +205,7 @@ class GraphBuilder {
   std::vector<size_t> scope_marks_;
   std::string context_;
   int64_t max_ops_ = 1'000'000;
+  Budget* budget_ = nullptr;
   int64_t leaf_bytes_ = 0;  // all leaves' bytes, within kMaxBytes
   std::vector<std::pair<int64_t, std::string>> named_sizes_;  // size, field
 };

@@ -5,6 +5,8 @@
 #include <limits>
 #include <utility>
 
+#include "engine/sdpa_select.h"
+
 namespace memest {
 namespace {
 
@@ -253,6 +255,78 @@ int RepeatKv(GraphBuilder& b, int x, int64_t n_rep) {
 
 }  // namespace
 
+namespace {
+
+// The tail every attention shares: heads merged (transpose(1, 2).contiguous().view(N, T, d)),
+// the output projection and the residual dropout.
+int MergeAndProject(GraphBuilder& b, const LayerContext& c, int context, int64_t n, int64_t t,
+                    int64_t d, const AttentionOptions& o) {
+  int merged = b.Add1("transpose", {context}, {{"dim0", Int(1)}, {"dim1", Int(2)}});
+  merged = b.Add1("contiguous", {merged});
+  merged = b.Add1("view", {merged}, {{"shape", Ints({n, t, d})}});
+  int out = -1;
+  switch (o.projection) {
+    case AttentionProjection::kFusedHfConv1D:
+      out = HfConv1D(b, c, "c_proj", merged, d);
+      break;
+    case AttentionProjection::kFusedLinear:
+      out = Linear(b, c, "out_proj", merged, d, o.bias);
+      break;
+    case AttentionProjection::kSeparate:
+      out = Linear(b, c, o.names[3], merged, d, o.bias);
+      break;
+  }
+  return Dropout(b, c, out, o.resid_dropout);
+}
+
+struct AttentionDims {
+  int64_t n, t, d, heads, kv_heads;
+};
+
+// The core as one F.scaled_dot_product_attention call (see Attention in layers.h).
+int SdpaAttention(GraphBuilder& b, const LayerContext& c, int q, int k, int v,
+                  const AttentionDims& dims, const AttentionOptions& o) {
+  if (!b.ok() || q < 0 || k < 0 || v < 0) return -1;
+  // GPT-2's module registers its causal-mask buffer whichever attention runs.
+  if (o.causal && o.additive_mask < 0 && o.projection == AttentionProjection::kFusedHfConv1D) {
+    const int64_t positions = o.mask_positions > 0 ? o.mask_positions : dims.t;
+    b.Buffer("bias", {1, 1, positions, positions}, DType::kBool);
+  }
+  SdpaParams p;
+  p.dtype = b.tensor(q).dtype;
+  if (c.autocast != DType::kFloat32 && p.dtype == DType::kFloat32) p.dtype = c.autocast;
+  p.batch = dims.n;
+  p.heads = dims.heads;
+  p.kv_heads = dims.kv_heads;
+  p.q_len = p.kv_len = dims.t;
+  p.head_dim_qk = p.head_dim_v = dims.d / dims.heads;
+  p.is_causal = o.causal;
+  p.dropout = c.training() ? o.attn_dropout : 0.0;
+  p.requires_grad = c.training();
+  p.compute_capability = c.compute_capability;
+  StatusOr<SdpaBackend> backend = SelectSdpaBackend(p, c.attention);
+  if (!backend.ok()) {
+    b.Fail(backend.status());
+    return -1;
+  }
+  if (*backend == SdpaBackend::kMath) {  // math repeats k and v (repeat_interleave)
+    k = RepeatKv(b, k, dims.heads / dims.kv_heads);
+    v = RepeatKv(b, v, dims.heads / dims.kv_heads);
+  }
+  int context = -1;
+  {
+    ModuleScope core(b, "core");
+    Attrs attrs = {{"fused", Int(*backend == SdpaBackend::kMath ? 0 : 1)},
+                   {"is_causal", Int(o.causal ? 1 : 0)},
+                   {"backend", std::string(SdpaBackendName(*backend))}};
+    if (p.dropout > 0) attrs["dropout_p"] = Float(p.dropout);
+    context = b.Add1("scaled_dot_product_attention", {q, k, v}, std::move(attrs));
+  }
+  return MergeAndProject(b, c, context, dims.n, dims.t, dims.d, o);
+}
+
+}  // namespace
+
 int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
               const AttentionOptions& o) {
   if (!ExpectRank(b, x, 3, "attention")) return -1;
@@ -303,6 +377,9 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
   if (!c.training() && o.kv_cache_len > 0) {
     b.KvCache("k_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
     b.KvCache("v_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
+  }
+  if (c.attention != AttentionImpl::kEager) {
+    return SdpaAttention(b, c, q, k, v, {n, t, d, heads, kv_heads}, o);
   }
   k = RepeatKv(b, k, heads / kv_heads);
   v = RepeatKv(b, v, heads / kv_heads);
@@ -359,23 +436,7 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     probs = Dropout(b, c, probs, o.attn_dropout);
     context = b.Add1("matmul", {probs, v});
   }
-  // Merge heads: transpose(1, 2).contiguous().view(N, T, d).
-  int merged = b.Add1("transpose", {context}, {{"dim0", Int(1)}, {"dim1", Int(2)}});
-  merged = b.Add1("contiguous", {merged});
-  merged = b.Add1("view", {merged}, {{"shape", Ints({n, t, d})}});
-  int out = -1;
-  switch (o.projection) {
-    case AttentionProjection::kFusedHfConv1D:
-      out = HfConv1D(b, c, "c_proj", merged, d);
-      break;
-    case AttentionProjection::kFusedLinear:
-      out = Linear(b, c, "out_proj", merged, d, o.bias);
-      break;
-    case AttentionProjection::kSeparate:
-      out = Linear(b, c, o.names[3], merged, d, o.bias);
-      break;
-  }
-  return Dropout(b, c, out, o.resid_dropout);
+  return MergeAndProject(b, c, context, n, t, d, o);
 }
 
 int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
@@ -425,7 +486,10 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   a.additive_mask = o.additive_mask;
   if (a.rotary_cos < 0 && o.heads > 0)
     RotaryBuffers(b, c, t, d / o.heads, &a.rotary_cos, &a.rotary_sin);
-  if (a.additive_mask < 0 && o.causal) a.additive_mask = AdditiveCausalMask(b, c, t);
+  // HF builds the 4-D additive mask for eager attention only; SDPA and flash get is_causal.
+  if (a.additive_mask < 0 && o.causal && c.attention == AttentionImpl::kEager) {
+    a.additive_mask = AdditiveCausalMask(b, c, t);
+  }
   int residual = x;
   int h = RmsNorm(b, c, "input_layernorm", x, true);
   h = Attention(b, c, "self_attn", h, a);

@@ -70,6 +70,11 @@ inline AttrValue AttrInts(std::vector<int64_t> v) { return AttrValue(std::move(v
 struct LayerContext {
   Mode mode = Mode::kTraining;
   DType param_dtype = DType::kFloat32;
+  // How Attention runs its core (config.attention resolved: never kDefault here), and the
+  // device generation that picks the SDPA kernel (10 * major + minor).
+  AttentionImpl attention = AttentionImpl::kEager;
+  int compute_capability = 90;
+  DType autocast = DType::kFloat32;  // torch.autocast's dtype while building; float32: none
   bool training() const { return mode == Mode::kTraining; }
 };
 
@@ -141,13 +146,21 @@ struct MlpOptions {
 int Mlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
         const MlpOptions& options);
 
-// Multi-head attention in its plain math form, on x [N, T, d_model]:
+// Multi-head attention on x [N, T, d_model]. With LayerContext::attention kEager, the math form:
 //   q, k, v projections (fused into one projection and split, or three); each viewed as
 //   [N, T, heads, head_dim] and transposed to [N, heads, T, head_dim]; optional rotary
 //   embedding on q and k; grouped-query k/v repeated to `heads` (unsqueeze + expand + reshape,
 //   HF's repeat_kv); then under the sub-scope "core" (what the selective checkpoint policy
 //   recomputes): scores = q @ k^T, the scale, the causal mask, softmax, dropout, @ v; then the
 //   heads merged (transpose + contiguous + view) and the output projection.
+// Otherwise (Hugging Face's sdpa_attention_forward, or flash_attention_2) the core is one
+// scaled_dot_product_attention op with is_causal and no mask tensor (HF passes no mask for a
+// batch without padding), dropout_p = attn_dropout in training, and attrs.backend the kernel
+// engine/sdpa_select.h picks; k and v keep their kv heads (enable_gqa, PyTorch >= 2.5) except
+// when the math kernel runs, which repeats them as repeat_kv does. The fused kernels return the
+// output in [N, T, heads, hd] memory order, so the merge's contiguous() copies nothing. A kernel
+// that config.attention forces but cannot run the call fails the builder naming
+// config.attention.
 enum class AttentionScale {
   kDivideScores,    // scores / sqrt(head_dim) (GPT-2, BERT)
   kMultiplyScores,  // scores * head_dim**-0.5 (HF Llama's eager attention)

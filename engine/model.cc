@@ -29,6 +29,17 @@ Status CheckAttrSizes(const Attrs& attrs, const std::string& field) {
 
 }  // namespace
 
+LayerContext LayerContextOf(const BuildContext& context) {
+  LayerContext c;
+  c.mode = context.mode;
+  c.param_dtype = context.param_dtype;
+  c.attention = context.attention == AttentionImpl::kDefault ? AttentionImpl::kEager
+                                                              : context.attention;
+  c.compute_capability = context.compute_capability;
+  c.autocast = context.autocast;
+  return c;
+}
+
 Status ValidateBuildContext(const BuildContext& context) {
   if (context.micro_batch <= 0) {
     return InvalidArgument("config.batch_size: the micro-batch must be positive, got " +
@@ -124,10 +135,11 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
   // Floating inputs follow the parameters' dtype (a pure-precision model is fed in that dtype);
   // integer inputs (token ids) keep theirs.
   const DType input_dtype = IsFloating(spec.input_dtype) ? context.param_dtype : spec.input_dtype;
-  const LayerContext c{context.mode, context.param_dtype};
+  const LayerContext c = LayerContextOf(context);
 
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  b.SetBudget(context.budget);
   // A shape too large to count in bytes names the size the user set (GraphBuilder::NameSize).
   b.NameSize(context.micro_batch, "config.batch_size");
   for (size_t i = 0; i < spec.input_shape.size(); ++i) {
@@ -207,6 +219,44 @@ bool DimMatches(int64_t declared, int64_t inferred, int64_t traced, int64_t micr
          static_cast<Wide>(declared) * micro == static_cast<Wide>(inferred) * traced;
 }
 
+// Graph::held and Graph::outputs from the spec's names: `ids` maps names to tensors, `made_by`
+// names to the spec op that makes them (leaves are absent), and spec op i ends at graph op
+// last_op[i].
+Status AddPythonRefs(const OpGraphSpec& spec, const std::unordered_map<std::string, int>& ids,
+                     const std::unordered_map<std::string, int64_t>& made_by,
+                     const std::vector<int>& last_op, Graph* graph) {
+  const int64_t n = static_cast<int64_t>(spec.ops.size());
+  for (size_t k = 0; k < spec.held.size(); ++k) {
+    const HeldSpec& h = spec.held[k];
+    const std::string field = "model.held[" + Str(k) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(h.tensor, field + ".tensor"));
+    const auto it = ids.find(h.tensor);
+    if (it == ids.end()) {
+      return InvalidArgument(field + ".tensor: " + Quote(h.tensor) + " is not a tensor of the graph");
+    }
+    if (h.until_op < 0 || h.until_op >= n) {
+      return InvalidArgument(field + ".until_op: " + Str(h.until_op) +
+                             " is not an op of the graph's " + Str(n) + " ops");
+    }
+    const auto made = made_by.find(h.tensor);
+    if (made != made_by.end() && made->second > h.until_op) {
+      return InvalidArgument(field + ".until_op: " + Str(h.until_op) + " runs before op " +
+                             Str(made->second) + ", which makes " + Quote(h.tensor));
+    }
+    graph->held.push_back({it->second, last_op[h.until_op]});
+  }
+  for (size_t k = 0; k < spec.outputs.size(); ++k) {
+    const std::string field = "model.outputs[" + Str(k) + "]";
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(spec.outputs[k], field));
+    const auto it = ids.find(spec.outputs[k]);
+    if (it == ids.end()) {
+      return InvalidArgument(field + ": " + Quote(spec.outputs[k]) + " is not a tensor of the graph");
+    }
+    graph->outputs.push_back(it->second);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& context) {
@@ -271,6 +321,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
 
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  b.SetBudget(context.budget);
   // Rescaled inputs take their batch dim from the config (GraphBuilder::NameSize).
   if (rescale) b.NameSize(context.micro_batch, "config.batch_size");
 
@@ -308,6 +359,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
   }
 
   std::set<std::string> produced;
+  std::unordered_map<std::string, int64_t> made_by;  // op output name -> the spec op
   // Graph ops [first_op[i], last_op[i]] are spec op i and the casts autocast put before it.
   std::vector<int> first_op(spec.ops.size()), last_op(spec.ops.size());
   for (size_t i = 0; i < spec.ops.size(); ++i) {
@@ -366,6 +418,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
       const std::string& name = op.outputs[j];
       if (name.empty()) continue;
       ids[name] = outs[j];
+      made_by[name] = static_cast<int64_t>(i);
       auto decl = declared.find(name);
       if (decl == declared.end()) continue;
       const TensorSpec& t = spec.tensors[decl->second];
@@ -449,6 +502,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
     graph.checkpoints.emplace_back(first_op[c.first_op], last_op[c.last_op]);
     graph.checkpoint_non_reentrant.push_back(c.non_reentrant);
   }
+  MEMEST_RETURN_IF_ERROR(AddPythonRefs(spec, ids, made_by, last_op, &graph));
   return graph;
 }
 

@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "engine/budget.h"
 #include "engine/config.h"
 #include "engine/graph.h"
 
@@ -69,6 +70,13 @@ struct CheckpointSpec {
   bool non_reentrant = false;
 };
 
+// A reference of the model's code that keeps `tensor` allocated past its last use in the graph,
+// until op `until_op` (an index into OpGraphSpec::ops) has run.
+struct HeldSpec {
+  std::string tensor;
+  int64_t until_op = 0;
+};
+
 // A graph of ops in execution order, as the tracer records it.
 struct OpGraphSpec {
   std::vector<TensorSpec> tensors;
@@ -76,6 +84,8 @@ struct OpGraphSpec {
   std::string loss;                 // the scalar output backward starts from (training)
   std::vector<std::string> blocks;  // scopes of repeated blocks (checkpoint units)
   std::vector<CheckpointSpec> checkpoints;  // the model's own torch.utils.checkpoint calls
+  std::vector<HeldSpec> held;        // references of the model's code (Graph::held)
+  std::vector<std::string> outputs;  // what the forward returns (Graph::outputs)
   // The batch size the shapes were recorded at. When it differs from the run's micro-batch,
   // every input's batch_dim is rescaled and shapes are re-inferred.
   int64_t traced_batch = 0;
@@ -95,7 +105,18 @@ struct BuildContext {
   // Build under torch.autocast to this dtype (float32: no autocast); the graph then holds the
   // casts autocast makes, where it makes them.
   DType autocast = DType::kFloat32;
+  // The request's budget (engine/budget.h): its deadline and cancellation are looked at while
+  // the graph is built (every 256 ops), so a large build stops too. Null: none.
+  Budget* budget = nullptr;
+  // How attention layers run (config.attention, resolved: ResolveAttention in engine/config.h)
+  // and the generation of the device that picks the SDPA kernel (10 * major + minor).
+  AttentionImpl attention = AttentionImpl::kEager;
+  int compute_capability = 90;
 };
+
+// The LayerContext (engine/layers.h) a front end builds its layers with.
+struct LayerContext;
+LayerContext LayerContextOf(const BuildContext& context);
 
 // Checks the context every front end relies on (a positive micro-batch, non-negative
 // generate_tokens); errors name the config field they come from.

@@ -56,6 +56,10 @@ const std::vector<OpRule>& Table() {
     rules::RegisterPointwiseRules(t);
     rules::RegisterShapeRules(t);
     rules::RegisterLossRules(t);
+    rules::RegisterIndexRules(t);
+    rules::RegisterRecurrentRules(t);
+    rules::RegisterCopyRules(t);
+    rules::RegisterAttentionRules(t);
     std::sort(t->begin(), t->end(),
               [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
     return t;

@@ -11,32 +11,51 @@
 //
 // Vocabulary (inputs; attributes, with defaults):
 //   linear(x, weight[out,in], bias?)          matmul(a, b)          bmm(a, b)
-//   addmm(bias, a, b)                         einsum(a, b; equation)
+//   addmm(bias, a, b)                         baddbmm(self, a, b; beta=1, alpha=1)
+//   einsum(a, b; equation)
 //   conv1d / conv2d(x, weight, bias?; stride=1, padding=0, dilation=1, groups=1)
-//   max_pool2d(x; kernel_size, stride=kernel_size, padding=0)   -> (out, indices int64)
-//   avg_pool2d(x; kernel_size, stride=kernel_size, padding=0)
+//   conv_transpose1d / conv_transpose2d(x, weight[in,out/groups,..], bias?; stride=1,
+//       padding=0, output_padding=0, dilation=1, groups=1)
+//   max_pool2d(x; kernel_size, stride=kernel_size, padding=0, dilation=1, ceil_mode=0)
+//       -> (out, indices int64)
+//   avg_pool2d(x; kernel_size, stride=kernel_size, padding=0, ceil_mode=0)
 //   adaptive_avg_pool2d(x; output_size)
+//   upsample_nearest2d(x; output_size)   upsample_bilinear2d(x; output_size, align_corners=0)
 //   layer_norm(x, weight?, bias?; normalized_ndim=1)
 //   batch_norm(x, weight?, bias?, running_mean?, running_var?)   (training: batch statistics)
 //   group_norm(x, weight?, bias?; num_groups)
 //   rms_norm(x, weight?; upcast=0)   upcast=1: computes in float32 as HF's LlamaRMSNorm does
-//   relu(x; inplace=0)  gelu(x; approximate="none"|"tanh")  silu(x)  sigmoid(x)  tanh(x)
+//   relu / silu / hardswish / hardsigmoid / sigmoid / tanh(x; inplace=0)
+//   hardtanh(x; min_val=-1, max_val=1, inplace=0)   (ReLU6: hardtanh(0, 6))
+//   gelu(x; approximate="none"|"tanh")
 //   exp(x)  rsqrt(x)  sqrt(x)  neg(x)  log1p(x)  pow(x; exponent)
-//   softmax(x; dim=-1)  log_softmax(x; dim=-1)  dropout(x; p=0.1)  -> bool mask saved
+//   softmax(x; dim=-1)  log_softmax(x; dim=-1)  dropout(x; p=0.1, inplace=0)
+//   stochastic_depth(x; p, mode="row"|"batch")   (torchvision.ops.stochastic_depth)
 //   embedding(weight, indices)
+//   embedding_bag(weight, indices, offsets?, per_sample_weights?; mode="mean", bag_size,
+//       include_last_offset=0)
+//   index(x, idx; dim=0)   x[:, ..., idx] with one integer index tensor
 //   add / sub / mul / div(a, b)   tensors, broadcasting       (a; scalar=<float>) with a scalar
 //   add_ / mul_ (a, b) in place on a
 //   masked_fill(x, mask; value)  where(cond, a, b)
 //   sum / mean(x; dim=[...] (all when absent), keepdim=0)
 //   reshape / view(x; shape=[...], one -1 allowed)  transpose(x; dim0, dim1)  permute(x; dims)
-//   expand(x; shape)  unsqueeze(x; dim)  squeeze(x; dim)  slice(x; dim, start, end)
+//   expand(x; shape)  unsqueeze(x; dim)  squeeze(x; dim)  slice(x; dim, start, end, step=1)
 //   split(x; dim, sizes=[...]) -> several views      flatten(x; start_dim=0, end_dim=-1)
-//   contiguous(x)  to(x; dtype)  cat(xs...; dim=0)  arange(; end)
-//   full(; shape, dtype=float32)   a tensor made without reading the graph (a factory, a mask
-//                                  computed from constants and buffers): fresh, no gradient
+//   contiguous(x)  to(x; dtype)  cat(xs...; dim=0)  arange(; end, start=0, step=1)
+//   cross_entropy(logits[N,C,..], target[N,..] int64; reduction="mean"|"sum"|"none")
+//   nll_loss(logp[N,C,..], target[N,..]; reduction)  mse_loss(a, b)
+//   scaled_dot_product_attention(q, k, v, mask?; is_causal=0, dropout_p=0, fused=0, backend)
+//                                            fused=0: the math form; fused=1: the kernel PyTorch
+//                                            2.x runs (backend flash|efficient|cudnn|math)
+//   lstm / gru(x, per layer and direction w_ih, w_hh[, b_ih, b_hh], h0?[, c0?]; num_layers=1,
+//       bidirectional=0, batch_first=0, bias=1, dropout=0) -> (output, h_n[, c_n])
+//       (engine/rnn_expand.h; cuDNN's fused RNN on CUDA, 1.13's per-step ops on the CPU)
+//   full(; shape, dtype="float32")   a tensor made without reading the graph (a factory, a
+//                                    mask computed from constants and buffers): no gradient
 //   expand and full take batch_dim: the dim of `shape` that is the micro-batch (rescaled with it)
-//   cross_entropy(logits[N,C], target[N] int64)  nll_loss(logp[N,C], target[N])  mse_loss(a, b)
-//   scaled_dot_product_attention(q, k, v; is_causal=0, dropout_p=0)   (the math form)
+//   pad(x; pad=[left, right, ...], value=0)   roll(x; shifts, dims)   clone(x)
+//   fill_(x; value=0) in place   norm(x; p=2, dim=[...], keepdim=0)   clamp(x; min?, max?)
 #ifndef MEMEST_ENGINE_OP_RULES_H_
 #define MEMEST_ENGINE_OP_RULES_H_
 
@@ -99,6 +118,15 @@ struct OpMemory {
   std::vector<int64_t> output_storage_bytes;
   // Backward copies an incoming gradient that is not dense (an expanded view) before using it.
   bool backward_needs_dense_grad = false;
+  // The backward runs as two autograd nodes (cross_entropy: nll_loss_backward, then
+  // _log_softmax_backward_data): the first turns the incoming gradient into the backward
+  // scratch, and the incoming gradient is released before the second makes the inputs'
+  // gradients. Only for ops that pass no gradient through.
+  bool backward_scratch_consumes_grad = false;
+  // The order the backward hands the inputs' gradients on (autograd's next edges; an input
+  // reached through another node, as linear's weight through t(), comes last). Empty: the
+  // inputs' order. It matters where gradients meet in an InputBuffer (a weight used each step).
+  std::vector<int> grad_order;
 };
 
 struct OpRule {

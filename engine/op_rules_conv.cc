@@ -1,7 +1,8 @@
 // Rules for convolutions and pooling.
 //
 // derivatives.yaml (convolution): saves input and weight (input even when only the weight
-// needs grad). max_pool2d_with_indices saves its input and the int64 indices (an output-shaped
+// needs grad); transposed convolutions (conv_transpose1d/2d, aten::convolution with
+// transposed=True) are the same op and keep the same. max_pool2d_with_indices saves its input and the int64 indices (an output-shaped
 // tensor); avg_pool2d and _adaptive_avg_pool2d save their input. cuDNN's workspace is chosen
 // per algorithm at run time and is not modelled here (Validate measures it on the device).
 // On the CPU runtime a convolution's own scratch (oneDNN reorders and scratchpad, or im2col
@@ -112,6 +113,66 @@ StatusOr<std::vector<OutputSpec>> InferConv(const OpCall& c) {
   return std::vector<OutputSpec>{{out, dtype}};
 }
 
+bool Transposed(const OpCall& c) { return c.op.kind.rfind("conv_transpose", 0) == 0; }
+
+// A transposed convolution (the gradient of a convolution with respect to its input): weight
+// [Cin, Cout / groups, k...], output extent (in - 1) * stride - 2 * padding +
+// dilation * (k - 1) + output_padding + 1.
+template <int N>
+StatusOr<std::vector<OutputSpec>> InferConvTranspose(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, N + 2, N + 2));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 1, N + 2, N + 2));
+  const Shape& x = c.in(0).shape;
+  const Shape& w = c.in(1).shape;
+  MEMEST_ASSIGN_OR_RETURN(int64_t groups, IntAttr(c.op.attrs, "groups", 1, c.field));
+  if (groups <= 0 || x[1] % groups != 0) {
+    return InvalidArgument(AttrField(c, "groups") + ": " + std::to_string(groups) +
+                           " must be positive and divide the input's channels");
+  }
+  if (w[0] != x[1]) {
+    return InvalidArgument(InputField(c, 1) + ": weight " + ShapeToString(w) + " expects " +
+                           std::to_string(w[0]) + " input channels, the input " +
+                           ShapeToString(x) + " has " + std::to_string(x[1]));
+  }
+  const StatusOr<int64_t> channels = CheckedMul(w[1], groups);
+  if (!channels.ok()) return channels.status().Prefixed(AttrField(c, "groups") + ": ");
+  const int64_t cout = *channels;
+  if (c.inputs.size() == 3 && c.in(2).shape != Shape{cout}) {
+    return InvalidArgument(InputField(c, 2) + ": bias must have shape [" + std::to_string(cout) +
+                           "], got " + ShapeToString(c.in(2).shape));
+  }
+  MEMEST_ASSIGN_OR_RETURN(ConvAttrs a, ReadConvAttrs(c, N));
+  MEMEST_ASSIGN_OR_RETURN(std::vector<int64_t> opad, SpatialAttr(c, "output_padding", N, 0, 0));
+  Shape out{x[0], cout};
+  Shape columns{w[1]};  // one image's columns: [Cout/g * k..., in...]
+  for (int i = 0; i < N; ++i) {
+    if (opad[i] >= a.stride[i] && opad[i] >= a.dilation[i]) {
+      return InvalidArgument(AttrField(c, "output_padding") + ": " + std::to_string(opad[i]) +
+                             " must be smaller than the stride or the dilation");
+    }
+    // Extents are below 2^56 and attributes below 2^31: the products and their sum are checked,
+    // the rest cannot pass 64 bits.
+    const StatusOr<int64_t> span = CheckedMul(x[2 + i] - 1, a.stride[i]);
+    const StatusOr<int64_t> reach = CheckedMul(w[2 + i] - 1, a.dilation[i]);
+    int64_t sum = 0;
+    if (!span.ok() || !reach.ok() || !AddBytes(&sum, *span) || !AddBytes(&sum, *reach)) {
+      return InvalidArgument(InputField(c, 0) + ": the output's extent passes 2^62");
+    }
+    const int64_t e = sum - 2 * a.padding[i] + opad[i] + 1;
+    if (e <= 0) {
+      return InvalidArgument(AttrField(c, "padding") + ": " + std::to_string(a.padding[i]) +
+                             " leaves an output extent of " + std::to_string(e));
+    }
+    out.push_back(e);
+    columns.push_back(w[2 + i]);
+  }
+  for (int i = 0; i < N; ++i) columns.push_back(x[2 + i]);
+  const DType dtype = PromoteTypes(c.in(0).dtype, c.in(1).dtype);
+  MEMEST_RETURN_IF_ERROR(CheckedBytes(columns, dtype, c.field + ": its columns").status());
+  return std::vector<OutputSpec>{{out, dtype}};
+}
+
 // The convolution's geometry as aten hands it to its CPU kernels (1-D viewed as 2-D). `a` are
 // its attributes, validated when the outputs were inferred.
 CpuConvProblem CpuProblem(const OpCall& c, const ConvAttrs& a) {
@@ -124,10 +185,12 @@ CpuConvProblem CpuProblem(const OpCall& c, const ConvAttrs& a) {
   const std::vector<int64_t>& dil = a.dilation;
   const bool two_d = n == 2;
   CpuConvProblem p;
+  p.transposed = Transposed(c);
   p.n = x[0];
   p.ci = x[1];
-  p.co = w[0];
-  p.groups = x[1] / w[1];
+  p.co = y[1];
+  const StatusOr<int64_t> groups = IntAttr(c.op.attrs, "groups", 1, c.field);  // validated
+  p.groups = !p.transposed ? x[1] / w[1] : groups.ok() ? *groups : 1;
   p.h = two_d ? x[2] : 1;
   p.w = x[n + 1];
   p.kh = two_d ? w[2] : 1;
@@ -178,7 +241,8 @@ void ConvMemory(const OpCall& c, OpMemory* m) {
 }
 
 struct PoolGeometry {
-  std::vector<int64_t> kernel, stride, padding;
+  std::vector<int64_t> kernel, stride, padding, dilation;
+  bool ceil_mode = false;
 };
 
 StatusOr<PoolGeometry> ReadPool(const OpCall& c) {
@@ -192,17 +256,30 @@ StatusOr<PoolGeometry> ReadPool(const OpCall& c) {
     if (g.stride[i] == 0) g.stride[i] = g.kernel[i];
   }
   MEMEST_ASSIGN_OR_RETURN(g.padding, SpatialAttr(c, "padding", 2, 0, 0));
+  MEMEST_ASSIGN_OR_RETURN(g.dilation, SpatialAttr(c, "dilation", 2, 1, 1));
+  MEMEST_ASSIGN_OR_RETURN(int64_t ceil, IntAttr(c.op.attrs, "ceil_mode", 0, c.field));
+  g.ceil_mode = ceil != 0;
   return g;
 }
 
+// pooling_output_shape (aten/src/ATen/native/Pool.h): with ceil_mode the last window may start
+// past the padded end by less than a stride, as long as it starts inside the input or the
+// left padding.
 StatusOr<Shape> PoolOut(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 3, 4));
   MEMEST_ASSIGN_OR_RETURN(PoolGeometry g, ReadPool(c));
   Shape out = c.in(0).shape;
   const size_t h = out.size() - 2;
   for (int i = 0; i < 2; ++i) {
-    MEMEST_ASSIGN_OR_RETURN(out[h + i], OutExtent(c, out[h + i], g.kernel[i], g.stride[i],
-                                                  g.padding[i], 1));
+    const int64_t in = out[h + i];
+    MEMEST_ASSIGN_OR_RETURN(int64_t e, OutExtent(c, in, g.kernel[i], g.stride[i], g.padding[i],
+                                                 g.dilation[i]));
+    if (g.ceil_mode) {
+      const int64_t span = g.dilation[i] * (g.kernel[i] - 1) + 1;  // OutExtent checked it
+      if ((in + 2 * g.padding[i] - span) % g.stride[i] != 0) ++e;
+      if ((e - 1) * g.stride[i] >= in + g.padding[i]) --e;
+    }
+    out[h + i] = e;
   }
   return out;
 }
@@ -248,11 +325,43 @@ StatusOr<std::vector<OutputSpec>> InferAdaptiveAvgPool(const OpCall& c) {
   return std::vector<OutputSpec>{{out, c.in(0).dtype}};
 }
 
+// upsample_nearest2d / upsample_bilinear2d keep only sizes (derivatives.yaml: the backward reads
+// grad, output_size, the input's sizes and the scales). PyTorch 1.13's CPU kernels
+// (UpSampleKernel.cpp, compute_indices_weights) build, per spatial dim, an int64 source index
+// and a weight in the input's dtype per output position (nearest), or two of each (linear),
+// all live until the kernel returns (measured).
+StatusOr<std::vector<OutputSpec>> InferUpsample(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 4, 4));
+  if (!HasAttr(c.op.attrs, "output_size")) {
+    return InvalidArgument(AttrField(c, "output_size") + ": required");
+  }
+  MEMEST_ASSIGN_OR_RETURN(std::vector<int64_t> size, SpatialAttr(c, "output_size", 2, 1, 1));
+  MEMEST_RETURN_IF_ERROR(IntAttr(c.op.attrs, "align_corners", 0, c.field).status());
+  Shape out = c.in(0).shape;
+  out[2] = size[0];
+  out[3] = size[1];
+  return std::vector<OutputSpec>{{out, c.in(0).dtype, DenseStridesLike(c.in(0))}};
+}
+
+void UpsampleMemory(const OpCall& c, OpMemory* m) {
+  if (c.runtime != Runtime::kCpuTorch113) return;
+  const int64_t tables = c.op.kind == "upsample_bilinear2d" ? 2 : 1;
+  const Shape& y = c.out(0).shape;
+  const int64_t per_position = 8 + DTypeSize(c.in(0).dtype);  // int64 index + weight
+  m->forward_temps.push_back(
+      Alloc{tables * per_position * (y[2] + y[3]), "interpolation indices and weights (CPU)"});
+}
+
 }  // namespace
 
 void RegisterConvRules(std::vector<OpRule>* r) {
   r->push_back({"conv1d", 2, 3, InferConv<1>, ConvMemory});
   r->push_back({"conv2d", 2, 3, InferConv<2>, ConvMemory});
+  r->push_back({"conv_transpose1d", 2, 3, InferConvTranspose<1>, ConvMemory});
+  r->push_back({"conv_transpose2d", 2, 3, InferConvTranspose<2>, ConvMemory});
+  r->push_back({"upsample_nearest2d", 1, 1, InferUpsample, UpsampleMemory});
+  r->push_back({"upsample_bilinear2d", 1, 1, InferUpsample, UpsampleMemory});
   r->push_back({"max_pool2d", 1, 1, InferMaxPool, MaxPoolMemory});
   r->push_back({"avg_pool2d", 1, 1, InferAvgPool, SaveInputMemory});
   r->push_back({"adaptive_avg_pool2d", 1, 1, InferAdaptiveAvgPool, AdaptiveAvgPoolMemory});

@@ -17,6 +17,10 @@ void RegisterNormRules(std::vector<OpRule>* rules);
 void RegisterPointwiseRules(std::vector<OpRule>* rules);
 void RegisterShapeRules(std::vector<OpRule>* rules);
 void RegisterLossRules(std::vector<OpRule>* rules);
+void RegisterIndexRules(std::vector<OpRule>* rules);
+void RegisterRecurrentRules(std::vector<OpRule>* rules);
+void RegisterCopyRules(std::vector<OpRule>* rules);
+void RegisterAttentionRules(std::vector<OpRule>* rules);
 
 inline std::string InputField(const OpCall& c, size_t i) {
   return c.field + ".inputs[" + std::to_string(i) + "]";

@@ -162,6 +162,8 @@ void SaveOperands(const OpCall& c, const Operand3d& a, const Operand3d& b, OpMem
 // copies it (and the copy is what is kept for the weight's gradient).
 void LinearMemory(const OpCall& c, OpMemory* m) {
   m->backward_needs_dense_grad = true;  // mm cannot read an expanded (stride 0) gradient
+  // addmm's (or add's, then mm's) edges: bias, x, then the weight through t()'s backward.
+  m->grad_order = c.inputs.size() == 3 ? std::vector<int>{2, 0, 1} : std::vector<int>{0, 1};
   const Tensor& x = c.in(0);
   if (x.shape.size() >= 3) {
     const Operand3d folded =
@@ -211,6 +213,54 @@ void BmmMemory(const OpCall& c, OpMemory* m) {
   m->backward_needs_dense_grad = true;
   SaveInputIf(m, c.needs_grad(1), 0);
   SaveInputIf(m, c.needs_grad(0), 1);
+}
+
+// baddbmm(self, batch1, batch2; beta=1, alpha=1) = beta * self + alpha * batch1 @ batch2, self
+// broadcast to [B, n, p] (nn.MultiheadAttention's attn_mask in 1.13). Saves like bmm. Backward
+// (derivatives.yaml, maybe_multiply): self gets the incoming gradient itself when beta is 1 and
+// self has the output's shape, else grad * beta, reduced to self's shape; each batch gradient is
+// a bmm, then multiplied by alpha when alpha is not 1 (the bmm result is scratch while the
+// product is made).
+StatusOr<std::vector<OutputSpec>> InferBaddbmm(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 1, 3, 3));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 2, 3, 3));
+  MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "beta", 1.0, c.field).status());
+  MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "alpha", 1.0, c.field).status());
+  const Shape& a = c.in(1).shape;
+  const Shape& b = c.in(2).shape;
+  if (a[0] != b[0] || a[2] != b[1]) {
+    return InvalidArgument(c.field + ".inputs: baddbmm shapes " + ShapeToString(a) + " and " +
+                           ShapeToString(b) + " cannot be multiplied");
+  }
+  const Shape out{a[0], a[1], b[2]};
+  StatusOr<Shape> bc = BroadcastShapes(c.in(0).shape, out);
+  if (!bc.ok() || *bc != out) {
+    return InvalidArgument(InputField(c, 0) + ": baddbmm self " + ShapeToString(c.in(0).shape) +
+                           " does not broadcast to " + ShapeToString(out));
+  }
+  return std::vector<OutputSpec>{{out, PromoteTypes(c.in(1).dtype, c.in(2).dtype)}};
+}
+
+void BaddbmmMemory(const OpCall& c, OpMemory* m) {
+  m->backward_needs_dense_grad = true;
+  SaveInputIf(m, c.needs_grad(2), 1);
+  SaveInputIf(m, c.needs_grad(1), 2);
+  const StatusOr<double> beta = FloatAttr(c.op.attrs, "beta", 1.0, c.field);
+  const StatusOr<double> alpha = FloatAttr(c.op.attrs, "alpha", 1.0, c.field);
+  const bool unit_beta = !beta.ok() || *beta == 1.0;
+  const bool same = c.in(0).shape == c.out(0).shape && c.in(0).dtype == c.out(0).dtype;
+  m->grad_flow = {same && unit_beta ? GradFlow::kPassThrough : GradFlow::kFresh,
+                  GradFlow::kFresh, GradFlow::kFresh};
+  // The gradients are made one after the other (batch1, batch2, self), each one's scratch freed
+  // before the next: the largest counts.
+  int64_t scratch = 0;
+  if (alpha.ok() && *alpha != 1.0) {
+    for (int i : {1, 2}) {
+      if (c.needs_grad(i)) scratch = std::max(scratch, BytesOf(c.in(i)));
+    }
+  }
+  if (c.needs_grad(0) && !unit_beta && !same) scratch = std::max(scratch, BytesOf(c.out(0)));
+  if (scratch > 0) m->backward_temps.push_back(Alloc{scratch, "baddbmm backward: before * alpha / beta"});
 }
 
 // ---- einsum(a, b; equation) ----
@@ -343,6 +393,7 @@ void RegisterMatmulRules(std::vector<OpRule>* r) {
   r->push_back({"addmm", 3, 3, InferAddmm, AddmmMemory});
   r->push_back({"matmul", 2, 2, InferMatmul, MatmulMemory});
   r->push_back({"bmm", 2, 2, InferBmm, BmmMemory});
+  r->push_back({"baddbmm", 3, 3, InferBaddbmm, BaddbmmMemory});
   r->push_back({"einsum", 1, 2, InferEinsum, EinsumMemory});
 }
 

@@ -1,4 +1,4 @@
-// Rules for normalisation layers.
+// Rules for normalisation layers, and the vector norm and clamp F.normalize is made of.
 //
 // derivatives.yaml: native_layer_norm saves input, weight, bias and its mean and rstd outputs
 // (float32 for float32/half inputs, shaped like the input with the normalised dims set to 1);
@@ -174,9 +174,70 @@ void RmsNormMemory(const OpCall& c, OpMemory* m) {
       Alloc{products * n * DTypeSize(compute), "rms_norm backward products"});
 }
 
+// ---- F.normalize's pieces: norm(x; p=2, dim, keepdim) and clamp(x; min?, max?) ----
+
+// norm.ScalarOpt_dim / linalg_vector_norm, p = 2 (derivatives.yaml: norm_backward(grad, self,
+// p, result, ...) keeps self and result). Backward (FunctionsManual.cpp, p = 2):
+// self * (grad / norm).masked_fill_(norm == 0, 0): an output-sized quotient and bool mask
+// (2.x, CUDA); 1.13's CPU also held an input-sized product and the mask (measured:
+// [8, 4, 16] -> [8, 4, 1]: 2048 + 32 bytes beside the gradient).
+StatusOr<std::vector<OutputSpec>> InferNorm(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_ASSIGN_OR_RETURN(double p, FloatAttr(c.op.attrs, "p", 2.0, c.field));
+  if (p != 2.0) return InvalidArgument(AttrField(c, "p") + ": only the 2-norm is modelled");
+  MEMEST_ASSIGN_OR_RETURN(std::vector<int64_t> dims, IntsAttr(c.op.attrs, "dim", {}, c.field));
+  MEMEST_ASSIGN_OR_RETURN(int64_t keepdim, IntAttr(c.op.attrs, "keepdim", 0, c.field));
+  const Shape& x = c.in(0).shape;
+  std::vector<bool> reduced(x.size(), dims.empty());
+  for (int64_t d : dims) {
+    MEMEST_ASSIGN_OR_RETURN(int k, NormalizeDim(d, static_cast<int>(x.size()), AttrField(c, "dim")));
+    reduced[k] = true;
+  }
+  Shape out;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (!reduced[i]) out.push_back(x[i]);
+    else if (keepdim) out.push_back(1);
+  }
+  return std::vector<OutputSpec>{{out, c.in(0).dtype}};
+}
+
+void NormMemory(const OpCall& c, OpMemory* m) {
+  if (!c.needs_grad(0)) return;
+  m->saved_inputs.push_back(0);
+  m->saved_outputs.push_back(0);
+  const int64_t n = Numel(c.out(0).shape);
+  m->backward_temps.push_back(Alloc{n, "norm backward: norm == 0"});
+  m->backward_temps.push_back(c.runtime == Runtime::kCpuTorch113
+                                  ? Alloc{BytesOf(c.in(0)), "norm backward: self * scale (CPU)"}
+                                  : Alloc{BytesOf(c.out(0)), "norm backward: grad / norm"});
+}
+
+// clamp / clamp_min / clamp_max (derivatives.yaml: clamp_backward(grad, self, min, max) keeps
+// self): backward is where(mask, grad, 0) with a bool mask per bound (self >= min,
+// self <= max, and-ed in place) and a 0-dim zero (measured on 1.13's CPU).
+StatusOr<std::vector<OutputSpec>> InferClamp(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  if (!HasAttr(c.op.attrs, "min") && !HasAttr(c.op.attrs, "max")) {
+    return InvalidArgument(AttrField(c, "min") + ": clamp needs a min or a max");
+  }
+  MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "min", 0.0, c.field).status());
+  MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "max", 0.0, c.field).status());
+  return std::vector<OutputSpec>{{c.in(0).shape, c.in(0).dtype}};
+}
+
+void ClampMemory(const OpCall& c, OpMemory* m) {
+  if (!c.needs_grad(0)) return;
+  m->saved_inputs.push_back(0);
+  const int64_t bounds = HasAttr(c.op.attrs, "min") + HasAttr(c.op.attrs, "max");
+  m->backward_temps.push_back(Alloc{bounds * Numel(c.in(0).shape), "clamp backward masks"});
+  m->backward_temps.push_back(Alloc{DTypeSize(c.in(0).dtype), "zero"});
+}
+
 }  // namespace
 
 void RegisterNormRules(std::vector<OpRule>* r) {
+  r->push_back({"norm", 1, 1, InferNorm, NormMemory});
+  r->push_back({"clamp", 1, 1, InferClamp, ClampMemory});
   r->push_back({"layer_norm", 1, 3, InferLayerNorm, LayerNormMemory});
   r->push_back({"batch_norm", 1, 5, InferBatchNorm, BatchNormMemory});
   r->push_back({"group_norm", 1, 3, InferGroupNorm, GroupNormMemory});

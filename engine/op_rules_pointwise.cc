@@ -25,6 +25,7 @@ StatusOr<std::vector<OutputSpec>> InferUnary(const OpCall& c) {
 }
 
 void SaveInput(const OpCall& c, OpMemory* m) { SaveInputIf(m, c.needs_grad(0), 0); }
+// In place too, the result is the input's storage, as overwritten.
 void SaveOutput(const OpCall& c, OpMemory* m) {
   if (c.needs_grad(0)) m->saved_outputs.push_back(0);
 }
@@ -63,11 +64,53 @@ void Log1pMemory(const OpCall& c, OpMemory* m) {
   m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "backward: self + 1"});
 }
 
-StatusOr<std::vector<OutputSpec>> InferRelu(const OpCall& c) {
+// ---- activations that may run in place (attrs.inplace=1: relu_, silu_, hardtanh_, ...) ----
+
+StatusOr<bool> InplaceAttr(const OpCall& c) {
   MEMEST_ASSIGN_OR_RETURN(int64_t inplace, IntAttr(c.op.attrs, "inplace", 0, c.field));
+  if (inplace != 0 && inplace != 1) {
+    return InvalidArgument(AttrField(c, "inplace") + ": must be 0 or 1, got " +
+                           std::to_string(inplace));
+  }
+  return inplace == 1;
+}
+bool InPlace(const OpCall& c) { return !c.outputs.empty() && c.out(0).alias_of >= 0; }
+
+// In place, the output is the input's storage.
+StatusOr<std::vector<OutputSpec>> InferActivation(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_ASSIGN_OR_RETURN(bool inplace, InplaceAttr(c));
+  if (inplace) return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides)};
+  return std::vector<OutputSpec>{Like(c.in(0))};
+}
+
+StatusOr<std::vector<OutputSpec>> InferRelu(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(bool inplace, InplaceAttr(c));
   OutputSpec out = Like(c.in(0));
   if (inplace) out = ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides);
   return std::vector<OutputSpec>{out};
+}
+
+// A formula that reads `self` (silu, hardtanh, hardswish, hardsigmoid): out of place it keeps
+// the input; in place autograd keeps a clone of the input taken before the op overwrites it
+// (gen_variable_type.py, save_variables: `original_self = self.clone()`).
+void SaveSelf(const OpCall& c, OpMemory* m) {
+  if (!c.needs_grad(0)) return;
+  if (InPlace(c)) {
+    m->saved_extras.push_back(Alloc{BytesOf(c.in(0)), "clone of the original self"});
+  } else {
+    m->saved_inputs.push_back(0);
+  }
+}
+
+StatusOr<std::vector<OutputSpec>> InferHardtanh(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(double lo, FloatAttr(c.op.attrs, "min_val", -1.0, c.field));
+  MEMEST_ASSIGN_OR_RETURN(double hi, FloatAttr(c.op.attrs, "max_val", 1.0, c.field));
+  if (lo > hi) {
+    return InvalidArgument(AttrField(c, "min_val") + ": " + std::to_string(lo) +
+                           " is greater than max_val " + std::to_string(hi));
+  }
+  return InferActivation(c);
 }
 
 StatusOr<std::vector<OutputSpec>> InferGelu(const OpCall& c) {
@@ -112,22 +155,49 @@ StatusOr<double> DropoutP(const OpCall& c) {
 
 StatusOr<std::vector<OutputSpec>> InferDropout(const OpCall& c) {
   MEMEST_ASSIGN_OR_RETURN(double p, DropoutP(c));
-  if (p == 0.0) {  // at::dropout returns its input when p == 0
+  MEMEST_ASSIGN_OR_RETURN(bool inplace, InplaceAttr(c));
+  if (p == 0.0 || inplace) {  // at::dropout returns its input when p == 0
     return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides)};
   }
   return InferUnary(c);
 }
 
-// CUDA: native_dropout keeps a bool mask. PyTorch 1.13 on the CPU: _dropout_impl draws a noise
-// tensor in the input's dtype (bernoulli_, then div_ by 1-p) and returns input * noise, so mul
-// keeps the noise.
+// CUDA: native_dropout keeps a bool mask. PyTorch 1.13 on the CPU, and in place (dropout_,
+// which is never the fused kernel) on both: _dropout_impl draws a noise tensor in the input's
+// dtype (bernoulli_, then div_ by 1-p) and returns input * noise (mul_ in place), which keeps
+// the noise.
 void DropoutMemory(const OpCall& c, OpMemory* m) {
   StatusOr<double> p = DropoutP(c);
   if (!p.ok() || *p == 0.0) return;
-  Alloc mask = c.runtime == Runtime::kCpuTorch113
-                   ? AllocOf(c.in(0).shape, c.in(0).dtype, "dropout noise (CPU)")
-                   : AllocOf(c.in(0).shape, DType::kBool, "dropout mask");
+  const bool noise = c.runtime == Runtime::kCpuTorch113 || InPlace(c);
+  Alloc mask = noise ? AllocOf(c.in(0).shape, c.in(0).dtype, "dropout noise")
+                     : AllocOf(c.in(0).shape, DType::kBool, "dropout mask");
   (c.needs_grad(0) ? m->saved_extras : m->forward_temps).push_back(mask);
+}
+
+// torchvision.ops.stochastic_depth: noise = empty([N, 1, ...] for mode "row", [1, ...] for
+// "batch").bernoulli_(1 - p), div_(1 - p) unless p is 1, then input * noise; mul keeps the
+// noise (input's dtype). Eval and p = 0 return the input.
+StatusOr<std::vector<OutputSpec>> InferStochasticDepth(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 1, static_cast<int>(kMaxRank)));
+  MEMEST_ASSIGN_OR_RETURN(double p, DropoutP(c));
+  MEMEST_ASSIGN_OR_RETURN(std::string mode, StringAttr(c.op.attrs, "mode", "row", c.field));
+  if (mode != "row" && mode != "batch") {
+    return InvalidArgument(AttrField(c, "mode") + ": must be 'row' or 'batch', got '" + mode + "'");
+  }
+  if (p == 0.0) return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides)};
+  return std::vector<OutputSpec>{Like(c.in(0))};
+}
+
+void StochasticDepthMemory(const OpCall& c, OpMemory* m) {
+  StatusOr<double> p = DropoutP(c);
+  StatusOr<std::string> mode = StringAttr(c.op.attrs, "mode", "row", c.field);
+  if (!p.ok() || *p == 0.0 || !mode.ok()) return;
+  Shape noise(c.in(0).shape.size(), 1);
+  if (*mode == "row") noise[0] = c.in(0).shape[0];
+  const Alloc a = AllocOf(noise, c.in(0).dtype, "stochastic depth noise");
+  (c.needs_grad(0) ? m->saved_extras : m->forward_temps).push_back(a);
 }
 
 // ---- binary arithmetic ----
@@ -276,9 +346,12 @@ StatusOr<std::vector<OutputSpec>> InferTo(const OpCall& c) {
 void RegisterPointwiseRules(std::vector<OpRule>* r) {
   r->push_back({"relu", 1, 1, InferRelu, SaveOutput});
   r->push_back({"gelu", 1, 1, InferGelu, SaveInput});
-  r->push_back({"silu", 1, 1, InferUnary, SaveInput});
-  r->push_back({"sigmoid", 1, 1, InferUnary, SaveOutput});
-  r->push_back({"tanh", 1, 1, InferUnary, SaveOutput});
+  r->push_back({"silu", 1, 1, InferActivation, SaveSelf});
+  r->push_back({"hardtanh", 1, 1, InferHardtanh, SaveSelf});
+  r->push_back({"hardswish", 1, 1, InferActivation, SaveSelf});
+  r->push_back({"hardsigmoid", 1, 1, InferActivation, SaveSelf});
+  r->push_back({"sigmoid", 1, 1, InferActivation, SaveOutput});
+  r->push_back({"tanh", 1, 1, InferActivation, SaveOutput});
   r->push_back({"exp", 1, 1, InferUnary, SaveOutput});
   r->push_back({"rsqrt", 1, 1, InferUnary, SaveOutputWithBackwardProducts<2>});
   r->push_back({"sqrt", 1, 1, InferUnary, SaveOutputWithBackwardProducts<1>});
@@ -288,6 +361,8 @@ void RegisterPointwiseRules(std::vector<OpRule>* r) {
   r->push_back({"softmax", 1, 1, InferSoftmax, SoftmaxMemory});
   r->push_back({"log_softmax", 1, 1, InferSoftmax, SoftmaxMemory});
   r->push_back({"dropout", 1, 1, InferDropout, DropoutMemory, /*identity_in_eval=*/true});
+  r->push_back({"stochastic_depth", 1, 1, InferStochasticDepth, StochasticDepthMemory,
+                /*identity_in_eval=*/true});
   r->push_back({"add", 1, 2, InferBinary, AddSubMemory});
   r->push_back({"sub", 1, 2, InferBinary, AddSubMemory});
   r->push_back({"mul", 1, 2, InferBinary, MulMemory});

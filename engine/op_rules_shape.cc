@@ -204,9 +204,16 @@ StatusOr<std::vector<OutputSpec>> InferSlice(const OpCall& c) {
   if (end < 0) end += n;
   start = std::clamp<int64_t>(start, 0, n);
   end = std::clamp<int64_t>(end, start, n);
+  MEMEST_ASSIGN_OR_RETURN(int64_t step, IntAttr(c.op.attrs, "step", 1, c.field));
+  if (step <= 0) return InvalidArgument(AttrField(c, "step") + ": must be positive");
   Shape s = c.in(0).shape;
-  s[dim] = end - start;
-  return std::vector<OutputSpec>{ViewOf(0, s, c.in(0).dtype, c.in(0).strides)};
+  s[dim] = (end - start) / step + ((end - start) % step != 0);
+  Strides st = c.in(0).strides;
+  if (step != 1 && s[dim] > 1) {  // every step-th element: the stride grows
+    if (st.empty()) st = ContiguousStrides(c.in(0).shape);
+    MEMEST_ASSIGN_OR_RETURN(st[dim], CheckedMul(st[dim], step));
+  }
+  return std::vector<OutputSpec>{ViewOf(0, s, c.in(0).dtype, st)};
 }
 
 StatusOr<std::vector<OutputSpec>> InferSplit(const OpCall& c) {
@@ -289,30 +296,6 @@ StatusOr<std::vector<OutputSpec>> InferReduce(const OpCall& c) {
     d = DType::kInt64;
   }
   return std::vector<OutputSpec>{{out, d}};
-}
-
-StatusOr<std::vector<OutputSpec>> InferArange(const OpCall& c) {
-  MEMEST_ASSIGN_OR_RETURN(int64_t end, IntAttr(c.op.attrs, "end", -1, c.field));
-  if (end < 0) return InvalidArgument(AttrField(c, "end") + ": required, non-negative");
-  return std::vector<OutputSpec>{{{end}, DType::kInt64, {}, -1, false}};
-}
-
-// A tensor the forward makes without reading the graph: a factory (torch.full, zeros, ones,
-// empty, rand), or a tensor computed from constants and buffers only (a causal mask), as the
-// tracer records it. A fresh allocation; no gradient.
-StatusOr<std::vector<OutputSpec>> InferFull(const OpCall& c) {
-  if (!HasAttr(c.op.attrs, "shape")) return InvalidArgument(AttrField(c, "shape") + ": required");
-  MEMEST_ASSIGN_OR_RETURN(std::vector<int64_t> shape, IntsAttr(c.op.attrs, "shape", {}, c.field));
-  for (int64_t d : shape) {
-    if (d < 0) {
-      return InvalidArgument(AttrField(c, "shape") + ": " + ShapeToString(shape) +
-                             " has a negative size");
-    }
-  }
-  MEMEST_ASSIGN_OR_RETURN(std::string name, StringAttr(c.op.attrs, "dtype", "float32", c.field));
-  StatusOr<DType> d = ParseDType(name);
-  if (!d.ok()) return d.status().Prefixed(AttrField(c, "dtype") + ": ");
-  return std::vector<OutputSpec>{{shape, *d, {}, -1, false}};
 }
 
 StatusOr<std::vector<OutputSpec>> InferEmbedding(const OpCall& c) {
@@ -413,8 +396,6 @@ void RegisterShapeRules(std::vector<OpRule>* r) {
   r->push_back(ViewBackward({"cat", 1, -1, InferCat, PassThrough}, nullptr));  // slices
   r->push_back(ViewBackward({"sum", 1, 1, InferReduce, SumMemory}, ExpandedGradView));
   r->push_back({"mean", 1, 1, InferReduce, MeanMemory});
-  r->push_back({"arange", 0, 0, InferArange, FreshGrad});
-  r->push_back({"full", 0, 0, InferFull, FreshGrad});
   r->push_back({"embedding", 2, 2, InferEmbedding, EmbeddingMemory});
 }
 

@@ -76,6 +76,13 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional
     out.checkpoints.emplace_back(first_op[first], last_op[last]);
     out.checkpoint_non_reentrant.push_back(g.checkpoint_non_reentrant[k]);
   }
+  // What the model's code holds carries over to the tensors that replace the held ones.
+  for (const HeldTensor& h : g.held) {
+    if (map[h.tensor] >= 0) out.held.push_back({map[h.tensor], last_op[h.until_op]});
+  }
+  for (int t : g.outputs) {
+    if (map[t] >= 0) out.outputs.push_back(map[t]);
+  }
   return out;
 }
 

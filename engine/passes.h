@@ -15,8 +15,9 @@ namespace memest {
 // Rebuilds `graph` op by op through a GraphBuilder, re-inferring every output. For each op,
 // `emit(i, builder, map)` may add replacement ops and map op i's outputs (map[old] = new) and
 // return true, or return false to have op i copied as it is. `map` takes old tensor ids to new
-// ones; a tensor left unmapped (-1) must not be read by a later op. Leaves, blocks and the loss
-// carry over. The new graph is built under `autocast` (by default as `graph` was: replaying an
+// ones; a tensor left unmapped (-1) must not be read by a later op. Leaves, blocks, the loss,
+// the model's checkpoint regions, held tensors (until the last op op i became) and outputs
+// carry over; held tensors and outputs left unmapped are dropped. The new graph is built under `autocast` (by default as `graph` was: replaying an
 // autocast graph under autocast adds no casts, its inputs are already cast).
 using OpEmitter = std::function<bool(int op, GraphBuilder& b, std::vector<int>& map)>;
 StatusOr<Graph> ReplayGraph(const Graph& graph, const OpEmitter& emit,

@@ -33,7 +33,7 @@ Status ParamError(const std::string& name, const std::string& message) {
   return InvalidArgument(ParamField(name) + ": " + message);
 }
 
-LayerContext Layers(const BuildContext& ctx) { return LayerContext{ctx.mode, ctx.param_dtype}; }
+LayerContext Layers(const BuildContext& ctx) { return LayerContextOf(ctx); }
 bool Training(const BuildContext& ctx) { return ctx.mode == Mode::kTraining; }
 
 // logits [.., C] and int64 targets shaped like logits without the class dim: reshape both to
@@ -134,7 +134,8 @@ Status BuildLlama(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
       ScopeGuard rotary(b, "rotary_emb");
       RotaryBuffers(b, c, seq, d / heads, &o.rotary_cos, &o.rotary_sin);
     }
-    o.additive_mask = AdditiveCausalMask(b, c, seq);
+    // HF builds the 4-D additive causal mask for eager attention; SDPA and flash get is_causal.
+    if (c.attention == AttentionImpl::kEager) o.additive_mask = AdditiveCausalMask(b, c, seq);
     for (int64_t i = 0; i < layers; ++i) {
       ScopeGuard block(b, "layers." + Str(i));
       b.MarkBlock();
@@ -467,7 +468,7 @@ std::vector<PresetParam> LlamaParams(int64_t layers, int64_t d, int64_t heads, i
 }
 
 std::string Gpt2Description(const char* size, int64_t params) {
-  return std::string("GPT-2 ") + size + " (HF GPT2LMHeadModel, eager attention): " + Str(params) +
+  return std::string("GPT-2 ") + size + " (HF GPT2LMHeadModel): " + Str(params) +
          " parameters with the lm_head tied to wte; pre-LN blocks, gelu_new MLP, "
          "dropout 0.1; training ends in cross_entropy over the vocabulary; inference keeps a KV "
          "cache of seq + generated tokens and computes the last position's logits";
@@ -475,7 +476,7 @@ std::string Gpt2Description(const char* size, int64_t params) {
 
 std::string LlamaDescription(const char* size, int64_t params) {
   return std::string("Llama-2 ") + size +
-         " (HF LlamaForCausalLM, eager attention): " + Str(params) +
+         " (HF LlamaForCausalLM): " + Str(params) +
          " parameters, untied lm_head; RMSNorm, rotary, grouped-query attention, "
          "SwiGLU MLP; training ends in cross_entropy over the vocabulary; inference keeps a KV "
          "cache of seq + generated tokens and computes the last position's logits";
@@ -515,7 +516,7 @@ const std::vector<Preset>& Registry() {
       {{"vit-b16",
         "vit",
         "ViT-B/16 (torchvision vit_b_16): 86,567,656 parameters; 16x16 patch conv, class token, "
-        "12 pre-LN encoder layers (attention in its math form), head to 1000 classes; training "
+        "12 pre-LN encoder layers, head to 1000 classes; training "
         "ends in cross_entropy over the classes",
         {{"image", 224, "image height and width in pixels"},
          {"patch", 16, "patch size"},
@@ -575,6 +576,7 @@ StatusOr<Graph> Build(const Preset& preset, const BuildContext& context, const V
                       const std::map<std::string, int64_t>& set) {
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  b.SetBudget(context.budget);
   b.NameSize(context.micro_batch, "config.batch_size");
   for (const auto& [name, value] : set) b.NameSize(value, ParamField(name));
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);

@@ -8,6 +8,8 @@
 
 #include "engine/checkpoint_rules.h"
 #include "engine/op_rules.h"
+#include "engine/optimizers.h"
+#include "engine/python_refs.h"
 #include "engine/text.h"
 
 namespace memest {
@@ -34,54 +36,6 @@ bool UsesCublas(const std::string& kind) {
          kind == "einsum" || kind == "scaled_dot_product_attention";
 }
 
-// What torch.optim keeps and allocates per parameter, in parameter-sized tensors.
-struct OptimizerCosts {
-  int state = 0;          // persistent state (exp_avg, momentum_buffer, ...)
-  int loop_scratch = 0;   // scratch per parameter, one parameter at a time (for-loop)
-  int all_scratch = 0;    // scratch for every parameter at once (foreach)
-  bool state_at_init = false;  // created in the constructor (Adagrad), not on the first step
-  bool device_step = false;    // fused: a 0-dim float32 `step` per parameter on the device
-};
-
-OptimizerCosts CostsOf(const OptimizerConfig& o, Runtime runtime) {
-  OptimizerCosts c;
-  const int wd = o.weight_decay > 0 ? 1 : 0;  // grad.add(param, alpha=wd): a new tensor
-  switch (o.kind) {
-    case OptimizerKind::kSgd: c = {0, wd, wd}; break;
-    case OptimizerKind::kSgdMomentum: c = {1, wd, wd}; break;
-    // _single_tensor_adam: (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) holds the
-    // sqrt and the quotient at once; _multi_tensor_adam: one _foreach_sqrt list, then in place.
-    case OptimizerKind::kAdam: c = {2, 2 + wd, 1 + wd}; break;
-    case OptimizerKind::kAdamW: c = {2, 2, 1}; break;  // decay is param.mul_(): in place
-    case OptimizerKind::kAdagrad: c = {1, 1 + wd, 1 + wd}; c.state_at_init = true; break;
-    case OptimizerKind::kRmsprop: c = {1, 1 + wd, 1 + wd}; break;
-    case OptimizerKind::kLion: c = {1, 1, 1}; break;  // exp_avg.clone().lerp_(grad).sign_()
-    case OptimizerKind::kAdafactor: c = {0, 1, 1}; break;  // factored state added per shape
-  }
-  const bool step_tensor = o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW ||
-                           o.kind == OptimizerKind::kAdagrad;
-  if (o.impl == OptimizerImpl::kFused) {
-    c.loop_scratch = c.all_scratch = 0;
-    c.device_step = step_tensor;
-  }
-  if (runtime == Runtime::kCpuTorch113) {
-    // 1.13's _multi_tensor_adam: denom = _foreach_add(_foreach_sqrt(exp_avg_sqs), eps), two
-    // lists; and the step counters are CPU tensors, on the CPU the step's own device.
-    if (o.kind == OptimizerKind::kAdam || o.kind == OptimizerKind::kAdamW) c.all_scratch += 1;
-    c.device_step = step_tensor;
-  }
-  return c;
-}
-
-// Adafactor keeps row and column second moments for a matrix, a full one for a vector.
-int64_t AdafactorStateBytes(const Tensor& p) {
-  const int64_t es = DTypeSize(p.dtype);
-  if (p.shape.size() < 2) return Numel(p.shape) * es;
-  const int64_t rows = Numel(p.shape) / p.shape.back();
-  const int64_t cols = Numel(p.shape) / p.shape[p.shape.size() - 2];
-  return (rows + cols) * es;
-}
-
 class StepSimulator {
  public:
   StepSimulator(const Graph& g, const RunConfig& cfg, const CheckpointRegions& regions,
@@ -101,6 +55,7 @@ class StepSimulator {
         else if (eval_identity) base_[o] = base_[op.inputs[0]];
       }
     }
+    refs_ = PlanPythonRefs(g, base_, cfg.mode);
     region_of_.assign(g.ops.size(), -1);
     for (size_t r = 0; r < regions.size(); ++r) {
       for (int i = regions[r].first; i <= regions[r].second; ++i) region_of_[i] = static_cast<int>(r);
@@ -117,7 +72,12 @@ class StepSimulator {
     for (const Op& op : g.ops) uses_cublas_ |= UsesCublas(op.kind);
     param_grad_.assign(n, -1);
     pending_.assign(n, Pending{});
-    FindSharedLeaves();
+    first_reader_.assign(n, -1);
+    for (size_t i = g.ops.size(); i-- > 0;) {
+      for (int t : g.ops[i].inputs) {
+        if (IsGradLeaf(g.tensors[t])) first_reader_[t] = static_cast<int>(i);
+      }
+    }
     op_saved_.resize(g.ops.size());
     memo_.resize(g.ops.size());
     // About a context, a few allocations and frees per op, forward and backward.
@@ -274,14 +234,15 @@ class StepSimulator {
       AllocWorkspace();
       workspace_seen_ = workspace_seen_bwd_ = true;
     }
+    if (steady && cfg_.hold_outputs) CarryOverOutputs();
   }
 
   void AllocOptimizerState(const Tensor& p) {
     const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
     // One tensor per state entry: each is rounded by the allocator on its own.
     for (int i = 0; i < oc.state; ++i) NewBuffer(Bytes(p.shape, p.dtype), Category::kOptimizerState);
-    if (cfg_.optimizer.kind == OptimizerKind::kAdafactor) {
-      NewBuffer(AdafactorStateBytes(p), Category::kOptimizerState);
+    for (int64_t bytes : ExtraStateBytes(cfg_.optimizer, p)) {
+      NewBuffer(bytes, Category::kOptimizerState);
     }
     if (oc.device_step) NewBuffer(4, Category::kOptimizerState);
   }
@@ -308,7 +269,8 @@ class StepSimulator {
     if (training_ && g_.loss >= 0) Backward();
     if (failed()) return;
     // End of the micro-batch: the data batch (with an input's .grad) and whatever the graph
-    // still holds go.
+    // still holds go, but for the outputs a loop keeps.
+    if (training_ && cfg_.hold_outputs) KeepOutputsInLoop();
     for (size_t t = 0; t < g_.tensors.size(); ++t) {
       const Tensor& ten = g_.tensors[t];
       if (ten.role == TensorRole::kParameter || ten.role == TensorRole::kBuffer) continue;
@@ -356,11 +318,13 @@ class StepSimulator {
   void Forward() {
     const int n = static_cast<int>(g_.ops.size());
     CountUses(main_, 0, n - 1);
-    // The loss is held by the training loop; in inference the model's output is.
+    // The loss is held by the training loop (with hold_outputs, the model's outputs too); in
+    // inference the model's output is.
     if (training_ && g_.loss >= 0) ++main_.pins[base_[g_.loss]];
-    if (!training_ && n > 0) {
-      for (int o : g_.ops.back().outputs) ++main_.pins[base_[o]];
+    if (!training_ || cfg_.hold_outputs) {
+      for (int s : training_ ? refs_.held_outputs : refs_.outputs) ++main_.pins[s];
     }
+    PinRefs(main_, 0, n - 1);
     std::vector<int> cast_cache;
     for (int i = 0; i < n && !failed(); ++i) {
       const bool in_loss = g_.loss_begin >= 0 && i >= g_.loss_begin;
@@ -375,11 +339,53 @@ class StepSimulator {
       }
       const bool grad = training_ && r < 0;
       RunForwardOp(i, main_, grad, in_loss ? Phase::kLoss : Phase::kForward, false, &cast_cache);
+      ReleaseRefs(main_, i, 0);
     }
     // Leaving torch.autocast drops its cache of cast weights.
     for (int s : cast_cache) {
       --main_.pins[s];
       MaybeFree(main_, s);
+    }
+    // `outputs = model(...)` has returned: the loop lets go of the previous ones.
+    for (int b : loop_outputs_) FreeBuffer(b);
+    loop_outputs_.clear();
+  }
+
+  // ---- what the Python program holds (engine/python_refs.h) ----
+  // Pins the storages made in ops [first, last] whose Python references die after one of them
+  // (a recomputed region pins its own; the forward, all).
+  void PinRefs(StorageTable& st, int first, int last) {
+    for (int i = first; i <= last; ++i) {
+      for (int s : refs_.release_after[i]) {
+        if (g_.tensors[s].producer >= first) ++st.pins[s];
+      }
+    }
+  }
+
+  // Op i has run: the references PinRefs(st, first, ...) pinned until then die.
+  void ReleaseRefs(StorageTable& st, int i, int first) {
+    for (int s : refs_.release_after[i]) {
+      if (g_.tensors[s].producer < first) continue;
+      --st.pins[s];
+      MaybeFree(st, s);
+    }
+  }
+
+  // The end of a micro-batch whose loop keeps its outputs: they leave the graph's table, and
+  // live on until the next forward has made new ones.
+  void KeepOutputsInLoop() {
+    for (int s : refs_.held_outputs) {
+      if (main_.buffer[s] >= 0) loop_outputs_.push_back(main_.buffer[s]);
+      main_.buffer[s] = -1;
+      main_.pins[s] = 0;
+    }
+  }
+
+  // A steady-state step starts with the previous step's outputs, still held by the loop.
+  void CarryOverOutputs() {
+    for (int s : refs_.held_outputs) {
+      const Tensor& t = g_.tensors[s];
+      loop_outputs_.push_back(NewBuffer(Bytes(t.shape, t.dtype), Category::kTemporaries));
     }
   }
 
@@ -509,21 +515,21 @@ class StepSimulator {
     grads_.push_back({NewBuffer(Bytes(g_.tensors[loss].shape, g_.tensors[loss].dtype),
                             Category::kTemporaries), 1});
     pending_[loss] = {static_cast<int>(grads_.size()) - 1, ContiguousStrides(g_.tensors[loss].shape)};
-    flushed_ = 0;
     for (int i = static_cast<int>(g_.ops.size()) - 1; i >= 0 && !failed(); --i) {
       const int r = region_of_[i];
       if (r >= 0) {
         if (regions_[r].second == i) {
           RecomputeAndBackward(r);
           i = regions_[r].first;
-          FlushSharedLeaves(i);
         }
         continue;
       }
       RunBackwardOp(i, false);
-      FlushSharedLeaves(i);
     }
-    FlushSharedLeaves(-1);
+    // Leaves whose first reader backward did not reach.
+    for (size_t t = 0; t < pending_.size(); ++t) {
+      if (IsGradLeaf(g_.tensors[t])) FlushParamGrad(static_cast<int>(t));
+    }
     // Nodes that backward never reached are freed with the graph.
     for (auto& saved : op_saved_) ReleaseSaved(saved);
     for (size_t t = 0; t < pending_.size(); ++t) {
@@ -573,6 +579,7 @@ class StepSimulator {
       while (stop > first && !SavesAnything(stop)) --stop;
     }
     CountUses(rt, first, stop);
+    PinRefs(rt, first, stop);  // the region's code runs again, with its locals
     std::vector<int> outputs;  // recomputed outputs are held until the region's backward ends
     std::vector<int> held_grads;
     if (reentrant) {
@@ -598,6 +605,7 @@ class StepSimulator {
     std::vector<int> cast_cache;
     for (int i = first; i <= stop && !failed(); ++i) {
       RunForwardOp(i, rt, true, Phase::kBackward, true, &cast_cache);
+      ReleaseRefs(rt, i, first);
       s_.recomputed_ops++;
     }
     for (int s : cast_cache) {
@@ -688,6 +696,7 @@ class StepSimulator {
       int tensor, grad;
       Strides strides;
       bool shared_handle = false;
+      int input = 0;  // the op's input index
     };
     std::vector<Flow> flows;
     // View-like backwards hand each input a new view; the others the incoming tensor itself.
@@ -695,6 +704,26 @@ class StepSimulator {
     int passed = 0;
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       passed += mem.grad_flow[k] == GradFlow::kPassThrough;
+    }
+    const int incoming_buffer = grads_[pending_[incoming].grad].buffer;
+    std::vector<int> temps;
+    auto make_temps = [&] {
+      for (const Alloc& a : mem.backward_temps) {
+        temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
+      }
+      // An expanded incoming gradient (sum's backward) is made dense before the kernel reads it.
+      if (mem.backward_needs_dense_grad && pending_[incoming].grad >= 0 &&
+          !IsDense(g_.tensors[incoming].shape, pending_[incoming].strides)) {
+        const Tensor& o = g_.tensors[incoming];
+        temps.push_back(NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries));
+      }
+    };
+    // The scratch is made from the incoming gradient, which is gone before the inputs'
+    // gradients are made (OpMemory::backward_scratch_consumes_grad).
+    const bool consume_first = mem.backward_scratch_consumes_grad && passed == 0;
+    if (consume_first) {
+      make_temps();
+      ReleaseIncomingGrads(op);
     }
     for (size_t k = 0; k < op.inputs.size(); ++k) {
       if (mem.grad_flow[k] == GradFlow::kNone) continue;
@@ -704,44 +733,56 @@ class StepSimulator {
         if (PassThroughStrides(i, static_cast<int>(k), pending_[out0].strides, &st)) {
           ++grads_[pending_[out0].grad].refs;
           const bool shared = !new_handles && (passed >= 2 || pending_[out0].shared_handle);
-          flows.push_back({op.inputs[k], pending_[out0].grad, st, shared});
+          flows.push_back({op.inputs[k], pending_[out0].grad, st, shared, static_cast<int>(k)});
           continue;
         }
       }
       // A gradient bound for an empty .grad counts as a gradient from the start.
-      const bool to_grad = in.role == TensorRole::kParameter && param_grad_[op.inputs[k]] < 0;
+      const bool to_grad = in.role == TensorRole::kParameter && param_grad_[op.inputs[k]] < 0 &&
+                           pending_[op.inputs[k]].grad < 0;
       flows.push_back({op.inputs[k],
                        NewGrad(Bytes(in.shape, in.dtype),
                                to_grad ? Category::kGradients : Category::kTemporaries),
-                       ContiguousStrides(in.shape)});
+                       ContiguousStrides(in.shape), false, static_cast<int>(k)});
     }
-    std::vector<int> temps;
-    for (const Alloc& a : mem.backward_temps) temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
-    // An expanded incoming gradient (sum's backward) is made dense before the kernel reads it.
-    if (mem.backward_needs_dense_grad && pending_[incoming].grad >= 0 &&
-        !IsDense(g_.tensors[incoming].shape, pending_[incoming].strides)) {
-      const Tensor& o = g_.tensors[incoming];
-      temps.push_back(NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries));
-    }
-    if (opt_.record_operands) RecordBackwardOperands(i, incoming, flows);
+    if (!consume_first) make_temps();
+    if (opt_.record_operands) RecordBackwardOperands(i, incoming_buffer, flows);
     for (int b : temps) FreeBuffer(b);
     ReleaseSaved(op_saved_[i]);
+    ReleaseIncomingGrads(op);
+    if (!mem.grad_order.empty()) {
+      auto rank = [&](const Flow& f) {
+        for (size_t r = 0; r < mem.grad_order.size(); ++r) {
+          if (mem.grad_order[r] == f.input) return static_cast<int>(r);
+        }
+        return static_cast<int>(mem.grad_order.size()) + f.input;
+      };
+      std::stable_sort(flows.begin(), flows.end(),
+                       [&](const Flow& a, const Flow& b) { return rank(a) < rank(b); });
+    }
+    for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides), f.shared_handle);
+    for (int t : op.inputs) {
+      if (first_reader_[t] == i) FlushParamGrad(t);
+    }
+  }
+
+  // Drops op's incoming gradients (its outputs' pending gradients).
+  void ReleaseIncomingGrads(const Op& op) {
     for (int o : op.outputs) {
       if (pending_[o].grad >= 0) {
         Deref(pending_[o].grad);
         pending_[o] = Pending{};
       }
     }
-    for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides), f.shared_handle);
   }
 
-  // What op i's backward reads (the incoming gradient, what the op saved) and writes (the
-  // gradients of its inputs), as buffers.
+  // What op i's backward reads (the incoming gradient's buffer, what the op saved) and writes
+  // (the gradients of its inputs), as buffers.
   template <typename Flows>
-  void RecordBackwardOperands(int i, int incoming, const Flows& flows) {
+  void RecordBackwardOperands(int i, int incoming_buffer, const Flows& flows) {
     const Op& op = g_.ops[i];
     OpOperands& rec = s_.operands.back();
-    rec.output_grad = grads_[pending_[incoming].grad].buffer;
+    rec.output_grad = incoming_buffer;
     auto held = [&](int t) {
       for (auto [st, s] : op_saved_[i].holds) {
         if (s == base_[t]) return st->buffer[s];
@@ -761,16 +802,12 @@ class StepSimulator {
     }
   }
 
+  // A gradient reaching tensor t. It waits in t's InputBuffer, summed with those that reached
+  // t before, until every op that reads t has run backward: for an activation that is when t's
+  // producer runs backward; a parameter's AccumulateGrad runs once, after its first reader's
+  // backward (FlushParamGrad), with the sum of every use (an RNN's weights, tied embeddings).
   void Deliver(int t, int grad, Strides strides, bool shared_handle = false) {
     const Tensor& ten = g_.tensors[t];
-    // A leaf that requires grad: a parameter, or an input (x.requires_grad_()), whose .grad
-    // lives while the input does. One that several ops read (a tied weight) collects their
-    // gradients in its AccumulateGrad node's input buffer, as an activation does, until the
-    // first of them has run its backward (FlushSharedLeaves).
-    if (IsGradLeaf(ten) && first_reader_[t] < 0) {
-      AccumulateGrad(t, grad, strides, shared_handle);
-      return;
-    }
     if (!ten.requires_grad) {
       Deref(grad);
       return;
@@ -782,56 +819,27 @@ class StepSimulator {
                cfg_.runtime != Runtime::kCpuTorch113) {  // 1.13: always old_var + var
       Deref(grad);  // InputBuffer: old_var.add_(var) into the uniquely owned, dense one
     } else {
-      const int sum = NewGrad(Bytes(ten.shape, ten.dtype));  // old_var + var
+      const bool param = IsGradLeaf(ten) && param_grad_[t] < 0;
+      const int sum = NewGrad(Bytes(ten.shape, ten.dtype),  // old_var + var
+                              param ? Category::kGradients : Category::kTemporaries);
       Deref(p.grad);
       Deref(grad);
       p = {sum, ContiguousStrides(ten.shape)};
     }
   }
 
+  // A leaf that requires grad: a parameter, or an input (x.requires_grad_()), whose .grad
+  // lives while the input does.
   static bool IsGradLeaf(const Tensor& t) {
     return (t.role == TensorRole::kParameter || t.role == TensorRole::kInput) && t.requires_grad;
   }
 
-  // Leaves that require grad and that two or more ops read (GPT-2's and BERT's tied word
-  // embedding and head): autograd's AccumulateGrad node for one runs once, when every reader's
-  // backward has handed it a gradient (the engine counts its dependencies), and runs at once
-  // then (its sequence number is the highest). Backward runs the ops last to first, so that is
-  // right after the first reader's backward.
-  void FindSharedLeaves() {
-    const size_t n = g_.tensors.size();
-    first_reader_.assign(n, -1);
-    std::vector<int> readers(n, 0);
-    for (int i = static_cast<int>(g_.ops.size()) - 1; i >= 0; --i) {
-      const std::vector<int>& in = g_.ops[i].inputs;
-      for (size_t k = 0; k < in.size(); ++k) {
-        const int t = in[k];
-        if (!IsGradLeaf(g_.tensors[t])) continue;
-        bool dup = false;
-        for (size_t j = 0; j < k; ++j) dup |= in[j] == t;
-        if (dup) continue;
-        ++readers[t];
-        first_reader_[t] = i;
-      }
-    }
-    for (size_t t = 0; t < n; ++t) {
-      if (readers[t] < 2) first_reader_[t] = -1;
-      else shared_leaves_.push_back(static_cast<int>(t));
-    }
-    std::sort(shared_leaves_.begin(), shared_leaves_.end(),
-              [&](int a, int b) { return first_reader_[a] > first_reader_[b]; });
-  }
-
-  // The shared leaves whose first reader is at or after op `i`: their gradients are all in, and
-  // AccumulateGrad takes their sum.
-  void FlushSharedLeaves(int i) {
-    while (flushed_ < shared_leaves_.size() && first_reader_[shared_leaves_[flushed_]] >= i) {
-      const int t = shared_leaves_[flushed_++];
-      if (pending_[t].grad < 0) continue;
-      Pending p = std::move(pending_[t]);
-      pending_[t] = Pending{};
-      AccumulateGrad(t, p.grad, p.strides, p.shared_handle);
-    }
+  // Runs parameter t's AccumulateGrad on what its InputBuffer holds.
+  void FlushParamGrad(int t) {
+    Pending& p = pending_[t];
+    if (p.grad < 0) return;
+    AccumulateGrad(t, p.grad, p.strides, p.shared_handle);
+    p = Pending{};
   }
 
   // AccumulateGrad: a first gradient whose tensor nobody else holds and whose layout matches
@@ -866,31 +874,49 @@ class StepSimulator {
     }
     // _init_group creates the state of every parameter before updating, except SGD's momentum
     // buffers: the for-loop clones each inside the loop, after its weight-decay scratch.
-    const bool state_in_loop = cfg_.optimizer.kind == OptimizerKind::kSgdMomentum &&
-                               cfg_.optimizer.impl == OptimizerImpl::kForLoop;
+    const OptimizerImpl impl = EffectiveImpl(cfg_.optimizer);
+    // transformers' optimizers create each parameter's state inside their loop too.
+    const bool state_in_loop = (cfg_.optimizer.kind == OptimizerKind::kSgdMomentum &&
+                                impl == OptimizerImpl::kForLoop) ||
+                               cfg_.optimizer.kind == OptimizerKind::kHfAdamW ||
+                               cfg_.optimizer.kind == OptimizerKind::kHfAdafactor;
     const bool first = cfg_.step == StepKind::kFirstStep && !oc.state_at_init;
     if (first && !state_in_loop) {
       for (const Tensor* p : params) AllocOptimizerState(*p);
     }
-    if (cfg_.optimizer.impl == OptimizerImpl::kForeach) {
+    if (impl == OptimizerImpl::kForeach) {
       std::vector<int> scratch;
       for (const Tensor* p : params) {
-        const int64_t bytes = Bytes(p->shape, p->dtype);
+        const int64_t bytes = ScratchBytes(oc, *p);
         for (int k = 0; k < oc.all_scratch; ++k) {
           scratch.push_back(NewBuffer(bytes, Category::kTemporaries));
         }
       }
       for (int b : scratch) FreeBuffer(b);
-    } else if (cfg_.optimizer.impl == OptimizerImpl::kForLoop) {
+    } else if (impl == OptimizerImpl::kForLoop) {
+      std::vector<int> carried;  // the previous parameter's scratch that a local still holds
       for (const Tensor* p : params) {
-        const int64_t bytes = Bytes(p->shape, p->dtype);
+        const int64_t bytes = ScratchBytes(oc, *p);
         std::vector<int> scratch;
+        for (int k = 0; k < UpcastCopies(oc, *p); ++k) {  // grad.float(), p.float()
+          scratch.push_back(NewBuffer(Numel(p->shape) * 4, Category::kTemporaries));
+        }
+        for (int64_t side : LoopSideScratchBytes(cfg_.optimizer, *p)) {
+          scratch.push_back(NewBuffer(side, Category::kTemporaries));
+        }
         for (int k = 0; k < oc.loop_scratch; ++k) {
           scratch.push_back(NewBuffer(bytes, Category::kTemporaries));
         }
         if (first && state_in_loop) AllocOptimizerState(*p);
-        for (int b : scratch) FreeBuffer(b);
+        for (int b : carried) FreeBuffer(b);
+        carried.clear();
+        const size_t keep = std::min<size_t>(oc.loop_carry, scratch.size());
+        for (size_t k = 0; k < scratch.size(); ++k) {
+          if (k + keep >= scratch.size()) carried.push_back(scratch[k]);
+          else FreeBuffer(scratch[k]);
+        }
       }
+      for (int b : carried) FreeBuffer(b);
     }
   }
 
@@ -928,10 +954,10 @@ class StepSimulator {
   CheckpointRegions regions_;
   std::vector<bool> non_reentrant_;  // per region: use_reentrant=False
   StorageTable main_;
+  PythonRefs refs_;
+  std::vector<int> loop_outputs_;  // buffers of the outputs the training loop holds
   std::vector<int> param_grad_;
-  std::vector<int> first_reader_;    // per tensor: a shared leaf's first reader op, else -1
-  std::vector<int> shared_leaves_;   // shared leaves, by first reader, last first
-  size_t flushed_ = 0;               // shared leaves whose gradient went to .grad this backward
+  std::vector<int> first_reader_;  // per grad leaf, the first op that reads it (else -1)
   std::vector<GradBuf> grads_;
   std::vector<Pending> pending_;
   std::vector<SavedByOp> op_saved_;

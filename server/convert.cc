@@ -135,6 +135,14 @@ StatusOr<OpGraphSpec> OpGraphFromProto(const v1::OpGraph& graph) {
   for (const v1::CheckpointRegion& c : graph.checkpoints()) {
     spec.checkpoints.push_back({c.first_op(), c.last_op(), c.non_reentrant()});
   }
+  for (int k = 0; k < graph.held_size(); ++k) {
+    const v1::HeldTensor& h = graph.held(k);
+    MEMEST_RETURN_IF_ERROR(
+        CheckNameSize(h.tensor(), "model.held[" + std::to_string(k) + "].tensor"));
+    spec.held.push_back({h.tensor(), h.until_op()});
+  }
+  MEMEST_RETURN_IF_ERROR(CheckNamesSize(graph.outputs(), "model.outputs"));
+  spec.outputs.assign(graph.outputs().begin(), graph.outputs().end());
   return spec;
 }
 
@@ -214,6 +222,10 @@ StatusOr<OptimizerKind> OptimizerKindFromProto(int value, const std::string& fie
       return OptimizerKind::kLion;
     case v1::OPTIMIZER_KIND_ADAFACTOR:
       return OptimizerKind::kAdafactor;
+    case v1::OPTIMIZER_KIND_HF_ADAMW:
+      return OptimizerKind::kHfAdamW;
+    case v1::OPTIMIZER_KIND_HF_ADAFACTOR:
+      return OptimizerKind::kHfAdafactor;
   }
   return Unknown(field, value);
 }
@@ -268,6 +280,35 @@ StatusOr<Runtime> RuntimeFromProto(int value, const std::string& field) {
       return Runtime::kCuda;
     case v1::RUNTIME_CPU_TORCH_1_13:
       return Runtime::kCpuTorch113;
+  }
+  return Unknown(field, value);
+}
+
+StatusOr<AttentionImpl> AttentionFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::ATTENTION_UNSPECIFIED:
+      return AttentionImpl::kDefault;
+    case v1::ATTENTION_EAGER:
+      return AttentionImpl::kEager;
+    case v1::ATTENTION_SDPA:
+      return AttentionImpl::kSdpa;
+    case v1::ATTENTION_FLASH:
+      return AttentionImpl::kFlash;
+    case v1::ATTENTION_MEM_EFFICIENT:
+      return AttentionImpl::kMemEfficient;
+    case v1::ATTENTION_CUDNN:
+      return AttentionImpl::kCudnn;
+  }
+  return Unknown(field, value);
+}
+
+StatusOr<ModuleLoading> ModuleLoadingFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::CUDA_MODULE_LOADING_UNSPECIFIED:
+    case v1::CUDA_MODULE_LOADING_LAZY:
+      return ModuleLoading::kLazy;
+    case v1::CUDA_MODULE_LOADING_EAGER:
+      return ModuleLoading::kEager;
   }
   return Unknown(field, value);
 }
@@ -390,11 +431,24 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
   }
   out.generate_tokens = config.generate_tokens();
   out.expandable_segments = config.expandable_segments();
+  if (config.has_hold_outputs()) out.hold_outputs = config.hold_outputs();
   MEMEST_ASSIGN_OR_RETURN(out.runtime, RuntimeFromProto(config.runtime(), "config.runtime"));
   MEMEST_ASSIGN_OR_RETURN(out.cpu_isa, CpuIsaFromProto(config.cpu_isa(), "config.cpu_isa"));
   if (config.cpu_isa() != v1::CPU_ISA_UNSPECIFIED && out.runtime != Runtime::kCpuTorch113) {
     return InvalidArgument("config.cpu_isa: applies to the cpu-1.13 runtime only; the step runs "
                            "on " + std::string(RuntimeName(out.runtime)));
+  }
+  if (config.has_attention()) {
+    MEMEST_ASSIGN_OR_RETURN(out.attention, AttentionFromProto(config.attention(), "config.attention"));
+  }
+  if (config.has_cuda_module_loading()) {
+    if (out.runtime != Runtime::kCuda) {
+      return InvalidArgument("config.cuda_module_loading: applies to the CUDA runtime only; the "
+                             "step runs on " + std::string(RuntimeName(out.runtime)));
+    }
+    MEMEST_ASSIGN_OR_RETURN(out.module_loading,
+                            ModuleLoadingFromProto(config.cuda_module_loading(),
+                                                   "config.cuda_module_loading"));
   }
   MEMEST_RETURN_IF_ERROR(CheckExplicitSettings(config));
   return out;
@@ -469,6 +523,8 @@ void DeviceInfoToProto(const DeviceInfo& device, v1::DeviceInfo* out) {
   out->set_cuda_context_bytes(Unsigned(device.cuda_context_bytes));
   out->set_cublas_workspace_bytes(Unsigned(device.cublas_workspace_bytes));
   out->set_compute_capability(device.compute_capability);
+  out->set_rocm(!device.cuda);
+  out->set_capacity_measured(device.measured);
 }
 
 void PresetsToProto(const std::vector<PresetInfo>& presets, v1::ListPresetsResponse* out) {

@@ -33,6 +33,11 @@ Status CheckInference(const v1::RunConfig& config) {
   if (checkpoint.non_reentrant()) {
     return TrainingOnly("config.checkpoint.non_reentrant", kNoBackward);
   }
+  if (config.has_hold_outputs()) {
+    return TrainingOnly("config.hold_outputs",
+                        "it says whether a training loop keeps the model's outputs through "
+                        "backward; in inference the caller holds them anyway");
+  }
   return Status::Ok();
 }
 

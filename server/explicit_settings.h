@@ -18,8 +18,9 @@
 namespace memest {
 
 // INVALID_ARGUMENT naming the field for:
-//   - in MODE_INFERENCE, any of config.optimizer.{kind, impl, weight_decay} or
-//     config.checkpoint.{policy (other than NONE), every_k, scopes, non_reentrant};
+//   - in MODE_INFERENCE, any of config.optimizer.{kind, impl, weight_decay},
+//     config.checkpoint.{policy (other than NONE), every_k, scopes, non_reentrant} or
+//     config.hold_outputs (true or false);
 //   - config.checkpoint.every_k with a policy other than CHECKPOINT_POLICY_EVERY_K_BLOCKS;
 //   - config.device_name set (the oneof holds it) to an empty string.
 // Enum values the proto does not define are not checked here (the enum conversions are).

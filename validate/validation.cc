@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "engine/allocator.h"
+#include "engine/devices.h"
 #include "engine/estimator.h"
 #include "engine/text.h"
 #include "validate/op_work.h"
@@ -332,6 +333,14 @@ StatusOr<Validation> Validate(const ModelSpec& model, const RunConfig& requested
                               "segments; expandable segments are estimated but not validated");
   }
   MEMEST_RETURN_IF_ERROR(ValidateRunConfig(requested));
+  if (!requested.device.empty()) {
+    StatusOr<DeviceInfo> named = FindDevice(requested.device);
+    if (named.ok() && !named->cuda) {
+      return FailedPrecondition("config.device_name: " + named->name +
+                                " runs PyTorch through ROCm, and Validate replays the step with "
+                                "CUDA; Estimate takes it");
+    }
+  }
 
   progress(Progress::Stage::kProbing, "measuring the device");
   Validation v;

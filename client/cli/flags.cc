@@ -50,6 +50,22 @@ const Word<v1::OptimizerKind> kOptimizers[] = {
     {"adam", v1::OPTIMIZER_KIND_ADAM},       {"adamw", v1::OPTIMIZER_KIND_ADAMW},
     {"adagrad", v1::OPTIMIZER_KIND_ADAGRAD}, {"rmsprop", v1::OPTIMIZER_KIND_RMSPROP},
     {"lion", v1::OPTIMIZER_KIND_LION},       {"adafactor", v1::OPTIMIZER_KIND_ADAFACTOR},
+    {"hf-adamw", v1::OPTIMIZER_KIND_HF_ADAMW}, {"hf-adafactor", v1::OPTIMIZER_KIND_HF_ADAFACTOR},
+};
+
+// memest's names and Hugging Face's attn_implementation names.
+const Word<v1::Attention> kAttentions[] = {
+    {"eager", v1::ATTENTION_EAGER},
+    {"sdpa", v1::ATTENTION_SDPA},
+    {"flash", v1::ATTENTION_FLASH},
+    {"flash_attention_2", v1::ATTENTION_FLASH},
+    {"mem-efficient", v1::ATTENTION_MEM_EFFICIENT},
+    {"cudnn", v1::ATTENTION_CUDNN},
+};
+
+const Word<v1::CudaModuleLoading> kModuleLoadings[] = {
+    {"lazy", v1::CUDA_MODULE_LOADING_LAZY},
+    {"eager", v1::CUDA_MODULE_LOADING_EAGER},
 };
 
 const Word<v1::OptimizerImpl> kOptimizerImpls[] = {
@@ -178,6 +194,10 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
   }
   if (flags.generate_tokens) config->set_generate_tokens(*flags.generate_tokens);
   config->set_expandable_segments(flags.expandable_segments);
+  if (flags.hold_outputs && flags.no_hold_outputs) {
+    return InvalidArgument("--hold-outputs and --no-hold-outputs: give one, not both");
+  }
+  if (flags.hold_outputs || flags.no_hold_outputs) config->set_hold_outputs(flags.hold_outputs);
   if (!flags.runtime.empty()) {
     MEMEST_ASSIGN_OR_RETURN(v1::Runtime runtime, ParseWord("--runtime", flags.runtime, kRuntimes));
     config->set_runtime(runtime);
@@ -185,6 +205,16 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
   if (!flags.cpu_isa.empty()) {
     MEMEST_ASSIGN_OR_RETURN(v1::CpuIsa isa, ParseWord("--cpu-isa", flags.cpu_isa, kCpuIsas));
     config->set_cpu_isa(isa);
+  }
+  if (!flags.attention.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::Attention a, ParseWord("--attention", flags.attention, kAttentions));
+    config->set_attention(a);
+  }
+  if (!flags.cuda_module_loading.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(
+        v1::CudaModuleLoading m,
+        ParseWord("--cuda-module-loading", flags.cuda_module_loading, kModuleLoadings));
+    config->set_cuda_module_loading(m);
   }
   return Status::Ok();
 }
@@ -225,8 +255,8 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
                   "master weights; default fp32)")
       ->group(run);
   app->add_option("--optimizer", f->optimizer,
-                  "sgd | momentum | adam | adamw | adagrad | rmsprop | lion | adafactor "
-                  "(default adamw)")
+                  "sgd | momentum | adam | adamw | adagrad | rmsprop | lion | adafactor | "
+                  "hf-adamw | hf-adafactor (transformers' own) (default adamw)")
       ->group(run);
   app->add_option("--optimizer-impl", f->optimizer_impl,
                   "for-loop | foreach | fused (default foreach)")
@@ -255,6 +285,14 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
   app->add_flag("--expandable-segments", f->expandable_segments,
                 "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
       ->group(run);
+  app->add_flag("--hold-outputs", f->hold_outputs,
+                "training: the loop keeps the model's outputs through backward and the "
+                "optimizer step, as `outputs = model(**batch)` does (the default)")
+      ->group(run);
+  app->add_flag("--no-hold-outputs", f->no_hold_outputs,
+                "training: the loop lets the outputs go once the loss exists (Hugging Face's "
+                "Trainer, Lightning)")
+      ->group(run);
   app->add_option("--runtime", f->runtime,
                   "what runs the step: cuda (PyTorch 2.x, default) or cpu-1.13 (PyTorch 1.13 on "
                   "the CPU, exact tensor bytes: what the conformance suite measures)")
@@ -262,6 +300,14 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
   app->add_option("--cpu-isa", f->cpu_isa,
                   "with --runtime cpu-1.13: the vector ISA oneDNN uses, avx512 (default) or "
                   "avx2; it picks the convolution kernels and their scratch")
+      ->group(run);
+  app->add_option("--attention", f->attention,
+                  "how attention layers run: eager, sdpa (the kernel PyTorch 2.x picks; the "
+                  "default on CUDA), flash, mem-efficient, cudnn; HF's flash_attention_2 = flash")
+      ->group(run);
+  app->add_option("--cuda-module-loading", f->cuda_module_loading,
+                  "CUDA_MODULE_LOADING: lazy (default since PyTorch 1.13 / CUDA 11.7) or eager "
+                  "(a larger CUDA context)")
       ->group(run);
   app->add_flag("--no-advice", f->no_advice, "skip the advice (faster)")->group(run);
 

@@ -53,8 +53,12 @@ struct EstimateFlags {
   std::string capacity;             // bytes or "80GiB"
   std::optional<int64_t> generate_tokens;
   bool expandable_segments = false;
+  bool hold_outputs = false;        // the loop keeps the model's outputs (the default)
+  bool no_hold_outputs = false;     // the loop lets them go once the loss exists
   std::string runtime;              // cuda | cpu-1.13
   std::string cpu_isa;              // avx512 | avx2 (cpu-1.13 only)
+  std::string attention;            // eager | sdpa | flash | mem-efficient | cudnn (HF names too)
+  std::string cuda_module_loading;  // lazy | eager
   bool no_advice = false;
 };
 

@@ -112,7 +112,38 @@ TEST(BuildEstimateRequestTest, DefaultsLeaveTheEngineDefaults) {
   EXPECT_FALSE(config.has_checkpoint());
   EXPECT_EQ(config.device_case(), v1::RunConfig::DEVICE_NOT_SET);
   EXPECT_EQ(config.cpu_isa(), v1::CPU_ISA_UNSPECIFIED);
+  EXPECT_FALSE(config.has_attention());
+  EXPECT_FALSE(config.has_cuda_module_loading());
   EXPECT_FALSE(request->skip_advice());
+}
+
+// --attention takes memest's names and Hugging Face's attn_implementation names.
+TEST(BuildEstimateRequestTest, AttentionAndModuleLoading) {
+  const std::pair<const char*, v1::Attention> cases[] = {
+      {"eager", v1::ATTENTION_EAGER},         {"sdpa", v1::ATTENTION_SDPA},
+      {"flash", v1::ATTENTION_FLASH},         {"flash_attention_2", v1::ATTENTION_FLASH},
+      {"mem-efficient", v1::ATTENTION_MEM_EFFICIENT}, {"cudnn", v1::ATTENTION_CUDNN},
+  };
+  for (const auto& [word, value] : cases) {
+    EstimateFlags flags;
+    flags.preset = "mlp";
+    flags.attention = word;
+    StatusOr<v1::EstimateRequest> request = BuildEstimateRequest(flags);
+    ASSERT_TRUE(request.ok()) << word;
+    EXPECT_TRUE(request->config().has_attention());
+    EXPECT_EQ(request->config().attention(), value) << word;
+  }
+  EstimateFlags flags;
+  flags.preset = "mlp";
+  flags.cuda_module_loading = "eager";
+  flags.optimizer = "hf-adafactor";
+  StatusOr<v1::EstimateRequest> request = BuildEstimateRequest(flags);
+  ASSERT_TRUE(request.ok());
+  EXPECT_EQ(request->config().cuda_module_loading(), v1::CUDA_MODULE_LOADING_EAGER);
+  EXPECT_EQ(request->config().optimizer().kind(), v1::OPTIMIZER_KIND_HF_ADAFACTOR);
+  flags.attention = "xformers";
+  EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--attention"),
+            std::string::npos);
 }
 
 TEST(BuildEstimateRequestTest, CapacityAndModelFile) {

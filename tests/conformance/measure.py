@@ -29,7 +29,10 @@ memest's cpu-1.13 runtime models.
 Step protocol (memest's, docs/step-model.md): zero_grad at the start of the step -> data (inputs
 and targets made) -> forward -> loss -> backward -> [repeat per micro-batch] -> optimizer step.
 The loop holds only the loss across backward; inputs, targets and the loss are dropped at the end
-of each micro-batch. Step 1 is the "first step", step 2 the "steady state".
+of each micro-batch. With `hold_outputs` (memest's --hold-outputs) the loop also keeps the
+model's outputs as `outputs = model(**batch)` does: through backward and the optimizer step, and
+into the next micro-batch (or step) until its forward and loss have returned. Step 1 is the
+"first step", step 2 the "steady state".
 """
 import contextlib
 import dataclasses
@@ -50,7 +53,7 @@ PHASES = ("DATA", "FORWARD", "LOSS", "BACKWARD", "OPTIMIZER_STEP")
 @dataclasses.dataclass(frozen=True)
 class Config:
     mode: str = "training"          # training | inference
-    optimizer: str = "sgd"          # sgd | momentum | adam | adamw
+    optimizer: str = "sgd"          # sgd | momentum | adam | adamw | hf-adamw | hf-adafactor
     impl: str = "for-loop"          # for-loop | foreach
     keep_grads: bool = False        # zero_grad(set_to_none=False)
     accum: int = 1                  # micro-batches per step
@@ -58,6 +61,7 @@ class Config:
     checkpoint: str = "none"        # memest --checkpoint: none | every-block | every-k | sqrt
     checkpoint_k: int = 0           # memest --checkpoint-k (every-k)
     non_reentrant: bool = False     # memest --non-reentrant: torch.utils.checkpoint(use_reentrant=False)
+    hold_outputs: bool = False      # memest --hold-outputs (else --no-hold-outputs): the loop keeps outputs
 
     @property
     def training(self):
@@ -72,6 +76,8 @@ class Config:
         parts.append("keep-grads" if self.keep_grads else "set-to-none")
         if self.accum > 1:
             parts.append(f"accum={self.accum}")
+        if self.hold_outputs:
+            parts.append("hold-outputs")
         if self.checkpoint != "none":
             parts.append(f"checkpoint={self.checkpoint}" + (f":{self.checkpoint_k}" if self.checkpoint == "every-k" else "")
                          + (",non-reentrant" if self.non_reentrant else ""))
@@ -315,6 +321,13 @@ def make_optimizer(cfg, params):
         return torch.optim.Adam(params, lr=1e-3, weight_decay=wd, foreach=foreach)
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-3, weight_decay=wd, foreach=foreach)
+    # transformers' own optimizers (a Python loop whatever `foreach` says), with their defaults.
+    if cfg.optimizer == "hf-adamw":
+        from transformers.optimization import AdamW
+        return AdamW(params, lr=1e-3, weight_decay=wd, no_deprecation_warning=True)
+    if cfg.optimizer == "hf-adafactor":
+        from transformers.optimization import Adafactor
+        return Adafactor(params, weight_decay=wd)  # lr=None: relative_step, scale_parameter
     raise ValueError(cfg.optimizer)
 
 
@@ -366,6 +379,13 @@ def _baseline(tracker, store, opt):
                         tracker.register(v, f"optimizer state {k}")
 
 
+def _register_held(tracker, outputs):
+    """The previous step's outputs the loop still holds, in the baseline (a function, so that no
+    loop variable of the caller keeps one alive)."""
+    for t in outputs:
+        tracker.register(t, "the previous step's output")
+
+
 def _is_wrapped_number(t):
     return t.dim() == 0 and t.dtype in (torch.float64, torch.int64) and t.grad_fn is None and not t.requires_grad
 
@@ -379,7 +399,7 @@ class CaseRun:
         torch.manual_seed(seed)
         self.store = ParamStore(seed)
         self.ckpt = {"checkpoint": cfg.checkpoint, "checkpoint_k": cfg.checkpoint_k,
-                     "non_reentrant": cfg.non_reentrant}
+                     "non_reentrant": cfg.non_reentrant, "hold_outputs": cfg.hold_outputs}
         rec = Recorder(self.store, training=cfg.training, **self.ckpt)
         result = fn(rec, batch)
         self.plan = rec.finish(result)
@@ -426,12 +446,14 @@ class CaseRun:
         cfg = self.cfg
         opt = make_optimizer(cfg, self.store.trainable()) if cfg.training else None
         results = []
+        outputs = []  # what the loop's `outputs` variable holds (hold_outputs)
         for step in range(steps):
             if opt is not None:
                 opt.zero_grad(set_to_none=not cfg.keep_grads)
             gc.collect()
             tracker = LiveTracker(keep_log=keep_log) if method == "dispatch" else AllocTracker()
             _baseline(tracker, self.store, opt)
+            _register_held(tracker, outputs)  # the previous step's, still held
             with tracker, (contextlib.nullcontext() if cfg.training else torch.no_grad()):
                 for mb in range(cfg.accum if cfg.training else 1):
                     tracker.set_phase("DATA")
@@ -439,8 +461,11 @@ class CaseRun:
                     rec.make_inputs()
                     tracker.set_phase("FORWARD")
                     result = self.fn(rec, self.batch)
+                    outputs = []  # `outputs = model(**batch)` returned: the previous ones go
                     if cfg.training:
                         loss = rec.take(result)
+                        if cfg.hold_outputs:
+                            outputs = rec.take_outputs()
                         tracker.set_phase("BACKWARD")
                         loss.backward()
                         del loss

@@ -4,8 +4,9 @@ The case calls methods of a Recorder `r` (`r.input`, `r.param`, `r.linear`, `r.r
 Every method runs the real PyTorch op and also records it in memest's op-graph vocabulary
 (engine/op_rules.h: kinds, inputs, outputs, attribute names). Methods return `Value` handles,
 never tensors, so the case itself holds no tensor: the recorder drops its reference to a tensor
-right after the tensor's last use in the graph, which is memest's assumption that "a Python
-reference dies at the tensor's last use" (docs/step-model.md, assumption 4).
+right after the tensor's last use in the graph, unless the case says the program holds it
+longer: `with r.frame() as local: x = local(r.linear(...))` keeps x until the frame ends, as a
+local variable lives until its function returns (recorded in the model file's `held`).
 
 Two passes use the same case function:
 
@@ -16,8 +17,10 @@ Two passes use the same case function:
   * run (`Recorder(store, plan=<the recorded plan>, tracker=...)`): replays the case for
     measurement. Inputs and targets are made up front by `make_inputs()` (memest's data phase),
     the tracker's phase switches to "LOSS" at the first op of the loss, and tensors are released
-    at their last use. The loss (training) or the last op's outputs (inference) stay held, as
-    memest pins them.
+    at their last use (or their frame's end). The loss (training) or the last op's outputs
+    (inference) stay held, as memest pins them; with `hold_outputs`, the model's outputs too
+    (the forward's tensors the loss reads: memest's default outputs), which the measuring loop
+    takes with `take_outputs()` and keeps as `outputs = model(**batch)` does.
 
 Checkpointing: `r.checkpoint(fn, *values)` runs `fn` under reentrant torch.utils.checkpoint in
 the run pass (recorded as plain ops; memest gets the policy from --checkpoint), and
@@ -126,8 +129,9 @@ def _make_leaf(shape, dtype, init, gen, high=None):
 
 class Recorder:
     def __init__(self, store, plan=None, tracker=None, training=True, checkpoint="none", checkpoint_k=0,
-                 non_reentrant=False):
+                 non_reentrant=False, hold_outputs=False):
         self.store = store
+        self.hold_outputs = hold_outputs and training  # the loop keeps the model's outputs
         # The checkpoint policy of the run (memest's --checkpoint, --checkpoint-k): cases ask
         # `checkpoint_segment(L)` how many consecutive blocks one torch.utils.checkpoint wraps.
         self.checkpoint_policy = checkpoint
@@ -152,6 +156,7 @@ class Recorder:
         self._op_index = 0
         self._names = set()
         self._prepared = {}  # run mode: inputs/targets made in the data phase
+        self._held_until = {}  # record mode: name -> the op its frame ended after
         # Record mode: every op as (fn, input names, output names), the torch code a replay
         # runs on other tensors (run.py --via-tracer: the case as an nn.Module).
         self.tape = []
@@ -170,6 +175,21 @@ class Recorder:
             yield
         finally:
             self._scope.pop()
+
+    @contextlib.contextmanager
+    def frame(self):
+        """A function of the model's code: `local(v)` (what the context yields) keeps value v
+        referenced until the frame ends, as a local variable lives until its function returns;
+        recorded as held until the frame's last op."""
+        kept = []
+
+        def local(v):
+            kept.append(v.name)
+            return v
+        yield local
+        if self.recording:
+            for nm in kept:
+                self._held_until[nm] = max(self._held_until.get(nm, -1), self._op_index - 1)
 
     # ------------------------------------------------------------------ checkpointing
     def checkpoint_segment(self, num_blocks):
@@ -361,6 +381,10 @@ class Recorder:
         """The tensor of a held value (the loss), for the measuring loop."""
         return self._vals[v.name]
 
+    def take_outputs(self):
+        """The model's outputs the loop holds (hold_outputs), for the measuring loop."""
+        return [self._vals[nm] for nm in self.plan["outputs"]]
+
     # linear algebra
     def linear(self, x, w, b=None):
         ins = [x, w] + ([b] if b is not None else [])
@@ -371,6 +395,10 @@ class Recorder:
 
     def bmm(self, a, b):
         return self._op("bmm", [a, b], {}, torch.bmm)
+
+    def baddbmm(self, s, a, b, beta=1.0, alpha=1.0):
+        attrs = {"beta": float(beta) if beta != 1 else None, "alpha": float(alpha) if alpha != 1 else None}
+        return self._op("baddbmm", [s, a, b], attrs, lambda s_, a_, b_: torch.baddbmm(s_, a_, b_, beta=beta, alpha=alpha))
 
     def addmm(self, bias, a, b):
         return self._op("addmm", [bias, a, b], {}, torch.addmm)
@@ -390,18 +418,46 @@ class Recorder:
     def conv2d(self, x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
         return self._conv("conv2d", F.conv2d, x, w, b, stride, padding, dilation, groups)
 
+    def _conv_transpose(self, kind, fn, x, w, b, stride, padding, output_padding, dilation, groups):
+        ins = [x, w] + ([b] if b is not None else [])
+        attrs = {"stride": stride, "padding": padding, "output_padding": output_padding,
+                 "dilation": dilation, "groups": groups}
+        return self._op(kind, ins, attrs, lambda x_, w_, b_=None: fn(x_, w_, b_, stride, padding,
+                                                                     output_padding, groups, dilation))
+
+    def conv_transpose1d(self, x, w, b=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+        return self._conv_transpose("conv_transpose1d", F.conv_transpose1d, x, w, b, stride, padding,
+                                    output_padding, dilation, groups)
+
+    def conv_transpose2d(self, x, w, b=None, stride=1, padding=0, output_padding=0, dilation=1, groups=1):
+        return self._conv_transpose("conv_transpose2d", F.conv_transpose2d, x, w, b, stride, padding,
+                                    output_padding, dilation, groups)
+
+    def upsample(self, x, mode, scale_factor=None, size=None, align_corners=None):
+        """F.interpolate of a 4-D tensor, mode "nearest" or "bilinear"."""
+        kind = {"nearest": "upsample_nearest2d", "bilinear": "upsample_bilinear2d"}[mode]
+        h, w = x.shape[2:]
+        out = list(size) if size else [int(h * scale_factor), int(w * scale_factor)]
+        attrs = {"output_size": out, "align_corners": 1 if align_corners else None}
+        return self._op(kind, [x], attrs, lambda t: F.interpolate(
+            t, size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners))
+
     # pooling
-    def max_pool2d(self, x, kernel_size, stride=None, padding=0):
+    def max_pool2d(self, x, kernel_size, stride=None, padding=0, ceil_mode=False):
         """memest's max_pool2d has two outputs (out, indices); the indices are unused here."""
         s = stride if stride is not None else kernel_size
-        out, _ = self._op("max_pool2d", [x], {"kernel_size": kernel_size, "stride": stride, "padding": padding},
-                          lambda t: F.max_pool2d(t, kernel_size, s, padding, return_indices=True), n_out=2)
+        attrs = {"kernel_size": kernel_size, "stride": stride, "padding": padding,
+                 "ceil_mode": 1 if ceil_mode else None}
+        out, _ = self._op("max_pool2d", [x], attrs,
+                          lambda t: F.max_pool2d(t, kernel_size, s, padding, ceil_mode=ceil_mode,
+                                                 return_indices=True), n_out=2)
         return out
 
-    def avg_pool2d(self, x, kernel_size, stride=None, padding=0):
+    def avg_pool2d(self, x, kernel_size, stride=None, padding=0, ceil_mode=False):
         s = stride if stride is not None else kernel_size
-        return self._op("avg_pool2d", [x], {"kernel_size": kernel_size, "stride": stride, "padding": padding},
-                        lambda t: F.avg_pool2d(t, kernel_size, s, padding))
+        attrs = {"kernel_size": kernel_size, "stride": stride, "padding": padding,
+                 "ceil_mode": 1 if ceil_mode else None}
+        return self._op("avg_pool2d", [x], attrs, lambda t: F.avg_pool2d(t, kernel_size, s, padding, ceil_mode))
 
     def adaptive_avg_pool2d(self, x, output_size):
         return self._op("adaptive_avg_pool2d", [x], {"output_size": output_size},
@@ -446,13 +502,32 @@ class Recorder:
         return self._op("gelu", [x], {"approximate": approximate if approximate != "none" else None},
                         lambda t: F.gelu(t, approximate=approximate))
 
-    def silu(self, x):
+    def silu(self, x, inplace=False):
+        if inplace:
+            return self._op("silu", [x], {"inplace": 1}, lambda t: F.silu(t, inplace=True))
         return self._op("silu", [x], {}, F.silu)
 
-    def sigmoid(self, x):
+    def hardtanh(self, x, min_val=-1.0, max_val=1.0, inplace=False):
+        """F.hardtanh; F.relu6 is hardtanh(0, 6)."""
+        attrs = {"min_val": float(min_val), "max_val": float(max_val), "inplace": 1 if inplace else None}
+        return self._op("hardtanh", [x], attrs, lambda t: F.hardtanh(t, min_val, max_val, inplace=inplace))
+
+    def hardswish(self, x, inplace=False):
+        return self._op("hardswish", [x], {"inplace": 1 if inplace else None},
+                        lambda t: F.hardswish(t, inplace=inplace))
+
+    def hardsigmoid(self, x, inplace=False):
+        return self._op("hardsigmoid", [x], {"inplace": 1 if inplace else None},
+                        lambda t: F.hardsigmoid(t, inplace=inplace))
+
+    def sigmoid(self, x, inplace=False):
+        if inplace:
+            return self._op("sigmoid", [x], {"inplace": 1}, torch.sigmoid_)
         return self._op("sigmoid", [x], {}, torch.sigmoid)
 
-    def tanh(self, x):
+    def tanh(self, x, inplace=False):
+        if inplace:
+            return self._op("tanh", [x], {"inplace": 1}, torch.tanh_)
         return self._op("tanh", [x], {}, torch.tanh)
 
     def exp(self, x):
@@ -479,8 +554,57 @@ class Recorder:
     def log_softmax(self, x, dim=-1):
         return self._op("log_softmax", [x], {"dim": dim}, lambda t: torch.log_softmax(t, dim))
 
-    def dropout(self, x, p=0.1):
-        return self._op("dropout", [x], {"p": float(p)}, lambda t: F.dropout(t, p, training=self.training))
+    def dropout(self, x, p=0.1, inplace=False):
+        return self._op("dropout", [x], {"p": float(p), "inplace": 1 if inplace else None},
+                        lambda t: F.dropout(t, p, training=self.training, inplace=inplace))
+
+    def stochastic_depth(self, x, p, mode="row"):
+        """torchvision.ops.stochastic_depth (ConvNeXt, EfficientNet, Swin blocks)."""
+        from torchvision.ops import stochastic_depth
+        return self._op("stochastic_depth", [x], {"p": float(p), "mode": mode},
+                        lambda t: stochastic_depth(t, p, mode, training=self.training))
+
+    def recurrent(self, kind, x, weights, state=(), num_layers=1, bidirectional=False,
+                  batch_first=False, dropout=0.0, bias=True):
+        """nn.LSTM / nn.GRU's call: torch._VF.lstm / gru on `weights` (_flat_weights' order),
+        starting from `state` (h0[, c0]) or, as nn.LSTM does without one, from zeros made here.
+        Returns output, h_n[, c_n]."""
+        n_state = 2 if kind == "lstm" else 1
+        attrs = {"num_layers": num_layers if num_layers != 1 else None,
+                 "bidirectional": 1 if bidirectional else None,
+                 "batch_first": 1 if batch_first else None, "bias": None if bias else 0,
+                 "dropout": float(dropout) if dropout and self.training else None}
+        ins = [x] + list(weights) + list(state)
+        dirs = 2 if bidirectional else 1
+
+        def fn(x_, *rest):
+            ws, st = list(rest[:len(weights)]), list(rest[len(weights):])
+            if not st:
+                b_ = x_.shape[0] if batch_first else x_.shape[1]
+                shape = (num_layers * dirs, b_, ws[1].shape[1])
+                st = [torch.zeros(shape, dtype=x_.dtype) for _ in range(n_state)]
+            hx = tuple(st) if kind == "lstm" else st[0]
+            f = torch._VF.lstm if kind == "lstm" else torch._VF.gru
+            out = f(x_, hx, ws, bias, num_layers, float(dropout), self.training, bidirectional, batch_first)
+            return tuple(out)
+        return self._op(kind, ins, attrs, fn, n_out=n_state + 1)
+
+    def embedding_bag(self, w, idx, offsets=None, mode="mean", per_sample_weights=None):
+        """F.embedding_bag: 2-D indices (bags of rows) or 1-D indices with offsets."""
+        ins = [w, idx] + ([offsets] if offsets is not None else []) + \
+            ([per_sample_weights] if per_sample_weights is not None else [])
+
+        def fn(w_, i_, *rest):
+            o_ = rest[0] if offsets is not None else None
+            p_ = rest[-1] if per_sample_weights is not None else None
+            return F.embedding_bag(i_, w_, o_, mode=mode, per_sample_weights=p_)
+        return self._op("embedding_bag", ins, {"mode": mode}, fn)
+
+    def index(self, x, idx, dim=0):
+        """aten.index(x, [None] * dim + [idx]): x[:, ..., idx] with an integer index tensor, without
+        the full slices Python's x[:, idx] also records (cases record those as slice ops)."""
+        return self._op("index", [x, idx], {"dim": dim if dim else None},
+                        lambda t, i: torch.ops.aten.index(t, [None] * dim + [i]))
 
     def embedding(self, w, idx):
         return self._op("embedding", [w, idx], {}, lambda w_, i_: F.embedding(i_, w_))
@@ -553,9 +677,32 @@ class Recorder:
             return self._op("squeeze", [x], {}, lambda t: t.squeeze())
         return self._op("squeeze", [x], {"dim": dim}, lambda t: t.squeeze(dim))
 
-    def slice(self, x, dim, start, end):
+    def slice(self, x, dim, start, end, step=1):
+        if step != 1:
+            idx = (slice(None),) * dim + (slice(start, end, step),)
+            return self._op("slice", [x], {"dim": dim, "start": start, "end": end, "step": step},
+                            lambda t: t[idx])
         return self._op("slice", [x], {"dim": dim, "start": start, "end": end},
                         lambda t: t.narrow(dim, start, end - start))
+
+    def norm(self, x, dim, keepdim=False):
+        """The 2-norm over `dim` (1.13's Tensor.norm; F.normalize's first step)."""
+        return self._op("norm", [x], {"dim": list(dim), "keepdim": 1 if keepdim else None},
+                        lambda t: t.norm(2.0, list(dim), keepdim))
+
+    def clamp(self, x, min=None, max=None):
+        return self._op("clamp", [x], {"min": min, "max": max},
+                        lambda t: torch.clamp(t, min, max))
+
+    def clone(self, x):
+        return self._op("clone", [x], {}, lambda t: t.clone())
+
+    def pad(self, x, pad):
+        return self._op("pad", [x], {"pad": list(pad)}, lambda t: F.pad(t, list(pad)))
+
+    def roll(self, x, shifts, dims):
+        return self._op("roll", [x], {"shifts": list(shifts), "dims": list(dims)},
+                        lambda t: torch.roll(t, tuple(shifts), tuple(dims)))
 
     def split(self, x, dim, sizes):
         return self._op("split", [x], {"dim": dim, "sizes": list(sizes)},
@@ -574,12 +721,14 @@ class Recorder:
     def cat(self, xs, dim=0):
         return self._op("cat", list(xs), {"dim": dim}, lambda *t: torch.cat(t, dim))
 
-    def arange(self, end):
-        return self._op("arange", [], {"end": end}, lambda: torch.arange(end))
+    def arange(self, end, start=0, step=1):
+        return self._op("arange", [], {"end": end, "start": start or None, "step": step if step != 1 else None},
+                        lambda: torch.arange(start, end, step))
 
     # losses
-    def cross_entropy(self, logits, target):
-        return self._op("cross_entropy", [logits, target], {}, F.cross_entropy)
+    def cross_entropy(self, logits, target, reduction="mean"):
+        return self._op("cross_entropy", [logits, target], {"reduction": reduction if reduction != "mean" else None},
+                        lambda x, t: F.cross_entropy(x, t, reduction=reduction))
 
     def mse_loss(self, a, b):
         return self._op("mse_loss", [a, b], {}, F.mse_loss)
@@ -597,6 +746,10 @@ class Recorder:
                 last_use[nm] = i
             for nm in op["outputs"]:
                 last_use.setdefault(nm, i)
+        # A local referenced past its last use: held in the model file, released at its frame's end.
+        self.held = {nm: i for nm, i in self._held_until.items()
+                     if self._roles.get(nm) == "activation" and i > last_use.get(nm, -1)}
+        last_use.update(self.held)
         held = set()
         if self.training:
             held.update(result_names)  # the loss, held by the loop across backward
@@ -618,12 +771,21 @@ class Recorder:
                 if any(nm in targets for nm in op["inputs"]) or any(nm in result_names for nm in op["outputs"]):
                     loss_begin = i
                     break
+        # The model's outputs as memest takes them by default: what the forward made that the
+        # loss reads.
+        made_before = {nm for op in self.ops[:max(loss_begin, 0)] for nm in op["outputs"]}
+        outputs = list(dict.fromkeys(nm for op in self.ops[max(loss_begin, 0):] for nm in op["inputs"]
+                                     if nm in made_before)) if loss_begin > 0 else []
+        if self.hold_outputs:
+            for i in list(dies_after):
+                dies_after[i] = [nm for nm in dies_after[i] if nm not in outputs]
         self._vals.clear()
         return {
             "leaves": dict(self._leaf_spec),
             "dies_after": dies_after,
             "loss_begin": loss_begin,
             "result": result_names,
+            "outputs": outputs,
         }
 
     def to_model_json(self, batch, declare_outputs=True):
@@ -636,6 +798,8 @@ class Recorder:
                     tensors.append({"name": nm, "shape": list(self._shapes[nm]), "dtype": self._dtypes[nm],
                                     "role": ROLE["activation"]})
         g = {"tensors": tensors, "ops": self.ops, "tracedBatch": batch}
+        if self.held:
+            g["held"] = [{"tensor": nm, "untilOp": i} for nm, i in self.held.items()]
         if self.training:
             g["loss"] = self.result[0]
         if self.blocks:

@@ -6,7 +6,9 @@ of its inputs and outputs. `CaseModule` replays that tape in `forward` on the te
 given, with the case's parameters and buffers registered on the module (nn.Parameter /
 register_buffer, the very tensors the measurement trains), so memest.trace sees parameters as
 parameters and records whatever aten ops the torch code runs: nothing of the hand-recorded op
-graph reaches memest, only PyTorch's own ops.
+graph reaches memest, only PyTorch's own ops. The module lets go of each tensor where the measured
+run does (the plan's `dies_after`: its last use, or the end of the case's `r.frame()`), so the
+tensors its Python code holds are the case's, and memest.trace finds them with weak references.
 
 The split between forward and loss is the case's: the module runs the ops before the loss's
 first op (the first that reads a target or makes the loss) and returns the last tensor it made;
@@ -57,7 +59,8 @@ class _Tape:
 
     def __init__(self, fn, batch, cfg):
         rec = Recorder(ParamStore(0), training=cfg.training, checkpoint=cfg.checkpoint,
-                       checkpoint_k=cfg.checkpoint_k, non_reentrant=cfg.non_reentrant)
+                       checkpoint_k=cfg.checkpoint_k, non_reentrant=cfg.non_reentrant,
+                       hold_outputs=cfg.hold_outputs)
         result = fn(rec, batch)
         self.plan = rec.finish(result)
         self.tape = rec.tape
@@ -96,11 +99,18 @@ class CaseModule(torch.nn.Module):
         kind, attr = self._names[name]
         return self.params[attr] if kind == "params" else getattr(self, attr)
 
-    def _run(self, vals, ops, checkpoints=None):
-        """Runs tape entries `ops` on `vals`; a range in `checkpoints` ({first: (last, output)})
-        runs under torch.utils.checkpoint, taking the tensors it reads from outside and returning
-        its output, as the measured run does."""
+    def _run(self, vals, ops, checkpoints=None, start=0, dies_after=None):
+        """Runs tape entries `ops` (the case's ops from `start` on) on `vals`, letting go of each
+        tensor where the measured run does (`dies_after`, the plan's: at its last use, or its
+        frame's end), so that the module's Python references are the case's; a range in
+        `checkpoints` ({first: (last, output)}) runs under torch.utils.checkpoint, taking the
+        tensors it reads from outside and returning its output, as the measured run does."""
         checkpoints = checkpoints or {}
+        dies_after = dies_after or {}
+
+        def release(k):
+            for n in dies_after.get(start + k, ()):
+                vals.pop(n, None)
         i = 0
         while i < len(ops):
             if i in checkpoints:
@@ -110,14 +120,16 @@ class CaseModule(torch.nn.Module):
                 reads = [n for _, ins, _ in region for n in ins if n not in made and n in vals]
                 reads = list(dict.fromkeys(reads))
 
-                def run(*ts, region=region, reads=reads, out_name=out_name):
+                def run(*ts, region=region, reads=reads, out_name=out_name, first=start + i):
                     local = dict(zip(reads, ts))
-                    self._run(local, region)
+                    self._run(local, region, start=first, dies_after=dies_after)
                     return local[out_name]
 
                 import torch.utils.checkpoint as tcp
                 vals[out_name] = tcp.checkpoint(run, *[vals[n] for n in reads],
                                                 use_reentrant=not self._cfg.non_reentrant)
+                for k in range(i, last + 1):
+                    release(k)
                 i = last + 1
                 continue
             fn, ins, outs = ops[i]
@@ -125,8 +137,11 @@ class CaseModule(torch.nn.Module):
             out = fn(*args)
             del args
             got = list(out) if isinstance(out, (tuple, list)) else [out]
+            del out
             for n, t in zip(outs, got):
                 vals[n] = t
+            del got
+            release(i)
             i += 1
 
     def forward(self, *xs):
@@ -134,7 +149,7 @@ class CaseModule(torch.nn.Module):
         vals = dict(zip(t.inputs, xs))
         lb = t.plan["loss_begin"]
         ops = t.tape if lb < 0 else t.tape[:lb]
-        self._run(vals, ops, t.checkpoints)
+        self._run(vals, ops, t.checkpoints, dies_after=t.plan["dies_after"])
         self.state = {"vals": vals, "tape": t}
         if lb < 0:  # inference: the case's result
             res = [vals[n] for n in t.plan["result"]]
@@ -172,7 +187,8 @@ def trace_case(run, cfg):
         vals, t = st["vals"], st["tape"]
         if tgt_name is not None:
             vals[tgt_name] = tgt
-        holder["module"]._run(vals, t.tape[t.plan["loss_begin"]:])
+        lb = t.plan["loss_begin"]
+        holder["module"]._run(vals, t.tape[lb:], start=lb, dies_after=t.plan["dies_after"])
         return vals[t.plan["result"][0]]
 
     # memest.trace runs a deep copy of the module: the loss reads the state of the copy that ran.

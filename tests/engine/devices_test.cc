@@ -24,6 +24,12 @@ TEST(DevicesTest, CatalogCapacities) {
       {"a100-40gb", 42'505'273'344, 80}, {"a100-80gb", 85'051'572'224, 80},
       {"h100-80gb", 85'031'714'816, 90}, {"h200-141gb", 150'754'820'096, 90},
       {"l4", 23'580'639'232, 89},        {"rtx-4090", 25'393'692'672, 89},
+      // torch.cuda.get_device_properties(0).total_memory as printed (MiB), docs/devices.md
+      {"t4", 15109 * kMiB, 75},          {"a6000", 48676 * kMiB, 86},
+      {"h100-pcie", 81008 * kMiB, 90},   {"b200", 182631 * kMiB, 100},
+      {"mi300x", 196592 * kMiB, 0},      {"rtx-6000-ada", 50'865'307'648, 89},
+      // estimated
+      {"h100-nvl", 95363 * kMiB, 90},    {"l40", 47'697'362'944, 89},
   };
   for (const CapacityCase& c : cases) {
     StatusOr<DeviceInfo> d = FindDevice(c.name);
@@ -38,10 +44,10 @@ TEST(DevicesTest, CatalogCapacities) {
 
 TEST(DevicesTest, FixedCostsFollowTheArchitecture) {
   // PyTorch 2.x CUBLAS_WORKSPACE_CONFIG defaults: ":4096:8" on sm_90 (8 x 4 MiB), otherwise
-  // ":4096:2:16:8" (2 x 4 MiB + 8 x 16 KiB).
+  // ":4096:2:16:8" (2 x 4 MiB + 8 x 16 KiB). The MI300X (ROCm) takes the Hopper figure.
   for (const DeviceInfo& d : ListDevices()) {
     SCOPED_TRACE(d.name);
-    if (d.compute_capability >= 90) {
+    if (d.compute_capability >= 90 || !d.cuda) {
       EXPECT_EQ(d.cublas_workspace_bytes, 32 * kMiB);
     } else {
       EXPECT_EQ(d.cublas_workspace_bytes, 8 * kMiB + 128 * 1024);
@@ -74,6 +80,51 @@ TEST(DevicesTest, AliasesAndCaseAreAccepted) {
     ASSERT_TRUE(d.ok()) << alias;
     EXPECT_EQ(d->name, name) << alias;
   }
+}
+
+// The names schedulers use: NVML's (nvidia-smi), Kubernetes GPU feature discovery's
+// nvidia.com/gpu.product labels (time-sliced: "-SHARED"), Slurm GRES specifications.
+TEST(DevicesTest, SchedulerNamesAreAccepted) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"NVIDIA A100-SXM4-80GB", "a100-80gb"},   {"NVIDIA-A100-SXM4-80GB", "a100-80gb"},
+      {"NVIDIA-A100-SXM4-40GB", "a100-40gb"},   {"NVIDIA-A100-80GB-PCIe", "a100-80gb"},
+      {"NVIDIA-H100-80GB-HBM3", "h100-80gb"},   {"NVIDIA-H100-80GB-HBM3-SHARED", "h100-80gb"},
+      {"NVIDIA H100 PCIe", "h100-pcie"},        {"NVIDIA-H100-NVL", "h100-nvl"},
+      {"NVIDIA-H200", "h200-141gb"},            {"Tesla-T4", "t4"},
+      {"Tesla T4", "t4"},                       {"Tesla-V100-SXM2-32GB", "v100-32gb"},
+      {"NVIDIA-L40S", "l40s"},                  {"NVIDIA-L40", "l40"},
+      {"NVIDIA-RTX-A6000", "a6000"},            {"NVIDIA-GeForce-RTX-4090", "rtx-4090"},
+      {"NVIDIA B200", "b200"},                  {"AMD Instinct MI300X", "mi300x"},
+      {"AMD_Instinct_MI300X", "mi300x"},        {"NVIDIA RTX 6000 Ada Generation", "rtx-6000-ada"},
+      {"gpu:a100:4", "a100-80gb"},              {"gpu:a100_80gb", "a100-80gb"},
+      {"gpu:h100", "h100-80gb"},                {"gpu:rtx_a6000:2", "a6000"},
+      {"gpu:t4", "t4"},                         {"gpu:l40s:8", "l40s"},
+  };
+  for (const auto& [alias, name] : cases) {
+    StatusOr<DeviceInfo> d = FindDevice(alias);
+    ASSERT_TRUE(d.ok()) << alias << ": " << d.status().message();
+    EXPECT_EQ(d->name, name) << alias;
+  }
+  StatusOr<DeviceInfo> mig = FindDevice("NVIDIA-A100-SXM4-40GB-MIG-1g.5gb");
+  ASSERT_FALSE(mig.ok());
+  EXPECT_NE(mig.status().message().find("MIG slice"), std::string::npos);
+}
+
+// MI300X runs PyTorch through ROCm: estimated with its capacity, never validated.
+TEST(DevicesTest, Mi300xIsNotCuda) {
+  const DeviceInfo d = FindDevice("mi300x").value();
+  EXPECT_FALSE(d.cuda);
+  EXPECT_EQ(AttentionCapability(d), 90);
+  EXPECT_EQ(AttentionCapability(FindDevice("t4").value()), 75);
+  for (const DeviceInfo& g : ListDevices()) EXPECT_EQ(g.cuda, g.name != "mi300x") << g.name;
+}
+
+// Eager module loading adds what pytorch/pytorch#86509 measured (1.13, CUDA 11.7): 666,632,192
+// - 287,047,680 bytes.
+TEST(DevicesTest, EagerModuleLoadingGrowsTheContext) {
+  const DeviceInfo d = FindDevice("a100").value();
+  EXPECT_EQ(CudaContextBytes(d, ModuleLoading::kLazy), 430 * kMiB);
+  EXPECT_EQ(CudaContextBytes(d, ModuleLoading::kEager), 430 * kMiB + 379'584'512);
 }
 
 TEST(DevicesTest, UnknownDeviceIsNotFoundAndListsTheCatalog) {

@@ -23,12 +23,14 @@ inline BuildContext MakeContext(int64_t micro_batch = 8, Mode mode = Mode::kTrai
   return c;
 }
 
-// An fp32 SGD step (no optimizer state, no scratch) with no cuBLAS workspace: the arithmetic
-// of a test then involves only the graph's own tensors.
+// An fp32 SGD step (no optimizer state, no scratch) with no cuBLAS workspace, whose loop holds
+// only the loss (hold_outputs = false): the arithmetic of a test then involves only the graph's
+// own tensors.
 inline RunConfig PlainTraining() {
   RunConfig c;
   c.optimizer.kind = OptimizerKind::kSgd;
   c.optimizer.impl = OptimizerImpl::kForLoop;
+  c.hold_outputs = false;
   return c;
 }
 

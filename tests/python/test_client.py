@@ -81,6 +81,34 @@ def test_options_change_the_request_as_the_cli_words_say(client):
     small = client.estimate(capacity_bytes="1GiB", **base)
     assert small.fit.capacity_bytes == 1 << 30
     assert not small.fit.fits and small.fit.headroom_bytes < 0
+    # The loop keeps the [4, 128, 50257] logits through backward by default, not when told.
+    let_go = client.estimate(hold_outputs=False, **base)
+    held = client.estimate(hold_outputs=True, **base)
+    assert held.peak.allocated_bytes == plain.peak.allocated_bytes > let_go.peak.allocated_bytes
+    assert any("holds the model's outputs" in n for n in held.notes)
+    assert not any("holds the model's outputs" in n for n in let_go.notes)
+    with pytest.raises(memest.InvalidArgument, match="config.hold_outputs"):
+        client.estimate(mode="inference", hold_outputs=False, **base)
+
+
+def test_attention_module_loading_and_hf_optimizers(client):
+    base = dict(preset="gpt2-small", seq=256, batch_size=4, precision="bf16", advice=False)
+    sdpa = client.estimate(**base)  # the default on CUDA
+    eager = client.estimate(attention="eager", **base)
+    flash = client.estimate(attention="flash_attention_2", **base)  # HF's name
+    assert sdpa.saved_for_backward_bytes == flash.saved_for_backward_bytes
+    assert flash.saved_for_backward_bytes < eager.saved_for_backward_bytes
+    assert any("flash" in n for n in sdpa.notes)
+    with pytest.raises(memest.InvalidArgument, match="config.attention"):
+        client.estimate(attention="flash", **dict(base, precision="fp32"))
+    with pytest.raises(memest.InvalidArgument, match="attention"):
+        client.estimate(attention="xformers", **base)
+    lazy = client.estimate(device="Tesla-T4", **base)
+    eager_ctx = client.estimate(device="Tesla-T4", cuda_module_loading="eager", **base)
+    assert eager_ctx.breakdown.cuda_context > lazy.breakdown.cuda_context
+    adafactor = client.estimate(optimizer="hf-adafactor", **base)
+    adamw = client.estimate(optimizer="hf-adamw", **base)
+    assert 0 < adafactor.breakdown.optimizer_state < adamw.breakdown.optimizer_state
 
 
 def test_layers_model_as_dict_file_and_message(client, mlp_model, tmp_path):

@@ -106,6 +106,24 @@ std::vector<BadInput> EnumRows() {
       {"CpuIsaUndefined", Gpt2("runtime: RUNTIME_CPU_TORCH_1_13"), kInvalid, "config.cpu_isa",
        Undefined([](C* c, int v) { c->set_cpu_isa(static_cast<v1::CpuIsa>(v)); })},
       {"CpuIsaWithCuda", Gpt2("cpu_isa: CPU_ISA_AVX2"), kInvalid, "config.cpu_isa"},
+      {"AttentionUndefined", Gpt2(""), kInvalid, "config.attention",
+       Undefined([](C* c, int v) { c->set_attention(static_cast<v1::Attention>(v)); })},
+      {"SdpaOnCpu113", Gpt2("runtime: RUNTIME_CPU_TORCH_1_13 attention: ATTENTION_SDPA"),
+       kInvalid, "config.attention"},
+      {"FlashUnderFp32", Gpt2("attention: ATTENTION_FLASH"), kInvalid, "config.attention"},
+      {"MemEfficientOnAV100Bf16",
+       Gpt2("precision: PRECISION_BF16_AMP attention: ATTENTION_MEM_EFFICIENT device_name: "
+            "\"v100\""),
+       kInvalid, "config.attention"},
+      {"ModuleLoadingUndefined", Gpt2(""), kInvalid, "config.cuda_module_loading",
+       Undefined([](C* c, int v) {
+         c->set_cuda_module_loading(static_cast<v1::CudaModuleLoading>(v));
+       })},
+      {"ModuleLoadingOnCpu113",
+       Gpt2("runtime: RUNTIME_CPU_TORCH_1_13 cuda_module_loading: CUDA_MODULE_LOADING_EAGER"),
+       kInvalid, "config.cuda_module_loading"},
+      {"MigSlice", Gpt2("device_name: \"NVIDIA-A100-SXM4-40GB-MIG-1g.5gb\""), kNotFound,
+       "config.device_name"},
   };
 }
 
@@ -189,6 +207,10 @@ std::vector<BadInput> InferenceRows() {
        "config.checkpoint.non_reentrant"},
       {"InferenceKeepingGrads", Infer(kMlp, "zero_grad_keep_grads: true"), kInvalid,
        "config.zero_grad_keep_grads"},
+      {"InferenceHoldingOutputs", Infer(kGpt2, "hold_outputs: true"), kInvalid,
+       "config.hold_outputs"},
+      {"InferenceNotHoldingOutputs", Infer(kMlp, "hold_outputs: false"), kInvalid,
+       "config.hold_outputs"},
       {"InferenceFirstStep", Infer(kGpt2, "step: STEP_KIND_FIRST_STEP"), kInvalid, "config.step"},
       {"InferenceWithGradAccum", Infer(kGpt2, "grad_accum_steps: 2"), kInvalid,
        "config.grad_accum_steps"},

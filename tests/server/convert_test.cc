@@ -9,6 +9,7 @@
 #include <string>
 #include <variant>
 
+#include "engine/text.h"
 #include "server/status_conversion.h"
 
 namespace memest {
@@ -36,6 +37,7 @@ TEST(RunConfigFromProtoTest, DefaultsAreTheEngineDefaults) {
   EXPECT_EQ(config->expandable_segments, defaults.expandable_segments);
   EXPECT_EQ(config->runtime, defaults.runtime);
   EXPECT_EQ(config->cpu_isa, defaults.cpu_isa);
+  EXPECT_TRUE(config->hold_outputs) << "unset: the loop keeps the outputs";
   EXPECT_EQ(config->batch_size, 0) << "batch_size is required; 0 is left for the engine to refuse";
 }
 
@@ -60,6 +62,7 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   proto.set_expandable_segments(true);
   proto.set_runtime(v1::RUNTIME_CPU_TORCH_1_13);
   proto.set_cpu_isa(v1::CPU_ISA_AVX2);
+  proto.set_hold_outputs(false);
 
   StatusOr<RunConfig> config = RunConfigFromProto(proto);
   ASSERT_TRUE(config.ok()) << config.status().ToString();
@@ -80,6 +83,30 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   EXPECT_TRUE(config->expandable_segments);
   EXPECT_EQ(config->runtime, Runtime::kCpuTorch113);
   EXPECT_EQ(config->cpu_isa, CpuIsa::kAvx2);
+  EXPECT_FALSE(config->hold_outputs);
+}
+
+TEST(RunConfigFromProtoTest, AttentionAndModuleLoadingAreCarried) {
+  v1::RunConfig proto;
+  proto.set_batch_size(1);
+  StatusOr<RunConfig> unset = RunConfigFromProto(proto);
+  ASSERT_TRUE(unset.ok());
+  EXPECT_EQ(unset->attention, AttentionImpl::kDefault);
+  EXPECT_EQ(unset->module_loading, ModuleLoading::kLazy);
+  proto.set_attention(v1::ATTENTION_FLASH);
+  proto.set_cuda_module_loading(v1::CUDA_MODULE_LOADING_EAGER);
+  StatusOr<RunConfig> set = RunConfigFromProto(proto);
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->attention, AttentionImpl::kFlash);
+  EXPECT_EQ(set->module_loading, ModuleLoading::kEager);
+  proto.set_attention(v1::ATTENTION_EAGER);
+  EXPECT_EQ(RunConfigFromProto(proto)->attention, AttentionImpl::kEager);
+  proto.set_attention(v1::ATTENTION_CUDNN);
+  EXPECT_EQ(RunConfigFromProto(proto)->attention, AttentionImpl::kCudnn);
+  proto.mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_HF_ADAFACTOR);
+  EXPECT_EQ(RunConfigFromProto(proto)->optimizer.kind, OptimizerKind::kHfAdafactor);
+  proto.mutable_optimizer()->set_kind(v1::OPTIMIZER_KIND_HF_ADAMW);
+  EXPECT_EQ(RunConfigFromProto(proto)->optimizer.kind, OptimizerKind::kHfAdamW);
 }
 
 TEST(RunConfigFromProtoTest, InferenceIsCarried) {
@@ -222,6 +249,10 @@ TEST(ModelFromProtoTest, OpGraphIsCarried) {
   graph->set_loss("y");
   graph->add_blocks("blocks.0");
   graph->set_traced_batch(8);
+  v1::HeldTensor* held = graph->add_held();
+  held->set_tensor("x");
+  held->set_until_op(0);
+  graph->add_outputs("y");
 
   StatusOr<ModelSpec> model = ModelFromProto(proto);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
@@ -243,6 +274,10 @@ TEST(ModelFromProtoTest, OpGraphIsCarried) {
   EXPECT_EQ(spec->loss, "y");
   EXPECT_EQ(spec->blocks, std::vector<std::string>{"blocks.0"});
   EXPECT_EQ(spec->traced_batch, 8);
+  ASSERT_EQ(spec->held.size(), 1u);
+  EXPECT_EQ(spec->held[0].tensor, "x");
+  EXPECT_EQ(spec->held[0].until_op, 0);
+  EXPECT_EQ(spec->outputs, std::vector<std::string>{"y"});
 }
 
 TEST(ModelFromProtoTest, RefusesWhatCannotBeRepresented) {
@@ -279,6 +314,21 @@ TEST(ModelFromProtoTest, RefusesWhatCannotBeRepresented) {
     StatusOr<ModelSpec> model = ModelFromProto(proto);
     ASSERT_FALSE(model.ok());
     EXPECT_THAT(model.status().message(), HasSubstr("model.layers[0].attrs.a"));
+  }
+  for (const char* field : {"model.held[0].tensor", "model.outputs[1]"}) {
+    v1::Model proto;
+    v1::OpGraph* graph = proto.mutable_ops();
+    const std::string long_name(kMaxNameBytes + 1, 'h');
+    if (std::string(field) == "model.outputs[1]") {
+      graph->add_outputs("y");
+      graph->add_outputs(long_name);
+    } else {
+      graph->add_held()->set_tensor(long_name);
+    }
+    StatusOr<ModelSpec> model = ModelFromProto(proto);
+    ASSERT_FALSE(model.ok());
+    EXPECT_THAT(model.status().message(), HasSubstr(field));
+    EXPECT_THAT(model.status().message(), HasSubstr("1024"));
   }
 }
 

@@ -82,6 +82,9 @@ class Config:
         # decay, zero_grad(set_to_none=True), no checkpointing.
         flags += ["--precision", self.precision, "--optimizer", self.optimizer,
                   "--optimizer-impl", "foreach"]
+        # The reference models (torch_models.py) write attention out by hand: memest's eager
+        # form, not the SDPA it assumes by default on CUDA.
+        flags += ["--attention", "eager"]
         return flags
 
     def overrides(self) -> Dict[str, int]:

@@ -98,9 +98,7 @@ def _slice(tr, args, kwargs, out):
     dim = int(_arg(args, kwargs, 1, "dim", 0))
     start = _arg(args, kwargs, 2, "start", None)
     end = _arg(args, kwargs, 3, "end", None)
-    step = _arg(args, kwargs, 4, "step", 1)
-    if step != 1:
-        tr.unsupported("slice with step %s" % step)
+    step = int(_arg(args, kwargs, 4, "step", 1))
     n = x.shape[dim]
     start = 0 if start is None else int(start)
     end = n if end is None else int(end)
@@ -112,6 +110,8 @@ def _slice(tr, args, kwargs, out):
     attrs = {"dim": dim, "start": start}
     if end < n:  # to the end of the dim: left out, so a batch dim can rescale
         attrs["end"] = max(end, start)
+    if step != 1:
+        attrs["step"] = step
     tr.emit("slice", [x], [out], attrs)
 
 
@@ -145,6 +145,43 @@ def _unbind(tr, args, kwargs, out):
         tr.emit("squeeze", [m], [o], {"dim": dim})
 
 
+def _index(tr, args, kwargs, out):
+    """x[..., idx, ...]: one integer index tensor (aten.index.Tensor with Nones before it)."""
+    x, indices = args[0], list(args[1])
+    while indices and indices[-1] is None:
+        indices.pop()
+    if not indices or any(t is not None for t in indices[:-1]):
+        tr.unsupported("indexing with more than one index tensor")
+    idx = indices[-1]
+    if idx.dtype not in (torch.int64, torch.int32):
+        tr.unsupported("indexing with a %s index" % idx.dtype)
+    tr.emit("index", [x, idx], [out], {"dim": len(indices) - 1} if len(indices) > 1 else {})
+
+
+def _pad(tr, args, kwargs, out):
+    value = tr.scalar_of(_arg(args, kwargs, 2, "value", 0))
+    attrs = {"pad": _ints(args[1])}
+    if value:
+        attrs["value"] = value if math.isfinite(value) else 0.0  # memest takes finite values
+    tr.emit("pad", [args[0]], [out], attrs)
+
+
+def _roll(tr, args, kwargs, out):
+    shifts = _ints(_arg(args, kwargs, 1, "shifts"))
+    dims = _ints(_arg(args, kwargs, 2, "dims", []))
+    tr.emit("roll", [args[0]], [out], {"shifts": shifts, "dims": dims} if dims else {"shifts": shifts})
+
+
+def _as_strided_(tr, args, kwargs, out):
+    """as_strided_ that keeps the sizes (1.13's adaptive_avg_pool2d to 1x1 restrides its mean
+    for a channels-last input): the same storage, the same bytes."""
+    x, size = args[0], [int(v) for v in args[1]]
+    recorded = tr._shapes.get(tr._names.get(id(x)))  # x's sizes before the call restrided it
+    if recorded is None or size != recorded[0]:
+        tr.unsupported("as_strided_ to other sizes")
+    tr.alias(out, x)
+
+
 def _cat(tr, args, kwargs, out):
     dim = int(_arg(args, kwargs, 1, "dim", 0))
     ts = [t for t in args[0] if t.numel() > 0 or t.dim() > 1]  # legacy empty [0] tensors
@@ -152,7 +189,57 @@ def _cat(tr, args, kwargs, out):
 
 
 def _clone(tr, args, kwargs, out):
-    tr.emit("contiguous", [args[0]], [out], {})
+    """x.contiguous() of a non-contiguous x is clone(memory_format=contiguous_format); an
+    explicit x.clone() (memory_format=preserve) copies even a contiguous x."""
+    x, fmt = args[0], kwargs.get("memory_format")
+    if fmt == torch.contiguous_format and not x.is_contiguous():
+        tr.emit("contiguous", [x], [out], {})
+    elif fmt in (None, torch.preserve_format, torch.contiguous_format):
+        tr.emit("clone", [x], [out], {})
+    else:
+        tr.unsupported("clone to %s" % fmt)
+
+
+def _fill_(tr, args, kwargs, out):
+    value = tr.scalar_of(args[1]) if len(args) > 1 else 0.0
+    if value is None:
+        tr.unsupported("fill_ with a tensor of the graph")
+    tr.emit("fill_", [args[0]], [out], {"value": value} if value and math.isfinite(value) else {})
+
+
+def _norm(tr, args, kwargs, out):
+    """norm.ScalarOpt_dim(x, p, dim, keepdim) and linalg_vector_norm(x, ord, dim, keepdim)."""
+    p = _arg(args, kwargs, 1, "ord" if "ord" in kwargs else "p", 2)
+    dims = _arg(args, kwargs, 2, "dim", None)
+    keepdim = bool(_arg(args, kwargs, 3, "keepdim", False))
+    if p is None or float(p) != 2.0 or kwargs.get("dtype") is not None:
+        tr.unsupported("a norm other than the 2-norm")
+    attrs = {}
+    if dims is not None and len(_ints(dims)) > 0:
+        attrs["dim"] = _ints(dims)
+    if keepdim:
+        attrs["keepdim"] = 1
+    tr.emit("norm", [args[0]], [out], attrs)
+
+
+def _clamp(which):
+    def h(tr, args, kwargs, out):
+        if which == "both":
+            bounds = {"min": _arg(args, kwargs, 1, "min"), "max": _arg(args, kwargs, 2, "max")}
+        else:
+            bounds = {which: args[1]}
+        attrs = {}
+        for k, v in bounds.items():
+            if v is None:
+                continue
+            value = tr.scalar_of(v)
+            if value is None or not math.isfinite(value):
+                tr.unsupported("clamp with a tensor or infinite bound")
+            attrs[k] = value
+        if not attrs:
+            tr.unsupported("clamp without bounds")
+        tr.emit("clamp", [args[0]], [out], attrs)
+    return h
 
 
 def _to_copy(tr, args, kwargs, out):
@@ -175,6 +262,17 @@ def _bmm(tr, args, kwargs, out):
     tr.emit("bmm", list(args[:2]), [out], {})
 
 
+def _baddbmm(tr, args, kwargs, out):
+    attrs = {}
+    for k in ("beta", "alpha"):
+        v = kwargs.get(k, 1)
+        if tr.scalar_of(v) is None:
+            tr.unsupported("baddbmm with a tensor %s" % k)
+        if float(v) != 1.0:
+            attrs[k] = float(v)
+    tr.emit("baddbmm", list(args[:3]), [out], attrs)
+
+
 def _linear(tr, args, kwargs, out):  # 2.x may keep linear whole under some modes
     ins = [args[0], args[1]] + ([args[2]] if len(args) > 2 and args[2] is not None else [])
     tr.emit("linear", ins, [out], {})
@@ -182,15 +280,18 @@ def _linear(tr, args, kwargs, out):  # 2.x may keep linear whole under some mode
 
 def _convolution(tr, args, kwargs, out):
     x, w, b = args[0], args[1], args[2]
-    stride, padding, dilation, transposed, _, groups = args[3:9]
-    if transposed:
-        tr.unsupported("transposed convolution")
+    stride, padding, dilation, transposed, output_padding, groups = args[3:9]
     kinds = {3: "conv1d", 4: "conv2d"}
     if x.dim() not in kinds:
         tr.unsupported("convolution of a %d-d input" % x.dim())
     ins = [x, w] + ([b] if b is not None else [])
-    tr.emit(kinds[x.dim()], ins, [out], {"stride": _ints(stride), "padding": _ints(padding),
-                                         "dilation": _ints(dilation), "groups": int(groups)})
+    attrs = {"stride": _ints(stride), "padding": _ints(padding), "dilation": _ints(dilation),
+             "groups": int(groups)}
+    kind = kinds[x.dim()]
+    if transposed:
+        kind = kind.replace("conv", "conv_transpose")
+        attrs["output_padding"] = _ints(output_padding)
+    tr.emit(kind, ins, [out], attrs)
 
 
 # ---------------------------------------------------------------- pooling
@@ -202,11 +303,13 @@ def _max_pool2d(tr, args, kwargs, out):
     padding = _ints(_arg(args, kwargs, 3, "padding", 0), 2)
     dilation = _ints(_arg(args, kwargs, 4, "dilation", 1), 2)
     ceil_mode = _arg(args, kwargs, 5, "ceil_mode", False)
-    if any(d != 1 for d in dilation) or ceil_mode:
-        tr.unsupported("max_pool2d with dilation or ceil_mode")
     attrs = {"kernel_size": kernel, "padding": padding}
     if stride:
         attrs["stride"] = _ints(stride, 2)
+    if any(d != 1 for d in dilation):
+        attrs["dilation"] = dilation
+    if ceil_mode:
+        attrs["ceil_mode"] = 1
     tr.emit("max_pool2d", [x], _outs(out), attrs)
 
 
@@ -216,17 +319,30 @@ def _avg_pool2d(tr, args, kwargs, out):
     stride = _arg(args, kwargs, 2, "stride", None)
     padding = _ints(_arg(args, kwargs, 3, "padding", 0), 2)
     ceil_mode = _arg(args, kwargs, 4, "ceil_mode", False)
-    divisor = _arg(args, kwargs, 6, "divisor_override", None)
-    if ceil_mode or divisor is not None:
-        tr.unsupported("avg_pool2d with ceil_mode or divisor_override")
+    # count_include_pad and divisor_override change the values only
     attrs = {"kernel_size": kernel, "padding": padding}
     if stride:
         attrs["stride"] = _ints(stride, 2)
+    if ceil_mode:
+        attrs["ceil_mode"] = 1
     tr.emit("avg_pool2d", [x], [out], attrs)
 
 
 def _adaptive_avg_pool2d(tr, args, kwargs, out):
     tr.emit("adaptive_avg_pool2d", [args[0]], [out], {"output_size": _ints(args[1], 2)})
+
+
+def _upsample(kind):
+    """upsample_{nearest,bilinear}2d, .vec (output_size or scale factors) and .default: the
+    output size is read off the result."""
+    def h(tr, args, kwargs, out):
+        attrs = {"output_size": [int(out.shape[-2]), int(out.shape[-1])]}
+        if kind == "upsample_bilinear2d":
+            ac = args[2] if len(args) > 2 else kwargs.get("align_corners", False)
+            if ac:
+                attrs["align_corners"] = 1
+        tr.emit(kind, [args[0]], [out], attrs)
+    return h
 
 
 # ---------------------------------------------------------------- normalisation
@@ -270,8 +386,21 @@ def _unary(kind):
     return h
 
 
-def _relu_(tr, args, kwargs, out):
-    tr.emit("relu", [args[0]], [out], {"inplace": 1})
+def _inplace(kind):
+    def h(tr, args, kwargs, out):
+        tr.emit(kind, [args[0]], [out], {"inplace": 1})
+    return h
+
+
+def _hardtanh(inplace):
+    def h(tr, args, kwargs, out):
+        lo = float(_arg(args, kwargs, 1, "min_val", -1.0))
+        hi = float(_arg(args, kwargs, 2, "max_val", 1.0))
+        attrs = {"min_val": lo, "max_val": hi}
+        if inplace:
+            attrs["inplace"] = 1
+        tr.emit("hardtanh", [args[0]], [out], attrs)
+    return h
 
 
 def _gelu(tr, args, kwargs, out):
@@ -395,13 +524,19 @@ def _reduce(kind):
 
 # ---------------------------------------------------------------- losses, embeddings
 
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}  # at::Reduction
+
+
 def _nll_loss(tr, args, kwargs, out):
+    """nll_loss_forward and nll_loss2d_forward (logits [N, C, H, W], as F.cross_entropy of a
+    4-D input runs it; memest's nll_loss takes any rank)."""
     x, target, weight = args[0], args[1], args[2]
-    reduction = int(args[3]) if len(args) > 3 else 1
-    if weight is not None or reduction != 1:
-        tr.unsupported("nll_loss with class weights or reduction other than mean")
+    reduction = int(_arg(args, kwargs, 3, "reduction", 1))
+    if weight is not None:
+        tr.unsupported("nll_loss with class weights")
     outs = _outs(out)
-    tr.emit("nll_loss", [x, target], [outs[0]], {})
+    attrs = {"reduction": _REDUCTIONS[reduction]} if reduction != 1 else {}
+    tr.emit("nll_loss", [x, target], [outs[0]], attrs)
     tr.internal(outs[1:])
 
 
@@ -417,12 +552,68 @@ def _embedding(tr, args, kwargs, out):
 
 
 def _arange(tr, args, kwargs, out):
+    """arange(end), arange(start, end), arange(start, end, step) of int64. With a step other
+    than 1 (F.embedding_bag's offsets for a 2-D input) it is recorded only when an op reads it:
+    embedding_bag takes it as its bag size instead."""
     nums = [a for a in args if isinstance(a, (int, float))]
-    if len(nums) == 2 and nums[0] == 0:
-        nums = nums[1:]
-    if len(nums) != 1 or out.dtype != torch.int64:
-        tr.unsupported("arange other than arange(end) of int64")
-    tr.emit("arange", [], [out], {"end": int(nums[0])})
+    if not 1 <= len(nums) <= 3 or out.dtype != torch.int64 or \
+            any(float(v) != int(v) for v in nums):
+        tr.unsupported("arange other than of int64 with integer bounds")
+    nums = [int(v) for v in nums]
+    start, end, step = ([0] + nums + [1])[-3:] if len(nums) == 1 else (nums + [1])[:3]
+    attrs = {"end": end}
+    if start:
+        attrs["start"] = start
+    if step != 1:
+        attrs["step"] = step
+        name = tr.fresh_name("arange")
+        n = len(range(start, end, step))
+
+        def record():
+            tr.emit("arange", [], [name], attrs, out_shapes={name: ([n], torch.int64)})
+            return name
+        tr.defer(out, record, info=(start, end, step))
+        return
+    tr.emit("arange", [], [out], attrs)
+
+
+def is_stepped_arange(key, args):
+    """True for an arange with a step other than 1 (what F.embedding_bag makes as offsets):
+    _arange holds it back for embedding_bag rather than letting it be a static tensor."""
+    return (key == "arange.start_step" and len(args) >= 3 and isinstance(args[2], (int, float))
+            and args[2] != 1)
+
+
+_BAG_MODES = ("sum", "mean", "max")
+
+
+def _embedding_bag(tr, args, kwargs, out):
+    """_embedding_bag / _embedding_bag_forward_only: bags by offsets, or (F.embedding_bag of a
+    2-D input) fixed-size bags whose offsets an arange made."""
+    w, idx, offsets = args[0], args[1], args[2]
+    scale = _arg(args, kwargs, 3, "scale_grad_by_freq", False)
+    mode = int(_arg(args, kwargs, 4, "mode", 0))
+    sparse = _arg(args, kwargs, 5, "sparse", False)
+    psw = _arg(args, kwargs, 6, "per_sample_weights", None)
+    last = bool(_arg(args, kwargs, 7, "include_last_offset", False))
+    pad = _arg(args, kwargs, 8, "padding_idx", -1)
+    if scale or sparse or (pad is not None and pad >= 0):
+        tr.unsupported("embedding_bag with scale_grad_by_freq, sparse or padding_idx")
+    attrs = {"mode": _BAG_MODES[mode]}
+    ins = [w, idx]
+    made = tr.deferred_info(offsets)  # (start, end, step) of an arange not recorded yet
+    if (made is not None and made[0] == 0 and made[1] == idx.numel() and not last
+            and idx.numel() % made[2] == 0):
+        attrs["bag_size"] = made[2]
+    else:
+        ins.append(offsets)
+        if last:
+            attrs["include_last_offset"] = 1
+    if psw is not None:
+        ins.append(psw)
+    outs = _outs(out)
+    tr.emit("embedding_bag", ins, [outs[0]], attrs)
+    tr.internal(outs[1:])
 
 
 HANDLERS = {
@@ -447,13 +638,30 @@ HANDLERS = {
     "split_with_sizes.default": _split,
     "unbind.int": _unbind,
     "cat.default": _cat,
+    "index.Tensor": _index,
+    "constant_pad_nd.default": _pad,
+    "roll.default": _roll,
+    "as_strided_.default": _as_strided_,
+    "zero_.default": _fill_,
+    "fill_.Scalar": _fill_,
+    "fill_.Tensor": _fill_,
+    "norm.ScalarOpt_dim": _norm,
+    "linalg_vector_norm.default": _norm,
+    "clamp.default": _clamp("both"),
+    "clamp_min.default": _clamp("min"),
+    "clamp_max.default": _clamp("max"),
     "clone.default": _clone,
     "_to_copy.default": _to_copy,
     "addmm.default": _addmm,
     "mm.default": _mm,
     "bmm.default": _bmm,
+    "baddbmm.default": _baddbmm,
     "linear.default": _linear,
     "convolution.default": _convolution,
+    "upsample_nearest2d.vec": _upsample("upsample_nearest2d"),
+    "upsample_nearest2d.default": _upsample("upsample_nearest2d"),
+    "upsample_bilinear2d.vec": _upsample("upsample_bilinear2d"),
+    "upsample_bilinear2d.default": _upsample("upsample_bilinear2d"),
     "max_pool2d_with_indices.default": _max_pool2d,
     "avg_pool2d.default": _avg_pool2d,
     "_adaptive_avg_pool2d.default": _adaptive_avg_pool2d,
@@ -464,7 +672,16 @@ HANDLERS = {
     "_native_batch_norm_legit_functional.default": _batch_norm,
     "native_group_norm.default": _group_norm,
     "relu.default": _unary("relu"),
-    "relu_.default": _relu_,
+    "relu_.default": _inplace("relu"),
+    "silu_.default": _inplace("silu"),
+    "sigmoid_.default": _inplace("sigmoid"),
+    "tanh_.default": _inplace("tanh"),
+    "hardswish.default": _unary("hardswish"),
+    "hardswish_.default": _inplace("hardswish"),
+    "hardsigmoid.default": _unary("hardsigmoid"),
+    "hardsigmoid_.default": _inplace("hardsigmoid"),
+    "hardtanh.default": _hardtanh(False),
+    "hardtanh_.default": _hardtanh(True),
     "gelu.default": _gelu,
     "silu.default": _unary("silu"),
     "sigmoid.default": _unary("sigmoid"),
@@ -500,8 +717,11 @@ HANDLERS = {
     "mean.default": _reduce("mean"),
     "mean.dim": _reduce("mean"),
     "nll_loss_forward.default": _nll_loss,
+    "nll_loss2d_forward.default": _nll_loss,
     "mse_loss.default": _mse_loss,
     "embedding.default": _embedding,
+    "_embedding_bag.default": _embedding_bag,
+    "_embedding_bag_forward_only.default": _embedding_bag,
     "arange.default": _arange,
     "arange.start": _arange,
     "arange.start_step": _arange,

@@ -21,6 +21,8 @@ be, and when an op of the graph reads one, it enters the graph as what it really
 Static tensors whose shape follows the batch (an attention mask [B, 1, 1, T] made from a ones
 [B, T]) are rescaled by the engine: the tracer marks their batch dim (attrs.batch_dim).
 """
+import weakref
+
 import torch
 
 try:
@@ -44,13 +46,21 @@ SHAPE_FACTORIES = {
 
 
 class _View:
-    """A static view: the aten op that made it, to be recorded when the graph reads it."""
+    """A static view: the aten op that made it, to be recorded when the graph reads it. It
+    holds its base (as the view itself does) but not its outputs (weak references): the trace
+    must not keep alive what it watches (_trace_lifetimes.py)."""
 
     __slots__ = ("func", "key", "args", "kwargs", "outs", "done")
 
     def __init__(self, func, key, args, kwargs, outs):
-        self.func, self.key, self.args, self.kwargs, self.outs = func, key, args, kwargs, outs
+        self.func, self.key, self.args, self.kwargs = func, key, args, kwargs
+        self.outs = [weakref.ref(o) for o in outs]
         self.done = False
+
+    def live_outs(self):
+        """The outputs, or None when one of them has died (a split whose other parts are gone)."""
+        outs = [r() for r in self.outs]
+        return None if any(o is None for o in outs) else outs
 
 
 class _Fresh:
@@ -75,7 +85,12 @@ class Statics:
         name = tr._names.get(i)
         if name is not None:
             return tr._roles.get(name) == "buffer"
-        return i not in tr._internal and i not in tr._noise  # never seen: a constant
+        # never seen: a constant (a tensor held back for a handler is of the graph)
+        return i not in tr._internal and i not in tr._noise and i not in tr._deferred
+
+    def forget(self, oid):
+        """The tensor with id `oid` died (its id may be reused)."""
+        self.made.pop(oid, None)
 
     def absorb(self, func, key, args, kwargs, ins, outs):
         """True when the op makes static tensors (it then is not recorded now)."""
@@ -90,7 +105,7 @@ class Statics:
         for o in outs:
             if in_place and ins and o is ins[0]:
                 continue  # the same tensor, still static (BatchNorm's num_batches_tracked += 1)
-            self.tr._keep.append(o)
+            self.tr.life.watch(o)
             if id(o) in self.made or id(o) in self.tr._names:
                 continue
             if view is not None:
@@ -109,10 +124,11 @@ class Statics:
         saved = tr._current
         try:
             if isinstance(rec, _View):
-                if not rec.done:
+                outs = rec.live_outs()
+                if not rec.done and outs is not None:
                     rec.done = True
                     tr._current = f"aten.{rec.key}"
-                    out = rec.outs[0] if len(rec.outs) == 1 else tuple(rec.outs)
+                    out = outs[0] if len(outs) == 1 else tuple(outs)
                     _aten_map.HANDLERS[rec.key](tr, rec.args, rec.kwargs, out)
                 name = tr._names.get(id(t))
                 if name is None:  # a multi-output view whose handler left this one unnamed

@@ -33,13 +33,21 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           batch_size (samples per optimizer step, default 1), grad_accum_steps,
           mode: training | inference,
           precision: fp32 | fp16 | bf16 | bf16-pure | fp16-pure (fp16/bf16: autocast),
-          optimizer: sgd | momentum | adam | adamw | adagrad | rmsprop | lion | adafactor,
+          optimizer: sgd | momentum | adam | adamw | adagrad | rmsprop | lion | adafactor |
+            hf-adamw | hf-adafactor (transformers' own),
           optimizer_impl: for-loop | foreach | fused, weight_decay, keep_grads,
           checkpoint: none | every-block | every-k | sqrt | attention | scopes,
           checkpoint_k, checkpoint_scopes, checkpoint_non_reentrant (use_reentrant=False),
           first_step, generate_tokens,
           expandable_segments, runtime: cuda | cpu-1.13,
           cpu_isa: avx512 | avx2 (cpu-1.13 only: the ISA oneDNN's convolutions use),
+          hold_outputs (training: True, the default, for a loop that keeps the model's outputs
+          in a variable, `outputs = model(**batch)`, through backward and the optimizer step;
+          False for one that lets them go once the loss exists: Hugging Face's Trainer,
+          Lightning),
+          attention: eager | sdpa | flash | mem-efficient | cudnn (HF's flash_attention_2 is
+            flash; unset: sdpa on CUDA, eager on cpu-1.13),
+          cuda_module_loading: lazy | eager (CUDA_MODULE_LOADING; unset: lazy),
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
           advice (False skips the advice: faster), timeout (seconds, this call only).
         None means the server's default. Unset words raise InvalidArgument before any call.

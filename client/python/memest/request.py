@@ -33,7 +33,19 @@ OPTIMIZERS = {
     "rmsprop": v1.OPTIMIZER_KIND_RMSPROP,
     "lion": v1.OPTIMIZER_KIND_LION,
     "adafactor": v1.OPTIMIZER_KIND_ADAFACTOR,
+    "hf-adamw": v1.OPTIMIZER_KIND_HF_ADAMW,
+    "hf-adafactor": v1.OPTIMIZER_KIND_HF_ADAFACTOR,
 }
+# memest's names and Hugging Face's attn_implementation names.
+ATTENTIONS = {
+    "eager": v1.ATTENTION_EAGER,
+    "sdpa": v1.ATTENTION_SDPA,
+    "flash": v1.ATTENTION_FLASH,
+    "flash_attention_2": v1.ATTENTION_FLASH,
+    "mem-efficient": v1.ATTENTION_MEM_EFFICIENT,
+    "cudnn": v1.ATTENTION_CUDNN,
+}
+MODULE_LOADINGS = {"lazy": v1.CUDA_MODULE_LOADING_LAZY, "eager": v1.CUDA_MODULE_LOADING_EAGER}
 OPTIMIZER_IMPLS = {
     "for-loop": v1.OPTIMIZER_IMPL_FOR_LOOP,
     "foreach": v1.OPTIMIZER_IMPL_FOREACH,
@@ -144,7 +156,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   checkpoint_k=None, checkpoint_scopes=(), checkpoint_non_reentrant=False,
                   first_step=False, device=None,
                   capacity_bytes=None, generate_tokens=None, expandable_segments=False,
-                  runtime=None, cpu_isa=None, advice=True):
+                  runtime=None, cpu_isa=None, hold_outputs=None, attention=None,
+                  cuda_module_loading=None, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
     config = request.config
@@ -189,5 +202,12 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
         config.runtime = _word("runtime", runtime, RUNTIMES)
     if cpu_isa is not None:
         config.cpu_isa = _word("cpu_isa", cpu_isa, CPU_ISAS)
+    if hold_outputs is not None:
+        config.hold_outputs = bool(hold_outputs)
+    if attention is not None:
+        config.attention = _word("attention", attention, ATTENTIONS)
+    if cuda_module_loading is not None:
+        config.cuda_module_loading = _word("cuda_module_loading", cuda_module_loading,
+                                           MODULE_LOADINGS)
     request.skip_advice = not advice
     return request

@@ -26,6 +26,11 @@ the batch dim), or the module does not run at B + 1 (a reshape to a fixed size, 
 first dim is not the batch), `tracedBatch` is left out, with a warning: the graph is then valid
 at B only.
 
+Lifetimes: every tensor the trace records is watched with a weak reference, so the graph also
+says when the module's Python code lets go of each one (`held`: a local that outlives the
+tensor's last use, until an op) and what the module returned (`outputs`); see
+_trace_lifetimes.py. The tracer keeps no recorded tensor alive itself.
+
 Refused (UnsupportedOp, naming the aten op and the module scope): any op of the graph that the
 engine has no rule for, and any op the tracer fails to map (never another exception). Never
 silently dropped. Elided: ops that allocate nothing and have no memest kind (detach, alias,
@@ -48,11 +53,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memest.model_json import attr_value
 
 try:
-    from . import _aten_map
+    from . import _aten_map, _trace_fused, _trace_lifetimes, _trace_random
     from ._trace_leaves import _module_on_meta
     from ._trace_static import Statics, batch_attr
 except ImportError:  # loaded on its own, outside the memest package
     import _aten_map
+    import _trace_fused
+    import _trace_lifetimes
+    import _trace_random
     from _trace_leaves import _module_on_meta
     from _trace_static import Statics, batch_attr
 
@@ -113,8 +121,8 @@ def _flat_tensors(x):
 
 
 class _Recording(TorchDispatchMode):
-    """One forward + loss, recorded. Tensors are known by id(); every tensor seen is kept
-    alive until the recording ends so that ids are not reused."""
+    """One forward + loss, recorded. Tensors are known by id(); the tracer forgets an id when
+    its object dies (_trace_lifetimes.Lifetimes), so that a reused id is never mistaken."""
 
     def __init__(self, tracer):
         super().__init__()
@@ -131,11 +139,12 @@ class _Recording(TorchDispatchMode):
 class _Tracer:
     def __init__(self, module, meta):
         self.meta = meta
-        self._keep = []          # every tensor seen (ids must stay unique)
+        self._keep = []          # declared leaves (the module and the caller hold them anyway)
         self._names = {}         # id(tensor) -> graph name
         self.statics = Statics(self)  # tensors made without reading the graph (_trace_static)
         self._internal = {}      # id -> aten op: outputs memest folds into its op (stats, masks)
         self._noise = {}         # id -> dropout noise state {"x": tensor, "keep": float}
+        self._deferred = {}      # id -> (aten name, record()): ops recorded when first read
         self._shapes = {}        # name -> (shape list, dtype name)
         self._roles = {}
         self.decls = []
@@ -147,12 +156,22 @@ class _Tracer:
         self.paused = 0          # > 0: ops run without being recorded (inside a fused op)
         self.region = None       # the torch.utils.checkpoint call being recorded (an id)
         self.region_reentrant = {}  # region id -> use_reentrant
+        self.life = _trace_lifetimes.Lifetimes(lambda: len(self.ops), self._forget)
         self._params = {}
         for name, p in module.named_parameters():
             self._declare(p, name, "parameter", frozen=not p.requires_grad)
         for name, b in module.named_buffers():
             if b is not None and id(b) not in self._names:
                 self._declare(b, name, "buffer")
+
+    def _forget(self, oid):
+        """The object with id `oid` died: its id may be reused from now on."""
+        self._names.pop(oid, None)
+        self.statics.forget(oid)
+        self._internal.pop(oid, None)
+        self._noise.pop(oid, None)
+        self._deferred.pop(oid, None)
+        _trace_random.forget(self, oid)
 
     # ------------------------------------------------------------ names
     @property
@@ -188,6 +207,15 @@ class _Tracer:
         n = self._names.get(id(t))
         if n is not None:
             return n
+        deferred = self._deferred.pop(id(t), None)
+        if deferred is not None:  # recorded now, before the op that reads it
+            if deferred["name"] is None:
+                current, self._current = self._current, deferred["aten"]
+                deferred["name"] = deferred["record"]()
+                self._current = current
+            self._names[id(t)] = deferred["name"]
+            self.life.name(t, deferred["name"])
+            return deferred["name"]
         if id(t) in self._internal:
             self.unsupported(f"an op reading the internal output of {self._internal[id(t)]}")
         if id(t) in self._noise:
@@ -213,25 +241,45 @@ class _Tracer:
         return None
 
     def _is_graph(self, t):
-        return id(t) in self._names or id(t) in self._internal or id(t) in self._noise
+        return (id(t) in self._names or id(t) in self._internal or id(t) in self._noise
+                or id(t) in self._deferred)
 
     # ------------------------------------------------------------ emitting
     def unsupported(self, detail=None):
         raise UnsupportedOp(self._current, self.scope, detail)
 
     def alias(self, out, x):
-        self._keep.append(out)
+        self.life.watch(out)
+        if isinstance(x, torch.Tensor) and id(x) in self._deferred:  # still held back
+            self._deferred[id(out)] = self._deferred[id(x)]
+            return
         if isinstance(x, torch.Tensor) and id(x) in self._internal and id(x) not in self._names:
             # a view of an output memest folds into its op (group_norm's detached mean/rstd,
             # which autograd saves): folded too
             self._internal[id(out)] = self._internal[id(x)]
             return
         self._names[id(out)] = self._name_of(x)
+        self.life.name(out, self._names[id(out)])
+
+    def defer(self, t, record, info=None):
+        """Records the op that made `t` only when an op of the graph reads `t` (or an alias of
+        it): `record()` (which emits it and returns its output's name) runs then, first. Until
+        then `t` is held back, with `info` for handlers that fold it into another op
+        (embedding_bag takes the offsets an arange made as its bag size). Nothing here keeps
+        `t` alive."""
+        self.life.watch(t)
+        self._deferred[id(t)] = {"aten": self._current, "record": record, "name": None,
+                                 "info": info}
+
+    def deferred_info(self, t):
+        """The `info` of a held-back tensor (or of an alias of one), else None."""
+        d = self._deferred.get(id(t)) if isinstance(t, torch.Tensor) else None
+        return d["info"] if d is not None else None
 
     def internal(self, outs):
         for o in outs:
             if isinstance(o, torch.Tensor):
-                self._keep.append(o)
+                self.life.watch(o)
                 self._internal[id(o)] = self._current
 
     def emit(self, kind, inputs, outputs, attrs, shape_attr=None, out_shapes=None):
@@ -245,8 +293,8 @@ class _Tracer:
             else:
                 nm = f"{kind}_{i}" + (f".{j}" if len(outputs) > 1 else "")
                 shape, dtype = list(o.shape), o.dtype
-                self._keep.append(o)
                 self._names[id(o)] = nm  # an in-place result takes the new name from here on
+                self.life.name(o, nm)
                 self._internal.pop(id(o), None)
             dt = _aten_map.DTYPE_NAMES.get(dtype)
             if dt is None:
@@ -261,6 +309,7 @@ class _Tracer:
             op["scope"] = self.scope
         op["_shape_attr"] = shape_attr
         op["_aten"] = self._current
+        op["_seq"] = i  # its index as recorded (fusions drop ops; lifetimes count these)
         if self.region is not None:
             op["_checkpoint"] = self.region
         self.ops.append(op)
@@ -271,7 +320,7 @@ class _Tracer:
         self._current = "scaled_dot_product_attention"
         inputs = [q, k, v] + ([attn_mask] if isinstance(attn_mask, torch.Tensor) else [])
         for t in inputs + [out]:
-            self._keep.append(t)
+            self.life.watch(t)
         attrs = {"fused": 1, "is_causal": int(bool(is_causal))}
         if dropout_p:
             attrs["dropout_p"] = float(dropout_p)
@@ -294,14 +343,18 @@ class _Tracer:
         self._current = _aten_name(func)
         ins = _flat_tensors(list(args) + list(kwargs.values()))
         outs = _flat_tensors(out)
-        self._keep.extend(ins)
-        self._keep.extend(outs)
+        for t in ins + outs:
+            self.life.watch(t)
 
         if self._dropout_pattern(key, args, kwargs, out):
             return
+        if _trace_random.stochastic_depth(self, key, args, kwargs, out):
+            return
         # Made without reading the graph (factories, masks cut from buffers, bookkeeping on a
-        # buffer): recorded when, and as what, an op of the graph reads it.
-        if self.statics.absorb(func, key, args, kwargs, ins, outs):
+        # buffer, fills of a constant): recorded when, and as what, an op of the graph reads it.
+        # An arange with a step is F.embedding_bag's offsets: held back for embedding_bag.
+        if not _aten_map.is_stepped_arange(key, args) and \
+                self.statics.absorb(func, key, args, kwargs, ins, outs):
             return
         handler = _aten_map.HANDLERS.get(key)
         if handler is None:
@@ -312,8 +365,8 @@ class _Tracer:
         """PyTorch 1.13's CPU dropout: noise = empty_like(x).bernoulli_(1-p).div_(1-p);
         out = x * noise. Recorded as one dropout op."""
         if key == "empty_like.default" and id(args[0]) in self._names:
-            self._keep.append(out)
-            self._noise[id(out)] = {"x": args[0], "keep": None, "scaled": False}
+            self.life.watch(out)
+            self._noise[id(out)] = {"x": id(args[0]), "keep": None, "scaled": False}
             return True
         if key == "bernoulli_.float" and id(args[0]) in self._noise:
             # p is left out of args when it is the schema's default (0.5: nn.Dropout(0.5))
@@ -325,12 +378,15 @@ class _Tracer:
                 self.unsupported("a dropout-like pattern with an unexpected scale")
             st["scaled"] = True
             return True
-        if key == "mul.Tensor" and len(args) == 2:
+        if key in ("mul.Tensor", "mul_.Tensor") and len(args) == 2:  # mul_: Dropout(inplace=True)
             a, b = args
             for x, n in ((a, b), (b, a)):
                 st = self._noise.get(id(n)) if isinstance(n, torch.Tensor) else None
-                if st is not None and st["scaled"] and st["x"] is x:
-                    self.emit("dropout", [x], [out], {"p": 1.0 - st["keep"]})
+                if st is not None and st["scaled"] and st["x"] == id(x):
+                    attrs = {"p": 1.0 - st["keep"]}
+                    if key == "mul_.Tensor":
+                        attrs["inplace"] = 1
+                    self.emit("dropout", [x], [out], attrs)
                     return True
         return False
 
@@ -461,35 +517,6 @@ def _resize_batch(t, dim, n):
 
 
 @contextlib.contextmanager
-def _sdpa_as_one_op(tracer):
-    """While recording, F.scaled_dot_product_attention (PyTorch 2.x; nn.MultiheadAttention calls
-    it too) is recorded as one op instead of the math decomposition the meta device runs."""
-    functional = torch.nn.functional
-    original = getattr(functional, "scaled_dot_product_attention", None)
-    if original is None:  # PyTorch 1.13
-        yield
-        return
-
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
-        tracer.paused += 1
-        try:
-            out = original(query, key, value, attn_mask, dropout_p, is_causal, *args, **kwargs)
-        finally:
-            tracer.paused -= 1
-        if kwargs.get("enable_gqa"):
-            tracer._current = "scaled_dot_product_attention"
-            tracer.unsupported("scaled_dot_product_attention with enable_gqa")
-        tracer.record_sdpa(query, key, value, attn_mask, dropout_p, is_causal, out)
-        return out
-
-    functional.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        functional.scaled_dot_product_attention = original
-
-
-@contextlib.contextmanager
 def _checkpoints_as_regions(tracer):
     """While recording, torch.utils.checkpoint runs its function straight through, and the ops
     it records are marked as one checkpoint region (memest then schedules the region as
@@ -591,11 +618,12 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
     hooks = _ScopeHooks(m, tracer) if scopes else None
     loss_name = None
     grad = torch.enable_grad() if training else torch.no_grad()
-    with grad:
+    with grad, _trace_lifetimes.watching(tracer.life):
         if hooks:
             hooks.__enter__()
         try:
-            with _Recording(tracer), _sdpa_as_one_op(tracer), _checkpoints_as_regions(tracer):
+            with _Recording(tracer), _trace_fused.sdpa_as_one_op(tracer), \
+                    _trace_fused.recurrent_as_one_op(tracer), _checkpoints_as_regions(tracer):
                 out = m(*args)
         except UnsupportedOp:
             raise
@@ -625,6 +653,10 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
             loss_name = tracer._names.get(id(l))
             if loss_name is None or l.dim() != 0:
                 raise ValueError("the loss must be a scalar computed from the module's output")
+    outs = _trace_lifetimes.output_tensors(out)
+    tracer.output_names = [tracer._names[id(t)] for t in outs if id(t) in tracer._names]
+    tracer.recorded_ops = len(tracer.ops)
+    tracer.life.stop()  # what dies from here on dies with the trace, not in the module's code
     tracer.loss_name = loss_name
     tracer.module_copy = m
     return tracer
@@ -738,8 +770,7 @@ def _fuse_cross_entropy(ops, loss_name):
                 drop.add(j)
                 fused = dict(op)
                 fused["kind"] = "cross_entropy"
-                fused["inputs"] = [src["inputs"][0], op["inputs"][1]]
-                fused.pop("attrs", None)
+                fused["inputs"] = [src["inputs"][0], op["inputs"][1]]  # nll_loss's attrs stay
                 fused["_aten"] = f"{src['_aten']} + {op['_aten']}"
                 out.append((i, fused))
                 continue
@@ -768,7 +799,8 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
     ("checkpoints"): memest schedules them as checkpointed, and the estimate's checkpoint policy
     must then be left unset.
 
-    Returns a TracedModel (a dict): {"ops": {tensors, ops, loss, blocks, tracedBatch, checkpoints}}, with
+    Returns a TracedModel (a dict): {"ops": {tensors, ops, loss, blocks, tracedBatch, checkpoints,
+    held, outputs}}, with
     `.path` ("meta" or "real") and `.notes`. Raises UnsupportedOp for an op memest has no
     rule for."""
     inputs = list(example_inputs) if isinstance(example_inputs, (tuple, list)) else [example_inputs]
@@ -818,6 +850,8 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
     ops = _fuse_linear(ops, main._roles)
     ops = _fuse_cross_entropy(ops, main.loss_name)
     checkpoints = _checkpoint_regions(ops, main.region_reentrant)
+    held, outputs = _trace_lifetimes.held_and_outputs(ops, main.life, main.output_names,
+                                                      main.loss_name, main.recorded_ops)
     graph_ops = []
     for op in ops:
         o = {k: v for k, v in op.items() if not k.startswith("_")}
@@ -840,6 +874,10 @@ def trace(module, example_inputs, *, target=None, loss="cross_entropy", batch_di
         g["tracedBatch"] = batch
     if checkpoints:
         g["checkpoints"] = checkpoints
+    if held:
+        g["held"] = held
+    if outputs:
+        g["outputs"] = outputs
     result = TracedModel({"ops": g})
     result.path = path
     result.notes = tuple(notes)
