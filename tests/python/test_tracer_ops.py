@@ -141,7 +141,7 @@ def test_arange_with_a_step_is_recorded_where_it_is_read(tmp_path):
     estimate_both(model, 2, tmp_path)
 
 
-def test_a_mask_built_in_forward_from_zeros_is_a_constant(tmp_path):
+def test_a_mask_built_in_forward_from_zeros_is_a_tensor_of_the_forward(tmp_path):
     class Masked(nn.Module):  # Swin's shifted-window mask: x.new_zeros, then slices filled
         def forward(self, x):
             mask = x.new_zeros((4, 4))
@@ -150,9 +150,11 @@ def test_a_mask_built_in_forward_from_zeros_is_a_constant(tmp_path):
             return x + mask.masked_fill(mask != 0, -100.0)
 
     model = tracer.trace(Masked(), torch.randn(3, 4, 4), loss="sum")
-    assert kinds(model) == ["add", "sum"]
-    consts = [t for t in model["ops"]["tensors"] if t["name"].startswith("const.")]
-    assert [c["shape"] for c in consts] == [[4, 4]]
+    # made where add reads it (a fresh allocation of the forward), not a parameter-like buffer
+    assert kinds(model) == ["full", "add", "sum"]
+    (full,) = ops_of(model, "full")
+    assert attrs(full) == {"shape": [4, 4], "dtype": "float32"}
+    assert not [t for t in model["ops"]["tensors"] if t["name"].startswith("const.")]
     estimate_both(model, 3, tmp_path)
 
 
