@@ -7,6 +7,32 @@
 
 namespace memest {
 
+namespace {
+
+Status ValidateParallelism(const ParallelismConfig& p) {
+  if (p.data < 1 || p.data > kMaxDataParallel) {
+    return InvalidArgument("config.parallelism.data: must be in [1, " +
+                           std::to_string(kMaxDataParallel) + "], got " + std::to_string(p.data));
+  }
+  if (p.sharding == DataSharding::kNone && p.data > 1) {
+    return InvalidArgument("config.parallelism.data: " + std::to_string(p.data) +
+                           " ranks need a data-parallel strategy (ddp, zero1)");
+  }
+  if (p.bucket_cap_bytes < 0 || p.bucket_cap_bytes > kMaxBucketCapBytes) {
+    return InvalidArgument("config.parallelism.bucket_cap_mb: must be positive and at most 2^20 "
+                           "MiB, got " + std::to_string(p.bucket_cap_bytes) + " bytes");
+  }
+  if (p.sharding == DataSharding::kNone && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
+    return InvalidArgument(std::string("config.parallelism.") +
+                           (p.bucket_cap_bytes != 0 ? "bucket_cap_mb" : "gradient_as_bucket_view") +
+                           ": a DistributedDataParallel setting, and no data-parallel strategy "
+                           "is set");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ValidateRunConfig(const RunConfig& c) {
   if (c.batch_size <= 0) {
     return InvalidArgument("config.batch_size: must be positive, got " +
@@ -63,6 +89,7 @@ Status ValidateRunConfig(const RunConfig& c) {
                              "]: must name a module scope, got an empty name");
     }
   }
+  MEMEST_RETURN_IF_ERROR(ValidateParallelism(c.parallelism));
   MEMEST_RETURN_IF_ERROR(ValidateSettingsApply(c));
   return Status::Ok();
 }
@@ -83,6 +110,11 @@ Status ValidateSettingsApply(const RunConfig& c) {
     return InvalidArgument(
         "config.step: the first step is the one that creates the optimizer state, which "
         "inference does not have; leave it unset");
+  }
+  if (inference && c.parallelism.sharding != DataSharding::kNone) {
+    return InvalidArgument(
+        "config.parallelism: data parallelism splits a training step; an inference replica is "
+        "its own single-GPU estimate");
   }
   if (!c.checkpoint.scopes.empty() && c.checkpoint.policy != CheckpointPolicy::kScopes) {
     return InvalidArgument(std::string("config.checkpoint.scopes: apply to the scopes policy "
@@ -234,6 +266,15 @@ const char* ModuleLoadingName(ModuleLoading m) {
   switch (m) {
     case ModuleLoading::kLazy: return "lazy";
     case ModuleLoading::kEager: return "eager";
+  }
+  return "?";
+}
+
+const char* DataShardingName(DataSharding s) {
+  switch (s) {
+    case DataSharding::kNone: return "none";
+    case DataSharding::kDdp: return "ddp";
+    case DataSharding::kZero1: return "zero1";
   }
   return "?";
 }

@@ -104,6 +104,32 @@ enum class AttentionImpl {
 // (engine/devices.h, CudaContextBytes).
 enum class ModuleLoading { kLazy, kEager };
 
+// How data-parallel ranks hold the model states (docs/parallelism.md).
+enum class DataSharding {
+  kNone,   // one process, no data parallelism (parallelism.data must be 1)
+  kDdp,    // DistributedDataParallel: every rank holds the whole model, its gradients and its
+           // optimizer state, and DDP's gradient buckets (one more copy of the gradients)
+  kZero1,  // torch.distributed.optim.ZeroRedundancyOptimizer over DDP: each rank keeps the
+           // optimizer state of the whole parameters it owns (largest first, to the rank with
+           // the fewest elements so far); parameters and gradients stay whole
+};
+
+// The step as one rank of a multi-GPU job runs it. batch_size stays per rank.
+struct ParallelismConfig {
+  int64_t data = 1;  // data-parallel ranks (the world size of the data-parallel group)
+  DataSharding sharding = DataSharding::kNone;
+  // DistributedDataParallel(bucket_cap_mb=...) in bytes (int(mb * 2^20), as DDP computes it);
+  // 0: not given, PyTorch's 25 MiB, with a first bucket of 1 MiB.
+  int64_t bucket_cap_bytes = 0;
+  // DistributedDataParallel(gradient_as_bucket_view=True): .grad is a view into its bucket.
+  bool gradient_as_bucket_view = false;
+};
+
+// The most data-parallel ranks a request may name.
+constexpr int64_t kMaxDataParallel = int64_t{1} << 20;
+// The largest DDP bucket cap a request may name (1 TiB).
+constexpr int64_t kMaxBucketCapBytes = int64_t{1} << 40;
+
 struct RunConfig {
   Mode mode = Mode::kTraining;
   int64_t batch_size = 1;        // samples per optimizer step on this device
@@ -134,6 +160,7 @@ struct RunConfig {
   bool hold_outputs = true;
   AttentionImpl attention = AttentionImpl::kDefault;
   ModuleLoading module_loading = ModuleLoading::kLazy;  // the CUDA runtime only
+  ParallelismConfig parallelism;  // training only
 
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };
@@ -153,7 +180,8 @@ Status ValidateRunConfig(const RunConfig& config);
 // device (a GPU), a fused optimizer or a float16 precision (PyTorch 1.13 has no fused optimizer
 // for CPU tensors, its CPU autocast refuses float16, and addmm, relu, ... have no float16 CPU
 // kernel), or an attention implementation other than eager (1.13 has no
-// scaled_dot_product_attention). A bare capacity with the cpu-1.13 runtime is a host memory
+// scaled_dot_product_attention); and data parallelism in inference (each replica of an
+// inference job is its own estimate). A bare capacity with the cpu-1.13 runtime is a host memory
 // budget, and is accepted.
 // The optimizer and checkpoint in inference are refused where the request says they were set
 // (server/explicit_settings.h): the engine's defaults cannot tell an explicit AdamW from none.
@@ -177,6 +205,7 @@ const char* RuntimeName(Runtime r);
 const char* CpuIsaName(CpuIsa isa);
 const char* AttentionImplName(AttentionImpl a);
 const char* ModuleLoadingName(ModuleLoading m);
+const char* DataShardingName(DataSharding s);
 
 }  // namespace memest
 

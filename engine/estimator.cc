@@ -167,9 +167,11 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   if (config.mode == Mode::kTraining && step.graph->loss < 0) {
     return InvalidArgument("model: training needs a loss (a scalar to call backward on)");
   }
+  MEMEST_ASSIGN_OR_RETURN(step.rank, PlanDataParallel(*step.graph, config));
   MEMEST_ASSIGN_OR_RETURN(step.schedule,
                           BuildSchedule(*step.graph, config, step.regions,
-                                        {step.fixed.cublas_workspace_bytes, record_operands, budget}));
+                                        {step.fixed.cublas_workspace_bytes, record_operands, budget,
+                                         &step.rank}));
   MEMEST_ASSIGN_OR_RETURN(step.live,
                           WalkSchedule(step.schedule, *step.graph, config.expandable_segments,
                                        cpu ? Accounting::kExact : Accounting::kCachingAllocator));
@@ -205,6 +207,10 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
     r.fit = fit;
   }
   AddNotes(*step.graph, config, step.regions, step.device.has_value(), &r);
+  if (config.parallelism.sharding != DataSharding::kNone) {
+    r.data_parallel = DataParallelReportOf(step.rank);
+    AddDataParallelNotes(config, step.rank, &r);
+  }
   if (step.device && !step.device->cuda) {
     r.notes.push_back(step.device->name + " runs PyTorch through ROCm: estimated with its "
                       "capacity and the caching allocator's rules (shared with CUDA), with "

@@ -37,6 +37,7 @@ struct PlannedStep {
   std::optional<DeviceInfo> device;     // the device the config names, if any
   DeviceInfo fixed;                     // that device's fixed costs (a generic one's without)
   CheckpointRegions regions;
+  RankView rank;                        // the data-parallel rank estimated (world 1: none)
   Schedule schedule;
   Liveness live;
 };

@@ -16,6 +16,7 @@ const char* CategoryName(Category c) {
     case Category::kInputs: return "inputs";
     case Category::kKvCache: return "kv_cache";
     case Category::kWorkspace: return "workspace";
+    case Category::kCommunication: return "communication";
     case Category::kAllocatorOverhead: return "allocator_overhead";
     case Category::kCudaContext: return "cuda_context";
     case Category::kCount: break;

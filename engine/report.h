@@ -21,6 +21,8 @@ enum class Category : int {
   kInputs,             // the data batch
   kKvCache,            // inference: keys and values cached for generation
   kWorkspace,          // library workspace (cuBLAS), allocated through PyTorch's allocator
+  kCommunication,      // data-parallel buffers allocated through PyTorch's allocator (DDP's
+                       // gradient buckets)
   kAllocatorOverhead,  // reserved minus allocated: rounding, segment slack, cached blocks
   kCudaContext,        // the CUDA context and kernels: outside PyTorch's allocator
   kCount,
@@ -76,6 +78,14 @@ struct DeviceFit {
   int64_t headroom_bytes = 0;  // capacity - required (negative when it does not fit)
 };
 
+// One rank's view of a data-parallel step (engine/data_parallel.h), as the report shows it.
+struct DataParallelReport {
+  int64_t world = 1;
+  int64_t rank = 0;                    // the rank estimated: the one that holds the most
+  std::vector<int64_t> bucket_bytes;   // DDP's gradient buckets
+  std::vector<int64_t> owned_elements; // ZeRO-1: per rank, the elements its optimizer steps
+};
+
 struct Report {
   int64_t parameter_count = 0;
   int64_t trainable_parameter_count = 0;
@@ -99,6 +109,7 @@ struct Report {
   CategoryBytes end_of_step{};
   std::vector<Advice> advice;      // biggest saving first
   std::vector<std::string> notes;  // assumptions the estimate made
+  std::optional<DataParallelReport> data_parallel;  // with config.parallelism
 };
 
 }  // namespace memest

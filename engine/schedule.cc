@@ -88,8 +88,8 @@ class StepSimulator {
 
   StatusOr<Schedule> Run() {
     StartOfStep();
-    const int micro_batches = training_ && cfg_.grad_accum_steps > 1 ? 2 : 1;
-    for (int mb = 0; mb < micro_batches && !failed(); ++mb) {
+    micro_batches_ = training_ && cfg_.grad_accum_steps > 1 ? 2 : 1;
+    for (int mb = 0; mb < micro_batches_ && !failed(); ++mb) {
       mb_ = mb;
       RunMicroBatch();
     }
@@ -219,14 +219,19 @@ class StepSimulator {
       main_.pins[t] = 1;
     }
     if (!training_) return;
+    // DistributedDataParallel's gradient buckets: made with DDP, kept for its life.
+    if (opt_.rank != nullptr) {
+      for (const DdpBucket& b : opt_.rank->buckets) NewBuffer(b.bytes, Category::kCommunication);
+    }
     const bool steady = cfg_.step == StepKind::kSteadyState;
     const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
     for (size_t t = 0; t < g_.tensors.size(); ++t) {
       const Tensor& p = g_.tensors[t];
       if (p.role != TensorRole::kParameter || !p.requires_grad) continue;
-      if (steady || oc.state_at_init) AllocOptimizerState(p);
+      if ((steady || oc.state_at_init) && OptimizerOwns(t)) AllocOptimizerState(p);
       if (steady && !cfg_.zero_grad_set_to_none) {  // zero_grad() keeps zeroed grads
-        param_grad_[t] = NewBuffer(Bytes(p.shape, p.dtype), Category::kGradients);
+        param_grad_[t] = GradsInBuckets() ? kGradInBucket
+                                          : NewBuffer(Bytes(p.shape, p.dtype), Category::kGradients);
       }
     }
     if (steady && uses_cublas_) {  // the forward and the backward thread's handles, both cached
@@ -738,7 +743,7 @@ class StepSimulator {
         }
       }
       // A gradient bound for an empty .grad counts as a gradient from the start.
-      const bool to_grad = in.role == TensorRole::kParameter && param_grad_[op.inputs[k]] < 0 &&
+      const bool to_grad = in.role == TensorRole::kParameter && param_grad_[op.inputs[k]] == -1 &&
                            pending_[op.inputs[k]].grad < 0;
       flows.push_back({op.inputs[k],
                        NewGrad(Bytes(in.shape, in.dtype),
@@ -819,7 +824,7 @@ class StepSimulator {
                cfg_.runtime != Runtime::kCpuTorch113) {  // 1.13: always old_var + var
       Deref(grad);  // InputBuffer: old_var.add_(var) into the uniquely owned, dense one
     } else {
-      const bool param = IsGradLeaf(ten) && param_grad_[t] < 0;
+      const bool param = IsGradLeaf(ten) && param_grad_[t] == -1;
       const int sum = NewGrad(Bytes(ten.shape, ten.dtype),  // old_var + var
                               param ? Category::kGradients : Category::kTemporaries);
       Deref(p.grad);
@@ -847,7 +852,7 @@ class StepSimulator {
   // alive: the reference is never given back); otherwise .grad is a copy.
   void AccumulateGrad(int t, int grad, const Strides& strides, bool shared_handle) {
     const Tensor& p = g_.tensors[t];
-    if (param_grad_[t] >= 0) {  // .grad exists: added in place
+    if (param_grad_[t] != -1) {  // .grad exists (or is its bucket's view): added in place
       Deref(grad);
       return;
     }
@@ -855,11 +860,25 @@ class StepSimulator {
     if (!shared_handle && IsContiguous(p.shape, strides)) {  // stolen into .grad
       param_grad_[t] = gb.buffer;
       Retag(gb.buffer, Category::kGradients);  // a no-op when it was allocated as one
-      return;
+    } else {
+      param_grad_[t] = NewBuffer(Bytes(p.shape, p.dtype), Category::kGradients);  // a clone
+      Deref(grad);
     }
-    param_grad_[t] = NewBuffer(Bytes(p.shape, p.dtype), Category::kGradients);  // a clone
-    Deref(grad);
+    // DDP's hook (Reducer::mark_variable_ready_dense) copies the gradient into its bucket on
+    // the micro-batch that synchronizes (the last; the others run under no_sync()); with
+    // gradient_as_bucket_view .grad then becomes the bucket's view and autograd's tensor goes.
+    if (GradsInBuckets() && p.role == TensorRole::kParameter && SyncingMicroBatch()) {
+      FreeBuffer(param_grad_[t]);
+      param_grad_[t] = kGradInBucket;
+    }
   }
+
+  // ---- data parallelism (engine/data_parallel.h) ----
+  // param_grad_ of a parameter whose .grad is a view into its DDP bucket.
+  static constexpr int kGradInBucket = -2;
+  bool GradsInBuckets() const { return opt_.rank != nullptr && opt_.rank->grads_in_buckets; }
+  bool OptimizerOwns(int t) const { return opt_.rank == nullptr || opt_.rank->OptimizerOwns(t); }
+  bool SyncingMicroBatch() const { return mb_ == micro_batches_ - 1; }
 
   // ---- optimizer ----
   void OptimizerStep() {
@@ -868,7 +887,8 @@ class StepSimulator {
     std::vector<const Tensor*> params;
     for (size_t t = 0; t < g_.tensors.size(); ++t) {
       const Tensor& p = g_.tensors[t];
-      if (p.role == TensorRole::kParameter && p.requires_grad && param_grad_[t] >= 0) {
+      if (p.role == TensorRole::kParameter && p.requires_grad && param_grad_[t] != -1 &&
+          OptimizerOwns(static_cast<int>(t))) {
         params.push_back(&p);
       }
     }
@@ -977,6 +997,7 @@ class StepSimulator {
   Status status_;            // the first refusal: a sum past kMaxBytes, or the budget's
   int next_buffer_ = 0;
   int mb_ = 0;
+  int micro_batches_ = 1;  // simulated: the first and, with accumulation, a later one
   int workspaces_ = 0;
   bool uses_cublas_ = false;
   bool workspace_seen_ = false;

@@ -21,6 +21,7 @@
 
 #include "engine/budget.h"
 #include "engine/config.h"
+#include "engine/data_parallel.h"
 #include "engine/graph.h"
 #include "engine/report.h"
 
@@ -80,6 +81,7 @@ struct ScheduleOptions {
   int64_t cublas_workspace_bytes = 0;  // per cuBLAS handle; 0 for none
   bool record_operands = false;        // fill Schedule::operands (slower; for Validate)
   Budget* budget = nullptr;            // charged one op step per op context; null: unlimited
+  const RankView* rank = nullptr;      // one data-parallel rank's view; null: one GPU
 };
 
 // Regions for the config's checkpoint policy. Errors name "config.checkpoint" when a policy

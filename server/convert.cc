@@ -159,7 +159,8 @@ void CategoriesToProto(const CategoryBytes& bytes, v1::MemoryByCategory* out) {
   out->set_workspace(at(Category::kWorkspace));
   out->set_allocator_overhead(at(Category::kAllocatorOverhead));
   out->set_cuda_context(at(Category::kCudaContext));
-  static_assert(kNumCategories == 11, "a new Category needs a field in MemoryByCategory");
+  out->set_communication(at(Category::kCommunication));
+  static_assert(kNumCategories == 12, "a new Category needs a field in MemoryByCategory");
 }
 
 void PeakToProto(const PeakPoint& peak, v1::Peak* out) {
@@ -450,6 +451,9 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
                             ModuleLoadingFromProto(config.cuda_module_loading(),
                                                    "config.cuda_module_loading"));
   }
+  if (config.has_parallelism()) {
+    MEMEST_ASSIGN_OR_RETURN(out.parallelism, ParallelismFromProto(config.parallelism()));
+  }
   MEMEST_RETURN_IF_ERROR(CheckExplicitSettings(config));
   return out;
 }
@@ -494,6 +498,7 @@ void ReportToProto(const Report& report, v1::EstimateResponse* out) {
     a->set_scope(advice.scope);
   }
   for (const std::string& note : report.notes) out->add_notes(note);
+  if (report.data_parallel) DataParallelToProto(*report.data_parallel, out->mutable_data_parallel());
   out->set_parameter_count(Unsigned(report.parameter_count));
   out->set_trainable_parameter_count(Unsigned(report.trainable_parameter_count));
   out->set_micro_batch(Unsigned(report.micro_batch));

@@ -38,6 +38,11 @@ StatusOr<ModelSpec> ModelFromProto(const v1::Model& model);
 // ValidateRunConfig, which Estimate() runs; CheckExplicitSettings runs here.
 StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config);
 
+// config.parallelism: DATA_PARALLEL_UNSPECIFIED is DDP with more than one rank (or with a DDP
+// setting), none otherwise; bucket_cap_mb becomes bytes as DDP computes them.
+StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& parallelism);
+void DataParallelToProto(const DataParallelReport& report, v1::DataParallelRanks* out);
+
 // Everything Estimate() takes, converted from one request.
 struct EstimateInput {
   ModelSpec model;

@@ -9,18 +9,12 @@
 #include <utility>
 
 #include "client/cli/capacity.h"
+#include "client/cli/words.h"
 #include "client/cli/yaml_json.h"
 #include "engine/text.h"
 
 namespace memest::cli {
 namespace {
-
-// A word the user types and the enum value it stands for.
-template <typename Enum>
-struct Word {
-  const char* word;
-  Enum value;
-};
 
 const Word<v1::Mode> kModes[] = {
     {"training", v1::MODE_TRAINING},
@@ -82,26 +76,6 @@ const Word<v1::CheckpointPolicy> kCheckpoints[] = {
     {"attention", v1::CHECKPOINT_POLICY_ATTENTION_CORE},
     {"scopes", v1::CHECKPOINT_POLICY_SCOPES},
 };
-
-template <typename Enum, size_t N>
-std::string WordList(const Word<Enum> (&words)[N]) {
-  std::string out;
-  for (size_t i = 0; i < N; ++i) {
-    if (i > 0) out += ", ";
-    out += words[i].word;
-  }
-  return out;
-}
-
-template <typename Enum, size_t N>
-StatusOr<Enum> ParseWord(const std::string& flag, const std::string& text,
-                         const Word<Enum> (&words)[N]) {
-  for (const Word<Enum>& w : words) {
-    if (text == w.word) return w.value;
-  }
-  return InvalidArgument(flag + ": unknown value \"" + Escape(text) + "\"; expected one of " +
-                         WordList(words));
-}
 
 // "seq=2048" into the preset's parameter map.
 Status AddPresetParam(const std::string& text, v1::Preset* preset) {
@@ -216,7 +190,7 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
         ParseWord("--cuda-module-loading", flags.cuda_module_loading, kModuleLoadings));
     config->set_cuda_module_loading(m);
   }
-  return Status::Ok();
+  return ApplyParallelismFlags(flags.parallel, config);
 }
 
 }  // namespace
@@ -310,6 +284,7 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
                   "(a larger CUDA context)")
       ->group(run);
   app->add_flag("--no-advice", f->no_advice, "skip the advice (faster)")->group(run);
+  AddParallelismFlags(app, &f->parallel);
 
   const char* device = "Device";
   app->add_option("--device", f->device, "GPU from the catalog (see `memest devices`)")

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "client/cli/parallel_flags.h"
 #include "engine/status.h"
 #include "memest/v1/memest.pb.h"
 
@@ -59,6 +60,7 @@ struct EstimateFlags {
   std::string cpu_isa;              // avx512 | avx2 (cpu-1.13 only)
   std::string attention;            // eager | sdpa | flash | mem-efficient | cudnn (HF names too)
   std::string cuda_module_loading;  // lazy | eager
+  ParallelismFlags parallel;
   bool no_advice = false;
 };
 

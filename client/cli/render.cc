@@ -32,6 +32,7 @@ const CategoryField kCategories[] = {
     {"inputs", &v1::MemoryByCategory::inputs},
     {"kv_cache", &v1::MemoryByCategory::kv_cache},
     {"workspace", &v1::MemoryByCategory::workspace},
+    {"communication", &v1::MemoryByCategory::communication},
     {"allocator_overhead", &v1::MemoryByCategory::allocator_overhead},
     {"cuda_context", &v1::MemoryByCategory::cuda_context},
 };

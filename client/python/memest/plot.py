@@ -13,6 +13,7 @@ COLORS = {
     "inputs": "#8c564b",
     "kv_cache": "#17becf",
     "workspace": "#bcbd22",
+    "communication": "#aec7e8",
     "allocator_overhead": "#c7c7c7",
     "cuda_context": "#7f7f7f",
 }

@@ -46,6 +46,7 @@ ATTENTIONS = {
     "cudnn": v1.ATTENTION_CUDNN,
 }
 MODULE_LOADINGS = {"lazy": v1.CUDA_MODULE_LOADING_LAZY, "eager": v1.CUDA_MODULE_LOADING_EAGER}
+DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1}
 OPTIMIZER_IMPLS = {
     "for-loop": v1.OPTIMIZER_IMPL_FOR_LOOP,
     "foreach": v1.OPTIMIZER_IMPL_FOREACH,
@@ -157,7 +158,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   first_step=False, device=None,
                   capacity_bytes=None, generate_tokens=None, expandable_segments=False,
                   runtime=None, cpu_isa=None, hold_outputs=None, attention=None,
-                  cuda_module_loading=None, advice=True):
+                  cuda_module_loading=None, data_parallel=None, dp_strategy=None,
+                  bucket_cap_mb=None, gradient_as_bucket_view=False, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
     config = request.config
@@ -209,5 +211,13 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
     if cuda_module_loading is not None:
         config.cuda_module_loading = _word("cuda_module_loading", cuda_module_loading,
                                            MODULE_LOADINGS)
+    if data_parallel is not None:
+        _assign(config.parallelism, "data", data_parallel, "data_parallel")
+    if dp_strategy is not None:
+        config.parallelism.data_parallel = _word("dp_strategy", dp_strategy, DP_STRATEGIES)
+    if bucket_cap_mb is not None:
+        _assign(config.parallelism, "bucket_cap_mb", bucket_cap_mb, "bucket_cap_mb")
+    if gradient_as_bucket_view:
+        config.parallelism.gradient_as_bucket_view = True
     request.skip_advice = not advice
     return request

@@ -12,8 +12,8 @@ from typing import List, Optional
 from memest import v1
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "master_and_casts", "activations",
-              "temporaries", "inputs", "kv_cache", "workspace", "allocator_overhead",
-              "cuda_context")
+              "temporaries", "inputs", "kv_cache", "workspace", "communication",
+              "allocator_overhead", "cuda_context")
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -58,6 +58,7 @@ class MemoryByCategory:
     inputs: int = 0
     kv_cache: int = 0
     workspace: int = 0
+    communication: int = 0
     allocator_overhead: int = 0
     cuda_context: int = 0
 
@@ -151,6 +152,24 @@ class Advice:
     from_proto = classmethod(_from_same_named_fields)
 
 
+@dataclasses.dataclass(frozen=True)
+class DataParallelRanks:
+    """A data-parallel estimate's ranks: `rank` of `world` is the one estimated (the one that
+    holds the most); bucket_bytes are DDP's gradient buckets; owned_elements, under ZeRO-1, the
+    parameter elements each rank's optimizer steps."""
+
+    world: int
+    rank: int
+    bucket_bytes: List[int]
+    owned_elements: List[int]
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(world=message.world, rank=message.rank,
+                   bucket_bytes=list(message.bucket_bytes),
+                   owned_elements=list(message.owned_elements))
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class Estimate:
     """The answer to one estimate (EstimateResponse), with tables and a plot.
@@ -159,6 +178,7 @@ class Estimate:
     included, so breakdown.total == peak_reserved_bytes + breakdown.cuda_context.
     peak: the largest allocated moment; phases: one Peak per phase that ran, in order.
     fit: None unless the request named a device or a capacity.
+    data_parallel: None unless the request named data parallelism.
     """
 
     breakdown: MemoryByCategory
@@ -175,6 +195,7 @@ class Estimate:
     op_count: int
     saved_for_backward_bytes: int
     end_of_step: MemoryByCategory
+    data_parallel: Optional[DataParallelRanks] = None
     label: str = ""
     response: Optional[v1.EstimateResponse] = dataclasses.field(default=None, compare=False)
 
@@ -195,6 +216,8 @@ class Estimate:
             op_count=response.op_count,
             saved_for_backward_bytes=response.saved_for_backward_bytes,
             end_of_step=MemoryByCategory.from_proto(response.end_of_step),
+            data_parallel=(DataParallelRanks.from_proto(response.data_parallel)
+                           if response.HasField("data_parallel") else None),
             label=label,
             response=response,
         )

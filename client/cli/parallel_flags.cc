@@ -1,0 +1,48 @@
+#include "client/cli/parallel_flags.h"
+
+#include "client/cli/words.h"
+
+namespace memest::cli {
+namespace {
+
+const Word<v1::DataParallel> kStrategies[] = {
+    {"ddp", v1::DATA_PARALLEL_DDP},
+    {"zero1", v1::DATA_PARALLEL_ZERO1},
+};
+
+}  // namespace
+
+void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
+  const char* group = "Parallelism (one rank's view)";
+  app->add_option("--data-parallel", f->data,
+                  "data-parallel ranks (batch stays per rank); the estimate is the rank that "
+                  "holds the most")
+      ->group(group)->type_name("N");
+  app->add_option("--dp-strategy", f->strategy,
+                  "ddp (DistributedDataParallel, the default with --data-parallel) or zero1 "
+                  "(ZeroRedundancyOptimizer over DDP)")
+      ->group(group);
+  app->add_option("--bucket-cap-mb", f->bucket_cap_mb,
+                  "DDP's bucket_cap_mb (default 25, with a 1 MiB first bucket)")
+      ->group(group)->type_name("MIB");
+  app->add_flag("--gradient-as-bucket-view", f->gradient_as_bucket_view,
+                "DDP's gradient_as_bucket_view=True: .grad is a view into its bucket")
+      ->group(group);
+}
+
+Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
+  if (!f.data && f.strategy.empty() && !f.bucket_cap_mb && !f.gradient_as_bucket_view) {
+    return Status::Ok();
+  }
+  v1::Parallelism* p = config->mutable_parallelism();
+  if (f.data) p->set_data(*f.data);
+  if (!f.strategy.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::DataParallel s, ParseWord("--dp-strategy", f.strategy, kStrategies));
+    p->set_data_parallel(s);
+  }
+  if (f.bucket_cap_mb) p->set_bucket_cap_mb(*f.bucket_cap_mb);
+  p->set_gradient_as_bucket_view(f.gradient_as_bucket_view);
+  return Status::Ok();
+}
+
+}  // namespace memest::cli

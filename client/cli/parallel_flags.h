@@ -1,0 +1,31 @@
+// The flags of a multi-GPU run (`--data-parallel 8 --dp-strategy zero1`): config.parallelism.
+#ifndef MEMEST_CLIENT_CLI_PARALLEL_FLAGS_H_
+#define MEMEST_CLIENT_CLI_PARALLEL_FLAGS_H_
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "engine/status.h"
+#include "memest/v1/memest.pb.h"
+
+namespace memest::cli {
+
+struct ParallelismFlags {
+  std::optional<int64_t> data;          // data-parallel ranks
+  std::string strategy;                 // ddp | zero1
+  std::optional<double> bucket_cap_mb;  // DistributedDataParallel(bucket_cap_mb=...)
+  bool gradient_as_bucket_view = false;
+};
+
+void AddParallelismFlags(CLI::App* app, ParallelismFlags* flags);
+
+// Sets config.parallelism from the flags given (none: left unset). An unknown strategy is
+// INVALID_ARGUMENT naming the flag; ranges are the engine's to judge.
+Status ApplyParallelismFlags(const ParallelismFlags& flags, v1::RunConfig* config);
+
+}  // namespace memest::cli
+
+#endif  // MEMEST_CLIENT_CLI_PARALLEL_FLAGS_H_

@@ -1,0 +1,198 @@
+#include "engine/data_parallel.h"
+
+#include <algorithm>
+#include <functional>
+#include <queue>
+#include <utility>
+
+#include "engine/shape.h"
+
+namespace memest {
+namespace {
+
+// DistributedDataParallel's _DEFAULT_FIRST_BUCKET_BYTES; its default bucket_cap_mb is 25.
+constexpr int64_t kFirstBucketBytes = int64_t{1} << 20;
+constexpr int64_t kDefaultBucketCapBytes = int64_t{25} << 20;
+
+bool Trainable(const Tensor& t) { return t.role == TensorRole::kParameter && t.requires_grad; }
+
+// compute_bucket_assignment_by_size: per dtype, append each tensor to its dtype's open bucket;
+// once the bucket's bytes reach the current limit it closes and that dtype moves to the next
+// limit (the last one repeats). A bucket can pass its limit by one whole parameter; parameters
+// are never split. Buckets come out as they close, then the ones left open.
+std::vector<DdpBucket> AssignBuckets(const Graph& g, const std::vector<int>& order,
+                                     const std::vector<int64_t>& limits) {
+  std::vector<DdpBucket> done;
+  std::vector<std::pair<DdpBucket, size_t>> open;  // per dtype: the bucket, its limit's index
+  for (int t : order) {
+    const Tensor& p = g.tensors[t];
+    size_t k = 0;
+    while (k < open.size() && open[k].first.dtype != p.dtype) ++k;
+    if (k == open.size()) open.push_back({DdpBucket{p.dtype, 0, {}}, 0});
+    DdpBucket& b = open[k].first;
+    b.params.push_back(t);
+    // Parameters are model states, whose sum the graph's builder has checked.
+    b.bytes += Bytes(p.shape, p.dtype);
+    if (b.bytes >= limits[open[k].second]) {
+      done.push_back(std::move(b));
+      b = DdpBucket{p.dtype, 0, {}};
+      open[k].second = std::min(open[k].second + 1, limits.size() - 1);
+    }
+  }
+  for (auto& [b, limit] : open) {
+    if (!b.params.empty()) done.push_back(std::move(b));
+  }
+  return done;
+}
+
+}  // namespace
+
+int64_t RankView::BucketBytes() const {
+  int64_t total = 0;
+  for (const DdpBucket& b : buckets) {
+    if (!AddBytes(&total, b.bytes)) return kMaxBytes;
+  }
+  return total;
+}
+
+std::vector<int> GradReadyOrder(const Graph& g) {
+  std::vector<int> first_reader(g.tensors.size(), -1);
+  for (size_t i = g.ops.size(); i-- > 0;) {
+    for (int t : g.ops[i].inputs) first_reader[t] = static_cast<int>(i);
+  }
+  std::vector<int> order;
+  std::vector<char> placed(g.tensors.size(), 0);
+  for (size_t i = g.ops.size(); i-- > 0;) {
+    const std::vector<int>& in = g.ops[i].inputs;
+    for (auto it = in.rbegin(); it != in.rend(); ++it) {
+      const int t = *it;
+      if (!placed[t] && Trainable(g.tensors[t]) && first_reader[t] == static_cast<int>(i)) {
+        placed[t] = 1;
+        order.push_back(t);
+      }
+    }
+  }
+  for (size_t t = 0; t < g.tensors.size(); ++t) {
+    if (!placed[t] && Trainable(g.tensors[t])) order.push_back(static_cast<int>(t));
+  }
+  return order;
+}
+
+std::vector<int64_t> PartitionLargestFirst(const Graph& g, const std::vector<int>& params,
+                                           int64_t world) {
+  std::vector<size_t> by_size(params.size());
+  for (size_t k = 0; k < by_size.size(); ++k) by_size[k] = k;
+  std::stable_sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) {
+    return Numel(g.tensors[params[a]].shape) > Numel(g.tensors[params[b]].shape);
+  });
+  // The ranks that own something, by (elements, rank); the ranks not used yet own nothing and
+  // come in order, so the least loaded rank is the lower of the heap's top and the next unused.
+  using Load = std::pair<int64_t, int64_t>;
+  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> used;
+  int64_t next_unused = 0;
+  std::vector<int64_t> rank_of(params.size(), 0);
+  for (size_t k : by_size) {
+    Load least;
+    if (next_unused < world && (used.empty() || used.top().first > 0 ||
+                                used.top().second > next_unused)) {
+      least = {0, next_unused++};
+    } else {
+      least = used.top();
+      used.pop();
+    }
+    rank_of[k] = least.second;
+    // Element counts are below 2^62 each and there are fewer than 2^31 parameters.
+    least.first += Numel(g.tensors[params[k]].shape);
+    used.push(least);
+  }
+  return rank_of;
+}
+
+StatusOr<RankView> PlanDataParallel(const Graph& g, const RunConfig& c) {
+  RankView view;
+  const ParallelismConfig& p = c.parallelism;
+  if (p.sharding == DataSharding::kNone || c.mode != Mode::kTraining) return view;
+  view.world = p.data;
+  view.grads_in_buckets = p.gradient_as_bucket_view;
+
+  const std::vector<int> ready = GradReadyOrder(g);
+  if (c.step == StepKind::kFirstStep) {
+    // Construction: parameters in reverse definition order, one bucket per dtype.
+    std::vector<int> defined;
+    for (size_t t = g.tensors.size(); t-- > 0;) {
+      if (Trainable(g.tensors[t])) defined.push_back(static_cast<int>(t));
+    }
+    view.buckets = AssignBuckets(g, defined, {kMaxBytes});
+  } else {
+    const int64_t cap = p.bucket_cap_bytes > 0 ? p.bucket_cap_bytes : kDefaultBucketCapBytes;
+    // PyTorch 2.4+ (pytorch/pytorch#121640): a bucket_cap_mb the caller gives sizes the first
+    // bucket too; 1.13 always starts with 1 MiB.
+    const bool first_is_cap = p.bucket_cap_bytes > 0 && c.runtime == Runtime::kCuda;
+    view.buckets = AssignBuckets(g, ready, {first_is_cap ? cap : kFirstBucketBytes, cap});
+  }
+
+  if (p.sharding == DataSharding::kZero1) {
+    std::vector<int> params;  // model.parameters() order
+    for (size_t t = 0; t < g.tensors.size(); ++t) {
+      if (Trainable(g.tensors[t])) params.push_back(static_cast<int>(t));
+    }
+    const std::vector<int64_t> rank_of = PartitionLargestFirst(g, params, p.data);
+    view.owned_elements.assign(std::min<int64_t>(p.data, std::max<size_t>(params.size(), 1)), 0);
+    for (size_t k = 0; k < params.size(); ++k) {
+      view.owned_elements[rank_of[k]] += Numel(g.tensors[params[k]].shape);
+    }
+    view.rank = std::max_element(view.owned_elements.begin(), view.owned_elements.end()) -
+                view.owned_elements.begin();
+    view.optimizer_owns.assign(g.tensors.size(), 0);
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (rank_of[k] == view.rank) view.optimizer_owns[params[k]] = 1;
+    }
+  }
+  return view;
+}
+
+DataParallelReport DataParallelReportOf(const RankView& view) {
+  DataParallelReport r;
+  r.world = view.world;
+  r.rank = view.rank;
+  for (const DdpBucket& b : view.buckets) r.bucket_bytes.push_back(b.bytes);
+  r.owned_elements = view.owned_elements;
+  return r;
+}
+
+void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
+  const ParallelismConfig& p = c.parallelism;
+  std::string ddp = "DistributedDataParallel over " + std::to_string(view.world) +
+                    " ranks: " + std::to_string(view.buckets.size()) + " gradient buckets (" +
+                    FormatBytes(view.BucketBytes()) + "), made with DDP and kept";
+  if (c.step == StepKind::kFirstStep) {
+    ddp += "; the first iteration's layout (one bucket per dtype), rebuilt before the second";
+  }
+  ddp += p.gradient_as_bucket_view
+             ? "; gradient_as_bucket_view: .grad is the bucket's view, autograd's gradient goes "
+               "once copied"
+             : "; .grad stays a tensor of its own beside its bucket's copy";
+  if (c.grad_accum_steps > 1) {
+    ddp += "; micro-batches before the last run under no_sync()";
+  }
+  r->notes.push_back(ddp);
+  if (p.sharding == DataSharding::kZero1) {
+    int64_t total = 0;
+    int64_t least = view.owned_elements.empty() ? 0 : view.owned_elements[0];
+    for (int64_t e : view.owned_elements) {
+      total += e;  // parameter elements: below 2^62 in all
+      least = std::min(least, e);
+    }
+    if (static_cast<int64_t>(view.owned_elements.size()) < view.world) least = 0;
+    r->notes.push_back(
+        "ZeroRedundancyOptimizer: rank " + std::to_string(view.rank) + ", estimated here, " +
+        "steps " + std::to_string(view.owned_elements.empty() ? 0 : view.owned_elements[view.rank]) +
+        " of " + std::to_string(total) + " parameter elements (the least loaded rank " +
+        std::to_string(least) + "); parameters and gradients stay whole on every rank");
+  }
+  if (c.runtime == Runtime::kCuda) {
+    r->notes.push_back("NCCL's own buffers (outside PyTorch's allocator) are not counted");
+  }
+}
+
+}  // namespace memest

@@ -1,0 +1,54 @@
+// config.parallelism <-> engine/config.h's ParallelismConfig, and the data-parallel ranks of a
+// report.
+#include <cmath>
+#include <string>
+
+#include "server/convert.h"
+
+namespace memest {
+
+StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
+  ParallelismConfig out;
+  out.data = p.data() == 0 ? 1 : p.data();  // the engine refuses a negative count, naming it
+  switch (p.data_parallel()) {
+    case v1::DATA_PARALLEL_UNSPECIFIED:
+      out.sharding = out.data > 1 ? DataSharding::kDdp : DataSharding::kNone;
+      break;
+    case v1::DATA_PARALLEL_DDP:
+      out.sharding = DataSharding::kDdp;
+      break;
+    case v1::DATA_PARALLEL_ZERO1:
+      out.sharding = DataSharding::kZero1;
+      break;
+    default:
+      return InvalidArgument("config.parallelism.data_parallel: unknown value " +
+                             std::to_string(p.data_parallel()));
+  }
+  if (p.has_bucket_cap_mb()) {
+    const double mb = p.bucket_cap_mb();
+    if (!std::isfinite(mb) || mb <= 0 || mb > double(kMaxBucketCapBytes >> 20)) {
+      return InvalidArgument("config.parallelism.bucket_cap_mb: must be positive and at most "
+                             "2^20 (MiB), got " + std::to_string(mb));
+    }
+    out.bucket_cap_bytes = static_cast<int64_t>(mb * 1024 * 1024);  // int(), as DDP does
+    if (out.bucket_cap_bytes == 0) {
+      return InvalidArgument("config.parallelism.bucket_cap_mb: " + std::to_string(mb) +
+                             " MiB is less than one byte");
+    }
+    if (out.sharding == DataSharding::kNone) out.sharding = DataSharding::kDdp;
+  }
+  out.gradient_as_bucket_view = p.gradient_as_bucket_view();
+  if (out.gradient_as_bucket_view && out.sharding == DataSharding::kNone) {
+    out.sharding = DataSharding::kDdp;  // DDP on one GPU: its buckets exist all the same
+  }
+  return out;
+}
+
+void DataParallelToProto(const DataParallelReport& r, v1::DataParallelRanks* out) {
+  out->set_world(r.world);
+  out->set_rank(r.rank);
+  for (int64_t b : r.bucket_bytes) out->add_bucket_bytes(static_cast<uint64_t>(b));
+  for (int64_t e : r.owned_elements) out->add_owned_elements(static_cast<uint64_t>(e));
+}
+
+}  // namespace memest
