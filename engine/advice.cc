@@ -287,6 +287,16 @@ StatusOr<std::vector<Advice>> MakeAdvice(const ModelSpec& model, const Graph& gr
                    OptimizerKindName(config.optimizer.kind),
                0, ""});
     }
+    if (config.parallelism.sharding != DataSharding::kNone &&
+        !config.parallelism.gradient_as_bucket_view) {
+      RunConfig alt = config;
+      alt.parallelism.gradient_as_bucket_view = true;
+      measure(EstimateGraph(graph, alt, quiet),
+              {"ddp_buckets",
+               "DistributedDataParallel keeps a copy of every gradient in its buckets; pass "
+               "gradient_as_bucket_view=True and .grad becomes the bucket's view",
+               0, ""});
+    }
     if (config.precision == Precision::kFp32) {
       RunConfig alt = config;
       alt.precision = Precision::kBf16Amp;

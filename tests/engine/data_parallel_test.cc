@@ -164,3 +164,36 @@ TEST(DataParallelTest, SettingsThatMakeNoSenseAreRefused) {
 
 }  // namespace
 }  // namespace memest
+
+namespace memest {
+namespace {
+
+// A DDP estimate's report names the rank and the buckets, and its advice measures
+// gradient_as_bucket_view.
+TEST(DataParallelTest, EstimateReportsTheRankAndAdvisesBucketViews) {
+  ModelSpec model;
+  model.source = PresetSpec{"gpt2-small", {{"layers", 2}, {"seq", 128}}};
+  RunConfig c;
+  c.batch_size = 2;
+  c.parallelism.data = 4;
+  c.parallelism.sharding = DataSharding::kDdp;
+  const Report r = Estimate(model, c).value();
+  ASSERT_TRUE(r.data_parallel.has_value());
+  EXPECT_EQ(r.data_parallel->world, 4);
+  EXPECT_EQ(r.data_parallel->rank, 0);
+  int64_t buckets = 0;
+  for (int64_t b : r.data_parallel->bucket_bytes) buckets += b;
+  EXPECT_EQ(buckets, r.trainable_parameter_count * 4);  // float32 parameters
+  bool advised = false;
+  for (const Advice& a : r.advice) {
+    if (a.kind != "ddp_buckets") continue;
+    advised = true;
+    EXPECT_GE(a.saving_bytes, buckets / 2);
+  }
+  EXPECT_TRUE(advised);
+  c.parallelism = ParallelismConfig{};
+  EXPECT_FALSE(Estimate(model, c).value().data_parallel.has_value());
+}
+
+}  // namespace
+}  // namespace memest

@@ -18,7 +18,7 @@ def test_format_bytes():
 
 def test_categories_dataframe(gpt2):
     frame = gpt2.to_dataframe()
-    assert frame.shape == (11, 2)
+    assert frame.shape == (len(CATEGORIES), 2)
     assert list(frame.index) == list(CATEGORIES)
     assert list(frame.columns) == ["bytes", "share"]
     assert frame["bytes"].sum() == gpt2.breakdown.total

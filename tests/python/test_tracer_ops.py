@@ -196,3 +196,25 @@ def test_torchvision_models_trace_and_estimate(name, resolution, tmp_path):
     model = tracer.trace(module, torch.randn(2, 3, resolution, resolution))
     assert model["ops"]["tracedBatch"] == 2
     estimate_both(model, 3, tmp_path)
+
+
+def test_autograd_copy_of_an_in_place_input_is_left_to_the_rule(tmp_path):
+    """silu_ on a tensor that requires grad: autograd's own original_self = self.clone() is not
+    an op of the graph (the in-place rule keeps that copy); a clone the module asks for is."""
+    class InPlace(nn.Module):
+        def __init__(self, explicit):
+            super().__init__()
+            self.b = nn.Parameter(torch.zeros(16))
+            self.explicit = explicit
+
+        def forward(self, x):
+            h = x + self.b
+            kept = h.clone() if self.explicit else None
+            out = F.silu(h, inplace=True)
+            return out + kept if kept is not None else out
+
+    model = tracer.trace(InPlace(False), torch.randn(4, 8, 16), loss="sum")
+    assert kinds(model) == ["add", "silu", "sum"]
+    model = tracer.trace(InPlace(True), torch.randn(4, 8, 16), loss="sum")
+    assert kinds(model) == ["add", "clone", "silu", "add", "sum"]
+    estimate_both(model, 4, tmp_path)

@@ -119,6 +119,22 @@ std::vector<BadInput> EnumRows() {
        Undefined([](C* c, int v) {
          c->set_cuda_module_loading(static_cast<v1::CudaModuleLoading>(v));
        })},
+      {"DataParallelNegative", Gpt2("parallelism { data: -4 }"), kInvalid,
+       "config.parallelism.data"},
+      {"DataParallelPastTheLimit", Gpt2("parallelism { data: 1048577 }"), kInvalid,
+       "config.parallelism.data"},
+      {"DataParallelUndefined", Gpt2("parallelism { data: 2 }"), kInvalid,
+       "config.parallelism.data_parallel", Undefined([](C* c, int v) {
+         c->mutable_parallelism()->set_data_parallel(static_cast<v1::DataParallel>(v));
+       })},
+      {"BucketCapZero", Gpt2("parallelism { data: 2 bucket_cap_mb: 0 }"), kInvalid,
+       "config.parallelism.bucket_cap_mb"},
+      {"BucketCapNaN", Gpt2("parallelism { data: 2 bucket_cap_mb: nan }"), kInvalid,
+       "config.parallelism.bucket_cap_mb"},
+      {"BucketCapPastTheLimit", Gpt2("parallelism { data: 2 bucket_cap_mb: 1e12 }"), kInvalid,
+       "config.parallelism.bucket_cap_mb"},
+      {"DataParallelInInference", Infer(kGpt2, "parallelism { data: 2 }"), kInvalid,
+       "config.parallelism"},
       {"ModuleLoadingOnCpu113",
        Gpt2("runtime: RUNTIME_CPU_TORCH_1_13 cuda_module_loading: CUDA_MODULE_LOADING_EAGER"),
        kInvalid, "config.cuda_module_loading"},

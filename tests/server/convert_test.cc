@@ -86,6 +86,36 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   EXPECT_FALSE(config->hold_outputs);
 }
 
+TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
+  v1::RunConfig proto;
+  proto.set_batch_size(1);
+  EXPECT_EQ(RunConfigFromProto(proto)->parallelism.sharding, DataSharding::kNone);
+  proto.mutable_parallelism()->set_data(8);
+  StatusOr<RunConfig> ddp = RunConfigFromProto(proto);
+  ASSERT_TRUE(ddp.ok()) << ddp.status().ToString();
+  EXPECT_EQ(ddp->parallelism.data, 8);
+  EXPECT_EQ(ddp->parallelism.sharding, DataSharding::kDdp);  // unset with 8 ranks: DDP
+  proto.mutable_parallelism()->set_data_parallel(v1::DATA_PARALLEL_ZERO1);
+  proto.mutable_parallelism()->set_bucket_cap_mb(2.5);
+  proto.mutable_parallelism()->set_gradient_as_bucket_view(true);
+  StatusOr<RunConfig> zero = RunConfigFromProto(proto);
+  ASSERT_TRUE(zero.ok()) << zero.status().ToString();
+  EXPECT_EQ(zero->parallelism.sharding, DataSharding::kZero1);
+  EXPECT_EQ(zero->parallelism.bucket_cap_bytes, 2621440);  // int(2.5 * 1024 * 1024)
+  EXPECT_TRUE(zero->parallelism.gradient_as_bucket_view);
+  for (double bad : {0.0, -1.0, 1e-9, 1e300}) {
+    proto.mutable_parallelism()->set_bucket_cap_mb(bad);
+    StatusOr<RunConfig> refused = RunConfigFromProto(proto);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("config.parallelism.bucket_cap_mb"),
+              std::string::npos);
+  }
+  proto.mutable_parallelism()->clear_bucket_cap_mb();
+  proto.mutable_parallelism()->set_data_parallel(static_cast<v1::DataParallel>(77));
+  EXPECT_NE(RunConfigFromProto(proto).status().message().find("config.parallelism.data_parallel"),
+            std::string::npos);
+}
+
 TEST(RunConfigFromProtoTest, AttentionAndModuleLoadingAreCarried) {
   v1::RunConfig proto;
   proto.set_batch_size(1);
@@ -353,6 +383,7 @@ TEST(ReportToProtoTest, EveryFieldIsCarried) {
   report.fit = DeviceFit{"h100-80gb", 80, 90, false, -10};
   report.advice.push_back({"checkpoint", "Checkpoint every block.", 123, "h"});
   report.notes.push_back("a note");
+  report.data_parallel = DataParallelReport{8, 3, {1 << 20, 5 << 20}, {7, 9}};
 
   v1::EstimateResponse out;
   ReportToProto(report, &out);
@@ -370,8 +401,9 @@ TEST(ReportToProtoTest, EveryFieldIsCarried) {
   EXPECT_EQ(b.inputs(), 106u);
   EXPECT_EQ(b.kv_cache(), 107u);
   EXPECT_EQ(b.workspace(), 108u);
-  EXPECT_EQ(b.allocator_overhead(), 109u);
-  EXPECT_EQ(b.cuda_context(), 110u);
+  EXPECT_EQ(b.communication(), 109u);
+  EXPECT_EQ(b.allocator_overhead(), 110u);
+  EXPECT_EQ(b.cuda_context(), 111u);
   EXPECT_EQ(out.peak().phase(), v1::PHASE_BACKWARD);
   EXPECT_EQ(out.peak().allocated_bytes(), 1000u);
   EXPECT_EQ(out.peak().reserved_bytes(), 2000u);
@@ -398,6 +430,12 @@ TEST(ReportToProtoTest, EveryFieldIsCarried) {
   EXPECT_EQ(out.advice(0).kind(), "checkpoint");
   EXPECT_EQ(out.advice(0).saving_bytes(), 123u);
   EXPECT_EQ(out.advice(0).scope(), "h");
+  ASSERT_TRUE(out.has_data_parallel());
+  EXPECT_EQ(out.data_parallel().world(), 8);
+  EXPECT_EQ(out.data_parallel().rank(), 3);
+  EXPECT_EQ(out.data_parallel().bucket_bytes_size(), 2);
+  EXPECT_EQ(out.data_parallel().bucket_bytes(1), 5u << 20);
+  EXPECT_EQ(out.data_parallel().owned_elements(1), 9u);
   ASSERT_EQ(out.notes_size(), 1);
 
   report.fit.reset();

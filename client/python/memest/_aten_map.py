@@ -195,6 +195,17 @@ def _clone(tr, args, kwargs, out):
     if fmt == torch.contiguous_format and not x.is_contiguous():
         tr.emit("contiguous", [x], [out], {})
     elif fmt in (None, torch.preserve_format, torch.contiguous_format):
+        if getattr(tr, "user_clone", 1) == 0:
+            # No Python code asked for it: autograd's copy of an in-place op's input, which the
+            # op's rule keeps already (_trace_clones.py). Recorded only if an op reads it.
+            name, shape = tr.fresh_name("clone"), (list(out.shape), out.dtype)
+            src = tr._names.get(id(x)) or x  # its name where it has one: nothing kept alive
+
+            def record():
+                tr.emit("clone", [src], [name], {}, out_shapes={name: shape})
+                return name
+            tr.defer(out, record)
+            return
         tr.emit("clone", [x], [out], {})
     else:
         tr.unsupported("clone to %s" % fmt)

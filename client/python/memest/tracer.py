@@ -53,11 +53,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memest.model_json import attr_value
 
 try:
-    from . import _aten_map, _trace_fused, _trace_lifetimes, _trace_random
+    from . import _aten_map, _trace_clones, _trace_fused, _trace_lifetimes, _trace_random
     from ._trace_leaves import _module_on_meta
     from ._trace_static import Statics, batch_attr
 except ImportError:  # loaded on its own, outside the memest package
     import _aten_map
+    import _trace_clones
     import _trace_fused
     import _trace_lifetimes
     import _trace_random
@@ -623,7 +624,8 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
             hooks.__enter__()
         try:
             with _Recording(tracer), _trace_fused.sdpa_as_one_op(tracer), \
-                    _trace_fused.recurrent_as_one_op(tracer), _checkpoints_as_regions(tracer):
+                    _trace_fused.recurrent_as_one_op(tracer), _checkpoints_as_regions(tracer), \
+                    _trace_clones.user_clones(tracer):
                 out = m(*args)
         except UnsupportedOp:
             raise
