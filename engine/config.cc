@@ -22,6 +22,23 @@ Status ValidateParallelism(const ParallelismConfig& p) {
     return InvalidArgument("config.parallelism.bucket_cap_mb: must be positive and at most 2^20 "
                            "MiB, got " + std::to_string(p.bucket_cap_bytes) + " bytes");
   }
+  if (p.reduce_bucket_elements < 0 || p.reduce_bucket_elements > (int64_t{1} << 40)) {
+    return InvalidArgument("config.parallelism.reduce_bucket_size: must be positive and at most "
+                           "2^40 elements, got " + std::to_string(p.reduce_bucket_elements));
+  }
+  const bool deepspeed = p.sharding == DataSharding::kDeepSpeedZero2;
+  if (!deepspeed && (p.reduce_bucket_elements != 0 || p.overlap_comm)) {
+    return InvalidArgument(std::string("config.parallelism.") +
+                           (p.overlap_comm ? "overlap_comm" : "reduce_bucket_size") +
+                           ": a DeepSpeed ZeRO setting, and the strategy is " +
+                           DataShardingName(p.sharding));
+  }
+  if (deepspeed && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
+    return InvalidArgument(std::string("config.parallelism.") +
+                           (p.bucket_cap_bytes != 0 ? "bucket_cap_mb" : "gradient_as_bucket_view") +
+                           ": a DistributedDataParallel setting; DeepSpeed ZeRO reduces gradients "
+                           "through its own buckets (reduce_bucket_size)");
+  }
   if (p.sharding == DataSharding::kNone && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
     return InvalidArgument(std::string("config.parallelism.") +
                            (p.bucket_cap_bytes != 0 ? "bucket_cap_mb" : "gradient_as_bucket_view") +
@@ -110,6 +127,20 @@ Status ValidateSettingsApply(const RunConfig& c) {
     return InvalidArgument(
         "config.step: the first step is the one that creates the optimizer state, which "
         "inference does not have; leave it unset");
+  }
+  if (c.parallelism.sharding == DataSharding::kDeepSpeedZero2 && IsAutocast(c.precision)) {
+    return InvalidArgument(std::string("config.precision: ") + PrecisionName(c.precision) +
+                           " is torch.autocast; DeepSpeed keeps the model in 16 bits itself "
+                           "(its bf16 / fp16 sections) with fp32 master weights in its "
+                           "optimizer: use bf16-pure or fp16-pure, or fp32");
+  }
+  if (c.parallelism.sharding == DataSharding::kDeepSpeedZero2 && !c.zero_grad_set_to_none) {
+    return InvalidArgument("config.zero_grad_keep_grads: DeepSpeed's ZeRO optimizer frees the "
+                           "gradients itself once they are reduced; there are none to keep");
+  }
+  if (c.parallelism.sharding == DataSharding::kDeepSpeedZero2 && c.runtime != Runtime::kCuda) {
+    return InvalidArgument("config.parallelism.data_parallel: DeepSpeed ZeRO runs on CUDA; the "
+                           "cpu-1.13 runtime has no DeepSpeed");
   }
   if (inference && c.parallelism.sharding != DataSharding::kNone) {
     return InvalidArgument(
@@ -275,6 +306,7 @@ const char* DataShardingName(DataSharding s) {
     case DataSharding::kNone: return "none";
     case DataSharding::kDdp: return "ddp";
     case DataSharding::kZero1: return "zero1";
+    case DataSharding::kDeepSpeedZero2: return "deepspeed-zero2";
   }
   return "?";
 }

@@ -112,6 +112,9 @@ enum class DataSharding {
   kZero1,  // torch.distributed.optim.ZeroRedundancyOptimizer over DDP: each rank keeps the
            // optimizer state of the whole parameters it owns (largest first, to the rank with
            // the fewest elements so far); parameters and gradients stay whole
+  kDeepSpeedZero2,  // DeepSpeed ZeRO stage 2 (stage_1_and_2.py): the model whole in its own
+                    // dtype; each rank keeps 1/N of the flattened parameters' fp32 master copy,
+                    // optimizer state and gradients; gradients leave through the ipg buckets
 };
 
 // The step as one rank of a multi-GPU job runs it. batch_size stays per rank.
@@ -123,7 +126,14 @@ struct ParallelismConfig {
   int64_t bucket_cap_bytes = 0;
   // DistributedDataParallel(gradient_as_bucket_view=True): .grad is a view into its bucket.
   bool gradient_as_bucket_view = false;
+  // DeepSpeed's zero_optimization.reduce_bucket_size (elements) and overlap_comm (a second ipg
+  // buffer); 0: DeepSpeed's defaults, 5e8 and (for stage 2) false.
+  int64_t reduce_bucket_elements = 0;
+  bool overlap_comm = false;
 };
+
+// DeepSpeed's default zero_optimization.reduce_bucket_size.
+constexpr int64_t kDeepSpeedReduceBucketElements = 500'000'000;
 
 // The most data-parallel ranks a request may name.
 constexpr int64_t kMaxDataParallel = int64_t{1} << 20;

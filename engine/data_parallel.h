@@ -11,12 +11,25 @@
 // - ZeroRedundancyOptimizer: each rank's optimizer steps only the parameters it owns, so only
 //   those have optimizer state and step temporaries on it; the updated parameters are
 //   broadcast in place.
+// - DeepSpeed ZeRO-2 (deepspeed/runtime/zero/stage_1_and_2.py, 0.16): the trainable
+//   parameters are flattened into one buffer padded to a multiple of 2N elements; each rank
+//   keeps its 1/N partition's fp32 master copy (16-bit parameters) and optimizer state (made on
+//   the first step). When backward starts, ipg buffers of reduce_bucket_size elements (two with
+//   overlap_comm) are made; each gradient is copied into one as it becomes ready and autograd's
+//   tensor goes; a bucket that would overflow is reduced first (allreduce_bucket flattens it
+//   into a new tensor), and the first reduction makes grads_in_partition (every parameter that
+//   overlaps the rank's partition, whole). At the end of backward (the epilogue) the last bucket
+//   is reduced, the partition's gradients are copied into averaged_gradients (kept until the
+//   step; later micro-batches add a copy into it), and the ipg buffers and grads_in_partition
+//   go. The step flattens averaged_gradients, converts it to float32, drops averaged_gradients
+//   and runs the fused optimizer (no per-parameter scratch).
 // Ranks differ only in what their optimizer owns; PlanDataParallel picks the rank with the
 // most optimizer elements, the one that runs out first.
 #ifndef MEMEST_ENGINE_DATA_PARALLEL_H_
 #define MEMEST_ENGINE_DATA_PARALLEL_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "engine/config.h"
@@ -32,6 +45,20 @@ struct DdpBucket {
   std::vector<int> params;  // tensor ids, in the order their gradients become ready
 };
 
+// DeepSpeed ZeRO-2's buffers on one rank (all bytes).
+struct DeepSpeedZero2 {
+  int64_t partition_elements = 0;  // the rank's share of the padded flat parameters
+  int64_t master_bytes = 0;        // fp32 master partition (0 for float32 parameters)
+  int64_t state_bytes = 0;         // optimizer state over the partition, float32
+  int64_t grads_in_partition_bytes = 0;  // the parameters overlapping the partition, whole
+  int64_t averaged_bytes = 0;      // averaged_gradients: the partition in the gradients' dtype
+  int64_t ipg_elements = 0;        // one ipg buffer's capacity
+  int64_t ipg_bytes = 0;           // one ipg buffer
+  int ipg_buffers = 1;             // 2 with overlap_comm
+  int64_t grad_element_bytes = 2;  // the gradients' dtype (DeepSpeed's grad_accum_dtype)
+  int64_t step_fp32_bytes = 0;     // the step's float32 copy (0 when the gradients are float32)
+};
+
 // One rank's view of a data-parallel step.
 struct RankView {
   int64_t world = 1;  // data-parallel ranks
@@ -43,6 +70,7 @@ struct RankView {
   std::vector<char> optimizer_owns;
   // Per rank (ZeRO-1): the elements of the parameters its optimizer steps.
   std::vector<int64_t> owned_elements;
+  std::optional<DeepSpeedZero2> zero2;  // DeepSpeed ZeRO-2; its optimizer owns no parameter
 
   bool OptimizerOwns(int t) const { return optimizer_owns.empty() || optimizer_owns[t] != 0; }
   int64_t BucketBytes() const;

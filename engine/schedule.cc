@@ -222,6 +222,10 @@ class StepSimulator {
     // DistributedDataParallel's gradient buckets: made with DDP, kept for its life.
     if (opt_.rank != nullptr) {
       for (const DdpBucket& b : opt_.rank->buckets) NewBuffer(b.bytes, Category::kCommunication);
+      if (const auto& z = opt_.rank->zero2) {  // DeepSpeed ZeRO-2's flat partitions
+        if (z->master_bytes > 0) NewBuffer(z->master_bytes, Category::kMasterAndCasts);
+        if (cfg_.step == StepKind::kSteadyState) NewBuffer(z->state_bytes, Category::kOptimizerState);
+      }
     }
     const bool steady = cfg_.step == StepKind::kSteadyState;
     const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
@@ -516,6 +520,7 @@ class StepSimulator {
   // ---- backward ----
   void Backward() {
     Context(Phase::kBackward, -1);
+    if (Zero2()) Zero2BackwardStarts();  // DeepSpeed's optimizer.backward, before loss.backward
     const int loss = g_.loss;
     grads_.push_back({NewBuffer(Bytes(g_.tensors[loss].shape, g_.tensors[loss].dtype),
                             Category::kTemporaries), 1});
@@ -550,6 +555,7 @@ class StepSimulator {
       if (b >= 0) FreeBuffer(b);
       b = -1;
     }
+    if (Zero2()) Zero2BackwardEnds();
   }
 
   void RecomputeAndBackward(int r) {
@@ -871,11 +877,77 @@ class StepSimulator {
       FreeBuffer(param_grad_[t]);
       param_grad_[t] = kGradInBucket;
     }
+    if (Zero2() && p.role == TensorRole::kParameter) Zero2Take(t);
+  }
+
+  // DeepSpeed ZeRO-2 (engine/data_parallel.h): reduce_independent_p_g_buckets_and_remove_grads.
+  // A bucket that would overflow is reduced first; the gradient is copied into the ipg buffer
+  // and autograd's tensor goes.
+  void Zero2Take(int t) {
+    const DeepSpeedZero2& z = *opt_.rank->zero2;
+    const int64_t n = Numel(g_.tensors[t].shape);
+    if (ipg_elements_ + n > z.ipg_elements) Zero2Reduce();
+    ipg_elements_ += n;
+    FreeBuffer(param_grad_[t]);
+    param_grad_[t] = -1;
+  }
+
+  // reduce_ipg_grads: allreduce_bucket flattens the bucket into a new tensor; the first
+  // reduction of a backward makes grads_in_partition.
+  void Zero2Reduce() {
+    const DeepSpeedZero2& z = *opt_.rank->zero2;
+    if (ipg_elements_ == 0) return;
+    if (grads_in_partition_ < 0) {
+      grads_in_partition_ = NewBuffer(z.grads_in_partition_bytes, Category::kGradients);
+    }
+    int64_t bytes = 0;
+    if (!AddBytes(&bytes, ipg_elements_ * z.grad_element_bytes)) bytes = kMaxBytes;
+    FreeBuffer(NewBuffer(bytes, Category::kTemporaries));
+    ipg_elements_ = 0;
+  }
+
+  // When backward starts: the ipg buffers.
+  void Zero2BackwardStarts() {
+    const DeepSpeedZero2& z = *opt_.rank->zero2;
+    for (int k = 0; k < z.ipg_buffers; ++k) {
+      ipg_buffers_.push_back(NewBuffer(z.ipg_bytes, Category::kCommunication));
+    }
+  }
+
+  // The epilogue: the last bucket, averaged_gradients (made on the first micro-batch, added
+  // into on the later ones through a partition-sized copy), then the ipg buffers and
+  // grads_in_partition go.
+  void Zero2BackwardEnds() {
+    const DeepSpeedZero2& z = *opt_.rank->zero2;
+    Zero2Reduce();
+    if (averaged_ < 0) averaged_ = NewBuffer(z.averaged_bytes, Category::kGradients);
+    else FreeBuffer(NewBuffer(z.averaged_bytes, Category::kTemporaries));
+    for (int b : ipg_buffers_) FreeBuffer(b);
+    ipg_buffers_.clear();
+    if (grads_in_partition_ >= 0) FreeBuffer(grads_in_partition_);
+    grads_in_partition_ = -1;
+  }
+
+  // step(): state on the first step; single_grad_partition = flatten(averaged_gradients)
+  // .to(float32); averaged_gradients = None; the fused update; the fp32 gradient goes after.
+  void Zero2Step() {
+    const DeepSpeedZero2& z = *opt_.rank->zero2;
+    if (cfg_.step == StepKind::kFirstStep) NewBuffer(z.state_bytes, Category::kOptimizerState);
+    const int flat = NewBuffer(z.averaged_bytes, Category::kTemporaries);
+    int fp32 = -1;
+    if (z.step_fp32_bytes > 0) {
+      fp32 = NewBuffer(z.step_fp32_bytes, Category::kTemporaries);
+      FreeBuffer(flat);
+    }
+    if (averaged_ >= 0) FreeBuffer(averaged_);
+    averaged_ = -1;
+    FreeBuffer(fp32 >= 0 ? fp32 : flat);
   }
 
   // ---- data parallelism (engine/data_parallel.h) ----
   // param_grad_ of a parameter whose .grad is a view into its DDP bucket.
   static constexpr int kGradInBucket = -2;
+  bool Zero2() const { return opt_.rank != nullptr && opt_.rank->zero2.has_value(); }
   bool GradsInBuckets() const { return opt_.rank != nullptr && opt_.rank->grads_in_buckets; }
   bool OptimizerOwns(int t) const { return opt_.rank == nullptr || opt_.rank->OptimizerOwns(t); }
   bool SyncingMicroBatch() const { return mb_ == micro_batches_ - 1; }
@@ -883,6 +955,7 @@ class StepSimulator {
   // ---- optimizer ----
   void OptimizerStep() {
     Context(Phase::kOptimizerStep, -1);
+    if (Zero2()) Zero2Step();  // its optimizer steps the flat partition, no parameter of its own
     const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
     std::vector<const Tensor*> params;
     for (size_t t = 0; t < g_.tensors.size(); ++t) {
@@ -998,6 +1071,11 @@ class StepSimulator {
   int next_buffer_ = 0;
   int mb_ = 0;
   int micro_batches_ = 1;  // simulated: the first and, with accumulation, a later one
+  // DeepSpeed ZeRO-2's buffers while they live (-1: not now).
+  int64_t ipg_elements_ = 0;
+  std::vector<int> ipg_buffers_;
+  int grads_in_partition_ = -1;
+  int averaged_ = -1;
   int workspaces_ = 0;
   bool uses_cublas_ = false;
   bool workspace_seen_ = false;

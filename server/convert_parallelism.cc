@@ -20,6 +20,9 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
     case v1::DATA_PARALLEL_ZERO1:
       out.sharding = DataSharding::kZero1;
       break;
+    case v1::DATA_PARALLEL_DEEPSPEED_ZERO2:
+      out.sharding = DataSharding::kDeepSpeedZero2;
+      break;
     default:
       return InvalidArgument("config.parallelism.data_parallel: unknown value " +
                              std::to_string(p.data_parallel()));
@@ -38,6 +41,14 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
     if (out.sharding == DataSharding::kNone) out.sharding = DataSharding::kDdp;
   }
   out.gradient_as_bucket_view = p.gradient_as_bucket_view();
+  if (p.has_reduce_bucket_size()) {
+    if (p.reduce_bucket_size() <= 0) {
+      return InvalidArgument("config.parallelism.reduce_bucket_size: must be positive, got " +
+                             std::to_string(p.reduce_bucket_size()));
+    }
+    out.reduce_bucket_elements = p.reduce_bucket_size();
+  }
+  out.overlap_comm = p.overlap_comm();
   if (out.gradient_as_bucket_view && out.sharding == DataSharding::kNone) {
     out.sharding = DataSharding::kDdp;  // DDP on one GPU: its buckets exist all the same
   }

@@ -8,6 +8,7 @@ namespace {
 const Word<v1::DataParallel> kStrategies[] = {
     {"ddp", v1::DATA_PARALLEL_DDP},
     {"zero1", v1::DATA_PARALLEL_ZERO1},
+    {"deepspeed-zero2", v1::DATA_PARALLEL_DEEPSPEED_ZERO2},
 };
 
 }  // namespace
@@ -19,8 +20,8 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                   "holds the most")
       ->group(group)->type_name("N");
   app->add_option("--dp-strategy", f->strategy,
-                  "ddp (DistributedDataParallel, the default with --data-parallel) or zero1 "
-                  "(ZeroRedundancyOptimizer over DDP)")
+                  "ddp (DistributedDataParallel, the default with --data-parallel), zero1 "
+                  "(ZeroRedundancyOptimizer over DDP) or deepspeed-zero2")
       ->group(group);
   app->add_option("--bucket-cap-mb", f->bucket_cap_mb,
                   "DDP's bucket_cap_mb (default 25, with a 1 MiB first bucket)")
@@ -28,10 +29,17 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
   app->add_flag("--gradient-as-bucket-view", f->gradient_as_bucket_view,
                 "DDP's gradient_as_bucket_view=True: .grad is a view into its bucket")
       ->group(group);
+  app->add_option("--reduce-bucket-size", f->reduce_bucket_size,
+                  "DeepSpeed ZeRO's reduce_bucket_size in elements (default 5e8)")
+      ->group(group)->type_name("ELEMENTS");
+  app->add_flag("--overlap-comm", f->overlap_comm,
+                "DeepSpeed ZeRO's overlap_comm: a second ipg buffer")
+      ->group(group);
 }
 
 Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
-  if (!f.data && f.strategy.empty() && !f.bucket_cap_mb && !f.gradient_as_bucket_view) {
+  if (!f.data && f.strategy.empty() && !f.bucket_cap_mb && !f.gradient_as_bucket_view &&
+      !f.reduce_bucket_size && !f.overlap_comm) {
     return Status::Ok();
   }
   v1::Parallelism* p = config->mutable_parallelism();
@@ -42,6 +50,8 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   }
   if (f.bucket_cap_mb) p->set_bucket_cap_mb(*f.bucket_cap_mb);
   p->set_gradient_as_bucket_view(f.gradient_as_bucket_view);
+  if (f.reduce_bucket_size) p->set_reduce_bucket_size(*f.reduce_bucket_size);
+  p->set_overlap_comm(f.overlap_comm);
   return Status::Ok();
 }
 

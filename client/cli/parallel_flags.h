@@ -18,6 +18,8 @@ struct ParallelismFlags {
   std::string strategy;                 // ddp | zero1
   std::optional<double> bucket_cap_mb;  // DistributedDataParallel(bucket_cap_mb=...)
   bool gradient_as_bucket_view = false;
+  std::optional<int64_t> reduce_bucket_size;  // DeepSpeed ZeRO, elements
+  bool overlap_comm = false;                  // DeepSpeed ZeRO
 };
 
 void AddParallelismFlags(CLI::App* app, ParallelismFlags* flags);

@@ -48,9 +48,10 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           attention: eager | sdpa | flash | mem-efficient | cudnn (HF's flash_attention_2 is
             flash; unset: sdpa on CUDA, eager on cpu-1.13),
           cuda_module_loading: lazy | eager (CUDA_MODULE_LOADING; unset: lazy),
-          data_parallel (ranks; batch_size stays per rank), dp_strategy: ddp | zero1
-            (unset: ddp with more than one rank), bucket_cap_mb, gradient_as_bucket_view
-            (DistributedDataParallel's): the estimate is the rank that holds the most,
+          data_parallel (ranks; batch_size stays per rank), dp_strategy: ddp | zero1 |
+            deepspeed-zero2 (unset: ddp with more than one rank), bucket_cap_mb,
+            gradient_as_bucket_view (DistributedDataParallel's), reduce_bucket_size,
+            overlap_comm (DeepSpeed ZeRO's): the estimate is the rank that holds the most,
             Estimate.data_parallel says which,
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
           advice (False skips the advice: faster), timeout (seconds, this call only).

@@ -46,7 +46,8 @@ ATTENTIONS = {
     "cudnn": v1.ATTENTION_CUDNN,
 }
 MODULE_LOADINGS = {"lazy": v1.CUDA_MODULE_LOADING_LAZY, "eager": v1.CUDA_MODULE_LOADING_EAGER}
-DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1}
+DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1,
+                 "deepspeed-zero2": v1.DATA_PARALLEL_DEEPSPEED_ZERO2}
 OPTIMIZER_IMPLS = {
     "for-loop": v1.OPTIMIZER_IMPL_FOR_LOOP,
     "foreach": v1.OPTIMIZER_IMPL_FOREACH,
@@ -159,7 +160,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   capacity_bytes=None, generate_tokens=None, expandable_segments=False,
                   runtime=None, cpu_isa=None, hold_outputs=None, attention=None,
                   cuda_module_loading=None, data_parallel=None, dp_strategy=None,
-                  bucket_cap_mb=None, gradient_as_bucket_view=False, advice=True):
+                  bucket_cap_mb=None, gradient_as_bucket_view=False, reduce_bucket_size=None,
+                  overlap_comm=False, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
     config = request.config
@@ -219,5 +221,9 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
         _assign(config.parallelism, "bucket_cap_mb", bucket_cap_mb, "bucket_cap_mb")
     if gradient_as_bucket_view:
         config.parallelism.gradient_as_bucket_view = True
+    if reduce_bucket_size is not None:
+        _assign(config.parallelism, "reduce_bucket_size", reduce_bucket_size, "reduce_bucket_size")
+    if overlap_comm:
+        config.parallelism.overlap_comm = True
     request.skip_advice = not advice
     return request
