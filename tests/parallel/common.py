@@ -1,0 +1,397 @@
+"""Shared machinery of the multi-process truth (tests/parallel): launching N gloo ranks, the
+per-rank allocator trace, saved-for-backward bytes, and the collectives gloo 1.13 lacks.
+
+Every rank is measured the way the conformance suite measures one process
+(tests/conformance/measure.py, reused by import): the CPU allocator's own trace from
+torch.profiler (profile_memory=True), every allocation and free with its address and a
+nanosecond time stamp, phases marked on the same clock, over a baseline of the tensors that
+exist when the trace starts (the parameters). One trace per case and rank spans the
+construction of the wrappers (DDP, ZeroRedundancyOptimizer) and every step, so that what a
+wrapper allocates once (DDP's buckets) and frees later (their rebuild) is in the trace.
+
+What the trace cannot see: allocations made on gloo's own worker threads (the profiler's
+memory reporter is thread-local), and gloo's scratch, which it takes with new[] outside
+PyTorch's allocator. The cases therefore only use collectives that work in place on tensors
+the calling thread allocated (all_reduce, broadcast, send, recv); the all-gather and
+reduce-scatter that Megatron calls are written here on top of an in-place all_reduce
+(`all_gather_into_tensor`, `reduce_scatter_tensor` below), which allocates what NCCL's
+collectives allocate: the output the caller passes, nothing else.
+
+Unseen frees. A gloo work item holds its tensors, and gloo 1.13's worker thread keeps the last
+item it ran until it picks up the next one. When the caller drops its own last reference first
+(a temporary of a collective, or DDP's last bucket at the end), the storage is freed on the
+worker thread and the trace never sees the free. So every case runs on GROUP, a gloo process
+group with ONE worker thread, and a collective on a temporary is followed by `flush()`: a
+one-element all_reduce on a tensor that lives as long as the group, queued behind it, whose
+completion means the worker has let go of the earlier item. DDP's constructor broadcasts the
+parameters from rank 0 with a flat temporary copy (comm.cpp broadcast_coalesced);
+`ddp_construction()` runs it through `broadcast_coalesced` below, the same algorithm written in
+Python with the flush. What remains unseen are a few small tensors inside DDP's constructor and
+bucket rebuild (8 to 640 bytes), reported per rank as `unseen_frees` and left out of every
+figure (Trace.analyse); run.py allows for them (PEAK_SLACK).
+"""
+import collections
+import contextlib
+import datetime
+import gc
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CONFORMANCE = os.path.join(ROOT, "tests", "conformance")
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+for p in (CONFORMANCE, HERE):  # this folder first
+    if p not in sys.path:
+        sys.path.insert(0, p)
+# The profiler's memory reporter warns on every free of a block allocated before profiling
+# started (parameters, grads): expected here, and noise.
+os.environ.setdefault("GLOG_minloglevel", "2")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+
+import measure  # noqa: E402  (tests/conformance)
+from measure import AllocTracker  # noqa: E402
+from recorder import ParamStore, Recorder, _make_leaf  # noqa: E402,F401
+
+# The conformance suite's phases, and GRAD_SYNC: Megatron's finalize_model_grads under SP.
+PHASES = ("DATA", "FORWARD", "LOSS", "BACKWARD", "GRAD_SYNC", "OPTIMIZER_STEP")
+
+
+# ---------------------------------------------------------------------------------------------
+class Trace(AllocTracker):
+    """The conformance suite's allocator trace over a whole case: `mark(label)` starts a phase;
+    `analyse()` gives, per label, the peak live bytes while it lasted and the live bytes when it
+    began, and the overall peak with the label it fell in."""
+
+    def mark(self, label):
+        self.set_phase(label)
+
+    # The profiler as torch.profiler.profile(activities=[CPU], profile_memory=True) runs it,
+    # without the Python-side parsing of every op event on exit (seconds per case here): only
+    # the allocation events of the raw result are read.
+    def _config(self):
+        from torch.autograd import ProfilerConfig, ProfilerState
+        from torch._C._profiler import _ExperimentalConfig
+        return ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
+
+    def __enter__(self):
+        from torch.autograd import ProfilerActivity, _enable_profiler, _prepare_profiler
+        measure._TRACKERS.append(self)
+        _prepare_profiler(self._config(), {ProfilerActivity.CPU})
+        _enable_profiler(self._config(), {ProfilerActivity.CPU})
+        return self
+
+    def __exit__(self, *a):
+        from torch.autograd import _disable_profiler
+        self.result_tree = _disable_profiler().experimental_event_tree()
+        measure._TRACKERS.remove(self)
+
+    def _events(self):
+        events = []
+
+        def walk(n):
+            ef = n.extra_fields
+            if type(ef).__name__.endswith("Allocation"):
+                events.append((n.start_time_ns, ef.alloc_size, ef.ptr))
+            for c in n.children:
+                walk(c)
+        for root in self.result_tree:
+            walk(root)
+        events.sort(key=lambda e: e[0])
+        return events
+
+    def _replay(self, events, ignore=frozenset()):
+        """Live bytes through the trace. Returns (peaks, at_mark, live at the end, the indices of
+        allocations whose free the trace never saw, with their labels)."""
+        live = sum(self.baseline.values())
+        baseline = dict(self.baseline)
+        sizes, skip = {}, set()
+        peaks, at_mark, unseen = {}, {}, {}
+        marks = sorted(self.marks)
+        mi, phase = 0, None
+
+        def enter_marks(t):
+            nonlocal mi, phase
+            while mi < len(marks) and marks[mi][0] <= t:
+                phase = marks[mi][1]
+                at_mark[phase] = live
+                peaks[phase] = max(peaks.get(phase, 0), live)
+                mi += 1
+        for i, (t, size, ptr) in enumerate(events):
+            enter_marks(t)
+            if size > 0:
+                if i in ignore or any(t0 <= t <= t1 for t0, t1 in self.excluded):
+                    skip.add(ptr)
+                    continue
+                skip.discard(ptr)
+                if ptr in sizes:  # its free happened on another thread
+                    j, old, ph = sizes.pop(ptr)
+                    unseen[j] = (old, f"{ph} (address reused in {phase})")
+                sizes[ptr] = (i, size, phase)
+                live += size
+            else:
+                if ptr in skip:
+                    skip.discard(ptr)
+                    continue
+                if ptr in sizes:
+                    live -= sizes.pop(ptr)[1]
+                elif ptr in baseline:
+                    live -= baseline.pop(ptr)
+            if phase is not None:
+                peaks[phase] = max(peaks.get(phase, 0), live)
+        enter_marks(float("inf"))
+        return peaks, at_mark, live, sizes, unseen
+
+    UNSEEN_LIMIT = 1024  # bytes: a larger allocation whose free the trace missed is an error
+
+    def analyse(self, alive=()):
+        """Peaks per mark, live bytes at each mark and at the end. Call it after the case has let
+        go of everything but the tensors in `alive` (parameters, and what it still holds on
+        purpose). An allocation whose free the trace did not see (its address handed out again
+        while it was live, or still live at the end and not in `alive`) is left out of every
+        figure and reported in `unseen_frees` [(bytes, phase)]: small tensors that DDP's
+        constructor and bucket rebuild hand to gloo (8 to 640 bytes). A larger one would make
+        the figures wrong for as long as it was counted: it raises."""
+        events = self._events()
+        _, _, _, left, unseen = self._replay(events)
+        keep = {storage_key(t)[0] for t in alive}
+        for ptr, (i, size, ph) in left.items():
+            if ptr not in keep:
+                unseen[i] = (size, f"{ph} (alive at the end)")
+        if os.environ.get("PARALLEL_DEBUG"):
+            for i in unseen:
+                t, size, ptr = events[i]
+                hist = [(e[0] - t, e[1]) for e in events if e[2] == ptr]
+                print(f"unseen free: {size} B at {ptr:#x}; (dt ns, bytes) there: {hist[:12]}", file=sys.stderr)
+        big = [u for u in unseen.values() if u[0] > self.UNSEEN_LIMIT]
+        if big:
+            raise RuntimeError(f"the trace missed the free of {big} (bytes, phase): a reference "
+                               "outlived the case, or a free happened on gloo's worker thread")
+        peaks, at_mark, live, _, _ = self._replay(events, frozenset(unseen))
+        self.unseen_frees = sorted(unseen.values(), key=lambda x: -x[0])
+        return peaks, at_mark, live
+
+
+class StepPhases:
+    """What a Recorder in run mode calls its tracker: phases become "<step>.<PHASE>" marks of
+    the case's Trace; inputs are seen by the trace itself."""
+
+    def __init__(self, trace, step):
+        self.trace, self.step = trace, step
+
+    def set_phase(self, phase):
+        self.trace.mark(f"{self.step}.{phase}")
+
+    def register(self, t, label):
+        pass
+
+
+def step_results(peaks, at_mark, steps):
+    """Per step: the peak of each phase, the step's peak, and the live bytes at its end."""
+    out = []
+    for s in range(1, steps + 1):
+        ph = {p: peaks[f"{s}.{p}"] for p in PHASES if f"{s}.{p}" in peaks}
+        out.append({"step": s, "phases": ph, "peak": max(ph.values()), "live_at_end": at_mark[f"{s}.END"]})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+def storage_key(t):
+    st = t.storage()
+    return st.data_ptr(), st.nbytes(), st
+
+
+def distinct_bytes(tensors):
+    seen = {}
+    for t in tensors:
+        ptr, nb, _ = storage_key(t)
+        seen[ptr] = nb
+    return sum(seen.values())
+
+
+def model_state(params, opt_state_tensors):
+    """End-of-step bytes: parameters, their .grad and the optimizer's state, as distinct
+    storages (a parameter that is a view into a flat bucket counts the bucket once)."""
+    params = list(params)
+    return {
+        "parameters": distinct_bytes(params),
+        "gradients": distinct_bytes([p.grad for p in params if p.grad is not None]),
+        "optimizer_state": distinct_bytes(opt_state_tensors),
+    }
+
+
+def optimizer_state_tensors(opt):
+    return [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+
+
+class SavedBytes:
+    """Distinct storages autograd packs while the context is open and that are still alive when
+    `total()` is called (the conformance suite's rule: parameters excluded, inputs included,
+    wrapped Python scalars not counted)."""
+
+    def __init__(self, exclude_storages=()):
+        self.exclude = set(exclude_storages)
+        self.saved = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t):
+        if measure._is_wrapped_number(t):
+            return t
+        ptr, nb, st = storage_key(t)
+        if ptr in self.exclude or nb == 0:
+            return t
+        e = self.saved.get(ptr)
+        if e is None or e[0].expired():
+            self.saved[ptr] = [StorageWeakRef(st), nb]
+        return t.detach()
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *a):
+        self._hooks.__exit__(*a)
+
+    def total(self):
+        return sum(e[1] for e in self.saved.values() if not e[0].expired())
+
+
+def param_storages(tensors):
+    return {t.storage().data_ptr() for t in tensors}
+
+
+def run_inputs(rec, given=None):
+    """Run mode: the plan's inputs and targets, made as the conformance suite makes them
+    (`Recorder.make_inputs`), except those `given` (a received activation)."""
+    given = given or {}
+    for name, (shape, dtype, high) in rec.plan["leaves"].items():
+        rec._prepared[name] = given[name] if name in given else _make_leaf(shape, dtype, "randn",
+                                                                           rec.store.gen, high)
+
+
+# ---------------------------------------------------------------------------------------------
+GROUP = None   # the cases' process group: gloo with one worker thread (set by worker())
+_FLUSH = None
+
+
+def make_group(rank, world):
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+    opts._threads = 1
+    opts._timeout = datetime.timedelta(seconds=120)
+    store = dist.PrefixStore("memest-parallel", dist.distributed_c10d._get_default_store())
+    pg = dist.ProcessGroupGloo(store, rank, world, opts)
+    # Known to torch.distributed as new_group() would make it (get_rank(group) and the like).
+    c10d = dist.distributed_c10d
+    c10d._pg_map[pg] = (dist.Backend.GLOO, store)
+    c10d._pg_names[pg] = "memest-parallel"
+    c10d._pg_group_ranks[pg] = {i: i for i in range(world)}
+    return pg
+
+
+def flush(group=None):
+    """Returns once gloo's worker has let go of every work item queued before (see above)."""
+    dist.all_reduce(_FLUSH, group=group or GROUP)
+
+
+def all_reduce(t, group=None):
+    """dist.all_reduce (in place, sum), then flush(): the trace sees t's free wherever the caller
+    lets go of it."""
+    dist.all_reduce(t, group=group or GROUP)
+    flush(group)
+
+
+def broadcast_coalesced(group, tensors, buffer_size, src):
+    """torch/csrc/distributed/c10d/comm.cpp broadcast_coalesced: buckets by size (one limit),
+    each flattened into a new tensor (a view when the bucket holds one tensor), broadcast,
+    copied back; at most two buckets in flight."""
+    buckets, _ = dist._compute_bucket_assignment_by_size(list(tensors), [buffer_size])
+    in_flight = collections.deque()
+
+    def finish(work, flat, bucket):
+        work.wait()
+        flush(group)
+        for t, o in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket)):
+            t.copy_(o)
+    for idx in buckets:
+        if len(in_flight) >= 2:
+            finish(*in_flight.popleft())
+        bucket = [tensors[i] for i in idx]
+        flat = torch._utils._flatten_dense_tensors(bucket)
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        in_flight.append((group.broadcast([flat], opts), flat, bucket))
+        del flat
+    while in_flight:
+        finish(*in_flight.popleft())
+
+
+@contextlib.contextmanager
+def ddp_construction():
+    """DDP's constructor with its parameter broadcast run by `broadcast_coalesced` above."""
+    orig = dist._broadcast_coalesced
+    dist._broadcast_coalesced = broadcast_coalesced
+    try:
+        yield
+    finally:
+        dist._broadcast_coalesced = orig
+
+
+# Collectives gloo 1.13 lacks, with NCCL's memory: the output is the caller's, nothing else.
+def all_gather_into_tensor(output, inp, group=None):
+    """NCCL's all_gather_into_tensor (1.13: _all_gather_base), as an in-place all_reduce of the
+    output with this rank's chunk written in and zeros elsewhere."""
+    group = group or GROUP
+    rank = group.rank()
+    n = inp.shape[0]
+    output.zero_()
+    output[rank * n:(rank + 1) * n].copy_(inp)
+    all_reduce(output, group)
+
+
+def reduce_scatter_tensor(output, inp, group=None):
+    """NCCL's reduce_scatter_tensor (1.13: _reduce_scatter_base) for an input the caller lets
+    go of afterwards (Megatron's are: the row-parallel output, the column-parallel input
+    gradient): an in-place all_reduce of the input, then this rank's chunk copied out."""
+    group = group or GROUP
+    rank = group.rank()
+    n = output.shape[0]
+    all_reduce(inp, group)
+    output.copy_(inp[rank * n:(rank + 1) * n])
+
+
+# ---------------------------------------------------------------------------------------------
+def worker(rank, world, case_ids, outdir, initfile):
+    """One rank: runs the given cases in order, writing <outdir>/<n>.<rank>.json for each. Its
+    stderr (c10's warnings, among them the profiler's for every free of a block allocated
+    before the trace) goes to <outdir>/stderr.<rank>, which run.py shows when a case fails."""
+    fd = os.open(os.path.join(outdir, f"stderr.{rank}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)
+    os.close(fd)
+    torch.set_num_threads(1)
+    import registry  # the cases (imports every case module)
+    dist.init_process_group("gloo", init_method="file://" + initfile, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    global GROUP, _FLUSH
+    GROUP = make_group(rank, world)
+    _FLUSH = torch.zeros(1)
+    for n, cid in enumerate(case_ids):
+        case = registry.CASES[cid]
+        try:
+            torch.manual_seed(0)
+            res = case.run(rank, world, dict(case.params))
+            res = {"ok": True, **res}
+        except Exception as e:  # reported by the runner; the other ranks time out
+            import traceback
+            res = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        with open(os.path.join(outdir, f"{n}.{rank}.json"), "w") as f:
+            json.dump(res, f)
+        gc.collect()
+        if not res["ok"]:
+            break
+        dist.barrier(group=GROUP)
+    dist.destroy_process_group()
