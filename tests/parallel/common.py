@@ -91,38 +91,53 @@ class Trace(AllocTracker):
         measure._TRACKERS.remove(self)
 
     def _events(self):
+        """Allocations and frees in time order: (ns, bytes, address, op), bytes < 0 for a free,
+        op the outermost and the innermost op the profiler saw around it."""
         events = []
 
-        def walk(n):
+        def walk(n, top):
             ef = n.extra_fields
             if type(ef).__name__.endswith("Allocation"):
-                events.append((n.start_time_ns, ef.alloc_size, ef.ptr))
+                inner = n.parent.name if n.parent is not None else "-"
+                events.append((n.start_time_ns, ef.alloc_size, ef.ptr,
+                               top if top == inner else f"{top} > {inner}"))
             for c in n.children:
-                walk(c)
+                walk(c, top or n.name)
         for root in self.result_tree:
-            walk(root)
+            walk(root, root.name if type(root.extra_fields).__name__.endswith("TorchOp") else None)
         events.sort(key=lambda e: e[0])
         return events
 
-    def _replay(self, events, ignore=frozenset()):
-        """Live bytes through the trace. Returns (peaks, at_mark, live at the end, the indices of
-        allocations whose free the trace never saw, with their labels)."""
+    def _replay(self, events, ignore=frozenset(), snapshot_at=None):
+        """Live bytes through the trace. Returns (peaks, at_mark, live at the end, what is still
+        live at the end {address: (event, bytes, phase)}, allocations whose free the trace did
+        not see {event: (bytes, phase)}, the event at which each phase reached its peak).
+        With snapshot_at (an event index, -1 for the trace's start), returns instead what is
+        live just after that event: [(bytes, phase it was made in, op)]."""
         live = sum(self.baseline.values())
         baseline = dict(self.baseline)
         sizes, skip = {}, set()
-        peaks, at_mark, unseen = {}, {}, {}
+        peaks, at_mark, unseen, peak_at = {}, {}, {}, {}
         marks = sorted(self.marks)
         mi, phase = 0, None
 
-        def enter_marks(t):
+        def snapshot():
+            return [(nb, "before the trace", "parameters and what else the trace started with")
+                    for nb in baseline.values()] + \
+                   [(nb, ph, events[j][3]) for j, nb, ph in sizes.values()]
+
+        def enter_marks(t, i):
             nonlocal mi, phase
             while mi < len(marks) and marks[mi][0] <= t:
                 phase = marks[mi][1]
                 at_mark[phase] = live
-                peaks[phase] = max(peaks.get(phase, 0), live)
+                if live > peaks.get(phase, -1):
+                    peaks[phase], peak_at[phase] = live, i - 1
                 mi += 1
-        for i, (t, size, ptr) in enumerate(events):
-            enter_marks(t)
+        if snapshot_at == -1:
+            return snapshot()
+        for i, (t, size, ptr, _) in enumerate(events):
+            enter_marks(t, i)
             if size > 0:
                 if i in ignore or any(t0 <= t <= t1 for t0, t1 in self.excluded):
                     skip.add(ptr)
@@ -141,10 +156,12 @@ class Trace(AllocTracker):
                     live -= sizes.pop(ptr)[1]
                 elif ptr in baseline:
                     live -= baseline.pop(ptr)
-            if phase is not None:
-                peaks[phase] = max(peaks.get(phase, 0), live)
-        enter_marks(float("inf"))
-        return peaks, at_mark, live, sizes, unseen
+            if phase is not None and live > peaks.get(phase, -1):
+                peaks[phase], peak_at[phase] = live, i
+            if snapshot_at == i:
+                return snapshot()
+        enter_marks(float("inf"), len(events))
+        return peaks, at_mark, live, sizes, unseen, peak_at
 
     UNSEEN_LIMIT = 1024  # bytes: a larger allocation whose free the trace missed is an error
 
@@ -157,23 +174,98 @@ class Trace(AllocTracker):
         constructor and bucket rebuild hand to gloo (8 to 640 bytes). A larger one would make
         the figures wrong for as long as it was counted: it raises."""
         events = self._events()
-        _, _, _, left, unseen = self._replay(events)
+        left, unseen = self._replay(events)[3:5]
         keep = {storage_key(t)[0] for t in alive}
         for ptr, (i, size, ph) in left.items():
             if ptr not in keep:
                 unseen[i] = (size, f"{ph} (alive at the end)")
-        if os.environ.get("PARALLEL_DEBUG"):
-            for i in unseen:
-                t, size, ptr = events[i]
-                hist = [(e[0] - t, e[1]) for e in events if e[2] == ptr]
-                print(f"unseen free: {size} B at {ptr:#x}; (dt ns, bytes) there: {hist[:12]}", file=sys.stderr)
         big = [u for u in unseen.values() if u[0] > self.UNSEEN_LIMIT]
         if big:
             raise RuntimeError(f"the trace missed the free of {big} (bytes, phase): a reference "
                                "outlived the case, or a free happened on gloo's worker thread")
-        peaks, at_mark, live, _, _ = self._replay(events, frozenset(unseen))
+        self._ignore = frozenset(unseen)
+        self._events_cache = events
+        peaks, at_mark, live, _, _, self._peak_at = self._replay(events, self._ignore)
         self.unseen_frees = sorted(unseen.values(), key=lambda x: -x[0])
         return peaks, at_mark, live
+
+    def explain(self, phases):
+        """For each phase label, what was live at its peak: [[bytes, count, phase made in, op]],
+        largest first (identical allocations merged). After analyse()."""
+        out = {}
+        for ph in phases:
+            items = self._replay(self._events_cache, self._ignore, self._peak_at[ph])
+            merged = {}
+            for nb, made, op in items:
+                k = (nb, made, op)
+                merged[k] = merged.get(k, 0) + 1
+            out[ph] = sorted(([nb, n, made, op] for (nb, made, op), n in merged.items()),
+                             key=lambda x: -x[0] * x[1])
+        return out
+
+
+def explained(trace, phases):
+    """{"explain": trace.explain(phases)} when run.py --explain asked for it, else {}."""
+    if not os.environ.get("PARALLEL_EXPLAIN"):
+        return {}
+    return {"explain": trace.explain([p for p in phases if p in trace._peak_at])}
+
+
+def reference(fn, batch, optimizer, keep_grads=False, steps=2):
+    """The same model and step in ONE process, without any parallelism (its own parameters and
+    optimizer over all of them): what memest's single-device estimate is already held to by the
+    conformance suite, and what the parallel figures are accounted against
+    (docs/parallelism-truth.md). Per step: phase peaks, live at the end, model-state bytes."""
+    store = ParamStore(seed=0)
+    plan = record(store, fn, batch)
+    trace = Trace()
+    for n, prm in store.params.items():
+        trace.register(prm, f"parameter {n}")
+    eos = []
+    with trace:
+        opt = measure.make_optimizer(measure.Config(optimizer=optimizer, impl="for-loop"), store.trainable())
+        trace.mark("0.END")
+        for s in range(1, steps + 1):
+            opt.zero_grad(set_to_none=not keep_grads)
+            phases = StepPhases(trace, s)
+            phases.set_phase("DATA")
+            rec = Recorder(store, plan=plan, tracker=phases, training=True)
+            rec.make_inputs()
+            phases.set_phase("FORWARD")
+            loss = rec.take(fn(rec, batch))
+            phases.set_phase("BACKWARD")
+            loss.backward()
+            del loss
+            rec.release_all()
+            del rec
+            phases.set_phase("OPTIMIZER_STEP")
+            opt.step()
+            trace.mark(f"{s}.END")
+            eos.append(model_state(store.params.values(), optimizer_state_tensors(opt)))
+        trace.mark("TEARDOWN")
+        opt.zero_grad(set_to_none=True)
+        del opt
+    peaks, at_mark, _ = trace.analyse(alive=store.params.values())
+    out = step_results(peaks, at_mark, steps)
+    for r, e in zip(out, eos):
+        r["end_of_step"] = e
+    return out
+
+
+def record(store, fn, batch):
+    """The case's record pass (its plan), which also creates the parameters: under the profiler,
+    because c10's CPU memory reporter reports the free of a block only if it saw the block's
+    allocation (ProfiledCPUMemoryReporter keeps the sizes of what it saw, across sessions), and
+    a case may free a parameter's storage (ZeroRedundancyOptimizer's parameter buckets)."""
+    from torch.autograd import ProfilerActivity, _disable_profiler, _enable_profiler, _prepare_profiler
+    cfg = Trace._config(None)
+    _prepare_profiler(cfg, {ProfilerActivity.CPU})
+    _enable_profiler(cfg, {ProfilerActivity.CPU})
+    try:
+        rec = Recorder(store, training=True)
+        return rec.finish(fn(rec, batch))
+    finally:
+        _disable_profiler()
 
 
 class StepPhases:

@@ -50,8 +50,7 @@ def run(rank, world, p):
     fn = MODELS[p["model"]]
     batch = p["batch"]
     store = ParamStore(seed=0)
-    rec = Recorder(store, training=True)
-    plan = rec.finish(fn(rec, batch))
+    plan = common.record(store, fn, batch)
     names = {id(v): k for k, v in store.params.items()}
 
     # Saved for backward: the bare module (DDP adds no autograd node that saves).
@@ -64,6 +63,9 @@ def run(rank, world, p):
     del loss
     rec.release_all()
     del rec
+
+    # The same step in one process, without DDP (rank 0 only: it does not depend on the rank).
+    ref = common.reference(fn, batch, p["optimizer"], p.get("keep_grads", False), 3) if rank == 0 else None
 
     module = StoreModule(store, fn, batch)
     trace = Trace()
@@ -126,6 +128,9 @@ def run(rank, world, p):
     }
     if partition is not None:
         out["zero_partition"] = partition
+    if ref is not None:
+        out["reference"] = ref
+    out.update(common.explained(trace, ["CONSTRUCT"] + [f"{s}.{ph}" for s in (1, 2, steps) for ph in common.PHASES]))
     dist.barrier(group=common.GROUP)
     return out
 

@@ -46,8 +46,7 @@ class Stage:
         self.shape = [b, GPT["t"], GPT["d"]]
         self.deallocate = deallocate
         self.store = ParamStore(seed=rank)
-        rec = Recorder(self.store, training=True)
-        self.plan = rec.finish(self.fn(rec, b))
+        self.plan = common.record(self.store, self.fn, b)
 
     # ---------------------------------------------------------------- p2p_communication.py
     def _communicate(self, send_next=None, send_prev=None, recv_prev=False, recv_next=False):
@@ -204,4 +203,6 @@ def run(rank, world, p):
         r["other_at_end"] = r["live_at_end"] - sum(r["end_of_step"].values())
     dist.barrier(group=common.GROUP)
     return {"stage": {"blocks": [st.lo, st.hi], "first": st.first, "last": st.last, "warmup": warmup},
-            "saved_per_microbatch": saved, "steps": results, "unseen_frees": trace.unseen_frees}
+            "saved_per_microbatch": saved, "steps": results, "unseen_frees": trace.unseen_frees,
+            **common.explained(trace, [f"{r['step']}.{ph}" for r in results
+                                       for ph in (r["peak_phase"], "OPTIMIZER_STEP")])}

@@ -58,7 +58,7 @@ for w in (2, 4):
         for pabv in ((False, True) if opt == "adam" else (False,)):
             add(f"zero/mlp/w{w}/{opt}" + ("/bucket-view" if pabv else ""), w, dp.run,
                 {**_MLP, "optimizer": opt, "zero": True, "parameters_as_bucket_view": pabv,
-                 "bucket_cap_mb": 25, "gradient_as_bucket_view": False, "steps": 2}, "mlp")
+                 "bucket_cap_mb": 25, "gradient_as_bucket_view": False}, "mlp")
 
 # ------------------------------------------------------------------------------ tensor parallel
 for m in ("mlp", "attention"):

@@ -129,6 +129,16 @@ def compare(measured, expected):
     return diffs
 
 
+def print_explain(cid, ranks):
+    print(f"== {cid}")
+    for i, r in enumerate(ranks):
+        for ph, items in (r.get("explain") or {}).items():
+            total = sum(nb * n for nb, n, _, _ in items)
+            print(f"   rank {i} {ph}: {total} B live at its peak")
+            for nb, n, made, op in items:
+                print(f"      {nb * n:>10} = {n:>3} x {nb:<9} made in {made:<18} {op}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", default=[], metavar="SUBSTRING",
@@ -137,6 +147,9 @@ def main():
     ap.add_argument("--write-expected", action="store_true",
                     help="write expected/<case>.json (and expected/models/) from this run")
     ap.add_argument("--report", help="write every measurement here (JSON)")
+    ap.add_argument("--explain", action="store_true",
+                    help="print, per rank and phase, what was live at the phase's peak (the op "
+                         "that allocated each block); not compared")
     args = ap.parse_args()
 
     sel = [c for c in registry.CASES.values() if not args.case or any(s in c.id for s in args.case)]
@@ -147,6 +160,8 @@ def main():
     if not sel:
         print("no case matches", file=sys.stderr)
         return 2
+    if args.explain:
+        os.environ["PARALLEL_EXPLAIN"] = "1"  # read by the ranks (common.explained)
     t0 = time.time()
     results = {}
     for world in sorted({c.world for c in sel}):
@@ -164,7 +179,9 @@ def main():
         errors = [f"rank {i}: {r.get('error')}" for i, r in enumerate(ranks) if not r.get("ok")]
         doc = {"case": c.id, "world_size": c.world, "config": c.params, "model": c.model,
                "note": c.note, "torch": torch.__version__,
-               "ranks": [{k: v for k, v in r.items() if k != "ok"} for r in ranks]}
+               "ranks": [{k: v for k, v in r.items() if k not in ("ok", "explain")} for r in ranks]}
+        if args.explain:
+            print_explain(c.id, ranks)
         report[c.id] = doc
         if errors:
             failed += 1

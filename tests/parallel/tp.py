@@ -207,8 +207,7 @@ def run(rank, world, p):
     batch = p["batch"]
     fn = functools.partial(MODELS[p["model"]], tp=tp)
     store = ParamStore(seed=0)
-    rec = Recorder(store, training=True)
-    plan = rec.finish(fn(rec, batch))
+    plan = common.record(store, fn, batch)
 
     tp.buffer = GlobalMemoryBuffer()
     sb = SavedBytes(param_storages(store.params.values()))
@@ -262,4 +261,5 @@ def run(rank, world, p):
         r["other_at_end"] = r["live_at_end"] - sum(e.values())
     dist.barrier(group=common.GROUP)
     return {"saved_for_backward": saved, "steps": results, "global_buffers": buffers,
-            "unseen_frees": trace.unseen_frees}
+            "unseen_frees": trace.unseen_frees,
+            **common.explained(trace, [f"{s}.{ph}" for s in (1, 2) for ph in common.PHASES])}
