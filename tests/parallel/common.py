@@ -17,10 +17,11 @@ reduce-scatter that Megatron calls are written here on top of an in-place all_re
 (`all_gather_into_tensor`, `reduce_scatter_tensor` below), which allocates what NCCL's
 collectives allocate: the output the caller passes, nothing else.
 
-Unseen frees. A gloo work item holds its tensors, and gloo 1.13's worker thread keeps the last
-item it ran until it picks up the next one. When the caller drops its own last reference first
-(a temporary of a collective, or DDP's last bucket at the end), the storage is freed on the
-worker thread and the trace never sees the free. So every case runs on GROUP, a gloo process
+Unseen frees. A gloo work item holds its tensors, and the worker thread lets go of an item it
+ran only once it has taken the next one (observed with 1.13: DDP's last bucket, dropped at the
+end of a case, is freed on the worker thread unless another collective follows). When the
+caller's reference is the other last one (a temporary of a collective), the storage is freed on
+the worker thread and the trace never sees the free. So every case runs on GROUP, a gloo process
 group with ONE worker thread, and a collective on a temporary is followed by `flush()`: a
 one-element all_reduce on a tensor that lives as long as the group, queued behind it, whose
 completion means the worker has let go of the earlier item. DDP's constructor broadcasts the
