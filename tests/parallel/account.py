@@ -1,0 +1,321 @@
+#!/usr/bin/python3
+"""The closed-form account of docs/parallelism-truth.md, checked against the measurements
+(tests/parallel/expected/*.json): every rule the document states is a function here that
+predicts a measured number from the configuration, the model file and, where the rule is a
+difference, the single-process reference measured beside the case. Prints each rule with the
+number of figures it explains; exits 1 if a prediction misses (0 bytes of slack, except where
+the rule names its own).
+
+Usage: /usr/bin/python3 tests/parallel/account.py [--tables]   (--tables: the document's tables)
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXPECTED = os.path.join(HERE, "expected")
+F32 = 4
+
+
+def load():
+    cases = {}
+    for path in sorted(glob.glob(os.path.join(EXPECTED, "*.json"))):
+        with open(path) as f:
+            d = json.load(f)
+        cases[d["case"]] = d
+    return cases
+
+
+def params_of(model):
+    """{name: numel} of the model file's parameters, in declaration order."""
+    with open(os.path.join(EXPECTED, "models", f"{model}.json")) as f:
+        m = json.load(f)
+    return {t["name"]: math.prod(t["shape"]) for t in m["ops"]["tensors"] if t["role"] == "TENSOR_ROLE_PARAMETER"}
+
+
+class Rules:
+    def __init__(self):
+        self.results = {}  # rule -> [checked, failures]
+
+    def check(self, rule, predicted, measured, where):
+        r = self.results.setdefault(rule, [0, []])
+        r[0] += 1
+        if predicted != measured:
+            r[1].append(f"{where}: predicted {predicted}, measured {measured} ({measured - predicted:+d})")
+
+
+# ------------------------------------------------------------------------------ DDP and ZeRO
+def zero_partition(sizes, world):
+    """ZeroRedundancyOptimizer._partition_parameters: largest first, each to the rank with the
+    smallest total so far (the first such rank)."""
+    parts, totals = [[] for _ in range(world)], [0] * world
+    for name, n in sorted(sizes.items(), key=lambda kv: -kv[1]):  # stable: declaration order on ties
+        r = totals.index(min(totals))
+        parts[r].append(name)
+        totals[r] += n
+    return parts
+
+
+def optimizer_state(opt, numels):
+    """torch.optim (1.13, for-loop) state bytes over parameters of these sizes."""
+    if opt in ("adam", "adamw"):
+        return sum(2 * F32 * n + F32 for n in numels)  # exp_avg, exp_avg_sq, 0-dim f32 step
+    if opt == "momentum":
+        return sum(F32 * n for n in numels)  # momentum_buffer
+    return 0
+
+
+def optimizer_transient(opt, numels, first):
+    """What the for-loop step allocates beyond the state, at its peak, over the parameters in the
+    optimizer's order: Adam/AdamW `denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)`
+    holds two parameter-sized temporaries while the previous parameter's `denom` is still
+    referenced by the loop variable, plus 12 bytes of 0-dim scalars; SGD with momentum 12 bytes
+    of scalars in steady state, nothing beyond the state at its first step."""
+    if opt in ("adam", "adamw"):
+        prev = [0] + list(numels[:-1])
+        return F32 * max(2 * n + q for n, q in zip(numels, prev)) + 12 if numels else 0
+    if opt == "momentum":
+        return 0 if first else 12
+    return 0
+
+
+def account_dp(cases, rules):
+    for cid, d in cases.items():
+        if not (cid.startswith("ddp/") or cid.startswith("zero/")):
+            continue
+        cfg, world = d["config"], d["world_size"]
+        sizes = params_of(d["model"])
+        P = F32 * sum(sizes.values())
+        B = P  # one float32 bucket set covers every parameter
+        fu = 2 * 4 * len(sizes) if cfg.get("find_unused_parameters") else 0  # int32 local_used_map(_dev)
+        view, keep = cfg["gradient_as_bucket_view"], cfg.get("keep_grads", False)
+        ref = d["ranks"][0]["reference"]
+        for r, rk in enumerate(d["ranks"]):
+            w = f"{cid} rank {r}"
+            ddp = rk["ddp"]
+            rules.check("ddp.buckets: sum of bucket sizes = parameter bytes", B, sum(ddp["bucket_sizes"]), w)
+            if ddp["rebuilt_bucket_sizes"]:
+                rules.check("ddp.buckets: sum of rebuilt bucket sizes = parameter bytes", B,
+                            sum(ddp["rebuilt_bucket_sizes"]), w)
+            rules.check("ddp.construct: live after = P + buckets (+ used maps)", P + B + fu,
+                        rk["construct"]["live_after"], w)
+            zero_buckets = 0
+            if cfg.get("zero") and cfg["parameters_as_bucket_view"]:
+                part = zero_partition(sizes, world)
+                zero_buckets = max(F32 * sum(sizes[n] for n in p) for p in part)
+            rules.check("ddp.construct: peak = P + max(flat broadcast copy = P, buckets = P) (+ the largest ZeRO "
+                        "parameter bucket)", P + B + fu + zero_buckets, rk["construct"]["peak"], w)
+            local = None
+            if cfg.get("zero"):
+                part = zero_partition(sizes, world)
+                rules.check("zero.partition: greedy, largest first, to the least-loaded rank",
+                            part, rk["zero_partition"], w)
+                local = [sizes[n] for n in part[r]]
+            for st in rk["steps"]:
+                s = st["step"]
+                rf = ref[s - 1]
+                e = st["end_of_step"]
+                rules.check("ddp.end: parameters = P", P, e["parameters"], w)
+                rules.check("ddp.end: gradients = P (view: the buckets themselves)", P, e["gradients"], w)
+                other = 0 if view else B + fu
+                rules.check("ddp.end: other live = buckets (copy) or 0 (view)", other, st["other_at_end"], w)
+                if local is not None:
+                    S = optimizer_state(cfg["optimizer"], local)
+                    rules.check("zero.state: optimizer state of the rank's partition only", S, e["optimizer_state"], w)
+                    before = st["live_at_end"] - (S if s == 1 else 0)
+                    before -= 0
+                    T = optimizer_transient(cfg["optimizer"], local, s == 1)
+                    # Step 1 creates the state inside the step; later steps start with it.
+                    live_before_step = P + P + B + (S if s > 1 else 0)
+                    rules.check("zero.step: peak = P + G + buckets + local state + local optimizer transient",
+                                live_before_step + (S if s == 1 else 0) + T, st["phases"]["OPTIMIZER_STEP"], w)
+                    for ph in ("DATA", "FORWARD", "LOSS", "BACKWARD"):
+                        # the reference holds the full optimizer state: remove it, add the local one
+                        full = rf["end_of_step"]["optimizer_state"] if s > 1 else 0
+                        rules.check(f"zero.{ph}: = DDP(copy) figure with the local state for the full one",
+                                    rf["phases"][ph] + B + fu - full + (S if s > 1 else 0), st["phases"][ph], w)
+                    continue
+                for ph, v in st["phases"].items():
+                    if not view:
+                        extra = 4 if (fu and ph == "BACKWARD") else 0  # _DDPSink's clone of the loss
+                        rules.check("ddp.copy: every phase = single-process + buckets", rf["phases"][ph] + B + fu + extra,
+                                    v, w)
+                    elif keep and s > 1 and ph in ("DATA", "LOSS"):
+                        rules.check("ddp.view+keep-grads: data, loss (grads kept, they are the buckets) = single-process",
+                                    rf["phases"][ph], v, w)
+                    elif keep and s > 2 and ph == "FORWARD":
+                        rules.check("ddp.view+keep-grads: data, loss (grads kept, they are the buckets) = single-process",
+                                    rf["phases"][ph], v, w)
+                    elif ph in ("DATA", "LOSS", "FORWARD") and not (keep and s == 2):
+                        rules.check("ddp.view: data, forward, loss (no grads at the start) = single-process + buckets",
+                                    rf["phases"][ph] + B, v, w)
+                    elif ph == "FORWARD":
+                        rules.check("ddp.view+keep-grads: step 2 forward = its start + a second bucket set (rebuild)",
+                                    st["phases"]["DATA"] + B, v, w)
+                    elif ph == "OPTIMIZER_STEP":
+                        rules.check("ddp.view: optimizer step = single-process (grads are the buckets)", rf["phases"][ph],
+                                    v, w)
+                    elif ph == "BACKWARD" and keep and s > 1:
+                        rules.check("ddp.view+keep-grads: backward (steady) = single-process (accumulates in the "
+                                    "buckets)", rf["phases"][ph], v, w)
+                if view:
+                    rules.check("ddp.view: end of step = single-process", rf["live_at_end"], st["live_at_end"], w)
+
+
+# ------------------------------------------------------------------------------ tensor parallel
+TP_DIMS = {"s": 32, "b": 2, "h": 128, "ffn": 512, "heads": 8}
+
+
+def tp_figures(model, t, sp):
+    s, b, h, ffn, a = (TP_DIMS[k] for k in ("s", "b", "h", "ffn", "heads"))
+    s_ = s // t if sp else s  # rows a rank holds outside the parallel linears
+    if model == "mlp":
+        numels = [h, h, ffn // t * h, ffn // t, h * ffn // t, h]
+        saved = s_ * b * h + 2 * s_ * b + s_ * b * h + 2 * s * b * ffn // t
+        sp_params = [h, h, h]  # ln.w, ln.b, fc2.b
+    else:
+        numels = [h, h, 3 * h // t * h, 3 * h // t, h * h // t, h]
+        saved = 2 * s_ * b * h + 2 * s_ * b + 3 * s * b * h // t + b * (a // t) * s * s + s * b * h // t
+        sp_params = [h, h, h]  # ln.w, ln.b, proj.b
+    return numels, F32 * saved, F32 * sum(sp_params), F32 * s * b * h
+
+
+def account_tp(cases, rules):
+    for cid, d in cases.items():
+        if not cid.startswith("tp/"):
+            continue
+        cfg, t = d["config"], d["world_size"]
+        numels, saved, sp_grads, gathered = tp_figures(cfg["model"], t, cfg["sp"])
+        P = F32 * sum(numels)
+        S = optimizer_state(cfg["optimizer"], numels)
+        for r, rk in enumerate(d["ranks"]):
+            w = f"{cid} rank {r}"
+            rules.check("tp.saved: closed form per model (sequence-sharded outside the parallel linears under SP)",
+                        saved, rk["saved_for_backward"], w)
+            rules.check("tp.sp: the global 'mpu' buffer = s*b*h (all-gathered input)",
+                        {"mpu": gathered} if cfg["sp"] else {}, rk["global_buffers"], w)
+            for st in rk["steps"]:
+                e = st["end_of_step"]
+                rules.check("tp.end: parameters = sharded weights + replicated norms and row bias", P, e["parameters"], w)
+                rules.check("tp.end: gradients = parameters", P, e["gradients"], w)
+                rules.check("tp.end: optimizer state over the rank's parameters", S, e["optimizer_state"], w)
+                rules.check("tp.end: other live = the global buffer (SP)", gathered if cfg["sp"] else 0,
+                            st["other_at_end"], w)
+                if cfg["sp"]:
+                    before = P + P + (S if st["step"] > 1 else 0) + gathered
+                    rules.check("tp.sp: grad sync peak = its start + one flat copy of the replicated grads",
+                                before + sp_grads, st["phases"]["GRAD_SYNC"], w)
+
+
+# ------------------------------------------------------------------------------ pipeline
+def pp_in_flight(schedule, p, rank, m):
+    """Micro-batches whose activations a stage holds at its second backward (B1): GPipe m - 1;
+    1F1B min(p - rank, m), less one if B1 falls in the cool-down (m - warmup < 2)."""
+    if schedule == "gpipe":
+        return m - 1
+    warmup = min(p - rank - 1, m)
+    return p - rank if m - warmup >= 2 else p - rank - 1
+
+
+def account_pp(cases, rules, r0):
+    blocks_per = {}
+    for cid, d in cases.items():
+        if not cid.startswith("pp/"):
+            continue
+        cfg, p = d["config"], d["world_size"]
+        keep = not cfg.get("deallocate_outputs", True)
+        for r, rk in enumerate(d["ranks"]):
+            w = f"{cid} stage {r}"
+            st0 = rk["stage"]
+            nblocks = st0["blocks"][1] - st0["blocks"][0]
+            blocks_per[(p, r)] = nblocks
+            kind = "first" if st0["first"] else ("last" if st0["last"] else "middle")
+            A = rk["saved_per_microbatch"]
+            out = F32 * cfg["batch"] * 16 * 64  # [b, t, d] float32
+            # per micro-batch beyond A: 8 B per block (the 0-dim f64 of `scores / sqrt(hd)` autograd
+            # keeps) and 4 B (the 1-element stub deallocate_output_tensor leaves), or the whole
+            # output when outputs are kept
+            # the last stage's output is the loss: nothing beyond A when kept, the 4-byte stub otherwise
+            delta = 8 * nblocks + ((0 if st0["last"] else out) if keep else 4)
+            s2 = rk["steps"][1]
+            k = pp_in_flight(cfg["schedule"], p, r, cfg["microbatches"])
+            rules.check("pp.in_flight: at B1, GPipe m - 1, 1F1B min(p - rank, m)", k, s2["in_flight_at_peak"], w)
+            rules.check("pp.peak: steady-state peak is at B1", "B1", s2["peak_phase"], w)
+            pgs = sum(s2["end_of_step"].values())
+            rules.check("pp.peak: = P + G + S + k * (A + per-micro-batch extra) + R0(stage kind)",
+                        pgs + k * (A + delta) + r0[kind], s2["peak"], w)
+
+
+PP_R0 = {"first": 106752, "middle": 114944, "last": 147204}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tables", action="store_true", help="print the document's tables")
+    args = ap.parse_args()
+    cases = load()
+    rules = Rules()
+    account_dp(cases, rules)
+    account_tp(cases, rules)
+    account_pp(cases, rules, PP_R0)
+    failed = 0
+    for rule, (n, fails) in rules.results.items():
+        print(f"{'ok  ' if not fails else 'MISS'} {n:>4} figures  {rule}")
+        for f in fails[:6]:
+            print(f"           {f}")
+        failed += bool(fails)
+    if args.tables:
+        tables(cases)
+    return 1 if failed else 0
+
+
+def _peak(st):
+    ph = max(st["phases"], key=lambda k: st["phases"][k])
+    return f"{st['phases'][ph]:,} ({ph.lower().replace('optimizer_step', 'step')})"
+
+
+def tables(cases):
+    """Markdown tables of the measured figures (one row per case and distinct rank)."""
+    groups = [("ddp/", "DDP"), ("zero/", "ZeroRedundancyOptimizer"), ("tp/", "Tensor parallel"),
+              ("pp/", "Pipeline")]
+    for prefix, title in groups:
+        print(f"\n{title}\n")
+        if prefix == "pp/":
+            print("| case | stage | blocks | A (saved/micro-batch) | step 1 peak | steady peak (phase, in flight) "
+                  "| P / G / S at end |")
+            print("|---|---|---|---|---|---|---|")
+        else:
+            print("| case | rank | saved | step 1 peak (phase) | steady peak (phase) | P / G / S at end | other at end |")
+            print("|---|---|---|---|---|---|---|")
+        for cid, d in cases.items():
+            if not cid.startswith(prefix):
+                continue
+            seen = []
+            for r, rk in enumerate(d["ranks"]):
+                key = json.dumps({k: v for k, v in rk.items() if k not in ("unseen_frees", "reference")},
+                                 sort_keys=True)
+                if key in seen:
+                    continue
+                seen.append(key)
+                first, last = rk["steps"][0], rk["steps"][-1]
+                e = last["end_of_step"]
+                pgs = f"{e['parameters']:,} / {e['gradients']:,} / {e['optimizer_state']:,}"
+                same = [i for i, x in enumerate(d["ranks"]) if json.dumps(
+                    {k: v for k, v in x.items() if k not in ("unseen_frees", "reference")}, sort_keys=True) == key]
+                ranks = ",".join(map(str, same)) if len(same) < len(d["ranks"]) else "all"
+                if prefix == "pp/":
+                    st = rk["stage"]
+                    print(f"| {cid} | {ranks} | {st['blocks'][0]}-{st['blocks'][1] - 1}"
+                          f"{' +emb' if st['first'] else ''}{' +head' if st['last'] else ''} | "
+                          f"{rk['saved_per_microbatch']:,} | {first['peak']:,} ({first['peak_phase']}) | "
+                          f"{last['peak']:,} ({last['peak_phase']}, {last['in_flight_at_peak']}) | {pgs} |")
+                else:
+                    print(f"| {cid} | {ranks} | {rk['saved_for_backward']:,} | {_peak(first)} | {_peak(last)} | "
+                          f"{pgs} | {last['other_at_end']:,} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
