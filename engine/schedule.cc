@@ -121,6 +121,11 @@ class StepSimulator {
     // both operands): AccumulateGrad then copies it. A view of a shared storage (a slice of
     // cat's gradient) is a handle of its own, and is stolen.
     bool shared_handle = false;
+    // A view of another tensor, which it keeps alive (a view-making backward's output; linear's
+    // weight gradient, which TBackward hands on as grad.t()): its storage has two owners, so
+    // PyTorch 2.x's InputBuffer never adds a second gradient into it in place
+    // (can_accumulate_inplace wants the storage's use count to be 1).
+    bool view = false;
   };
   struct SavedByOp {
     std::vector<std::pair<StorageTable*, int>> holds;
@@ -708,6 +713,7 @@ class StepSimulator {
       Strides strides;
       bool shared_handle = false;
       int input = 0;  // the op's input index
+      bool view = false;
     };
     std::vector<Flow> flows;
     // View-like backwards hand each input a new view; the others the incoming tensor itself.
@@ -744,17 +750,21 @@ class StepSimulator {
         if (PassThroughStrides(i, static_cast<int>(k), pending_[out0].strides, &st)) {
           ++grads_[pending_[out0].grad].refs;
           const bool shared = !new_handles && (passed >= 2 || pending_[out0].shared_handle);
-          flows.push_back({op.inputs[k], pending_[out0].grad, st, shared, static_cast<int>(k)});
+          flows.push_back({op.inputs[k], pending_[out0].grad, st, shared, static_cast<int>(k),
+                           new_handles || pending_[out0].view});
           continue;
         }
       }
       // A gradient bound for an empty .grad counts as a gradient from the start.
       const bool to_grad = in.role == TensorRole::kParameter && param_grad_[op.inputs[k]] == -1 &&
                            pending_[op.inputs[k]].grad < 0;
+      // F.linear runs addmm / matmul on weight.t(): the weight's gradient leaves TBackward as a
+      // view (on CUDA, PyTorch 2.x; 1.13's CPU runtime sums out of place anyway).
+      const bool weight_view = cfg_.runtime == Runtime::kCuda && k == 1 && op.kind == "linear";
       flows.push_back({op.inputs[k],
                        NewGrad(Bytes(in.shape, in.dtype),
                                to_grad ? Category::kGradients : Category::kTemporaries),
-                       ContiguousStrides(in.shape), false, static_cast<int>(k)});
+                       ContiguousStrides(in.shape), false, static_cast<int>(k), weight_view});
     }
     if (!consume_first) make_temps();
     if (opt_.record_operands) RecordBackwardOperands(i, incoming_buffer, flows);
@@ -771,7 +781,7 @@ class StepSimulator {
       std::stable_sort(flows.begin(), flows.end(),
                        [&](const Flow& a, const Flow& b) { return rank(a) < rank(b); });
     }
-    for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides), f.shared_handle);
+    for (Flow& f : flows) Deliver(f.tensor, f.grad, std::move(f.strides), f.shared_handle, f.view);
     for (int t : op.inputs) {
       if (first_reader_[t] == i) FlushParamGrad(t);
     }
@@ -817,7 +827,7 @@ class StepSimulator {
   // t before, until every op that reads t has run backward: for an activation that is when t's
   // producer runs backward; a parameter's AccumulateGrad runs once, after its first reader's
   // backward (FlushParamGrad), with the sum of every use (an RNN's weights, tied embeddings).
-  void Deliver(int t, int grad, Strides strides, bool shared_handle = false) {
+  void Deliver(int t, int grad, Strides strides, bool shared_handle = false, bool view = false) {
     const Tensor& ten = g_.tensors[t];
     if (!ten.requires_grad) {
       Deref(grad);
@@ -825,8 +835,8 @@ class StepSimulator {
     }
     Pending& p = pending_[t];
     if (p.grad < 0) {
-      p = {grad, std::move(strides), shared_handle};
-    } else if (grads_[p.grad].refs == 1 && IsDense(ten.shape, p.strides) &&
+      p = {grad, std::move(strides), shared_handle, view};
+    } else if (grads_[p.grad].refs == 1 && !p.view && IsDense(ten.shape, p.strides) &&
                cfg_.runtime != Runtime::kCpuTorch113) {  // 1.13: always old_var + var
       Deref(grad);  // InputBuffer: old_var.add_(var) into the uniquely owned, dense one
     } else {
