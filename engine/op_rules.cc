@@ -27,8 +27,10 @@ Status RequireRank(const OpCall& c, size_t i, int lo, int hi) {
   return Status::Ok();
 }
 
-Strides DenseStridesLike(const Tensor& t) {
-  if (IsContiguous(t.shape, t.strides)) return ContiguousStrides(t.shape);
+Strides DenseStridesLike(const Tensor& t) { return DenseStridesLike(t, t.shape); }
+
+Strides DenseStridesLike(const Tensor& t, const Shape& shape) {
+  if (IsContiguous(t.shape, t.strides)) return ContiguousStrides(shape);
   const size_t n = t.shape.size();
   std::vector<size_t> order(n);  // dims from outermost (largest stride) to innermost
   for (size_t i = 0; i < n; ++i) order[i] = i;
@@ -38,7 +40,7 @@ Strides DenseStridesLike(const Tensor& t) {
   int64_t step = 1;
   for (size_t k = n; k-- > 0;) {
     s[order[k]] = step;
-    step *= std::max<int64_t>(t.shape[order[k]], 1);
+    step *= std::max<int64_t>(shape[order[k]], 1);
   }
   return s;
 }

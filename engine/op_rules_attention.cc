@@ -82,9 +82,7 @@ StatusOr<std::vector<OutputSpec>> InferSdpa(const OpCall& c) {
     // The fused kernels allocate the output in the query's memory layout (measured on 2.15's
     // CPU: nn.MultiheadAttention's permute(2, 0, 1, 3).contiguous() of it then copies nothing;
     // on CUDA flash's empty_like(q.transpose(1, 2)), efficient's [B, L, H, Dv]).
-    Tensor like = c.in(0);
-    like.shape = out;
-    spec.strides = DenseStridesLike(like);
+    spec.strides = DenseStridesLike(c.in(0), out);
   }
   return std::vector<OutputSpec>{spec};
 }

@@ -341,7 +341,7 @@ StatusOr<std::vector<OutputSpec>> InferUpsample(const OpCall& c) {
   Shape out = c.in(0).shape;
   out[2] = size[0];
   out[3] = size[1];
-  return std::vector<OutputSpec>{{out, c.in(0).dtype, DenseStridesLike(c.in(0))}};
+  return std::vector<OutputSpec>{{out, c.in(0).dtype, DenseStridesLike(c.in(0), out)}};
 }
 
 void UpsampleMemory(const OpCall& c, OpMemory* m) {

@@ -32,6 +32,9 @@ inline std::string AttrField(const OpCall& c, const char* name) {
 // Dense strides that keep `t`'s memory order (what empty_like / TensorIterator give an
 // output of a pointwise op on a permuted input).
 Strides DenseStridesLike(const Tensor& t);
+// Dense strides for `shape` (of t's rank) in t's memory order: an op that resizes some dims
+// (upsample) and keeps the input's layout.
+Strides DenseStridesLike(const Tensor& t, const Shape& shape);
 // A new output like `t`: same shape and dtype, laid out in t's memory order.
 inline OutputSpec Like(const Tensor& t) {
   return OutputSpec{t.shape, t.dtype, DenseStridesLike(t), -1, true};

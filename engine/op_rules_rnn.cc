@@ -42,6 +42,10 @@ StatusOr<std::vector<OutputSpec>> InferRecurrent(const OpCall& c) {
   const Shape state{s.layers * s.dirs, b, s.hidden};
   const DType d = c.in(0).dtype;
   std::vector<OutputSpec> outs{{out, d}, {state, d}};
+  // batch_first: aten::lstm / gru run sequence-major and hand back output.transpose(0, 1), a
+  // [B, T, H] view of a [T, B, H] tensor (nn.MultiheadAttention's transpose back is then a
+  // contiguous view).
+  if (s.batch_first) outs[0].strides = Strides{out_features, b * out_features, 1};
   if (s.lstm) outs.push_back({state, d});
   return outs;
 }
