@@ -17,14 +17,14 @@ using enginetest::PlainTraining;
 
 // Linear(1024, 1024) x 2, Linear(1024, 128), Linear(128, 64), float32: the model measured on
 // PyTorch 1.13 with gloo for DDP's buckets (/work/briefs/parallel-facts.md, section 1).
-Graph FourLinears() {
+Graph FourLinears(DType dtype = DType::kFloat32) {
   GraphBuilder b;
-  int h = b.Input("x", {2, 1024}, DType::kFloat32);
+  int h = b.Input("x", {2, 1024}, dtype);
   const int64_t dims[][2] = {{1024, 1024}, {1024, 1024}, {128, 1024}, {64, 128}};
   for (int k = 0; k < 4; ++k) {
     const std::string s = "l" + std::to_string(k);
-    h = b.Add1("linear", {h, b.Parameter(s + ".weight", {dims[k][0], dims[k][1]}, DType::kFloat32),
-                          b.Parameter(s + ".bias", {dims[k][0]}, DType::kFloat32)});
+    h = b.Add1("linear", {h, b.Parameter(s + ".weight", {dims[k][0], dims[k][1]}, dtype),
+                          b.Parameter(s + ".bias", {dims[k][0]}, dtype)});
   }
   b.BeginLoss();
   b.SetLoss(b.Add1("sum", {h}));
@@ -162,12 +162,6 @@ TEST(DataParallelTest, SettingsThatMakeNoSenseAreRefused) {
             std::string::npos);
 }
 
-}  // namespace
-}  // namespace memest
-
-namespace memest {
-namespace {
-
 // A DDP estimate's report names the rank and the buckets, and its advice measures
 // gradient_as_bucket_view.
 TEST(DataParallelTest, EstimateReportsTheRankAndAdvisesBucketViews) {
@@ -200,12 +194,6 @@ TEST(DataParallelTest, EstimateReportsTheRankAndAdvisesBucketViews) {
   EXPECT_FALSE(Estimate(model, c).value().data_parallel.has_value());
 }
 
-}  // namespace
-}  // namespace memest
-
-namespace memest {
-namespace {
-
 RunConfig Zero2(int64_t ranks) {
   RunConfig c = PlainTraining();
   c.precision = Precision::kBf16Pure;
@@ -216,25 +204,11 @@ RunConfig Zero2(int64_t ranks) {
   return c;
 }
 
-Graph FourLinearsBf16() {
-  GraphBuilder b;
-  int h = b.Input("x", {2, 1024}, DType::kBFloat16);
-  const int64_t dims[][2] = {{1024, 1024}, {1024, 1024}, {128, 1024}, {64, 128}};
-  for (int k = 0; k < 4; ++k) {
-    const std::string s = "l" + std::to_string(k);
-    h = b.Add1("linear", {h, b.Parameter(s + ".weight", {dims[k][0], dims[k][1]}, DType::kBFloat16),
-                          b.Parameter(s + ".bias", {dims[k][0]}, DType::kBFloat16)});
-  }
-  b.BeginLoss();
-  b.SetLoss(b.Add1("sum", {h}));
-  return b.Finish().value();
-}
-
 // DeepSpeed ZeRO-2 on 4 ranks, 2,238,656 bf16 parameters: the flat buffer needs no padding
 // (a multiple of 2 x 4), each rank's partition is 559,664 elements: fp32 master 2,238,656 B,
 // AdamW state 4,477,312 B, averaged_gradients 1,119,328 B.
 TEST(DataParallelTest, DeepSpeedZero2PartitionsTheFlatStates) {
-  const Graph g = FourLinearsBf16();
+  const Graph g = FourLinears(DType::kBFloat16);
   const RankView v = PlanDataParallel(g, Zero2(4)).value();
   ASSERT_TRUE(v.zero2.has_value());
   EXPECT_EQ(v.zero2->partition_elements, 559664);
@@ -257,7 +231,7 @@ TEST(DataParallelTest, DeepSpeedZero2PartitionsTheFlatStates) {
 // 2 P + 18 P / N (it counts one 16-bit copy of the gradients). The backward peak has the ipg
 // buffer under communication.
 TEST(DataParallelTest, DeepSpeedZero2StepPeakIsTheFlatPartitionsAndTheirCopies) {
-  const Graph g = FourLinearsBf16();
+  const Graph g = FourLinears(DType::kBFloat16);
   RunConfig c = Zero2(4);
   const RankView v = PlanDataParallel(g, c).value();
   ScheduleOptions o;
