@@ -78,7 +78,10 @@ StatusOr<DeepSpeedZero2> PlanZero2(const Graph& g, const RunConfig& c) {
       overlap += sizes[j];
       s += sizes[j];
     }
-    most = std::max(most, overlap);
+    if (overlap > most) {
+      most = overlap;
+      z.rank = r;
+    }
   }
   MEMEST_ASSIGN_OR_RETURN(z.grads_in_partition_bytes, CheckedMul(most, z.grad_element_bytes));
   const OptimizerCosts oc = CostsOf(c.optimizer, c.runtime);
@@ -165,6 +168,7 @@ StatusOr<RankView> PlanDataParallel(const Graph& g, const RunConfig& c) {
   view.grads_in_buckets = p.gradient_as_bucket_view;
   if (p.sharding == DataSharding::kDeepSpeedZero2) {
     MEMEST_ASSIGN_OR_RETURN(view.zero2, PlanZero2(g, c));
+    view.rank = view.zero2->rank;
     view.optimizer_owns.assign(g.tensors.size(), 0);  // the flat partition is stepped instead
     return view;
   }

@@ -47,6 +47,7 @@ struct DdpBucket {
 
 // DeepSpeed ZeRO-2's buffers on one rank (all bytes).
 struct DeepSpeedZero2 {
+  int64_t rank = 0;                // the rank whose grads_in_partition is the largest
   int64_t partition_elements = 0;  // the rank's share of the padded flat parameters
   int64_t master_bytes = 0;        // fp32 master partition (0 for float32 parameters)
   int64_t state_bytes = 0;         // optimizer state over the partition, float32
@@ -76,8 +77,8 @@ struct RankView {
   int64_t BucketBytes() const;
 };
 
-// The view of the rank that holds the most (ZeRO-1: the most optimizer elements, the lowest
-// such rank), for config.parallelism. A config without data parallelism gives an empty view
+// The view of the rank that holds the most (the lowest such rank; ZeRO-1: the most optimizer
+// elements; DeepSpeed ZeRO-2: the largest grads_in_partition), for config.parallelism. A config without data parallelism gives an empty view
 // (world 1, no buckets). Buckets follow DDP's assignment (compute_bucket_assignment_by_size):
 // per dtype, parameters in the order their gradients become ready, a bucket closing once its
 // bytes reach the limit (a first bucket of 1 MiB, then the cap); on the first step the

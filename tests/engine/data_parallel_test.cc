@@ -223,6 +223,7 @@ TEST(DataParallelTest, DeepSpeedZero2PartitionsTheFlatStates) {
   // l1.weight (from 1,049,600): 2,098,176 elements, the most; rank 2 l1.weight alone; rank 3
   // the rest of l1.weight and everything after it (1,189,056).
   EXPECT_EQ(v.zero2->grads_in_partition_bytes, 2098176 * 2);
+  EXPECT_EQ(v.rank, 1);
 }
 
 // The step's peak holds the 16-bit parameters, the fp32 master and AdamW state of the
