@@ -27,10 +27,13 @@ RANK_SLACK = 1024      # ranks whose peaks are this close hold "the same" (run.p
 
 
 def find_memest(explicit):
-    for p in (explicit, os.environ.get("MEMEST_BIN"), os.path.join(ROOT, "build", "bin", "memest")):
+    """`explicit` when given (it must be an executable), else $MEMEST_BIN or build/bin/memest."""
+    for p in ([explicit] if explicit else
+              [os.environ.get("MEMEST_BIN"), os.path.join(ROOT, "build", "bin", "memest")]):
         if p and os.path.isfile(p) and os.access(p, os.X_OK):
             return p
-    raise SystemExit("run.py: memest not found (build first: bash scripts/build.sh, or --memest PATH)")
+    raise SystemExit(f"run.py: memest not found at {explicit or 'build/bin/memest'} "
+                     "(build first: bash scripts/build.sh, or --memest PATH)")
 
 
 def not_expressible(case):
