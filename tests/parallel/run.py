@@ -287,8 +287,7 @@ def check_memest(memest, sel, report, from_expected):
         passed, failed = passed + ok, failed + (not ok)
         print(f"{'ok' if ok else 'FAIL':<5} {c.id} [rank {info['rank']} of {c.world}]")
         memest_check.print_rows(rows)
-        if c.id in report:
-            report[c.id]["memest"] = {"rank": info["rank"], "rows": rows}
+        report.setdefault(c.id, {"case": c.id})["memest"] = {"rank": info["rank"], "rows": rows}
     print(f"({time.time() - t0:.1f} s)")
     print(f"memest: {passed} passed, {failed} failed, {skipped} skipped")
     return failed
