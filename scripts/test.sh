@@ -43,6 +43,13 @@ for k in conv resnet unet; do
   /usr/bin/python3 tests/conformance/run.py -k "${k}" --onednn-max-isa AVX2 || failed+=("conformance ${k} on AVX2")
 done
 
+# The per-rank truth of data, tensor and pipeline parallelism (tests/parallel): 2 and 4 gloo
+# ranks of PyTorch 1.13 on the CPU, every rank measured and compared with
+# tests/parallel/expected/ (docs/parallelism-truth.md); then memest's estimate of every DDP and
+# ZeroRedundancyOptimizer case against the rank it estimates (docs/parallelism.md, "Checked").
+section "parallel"
+/usr/bin/python3 tests/parallel/run.py --memest "${BUILD_DIR:-build}/bin/memest" || failed+=("parallel")
+
 # The Python client (client/python): installed into a venv that sees Debian's grpcio,
 # protobuf, pandas and matplotlib (no network), then pytest against a real memest-server on
 # port 0.

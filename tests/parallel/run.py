@@ -4,7 +4,7 @@ processes; each rank measured as the conformance suite measures one process.
 
 Usage (Debian's PyTorch: /usr/bin/python3):
   /usr/bin/python3 tests/parallel/run.py [--case SUBSTRING ...] [--list] [--write-expected]
-      [--report FILE]
+      [--report FILE] [--memest [PATH]] [--no-measure]
 
 For every case (cases.py) it starts the case's world size of gloo ranks (one set of processes
 per world size, its cases run in order), measures every rank and compares each number with
@@ -17,6 +17,13 @@ Equal means equal to the byte, except live-byte figures (peaks, live at a mark, 
 which may move by PEAK_SLACK bytes: the few small tensors whose free the trace sometimes misses
 (common.py, "Unseen frees"; at most Trace.UNSEEN_LIMIT bytes each) are left out of the figures
 when it does. `unseen_frees` itself is reported, not compared.
+
+--memest [PATH] (default build/bin/memest) also compares memest's estimate of every DDP and
+ZeroRedundancyOptimizer case with this run's measurement of the rank memest estimates
+(memest_check.py: which quantities, to what bounds, which cases are SKIP and why), prints each
+quantity measured vs estimated and `memest: N passed, M failed, K skipped`; a failure there
+fails the run too. --no-measure takes the measurement from expected/<case>.json instead of
+running PyTorch (quick, for memest's side only).
 """
 import argparse
 import json
@@ -35,6 +42,7 @@ import common  # noqa: E402,F401  (paths, environment)
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+import memest_check  # noqa: E402
 import registry  # noqa: E402
 
 EXPECTED = os.path.join(HERE, "expected")
@@ -148,6 +156,11 @@ def main():
     ap.add_argument("--write-expected", action="store_true",
                     help="write expected/<case>.json (and expected/models/) from this run")
     ap.add_argument("--report", help="write every measurement here (JSON)")
+    ap.add_argument("--memest", nargs="?", const="", metavar="PATH",
+                    help="also compare memest's estimate of the DDP and ZeRO cases with the "
+                         "measurement (default PATH: build/bin/memest)")
+    ap.add_argument("--no-measure", action="store_true",
+                    help="with --memest: take the measurement from expected/<case>.json")
     ap.add_argument("--explain", action="store_true",
                     help="print, per rank and phase, what was live at the phase's peak (the op "
                          "that allocated each block); not compared")
@@ -161,8 +174,26 @@ def main():
     if not sel:
         print("no case matches", file=sys.stderr)
         return 2
+    if args.no_measure and args.memest is None:
+        print("--no-measure goes with --memest", file=sys.stderr)
+        return 2
     if args.explain:
         os.environ["PARALLEL_EXPLAIN"] = "1"  # read by the ranks (common.explained)
+    memest = memest_check.find_memest(args.memest) if args.memest is not None else None
+    failed, report = 0, {}
+    if not args.no_measure:
+        failed, report = measure(args, sel)
+    if memest is not None:
+        failed += check_memest(memest, sel, report, args.no_measure)
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(report, f, indent=1)
+    return 1 if failed else 0
+
+
+def measure(args, sel):
+    """Measures the cases `sel` and compares them with their expected files (or writes those);
+    prints per case and `N passed, M failed`. Returns (failures, {case id: its measurement})."""
     t0 = time.time()
     results = {}
     for world in sorted({c.world for c in sel}):
@@ -219,12 +250,47 @@ def main():
                 print(f"      ... {len(diffs) - 20} more")
         else:
             print(f"ok    {c.id}")
-    if args.report:
-        with open(args.report, "w") as f:
-            json.dump(report, f, indent=1)
     print(f"({time.time() - t0:.1f} s)")
     print(f"{len(sel) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    return failed, report
+
+
+def check_memest(memest, sel, report, from_expected):
+    """memest against each DDP and ZeRO case's measurement (report[case id]["ranks"]; with
+    `from_expected`, its expected file). Prints per case and quantity; adds the rows to the
+    report. Returns the number of failed cases."""
+    t0 = time.time()
+    print(f"\n== memest ({os.path.relpath(memest)}) against the measured rank it estimates")
+    passed = failed = skipped = 0
+    for c in sel:
+        skip = memest_check.not_expressible(c)
+        if skip:
+            skipped += 1
+            print(f"SKIP  {c.id}: {skip}")
+            continue
+        if from_expected:
+            with open(case_file(c.id)) as f:
+                ranks = json.load(f)["ranks"]
+        elif c.id in report and all("steps" in r for r in report[c.id]["ranks"]):
+            ranks = report[c.id]["ranks"]
+        else:
+            failed += 1
+            print(f"ERROR {c.id}: no measurement to compare with")
+            continue
+        try:
+            rows, info = memest_check.check(memest, c, ranks)
+        except Exception as e:  # memest refused or failed: a failure, with its message
+            failed += 1
+            print(f"ERROR {c.id}: {type(e).__name__}: {e}")
+            continue
+        ok = all(r["ok"] for r in rows)
+        passed, failed = passed + ok, failed + (not ok)
+        print(f"{'ok' if ok else 'FAIL':<5} {c.id} [rank {info['rank']} of {c.world}]")
+        memest_check.print_rows(rows)
+        report.setdefault(c.id, {"case": c.id})["memest"] = {"rank": info["rank"], "rows": rows}
+    print(f"({time.time() - t0:.1f} s)")
+    print(f"memest: {passed} passed, {failed} failed, {skipped} skipped")
+    return failed
 
 
 if __name__ == "__main__":

@@ -1,0 +1,181 @@
+"""memest's data-parallel estimate against the per-rank truth (run.py --memest).
+
+For every DDP and ZeroRedundancyOptimizer case memest can express, `memest estimate --local
+--runtime cpu-1.13` runs on the case's whole model (expected/models/<model>.json) with the
+case's settings (dp.py: batch, optimizer, bucket_cap_mb, gradient_as_bucket_view, keep-grads,
+ZeRO), once with --first-step (compared with the measured step 1, which runs with DDP's
+construction-time bucket layout) and once for the steady state (compared with the last
+measured step; step 2 is the one whose forward rebuilds the buckets). memest estimates the rank
+that holds the most and says which (`dataParallel.rank`); that rank's measurement is compared,
+to the conformance suite's bounds (tests/conformance/run.py): saved-for-backward and end-of-step
+parameter, gradient and optimizer-state bytes to the byte, every phase's peak and the step's
+peak within 1%. Also checked: that the measured ranks holding the most include memest's rank,
+and that memest's DDP bucket sizes are the ones DDP logged (bucket_sizes at step 1,
+rebuilt_bucket_sizes after).
+
+Cases memest cannot express are SKIP, with the reason (`not_expressible`).
+"""
+import json
+import os
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODELS = os.path.join(HERE, "expected", "models")
+PEAK_TOLERANCE = 0.01  # peaks within 1%; everything else equal (tests/conformance/run.py)
+RANK_SLACK = 1024      # ranks whose peaks are this close hold "the same" (run.py's PEAK_SLACK)
+
+
+def find_memest(explicit):
+    """`explicit` when given (it must be an executable), else $MEMEST_BIN or build/bin/memest."""
+    for p in ([explicit] if explicit else
+              [os.environ.get("MEMEST_BIN"), os.path.join(ROOT, "build", "bin", "memest")]):
+        if p and os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    raise SystemExit(f"run.py: memest not found at {explicit or 'build/bin/memest'} "
+                     "(build first: bash scripts/build.sh, or --memest PATH)")
+
+
+def not_expressible(case):
+    """Why memest cannot estimate `case` yet, or None when it can."""
+    p = case.params
+    if case.id.startswith("tp/"):
+        return "tensor and sequence parallelism are not in config.parallelism yet (issue 11)"
+    if case.id.startswith("pp/"):
+        return "pipeline parallelism is not in config.parallelism yet (issue 11)"
+    if not case.id.startswith(("ddp/", "zero/")):
+        return "not a data-parallel case"
+    if p.get("find_unused_parameters"):
+        return ("find_unused_parameters=True (definition-order buckets never rebuilt, "
+                "local_used_map_) is not a memest setting")
+    if p.get("parameters_as_bucket_view"):
+        return ("ZeroRedundancyOptimizer(parameters_as_bucket_view=True) is not a memest setting "
+                "(it moves the parameters into per-rank flat buckets at construction)")
+    return None
+
+
+def command(memest, case, first_step):
+    p = case.params
+    # dp.py's module returns the loss alone (Recorder.take): the loop holds no outputs.
+    cmd = [memest, "estimate", "--local", "--runtime", "cpu-1.13", "--json", "--no-advice",
+           "--no-hold-outputs",
+           "--model", os.path.join(MODELS, f"{case.model}.json"), "--batch", str(p["batch"]),
+           "--precision", "fp32", "--optimizer", p["optimizer"], "--optimizer-impl", "for-loop",
+           "--data-parallel", str(case.world), "--dp-strategy", "zero1" if p.get("zero") else "ddp",
+           "--bucket-cap-mb", repr(p["bucket_cap_mb"])]
+    if p["optimizer"] == "adamw" and p.get("zero"):
+        cmd += ["--weight-decay", "0.01"]  # dp.py builds torch.optim.AdamW with its default decay
+    if p["gradient_as_bucket_view"]:
+        cmd.append("--gradient-as-bucket-view")
+    if p.get("keep_grads"):
+        cmd.append("--keep-grads")
+    if first_step:
+        cmd.append("--first-step")
+    return cmd
+
+
+def estimate(cmd):
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memest exited {proc.returncode}: "
+                           f"{proc.stderr.strip() or proc.stdout.strip()}\n  command: {' '.join(cmd)}")
+    return json.loads(proc.stdout)
+
+
+def _int(v):
+    return int(v) if v not in (None, "") else 0
+
+
+def estimated_quantities(resp, grads_in_buckets):
+    """The figures of memest's response `resp`. With gradient_as_bucket_view, .grad is a view
+    of DDP's buckets: the trace counts that storage as the gradients' (dp.py, model_state: the
+    .grad tensors' storages), memest files it under communication (the buckets) and counts no
+    gradient beside it; the end-of-step gradients are then compared as memest's gradients plus
+    its buckets, the same storage under one name."""
+    eos = resp.get("endOfStep") or {}
+    grads = _int(eos.get("gradients"))
+    if grads_in_buckets:
+        grads += _int(eos.get("communication"))
+    q = {"saved_for_backward": _int(resp.get("savedForBackwardBytes")),
+         "end_of_step.parameters": _int(eos.get("parameters")),
+         "end_of_step.gradients": grads,
+         "end_of_step.optimizer_state": _int(eos.get("optimizerState"))}
+    for ph in resp.get("phases", []):
+        q["peak." + ph.get("phase", "").replace("PHASE_", "")] = _int(ph.get("allocatedBytes"))
+    q["peak"] = _int((resp.get("peak") or {}).get("allocatedBytes"))
+    return q
+
+
+def measured_quantities(rank, step):
+    q = {"saved_for_backward": rank["saved_for_backward"]}
+    for k, v in step["end_of_step"].items():
+        q[f"end_of_step.{k}"] = v
+    for ph, v in step["phases"].items():
+        q[f"peak.{ph}"] = v
+    q["peak"] = step["peak"]
+    return q
+
+
+def compare(measured, estimated):
+    """Rows (quantity, measured, estimated, relative error, ok), the conformance suite's rule."""
+    keys = list(measured) + [k for k, v in estimated.items()
+                             if k not in measured and k.startswith("peak.") and v]
+    rows = []
+    for k in keys:
+        m, e = measured.get(k, 0), estimated.get(k, 0)
+        rel = (e - m) / m if m else (0.0 if e == 0 else float("inf"))
+        ok = abs(rel) <= PEAK_TOLERANCE if k.startswith("peak") else e == m
+        rows.append({"quantity": k, "measured": m, "estimated": e,
+                     "rel": None if rel == float("inf") else rel, "ok": ok})
+    return rows
+
+
+def check(memest, case, ranks):
+    """Compares memest with the measured `ranks` of `case`. Returns (rows, info): rows carry
+    the step they belong to; info says which rank was compared."""
+    est = {first: estimate(command(memest, case, first)) for first in (True, False)}
+    rank = _int((est[False].get("dataParallel") or {}).get("rank"))
+    rows = []
+    peaks = [max(s["peak"] for s in r["steps"]) for r in ranks]
+    most = [i for i, p in enumerate(peaks) if p >= max(peaks) - RANK_SLACK]
+    rows.append({"step": "-", "quantity": "rank holding the most", "measured": most,
+                 "estimated": rank, "rel": None, "ok": rank in most})
+    measured = ranks[rank]
+    steps = measured["steps"]
+    ddp = measured.get("ddp") or {}
+    for label, first, step, sizes in (("first", True, steps[0], ddp.get("bucket_sizes")),
+                                      ("steady", False, steps[-1], ddp.get("rebuilt_bucket_sizes"))):
+        resp = est[first]
+        estimated = estimated_quantities(resp, case.params["gradient_as_bucket_view"])
+        for r in compare(measured_quantities(measured, step), estimated):
+            if r["quantity"] == "end_of_step.gradients" and case.params["gradient_as_bucket_view"]:
+                r["quantity"] += " (= buckets)"  # memest: gradients + communication
+            rows.append({"step": f"{label} (step {step['step']})", **r})
+        buckets = [_int(b) for b in (resp.get("dataParallel") or {}).get("bucketBytes", [])]
+        rows.append({"step": f"{label} (step {step['step']})", "quantity": "ddp bucket bytes",
+                     "measured": sizes, "estimated": buckets, "rel": None, "ok": buckets == sizes})
+    return rows, {"rank": rank}
+
+
+
+def print_rows(rows):
+    """The rows as a table: one line per quantity, the first step and the steady state side by
+    side (measured, estimated, relative error); `!!` marks a quantity out of bounds."""
+    steps = list(dict.fromkeys(r["step"] for r in rows if r["step"] != "-"))
+    table = {}
+    for r in rows:
+        table.setdefault(r["quantity"], {})[r["step"]] = r
+    print(f"      {'':<31}" + "".join(f"{s:>37}" for s in steps))
+    for q, by_step in table.items():
+        bad = not all(r["ok"] for r in by_step.values())
+        line = f"      {'!! ' if bad else '   '}{q:<28}"
+        for s in (["-"] if "-" in by_step else steps):
+            r = by_step.get(s)
+            if r is None:
+                line += f"{'-':>37}"
+            elif isinstance(r["measured"], int) and not isinstance(r["measured"], bool):
+                err = "inf" if r["rel"] is None else f"{r['rel']:+.2%}"
+                line += f"{r['measured']:>14,} {r['estimated']:>13,} {err:>8}"
+            else:
+                line += f"  measured {r['measured']}, estimated {r['estimated']}"
+        print(line)
