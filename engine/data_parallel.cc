@@ -247,6 +247,13 @@ void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
     ddp += "; micro-batches before the last run under no_sync()";
   }
   r->notes.push_back(ddp);
+  if (p.gradient_as_bucket_view && !c.zero_grad_set_to_none) {
+    r->notes.push_back(
+        "not in this estimate: the second step's forward, where DDP rebuilds its buckets while "
+        ".grad still views the old ones (gradient_as_bucket_view with zero_grad(set_to_none="
+        "False)); measured on 1.13 it holds up to one more copy of the gradients, and it is the "
+        "run's peak: leave set_to_none=True, or keep that copy of headroom");
+  }
   if (p.sharding == DataSharding::kZero1) {
     int64_t total = 0;
     int64_t least = view.owned_elements.empty() ? 0 : view.owned_elements[0];
