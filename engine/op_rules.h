@@ -118,6 +118,9 @@ struct OpMemory {
   std::vector<int64_t> output_storage_bytes;
   // Backward copies an incoming gradient that is not dense (an expanded view) before using it.
   bool backward_needs_dense_grad = false;
+  // Backward copies an incoming gradient that is not row-major contiguous (a transposed or
+  // sliced view: convolutions' grad_output.contiguous()) before using it.
+  bool backward_needs_contiguous_grad = false;
   // The backward runs as two autograd nodes (cross_entropy: nll_loss_backward, then
   // _log_softmax_backward_data): the first turns the incoming gradient into the backward
   // scratch, and the incoming gradient is released before the second makes the inputs'

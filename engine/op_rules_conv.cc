@@ -232,11 +232,14 @@ void CpuConvScratch(const OpCall& c, OpMemory* m) {
 }
 
 // One formula serves input, weight and bias (convolution_backward), so both input and weight
-// are kept whenever any gradient is needed.
+// are kept whenever any gradient is needed. Every backward kernel reads grad_output contiguous
+// in the input's memory format (row-major here): cuDNN (ConvShared.cpp), oneDNN
+// (mkldnn/Conv.cpp) and the native im2col path each copy one that is not.
 void ConvMemory(const OpCall& c, OpMemory* m) {
   const bool any = c.needs_grad(0) || c.needs_grad(1) || (c.inputs.size() == 3 && c.needs_grad(2));
   SaveInputIf(m, any, 0);
   SaveInputIf(m, any, 1);
+  m->backward_needs_contiguous_grad = any;
   if (c.runtime == Runtime::kCpuTorch113) CpuConvScratch(c, m);
 }
 

@@ -728,9 +728,13 @@ class StepSimulator {
       for (const Alloc& a : mem.backward_temps) {
         temps.push_back(NewBuffer(a.bytes, Category::kTemporaries));
       }
-      // An expanded incoming gradient (sum's backward) is made dense before the kernel reads it.
-      if (mem.backward_needs_dense_grad && pending_[incoming].grad >= 0 &&
-          !IsDense(g_.tensors[incoming].shape, pending_[incoming].strides)) {
+      // An expanded incoming gradient (sum's backward) is made dense, or a view that is not
+      // row-major contiguous (a transpose's backward) contiguous, before the kernel reads it.
+      const Strides& in_strides = pending_[incoming].strides;
+      const Shape& in_shape = g_.tensors[incoming].shape;
+      if (pending_[incoming].grad >= 0 &&
+          ((mem.backward_needs_dense_grad && !IsDense(in_shape, in_strides)) ||
+           (mem.backward_needs_contiguous_grad && !IsContiguous(in_shape, in_strides)))) {
         const Tensor& o = g_.tensors[incoming];
         temps.push_back(NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries));
       }

@@ -165,10 +165,26 @@ def _(r, b):
     return loss_of(r, r.conv2d(x, r.param("w", [8, 4, 3, 3]), None, stride=2, padding=1))
 
 
+# The output's gradient arrives transposed (flatten(2).transpose(1, 2)'s backward): every
+# convolution backward kernel makes grad_output contiguous first, a copy the size of the output.
+@case("ops", "conv2d_transposed_grad")
+def _(r, b):
+    x = r.input("x", [b, 3, 16, 16])
+    y = r.conv2d(x, r.param("w", [32, 3, 4, 4]), r.param("bias", [32]), stride=4)
+    return loss_of(r, r.exp(r.transpose(r.flatten(y, 2), 1, 2)))
+
+
 @case("ops", "conv_transpose2d")
 def _(r, b):
     x = lift(r, r.input("x", [b, 8, 8, 8]))
     return loss_of(r, r.conv_transpose2d(x, r.param("w", [8, 4, 2, 2]), r.param("bias", [4]), stride=2))
+
+
+@case("ops", "conv_transpose2d_transposed_grad")
+def _(r, b):
+    x = r.input("x", [b, 8, 8, 8])
+    y = r.conv_transpose2d(x, r.param("w", [8, 4, 2, 2]), None, stride=2)
+    return loss_of(r, r.exp(r.transpose(r.flatten(y, 2), 1, 2)))
 
 
 @case("ops", "conv_transpose2d_k3_output_padding")
@@ -516,6 +532,12 @@ def _(r, b):
     return r.sum(r.max_pool2d(x, 2))
 
 
+@case("expanded_grad", "conv2d_sum_loss")
+def _(r, b):
+    x = r.input("x", [b, 8, 12, 12])
+    return r.sum(r.conv2d(x, r.param("w", [8, 8, 3, 3]), None, padding=1))
+
+
 # ------------------------------------------------------------------------------ phenomena
 @case("phenomena", "broadcast_mul_then_sum")
 def _(r, b):
@@ -561,6 +583,22 @@ def _attention(r, b, scale_qk):
             scores = r.div(r.matmul(q, r.transpose(k, -2, -1)), math.sqrt(16))
         o = r.matmul(r.softmax(scores, -1), v)
     return loss_of(r, o)
+
+
+@case("phenomena", "vit_patch_embedding")
+def _(r, b):
+    # ViT's embeddings (HF ViTEmbeddings, torchvision's VisionTransformer): patches by a strided
+    # conv, flatten(2).transpose(1, 2), a class token in front, position embeddings added. The
+    # conv's output gradient is a transposed slice of cat's: its backward copies it contiguous.
+    x = r.input("x", [b, 3, 32, 32])
+    with r.scope("patch_embeddings"):
+        p = r.conv2d(x, r.param("proj.w", [64, 3, 8, 8]), r.param("proj.b", [64]), stride=8)
+        p = r.transpose(r.flatten(p, 2), 1, 2)
+    cls = r.expand(r.param("cls_token", [1, 1, 64], "zeros"), [b, 1, 64])
+    h = r.add(r.cat([cls, p], dim=1), r.param("position_embeddings", [1, 17, 64]))
+    h = r.layer_norm(h, r.param("ln.w", [64], "ones"), r.param("ln.b", [64], "zeros"))
+    return r.cross_entropy(r.linear(r.squeeze(r.slice(h, 1, 0, 1), 1), r.param("head.w", [10, 64])),
+                           r.target("y", [b], high=10))
 
 
 case("phenomena", "attention_scale_scores")(lambda r, b: _attention(r, b, False))

@@ -232,10 +232,17 @@ TEST(CpuConvTest, EstimateIncludesTheScratchAndNamesTheIsa) {
   const Report avx512 = estimate(CpuIsa::kAvx512);
   const Report avx2 = estimate(CpuIsa::kAvx2);
   // AVX2 blocks 8 channels by 8: its copies are as large as the tensors. AVX-512 runs its
-  // first-conv kernel, with the output padded to 16 channels.
+  // first-conv kernel, with the output padded to 16 channels. (Backward, the step's peak, is
+  // the same on both: sum's expanded gradient copied contiguous, then the same kernels.)
+  auto forward = [](const Report& r) {
+    for (const PeakPoint& p : r.phases) {
+      if (p.phase == Phase::kForward) return p.allocated_bytes;
+    }
+    return int64_t{0};
+  };
   const int64_t plain_peak = 4 * 8 * 144 * 4 * 2 + 8 * 8 * 9 * 4;  // x, y and the weight
-  EXPECT_GT(avx2.peak.allocated_bytes, plain_peak);
-  EXPECT_GT(avx512.peak.allocated_bytes, avx2.peak.allocated_bytes);
+  EXPECT_GT(forward(avx2), plain_peak);
+  EXPECT_GT(forward(avx512), forward(avx2));
   auto has_note = [](const Report& r, const std::string& text) {
     for (const std::string& n : r.notes) {
       if (n.find("CPU convolutions") != std::string::npos && n.find(text) != std::string::npos) {
