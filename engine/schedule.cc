@@ -527,9 +527,12 @@ class StepSimulator {
     Context(Phase::kBackward, -1);
     if (Zero2()) Zero2BackwardStarts();  // DeepSpeed's optimizer.backward, before loss.backward
     const int loss = g_.loss;
+    // The seed, torch.ones_like(loss): torch.autograd.backward keeps it (grad_tensors_, a local
+    // of the Python call) until the engine returns, so it lives through the whole backward.
     grads_.push_back({NewBuffer(Bytes(g_.tensors[loss].shape, g_.tensors[loss].dtype),
-                            Category::kTemporaries), 1});
-    pending_[loss] = {static_cast<int>(grads_.size()) - 1, ContiguousStrides(g_.tensors[loss].shape)};
+                            Category::kTemporaries), 2});
+    const int seed = static_cast<int>(grads_.size()) - 1;
+    pending_[loss] = {seed, ContiguousStrides(g_.tensors[loss].shape)};
     for (int i = static_cast<int>(g_.ops.size()) - 1; i >= 0 && !failed(); --i) {
       const int r = region_of_[i];
       if (r >= 0) {
@@ -551,6 +554,7 @@ class StepSimulator {
       if (pending_[t].grad >= 0) Deref(pending_[t].grad);
       pending_[t] = Pending{};
     }
+    Deref(seed);  // loss.backward() returns
     if (base_[loss] >= 0) {
       --main_.pins[base_[loss]];
       MaybeFree(main_, base_[loss]);

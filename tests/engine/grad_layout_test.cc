@@ -1,7 +1,8 @@
-// The layout of the gradients backward hands on: a convolution's backward copies an output
-// gradient that arrives as a transposed view (ViT's patch embedding, flatten(2).transpose(1, 2))
-// (measured: the zoo's hf_vit, tests/conformance/zoo.py; the conformance cases
-// ops/conv2d_transposed_grad and phenomena/vit_patch_embedding).
+// The layout of the gradients backward hands on, and how long the loop's own gradient lives:
+// a convolution's backward copies an output gradient that arrives as a transposed view (ViT's
+// patch embedding, flatten(2).transpose(1, 2)), and loss.backward()'s seed gradient lives until
+// the engine returns (measured: the zoo's hf_vit, tests/conformance/zoo.py; the conformance
+// cases ops/conv2d_transposed_grad and phenomena/vit_patch_embedding).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -78,6 +79,38 @@ TEST(GradLayoutTest, ConvolutionCopiesATransposedOutputGradient) {
   EXPECT_EQ(v.op, "conv2d");
   EXPECT_EQ(v.allocated_bytes, p.allocated_bytes + kConvOut);
   EXPECT_EQ(Cat(v, Category::kTemporaries), Cat(p, Category::kTemporaries) + kConvOut);
+}
+
+TEST(GradLayoutTest, TheSeedGradientLivesUntilBackwardReturns) {
+  RunConfig cfg = enginetest::PlainTraining();
+  cfg.runtime = Runtime::kCpuTorch113;
+  const Graph g = BuildOpGraph(PatchEmbedding(false), enginetest::MakeContext(2)).value();
+  const Schedule s = BuildSchedule(g, cfg, {}, ScheduleOptions{}).value();
+  // The seed is the first allocation of backward, before any op's backward runs.
+  int seed = -1;
+  bool seed_freed = false;
+  int ops_after_free = 0, ops_before_free = 0;
+  const StepContext* ctx = nullptr;
+  for (const Event& e : s.events) {
+    if (e.kind == EventKind::kContext) {
+      ctx = &s.contexts[e.buffer];
+      if (ctx->phase == Phase::kBackward && ctx->op >= 0) {
+        ++(seed_freed ? ops_after_free : ops_before_free);
+      }
+      continue;
+    }
+    if (ctx == nullptr || ctx->phase != Phase::kBackward) continue;
+    if (seed < 0 && e.kind == EventKind::kAlloc) {
+      ASSERT_EQ(ctx->op, -1);
+      EXPECT_EQ(e.bytes, 4);  // ones_like(loss), a float32 scalar
+      seed = e.buffer;
+    } else if (e.kind == EventKind::kFree && e.buffer == seed) {
+      seed_freed = true;
+    }
+  }
+  EXPECT_TRUE(seed_freed);
+  EXPECT_EQ(ops_before_free, 4);  // mean, exp, flatten, conv2d: all ran with the seed alive
+  EXPECT_EQ(ops_after_free, 0);
 }
 
 }  // namespace

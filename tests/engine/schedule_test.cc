@@ -53,14 +53,15 @@ TEST(ScheduleTest, MlpStepByHand) {
   // loss: a (kept by relu and fc2) + logits + loss + log_softmax + nll_loss's total_weight.
   EXPECT_EQ(PhasePeak(l, Phase::kLoss).allocated_bytes, kParams + kInputs + 8192 + 4 * 512);
   // backward peaks in fc1: dW1 and db1 (bound for .grad), dW2 and db2 (already .grad), the
-  // incoming grad of h, and the loss the loop still holds; a and its gradient are gone.
+  // incoming grad of h, the loss the loop still holds and the seed gradient loss.backward()
+  // holds until it returns; a and its gradient are gone.
   const PeakPoint& bwd = PhasePeak(l, Phase::kBackward);
-  EXPECT_EQ(bwd.allocated_bytes, 2 * kParams + kInputs + 8192 + 512);
+  EXPECT_EQ(bwd.allocated_bytes, 2 * kParams + kInputs + 8192 + 2 * 512);
   EXPECT_EQ(bwd.op, "linear");
   EXPECT_EQ(bwd.scope, "fc1");
   EXPECT_EQ(Cat(bwd, Category::kGradients), kParams);
   EXPECT_EQ(Cat(bwd, Category::kActivations), 0);
-  EXPECT_EQ(Cat(bwd, Category::kTemporaries), 8192 + 512);
+  EXPECT_EQ(Cat(bwd, Category::kTemporaries), 8192 + 2 * 512);
   EXPECT_EQ(l.peak.allocated_bytes, bwd.allocated_bytes);
   // step (SGD, no state): params and grads.
   EXPECT_EQ(PhasePeak(l, Phase::kOptimizerStep).allocated_bytes, 2 * kParams);
