@@ -49,7 +49,6 @@ KNOWN = {
     ("transformer_encoder", INFER): "forward peak over: PyTorch 1.13 runs the CPU fast path "
                                     "(_transformer_encoder_layer_fwd) in inference, the meta "
                                     "trace the layer's Python path",
-    ("hf_vit", TRAIN): "backward peak under by 1.1% (8 KiB): not yet explained",
 }
 
 
