@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/ir/devices.h"
+#include "engine/passes/checkpoint.h"
 #include "engine/passes/passes.h"
 #include "engine/passes/rnn_expand.h"
 #include "engine/report/advice.h"

@@ -13,6 +13,7 @@
 #include "engine/ir/config.h"
 #include "engine/ir/devices.h"
 #include "engine/models/model.h"
+#include "engine/passes/checkpoint.h"
 #include "engine/report/report.h"
 #include "engine/step/liveness.h"
 #include "engine/step/schedule.h"

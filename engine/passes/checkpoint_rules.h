@@ -1,7 +1,7 @@
 // Whether a block-wise checkpoint policy fits the model it is asked of.
 //
-// PlanCheckpoints (engine/step/schedule.h) runs CheckBlockPolicy before it makes regions, so that a
-// policy the model cannot honour is refused instead of planned as something else.
+// PlanCheckpoints (engine/passes/checkpoint.h) runs CheckBlockPolicy before it makes regions, so
+// that a policy the model cannot honour is refused instead of planned as something else.
 #ifndef MEMEST_ENGINE_PASSES_CHECKPOINT_RULES_H_
 #define MEMEST_ENGINE_PASSES_CHECKPOINT_RULES_H_
 

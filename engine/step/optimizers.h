@@ -1,7 +1,7 @@
 // The optimizer cost table: what each optimizer keeps per parameter and what its step
 // allocates, as torch.optim (and transformers' own optimizers) run it. The step simulator
-// (engine/step/schedule.cc) allocates from this table; docs/step-model.md gives the source of each
-// row.
+// (engine/step/optimizer_step.cc) allocates from this table; docs/step-model.md gives the source
+// of each row.
 #ifndef MEMEST_ENGINE_STEP_OPTIMIZERS_H_
 #define MEMEST_ENGINE_STEP_OPTIMIZERS_H_
 

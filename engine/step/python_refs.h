@@ -8,7 +8,7 @@
 //   - the training loop's variable for the model's outputs (`outputs = model(**batch)`), which
 //     keeps them through backward and the optimizer step until the next forward returns new
 //     ones (RunConfig::hold_outputs).
-// This plans both as pins per storage; the step simulator (engine/step/schedule.cc) applies them.
+// This plans both as pins per storage; the step simulator (engine/step/forward.cc) applies them.
 #ifndef MEMEST_ENGINE_STEP_PYTHON_REFS_H_
 #define MEMEST_ENGINE_STEP_PYTHON_REFS_H_
 

@@ -9,19 +9,22 @@
 // place where one of them is uniquely owned; a parameter's first gradient is stolen into .grad
 // when it is contiguous and uniquely owned, later ones are added in place). Checkpointed regions
 // run without grad in forward, holding only their inputs, and are recomputed with grad just
-// before their backward. Then the optimizer step (state created on the first step; for-loop,
-// foreach and fused updates differ in scratch) and zero_grad.
+// before their backward (the regions come from PlanCheckpoints, engine/passes/checkpoint.h).
+// Then the optimizer step (state created on the first step; for-loop, foreach and fused updates
+// differ in scratch) and zero_grad.
+//
+// BuildSchedule runs the step simulator (engine/step/simulator.h), one file per phase.
 #ifndef MEMEST_ENGINE_STEP_SCHEDULE_H_
 #define MEMEST_ENGINE_STEP_SCHEDULE_H_
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "engine/ir/budget.h"
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
+#include "engine/passes/checkpoint.h"
 #include "engine/passes/data_parallel.h"
 #include "engine/report/report.h"
 
@@ -59,9 +62,6 @@ struct OpOperands {
   int output_grad = -1;           // backward: the incoming gradient of the op's first output
 };
 
-// Op ranges [first, last] that run under torch.utils.checkpoint.
-using CheckpointRegions = std::vector<std::pair<int, int>>;
-
 struct Schedule {
   std::vector<Event> events;
   std::vector<StepContext> contexts;
@@ -83,10 +83,6 @@ struct ScheduleOptions {
   Budget* budget = nullptr;            // charged one op step per op context; null: unlimited
   const RankView* rank = nullptr;      // one data-parallel rank's view; null: one GPU
 };
-
-// Regions for the config's checkpoint policy. Errors name "config.checkpoint" when a policy
-// finds nothing to checkpoint (a block policy on a model without blocks, unknown scopes).
-StatusOr<CheckpointRegions> PlanCheckpoints(const Graph& graph, const CheckpointConfig& config);
 
 // Builds the schedule of one step. The graph must be built for config.micro_batch(). Refuses
 // with the budget's status once options.budget refuses, and with INVALID_ARGUMENT when a sum

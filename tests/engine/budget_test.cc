@@ -8,6 +8,7 @@
 
 #include "engine/estimator.h"
 #include "engine/models/presets.h"
+#include "engine/passes/checkpoint.h"
 #include "engine/step/schedule.h"
 #include "tests/engine/test_graphs.h"
 

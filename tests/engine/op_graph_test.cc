@@ -12,6 +12,7 @@
 #include "engine/estimator.h"
 #include "engine/models/layers.h"
 #include "engine/models/model.h"
+#include "engine/passes/checkpoint.h"
 #include "engine/step/schedule.h"
 
 namespace memest {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/estimator.h"
+#include "engine/passes/checkpoint.h"
 #include "engine/step/allocator.h"
 #include "tests/engine/test_graphs.h"
 
