@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/config.h"
 #include "engine/estimator.h"
-#include "engine/model.h"
+#include "engine/ir/config.h"
+#include "engine/models/model.h"
 #include "validate/fake_device.h"
 #include "validate/validation.h"
 

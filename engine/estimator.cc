@@ -3,13 +3,14 @@
 #include <map>
 #include <string>
 
-#include "engine/advice.h"
-#include "engine/devices.h"
-#include "engine/liveness.h"
-#include "engine/passes.h"
-#include "engine/python_refs.h"
-#include "engine/rnn_expand.h"
-#include "engine/schedule.h"
+#include "engine/ir/devices.h"
+#include "engine/passes/checkpoint.h"
+#include "engine/passes/passes.h"
+#include "engine/passes/rnn_expand.h"
+#include "engine/report/advice.h"
+#include "engine/step/liveness.h"
+#include "engine/step/python_refs.h"
+#include "engine/step/schedule.h"
 
 namespace memest {
 

@@ -9,13 +9,14 @@
 #include <memory>
 #include <optional>
 
-#include "engine/budget.h"
-#include "engine/config.h"
-#include "engine/devices.h"
-#include "engine/liveness.h"
-#include "engine/model.h"
-#include "engine/report.h"
-#include "engine/schedule.h"
+#include "engine/ir/budget.h"
+#include "engine/ir/config.h"
+#include "engine/ir/devices.h"
+#include "engine/models/model.h"
+#include "engine/passes/checkpoint.h"
+#include "engine/report/report.h"
+#include "engine/step/liveness.h"
+#include "engine/step/schedule.h"
 
 namespace memest {
 

@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <string>
 
-#include "engine/devices.h"
-#include "engine/dtype.h"
-#include "engine/layers.h"
-#include "engine/op_rules.h"
-#include "engine/presets.h"
+#include "engine/ir/devices.h"
+#include "engine/ir/dtype.h"
+#include "engine/models/layers.h"
+#include "engine/models/presets.h"
+#include "engine/rules/op_rules.h"
 #include "server/estimator_service.h"
 #include "server/status_conversion.h"
 

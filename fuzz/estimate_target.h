@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 #include "memest/v1/memest.pb.h"
 
 namespace memest::fuzz {

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "client/cli/flags.h"
-#include "engine/model.h"
-#include "engine/presets.h"
+#include "engine/models/model.h"
+#include "engine/models/presets.h"
 #include "fuzz/estimate_target.h"
 #include "server/estimator_service.h"
 
@@ -64,7 +64,7 @@ void AddLayer(v1::LayerModel* model, const std::string& kind,
   for (auto& [name, value] : attrs) (*layer->mutable_attrs())[name] = value;
 }
 
-// Layer models that, together with examples/, use every kind of engine/layers.h.
+// Layer models that, together with examples/, use every kind of engine/models/layers.h.
 std::vector<std::pair<std::string, v1::Model>> LayerModels() {
   std::vector<std::pair<std::string, v1::Model>> models;
   {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/report.h"
+#include "engine/report/report.h"
 #include "kernels/benchmarks.h"
 #include "kernels/cuda_status.h"
 #include "kernels/pattern.h"

@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "engine/report.h"
+#include "engine/report/report.h"
 #include "kernels/benchmarks.h"
 #include "kernels/cuda_status.h"
 #include "kernels/fill.h"

@@ -13,7 +13,7 @@
 
 #include <memory>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 #include "kernels/work_check.h"
 #include "validate/device.h"
 

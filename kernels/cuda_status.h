@@ -10,7 +10,7 @@
 
 #include <string_view>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 
 namespace memest::kernels {
 

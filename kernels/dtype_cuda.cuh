@@ -9,8 +9,8 @@
 
 #include <string>
 
-#include "engine/dtype.h"
-#include "engine/status.h"
+#include "engine/ir/dtype.h"
+#include "engine/ir/status.h"
 
 namespace memest::kernels {
 

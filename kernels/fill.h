@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "engine/dtype.h"
-#include "engine/status.h"
+#include "engine/ir/dtype.h"
+#include "engine/ir/status.h"
 
 namespace memest::kernels {
 

@@ -21,8 +21,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "engine/status.h"
+#include "engine/ir/dtype.h"
+#include "engine/ir/status.h"
 #include "validate/device.h"
 
 namespace memest::kernels {

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 
 namespace memest::kernels {
 

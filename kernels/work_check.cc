@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/report.h"
+#include "engine/report/report.h"
 
 namespace memest::kernels {
 

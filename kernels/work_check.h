@@ -9,7 +9,7 @@
 #include <map>
 #include <string>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 #include "validate/device.h"
 
 namespace memest::kernels {

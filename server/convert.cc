@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/text.h"
+#include "engine/ir/text.h"
 #include "server/explicit_settings.h"
 
 namespace memest {

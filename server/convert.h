@@ -3,7 +3,7 @@
 // Requests go proto -> engine. The conversion refuses only what the engine's types cannot
 // represent: an unset oneof (model source, attribute value), an enum value the proto does not
 // define, a non-finite float, a dtype name PyTorch does not know, a capacity beyond 2^62, a
-// name longer than engine/text.h's kMaxNameBytes (refused before it is copied; the engine's
+// name longer than engine/ir/text.h's kMaxNameBytes (refused before it is copied; the engine's
 // front ends refuse it too), and a setting the request makes explicitly where it does not
 // apply (server/explicit_settings.h: an optimizer or checkpointing in inference, an empty
 // device name). Every other check (positive sizes, known op kinds, tensor references, ...) is
@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
-#include "engine/devices.h"
 #include "engine/estimator.h"
-#include "engine/model.h"
-#include "engine/presets.h"
-#include "engine/report.h"
-#include "engine/status.h"
+#include "engine/ir/config.h"
+#include "engine/ir/devices.h"
+#include "engine/ir/status.h"
+#include "engine/models/model.h"
+#include "engine/models/presets.h"
+#include "engine/report/report.h"
 #include "memest/v1/memest.pb.h"
 
 namespace memest {

@@ -1,4 +1,4 @@
-// config.parallelism <-> engine/config.h's ParallelismConfig, and the data-parallel ranks of a
+// config.parallelism <-> engine/ir/config.h's ParallelismConfig, and the data-parallel ranks of a
 // report.
 #include <cmath>
 #include <string>

@@ -10,11 +10,11 @@
 #include <string>
 #include <thread>
 
-#include "engine/budget.h"
-#include "engine/devices.h"
 #include "engine/estimator.h"
-#include "engine/presets.h"
-#include "engine/text.h"
+#include "engine/ir/budget.h"
+#include "engine/ir/devices.h"
+#include "engine/ir/text.h"
+#include "engine/models/presets.h"
 #include "server/convert.h"
 #include "server/status_conversion.h"
 #include "server/validate_convert.h"
@@ -30,7 +30,7 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kTrimAfter = std::chrono::milliseconds(20);
 
 // The most bytes of an error a log line repeats, as the reply's message is bounded
-// (server/status_conversion.h). Request text in the error is quoted already (engine/text.h);
+// (server/status_conversion.h). Request text in the error is quoted already (engine/ir/text.h);
 // BoundMessage escapes any control character left, so that one request logs one line.
 constexpr size_t kMaxLoggedError = 1024;
 

@@ -9,7 +9,7 @@
 // UNIMPLEMENTED with an empty message of gRPC's generated handlers.
 //
 // Every request is logged as one line (spdlog, info): method, model source, status code,
-// microseconds, peer, and the error; request text in it is escaped and bounded (engine/text.h).
+// microseconds, peer, and the error; request text in it is escaped and bounded (engine/ir/text.h).
 #ifndef MEMEST_SERVER_ESTIMATOR_SERVICE_H_
 #define MEMEST_SERVER_ESTIMATOR_SERVICE_H_
 
@@ -17,8 +17,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/budget.h"
-#include "engine/status.h"
+#include "engine/ir/budget.h"
+#include "engine/ir/status.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "memest/v1/memest.pb.h"
 #include "server/validation_runner.h"
@@ -50,7 +50,7 @@ Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& 
                       v1::EstimateResponse* response, Budget* budget = nullptr);
 
 // "preset:gpt2-small", "layers:12", "ops:345" or "unset": the model as a log line names it
-// (a preset's name escaped and cut as engine/text.h's Escape does).
+// (a preset's name escaped and cut as engine/ir/text.h's Escape does).
 std::string DescribeModel(const v1::Model& model);
 
 // The generated callback service with Estimate and Validate taking their requests as bytes.

@@ -8,11 +8,11 @@
 // ignored. A sub-message that is present but empty is not a setting: clients build requests
 // that way (Python's `config.checkpoint.non_reentrant = False` marks `checkpoint` present).
 // Rules the engine can decide from values alone are the engine's (ValidateSettingsApply in
-// engine/config.h).
+// engine/ir/config.h).
 #ifndef MEMEST_SERVER_EXPLICIT_SETTINGS_H_
 #define MEMEST_SERVER_EXPLICIT_SETTINGS_H_
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 #include "memest/v1/memest.pb.h"
 
 namespace memest {

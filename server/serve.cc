@@ -6,7 +6,7 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
-#include "engine/text.h"
+#include "engine/ir/text.h"
 #include "server/wire.h"
 
 namespace memest {

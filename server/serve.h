@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 #include "server/estimator_service.h"
 
 namespace memest {

@@ -1,6 +1,6 @@
 #include "server/status_conversion.h"
 
-#include "engine/text.h"
+#include "engine/ir/text.h"
 
 namespace memest {
 

@@ -3,7 +3,7 @@
 // Every handler answers an engine Status through ToGrpcStatus, so a code means the same on
 // every RPC, and the engine's message (which names the offending field) reaches the client
 // unchanged, but for a bound: request text in messages is quoted and cut where it is put in
-// (engine/text.h), and this conversion bounds the whole message once more, whatever put it
+// (engine/ir/text.h), and this conversion bounds the whole message once more, whatever put it
 // together, so that no request can make a reply too large for gRPC to deliver.
 #ifndef MEMEST_SERVER_STATUS_CONVERSION_H_
 #define MEMEST_SERVER_STATUS_CONVERSION_H_
@@ -12,7 +12,7 @@
 
 #include <cstddef>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 
 namespace memest {
 
@@ -28,7 +28,7 @@ grpc::StatusCode ToGrpcCode(StatusCode code);
 inline constexpr size_t kMaxStatusMessage = 1024;
 
 // The gRPC status for an engine status, with its message (control characters and bytes that are
-// not UTF-8 escaped, cut to kMaxStatusMessage bytes at a character boundary; engine/text.h's
+// not UTF-8 escaped, cut to kMaxStatusMessage bytes at a character boundary; engine/ir/text.h's
 // BoundMessage); OK for OK.
 grpc::Status ToGrpcStatus(const Status& status);
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 #include "memest/v1/memest.pb.h"
 
 namespace memest {

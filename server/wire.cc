@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/text.h"
+#include "engine/ir/text.h"
 
 namespace memest {
 namespace {

@@ -20,7 +20,7 @@
 #include <google/protobuf/message.h>
 #include <grpcpp/support/byte_buffer.h>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 
 namespace memest {
 

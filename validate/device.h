@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/dtype.h"
-#include "engine/status.h"
+#include "engine/ir/dtype.h"
+#include "engine/ir/status.h"
 
 namespace memest::validate {
 

@@ -1,6 +1,6 @@
 #include "validate/fake_device.h"
 
-#include "engine/report.h"
+#include "engine/report/report.h"
 
 namespace memest::validate {
 namespace {

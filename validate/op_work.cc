@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <map>
 
-#include "engine/shape.h"
+#include "engine/ir/shape.h"
 
 namespace memest::validate {
 namespace {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/graph.h"
-#include "engine/schedule.h"
+#include "engine/ir/graph.h"
+#include "engine/step/schedule.h"
 #include "validate/device.h"
 
 namespace memest::validate {

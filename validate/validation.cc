@@ -4,10 +4,10 @@
 #include <cmath>
 #include <memory>
 
-#include "engine/allocator.h"
-#include "engine/devices.h"
 #include "engine/estimator.h"
-#include "engine/text.h"
+#include "engine/ir/devices.h"
+#include "engine/ir/text.h"
+#include "engine/step/allocator.h"
 #include "validate/op_work.h"
 
 namespace memest::validate {

@@ -2,7 +2,7 @@
 // against measured.
 //
 // The replay walks the schedule of Estimate (every allocation and free, in order) through an
-// allocator with PyTorch's caching policy (engine/allocator.h) whose segments are real device
+// allocator with PyTorch's caching policy (engine/step/allocator.h) whose segments are real device
 // memory; a kernel writes every buffer when it is allocated, and each op runs its kernels at the
 // model's shapes (validate/op_work.h) between its allocations and its frees, with the cuDNN
 // workspace its convolutions really ask for allocated through the same allocator, as PyTorch
@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
-#include "engine/model.h"
-#include "engine/report.h"
+#include "engine/ir/config.h"
+#include "engine/models/model.h"
+#include "engine/report/report.h"
 #include "validate/device.h"
 
 namespace memest::validate {

@@ -5,8 +5,8 @@
 #include <chrono>
 #include <utility>
 
-#include "engine/devices.h"
-#include "engine/presets.h"
+#include "engine/ir/devices.h"
+#include "engine/models/presets.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "server/convert.h"
 #include "server/estimator_service.h"

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "engine/shape.h"
-#include "engine/text.h"
+#include "engine/ir/shape.h"
+#include "engine/ir/text.h"
 
 namespace memest::cli {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 
 namespace memest::cli {
 

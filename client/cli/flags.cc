@@ -11,7 +11,7 @@
 #include "client/cli/capacity.h"
 #include "client/cli/words.h"
 #include "client/cli/yaml_json.h"
-#include "engine/text.h"
+#include "engine/ir/text.h"
 
 namespace memest::cli {
 namespace {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "client/cli/parallel_flags.h"
-#include "engine/status.h"
+#include "engine/ir/status.h"
 #include "memest/v1/memest.pb.h"
 
 namespace memest::cli {

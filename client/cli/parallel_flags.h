@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 #include "memest/v1/memest.pb.h"
 
 namespace memest::cli {

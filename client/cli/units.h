@@ -5,11 +5,11 @@
 #include <cstdint>
 #include <string>
 
-#include "engine/report.h"
+#include "engine/report/report.h"
 
 namespace memest::cli {
 
-// Byte counts as the engine formats them in its own messages (engine/report.h).
+// Byte counts as the engine formats them in its own messages (engine/report/report.h).
 using ::memest::FormatBytes;
 
 // Formats a count with a metric suffix: "124M", "6.74B", "950".

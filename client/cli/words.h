@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <string>
 
-#include "engine/status.h"
-#include "engine/text.h"
+#include "engine/ir/status.h"
+#include "engine/ir/text.h"
 
 namespace memest::cli {
 

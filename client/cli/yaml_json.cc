@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 
-#include "engine/text.h"
+#include "engine/ir/text.h"
 
 namespace memest::cli {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "engine/status.h"
+#include "engine/ir/status.h"
 
 namespace memest::cli {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "engine/allocator.h"
+#include "engine/step/allocator.h"
 
 namespace memest {
 namespace {

@@ -2,7 +2,7 @@
 
 The case calls methods of a Recorder `r` (`r.input`, `r.param`, `r.linear`, `r.relu`, ...).
 Every method runs the real PyTorch op and also records it in memest's op-graph vocabulary
-(engine/op_rules.h: kinds, inputs, outputs, attribute names). Methods return `Value` handles,
+(engine/rules/op_rules.h: kinds, inputs, outputs, attribute names). Methods return `Value` handles,
 never tensors, so the case itself holds no tensor: the recorder drops its reference to a tensor
 right after the tensor's last use in the graph, unless the case says the program holds it
 longer: `with r.frame() as local: x = local(r.linear(...))` keeps x until the frame ends, as a

@@ -2,11 +2,11 @@
 // c10/cuda/CUDACachingAllocator.cpp (round to 512 B; <= 1 MiB from 2 MiB segments; < 10 MiB
 // from 20 MiB segments; larger rounded to 2 MiB; split when the rest is >= 512 B (small) or
 // > 1 MiB (large); best fit; free blocks merge; segments are kept).
-#include "engine/allocator.h"
+#include "engine/step/allocator.h"
 
 #include <gtest/gtest.h>
 
-#include "engine/shape.h"
+#include "engine/ir/shape.h"
 
 namespace memest {
 namespace {

@@ -1,5 +1,5 @@
-// Attention as PyTorch 2.x runs it: the SDPA kernel choice (engine/sdpa_select.h, after
-// sdp_utils.cpp), what each kernel keeps (engine/op_rules_attention.cc, after flash_api.cpp and
+// Attention as PyTorch 2.x runs it: the SDPA kernel choice (engine/rules/sdpa_select.h, after
+// sdp_utils.cpp), what each kernel keeps (engine/rules/attention.cc, after flash_api.cpp and
 // the memory-efficient kernels' sources), and the presets and layer models under
 // config.attention.
 #include <gtest/gtest.h>
@@ -7,9 +7,9 @@
 #include <string>
 
 #include "engine/estimator.h"
-#include "engine/layers.h"
-#include "engine/op_rules.h"
-#include "engine/sdpa_select.h"
+#include "engine/models/layers.h"
+#include "engine/rules/op_rules.h"
+#include "engine/rules/sdpa_select.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

@@ -1,14 +1,15 @@
 // What one request may spend: op steps, a deadline and a cancellation, honoured while the engine
-// works (engine/budget.h); and the op count of a model, known before it is expanded.
-#include "engine/budget.h"
+// works (engine/ir/budget.h); and the op count of a model, known before it is expanded.
+#include "engine/ir/budget.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "engine/estimator.h"
-#include "engine/presets.h"
-#include "engine/schedule.h"
+#include "engine/models/presets.h"
+#include "engine/passes/checkpoint.h"
+#include "engine/step/schedule.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

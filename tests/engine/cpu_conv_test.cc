@@ -1,8 +1,8 @@
-// The CPU convolution rule (engine/cpu_conv.h) against allocation sequences measured with
+// The CPU convolution rule (engine/rules/cpu_conv.h) against allocation sequences measured with
 // torch.profiler on PyTorch 1.13 (Debian, oneDNN 2.6.3, one thread): one case per kernel path
 // and ISA, picked from the grids in tests/conformance/conv_scratch/RULE.md (the AVX2 ones with
 // ONEDNN_MAX_CPU_ISA=AVX2). Each sequence is +bytes for an allocation, -bytes for a free.
-#include "engine/cpu_conv.h"
+#include "engine/rules/cpu_conv.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "engine/estimator.h"
-#include "engine/op_rules.h"
+#include "engine/rules/op_rules.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

@@ -1,7 +1,7 @@
-// One data-parallel rank's view (engine/data_parallel.h): DDP's gradient buckets, their
+// One data-parallel rank's view (engine/passes/data_parallel.h): DDP's gradient buckets, their
 // assignment and gradient_as_bucket_view, and ZeroRedundancyOptimizer's partition, through the
 // step simulator.
-#include "engine/data_parallel.h"
+#include "engine/passes/data_parallel.h"
 
 #include <gtest/gtest.h>
 

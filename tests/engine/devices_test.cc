@@ -1,4 +1,4 @@
-#include "engine/devices.h"
+#include "engine/ir/devices.h"
 
 #include <gtest/gtest.h>
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model.h"
+#include "engine/models/model.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "engine/model.h"
+#include "engine/models/model.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

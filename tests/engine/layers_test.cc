@@ -1,6 +1,6 @@
 // The layer-model front end: every layer kind expands, and every bad input is refused with a
 // message naming its field.
-#include "engine/layers.h"
+#include "engine/models/layers.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/model.h"
+#include "engine/models/model.h"
 
 namespace memest {
 namespace {

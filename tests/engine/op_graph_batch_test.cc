@@ -1,12 +1,12 @@
-// An op graph's batch (engine/op_graph_batch.h): full, the batch_dim of expand and full, and a
-// graph without traced_batch against the run's micro-batch.
+// An op graph's batch (engine/models/op_graph_batch.h): full, the batch_dim of expand and full,
+// and a graph without traced_batch against the run's micro-batch.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "engine/layers.h"
-#include "engine/model.h"
+#include "engine/models/layers.h"
+#include "engine/models/model.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

@@ -10,9 +10,10 @@
 #include <vector>
 
 #include "engine/estimator.h"
-#include "engine/layers.h"
-#include "engine/model.h"
-#include "engine/schedule.h"
+#include "engine/models/layers.h"
+#include "engine/models/model.h"
+#include "engine/passes/checkpoint.h"
+#include "engine/step/schedule.h"
 
 namespace memest {
 namespace {

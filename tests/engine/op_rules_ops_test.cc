@@ -2,7 +2,7 @@
 // the CUDA runtime differs from the CPU 1.13 one (the conformance suite checks the CPU side
 // against real PyTorch), with the numbers derived from PyTorch's source or from published
 // measurements; the transposed convolution's CPU scratch against measured allocation
-// sequences; the CPU expansion of recurrent layers; and that engine/op_rules.h lists every
+// sequences; the CPU expansion of recurrent layers; and that engine/rules/op_rules.h lists every
 // rule.
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <set>
 #include <sstream>
 
-#include "engine/cpu_conv.h"
-#include "engine/op_rules.h"
-#include "engine/rnn_expand.h"
+#include "engine/passes/rnn_expand.h"
+#include "engine/rules/cpu_conv.h"
+#include "engine/rules/op_rules.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {
@@ -286,9 +286,9 @@ TEST(RecurrentRuleTest, CpuExpansionRefusesEndlessSequences) {
       << g.status().message();
 }
 
-// Every rule's kind appears in the vocabulary comment at the top of engine/op_rules.h.
+// Every rule's kind appears in the vocabulary comment at the top of engine/rules/op_rules.h.
 TEST(OpRuleTest, HeaderListsEveryKind) {
-  std::ifstream f(std::string(MEMEST_SOURCE_DIR) + "/engine/op_rules.h");
+  std::ifstream f(std::string(MEMEST_SOURCE_DIR) + "/engine/rules/op_rules.h");
   ASSERT_TRUE(f.good());
   std::stringstream ss;
   ss << f.rdbuf();
@@ -301,7 +301,7 @@ TEST(OpRuleTest, HeaderListsEveryKind) {
       const auto word = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; };
       found = (at == 0 || !word(list[at - 1])) && (at + k.size() >= list.size() || !word(list[at + k.size()]));
     }
-    EXPECT_TRUE(found) << "engine/op_rules.h does not list '" << k << "'";
+    EXPECT_TRUE(found) << "engine/rules/op_rules.h does not list '" << k << "'";
   }
 }
 

@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "engine/estimator.h"
-#include "engine/op_rules.h"
+#include "engine/rules/op_rules.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

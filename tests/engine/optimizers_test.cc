@@ -1,7 +1,7 @@
-// The optimizer cost table (engine/optimizers.h) through the step simulator: transformers'
+// The optimizer cost table (engine/step/optimizers.h) through the step simulator: transformers'
 // AdamW and Adafactor against torch.optim's, with byte counts derived from their source
 // (transformers/optimization.py).
-#include "engine/optimizers.h"
+#include "engine/step/optimizers.h"
 
 #include <gtest/gtest.h>
 

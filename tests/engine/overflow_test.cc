@@ -8,12 +8,12 @@
 #include <limits>
 #include <string>
 
-#include "engine/allocator.h"
 #include "engine/estimator.h"
-#include "engine/graph.h"
-#include "engine/liveness.h"
-#include "engine/schedule.h"
-#include "engine/shape.h"
+#include "engine/ir/graph.h"
+#include "engine/ir/shape.h"
+#include "engine/step/allocator.h"
+#include "engine/step/liveness.h"
+#include "engine/step/schedule.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "engine/advice.h"
 #include "engine/estimator.h"
+#include "engine/report/advice.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

@@ -1,4 +1,4 @@
-#include "engine/presets.h"
+#include "engine/models/presets.h"
 
 #include <gtest/gtest.h>
 

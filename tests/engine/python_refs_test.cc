@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/model.h"
-#include "engine/passes.h"
-#include "engine/python_refs.h"
+#include "engine/models/model.h"
+#include "engine/passes/passes.h"
+#include "engine/step/python_refs.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

@@ -1,8 +1,9 @@
 // One training step of small models, with every number derived by hand.
 #include <gtest/gtest.h>
 
-#include "engine/allocator.h"
 #include "engine/estimator.h"
+#include "engine/passes/checkpoint.h"
+#include "engine/step/allocator.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

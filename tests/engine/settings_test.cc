@@ -1,6 +1,6 @@
 // Settings that do not apply to the mode, runtime or model they come with are refused, naming
-// the field (engine/config.h ValidateSettingsApply, engine/checkpoint_rules.h, BuildGraph's KV
-// cache check); what does apply is accepted.
+// the field (engine/ir/config.h ValidateSettingsApply, engine/passes/checkpoint_rules.h,
+// BuildGraph's KV cache check); what does apply is accepted.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint_rules.h"
 #include "engine/estimator.h"
+#include "engine/passes/checkpoint_rules.h"
 
 namespace memest {
 namespace {

@@ -4,7 +4,7 @@
 // hf_bart and hf_gpt_neo, and a tied embedding/head pair, tests/conformance/zoo.py).
 #include <gtest/gtest.h>
 
-#include "engine/model.h"
+#include "engine/models/model.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {

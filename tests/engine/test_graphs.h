@@ -4,11 +4,11 @@
 
 #include <string>
 
-#include "engine/config.h"
-#include "engine/graph.h"
-#include "engine/liveness.h"
-#include "engine/model.h"
-#include "engine/schedule.h"
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+#include "engine/models/model.h"
+#include "engine/step/liveness.h"
+#include "engine/step/schedule.h"
 
 namespace memest {
 namespace enginetest {

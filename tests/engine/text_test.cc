@@ -1,5 +1,5 @@
 // Quote, Escape and BoundMessage: request text made safe for messages and log lines.
-#include "engine/text.h"
+#include "engine/ir/text.h"
 
 #include <gtest/gtest.h>
 

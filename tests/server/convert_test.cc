@@ -9,7 +9,7 @@
 #include <string>
 #include <variant>
 
-#include "engine/text.h"
+#include "engine/ir/text.h"
 #include "server/status_conversion.h"
 
 namespace memest {

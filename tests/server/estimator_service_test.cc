@@ -92,7 +92,7 @@ TEST_F(EstimatorServiceTest, Gpt2SmallHasASensibleBreakdown) {
   grpc::Status status = connection().Estimate(Gpt2SmallRequest(), &response);
   ASSERT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
 
-  // fp32 weights, plus the module buffers the engine counts as parameters (schedule.cc: a
+  // fp32 weights, plus the module buffers the engine counts as parameters (LeafCategory: a
   // buffer's category is kParameters): GPT-2's causal mask `h.<i>.attn.bias`, bool [1, 1, 1024,
   // 1024] in each of the 12 blocks, as Hugging Face's GPT2Attention registers it.
   const uint64_t weight_bytes = 4 * kGpt2SmallParameters;

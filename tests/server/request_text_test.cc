@@ -1,6 +1,6 @@
 // Request text in the engine's and the conversion's refusals, before the status conversion
 // bounds them once more: every place that quotes a name, a kind, a scope or a value escapes it
-// and cuts it (engine/text.h).
+// and cuts it (engine/ir/text.h).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

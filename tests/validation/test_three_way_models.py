@@ -62,7 +62,7 @@ def test_every_configuration_fits_an_h100(presets):
         assert estimate["fit"]["fits"], config.name
 
 
-# The counts the presets document (engine/presets.cc), with their default parameters.
+# The counts the presets document (engine/models/presets.cc), with their default parameters.
 DOCUMENTED = {
     "gpt2-small": ({"seq": 1024, "layers": 12, "d_model": 768, "heads": 12, "vocab": 50257}, 124439808),
     "gpt2-medium": ({"seq": 1024, "layers": 24, "d_model": 1024, "heads": 16, "vocab": 50257}, 354823168),

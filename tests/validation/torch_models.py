@@ -1,5 +1,5 @@
 """The models of the three-way validation in plain torch.nn, as memest's presets describe them
-(engine/presets.cc), and the training step three_way.py measures.
+(engine/models/presets.cc), and the training step three_way.py measures.
 
 Each model takes the preset's parameter values and a device ("meta" to count without memory);
 its forward takes (inputs, labels) and returns the loss, as Hugging Face models do when given

@@ -1,4 +1,4 @@
-"""How each aten op the tracer sees maps onto memest's op vocabulary (engine/op_rules.h).
+"""How each aten op the tracer sees maps onto memest's op vocabulary (engine/rules/op_rules.h).
 
 Each handler takes the recording tracer `tr`, the op's positional and keyword arguments and
 its result, and records zero or more memest ops through `tr.emit(...)`, or makes the result an

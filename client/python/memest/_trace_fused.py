@@ -3,7 +3,7 @@
 While recording, `sdpa_as_one_op` records F.scaled_dot_product_attention (PyTorch 2.x;
 nn.MultiheadAttention calls it too) as one op instead of the math decomposition the meta device
 runs, and `recurrent_as_one_op` records nn.LSTM / nn.GRU as one lstm / gru op
-(engine/rnn_expand.h says what it reads): nn.LSTM.forward calls torch._VF.lstm(input, hx,
+(engine/passes/rnn_expand.h says what it reads): nn.LSTM.forward calls torch._VF.lstm(input, hx,
 flat_weights, bias, num_layers, dropout, training, bidirectional, batch_first) (nn.GRU:
 torch._VF.gru). The call runs unrecorded (on CUDA PyTorch runs it as one cuDNN kernel, which the
 meta device and the CPU would show as dozens of aten ops per step), and is recorded as one op.

@@ -2,12 +2,13 @@
 
 `trace(module, example_inputs, ...)` runs the module once on the example inputs under a
 TorchDispatchMode, which sees the aten ops that actually run below autograd, and records each
-in memest's op vocabulary (engine/op_rules.h; the mapping is in `_aten_map.py`): its inputs and
-outputs (by tensor identity: views and in-place results are tracked as their own tensors), their
-shapes and dtypes, and the scalar arguments memest's rule reads. Parameters and buffers are
-declared by their names in `named_parameters()` / `named_buffers()`; each op carries the module
-path it ran in (`blocks.3.attn`), and repeated children of an nn.ModuleList / nn.Sequential are
-listed as `blocks`. After the forward, the requested loss is applied in the same mode.
+in memest's op vocabulary (engine/rules/op_rules.h; the mapping is in `_aten_map.py`): its
+inputs and outputs (by tensor identity: views and in-place results are tracked as their own
+tensors), their shapes and dtypes, and the scalar arguments memest's rule reads. Parameters
+and buffers are declared by their names in `named_parameters()` / `named_buffers()`; each op
+carries the module path it ran in (`blocks.3.attn`), and repeated children of an
+nn.ModuleList / nn.Sequential are listed as `blocks`. After the forward, the requested loss is
+applied in the same mode.
 
 The trace records structure only: it never measures memory; every number comes from the engine.
 
@@ -752,7 +753,7 @@ def _fuse_cross_entropy(ops, loss_name):
     """log_softmax(x, dim=1) read only by nll_loss(., target) -> memest's cross_entropy(x, target).
 
     F.cross_entropy runs as these two aten ops; memest's cross_entropy rule is exactly that
-    pair (op_rules_loss.cc), and, being one op that reads the target, it starts the loss phase
+    pair (engine/rules/loss.cc), and, being one op that reads the target, it starts the loss phase
     where F.cross_entropy starts: recorded as two ops, the log_softmax (which reads no target)
     would count in the forward phase."""
     readers = {}

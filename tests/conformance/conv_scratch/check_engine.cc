@@ -1,5 +1,5 @@
 // Replays measured convolution allocation sequences through memest's own CPU convolution rule
-// (engine/cpu_conv.h) and reports how many it predicts exactly.
+// (engine/rules/cpu_conv.h) and reports how many it predicts exactly.
 //
 //   to_lines.py MEASURED.jsonl | build/bin/cpu_conv_check [--show N]
 //
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/cpu_conv.h"
+#include "engine/rules/cpu_conv.h"
 
 namespace {
 

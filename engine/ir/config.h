@@ -1,0 +1,222 @@
+// The run configuration: how one training (or inference) step is executed.
+#ifndef MEMEST_ENGINE_IR_CONFIG_H_
+#define MEMEST_ENGINE_IR_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/ir/dtype.h"
+#include "engine/ir/status.h"
+
+namespace memest {
+
+enum class Mode { kTraining, kInference };
+
+// What runs the step. memest predicts PyTorch 2.x on CUDA; the CPU runtime emulates PyTorch 1.13
+// on the CPU, where the conformance suite measures real PyTorch exactly: there is no caching
+// allocator (allocated bytes are the tensors' own), no cuBLAS workspace and no CUDA context, and
+// a few ops and the autograd engine behave as 1.13 does on the CPU (docs/op-rules.md lists them:
+// dropout keeps a float mask, mean over dims keeps its input, gradients of a tensor used twice
+// are summed out of place, foreach Adam keeps two lists of scratch, step counters are tensors).
+enum class Runtime { kCuda, kCpuTorch113 };
+
+// The vector ISA oneDNN dispatches to under the CPU runtime (its verbose "isa:" line; capped by
+// ONEDNN_MAX_CPU_ISA). Convolutions pick kernels and channel-blocked layouts by it
+// (engine/rules/cpu_conv.h). AVX-512 covers every AVX-512 core level (avx512_core, _vnni,
+// _bf16, _amx): their float32 convolution kernels are the same.
+enum class CpuIsa { kAvx512, kAvx2 };
+
+enum class Precision {
+  kFp32,      // everything in float32
+  kFp16Amp,   // float32 parameters (the master weights), torch.autocast(float16), GradScaler
+  kBf16Amp,   // float32 parameters, torch.autocast(bfloat16)
+  kBf16Pure,  // parameters, gradients, optimizer state and activations in bfloat16
+  kFp16Pure,  // the same in float16 (inference, or training without master weights)
+};
+
+enum class OptimizerKind {
+  kSgd,
+  kSgdMomentum,
+  kAdam,
+  kAdamW,
+  kAdagrad,
+  kRmsprop,
+  kLion,
+  kAdafactor,    // torch.optim.Adafactor (PyTorch 2.5+)
+  kHfAdamW,      // transformers.AdamW (deprecated; optim="adamw_hf"): a Python loop
+  kHfAdafactor,  // transformers.Adafactor (optim="adafactor"): a Python loop, float32 math
+};
+// How torch.optim runs the update: one parameter at a time, _foreach_ ops over all
+// parameters at once (PyTorch's default on CUDA), or one fused kernel.
+enum class OptimizerImpl { kForLoop, kForeach, kFused };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  OptimizerImpl impl = OptimizerImpl::kForeach;
+  double weight_decay = 0.0;  // for Adam (not AdamW) and SGD, a non-zero value adds a temporary
+};
+
+enum class CheckpointPolicy {
+  kNone,
+  kEveryBlock,     // torch.utils.checkpoint around each block
+  kEveryKBlocks,   // around each run of `every_k` consecutive blocks
+  kSqrtBlocks,     // k = round(sqrt(L)): O(sqrt L) memory for one extra forward
+  kAttentionCore,  // selective: only the attention core (scores, softmax, dropout, context)
+  kScopes,         // around each of the named scopes
+};
+
+struct CheckpointConfig {
+  CheckpointPolicy policy = CheckpointPolicy::kNone;
+  int64_t every_k = 1;              // for kEveryKBlocks
+  std::vector<std::string> scopes;  // for kScopes
+  // torch.utils.checkpoint(..., use_reentrant=False): the region runs with grad but keeps
+  // nothing; backward recomputes it when it first needs a saved tensor (on CUDA, PyTorch 2.x,
+  // only up to the last op that saves one) and frees each recomputed tensor as backward uses
+  // it. Reentrant (the default): outputs and their gradients are held until the region's
+  // backward ends.
+  bool non_reentrant = false;
+};
+
+enum class StepKind {
+  kSteadyState,  // a step after the first: optimizer state exists already
+  kFirstStep,    // the first step: optimizer state is created inside it
+};
+
+// How attention runs in the presets' and layer models' attention layers (traced graphs carry
+// their own ops). Hugging Face's attn_implementation names map onto these: "eager" -> kEager,
+// "sdpa" -> kSdpa, "flash_attention_2" -> kFlash (the flash-attn package keeps what SDPA's
+// flash kernel keeps: engine/rules/sdpa_select.h).
+enum class AttentionImpl {
+  kDefault,       // kSdpa on CUDA (what transformers >= 4.36 and torchvision give on PyTorch
+                  // 2.x); kEager on the cpu-1.13 runtime, which has no SDPA
+  kEager,         // the math written out op by op: [T, T] scores, softmax, dropout kept
+  kSdpa,          // F.scaled_dot_product_attention, the kernel PyTorch 2.x selects
+                  // (flash, then memory-efficient, then math)
+  kFlash,         // the flash kernel only (sdpa_kernel(FLASH_ATTENTION), HF flash_attention_2)
+  kMemEfficient,  // the memory-efficient (xformers/CUTLASS) kernel only
+  kCudnn,         // cuDNN attention first, as PyTorch orders it where it prefers cuDNN
+};
+
+// How the CUDA driver loads PyTorch's kernel images (CUDA_MODULE_LOADING): lazily, when a
+// kernel first runs (PyTorch's default since 1.13, with CUDA >= 11.7), or all at
+// initialisation (CUDA_MODULE_LOADING=EAGER, or an older CUDA): the CUDA context grows
+// (engine/ir/devices.h, CudaContextBytes).
+enum class ModuleLoading { kLazy, kEager };
+
+// How data-parallel ranks hold the model states (docs/parallelism.md).
+enum class DataSharding {
+  kNone,   // one process, no data parallelism (parallelism.data must be 1)
+  kDdp,    // DistributedDataParallel: every rank holds the whole model, its gradients and its
+           // optimizer state, and DDP's gradient buckets (one more copy of the gradients)
+  kZero1,  // torch.distributed.optim.ZeroRedundancyOptimizer over DDP: each rank keeps the
+           // optimizer state of the whole parameters it owns (largest first, to the rank with
+           // the fewest elements so far); parameters and gradients stay whole
+  kDeepSpeedZero2,  // DeepSpeed ZeRO stage 2 (stage_1_and_2.py): the model whole in its own
+                    // dtype; each rank keeps 1/N of the flattened parameters' fp32 master copy,
+                    // optimizer state and gradients; gradients leave through the ipg buckets
+};
+
+// The step as one rank of a multi-GPU job runs it. batch_size stays per rank.
+struct ParallelismConfig {
+  int64_t data = 1;  // data-parallel ranks (the world size of the data-parallel group)
+  DataSharding sharding = DataSharding::kNone;
+  // DistributedDataParallel(bucket_cap_mb=...) in bytes (int(mb * 2^20), as DDP computes it);
+  // 0: not given, PyTorch's 25 MiB, with a first bucket of 1 MiB.
+  int64_t bucket_cap_bytes = 0;
+  // DistributedDataParallel(gradient_as_bucket_view=True): .grad is a view into its bucket.
+  bool gradient_as_bucket_view = false;
+  // DeepSpeed's zero_optimization.reduce_bucket_size (elements) and overlap_comm (a second ipg
+  // buffer); 0: DeepSpeed's defaults, 5e8 and (for stage 2) false.
+  int64_t reduce_bucket_elements = 0;
+  bool overlap_comm = false;
+};
+
+// DeepSpeed's default zero_optimization.reduce_bucket_size.
+constexpr int64_t kDeepSpeedReduceBucketElements = 500'000'000;
+
+// The most data-parallel ranks a request may name.
+constexpr int64_t kMaxDataParallel = int64_t{1} << 20;
+// The largest DDP bucket cap a request may name (1 TiB).
+constexpr int64_t kMaxBucketCapBytes = int64_t{1} << 40;
+
+struct RunConfig {
+  Mode mode = Mode::kTraining;
+  int64_t batch_size = 1;        // samples per optimizer step on this device
+  int64_t grad_accum_steps = 1;  // micro-batches per step; batch_size must divide evenly
+  Precision precision = Precision::kFp32;
+  OptimizerConfig optimizer;
+  bool zero_grad_set_to_none = true;  // PyTorch's default since 2.0
+  CheckpointConfig checkpoint;
+  StepKind step = StepKind::kSteadyState;
+  // Target device: a catalog name (engine/ir/devices.h), or a bare capacity in bytes; both empty
+  // means no device (no fit verdict; the CUDA context of a generic device is used).
+  std::string device;
+  int64_t device_capacity_bytes = 0;
+  // Inference of decoder presets: new tokens generated after the prompt; the KV cache holds
+  // prompt + generated tokens.
+  int64_t generate_tokens = 0;
+  // PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.
+  bool expandable_segments = false;
+  Runtime runtime = Runtime::kCuda;
+  CpuIsa cpu_isa = CpuIsa::kAvx512;  // the CPU runtime only
+  // Training: the loop keeps the model's outputs in a variable, as `outputs = model(**batch);
+  // loss = outputs.loss; loss.backward(); optimizer.step()` does (PyTorch's tutorials, Hugging
+  // Face's no_trainer examples, nanoGPT): they live through backward and the optimizer step, and
+  // a steady-state step starts with the previous step's outputs, released when its forward and
+  // loss have made new ones. false: the loop lets them go once the loss exists (Hugging Face's
+  // Trainer, whose compute_loss returns the loss alone; Lightning's training_step). Inference
+  // ignores it (the server refuses it there).
+  bool hold_outputs = true;
+  AttentionImpl attention = AttentionImpl::kDefault;
+  ModuleLoading module_loading = ModuleLoading::kLazy;  // the CUDA runtime only
+  ParallelismConfig parallelism;  // training only
+
+  int64_t micro_batch() const { return batch_size / grad_accum_steps; }
+};
+
+// The most tokens one request may generate (config.generate_tokens): far beyond any model's
+// context, and small enough that prompt + generated tokens cannot overflow.
+constexpr int64_t kMaxGenerateTokens = int64_t{1} << 24;
+
+// Validates field ranges, then ValidateSettingsApply; errors name the field as
+// "config.<field>".
+Status ValidateRunConfig(const RunConfig& config);
+
+// Refuses a setting that does not apply to the mode, policy or runtime it comes with, where
+// the estimate would ignore it or PyTorch would refuse it: generate_tokens in training;
+// keep_grads or the first step in inference; checkpoint scopes without the scopes policy, or
+// non_reentrant without a policy; with the cpu-1.13 runtime, expandable segments, a catalog
+// device (a GPU), a fused optimizer or a float16 precision (PyTorch 1.13 has no fused optimizer
+// for CPU tensors, its CPU autocast refuses float16, and addmm, relu, ... have no float16 CPU
+// kernel), or an attention implementation other than eager (1.13 has no
+// scaled_dot_product_attention); and data parallelism in inference (each replica of an
+// inference job is its own estimate). A bare capacity with the cpu-1.13 runtime is a host memory
+// budget, and is accepted.
+// The optimizer and checkpoint in inference are refused where the request says they were set
+// (server/explicit_settings.h): the engine's defaults cannot tell an explicit AdamW from none.
+Status ValidateSettingsApply(const RunConfig& config);
+
+// The attention implementation a step runs: config.attention with kDefault resolved by the
+// runtime (kSdpa on CUDA, kEager on cpu-1.13).
+AttentionImpl ResolveAttention(const RunConfig& config);
+
+// The dtype of parameters under a precision policy.
+DType ParameterDType(Precision precision);
+// The autocast dtype, or the parameter dtype when the policy does not autocast.
+DType ComputeDType(Precision precision);
+bool IsAutocast(Precision precision);
+
+const char* PrecisionName(Precision p);
+const char* OptimizerKindName(OptimizerKind k);
+const char* OptimizerImplName(OptimizerImpl i);
+const char* CheckpointPolicyName(CheckpointPolicy p);
+const char* RuntimeName(Runtime r);
+const char* CpuIsaName(CpuIsa isa);
+const char* AttentionImplName(AttentionImpl a);
+const char* ModuleLoadingName(ModuleLoading m);
+const char* DataShardingName(DataSharding s);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_IR_CONFIG_H_

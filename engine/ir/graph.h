@@ -1,0 +1,227 @@
+// The IR: a graph of tensors and ops for one forward pass (plus loss) of one micro-batch.
+//
+// Tensors carry a concrete shape, dtype and strides, a role (parameter, buffer, input,
+// activation) and, for views and in-place results, the tensor whose storage they share. Ops
+// carry a kind from the op vocabulary (engine/rules/op_rules.h), their inputs and outputs,
+// attributes and the module scope they ran in ("h.3.attn"). Every op output's shape and dtype is
+// inferred by the op's rule when the op is added, so a Graph that exists is well formed.
+//
+// Graphs are built with GraphBuilder; presets, layer models, op-graph models and (later) the
+// Python tracer all end here.
+#ifndef MEMEST_ENGINE_IR_GRAPH_H_
+#define MEMEST_ENGINE_IR_GRAPH_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "engine/ir/budget.h"
+#include "engine/ir/dtype.h"
+#include "engine/ir/shape.h"
+#include "engine/ir/status.h"
+
+namespace memest {
+
+// An attribute value: an integer, a float, a list of integers or a string.
+using AttrValue = std::variant<int64_t, double, std::vector<int64_t>, std::string>;
+using Attrs = std::map<std::string, AttrValue, std::less<>>;
+
+enum class TensorRole : uint8_t {
+  kActivation,  // produced by an op
+  kInput,       // model input from the data batch (token ids, images)
+  kTarget,      // loss target from the data batch (labels)
+  kParameter,   // trainable (requires_grad) or frozen weight
+  kBuffer,      // non-trainable module state (BatchNorm running stats, KV cache)
+};
+
+struct Tensor {
+  std::string name;
+  Shape shape;
+  Strides strides;
+  DType dtype = DType::kFloat32;
+  TensorRole role = TensorRole::kActivation;
+  bool requires_grad = false;  // for leaves as declared; for activations as autograd derives it
+  int producer = -1;           // index of the op that made it; -1 for leaves
+  int alias_of = -1;           // tensor whose storage this one shares (views, in-place results)
+  int batch_dim = -1;          // for inputs: the dim that scales with the batch (-1: none)
+  bool kv_cache = false;       // a buffer that is an inference KV cache
+};
+
+// A tensor the model's Python code keeps referenced past its last use in the graph (a local
+// variable that lives until its function returns): PyTorch frees a storage when its last
+// reference dies, so this one stays allocated until op `until_op` has run (and longer when an
+// op still reads it or autograd holds it).
+struct HeldTensor {
+  int tensor = -1;
+  int until_op = -1;
+};
+
+struct Op {
+  std::string kind;
+  std::vector<int> inputs;
+  std::vector<int> outputs;
+  Attrs attrs;
+  std::string scope;
+};
+
+struct Graph {
+  std::vector<Tensor> tensors;
+  std::vector<Op> ops;
+  int loss = -1;        // the scalar that backward starts from; -1 when there is none
+  int loss_begin = -1;  // index of the first op of the loss computation; -1: no loss ops
+  // Scopes of the model's repeated blocks in execution order (e.g. "h.0" .. "h.11"): the units
+  // of block-wise checkpoint policies.
+  std::vector<std::string> blocks;
+  // Op ranges [first, last] the model's own code checkpoints (an op graph's `checkpoints`), in
+  // order, before the loss; and, for each, whether it is non-reentrant (use_reentrant=False).
+  std::vector<std::pair<int, int>> checkpoints;
+  std::vector<bool> checkpoint_non_reentrant;
+  // Tensors the model's code keeps referenced past their last use (memest.trace records them
+  // from weak references), each until an op of the graph has run.
+  std::vector<HeldTensor> held;
+  // The tensors the model's forward returns (memest.trace records them). Empty: the forward
+  // tensors the loss reads in training, the last op's outputs in inference (ModelOutputs in
+  // engine/step/python_refs.h).
+  std::vector<int> outputs;
+  // The dtype torch.autocast cast to while the graph was built (its casts are ops of the graph);
+  // float32 when it was built without autocast.
+  DType autocast = DType::kFloat32;
+
+  int64_t ParameterCount() const;      // elements of all parameters
+  int64_t TrainableParameterCount() const;
+};
+
+// "activation", "input", "target", "parameter" or "buffer".
+const char* TensorRoleName(TensorRole role);
+
+// True if `scope` is `prefix` or lies inside it ("h.3.attn" is inside "h.3", "h.30" is not).
+bool ScopeWithin(std::string_view scope, std::string_view prefix);
+
+// Attribute accessors: each returns the attribute or `fallback` when absent, and an error
+// naming `<context>.attrs.<name>` when present with the wrong type.
+StatusOr<int64_t> IntAttr(const Attrs& attrs, std::string_view name, int64_t fallback,
+                          const std::string& context);
+StatusOr<double> FloatAttr(const Attrs& attrs, std::string_view name, double fallback,
+                           const std::string& context);
+StatusOr<std::vector<int64_t>> IntsAttr(const Attrs& attrs, std::string_view name,
+                                        std::vector<int64_t> fallback,
+                                        const std::string& context);
+StatusOr<std::string> StringAttr(const Attrs& attrs, std::string_view name,
+                                 std::string fallback, const std::string& context);
+bool HasAttr(const Attrs& attrs, std::string_view name);
+
+// Whether `status` is GraphBuilder's refusal of a tensor too large to count in bytes that it
+// could not blame on a request field (GraphBuilder::NameSize): "<context>: the output of ...
+// would be [...] of float32, more than 2^62 bytes".
+bool IsUnattributedSizeError(const Status& status);
+
+// Builds a Graph op by op, inferring each op's outputs with its rule.
+//
+// Errors are sticky: the first failure is recorded, later calls do nothing and return -1
+// (or empty), and Finish() returns the error. That keeps builder code (presets, layers) free of
+// error plumbing while every error still reaches the user with its field path: errors are
+// prefixed with the context set by SetErrorContext (e.g. "model.layers[3]").
+class GraphBuilder {
+ public:
+  GraphBuilder();
+
+  // Leaves. Shapes are validated (non-negative, at most kMaxTensorBytes each), and all leaves
+  // together (parameters, buffers, inputs, targets) may hold at most kMaxBytes.
+  // requires_grad: the input's gradient is computed in backward and kept in its .grad while it
+  // lives (floating inputs only).
+  int Input(std::string name, Shape shape, DType dtype, int batch_dim = 0, bool requires_grad = false);
+  int Target(std::string name, Shape shape, DType dtype, int batch_dim = 0);
+  int Parameter(std::string name, Shape shape, DType dtype, bool trainable = true);
+  int Buffer(std::string name, Shape shape, DType dtype);
+  int KvCache(std::string name, Shape shape, DType dtype);
+
+  // Appends an op of `kind` and returns its outputs. `output_names` (optional) names them;
+  // other outputs stay unnamed (naming every activation would cost an allocation per tensor on
+  // the estimate's hot path; nothing reads activation names).
+  std::vector<int> Add(std::string_view kind, std::vector<int> inputs, Attrs attrs = {},
+                       std::vector<std::string> output_names = {});
+  // Add() for ops with one output (or where only the first matters): returns -1 on error.
+  int Add1(std::string_view kind, std::vector<int> inputs, Attrs attrs = {});
+
+  // Copies a leaf of another graph as it is (for passes that rewrite a graph).
+  int CopyLeaf(const Tensor& leaf);
+  // Sets the scope of the ops added next (for passes replaying another graph's ops).
+  void SetScope(std::string scope) { scope_ = std::move(scope); }
+  // From now on, ops are added as under torch.autocast(dtype=half): Add() first inserts the
+  // casts autocast would make of their inputs (engine/passes/passes.h, AutocastInputs).
+  void EnableAutocast(DType half);
+
+  // Module scopes: ops added between Push and Pop carry "outer.inner" scopes.
+  void PushScope(std::string_view name);
+  void PopScope();
+  const std::string& scope() const { return scope_; }
+  // Marks the current scope as one of the model's repeated blocks (see Graph::blocks).
+  void MarkBlock();
+  // Ops added from now on compute the loss.
+  void BeginLoss();
+  void SetLoss(int tensor);
+
+  void SetErrorContext(std::string context) { context_ = std::move(context); }
+  // Refuses (RESOURCE_EXHAUSTED) to add an op past `max_ops`, so that no request builds more
+  // than its limit before it is refused.
+  void SetMaxOps(int64_t max_ops) { max_ops_ = max_ops; }
+  // Looks at `budget`'s deadline and cancellation every 256 ops added, and fails with its
+  // refusal (null: never).
+  void SetBudget(Budget* budget) { budget_ = budget; }
+  // Names the request field a size came from ("config.batch_size",
+  // "model.layers[0].attrs.out_features"). A tensor too large to count in bytes is then
+  // reported against the field of its largest named dim among those that alone make it too
+  // large (the later name where two sizes are equal): the field the user set, rather than a
+  // tensor the user never named.
+  void NameSize(int64_t size, std::string field);
+  void Fail(Status status);
+  const Status& status() const { return status_; }
+  bool ok() const { return status_.ok(); }
+  const Tensor& tensor(int id) const { return graph_.tensors[id]; }
+  const Shape& shape(int id) const { return graph_.tensors[id].shape; }
+  int num_ops() const { return static_cast<int>(graph_.ops.size()); }
+
+  // The finished graph, or the first error. Refuses a graph with more than `max_ops` ops.
+  StatusOr<Graph> Finish(int64_t max_ops = 1'000'000);
+
+ private:
+  int AddLeaf(std::string name, Shape shape, DType dtype, TensorRole role, bool requires_grad,
+              int batch_dim);
+  // The error for `what` ("the input 'x'") of `shape`, whose bytes exceed kMaxBytes: under the
+  // field a size of it came from (NameSize), or else under the error context.
+  Status TooLarge(const Shape& shape, DType dtype, const std::string& what) const;
+
+  friend void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& inputs,
+                             Attrs& attrs);
+
+  Graph graph_;
+  Status status_;
+  bool in_autocast_ = false;           // inserting autocast's casts: not re-entered
+  std::vector<int> autocast_weights_;  // autocast's cache: parameter id -> its cast
+  std::string scope_;
+  std::vector<size_t> scope_marks_;
+  std::string context_;
+  int64_t max_ops_ = 1'000'000;
+  Budget* budget_ = nullptr;
+  int64_t leaf_bytes_ = 0;  // all leaves' bytes, within kMaxBytes
+  std::vector<std::pair<int64_t, std::string>> named_sizes_;  // size, field
+};
+
+// RAII scope for GraphBuilder.
+class ScopeGuard {
+ public:
+  ScopeGuard(GraphBuilder& b, std::string_view name) : b_(b) { b_.PushScope(name); }
+  ~ScopeGuard() { b_.PopScope(); }
+  ScopeGuard(const ScopeGuard&) = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+
+ private:
+  GraphBuilder& b_;
+};
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_IR_GRAPH_H_

@@ -1,0 +1,255 @@
+// Layers: PyTorch modules expanded into ops of the vocabulary (engine/rules/op_rules.h).
+//
+// Each helper adds, under the builder's current scope plus its own module name, the parameters
+// and the ops that the PyTorch module runs in its forward, in the order it runs them, and
+// returns the output tensor (or -1 once the builder has failed; errors are sticky, see
+// GraphBuilder). Parameters and buffers are named after the module path, as in a PyTorch
+// state_dict ("h.3.attn.c_attn.weight"), and take LayerContext::param_dtype. In inference
+// (model.eval()) dropout is the identity and adds no op.
+//
+// ExpandLayer() is the layer-model front end (engine/models/model.h, LayerModelSpec): one LayerSpec
+// of a kind below becomes ops. The kinds and their attributes (defaults after "="; attributes
+// without a default are required; flags are 0/1 integers):
+//
+//   linear        out_features, bias=1, in_features (optional: checked against the input)
+//                                                           input [.., in_features]
+//   conv1d        out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=1,
+//                 in_channels (optional: checked)           input [N, C, L]
+//   conv2d        the same as conv1d                        input [N, C, H, W]
+//   mlp           hidden, out_features=<in>, activation="gelu" (relu, gelu, gelu_tanh, silu,
+//                 swish), bias=1, dropout=0.0   fc1 -> act -> fc2 [-> dropout]
+//   attention     heads, kv_heads=heads, causal=0, dropout=0.0, bias=1,
+//                 scale_qk=0 (1: scale q and k by head_dim**-0.25 each instead of dividing the
+//                 scores by sqrt(head_dim))                 input [N, T, d_model]
+//                 modules q_proj, k_proj, v_proj, core (see Attention), o_proj
+//   transformer_block  heads, style="gpt2" (pre-LN, gelu_new MLP, fused qkv) or "llama" (RMSNorm,
+//                 rotary, grouped-query attention, SwiGLU), ffn=4*d_model (gpt2) or
+//                 8/3*d_model rounded up to 256 (llama), kv_heads=heads (llama only),
+//                 causal=1, dropout=0.0 (gpt2: attention, residual and MLP dropout)
+//                                                           input [N, T, d_model]
+//   layer_norm    affine=1 (normalizes the last dim)
+//   batch_norm    affine=1 (running statistics are buffers) input [N, C, ...]
+//   group_norm    num_groups, affine=1                      input [N, C, ...]
+//   rms_norm      upcast=0 (1: computes in float32 as HF's LlamaRMSNorm)
+//   relu          inplace=0
+//   gelu          approximate="none" ("tanh")
+//   silu, sigmoid, tanh
+//   swish         x * sigmoid(x) composed of two ops (what autograd saves for the composition,
+//                 not for a fused SiLU)
+//   softmax       dim=-1
+//   dropout       p=0.5 (nn.Dropout's default)
+//   max_pool2d    kernel_size, stride=kernel_size, padding=0
+//   avg_pool2d    kernel_size, stride=kernel_size, padding=0
+//   adaptive_avg_pool2d  output_size=1
+//   flatten       start_dim=1, end_dim=-1 (nn.Flatten's defaults)
+//   embedding     num_embeddings, embedding_dim             input: int64 indices
+//
+// Errors: an unknown kind is INVALID_ARGUMENT naming "<field>.kind" and listing the kinds; a
+// missing, mistyped, out-of-range or unknown (misspelt) attribute names "<field>.attrs.<name>";
+// an input of the wrong rank names "<field>" with the shape it got.
+#ifndef MEMEST_ENGINE_MODELS_LAYERS_H_
+#define MEMEST_ENGINE_MODELS_LAYERS_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+#include "engine/models/model.h"
+
+namespace memest {
+
+// Attribute values with their type spelled out (a bare `1` would be ambiguous in AttrValue).
+inline AttrValue AttrInt(int64_t v) { return AttrValue(v); }
+inline AttrValue AttrFloat(double v) { return AttrValue(v); }
+inline AttrValue AttrInts(std::vector<int64_t> v) { return AttrValue(std::move(v)); }
+
+struct LayerContext {
+  Mode mode = Mode::kTraining;
+  DType param_dtype = DType::kFloat32;
+  // How Attention runs its core (config.attention resolved: never kDefault here), and the
+  // device generation that picks the SDPA kernel (10 * major + minor).
+  AttentionImpl attention = AttentionImpl::kEager;
+  int compute_capability = 90;
+  DType autocast = DType::kFloat32;  // torch.autocast's dtype while building; float32: none
+  bool training() const { return mode == Mode::kTraining; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Building blocks. `name` is the module's attribute name ("c_attn", "ln_1"); an empty name adds
+// the ops under the current scope.
+
+// nn.Linear: linear(x, weight[out, in], bias[out]).
+int Linear(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+           int64_t out_features, bool bias = true);
+// nn.Linear whose weight is another module's (a tied lm_head uses the embedding's weight).
+int TiedLinear(GraphBuilder& b, std::string_view name, int x, int weight);
+// HF's GPT-2 Conv1D: weight [in, out]; addmm(bias, x.view(-1, in), weight).view(.., out).
+int HfConv1D(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+             int64_t out_features);
+
+struct ConvOptions {
+  int64_t out_channels = 0;
+  int64_t kernel_size = 1;
+  int64_t stride = 1;
+  int64_t padding = 0;
+  int64_t dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+// nn.Conv2d on [N, C, H, W] (square kernels) and nn.Conv1d on [N, C, L].
+int Conv2d(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+           const ConvOptions& options);
+int Conv1d(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+           const ConvOptions& options);
+
+// Normalisations over the last dim (LayerNorm, RMSNorm) or the channel dim (BatchNorm2d with
+// running_mean/running_var/num_batches_tracked buffers, GroupNorm).
+int LayerNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+              bool affine = true);
+int RmsNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+            bool upcast = true);
+int BatchNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+              bool affine = true);
+int GroupNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+              int64_t num_groups, bool affine = true);
+
+// F.dropout: the identity (no op) in inference or when p == 0, as ATen's dropout returns its
+// input then.
+int Dropout(GraphBuilder& b, const LayerContext& c, int x, double p);
+
+enum class Activation {
+  kRelu,
+  kReluInplace,
+  kGelu,      // exact erf GELU (nn.GELU(), HF "gelu")
+  kGeluTanh,  // F.gelu(approximate="tanh"), one op
+  kGeluNew,   // HF's NewGELUActivation (GPT-2 "gelu_new"): 0.5*x*(1+tanh(c*(x+0.044715*x^3)))
+              // composed of eight ops, as HF runs it
+  kSilu,
+  kSwish,  // x * sigmoid(x), two ops
+  kSigmoid,
+  kTanh,
+};
+int Activate(GraphBuilder& b, int x, Activation act);
+
+// Linear(in -> hidden) -> act -> Linear(hidden -> out) [-> dropout], modules "fc1", "fc2".
+struct MlpOptions {
+  int64_t hidden = 0;
+  int64_t out_features = 0;  // 0: the input's last dim
+  Activation activation = Activation::kGelu;
+  bool bias = true;
+  double dropout = 0.0;
+};
+int Mlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+        const MlpOptions& options);
+
+// Multi-head attention on x [N, T, d_model]. With LayerContext::attention kEager, the math form:
+//   q, k, v projections (fused into one projection and split, or three); each viewed as
+//   [N, T, heads, head_dim] and transposed to [N, heads, T, head_dim]; optional rotary
+//   embedding on q and k; grouped-query k/v repeated to `heads` (unsqueeze + expand + reshape,
+//   HF's repeat_kv); then under the sub-scope "core" (what the selective checkpoint policy
+//   recomputes): scores = q @ k^T, the scale, the causal mask, softmax, dropout, @ v; then the
+//   heads merged (transpose + contiguous + view) and the output projection.
+// Otherwise (Hugging Face's sdpa_attention_forward, or flash_attention_2) the core is one
+// scaled_dot_product_attention op with is_causal and no mask tensor (HF passes no mask for a
+// batch without padding), dropout_p = attn_dropout in training, and attrs.backend the kernel
+// engine/rules/sdpa_select.h picks; k and v keep their kv heads (enable_gqa, PyTorch >= 2.5) except
+// when the math kernel runs, which repeats them as repeat_kv does. The fused kernels return the
+// output in [N, T, heads, hd] memory order, so the merge's contiguous() copies nothing. A kernel
+// that config.attention forces but cannot run the call fails the builder naming
+// config.attention.
+enum class AttentionScale {
+  kDivideScores,    // scores / sqrt(head_dim) (GPT-2, BERT)
+  kMultiplyScores,  // scores * head_dim**-0.5 (HF Llama's eager attention)
+  kScaleQK,         // q * head_dim**-0.25 and k * head_dim**-0.25 before the product
+};
+enum class AttentionProjection {
+  kFusedHfConv1D,  // GPT-2: c_attn (HF Conv1D to 3*d) then split; c_proj Conv1D
+  kFusedLinear,    // torchvision/nn.MultiheadAttention: in_proj Linear to 3*d then split
+  kSeparate,       // q_proj, k_proj, v_proj, o_proj (Llama) / query, key, value (BERT)
+};
+struct AttentionOptions {
+  int64_t heads = 0;
+  int64_t kv_heads = 0;  // 0: heads
+  bool causal = false;
+  // Causal masking: a bool buffer "<scope>.bias" [1, 1, mask_positions, mask_positions] sliced
+  // to [1, 1, T, T] and masked_fill (GPT-2); or, when `additive_mask` >= 0, that float tensor
+  // [.., T, T] added to the scores (HF Llama's 4-D causal mask).
+  int64_t mask_positions = 0;  // 0: T
+  int additive_mask = -1;
+  double attn_dropout = 0.0;
+  double resid_dropout = 0.0;
+  bool bias = true;
+  AttentionScale scale = AttentionScale::kDivideScores;
+  AttentionProjection projection = AttentionProjection::kSeparate;
+  // Names of the projections for kSeparate: {q, k, v, out}.
+  std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  // Rotary embedding (Llama): cos and sin tensors [T, head_dim] (-1: none).
+  int rotary_cos = -1;
+  int rotary_sin = -1;
+  // HF Llama: softmax(scores, dtype=float32).to(q.dtype).
+  bool softmax_fp32 = false;
+  // HF GPT-2: softmax(scores).type(value.dtype): under autocast softmax returns float32 and
+  // the probabilities are cast back to the values' dtype before dropout.
+  bool probs_to_value_dtype = false;
+  // Inference: allocate "<scope>.k_cache" / "<scope>.v_cache" [N, kv_heads, kv_cache_len,
+  // head_dim] with GraphBuilder::KvCache (0: no cache).
+  int64_t kv_cache_len = 0;
+};
+int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+              const AttentionOptions& options);
+
+// HF Llama's rotary embedding on x [N, H, T, hd]: x * cos + rotate_half(x) * sin with
+// rotate_half(x) = cat(-x[..., hd/2:], x[..., :hd/2]); cos and sin are [T, hd].
+int ApplyRotary(GraphBuilder& b, int x, int cos, int sin);
+
+// A transformer block. kGpt2: HF GPT2Block (pre-LN; ln_1, attn, +, ln_2, mlp with gelu_new,
+// +; HF Conv1D projections; attention and residual dropout). kLlama: HF LlamaDecoderLayer
+// (input_layernorm RMSNorm, self_attn with rotary and GQA, +, post_attention_layernorm,
+// mlp = down_proj(silu(gate_proj(x)) * up_proj(x)), +).
+enum class BlockStyle { kGpt2, kLlama };
+struct BlockOptions {
+  BlockStyle style = BlockStyle::kGpt2;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;  // 0: heads
+  int64_t ffn = 0;       // 0: 4 * d_model
+  bool causal = true;
+  double dropout = 0.0;  // GPT-2: attn_pdrop = resid_pdrop
+  int64_t mask_positions = 0;
+  // Llama: rotary cos/sin [T, hd] and the additive causal mask; built when -1.
+  int rotary_cos = -1;
+  int rotary_sin = -1;
+  int additive_mask = -1;
+  int64_t kv_cache_len = 0;
+};
+int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+                     const BlockOptions& options);
+
+// Llama helpers shared by blocks: rotary cos/sin buffers [seq, head_dim] ("<scope>.cos_cached",
+// "<scope>.sin_cached") and the additive causal mask buffer [1, 1, seq, seq] (HF builds it once
+// per forward in the model dtype and every layer adds it to its scores).
+void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim, int* cos,
+                   int* sin);
+int AdditiveCausalMask(GraphBuilder& b, const LayerContext& c, int64_t seq);
+
+// nn.Embedding: embedding(weight[num, dim], ids). `weight_out` (optional) receives the weight.
+int Embedding(GraphBuilder& b, const LayerContext& c, std::string_view name, int ids,
+              int64_t num_embeddings, int64_t embedding_dim, int* weight_out = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// The layer-model front end: expands `spec` (a layer of the kinds listed above) applied to `x`
+// under the builder's current scope and returns its output. `field` is where errors point
+// ("model.layers[3]"). Errors of the spec (kind, attributes, input shape) are returned; errors
+// of the ops (should a rule refuse a shape) stay in the builder, and the result is then -1.
+StatusOr<int> ExpandLayer(GraphBuilder& b, int x, const LayerSpec& spec, const LayerContext& c,
+                          const std::string& field);
+
+// The kinds ExpandLayer knows, sorted.
+const std::vector<std::string>& LayerKinds();
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_MODELS_LAYERS_H_

@@ -1,0 +1,141 @@
+// What a user describes: a preset with parameters, a sequential list of layers, or a graph
+// of ops. Each front end turns its description into a Graph (engine/ir/graph.h) for one
+// micro-batch.
+#ifndef MEMEST_ENGINE_MODELS_MODEL_H_
+#define MEMEST_ENGINE_MODELS_MODEL_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "engine/ir/budget.h"
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+
+namespace memest {
+
+// A named preset (engine/models/presets.h) with overrides of its parameters ("seq", "layers", ...).
+struct PresetSpec {
+  std::string name;
+  std::map<std::string, int64_t> params;
+};
+
+// One layer of a sequential model. Kinds and their attributes are listed in engine/models/layers.h
+// (e.g. kind "linear" with attrs {out_features: 4096, bias: 1}).
+struct LayerSpec {
+  std::string kind;
+  std::string name;  // scope name; defaults to "<index>"
+  Attrs attrs;
+};
+
+// A sequential model: an input of `input_shape` per sample (the batch dim is prepended), the
+// layers applied in order, then a loss on the last output.
+struct LayerModelSpec {
+  Shape input_shape;
+  DType input_dtype = DType::kFloat32;
+  std::vector<LayerSpec> layers;
+  // "cross_entropy" (targets: int64 class per sample/position), "mse" (targets like the
+  // output), or "sum" (output.sum(), no targets). Default "sum".
+  std::string loss = "sum";
+};
+
+// A tensor declared by an op-graph model: leaves (inputs, targets, parameters, buffers) must be
+// declared; op outputs may be declared too, and are then checked against inference.
+struct TensorSpec {
+  std::string name;
+  Shape shape;
+  DType dtype = DType::kFloat32;
+  TensorRole role = TensorRole::kInput;
+  // For inputs and targets: the dim that scales with the batch, -1 when none. Other roles
+  // must leave it 0 (or -1): nothing else scales with the batch.
+  int batch_dim = 0;
+  bool requires_grad = true;  // for parameters: false means frozen
+  bool input_requires_grad = false;  // for inputs: x.requires_grad_(), its gradient in x.grad
+};
+
+struct OpSpec {
+  std::string kind;
+  std::vector<std::string> inputs;
+  std::vector<std::string> outputs;
+  Attrs attrs;
+  std::string scope;
+};
+
+// A torch.utils.checkpoint call in the model's code: ops [first_op, last_op] of OpGraphSpec::ops.
+struct CheckpointSpec {
+  int64_t first_op = 0;
+  int64_t last_op = 0;
+  bool non_reentrant = false;
+};
+
+// A reference of the model's code that keeps `tensor` allocated past its last use in the graph,
+// until op `until_op` (an index into OpGraphSpec::ops) has run.
+struct HeldSpec {
+  std::string tensor;
+  int64_t until_op = 0;
+};
+
+// A graph of ops in execution order, as the tracer records it.
+struct OpGraphSpec {
+  std::vector<TensorSpec> tensors;
+  std::vector<OpSpec> ops;
+  std::string loss;                 // the scalar output backward starts from (training)
+  std::vector<std::string> blocks;  // scopes of repeated blocks (checkpoint units)
+  std::vector<CheckpointSpec> checkpoints;  // the model's own torch.utils.checkpoint calls
+  std::vector<HeldSpec> held;        // references of the model's code (Graph::held)
+  std::vector<std::string> outputs;  // what the forward returns (Graph::outputs)
+  // The batch size the shapes were recorded at. When it differs from the run's micro-batch,
+  // every input's batch_dim is rescaled and shapes are re-inferred.
+  int64_t traced_batch = 0;
+};
+
+struct ModelSpec {
+  std::variant<PresetSpec, LayerModelSpec, OpGraphSpec> source;
+};
+
+// What every front end needs to know to build the graph of one micro-batch.
+struct BuildContext {
+  int64_t micro_batch = 1;
+  Mode mode = Mode::kTraining;
+  DType param_dtype = DType::kFloat32;  // from the precision policy
+  int64_t generate_tokens = 0;          // inference: KV cache room beyond the prompt
+  int64_t max_ops = 1'000'000;          // refuse larger graphs
+  // Build under torch.autocast to this dtype (float32: no autocast); the graph then holds the
+  // casts autocast makes, where it makes them.
+  DType autocast = DType::kFloat32;
+  // The request's budget (engine/ir/budget.h): its deadline and cancellation are looked at while
+  // the graph is built (every 256 ops), so a large build stops too. Null: none.
+  Budget* budget = nullptr;
+  // How attention layers run (config.attention, resolved: ResolveAttention in engine/ir/config.h)
+  // and the generation of the device that picks the SDPA kernel (10 * major + minor).
+  AttentionImpl attention = AttentionImpl::kEager;
+  int compute_capability = 90;
+};
+
+// The LayerContext (engine/models/layers.h) a front end builds its layers with.
+struct LayerContext;
+LayerContext LayerContextOf(const BuildContext& context);
+
+// Checks the context every front end relies on (a positive micro-batch, non-negative
+// generate_tokens); errors name the config field they come from.
+Status ValidateBuildContext(const BuildContext& context);
+
+// Builds the graph of one micro-batch. Errors name fields under "model." (for example
+// "model.layers[3].attrs.out_features: must be positive, got -4"). A name longer than
+// kMaxNameBytes (engine/ir/text.h) is refused. A tensor too large to count in bytes is reported
+// against the field its size came from: "config.batch_size" (also when the batch only
+// overflows once folded into an activation: the model is then built again for one sample to
+// tell), "model.input_shape[i]", "model.layers[i].attrs.<name>", "model.preset.params.<name>".
+// In inference, a positive context.generate_tokens is refused ("config.generate_tokens") for a
+// model that keeps no KV cache: only the decoder presets do, and the tokens would change
+// nothing.
+StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context);
+
+StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& context);
+StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& context);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_MODELS_MODEL_H_

@@ -1,0 +1,276 @@
+#include "engine/passes/data_parallel.h"
+
+#include <algorithm>
+#include <functional>
+#include <queue>
+#include <utility>
+
+#include "engine/ir/shape.h"
+#include "engine/step/optimizers.h"
+
+namespace memest {
+namespace {
+
+// DistributedDataParallel's _DEFAULT_FIRST_BUCKET_BYTES; its default bucket_cap_mb is 25.
+constexpr int64_t kFirstBucketBytes = int64_t{1} << 20;
+constexpr int64_t kDefaultBucketCapBytes = int64_t{25} << 20;
+
+bool Trainable(const Tensor& t) { return t.role == TensorRole::kParameter && t.requires_grad; }
+
+// compute_bucket_assignment_by_size: per dtype, append each tensor to its dtype's open bucket;
+// once the bucket's bytes reach the current limit it closes and that dtype moves to the next
+// limit (the last one repeats). A bucket can pass its limit by one whole parameter; parameters
+// are never split. Buckets come out as they close, then the ones left open.
+std::vector<DdpBucket> AssignBuckets(const Graph& g, const std::vector<int>& order,
+                                     const std::vector<int64_t>& limits) {
+  std::vector<DdpBucket> done;
+  std::vector<std::pair<DdpBucket, size_t>> open;  // per dtype: the bucket, its limit's index
+  for (int t : order) {
+    const Tensor& p = g.tensors[t];
+    size_t k = 0;
+    while (k < open.size() && open[k].first.dtype != p.dtype) ++k;
+    if (k == open.size()) open.push_back({DdpBucket{p.dtype, 0, {}}, 0});
+    DdpBucket& b = open[k].first;
+    b.params.push_back(t);
+    // Parameters are model states, whose sum the graph's builder has checked.
+    b.bytes += Bytes(p.shape, p.dtype);
+    if (b.bytes >= limits[open[k].second]) {
+      done.push_back(std::move(b));
+      b = DdpBucket{p.dtype, 0, {}};
+      open[k].second = std::min(open[k].second + 1, limits.size() - 1);
+    }
+  }
+  for (auto& [b, limit] : open) {
+    if (!b.params.empty()) done.push_back(std::move(b));
+  }
+  return done;
+}
+
+// DeepSpeed ZeRO-2's buffers for `g` under `c` (see DeepSpeedZero2).
+StatusOr<DeepSpeedZero2> PlanZero2(const Graph& g, const RunConfig& c) {
+  const ParallelismConfig& p = c.parallelism;
+  std::vector<int64_t> sizes;  // the flat buffer's parameters, model.parameters() order
+  int64_t numel = 0;
+  DType dtype = ParameterDType(c.precision);
+  for (const Tensor& t : g.tensors) {
+    if (!Trainable(t)) continue;
+    sizes.push_back(Numel(t.shape));
+    numel += sizes.back();  // below 2^62: the builder checked the parameters' bytes
+    dtype = t.dtype;
+  }
+  DeepSpeedZero2 z;
+  // flatten_dense_tensors_aligned(..., nccl_start_alignment_factor (2) * dp_size)
+  const int64_t align = 2 * p.data;
+  const int64_t padded = (numel + align - 1) / align * align;
+  z.partition_elements = padded / p.data;
+  z.grad_element_bytes = DTypeSize(dtype);
+  // copy_grads_in_partition sizes its buffer by the parameters that overlap the partition,
+  // whole: the rank whose partition meets the largest of them holds the most.
+  int64_t most = 0;
+  int64_t start = 0;
+  size_t k = 0;
+  for (int64_t r = 0; r < p.data && k < sizes.size(); ++r) {
+    const int64_t lo = r * z.partition_elements, hi = lo + z.partition_elements;
+    while (k < sizes.size() && start + sizes[k] <= lo) start += sizes[k++];
+    int64_t overlap = 0;
+    int64_t s = start;
+    for (size_t j = k; j < sizes.size() && s < hi; ++j) {
+      overlap += sizes[j];
+      s += sizes[j];
+    }
+    if (overlap > most) {
+      most = overlap;
+      z.rank = r;
+    }
+  }
+  MEMEST_ASSIGN_OR_RETURN(z.grads_in_partition_bytes, CheckedMul(most, z.grad_element_bytes));
+  const OptimizerCosts oc = CostsOf(c.optimizer, c.runtime);
+  MEMEST_ASSIGN_OR_RETURN(int64_t fp32_partition, CheckedMul(z.partition_elements, 4));
+  z.master_bytes = dtype == DType::kFloat32 ? 0 : fp32_partition;
+  MEMEST_ASSIGN_OR_RETURN(z.state_bytes, CheckedMul(fp32_partition, oc.state));
+  MEMEST_ASSIGN_OR_RETURN(z.averaged_bytes, CheckedMul(z.partition_elements, z.grad_element_bytes));
+  z.ipg_elements = p.reduce_bucket_elements > 0 ? p.reduce_bucket_elements
+                                                : kDeepSpeedReduceBucketElements;
+  MEMEST_ASSIGN_OR_RETURN(z.ipg_bytes, CheckedMul(z.ipg_elements, z.grad_element_bytes));
+  z.ipg_buffers = p.overlap_comm ? 2 : 1;
+  z.step_fp32_bytes = dtype == DType::kFloat32 ? 0 : fp32_partition;
+  return z;
+}
+
+}  // namespace
+
+int64_t RankView::BucketBytes() const {
+  int64_t total = 0;
+  for (const DdpBucket& b : buckets) {
+    if (!AddBytes(&total, b.bytes)) return kMaxBytes;
+  }
+  return total;
+}
+
+std::vector<int> GradReadyOrder(const Graph& g) {
+  std::vector<int> first_reader(g.tensors.size(), -1);
+  for (size_t i = g.ops.size(); i-- > 0;) {
+    for (int t : g.ops[i].inputs) first_reader[t] = static_cast<int>(i);
+  }
+  std::vector<int> order;
+  std::vector<char> placed(g.tensors.size(), 0);
+  for (size_t i = g.ops.size(); i-- > 0;) {
+    const std::vector<int>& in = g.ops[i].inputs;
+    for (auto it = in.rbegin(); it != in.rend(); ++it) {
+      const int t = *it;
+      if (!placed[t] && Trainable(g.tensors[t]) && first_reader[t] == static_cast<int>(i)) {
+        placed[t] = 1;
+        order.push_back(t);
+      }
+    }
+  }
+  for (size_t t = 0; t < g.tensors.size(); ++t) {
+    if (!placed[t] && Trainable(g.tensors[t])) order.push_back(static_cast<int>(t));
+  }
+  return order;
+}
+
+std::vector<int64_t> PartitionLargestFirst(const Graph& g, const std::vector<int>& params,
+                                           int64_t world) {
+  std::vector<size_t> by_size(params.size());
+  for (size_t k = 0; k < by_size.size(); ++k) by_size[k] = k;
+  std::stable_sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) {
+    return Numel(g.tensors[params[a]].shape) > Numel(g.tensors[params[b]].shape);
+  });
+  // The ranks that own something, by (elements, rank); the ranks not used yet own nothing and
+  // come in order, so the least loaded rank is the lower of the heap's top and the next unused.
+  using Load = std::pair<int64_t, int64_t>;
+  std::priority_queue<Load, std::vector<Load>, std::greater<Load>> used;
+  int64_t next_unused = 0;
+  std::vector<int64_t> rank_of(params.size(), 0);
+  for (size_t k : by_size) {
+    Load least;
+    if (next_unused < world && (used.empty() || used.top().first > 0 ||
+                                used.top().second > next_unused)) {
+      least = {0, next_unused++};
+    } else {
+      least = used.top();
+      used.pop();
+    }
+    rank_of[k] = least.second;
+    // Element counts are below 2^62 each and there are fewer than 2^31 parameters.
+    least.first += Numel(g.tensors[params[k]].shape);
+    used.push(least);
+  }
+  return rank_of;
+}
+
+StatusOr<RankView> PlanDataParallel(const Graph& g, const RunConfig& c) {
+  RankView view;
+  const ParallelismConfig& p = c.parallelism;
+  if (p.sharding == DataSharding::kNone || c.mode != Mode::kTraining) return view;
+  view.world = p.data;
+  view.grads_in_buckets = p.gradient_as_bucket_view;
+  if (p.sharding == DataSharding::kDeepSpeedZero2) {
+    MEMEST_ASSIGN_OR_RETURN(view.zero2, PlanZero2(g, c));
+    view.rank = view.zero2->rank;
+    view.optimizer_owns.assign(g.tensors.size(), 0);  // the flat partition is stepped instead
+    return view;
+  }
+
+  const std::vector<int> ready = GradReadyOrder(g);
+  if (c.step == StepKind::kFirstStep) {
+    // Construction: parameters in reverse definition order, one bucket per dtype.
+    std::vector<int> defined;
+    for (size_t t = g.tensors.size(); t-- > 0;) {
+      if (Trainable(g.tensors[t])) defined.push_back(static_cast<int>(t));
+    }
+    view.buckets = AssignBuckets(g, defined, {kMaxBytes});
+  } else {
+    const int64_t cap = p.bucket_cap_bytes > 0 ? p.bucket_cap_bytes : kDefaultBucketCapBytes;
+    // PyTorch 2.4+ (pytorch/pytorch#121640): a bucket_cap_mb the caller gives sizes the first
+    // bucket too; 1.13 always starts with 1 MiB.
+    const bool first_is_cap = p.bucket_cap_bytes > 0 && c.runtime == Runtime::kCuda;
+    view.buckets = AssignBuckets(g, ready, {first_is_cap ? cap : kFirstBucketBytes, cap});
+  }
+
+  if (p.sharding == DataSharding::kZero1) {
+    std::vector<int> params;  // model.parameters() order
+    for (size_t t = 0; t < g.tensors.size(); ++t) {
+      if (Trainable(g.tensors[t])) params.push_back(static_cast<int>(t));
+    }
+    const std::vector<int64_t> rank_of = PartitionLargestFirst(g, params, p.data);
+    view.owned_elements.assign(std::min<int64_t>(p.data, std::max<size_t>(params.size(), 1)), 0);
+    for (size_t k = 0; k < params.size(); ++k) {
+      view.owned_elements[rank_of[k]] += Numel(g.tensors[params[k]].shape);
+    }
+    view.rank = std::max_element(view.owned_elements.begin(), view.owned_elements.end()) -
+                view.owned_elements.begin();
+    view.optimizer_owns.assign(g.tensors.size(), 0);
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (rank_of[k] == view.rank) view.optimizer_owns[params[k]] = 1;
+    }
+  }
+  return view;
+}
+
+DataParallelReport DataParallelReportOf(const RankView& view) {
+  DataParallelReport r;
+  r.world = view.world;
+  r.rank = view.rank;
+  for (const DdpBucket& b : view.buckets) r.bucket_bytes.push_back(b.bytes);
+  r.owned_elements = view.owned_elements;
+  return r;
+}
+
+void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
+  const ParallelismConfig& p = c.parallelism;
+  if (const auto& z = view.zero2) {
+    r->notes.push_back(
+        "DeepSpeed ZeRO-2 over " + std::to_string(view.world) + " ranks: each keeps " +
+        std::to_string(z->partition_elements) + " elements of the flat parameters' fp32 master " +
+        "copy and optimizer state (" + FormatBytes(z->master_bytes) + " + " +
+        FormatBytes(z->state_bytes) + "); backward makes " + std::to_string(z->ipg_buffers) +
+        " ipg buffer(s) of " + std::to_string(z->ipg_elements) + " elements (" +
+        FormatBytes(z->ipg_bytes) + " each) whatever the model's size, and grads_in_partition (" +
+        FormatBytes(z->grads_in_partition_bytes) + "); its fused optimizer has no per-parameter "
+        "scratch (config.optimizer.impl does not apply)");
+    r->notes.push_back("NCCL's own buffers (outside PyTorch's allocator) are not counted");
+    return;
+  }
+  std::string ddp = "DistributedDataParallel over " + std::to_string(view.world) +
+                    " ranks: " + std::to_string(view.buckets.size()) + " gradient buckets (" +
+                    FormatBytes(view.BucketBytes()) + "), made with DDP and kept";
+  if (c.step == StepKind::kFirstStep) {
+    ddp += "; the first iteration's layout (one bucket per dtype), rebuilt before the second";
+  }
+  ddp += p.gradient_as_bucket_view
+             ? "; gradient_as_bucket_view: .grad is the bucket's view, autograd's gradient goes "
+               "once copied"
+             : "; .grad stays a tensor of its own beside its bucket's copy";
+  if (c.grad_accum_steps > 1) {
+    ddp += "; micro-batches before the last run under no_sync()";
+  }
+  r->notes.push_back(ddp);
+  if (p.gradient_as_bucket_view && !c.zero_grad_set_to_none) {
+    r->notes.push_back(
+        "not in this estimate: the second step's forward, where DDP rebuilds its buckets while "
+        ".grad still views the old ones (gradient_as_bucket_view with zero_grad(set_to_none="
+        "False)); measured on 1.13 it holds up to one more copy of the gradients, and it is the "
+        "run's peak: leave set_to_none=True, or keep that copy of headroom");
+  }
+  if (p.sharding == DataSharding::kZero1) {
+    int64_t total = 0;
+    int64_t least = view.owned_elements.empty() ? 0 : view.owned_elements[0];
+    for (int64_t e : view.owned_elements) {
+      total += e;  // parameter elements: below 2^62 in all
+      least = std::min(least, e);
+    }
+    if (static_cast<int64_t>(view.owned_elements.size()) < view.world) least = 0;
+    r->notes.push_back(
+        "ZeroRedundancyOptimizer: rank " + std::to_string(view.rank) + ", estimated here, " +
+        "steps " + std::to_string(view.owned_elements.empty() ? 0 : view.owned_elements[view.rank]) +
+        " of " + std::to_string(total) + " parameter elements (the least loaded rank " +
+        std::to_string(least) + "); parameters and gradients stay whole on every rank");
+  }
+  if (c.runtime == Runtime::kCuda) {
+    r->notes.push_back("NCCL's own buffers (outside PyTorch's allocator) are not counted");
+  }
+}
+
+}  // namespace memest

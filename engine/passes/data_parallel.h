@@ -1,0 +1,109 @@
+// Data parallelism as one rank sees it: what DistributedDataParallel and
+// ZeroRedundancyOptimizer add to, or take from, the single-GPU step (docs/parallelism.md).
+//
+// Every data-parallel rank runs the whole model on its own batch_size samples, so the graph of
+// one rank is the single-GPU graph; what differs lives beside it:
+// - DDP's gradient buckets: flat tensors, one per bucket, allocated when DDP is constructed and
+//   kept for its life (torch/csrc/distributed/c10d/reducer.cpp, initialize_buckets). Each
+//   gradient is copied into its bucket as it becomes ready and the bucket is all-reduced in
+//   place. With gradient_as_bucket_view, .grad becomes a view into the bucket (the gradient
+//   autograd made is dropped after the copy); without it, .grad stays a tensor of its own.
+// - ZeroRedundancyOptimizer: each rank's optimizer steps only the parameters it owns, so only
+//   those have optimizer state and step temporaries on it; the updated parameters are
+//   broadcast in place.
+// - DeepSpeed ZeRO-2 (deepspeed/runtime/zero/stage_1_and_2.py, 0.16): the trainable
+//   parameters are flattened into one buffer padded to a multiple of 2N elements; each rank
+//   keeps its 1/N partition's fp32 master copy (16-bit parameters) and optimizer state (made on
+//   the first step). When backward starts, ipg buffers of reduce_bucket_size elements (two with
+//   overlap_comm) are made; each gradient is copied into one as it becomes ready and autograd's
+//   tensor goes; a bucket that would overflow is reduced first (allreduce_bucket flattens it
+//   into a new tensor), and the first reduction makes grads_in_partition (every parameter that
+//   overlaps the rank's partition, whole). At the end of backward (the epilogue) the last bucket
+//   is reduced, the partition's gradients are copied into averaged_gradients (kept until the
+//   step; later micro-batches add a copy into it), and the ipg buffers and grads_in_partition
+//   go. The step flattens averaged_gradients, converts it to float32, drops averaged_gradients
+//   and runs the fused optimizer (no per-parameter scratch).
+// Ranks differ only in what their optimizer owns; PlanDataParallel picks the rank with the
+// most optimizer elements, the one that runs out first.
+#ifndef MEMEST_ENGINE_PASSES_DATA_PARALLEL_H_
+#define MEMEST_ENGINE_PASSES_DATA_PARALLEL_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+#include "engine/ir/status.h"
+#include "engine/report/report.h"
+
+namespace memest {
+
+struct DdpBucket {
+  DType dtype = DType::kFloat32;
+  int64_t bytes = 0;        // the flat tensor's size: its parameters' bytes
+  std::vector<int> params;  // tensor ids, in the order their gradients become ready
+};
+
+// DeepSpeed ZeRO-2's buffers on one rank (all bytes).
+struct DeepSpeedZero2 {
+  int64_t rank = 0;                // the rank whose grads_in_partition is the largest
+  int64_t partition_elements = 0;  // the rank's share of the padded flat parameters
+  int64_t master_bytes = 0;        // fp32 master partition (0 for float32 parameters)
+  int64_t state_bytes = 0;         // optimizer state over the partition, float32
+  int64_t grads_in_partition_bytes = 0;  // the parameters overlapping the partition, whole
+  int64_t averaged_bytes = 0;      // averaged_gradients: the partition in the gradients' dtype
+  int64_t ipg_elements = 0;        // one ipg buffer's capacity
+  int64_t ipg_bytes = 0;           // one ipg buffer
+  int ipg_buffers = 1;             // 2 with overlap_comm
+  int64_t grad_element_bytes = 2;  // the gradients' dtype (DeepSpeed's grad_accum_dtype)
+  int64_t step_fp32_bytes = 0;     // the step's float32 copy (0 when the gradients are float32)
+};
+
+// One rank's view of a data-parallel step.
+struct RankView {
+  int64_t world = 1;  // data-parallel ranks
+  int64_t rank = 0;   // the rank this view is of
+  std::vector<DdpBucket> buckets;  // empty without DDP
+  bool grads_in_buckets = false;   // gradient_as_bucket_view
+  // Per tensor id: 1 where this rank's optimizer steps the parameter. Empty: every trainable
+  // parameter (no ZeRO).
+  std::vector<char> optimizer_owns;
+  // Per rank (ZeRO-1): the elements of the parameters its optimizer steps.
+  std::vector<int64_t> owned_elements;
+  std::optional<DeepSpeedZero2> zero2;  // DeepSpeed ZeRO-2; its optimizer owns no parameter
+
+  bool OptimizerOwns(int t) const { return optimizer_owns.empty() || optimizer_owns[t] != 0; }
+  int64_t BucketBytes() const;
+};
+
+// The view of the rank that holds the most (the lowest such rank; ZeRO-1: the most optimizer
+// elements; DeepSpeed ZeRO-2: the largest grads_in_partition), for config.parallelism. A config without data parallelism gives an empty view
+// (world 1, no buckets). Buckets follow DDP's assignment (compute_bucket_assignment_by_size):
+// per dtype, parameters in the order their gradients become ready, a bucket closing once its
+// bytes reach the limit (a first bucket of 1 MiB, then the cap); on the first step the
+// construction-time layout, one bucket per dtype (find_unused_parameters=False), which DDP
+// rebuilds before the second forward.
+StatusOr<RankView> PlanDataParallel(const Graph& graph, const RunConfig& config);
+
+// The order in which the trainable parameters' gradients become ready in backward: by their
+// first reader, last first (AccumulateGrad runs after the first reader's backward); within one
+// op, its last input first (linear's bias, whose AccumulateGrad hangs directly off AddmmBackward,
+// is ready before its weight, which goes through TBackward: DDP's rebuilt buckets on 1.13 show
+// it); parameters no op reads last.
+std::vector<int> GradReadyOrder(const Graph& graph);
+
+// ZeroRedundancyOptimizer's partition of `params` (tensor ids, in model.parameters() order):
+// largest first (a stable sort by element count), each to the rank with the fewest elements so
+// far (the lowest on a tie). Returns each parameter's rank, in the order of `params`.
+std::vector<int64_t> PartitionLargestFirst(const Graph& graph, const std::vector<int>& params,
+                                           int64_t world);
+
+// The report's summary of `view`, and the notes that say what the estimate of a data-parallel
+// rank counts and leaves out.
+DataParallelReport DataParallelReportOf(const RankView& view);
+void AddDataParallelNotes(const RunConfig& config, const RankView& view, Report* report);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_PASSES_DATA_PARALLEL_H_

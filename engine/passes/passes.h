@@ -1,0 +1,45 @@
+// Graph passes that run between building a model's graph and scheduling its step.
+#ifndef MEMEST_ENGINE_PASSES_PASSES_H_
+#define MEMEST_ENGINE_PASSES_PASSES_H_
+
+#include <functional>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+
+namespace memest {
+
+// Rebuilds `graph` op by op through a GraphBuilder, re-inferring every output. For each op,
+// `emit(i, builder, map)` may add replacement ops and map op i's outputs (map[old] = new) and
+// return true, or return false to have op i copied as it is. `map` takes old tensor ids to new
+// ones; a tensor left unmapped (-1) must not be read by a later op. Leaves, blocks, the loss,
+// the model's checkpoint regions, held tensors (until the last op op i became) and outputs
+// carry over; held tensors and outputs left unmapped are dropped. The new graph is built under `autocast` (by default as `graph` was: replaying an
+// autocast graph under autocast adds no casts, its inputs are already cast).
+using OpEmitter = std::function<bool(int op, GraphBuilder& b, std::vector<int>& map)>;
+StatusOr<Graph> ReplayGraph(const Graph& graph, const OpEmitter& emit,
+                            std::optional<DType> autocast = std::nullopt);
+
+// Rewrites `graph` as torch.autocast(device_type="cuda", dtype=half) runs it: the inputs of
+// ops on CUDA autocast's lower-precision list (linear, addmm, matmul, bmm, einsum, conv,
+// scaled_dot_product_attention) are cast to `half`; the inputs of ops on its float32 list
+// (layer_norm, group_norm, mse_loss, exp, log1p, rsqrt, pow) are cast to float32; softmax and
+// log_softmax compute in float32 (float16 inputs directly, half_to_float; bfloat16 inputs
+// through a transient float32 copy); cross_entropy keeps half log-probabilities and nll_loss a
+// float32 copy of them (attrs.nll_float32). Each cast is an explicit `to` op. A parameter is cast once per
+// forward: the cast carries attrs.autocast_weight and autocast's cache holds it until the
+// autocast region (forward and loss) ends.
+// Graphs built with GraphBuilder::EnableAutocast(half) already are; this replays others.
+StatusOr<Graph> ApplyAutocast(const Graph& graph, DType half);
+
+// The casts autocast makes before an op of `kind` runs on `inputs` (tensor ids in `b`): adds
+// `to` ops to `b`, replaces `inputs` with the casts and may set attrs (softmax's
+// half_to_float). Called by GraphBuilder::Add under EnableAutocast.
+void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& inputs, Attrs& attrs);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_PASSES_PASSES_H_

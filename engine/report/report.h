@@ -1,0 +1,117 @@
+// The answer: where the memory of one step goes, when it peaks, and what would make it fit.
+#ifndef MEMEST_ENGINE_REPORT_REPORT_H_
+#define MEMEST_ENGINE_REPORT_REPORT_H_
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace memest {
+
+enum class Category : int {
+  kParameters,         // parameters and module buffers (BatchNorm statistics, causal masks)
+  kGradients,          // parameter .grad tensors
+  kOptimizerState,     // exp_avg, exp_avg_sq, momentum buffers, ...
+  kMasterAndCasts,     // autocast's low-precision copies of weights (and master weights)
+  kActivations,        // tensors autograd holds for backward
+  kTemporaries,        // everything transient: op outputs awaiting use, op scratch, activation
+                       // gradients, optimizer temporaries
+  kInputs,             // the data batch
+  kKvCache,            // inference: keys and values cached for generation
+  kWorkspace,          // library workspace (cuBLAS), allocated through PyTorch's allocator
+  kCommunication,      // data-parallel buffers allocated through PyTorch's allocator (DDP's
+                       // gradient buckets)
+  kAllocatorOverhead,  // reserved minus allocated: rounding, segment slack, cached blocks
+  kCudaContext,        // the CUDA context and kernels: outside PyTorch's allocator
+  kCount,
+};
+inline constexpr int kNumCategories = static_cast<int>(Category::kCount);
+const char* CategoryName(Category c);  // "parameters", "gradients", ...
+
+enum class Phase : int { kData, kForward, kLoss, kBackward, kOptimizerStep, kCount };
+inline constexpr int kNumPhases = static_cast<int>(Phase::kCount);
+const char* PhaseName(Phase p);  // "data", "forward", "loss", "backward", "optimizer_step"
+
+using CategoryBytes = std::array<int64_t, kNumCategories>;
+
+// "0 B", "512 B", "1.50 KiB", "23.4 MiB", "79.2 GiB": binary units with three significant
+// figures, never "1024 KiB" (it moves up a unit first); negative counts get a leading '-'.
+std::string FormatBytes(int64_t bytes);
+
+// The moment of a peak: how much was allocated and reserved, by what, and where.
+struct PeakPoint {
+  Phase phase = Phase::kData;
+  int64_t allocated_bytes = 0;  // as torch.cuda.max_memory_allocated would report
+  int64_t reserved_bytes = 0;   // as torch.cuda.max_memory_reserved would report
+  // Allocated bytes by category at that moment, each allocation rounded as the allocator rounds
+  // it; kAllocatorOverhead and kCudaContext are 0 here (they belong to the Report's breakdown).
+  CategoryBytes by_category{};
+  std::string op;               // op kind running at the peak ("" between ops)
+  std::string scope;            // its module scope
+  int micro_batch = 0;          // index (0-based) of the micro-batch, not its size
+  bool recompute = false;       // inside a checkpointed region's recomputation
+};
+
+// One row per module scope at the granularity of the model's layers.
+struct LayerRow {
+  std::string scope;  // "" for ops at the model's top level (often the loss)
+  int64_t parameter_bytes = 0;
+  int64_t saved_bytes = 0;      // held by autograd from forward until backward
+  int64_t output_bytes = 0;     // bytes of the tensors the layer's ops produce
+  int64_t temporary_bytes = 0;  // the largest transient its ops need at once
+};
+
+struct Advice {
+  std::string kind;      // "broadcast_reduce", "fused_activation", "checkpoint", ...
+  std::string message;   // one sentence naming the fix
+  int64_t saving_bytes = 0;  // how much lower the peak would be
+  std::string scope;     // where it applies ("" for the whole model)
+};
+
+struct DeviceFit {
+  std::string device;  // the catalog name, or "bare" for a bare capacity
+  int64_t capacity_bytes = 0;
+  int64_t required_bytes = 0;  // peak reserved + CUDA context: what nvidia-smi would show
+  bool fits = false;
+  int64_t headroom_bytes = 0;  // capacity - required (negative when it does not fit)
+};
+
+// One rank's view of a data-parallel step (engine/passes/data_parallel.h), as the report shows it.
+struct DataParallelReport {
+  int64_t world = 1;
+  int64_t rank = 0;                    // the rank estimated: the one that holds the most
+  std::vector<int64_t> bucket_bytes;   // DDP's gradient buckets
+  std::vector<int64_t> owned_elements; // ZeRO-1: per rank, the elements its optimizer steps
+};
+
+struct Report {
+  int64_t parameter_count = 0;
+  int64_t trainable_parameter_count = 0;
+  int64_t micro_batch = 0;
+  int64_t op_count = 0;
+  // The full breakdown at the overall peak: allocated categories, allocator overhead
+  // (reserved - allocated) and the CUDA context.
+  CategoryBytes breakdown{};
+  PeakPoint peak;                  // overall: the largest allocated moment of the step
+  int64_t peak_reserved_bytes = 0; // the largest reserved moment (may differ in time)
+  // One per phase that ran, in step order: the largest moment of that phase over all
+  // micro-batches (micro_batch says which).
+  std::vector<PeakPoint> phases;
+  std::vector<LayerRow> layers;
+  std::optional<DeviceFit> fit;
+  // Bytes autograd holds for backward at the end of the forward and loss (distinct storages,
+  // inputs included, parameters and buffers not; the tensors' own sizes, not rounded).
+  int64_t saved_for_backward_bytes = 0;
+  // What is allocated when the step ends: parameters, gradients (zero_grad runs at the start of
+  // the next step), optimizer state, workspace.
+  CategoryBytes end_of_step{};
+  std::vector<Advice> advice;      // biggest saving first
+  std::vector<std::string> notes;  // assumptions the estimate made
+  std::optional<DataParallelReport> data_parallel;  // with config.parallelism
+};
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_REPORT_REPORT_H_

@@ -1,0 +1,66 @@
+// Helpers shared by the op rule files (engine/rules/*.cc). Not part of the engine's public API.
+#ifndef MEMEST_ENGINE_RULES_INTERNAL_H_
+#define MEMEST_ENGINE_RULES_INTERNAL_H_
+
+#include <string>
+#include <vector>
+
+#include "engine/rules/op_rules.h"
+
+namespace memest {
+namespace rules {
+
+// Each rule family registers its rules here.
+void RegisterMatmulRules(std::vector<OpRule>* rules);
+void RegisterConvRules(std::vector<OpRule>* rules);
+void RegisterNormRules(std::vector<OpRule>* rules);
+void RegisterPointwiseRules(std::vector<OpRule>* rules);
+void RegisterShapeRules(std::vector<OpRule>* rules);
+void RegisterLossRules(std::vector<OpRule>* rules);
+void RegisterIndexRules(std::vector<OpRule>* rules);
+void RegisterRecurrentRules(std::vector<OpRule>* rules);
+void RegisterCopyRules(std::vector<OpRule>* rules);
+void RegisterAttentionRules(std::vector<OpRule>* rules);
+
+inline std::string InputField(const OpCall& c, size_t i) {
+  return c.field + ".inputs[" + std::to_string(i) + "]";
+}
+inline std::string AttrField(const OpCall& c, const char* name) {
+  return c.field + ".attrs." + name;
+}
+
+// Dense strides that keep `t`'s memory order (what empty_like / TensorIterator give an
+// output of a pointwise op on a permuted input).
+Strides DenseStridesLike(const Tensor& t);
+// Dense strides for `shape` (of t's rank) in t's memory order: an op that resizes some dims
+// (upsample) and keeps the input's layout.
+Strides DenseStridesLike(const Tensor& t, const Shape& shape);
+// A new output like `t`: same shape and dtype, laid out in t's memory order.
+inline OutputSpec Like(const Tensor& t) {
+  return OutputSpec{t.shape, t.dtype, DenseStridesLike(t), -1, true};
+}
+// A view of input i with the given shape and strides.
+inline OutputSpec ViewOf(int input, Shape shape, DType dtype, Strides strides) {
+  return OutputSpec{std::move(shape), dtype, std::move(strides), input, true};
+}
+
+inline int64_t BytesOf(const Tensor& t) { return Bytes(t.shape, t.dtype); }
+inline Alloc AllocOf(const Shape& s, DType d, const char* what) { return Alloc{Bytes(s, d), what}; }
+
+// Requires input i to be floating point.
+Status RequireFloating(const OpCall& c, size_t i);
+// Requires input i to have rank in [lo, hi].
+Status RequireRank(const OpCall& c, size_t i, int lo, int hi);
+
+// Saves input i if `cond`.
+inline void SaveInputIf(OpMemory* m, bool cond, int i) {
+  if (cond) m->saved_inputs.push_back(i);
+}
+
+// The dtype of floating statistics PyTorch keeps for a floating dtype (float for halves).
+inline DType AccType(DType d) { return d == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }
+
+}  // namespace rules
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_RULES_INTERNAL_H_

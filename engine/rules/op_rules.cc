@@ -1,0 +1,126 @@
+#include "engine/rules/op_rules.h"
+
+#include <algorithm>
+
+#include "engine/ir/text.h"
+#include "engine/rules/internal.h"
+
+namespace memest {
+namespace rules {
+
+Status RequireFloating(const OpCall& c, size_t i) {
+  if (!IsFloating(c.in(i).dtype)) {
+    return InvalidArgument(InputField(c, i) + ": " + c.op.kind + " needs a floating tensor, got " +
+                           std::string(DTypeName(c.in(i).dtype)));
+  }
+  return Status::Ok();
+}
+
+Status RequireRank(const OpCall& c, size_t i, int lo, int hi) {
+  const int r = static_cast<int>(c.in(i).shape.size());
+  if (r < lo || r > hi) {
+    std::string want = lo == hi ? std::to_string(lo)
+                                : std::to_string(lo) + " to " + std::to_string(hi);
+    return InvalidArgument(InputField(c, i) + ": " + c.op.kind + " expects rank " + want +
+                           ", got shape " + ShapeToString(c.in(i).shape));
+  }
+  return Status::Ok();
+}
+
+Strides DenseStridesLike(const Tensor& t) { return DenseStridesLike(t, t.shape); }
+
+Strides DenseStridesLike(const Tensor& t, const Shape& shape) {
+  if (IsContiguous(t.shape, t.strides)) return ContiguousStrides(shape);
+  const size_t n = t.shape.size();
+  std::vector<size_t> order(n);  // dims from outermost (largest stride) to innermost
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return t.strides[a] > t.strides[b]; });
+  Strides s(n, 1);
+  int64_t step = 1;
+  for (size_t k = n; k-- > 0;) {
+    s[order[k]] = step;
+    step *= std::max<int64_t>(shape[order[k]], 1);
+  }
+  return s;
+}
+
+}  // namespace rules
+
+namespace {
+
+const std::vector<OpRule>& Table() {
+  static const std::vector<OpRule>* table = [] {
+    auto* t = new std::vector<OpRule>();
+    rules::RegisterMatmulRules(t);
+    rules::RegisterConvRules(t);
+    rules::RegisterNormRules(t);
+    rules::RegisterPointwiseRules(t);
+    rules::RegisterShapeRules(t);
+    rules::RegisterLossRules(t);
+    rules::RegisterIndexRules(t);
+    rules::RegisterRecurrentRules(t);
+    rules::RegisterCopyRules(t);
+    rules::RegisterAttentionRules(t);
+    std::sort(t->begin(), t->end(),
+              [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
+    return t;
+  }();
+  return *table;
+}
+
+std::string Vocabulary() {
+  std::string s;
+  for (const OpRule& r : Table()) {
+    if (!s.empty()) s += ", ";
+    s += r.kind;
+  }
+  return s;
+}
+
+}  // namespace
+
+const OpRule* FindOpRule(std::string_view kind) {
+  const auto& t = Table();
+  auto it = std::lower_bound(t.begin(), t.end(), kind,
+                             [](const OpRule& r, std::string_view k) { return r.kind < k; });
+  return it != t.end() && it->kind == kind ? &*it : nullptr;
+}
+
+std::vector<const OpRule*> AllOpRules() {
+  std::vector<const OpRule*> out;
+  for (const OpRule& r : Table()) out.push_back(&r);
+  return out;
+}
+
+StatusOr<std::vector<OutputSpec>> InferOutputs(const OpCall& call) {
+  const OpRule* rule = FindOpRule(call.op.kind);
+  if (rule == nullptr) {
+    return InvalidArgument(call.field + ".kind: unknown op " + Quote(call.op.kind) +
+                           "; memest knows: " + Vocabulary());
+  }
+  const int n = static_cast<int>(call.inputs.size());
+  if (n < rule->min_inputs || (rule->max_inputs >= 0 && n > rule->max_inputs)) {
+    std::string want = rule->max_inputs < 0 ? "at least " + std::to_string(rule->min_inputs)
+                       : rule->min_inputs == rule->max_inputs
+                           ? std::to_string(rule->min_inputs)
+                           : std::to_string(rule->min_inputs) + " to " +
+                                 std::to_string(rule->max_inputs);
+    return InvalidArgument(call.field + ".inputs: " + call.op.kind + " takes " + want +
+                           " inputs, got " + std::to_string(n));
+  }
+  return rule->infer(call);
+}
+
+OpMemory OpMemoryOf(const OpCall& call) {
+  OpMemory mem;
+  const OpRule* rule = FindOpRule(call.op.kind);
+  if (rule != nullptr && rule->memory != nullptr) rule->memory(call, &mem);
+  mem.grad_flow.resize(call.inputs.size(), GradFlow::kFresh);
+  for (size_t i = 0; i < call.inputs.size(); ++i) {
+    if (!call.needs_grad(i)) mem.grad_flow[i] = GradFlow::kNone;
+  }
+  return mem;
+}
+
+}  // namespace memest

@@ -1,0 +1,173 @@
+// The op rule table: one entry per op kind, the heart of memest's accuracy.
+//
+// A rule says, for one call of its op, (1) the outputs' shapes, dtypes and strides, and
+// whether an output shares an input's storage (views, in-place ops); and (2) the op's memory
+// behaviour as PyTorch runs it: the scratch it allocates while it runs, what autograd saves
+// for backward (inputs, outputs, extra tensors such as dropout masks, pooling indices and
+// normalisation statistics, each in its real dtype), what its backward allocates beyond the
+// input gradients, and how each input's gradient comes to be (a fresh tensor, or the incoming
+// gradient passed through). The rules mirror PyTorch's tools/autograd/derivatives.yaml and the
+// aten kernels; docs/op-rules.md cites the source of each.
+//
+// Vocabulary (inputs; attributes, with defaults):
+//   linear(x, weight[out,in], bias?)          matmul(a, b)          bmm(a, b)
+//   addmm(bias, a, b)                         baddbmm(self, a, b; beta=1, alpha=1)
+//   einsum(a, b; equation)
+//   conv1d / conv2d(x, weight, bias?; stride=1, padding=0, dilation=1, groups=1)
+//   conv_transpose1d / conv_transpose2d(x, weight[in,out/groups,..], bias?; stride=1,
+//       padding=0, output_padding=0, dilation=1, groups=1)
+//   max_pool2d(x; kernel_size, stride=kernel_size, padding=0, dilation=1, ceil_mode=0)
+//       -> (out, indices int64)
+//   avg_pool2d(x; kernel_size, stride=kernel_size, padding=0, ceil_mode=0)
+//   adaptive_avg_pool2d(x; output_size)
+//   upsample_nearest2d(x; output_size)   upsample_bilinear2d(x; output_size, align_corners=0)
+//   layer_norm(x, weight?, bias?; normalized_ndim=1)
+//   batch_norm(x, weight?, bias?, running_mean?, running_var?)   (training: batch statistics)
+//   group_norm(x, weight?, bias?; num_groups)
+//   rms_norm(x, weight?; upcast=0)   upcast=1: computes in float32 as HF's LlamaRMSNorm does
+//   relu / silu / hardswish / hardsigmoid / sigmoid / tanh(x; inplace=0)
+//   hardtanh(x; min_val=-1, max_val=1, inplace=0)   (ReLU6: hardtanh(0, 6))
+//   gelu(x; approximate="none"|"tanh")
+//   exp(x)  rsqrt(x)  sqrt(x)  neg(x)  log1p(x)  pow(x; exponent)
+//   softmax(x; dim=-1)  log_softmax(x; dim=-1)  dropout(x; p=0.1, inplace=0)
+//   stochastic_depth(x; p, mode="row"|"batch")   (torchvision.ops.stochastic_depth)
+//   embedding(weight, indices)
+//   embedding_bag(weight, indices, offsets?, per_sample_weights?; mode="mean", bag_size,
+//       include_last_offset=0)
+//   index(x, idx; dim=0)   x[:, ..., idx] with one integer index tensor
+//   add / sub / mul / div(a, b)   tensors, broadcasting       (a; scalar=<float>) with a scalar
+//   add_ / mul_ (a, b) in place on a
+//   masked_fill(x, mask; value)  where(cond, a, b)
+//   sum / mean(x; dim=[...] (all when absent), keepdim=0)
+//   reshape / view(x; shape=[...], one -1 allowed)  transpose(x; dim0, dim1)  permute(x; dims)
+//   expand(x; shape)  unsqueeze(x; dim)  squeeze(x; dim)  slice(x; dim, start, end, step=1)
+//   split(x; dim, sizes=[...]) -> several views      flatten(x; start_dim=0, end_dim=-1)
+//   contiguous(x)  to(x; dtype)  cat(xs...; dim=0)  arange(; end, start=0, step=1)
+//   cross_entropy(logits[N,C,..], target[N,..] int64; reduction="mean"|"sum"|"none")
+//   nll_loss(logp[N,C,..], target[N,..]; reduction)  mse_loss(a, b)
+//   scaled_dot_product_attention(q, k, v, mask?; is_causal=0, dropout_p=0, fused=0, backend)
+//                                            fused=0: the math form; fused=1: the kernel PyTorch
+//                                            2.x runs (backend flash|efficient|cudnn|math)
+//   lstm / gru(x, per layer and direction w_ih, w_hh[, b_ih, b_hh], h0?[, c0?]; num_layers=1,
+//       bidirectional=0, batch_first=0, bias=1, dropout=0) -> (output, h_n[, c_n])
+//       (engine/passes/rnn_expand.h; cuDNN's fused RNN on CUDA, 1.13's per-step ops on the CPU)
+//   full(; shape, dtype="float32")   a tensor made without reading the graph (a factory, a
+//                                    mask computed from constants and buffers): no gradient
+//   expand and full take batch_dim: the dim of `shape` that is the micro-batch (rescaled with it)
+//   pad(x; pad=[left, right, ...], value=0)   roll(x; shifts, dims)   clone(x)
+//   fill_(x; value=0) in place   norm(x; p=2, dim=[...], keepdim=0)   clamp(x; min?, max?)
+#ifndef MEMEST_ENGINE_RULES_OP_RULES_H_
+#define MEMEST_ENGINE_RULES_OP_RULES_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+#include "engine/ir/status.h"
+
+namespace memest {
+
+// One call of an op, as its rule sees it. During inference of outputs, `outputs` is empty.
+struct OpCall {
+  const Op& op;
+  std::vector<const Tensor*> inputs;
+  std::vector<const Tensor*> outputs;
+  std::string field;  // where errors point, e.g. "model.ops[3]"
+  bool grad_enabled = true;  // false under no_grad: inference, a checkpoint's first pass
+  Runtime runtime = Runtime::kCuda;  // the few rules that differ on PyTorch 1.13's CPU path
+  CpuIsa cpu_isa = CpuIsa::kAvx512;  // the CPU runtime's convolution kernels
+
+  const Tensor& in(size_t i) const { return *inputs[i]; }
+  const Tensor& out(size_t i) const { return *outputs[i]; }
+  bool needs_grad(size_t i) const { return grad_enabled && inputs[i]->requires_grad; }
+};
+
+struct OutputSpec {
+  Shape shape;
+  DType dtype = DType::kFloat32;
+  Strides strides;        // empty: contiguous
+  int alias_input = -1;   // >= 0: shares the storage of that input (a view or in-place result)
+  bool differentiable = true;  // false for integer / bool outputs (indices, masks)
+};
+
+// A tensor the rule allocates that is not a graph tensor (scratch, masks, statistics).
+struct Alloc {
+  int64_t bytes = 0;
+  const char* what = "";  // "mask", "mean", "rstd", "broadcast product", ...
+};
+
+// How an input's gradient comes to be in backward.
+enum class GradFlow : uint8_t {
+  kFresh,         // backward allocates a new tensor shaped like the input
+  kPassThrough,   // the incoming gradient of output 0 is handed on as is (add, same-shape views)
+  kNone,          // not differentiable (indices, masks, targets, integer tensors)
+};
+
+struct OpMemory {
+  std::vector<Alloc> forward_temps;   // live together while the op runs, freed when it returns
+  std::vector<int> saved_inputs;      // input indices autograd keeps until this op's backward
+  std::vector<int> saved_outputs;     // output indices autograd keeps
+  std::vector<Alloc> saved_extras;    // extra tensors the op returns and autograd keeps
+  std::vector<Alloc> backward_temps;  // scratch while its backward runs
+  std::vector<GradFlow> grad_flow;    // one per input; filled with defaults when left empty
+  // Per output, when its storage is larger than its shape (a 0-dim result viewing the
+  // full-size buffer it was reduced from); empty or 0: the shape's bytes.
+  std::vector<int64_t> output_storage_bytes;
+  // Backward copies an incoming gradient that is not dense (an expanded view) before using it.
+  bool backward_needs_dense_grad = false;
+  // Backward copies an incoming gradient that is not row-major contiguous (a transposed or
+  // sliced view: convolutions' grad_output.contiguous()) before using it.
+  bool backward_needs_contiguous_grad = false;
+  // The backward runs as two autograd nodes (cross_entropy: nll_loss_backward, then
+  // _log_softmax_backward_data): the first turns the incoming gradient into the backward
+  // scratch, and the incoming gradient is released before the second makes the inputs'
+  // gradients. Only for ops that pass no gradient through.
+  bool backward_scratch_consumes_grad = false;
+  // The order the backward hands the inputs' gradients on (autograd's next edges; an input
+  // reached through another node, as linear's weight through t(), comes last). Empty: the
+  // inputs' order. It matters where gradients meet in an InputBuffer (a weight used each step).
+  std::vector<int> grad_order;
+};
+
+struct OpRule {
+  std::string_view kind;
+  int min_inputs = 1;
+  int max_inputs = 1;  // -1: any number
+  // Output shapes and dtypes from the inputs and attributes; refuses bad shapes and attributes
+  // with an error naming "<call.field>.inputs[i]" or "<call.field>.attrs.<name>".
+  StatusOr<std::vector<OutputSpec>> (*infer)(const OpCall& call) = nullptr;
+  // Memory behaviour of a call whose outputs are resolved. Under no_grad
+  // (call.grad_enabled false) nothing is saved: what would be saved is scratch.
+  void (*memory)(const OpCall& call, OpMemory* mem) = nullptr;
+  // True for ops that return their input in eval mode (dropout): inference aliases them.
+  bool identity_in_eval = false;
+  // For ops whose backward hands the incoming gradient on (GradFlow::kPassThrough): the strides
+  // of the gradient input `in` receives, given the output gradient's; false when aten must copy
+  // it instead (a reshape of a layout no view can express). Null: the same strides when the
+  // ranks match, contiguous otherwise.
+  bool (*grad_view)(const Op& op, const Tensor& in, const Tensor& out, const Strides& out_grad,
+                    Strides* in_grad) = nullptr;
+  // The backward hands each input a new view of the incoming gradient (transpose, reshape,
+  // sum, cat), not the incoming tensor itself (add, contiguous): AccumulateGrad may then steal
+  // it even when another input got a view of the same storage.
+  bool backward_makes_views = false;
+};
+
+// The rule for `kind`, or nullptr.
+const OpRule* FindOpRule(std::string_view kind);
+// Every rule, sorted by kind.
+std::vector<const OpRule*> AllOpRules();
+// The op's outputs, validated: NOT_FOUND-like INVALID_ARGUMENT for an unknown kind (naming
+// `call.field`.kind and listing the vocabulary), wrong input counts, bad shapes. Whether each
+// output's bytes fit in 64 bits is for the caller to check (GraphBuilder::Add does, to name the
+// request field a size too large came from).
+StatusOr<std::vector<OutputSpec>> InferOutputs(const OpCall& call);
+// The memory behaviour of a resolved call, with grad_flow defaults filled in.
+OpMemory OpMemoryOf(const OpCall& call);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_RULES_OP_RULES_H_

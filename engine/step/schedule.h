@@ -1,0 +1,99 @@
+// The schedule: the ordered allocations and frees of one training (or inference) step, as
+// PyTorch runs it.
+//
+// Per micro-batch: the data batch arrives; forward runs op by op (an op's outputs, the extra
+// tensors autograd keeps, and its scratch are allocated; scratch dies when it returns; a tensor
+// dies when no later op reads it and autograd does not hold it); the loss; backward in reverse
+// (each op's input gradients and scratch are allocated, then what it saved and its incoming
+// gradients are released; gradients flowing into one tensor from several ops are summed in
+// place where one of them is uniquely owned; a parameter's first gradient is stolen into .grad
+// when it is contiguous and uniquely owned, later ones are added in place). Checkpointed regions
+// run without grad in forward, holding only their inputs, and are recomputed with grad just
+// before their backward (the regions come from PlanCheckpoints, engine/passes/checkpoint.h).
+// Then the optimizer step (state created on the first step; for-loop, foreach and fused updates
+// differ in scratch) and zero_grad.
+//
+// BuildSchedule runs the step simulator (engine/step/simulator.h), one file per phase.
+#ifndef MEMEST_ENGINE_STEP_SCHEDULE_H_
+#define MEMEST_ENGINE_STEP_SCHEDULE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/ir/budget.h"
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+#include "engine/passes/checkpoint.h"
+#include "engine/passes/data_parallel.h"
+#include "engine/report/report.h"
+
+namespace memest {
+
+// Where the step is when an event happens.
+struct StepContext {
+  Phase phase = Phase::kData;
+  int op = -1;  // graph op index; -1 outside ops (data, optimizer step)
+  int micro_batch = 0;
+  bool recompute = false;
+};
+
+enum class EventKind : uint8_t {
+  kAlloc,    // buffer `buffer` of `bytes` appears, in `category`
+  kFree,     // buffer `buffer` is released
+  kRetag,    // buffer `buffer` now counts under `category`
+  kContext,  // the step moves to contexts[`buffer`]
+};
+
+struct Event {
+  EventKind kind;
+  Category category;
+  int buffer;
+  int64_t bytes;
+};
+
+// The storages an op reads and writes at one context of the schedule (recorded only when
+// ScheduleOptions::record_operands is set: Validate replays them with real kernels). Buffer ids,
+// -1 where the tensor is not live at that moment (an input backward did not keep).
+struct OpOperands {
+  std::vector<int> inputs;        // per op input: the storage's buffer
+  std::vector<int> outputs;       // per op output
+  std::vector<int> input_grads;   // backward: per op input, the gradient it hands on (new or passed)
+  int output_grad = -1;           // backward: the incoming gradient of the op's first output
+};
+
+struct Schedule {
+  std::vector<Event> events;
+  std::vector<StepContext> contexts;
+  int num_buffers = 0;
+  std::vector<LayerRow> layers;  // from the first micro-batch's forward
+  int64_t recomputed_ops = 0;    // ops run twice because of checkpointing
+  // Bytes autograd holds at the end of the first micro-batch's forward and loss: distinct
+  // storages saved for backward (inputs and targets included, parameters and buffers not) and
+  // the extra tensors ops save (masks, statistics), as the tensors' own sizes.
+  int64_t saved_for_backward_bytes = 0;
+  // Per context (same index as `contexts`): what the op read and wrote there. Empty unless
+  // ScheduleOptions::record_operands.
+  std::vector<OpOperands> operands;
+};
+
+struct ScheduleOptions {
+  int64_t cublas_workspace_bytes = 0;  // per cuBLAS handle; 0 for none
+  bool record_operands = false;        // fill Schedule::operands (slower; for Validate)
+  Budget* budget = nullptr;            // charged one op step per op context; null: unlimited
+  const RankView* rank = nullptr;      // one data-parallel rank's view; null: one GPU
+};
+
+// Builds the schedule of one step. The graph must be built for config.micro_batch(). Refuses
+// with the budget's status once options.budget refuses, and with INVALID_ARGUMENT when a sum
+// of bytes it keeps (bytes saved for backward, a layer's row) would pass kMaxBytes.
+StatusOr<Schedule> BuildSchedule(const Graph& graph, const RunConfig& config,
+                                 const CheckpointRegions& regions, const ScheduleOptions& options);
+
+// The refusal of a byte count past kMaxBytes, `what` of the step at context `c` (null: before
+// the first op) of `graph`.
+Status ByteCountTooLarge(const StepContext* c, const Graph& graph, const std::string& what);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_STEP_SCHEDULE_H_

@@ -1,0 +1,182 @@
+// The step simulator (engine/step/simulator.h): construction, Run, events, the step's structure
+// (parameters, optimizer state carried into a steady-state step, workspaces) and the
+// micro-batch.
+#include "engine/step/simulator.h"
+
+#include <utility>
+#include <vector>
+
+#include "engine/ir/budget.h"
+#include "engine/step/optimizers.h"
+
+namespace memest {
+
+StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const CheckpointRegions& regions,
+                             const ScheduleOptions& opt)
+    : g_(g), cfg_(cfg), opt_(opt), training_(cfg.mode == Mode::kTraining) {
+  const size_t n = g.tensors.size();
+  base_.resize(n);
+  for (size_t t = 0; t < n; ++t) base_[t] = static_cast<int>(t);
+  rules_.reserve(g.ops.size());
+  for (const Op& op : g.ops) {
+    const OpRule* rule = FindOpRule(op.kind);
+    rules_.push_back(rule);
+    const bool eval_identity = !training_ && rule && rule->identity_in_eval;
+    for (int o : op.outputs) {
+      const Tensor& t = g.tensors[o];
+      if (t.alias_of >= 0) base_[o] = base_[t.alias_of];
+      else if (eval_identity) base_[o] = base_[op.inputs[0]];
+    }
+  }
+  refs_ = PlanPythonRefs(g, base_, cfg.mode);
+  region_of_.assign(g.ops.size(), -1);
+  for (size_t r = 0; r < regions.size(); ++r) {
+    for (int i = regions[r].first; i <= regions[r].second; ++i) region_of_[i] = static_cast<int>(r);
+  }
+  regions_ = regions;
+  // The model's own regions carry their kind; a policy's take the config's.
+  non_reentrant_.assign(regions.size(), cfg.checkpoint.non_reentrant);
+  rng_state_of_.assign(regions.size(), -1);
+  if (!g.checkpoints.empty() &&
+      regions == CheckpointRegions(g.checkpoints.begin(), g.checkpoints.end())) {
+    for (size_t r = 0; r < regions.size(); ++r) non_reentrant_[r] = g.checkpoint_non_reentrant[r];
+  }
+  main_.Resize(n);
+  seen_.assign(n, 0);
+  for (const Op& op : g.ops) uses_cublas_ |= UsesCublas(op.kind);
+  param_grad_.assign(n, -1);
+  pending_.assign(n, Pending{});
+  first_reader_.assign(n, -1);
+  for (size_t i = g.ops.size(); i-- > 0;) {
+    for (int t : g.ops[i].inputs) {
+      if (IsGradLeaf(g.tensors[t])) first_reader_[t] = static_cast<int>(i);
+    }
+  }
+  op_saved_.resize(g.ops.size());
+  memo_.resize(g.ops.size());
+  // About a context, a few allocations and frees per op, forward and backward.
+  s_.events.reserve(g.ops.size() * 12 + g.tensors.size());
+  s_.contexts.reserve(g.ops.size() * 2 + 8);
+  has_memo_.assign(g.ops.size(), false);
+}
+
+StatusOr<Schedule> StepSimulator::Run() {
+  StartOfStep();
+  micro_batches_ = training_ && cfg_.grad_accum_steps > 1 ? 2 : 1;
+  for (int mb = 0; mb < micro_batches_ && !failed(); ++mb) {
+    mb_ = mb;
+    RunMicroBatch();
+  }
+  if (training_ && !failed()) OptimizerStep();
+  FillParameterBytes();
+  if (failed()) return status_;
+  s_.num_buffers = next_buffer_;
+  return std::move(s_);
+}
+
+void StepSimulator::Context(Phase phase, int op, bool recompute) {
+  if (opt_.budget != nullptr && status_.ok()) {
+    Status charged = opt_.budget->Charge(1);
+    if (!charged.ok()) status_ = std::move(charged);
+  }
+  s_.contexts.push_back({phase, op, mb_, recompute});
+  if (opt_.record_operands) s_.operands.emplace_back();
+  s_.events.push_back({EventKind::kContext, Category::kTemporaries,
+                       static_cast<int>(s_.contexts.size()) - 1, 0});
+}
+
+Category StepSimulator::LeafCategory(const Tensor& t) const {
+  switch (t.role) {
+    case TensorRole::kParameter: return Category::kParameters;
+    case TensorRole::kBuffer: return t.kv_cache ? Category::kKvCache : Category::kParameters;
+    case TensorRole::kInput:
+    case TensorRole::kTarget: return Category::kInputs;
+    case TensorRole::kActivation: break;
+  }
+  return Category::kTemporaries;
+}
+
+void StepSimulator::StartOfStep() {
+  Context(Phase::kData, -1);
+  for (size_t t = 0; t < g_.tensors.size(); ++t) {
+    const Tensor& ten = g_.tensors[t];
+    if (ten.role != TensorRole::kParameter && ten.role != TensorRole::kBuffer) continue;
+    main_.buffer[t] = NewBuffer(Bytes(ten.shape, ten.dtype), LeafCategory(ten));
+    main_.pins[t] = 1;
+  }
+  if (!training_) return;
+  // DistributedDataParallel's gradient buckets: made with DDP, kept for its life.
+  if (opt_.rank != nullptr) {
+    for (const DdpBucket& b : opt_.rank->buckets) NewBuffer(b.bytes, Category::kCommunication);
+    if (const auto& z = opt_.rank->zero2) {  // DeepSpeed ZeRO-2's flat partitions
+      if (z->master_bytes > 0) NewBuffer(z->master_bytes, Category::kMasterAndCasts);
+      if (cfg_.step == StepKind::kSteadyState) NewBuffer(z->state_bytes, Category::kOptimizerState);
+    }
+  }
+  const bool steady = cfg_.step == StepKind::kSteadyState;
+  const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
+  for (size_t t = 0; t < g_.tensors.size(); ++t) {
+    const Tensor& p = g_.tensors[t];
+    if (p.role != TensorRole::kParameter || !p.requires_grad) continue;
+    if ((steady || oc.state_at_init) && OptimizerOwns(t)) AllocOptimizerState(p);
+    if (steady && !cfg_.zero_grad_set_to_none) {  // zero_grad() keeps zeroed grads
+      param_grad_[t] = GradsInBuckets() ? kGradInBucket
+                                        : NewBuffer(Bytes(p.shape, p.dtype), Category::kGradients);
+    }
+  }
+  if (steady && uses_cublas_) {  // the forward and the backward thread's handles, both cached
+    AllocWorkspace();
+    AllocWorkspace();
+    workspace_seen_ = workspace_seen_bwd_ = true;
+  }
+  if (steady && cfg_.hold_outputs) CarryOverOutputs();
+}
+
+void StepSimulator::AllocWorkspace() {
+  if (opt_.cublas_workspace_bytes > 0 && workspaces_ < (training_ ? 2 : 1)) {
+    NewBuffer(opt_.cublas_workspace_bytes, Category::kWorkspace);
+    ++workspaces_;
+  }
+}
+
+void StepSimulator::RunMicroBatch() {
+  Context(Phase::kData, -1);
+  for (size_t t = 0; t < g_.tensors.size(); ++t) {
+    const Tensor& ten = g_.tensors[t];
+    if (ten.role != TensorRole::kInput && ten.role != TensorRole::kTarget) continue;
+    main_.buffer[t] = NewBuffer(Bytes(ten.shape, ten.dtype), Category::kInputs);
+    main_.pins[t] = 1;
+  }
+  for (auto& s : op_saved_) s = SavedByOp{};
+  Forward();
+  if (failed()) return;
+  if (mb_ == 0) s_.saved_for_backward_bytes = saved_bytes_;
+  if (training_ && g_.loss >= 0) Backward();
+  if (failed()) return;
+  // End of the micro-batch: the data batch (with an input's .grad) and whatever the graph
+  // still holds go, but for the outputs a loop keeps.
+  if (training_ && cfg_.hold_outputs) KeepOutputsInLoop();
+  for (size_t t = 0; t < g_.tensors.size(); ++t) {
+    const Tensor& ten = g_.tensors[t];
+    if (ten.role == TensorRole::kParameter || ten.role == TensorRole::kBuffer) continue;
+    if (ten.role == TensorRole::kInput && param_grad_[t] >= 0) {
+      FreeBuffer(param_grad_[t]);
+      param_grad_[t] = -1;
+    }
+    if (main_.buffer[t] >= 0) {
+      main_.pins[t] = main_.uses[t] = 0;
+      while (main_.saved[t] > 0) Unhold(main_, static_cast<int>(t));
+      MaybeFree(main_, static_cast<int>(t));
+    }
+  }
+}
+
+OpCall StepSimulator::MakeCall(int i, bool grad) const {
+  const Op& op = g_.ops[i];
+  OpCall c{op, {}, {}, "", grad, cfg_.runtime, cfg_.cpu_isa};
+  for (int t : op.inputs) c.inputs.push_back(&g_.tensors[t]);
+  for (int t : op.outputs) c.outputs.push_back(&g_.tensors[t]);
+  return c;
+}
+
+}  // namespace memest
