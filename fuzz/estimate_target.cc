@@ -17,7 +17,7 @@ namespace {
 uint64_t Sum(const v1::MemoryByCategory& c) {
   return c.parameters() + c.gradients() + c.optimizer_state() + c.master_and_casts() +
          c.activations() + c.temporaries() + c.inputs() + c.kv_cache() + c.workspace() +
-         c.allocator_overhead() + c.cuda_context();
+         c.communication() + c.allocator_overhead() + c.cuda_context();
 }
 
 std::string Str(uint64_t v) { return std::to_string(v); }
