@@ -152,6 +152,21 @@ class SavedBytes:
         return sum(e[1] for e in self.saved.values() if not e[0].expired())
 
 
+def saved_by_forward(store, plan, fn, batch):
+    """Bytes autograd saves for backward in one forward and loss of the case (parameters left
+    out), with nothing of it kept afterwards."""
+    sb = SavedBytes(param_storages(store.params.values()))
+    rec = Recorder(store, plan=plan, training=True)
+    rec.make_inputs()
+    with sb:
+        loss = rec.take(fn(rec, batch))
+    saved = sb.total()
+    del loss
+    rec.release_all()
+    del rec
+    return saved
+
+
 def param_storages(tensors):
     return {t.storage().data_ptr() for t in tensors}
 

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 import common
-from common import (ParamStore, Recorder, SavedBytes, StepPhases, Trace, model_state,
-                    optimizer_state_tensors, param_storages, step_results)
+from common import (ParamStore, Recorder, StepPhases, Trace, model_state,
+                    optimizer_state_tensors, step_results)
 import measure
 import models
 
@@ -54,15 +54,7 @@ def run(rank, world, p):
     names = {id(v): k for k, v in store.params.items()}
 
     # Saved for backward: the bare module (DDP adds no autograd node that saves).
-    sb = SavedBytes(param_storages(store.params.values()))
-    rec = Recorder(store, plan=plan, training=True)
-    rec.make_inputs()
-    with sb:
-        loss = rec.take(fn(rec, batch))
-    saved = sb.total()
-    del loss
-    rec.release_all()
-    del rec
+    saved = common.saved_by_forward(store, plan, fn, batch)
 
     # The same step in one process, without DDP (rank 0 only: it does not depend on the rank).
     ref = common.reference(fn, batch, p["optimizer"], p.get("keep_grads", False), 3) if rank == 0 else None

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 import common
-from common import (ParamStore, Recorder, SavedBytes, StepPhases, Trace, model_state,
-                    optimizer_state_tensors, param_storages, step_results)
+from common import (ParamStore, Recorder, StepPhases, Trace, model_state,
+                    optimizer_state_tensors, step_results)
 import measure
 
 
@@ -210,15 +210,7 @@ def run(rank, world, p):
     plan = common.record(store, fn, batch)
 
     tp.buffer = GlobalMemoryBuffer()
-    sb = SavedBytes(param_storages(store.params.values()))
-    rec = Recorder(store, plan=plan, training=True)
-    rec.make_inputs()
-    with sb:
-        loss = rec.take(fn(rec, batch))
-    saved = sb.total()
-    del loss
-    rec.release_all()
-    del rec
+    saved = common.saved_by_forward(store, plan, fn, batch)
 
     tp.buffer = GlobalMemoryBuffer()  # Megatron's: made at the first forward that asks
     trace = Trace()
