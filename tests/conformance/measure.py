@@ -143,6 +143,36 @@ def _storage_key(t):
     return st.data_ptr(), st.nbytes(), st
 
 
+class SavedStorages:
+    """What autograd saves for backward, by storage: a saved_tensors_hooks pack hook that notes
+    each distinct storage (parameters', `param_storages`, and empty ones left out; wrapped Python
+    scalars too) with the tensors saved from it, weakly, so that a storage freed again drops out."""
+
+    def __init__(self, param_storages):
+        self.pstores = param_storages
+        self.saved = {}  # data pointer -> [StorageWeakRef, bytes, [descriptions]]
+
+    def pack(self, t):
+        if _is_wrapped_number(t):
+            return t
+        ptr, nb, st = _storage_key(t)
+        if ptr in self.pstores or nb == 0:
+            return t
+        e = self.saved.get(ptr)
+        if e is None or e[0].expired():
+            self.saved[ptr] = [StorageWeakRef(st), nb, [_desc(t)]]
+        else:
+            e[2].append(_desc(t))
+        return t.detach()
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+    def alive(self):
+        """(bytes, descriptions) of each storage still held."""
+        return [(e[1], e[2]) for e in self.saved.values() if not e[0].expired()]
+
+
 def _desc(t):
     return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
 
@@ -411,27 +441,12 @@ class CaseRun:
         of them for diagnosis."""
         if not self.cfg.training:
             return 0, []
-        pstores = self.store.storages()
-        saved = {}
-
-        def pack(t):
-            if _is_wrapped_number(t):
-                return t
-            ptr, nb, st = _storage_key(t)
-            if ptr in pstores or nb == 0:
-                return t
-            e = saved.get(ptr)
-            if e is None or e[0].expired():
-                saved[ptr] = [StorageWeakRef(st), nb, [_desc(t)]]
-            else:
-                e[2].append(_desc(t))
-            return t.detach()
-
+        saved = SavedStorages(self.store.storages())
         rec = Recorder(self.store, plan=self.plan, training=True, **self.ckpt)
         rec.make_inputs()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved.hooks():
             result = self.fn(rec, self.batch)
-        alive = [(e[1], e[2]) for e in saved.values() if not e[0].expired()]
+        alive = saved.alive()
         total = sum(nb for nb, _ in alive)
         del result
         rec.release_all()

@@ -22,9 +22,8 @@ import gc
 
 import torch
 import torch.nn.functional as F
-from torch.multiprocessing.reductions import StorageWeakRef
 
-from measure import AllocTracker, _baseline, _is_wrapped_number, _storage_key, end_of_step, make_optimizer
+from measure import AllocTracker, SavedStorages, _baseline, end_of_step, make_optimizer
 
 
 def first_tensor(out):
@@ -88,28 +87,15 @@ class ModuleRun:
     def measure_saved(self):
         if not self.cfg.training:
             return 0
-        pstores = self.store.storages()
-        saved = {}
-
-        def pack(t):
-            if _is_wrapped_number(t):
-                return t
-            ptr, nb, st = _storage_key(t)
-            if ptr in pstores or nb == 0:
-                return t
-            e = saved.get(ptr)
-            if e is None or e[0].expired():
-                saved[ptr] = [StorageWeakRef(st), nb]
-            return t.detach()
-
+        saved = SavedStorages(self.store.storages())
         inputs, tgt = self.example()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved.hooks():
             out = self.module(*inputs)
             y = first_tensor(out)
             del out
             loss = apply_loss(y, self.entry.loss, tgt)
             del y
-        total = sum(e[1] for e in saved.values() if not e[0].expired())
+        total = sum(nb for nb, _ in saved.alive())
         del loss, inputs, tgt
         gc.collect()
         return total
