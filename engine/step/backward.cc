@@ -30,7 +30,7 @@ bool IsDense(const Shape& shape, const Strides& strides) {
 
 void StepSimulator::Backward() {
   Context(Phase::kBackward, -1);
-  if (Zero2()) Zero2BackwardStarts();  // DeepSpeed's optimizer.backward, before loss.backward
+  hooks_->BackwardStarts(memory());
   const int loss = g_.loss;
   // The seed, torch.ones_like(loss): torch.autograd.backward keeps it (grad_tensors_, a local
   // of the Python call) until the engine returns, so it lives through the whole backward.
@@ -39,6 +39,7 @@ void StepSimulator::Backward() {
   const int seed = static_cast<int>(grads_.size()) - 1;
   pending_[loss] = {seed, ContiguousStrides(g_.tensors[loss].shape)};
   for (int i = static_cast<int>(g_.ops.size()) - 1; i >= 0 && !failed(); --i) {
+    hooks_->BackwardReaches(memory(), i);
     const int r = region_of_[i];
     if (r >= 0) {
       if (regions_[r].second == i) {
@@ -69,7 +70,7 @@ void StepSimulator::Backward() {
     if (b >= 0) FreeBuffer(b);
     b = -1;
   }
-  if (Zero2()) Zero2BackwardEnds();
+  hooks_->BackwardEnds(memory());
 }
 
 void StepSimulator::RecomputeAndBackward(int r) {
@@ -259,7 +260,7 @@ void StepSimulator::RunBackwardOp(int i, bool recompute) {
       }
     }
     // A gradient bound for an empty .grad counts as a gradient from the start.
-    const bool to_grad = in.role == TensorRole::kParameter && param_grad_[op.inputs[k]] == -1 &&
+    const bool to_grad = in.role == TensorRole::kParameter && param_grad_[op.inputs[k]] == kNoGrad &&
                          pending_[op.inputs[k]].grad < 0;
     // F.linear runs addmm / matmul on weight.t(): the weight's gradient leaves TBackward as a
     // view (on CUDA, PyTorch 2.x; 1.13's CPU runtime sums out of place anyway).
@@ -343,7 +344,7 @@ void StepSimulator::Deliver(int t, int grad, Strides strides, bool shared_handle
              cfg_.runtime != Runtime::kCpuTorch113) {  // 1.13: always old_var + var
     Deref(grad);  // InputBuffer: old_var.add_(var) into the uniquely owned, dense one
   } else {
-    const bool param = IsGradLeaf(ten) && param_grad_[t] == -1;
+    const bool param = IsGradLeaf(ten) && param_grad_[t] == kNoGrad;
     const int sum = NewGrad(Bytes(ten.shape, ten.dtype),  // old_var + var
                             param ? Category::kGradients : Category::kTemporaries);
     Deref(p.grad);
@@ -365,7 +366,7 @@ void StepSimulator::FlushParamGrad(int t) {
 // alive: the reference is never given back); otherwise .grad is a copy.
 void StepSimulator::AccumulateGrad(int t, int grad, const Strides& strides, bool shared_handle) {
   const Tensor& p = g_.tensors[t];
-  if (param_grad_[t] != -1) {  // .grad exists (or is its bucket's view): added in place
+  if (param_grad_[t] != kNoGrad) {  // .grad exists (or is a view into a rank's buffer): added in place
     Deref(grad);
     return;
   }
@@ -377,14 +378,7 @@ void StepSimulator::AccumulateGrad(int t, int grad, const Strides& strides, bool
     param_grad_[t] = NewBuffer(Bytes(p.shape, p.dtype), Category::kGradients);  // a clone
     Deref(grad);
   }
-  // DDP's hook (Reducer::mark_variable_ready_dense) copies the gradient into its bucket on
-  // the micro-batch that synchronizes (the last; the others run under no_sync()); with
-  // gradient_as_bucket_view .grad then becomes the bucket's view and autograd's tensor goes.
-  if (GradsInBuckets() && p.role == TensorRole::kParameter && SyncingMicroBatch()) {
-    FreeBuffer(param_grad_[t]);
-    param_grad_[t] = kGradInBucket;
-  }
-  if (Zero2() && p.role == TensorRole::kParameter) Zero2Take(t);
+  if (p.role == TensorRole::kParameter) hooks_->GradReady(memory(), t);
 }
 
 }  // namespace memest

@@ -36,8 +36,10 @@ void StepSimulator::Forward() {
       }
     }
     const bool grad = training_ && r < 0;
+    hooks_->ForwardOpStarts(memory(), i);
     RunForwardOp(i, main_, grad, in_loss ? Phase::kLoss : Phase::kForward, false, &cast_cache);
     ReleaseRefs(main_, i, 0);
+    hooks_->ForwardOpEnds(memory(), i);
   }
   // Leaving torch.autocast drops its cache of cast weights.
   for (int s : cast_cache) {

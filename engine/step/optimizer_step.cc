@@ -21,14 +21,15 @@ void StepSimulator::AllocOptimizerState(const Tensor& p) {
 
 void StepSimulator::OptimizerStep() {
   Context(Phase::kOptimizerStep, -1);
-  if (Zero2()) Zero2Step();  // its optimizer steps the flat partition, no parameter of its own
+  hooks_->OptimizerStepStarts(memory());
   const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
   std::vector<const Tensor*> params;
   for (size_t t = 0; t < g_.tensors.size(); ++t) {
     const Tensor& p = g_.tensors[t];
-    if (p.role == TensorRole::kParameter && p.requires_grad && param_grad_[t] != -1 &&
-        OptimizerOwns(static_cast<int>(t))) {
-      params.push_back(&p);
+    if (p.role != TensorRole::kParameter || !p.requires_grad) continue;
+    if (param_grad_[t] == kNoGrad && !hooks_->HoldsGrad(static_cast<int>(t))) continue;
+    if (const Tensor* owned = hooks_->OptimizerParam(g_, static_cast<int>(t))) {
+      params.push_back(owned);
     }
   }
   // _init_group creates the state of every parameter before updating, except SGD's momentum

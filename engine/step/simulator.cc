@@ -58,6 +58,7 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
   s_.events.reserve(g.ops.size() * 12 + g.tensors.size());
   s_.contexts.reserve(g.ops.size() * 2 + 8);
   has_memo_.assign(g.ops.size(), false);
+  hooks_ = MakeRankHooks(opt.rank, g, cfg);
 }
 
 StatusOr<Schedule> StepSimulator::Run() {
@@ -101,27 +102,22 @@ void StepSimulator::StartOfStep() {
   for (size_t t = 0; t < g_.tensors.size(); ++t) {
     const Tensor& ten = g_.tensors[t];
     if (ten.role != TensorRole::kParameter && ten.role != TensorRole::kBuffer) continue;
-    main_.buffer[t] = NewBuffer(Bytes(ten.shape, ten.dtype), LeafCategory(ten));
+    main_.buffer[t] = NewBuffer(hooks_->ParameterBytes(static_cast<int>(t),
+                                                      Bytes(ten.shape, ten.dtype)),
+                                LeafCategory(ten));
     main_.pins[t] = 1;
   }
   if (!training_) return;
-  // DistributedDataParallel's gradient buckets: made with DDP, kept for its life.
-  if (opt_.rank != nullptr) {
-    for (const DdpBucket& b : opt_.rank->buckets) NewBuffer(b.bytes, Category::kCommunication);
-    if (const auto& z = opt_.rank->zero2) {  // DeepSpeed ZeRO-2's flat partitions
-      if (z->master_bytes > 0) NewBuffer(z->master_bytes, Category::kMasterAndCasts);
-      if (cfg_.step == StepKind::kSteadyState) NewBuffer(z->state_bytes, Category::kOptimizerState);
-    }
-  }
+  hooks_->StepStarts(memory());
   const bool steady = cfg_.step == StepKind::kSteadyState;
   const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
   for (size_t t = 0; t < g_.tensors.size(); ++t) {
     const Tensor& p = g_.tensors[t];
     if (p.role != TensorRole::kParameter || !p.requires_grad) continue;
-    if ((steady || oc.state_at_init) && OptimizerOwns(t)) AllocOptimizerState(p);
+    const Tensor* owned = hooks_->OptimizerParam(g_, static_cast<int>(t));
+    if ((steady || oc.state_at_init) && owned != nullptr) AllocOptimizerState(*owned);
     if (steady && !cfg_.zero_grad_set_to_none) {  // zero_grad() keeps zeroed grads
-      param_grad_[t] = GradsInBuckets() ? kGradInBucket
-                                        : NewBuffer(Bytes(p.shape, p.dtype), Category::kGradients);
+      param_grad_[t] = hooks_->KeptGrad(memory(), static_cast<int>(t), Bytes(p.shape, p.dtype));
     }
   }
   if (steady && uses_cublas_) {  // the forward and the backward thread's handles, both cached

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "engine/report/report.h"
 #include "engine/rules/op_rules.h"
 #include "engine/step/python_refs.h"
+#include "engine/step/rank_hooks.h"
 #include "engine/step/schedule.h"
 
 namespace memest {
@@ -36,7 +38,7 @@ inline bool UsesCublas(const std::string& kind) {
          kind == "einsum" || kind == "scaled_dot_product_attention";
 }
 
-class StepSimulator {
+class StepSimulator : private RankMemory {
  public:
   StepSimulator(const Graph& g, const RunConfig& cfg, const CheckpointRegions& regions,
                 const ScheduleOptions& opt);
@@ -184,13 +186,16 @@ class StepSimulator {
     return (t.role == TensorRole::kParameter || t.role == TensorRole::kInput) && t.requires_grad;
   }
 
-  // ---- data parallelism (engine/passes/data_parallel.h) ----
-  // param_grad_ of a parameter whose .grad is a view into its DDP bucket.
-  static constexpr int kGradInBucket = -2;
-  bool Zero2() const { return opt_.rank != nullptr && opt_.rank->zero2.has_value(); }
-  bool GradsInBuckets() const { return opt_.rank != nullptr && opt_.rank->grads_in_buckets; }
-  bool OptimizerOwns(int t) const { return opt_.rank == nullptr || opt_.rank->OptimizerOwns(t); }
-  bool SyncingMicroBatch() const { return mb_ == micro_batches_ - 1; }
+  // ---- the rank's strategy (engine/step/rank_hooks.h): what its hooks may do ----
+  int Allocate(int64_t bytes, Category category) override { return NewBuffer(bytes, category); }
+  void Deallocate(int buffer) override { FreeBuffer(buffer); }
+  bool HasOwnGrad(int t) const override { return param_grad_[t] >= 0; }
+  void ReleaseGrad(int t, bool into_rank_buffer) override {
+    if (param_grad_[t] >= 0) FreeBuffer(param_grad_[t]);
+    param_grad_[t] = into_rank_buffer ? kGradInRankBuffer : kNoGrad;
+  }
+  bool LastMicroBatch() const override { return mb_ == micro_batches_ - 1; }
+  RankMemory& memory() { return *this; }
 
   // ---- construction, events, the step's structure, the micro-batch (simulator.cc) ----
   void Context(Phase phase, int op, bool recompute = false);
@@ -227,15 +232,8 @@ class StepSimulator {
   void FlushParamGrad(int t);
   void AccumulateGrad(int t, int grad, const Strides& strides, bool shared_handle);
 
-  // ---- DeepSpeed ZeRO-2's buffers through backward and the step (zero2.cc) ----
-  void Zero2Take(int t);
-  void Zero2Reduce();
-  void Zero2BackwardStarts();
-  void Zero2BackwardEnds();
-  void Zero2Step();
-
   // ---- the optimizer step and parameter bytes (optimizer_step.cc) ----
-  void AllocOptimizerState(const Tensor& p);
+  void AllocOptimizerState(const Tensor& p);  // p: the tensor the state takes the shape of
   void OptimizerStep();
   void FillParameterBytes();
 
@@ -273,11 +271,7 @@ class StepSimulator {
   int next_buffer_ = 0;
   int mb_ = 0;
   int micro_batches_ = 1;  // simulated: the first and, with accumulation, a later one
-  // DeepSpeed ZeRO-2's buffers while they live (-1: not now).
-  int64_t ipg_elements_ = 0;
-  std::vector<int> ipg_buffers_;
-  int grads_in_partition_ = -1;
-  int averaged_ = -1;
+  std::unique_ptr<RankHooks> hooks_;  // the rank's strategy
   int workspaces_ = 0;
   bool uses_cublas_ = false;
   bool workspace_seen_ = false;

@@ -1,0 +1,90 @@
+// What a parallelism strategy does to one rank's step, as hooks the step simulator calls at
+// fixed points (engine/step/simulator.h). The pass (engine/passes/data_parallel.h) decides what
+// one rank holds; its RankHooks say when: the simulator walks the graph as PyTorch runs it and
+// knows no strategy by name.
+//
+// The points, in the order of a step:
+//   ParameterBytes, OptimizerParam, KeptGrad   the step starts: what the rank keeps of each
+//                                              parameter, its optimizer state, zeroed grads
+//   StepStarts                                 buffers the strategy keeps for its life
+//   ForwardOpStarts / ForwardOpEnds            around each forward op (not recomputation)
+//   BackwardStarts                             before loss.backward()'s first op
+//   BackwardReaches                            the backward walk is at op i (descending)
+//   GradReady                                  after a parameter's AccumulateGrad
+//   BackwardEnds                               loss.backward() has returned
+//   OptimizerStepStarts                        before the optimizer's per-parameter work
+// Every hook allocates and frees through RankMemory, so its buffers enter the same schedule and
+// allocator model as the step's own tensors.
+#ifndef MEMEST_ENGINE_STEP_RANK_HOOKS_H_
+#define MEMEST_ENGINE_STEP_RANK_HOOKS_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+#include "engine/passes/data_parallel.h"
+#include "engine/report/report.h"
+
+namespace memest {
+
+// A parameter's .grad slot: a buffer id, or one of these.
+constexpr int kNoGrad = -1;             // .grad is None
+constexpr int kGradInRankBuffer = -2;   // .grad is a view into a buffer the strategy keeps
+
+// The step's memory as a hook sees it.
+class RankMemory {
+ public:
+  virtual ~RankMemory() = default;
+  virtual int Allocate(int64_t bytes, Category category) = 0;  // a buffer id
+  virtual void Deallocate(int buffer) = 0;
+  // Whether parameter t has a .grad of its own storage now.
+  virtual bool HasOwnGrad(int t) const = 0;
+  // Frees parameter t's own .grad. With `into_rank_buffer`, .grad becomes a view into a buffer
+  // the strategy keeps (a DDP bucket), into which later gradients are added in place; without
+  // it, .grad is None again.
+  virtual void ReleaseGrad(int t, bool into_rank_buffer) = 0;
+  // Whether this micro-batch is the last of the step (the one that synchronizes gradients).
+  virtual bool LastMicroBatch() const = 0;
+};
+
+class RankHooks {
+ public:
+  virtual ~RankHooks() = default;
+  // Bytes the rank keeps of parameter (or buffer) t for the whole step; `whole` by default.
+  virtual int64_t ParameterBytes(int t, int64_t whole) const { return whole; }
+  // The tensor whose shape and dtype parameter t's optimizer state and update scratch take on
+  // this rank (the parameter itself by default), or null when this rank's optimizer does not
+  // step it.
+  virtual const Tensor* OptimizerParam(const Graph& g, int t) const { return &g.tensors[t]; }
+  // Whether the optimizer steps parameter t although it has no .grad of its own (its gradient
+  // is held by the strategy: a sharded gradient).
+  virtual bool HoldsGrad(int /*t*/) const { return false; }
+  // A steady step with zero_grad(set_to_none=False) starts with zeroed gradients: parameter
+  // t's .grad as the strategy keeps it: a buffer of its own (by default, `whole` bytes), or
+  // kGradInRankBuffer, or kNoGrad when the strategy keeps the zeroed gradient itself.
+  virtual int KeptGrad(RankMemory& m, int /*t*/, int64_t whole) {
+    return m.Allocate(whole, Category::kGradients);
+  }
+  virtual void StepStarts(RankMemory& /*m*/) {}
+  virtual void ForwardOpStarts(RankMemory& /*m*/, int /*op*/) {}
+  virtual void ForwardOpEnds(RankMemory& /*m*/, int /*op*/) {}
+  virtual void BackwardStarts(RankMemory& /*m*/) {}
+  virtual void BackwardReaches(RankMemory& /*m*/, int /*op*/) {}
+  virtual void GradReady(RankMemory& /*m*/, int /*t*/) {}
+  virtual void BackwardEnds(RankMemory& /*m*/) {}
+  virtual void OptimizerStepStarts(RankMemory& /*m*/) {}
+};
+
+// The hooks of `view`'s strategy; the identity (one GPU, every parameter whole) for null.
+std::unique_ptr<RankHooks> MakeRankHooks(const RankView* view, const Graph& graph,
+                                         const RunConfig& config);
+
+// The strategies' hooks (each in its own file of engine/step).
+std::unique_ptr<RankHooks> MakeDdpHooks(const RankView& view);                     // ddp.cc
+std::unique_ptr<RankHooks> MakeZero2Hooks(const RankView& view, const Graph& graph,
+                                          const RunConfig& config);                // zero2.cc
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_STEP_RANK_HOOKS_H_
