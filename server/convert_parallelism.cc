@@ -23,6 +23,9 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
     case v1::DATA_PARALLEL_DEEPSPEED_ZERO2:
       out.sharding = DataSharding::kDeepSpeedZero2;
       break;
+    case v1::DATA_PARALLEL_FSDP2:
+      out.sharding = DataSharding::kFsdp2;
+      break;
     default:
       return InvalidArgument("config.parallelism.data_parallel: unknown value " +
                              std::to_string(p.data_parallel()));
@@ -49,6 +52,8 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
     out.reduce_bucket_elements = p.reduce_bucket_size();
   }
   out.overlap_comm = p.overlap_comm();
+  out.reshard_after_forward = !p.has_reshard_after_forward() || p.reshard_after_forward();
+  out.fsdp_mixed_precision = p.fsdp_mixed_precision();
   if (out.gradient_as_bucket_view && out.sharding == DataSharding::kNone) {
     out.sharding = DataSharding::kDdp;  // DDP on one GPU: its buckets exist all the same
   }

@@ -9,6 +9,7 @@ const Word<v1::DataParallel> kStrategies[] = {
     {"ddp", v1::DATA_PARALLEL_DDP},
     {"zero1", v1::DATA_PARALLEL_ZERO1},
     {"deepspeed-zero2", v1::DATA_PARALLEL_DEEPSPEED_ZERO2},
+    {"fsdp2", v1::DATA_PARALLEL_FSDP2},
 };
 
 }  // namespace
@@ -21,7 +22,8 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
       ->group(group)->type_name("N");
   app->add_option("--dp-strategy", f->strategy,
                   "ddp (DistributedDataParallel, the default with --data-parallel), zero1 "
-                  "(ZeroRedundancyOptimizer over DDP) or deepspeed-zero2")
+                  "(ZeroRedundancyOptimizer over DDP), deepspeed-zero2 or fsdp2 (fully_shard on each "
+                  "block and the root)")
       ->group(group);
   app->add_option("--bucket-cap-mb", f->bucket_cap_mb,
                   "DDP's bucket_cap_mb (default 25, with a 1 MiB first bucket)")
@@ -35,11 +37,21 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
   app->add_flag("--overlap-comm", f->overlap_comm,
                 "DeepSpeed ZeRO's overlap_comm: a second ipg buffer")
       ->group(group);
+  app->add_flag("--no-reshard-after-forward", f->no_reshard_after_forward,
+                "FSDP2's fully_shard(block, reshard_after_forward=False): blocks keep their "
+                "gathered parameters from forward to backward")
+      ->group(group);
+  app->add_flag("--fsdp-mixed-precision", f->fsdp_mixed_precision,
+                "FSDP2's MixedPrecisionPolicy(param_dtype=<--precision's 16-bit dtype>, "
+                "reduce_dtype=float32) over a float32 model (with --precision bf16-pure or "
+                "fp16-pure)")
+      ->group(group);
 }
 
 Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (!f.data && f.strategy.empty() && !f.bucket_cap_mb && !f.gradient_as_bucket_view &&
-      !f.reduce_bucket_size && !f.overlap_comm) {
+      !f.reduce_bucket_size && !f.overlap_comm && !f.no_reshard_after_forward &&
+      !f.fsdp_mixed_precision) {
     return Status::Ok();
   }
   v1::Parallelism* p = config->mutable_parallelism();
@@ -52,6 +64,8 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   p->set_gradient_as_bucket_view(f.gradient_as_bucket_view);
   if (f.reduce_bucket_size) p->set_reduce_bucket_size(*f.reduce_bucket_size);
   p->set_overlap_comm(f.overlap_comm);
+  if (f.no_reshard_after_forward) p->set_reshard_after_forward(false);
+  p->set_fsdp_mixed_precision(f.fsdp_mixed_precision);
   return Status::Ok();
 }
 

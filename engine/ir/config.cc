@@ -39,6 +39,20 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            ": a DistributedDataParallel setting; DeepSpeed ZeRO reduces gradients "
                            "through its own buckets (reduce_bucket_size)");
   }
+  const bool fsdp = p.sharding == DataSharding::kFsdp2;
+  if (!fsdp && (!p.reshard_after_forward || p.fsdp_mixed_precision)) {
+    return InvalidArgument(std::string("config.parallelism.") +
+                           (p.fsdp_mixed_precision ? "fsdp_mixed_precision"
+                                                   : "reshard_after_forward") +
+                           ": an FSDP2 setting, and the strategy is " +
+                           DataShardingName(p.sharding));
+  }
+  if (fsdp && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
+    return InvalidArgument(std::string("config.parallelism.") +
+                           (p.bucket_cap_bytes != 0 ? "bucket_cap_mb" : "gradient_as_bucket_view") +
+                           ": a DistributedDataParallel setting; FSDP2 reduce-scatters each "
+                           "block's gradients itself");
+  }
   if (p.sharding == DataSharding::kNone && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
     return InvalidArgument(std::string("config.parallelism.") +
                            (p.bucket_cap_bytes != 0 ? "bucket_cap_mb" : "gradient_as_bucket_view") +
@@ -141,6 +155,17 @@ Status ValidateSettingsApply(const RunConfig& c) {
   if (c.parallelism.sharding == DataSharding::kDeepSpeedZero2 && c.runtime != Runtime::kCuda) {
     return InvalidArgument("config.parallelism.data_parallel: DeepSpeed ZeRO runs on CUDA; the "
                            "cpu-1.13 runtime has no DeepSpeed");
+  }
+  if (c.parallelism.sharding == DataSharding::kFsdp2 && c.runtime != Runtime::kCuda) {
+    return InvalidArgument("config.parallelism.data_parallel: FSDP2 (fully_shard) is PyTorch "
+                           "2.x's; the cpu-1.13 runtime has no FSDP2");
+  }
+  if (c.parallelism.fsdp_mixed_precision && c.precision != Precision::kBf16Pure &&
+      c.precision != Precision::kFp16Pure) {
+    return InvalidArgument(std::string("config.parallelism.fsdp_mixed_precision: the policy's "
+                                       "param_dtype is the precision's 16-bit dtype; use "
+                                       "bf16-pure or fp16-pure, not ") +
+                           PrecisionName(c.precision));
   }
   if (inference && c.parallelism.sharding != DataSharding::kNone) {
     return InvalidArgument(
@@ -307,6 +332,7 @@ const char* DataShardingName(DataSharding s) {
     case DataSharding::kDdp: return "ddp";
     case DataSharding::kZero1: return "zero1";
     case DataSharding::kDeepSpeedZero2: return "deepspeed-zero2";
+    case DataSharding::kFsdp2: return "fsdp2";
   }
   return "?";
 }

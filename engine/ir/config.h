@@ -115,6 +115,9 @@ enum class DataSharding {
   kDeepSpeedZero2,  // DeepSpeed ZeRO stage 2 (stage_1_and_2.py): the model whole in its own
                     // dtype; each rank keeps 1/N of the flattened parameters' fp32 master copy,
                     // optimizer state and gradients; gradients leave through the ipg buckets
+  kFsdp2,  // FSDP2 (fully_shard on each block and the root, PyTorch 2.x): parameters, gradients
+           // and optimizer state sharded on dim 0; a block's parameters are all-gathered
+           // around its forward and again around its backward (engine/passes/fsdp.h)
 };
 
 // The step as one rank of a multi-GPU job runs it. batch_size stays per rank.
@@ -130,6 +133,13 @@ struct ParallelismConfig {
   // buffer); 0: DeepSpeed's defaults, 5e8 and (for stage 2) false.
   int64_t reduce_bucket_elements = 0;
   bool overlap_comm = false;
+  // FSDP2: fully_shard(block, reshard_after_forward=...): a block's gathered parameters are
+  // freed after its forward and gathered again for its backward (true, the default), or kept.
+  bool reshard_after_forward = true;
+  // FSDP2: MixedPrecisionPolicy(param_dtype=<the 16-bit dtype of a bf16-pure or fp16-pure
+  // precision>, reduce_dtype=float32) over a float32 model: the shards, their gradients and the
+  // optimizer state are float32; the gathered parameters and the compute are 16-bit.
+  bool fsdp_mixed_precision = false;
 };
 
 // DeepSpeed's default zero_optimization.reduce_bucket_size.

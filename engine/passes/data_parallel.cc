@@ -172,6 +172,10 @@ StatusOr<RankView> PlanDataParallel(const Graph& g, const RunConfig& c) {
     view.optimizer_owns.assign(g.tensors.size(), 0);  // the flat partition is stepped instead
     return view;
   }
+  if (p.sharding == DataSharding::kFsdp2) {  // rank 0 holds the largest shards
+    MEMEST_ASSIGN_OR_RETURN(view.fsdp2, PlanFsdp2(g, c));
+    return view;
+  }
 
   const std::vector<int> ready = GradReadyOrder(g);
   if (c.step == StepKind::kFirstStep) {
@@ -220,6 +224,10 @@ DataParallelReport DataParallelReportOf(const RankView& view) {
 
 void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
   const ParallelismConfig& p = c.parallelism;
+  if (const auto& f = view.fsdp2) {
+    AddFsdp2Notes(c, *f, r);
+    return;
+  }
   if (const auto& z = view.zero2) {
     r->notes.push_back(
         "DeepSpeed ZeRO-2 over " + std::to_string(view.world) + " ranks: each keeps " +

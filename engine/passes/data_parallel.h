@@ -35,6 +35,7 @@
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
 #include "engine/ir/status.h"
+#include "engine/passes/fsdp.h"
 #include "engine/report/report.h"
 
 namespace memest {
@@ -72,6 +73,7 @@ struct RankView {
   // Per rank (ZeRO-1): the elements of the parameters its optimizer steps.
   std::vector<int64_t> owned_elements;
   std::optional<DeepSpeedZero2> zero2;  // DeepSpeed ZeRO-2; its optimizer owns no parameter
+  std::optional<Fsdp2View> fsdp2;       // FSDP2
 
   bool OptimizerOwns(int t) const { return optimizer_owns.empty() || optimizer_owns[t] != 0; }
   int64_t BucketBytes() const;

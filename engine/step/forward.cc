@@ -36,7 +36,6 @@ void StepSimulator::Forward() {
       }
     }
     const bool grad = training_ && r < 0;
-    hooks_->ForwardOpStarts(memory(), i);
     RunForwardOp(i, main_, grad, in_loss ? Phase::kLoss : Phase::kForward, false, &cast_cache);
     ReleaseRefs(main_, i, 0);
     hooks_->ForwardOpEnds(memory(), i);
@@ -129,6 +128,7 @@ void StepSimulator::RunForwardOp(int i, StorageTable& st, bool grad, Phase phase
                                  std::vector<int>* cast_cache) {
   const Op& op = g_.ops[i];
   Context(phase, i, recompute);
+  if (!recompute) hooks_->ForwardOpStarts(memory(), i);  // at the op, so its phase and scope
   if (!workspace_seen_ && UsesCublas(op.kind)) {
     workspace_seen_ = true;
     AllocWorkspace();

@@ -99,6 +99,29 @@ TEST(BuildEstimateRequestTest, MapsFlagsToTheRequest) {
   EXPECT_TRUE(request->skip_advice());
 }
 
+TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
+  EstimateFlags flags;
+  flags.preset = "gpt2-small";
+  flags.parallel.data = 8;
+  flags.parallel.strategy = "fsdp2";
+  flags.parallel.no_reshard_after_forward = true;
+  flags.parallel.fsdp_mixed_precision = true;
+  StatusOr<v1::EstimateRequest> request = BuildEstimateRequest(flags);
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  const v1::Parallelism& p = request->config().parallelism();
+  EXPECT_EQ(p.data(), 8);
+  EXPECT_EQ(p.data_parallel(), v1::DATA_PARALLEL_FSDP2);
+  ASSERT_TRUE(p.has_reshard_after_forward());
+  EXPECT_FALSE(p.reshard_after_forward());
+  EXPECT_TRUE(p.fsdp_mixed_precision());
+  // Not given: reshard_after_forward stays unset (the engine's default, true).
+  flags.parallel.no_reshard_after_forward = false;
+  EXPECT_FALSE(BuildEstimateRequest(flags)->config().parallelism().has_reshard_after_forward());
+  flags.parallel.strategy = "fsdp3";
+  EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--dp-strategy"),
+            std::string::npos);
+}
+
 TEST(BuildEstimateRequestTest, DefaultsLeaveTheEngineDefaults) {
   EstimateFlags flags;
   flags.preset = "mlp";

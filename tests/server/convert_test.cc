@@ -111,6 +111,18 @@ TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
               std::string::npos);
   }
   proto.mutable_parallelism()->clear_bucket_cap_mb();
+  proto.mutable_parallelism()->set_gradient_as_bucket_view(false);
+  proto.mutable_parallelism()->set_data_parallel(v1::DATA_PARALLEL_FSDP2);
+  StatusOr<RunConfig> fsdp = RunConfigFromProto(proto);
+  ASSERT_TRUE(fsdp.ok()) << fsdp.status().ToString();
+  EXPECT_EQ(fsdp->parallelism.sharding, DataSharding::kFsdp2);
+  EXPECT_TRUE(fsdp->parallelism.reshard_after_forward);  // unset: fully_shard's default
+  EXPECT_FALSE(fsdp->parallelism.fsdp_mixed_precision);
+  proto.mutable_parallelism()->set_reshard_after_forward(false);
+  proto.mutable_parallelism()->set_fsdp_mixed_precision(true);
+  fsdp = RunConfigFromProto(proto);
+  EXPECT_FALSE(fsdp->parallelism.reshard_after_forward);
+  EXPECT_TRUE(fsdp->parallelism.fsdp_mixed_precision);
   proto.mutable_parallelism()->set_data_parallel(static_cast<v1::DataParallel>(77));
   EXPECT_NE(RunConfigFromProto(proto).status().message().find("config.parallelism.data_parallel"),
             std::string::npos);

@@ -47,7 +47,8 @@ ATTENTIONS = {
 }
 MODULE_LOADINGS = {"lazy": v1.CUDA_MODULE_LOADING_LAZY, "eager": v1.CUDA_MODULE_LOADING_EAGER}
 DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1,
-                 "deepspeed-zero2": v1.DATA_PARALLEL_DEEPSPEED_ZERO2}
+                 "deepspeed-zero2": v1.DATA_PARALLEL_DEEPSPEED_ZERO2,
+                 "fsdp2": v1.DATA_PARALLEL_FSDP2}
 OPTIMIZER_IMPLS = {
     "for-loop": v1.OPTIMIZER_IMPL_FOR_LOOP,
     "foreach": v1.OPTIMIZER_IMPL_FOREACH,
@@ -161,7 +162,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   runtime=None, cpu_isa=None, hold_outputs=None, attention=None,
                   cuda_module_loading=None, data_parallel=None, dp_strategy=None,
                   bucket_cap_mb=None, gradient_as_bucket_view=False, reduce_bucket_size=None,
-                  overlap_comm=False, advice=True):
+                  overlap_comm=False, reshard_after_forward=None, fsdp_mixed_precision=False,
+                  advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
     config = request.config
@@ -225,5 +227,9 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
         _assign(config.parallelism, "reduce_bucket_size", reduce_bucket_size, "reduce_bucket_size")
     if overlap_comm:
         config.parallelism.overlap_comm = True
+    if reshard_after_forward is not None:
+        config.parallelism.reshard_after_forward = bool(reshard_after_forward)
+    if fsdp_mixed_precision:
+        config.parallelism.fsdp_mixed_precision = True
     request.skip_advice = not advice
     return request

@@ -1,0 +1,138 @@
+#include "engine/passes/fsdp.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "engine/ir/shape.h"
+
+namespace memest {
+namespace {
+
+// torch.chunk on dim 0: every rank's padded shard has ceil(dim0 / N) rows (a 0-d parameter is
+// one row).
+Shape ShardShape(const Shape& s, int64_t world) {
+  if (s.empty()) return {1};
+  Shape out = s;
+  out[0] = (s[0] + world - 1) / world;
+  return out;
+}
+
+// The parameter's dim 0 padded to a multiple of N (_get_dim0_padded_size).
+Shape PaddedShape(const Shape& s, int64_t world) {
+  Shape out = ShardShape(s, world);
+  out[0] *= world;
+  return out;
+}
+
+// The group whose block holds `name`'s module (-1: the root's).
+int BlockOf(const Graph& g, const std::string& name) {
+  const size_t dot = name.rfind('.');
+  const std::string scope = dot == std::string::npos ? "" : name.substr(0, dot);
+  for (size_t b = 0; b < g.blocks.size(); ++b) {
+    if (ScopeWithin(scope, g.blocks[b])) return static_cast<int>(b);
+  }
+  return -1;
+}
+
+Status Add(int64_t* total, const Shape& shape, DType dtype, const char* what) {
+  const std::string field = std::string("model: an FSDP group's ") + what;
+  MEMEST_ASSIGN_OR_RETURN(int64_t bytes, CheckedBytes(shape, dtype, field));
+  if (!AddBytes(total, bytes)) return InvalidArgument(field + " would pass 2^62 bytes");
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<Fsdp2View> PlanFsdp2(const Graph& g, const RunConfig& c) {
+  const ParallelismConfig& p = c.parallelism;
+  const int64_t world = p.data;
+  Fsdp2View v;
+  v.groups.resize(g.blocks.size() + 1);
+  FsdpGroup& root = v.groups.back();
+  root.first_op = 0;
+  root.last_op = static_cast<int>(g.ops.size()) - 1;
+  root.reshard_after_forward = false;  // kept from its forward to its backward
+  for (size_t b = 0; b < g.blocks.size(); ++b) {
+    v.groups[b].scope = g.blocks[b];
+    v.groups[b].reshard_after_forward = p.reshard_after_forward;
+  }
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    for (size_t b = 0; b < g.blocks.size(); ++b) {
+      if (!ScopeWithin(g.ops[i].scope, g.blocks[b])) continue;
+      FsdpGroup& grp = v.groups[b];
+      if (grp.first_op < 0) grp.first_op = static_cast<int>(i);
+      grp.last_op = static_cast<int>(i);
+      break;
+    }
+  }
+  v.group_of.assign(g.tensors.size(), -1);
+  v.shards.resize(g.tensors.size());
+  for (size_t t = 0; t < g.tensors.size(); ++t) {
+    const Tensor& ten = g.tensors[t];
+    if (ten.role != TensorRole::kParameter) continue;
+    const int b = BlockOf(g, ten.name);
+    // A block no op runs in (or a parameter outside every block) is the root's.
+    const int k = b >= 0 && v.groups[b].first_op >= 0 ? b : static_cast<int>(g.blocks.size());
+    v.group_of[t] = k;
+    v.groups[k].params.push_back(static_cast<int>(t));
+  }
+  // Mixed precision (MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=float32)): the
+  // graph computes in the 16-bit dtype, the shards and the reduction are float32.
+  for (FsdpGroup& grp : v.groups) {
+    for (int t : grp.params) {
+      const Tensor& ten = g.tensors[t];
+      const DType param = ten.dtype;
+      const DType sharded = p.fsdp_mixed_precision ? DType::kFloat32 : param;
+      const DType reduce = p.fsdp_mixed_precision ? DType::kFloat32 : param;
+      v.sharded_dtype = sharded;
+      v.reduce_dtype = reduce;
+      Tensor& shard = v.shards[t];
+      shard = ten;
+      shard.shape = ShardShape(ten.shape, world);
+      shard.dtype = sharded;
+      const Shape padded = PaddedShape(ten.shape, world);
+      int64_t unsharded = 0;
+      MEMEST_RETURN_IF_ERROR(Add(&unsharded, padded, param, "unsharded parameters"));
+      grp.unsharded_bytes.push_back(unsharded);
+      MEMEST_RETURN_IF_ERROR(Add(&grp.flat_bytes, padded, param, "all-gather output"));
+      if (sharded != param) {
+        MEMEST_RETURN_IF_ERROR(Add(&grp.copy_in_bytes, shard.shape, param, "all-gather input"));
+      }
+      if (!ten.requires_grad) continue;
+      MEMEST_RETURN_IF_ERROR(Add(&grp.reduce_input_bytes, padded, reduce, "reduce-scatter input"));
+      MEMEST_RETURN_IF_ERROR(
+          Add(&grp.reduce_output_bytes, shard.shape, reduce, "reduce-scatter output"));
+      MEMEST_RETURN_IF_ERROR(Add(&grp.sharded_grad_bytes, shard.shape, sharded, "gradients"));
+    }
+  }
+  return v;
+}
+
+void AddFsdp2Notes(const RunConfig& c, const Fsdp2View& v, Report* r) {
+  const FsdpGroup& root = v.groups.back();
+  int64_t largest = 0;
+  int blocks = 0;
+  for (size_t k = 0; k + 1 < v.groups.size(); ++k) {
+    if (v.groups[k].params.empty()) continue;
+    ++blocks;
+    largest = std::max(largest, v.groups[k].flat_bytes);
+  }
+  const ParallelismConfig& p = c.parallelism;
+  r->notes.push_back(
+      "FSDP2 over " + std::to_string(p.data) + " ranks, rank 0 estimated (torch.chunk gives it "
+      "the largest shards): fully_shard on " + std::to_string(blocks) + " blocks and the root; "
+      "parameters, gradients and optimizer state are kept as dim-0 shards in " +
+      std::string(DTypeName(v.sharded_dtype)) + ", gradients reduce-scattered in " +
+      std::string(DTypeName(v.reduce_dtype)) + "; the largest block gathers " +
+      FormatBytes(largest) + " (and its all-gather buffer as much again), the root " +
+      FormatBytes(root.flat_bytes) + ", kept from forward to the end of backward; in backward "
+      "a block and the one before it (prefetched) are gathered at once" +
+      (p.reshard_after_forward ? "" : "; reshard_after_forward=False: every block stays "
+                                      "gathered from its forward to its backward"));
+  r->notes.push_back(
+      "not counted: NCCL's own buffers (outside PyTorch's allocator); FSDP2 allocates its "
+      "all-gather and reduce-scatter buffers on their own CUDA streams, whose cached blocks the "
+      "compute stream does not reuse: the reserved memory can be higher than estimated here");
+}
+
+}  // namespace memest

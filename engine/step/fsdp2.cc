@@ -1,0 +1,160 @@
+// FSDP2's hooks on one rank's step (engine/step/rank_hooks.h; the groups and their sizes are
+// planned by engine/passes/fsdp.h, which says what each buffer is and when PyTorch makes it).
+#include <memory>
+#include <vector>
+
+#include "engine/ir/shape.h"
+#include "engine/step/rank_hooks.h"
+
+namespace memest {
+namespace {
+
+class Fsdp2Hooks : public RankHooks {
+ public:
+  Fsdp2Hooks(const Fsdp2View& v, const Graph& g) : v_(v) {
+    const int root = static_cast<int>(v.groups.size()) - 1;
+    starts_at_.assign(g.ops.size(), -1);
+    ends_at_.assign(g.ops.size(), -1);
+    for (int k = 0; k < root; ++k) {
+      const FsdpGroup& grp = v.groups[k];
+      if (grp.first_op < 0 || grp.params.empty()) continue;
+      blocks_.push_back(k);
+      starts_at_[grp.first_op] = k;
+      ends_at_[grp.last_op] = k;
+    }
+    unsharded_.resize(v.groups.size());
+    sharded_grad_.assign(v.groups.size(), -1);
+  }
+
+  int64_t ParameterBytes(int t, int64_t whole) const override {
+    if (v_.group_of[t] < 0) return whole;  // a buffer: not sharded
+    return Bytes(v_.shards[t].shape, v_.shards[t].dtype);
+  }
+
+  const Tensor* OptimizerParam(const Graph& g, int t) const override {
+    return v_.group_of[t] >= 0 ? &v_.shards[t] : &g.tensors[t];
+  }
+
+  bool HoldsGrad(int t) const override {
+    return v_.group_of[t] >= 0 && sharded_grad_[v_.group_of[t]] >= 0;
+  }
+
+  // zero_grad(set_to_none=False) keeps the sharded gradients (one flat tensor per group).
+  int KeptGrad(RankMemory& m, int t, int64_t /*whole*/) override {
+    const int k = v_.group_of[t];
+    if (sharded_grad_[k] < 0) {
+      sharded_grad_[k] = m.Allocate(v_.groups[k].sharded_grad_bytes, Category::kGradients);
+    }
+    return kNoGrad;
+  }
+
+  // The root's pre-forward gathers its group first; each block's, before its first op.
+  void ForwardOpStarts(RankMemory& m, int op) override {
+    if (op == 0) Gather(m, Root(), true);
+    if (starts_at_[op] >= 0) Gather(m, starts_at_[op], true);
+  }
+
+  void ForwardOpEnds(RankMemory& m, int op) override {
+    const int k = ends_at_[op];
+    if (k >= 0 && v_.groups[k].reshard_after_forward) Reshard(m, k);
+  }
+
+  void BackwardStarts(RankMemory& /*m*/) override {
+    pre_ = post_ = static_cast<int>(blocks_.size()) - 1;
+  }
+
+  // Groups whose first op's backward has run are done (post-backward); a group whose last op
+  // backward now reaches is gathered (pre-backward), with the one before it prefetched.
+  void BackwardReaches(RankMemory& m, int op) override {
+    while (post_ >= 0 && v_.groups[blocks_[post_]].first_op > op) PostBackward(m, blocks_[post_--]);
+    while (pre_ >= 0 && v_.groups[blocks_[pre_]].last_op >= op) {
+      Gather(m, blocks_[pre_], false);
+      if (pre_ > 0) Gather(m, blocks_[pre_ - 1], false);
+      --pre_;
+    }
+  }
+
+  // The blocks backward did not finish, then the root; the root's final callback drops the
+  // last reduce-scatter input.
+  void BackwardEnds(RankMemory& m) override {
+    while (post_ >= 0) PostBackward(m, blocks_[post_--]);
+    PostBackward(m, Root());
+    if (reduce_input_ >= 0) m.Deallocate(reduce_input_);
+    reduce_input_ = -1;
+    if (stash_ >= 0) m.Deallocate(stash_);
+    stash_ = -1;
+  }
+
+ private:
+  int Root() const { return static_cast<int>(v_.groups.size()) - 1; }
+
+  // An all-gather: the copy-in buffer (mixed precision), the flat output, a tensor per parameter
+  // copied out of it. In forward the flat output is kept until the next group's copy-out; in
+  // backward it goes right after its own.
+  void Gather(RankMemory& m, int k, bool forward) {
+    const FsdpGroup& grp = v_.groups[k];
+    if (!unsharded_[k].empty() || grp.params.empty()) return;
+    const int copy_in = grp.copy_in_bytes > 0
+                            ? m.Allocate(grp.copy_in_bytes, Category::kCommunication) : -1;
+    const int flat = m.Allocate(grp.flat_bytes, Category::kCommunication);
+    if (copy_in >= 0) m.Deallocate(copy_in);
+    for (int64_t bytes : grp.unsharded_bytes) {
+      unsharded_[k].push_back(m.Allocate(bytes, Category::kParameters));
+    }
+    if (stash_ >= 0) m.Deallocate(stash_);
+    stash_ = -1;
+    if (forward) stash_ = flat;
+    else m.Deallocate(flat);
+  }
+
+  void Reshard(RankMemory& m, int k) {
+    for (int b : unsharded_[k]) m.Deallocate(b);
+    unsharded_[k].clear();
+  }
+
+  // post_backward: the unsharded gradients are taken, the group resharded, the previous
+  // reduce-scatter input dropped; foreach_reduce copies the gradients into a new input and frees
+  // them, and reduce-scatters into the sharded gradients (cast to the sharded dtype when it
+  // differs; added into existing ones).
+  void PostBackward(RankMemory& m, int k) {
+    const FsdpGroup& grp = v_.groups[k];
+    std::vector<int> with_grad;
+    for (int t : grp.params) {
+      if (m.HasOwnGrad(t)) with_grad.push_back(t);
+    }
+    Reshard(m, k);
+    if (with_grad.empty()) return;
+    if (reduce_input_ >= 0) m.Deallocate(reduce_input_);
+    reduce_input_ = m.Allocate(grp.reduce_input_bytes, Category::kCommunication);
+    for (int t : with_grad) m.ReleaseGrad(t, false);
+    const bool cast = v_.reduce_dtype != v_.sharded_dtype;
+    int grads = m.Allocate(grp.reduce_output_bytes,
+                           cast ? Category::kCommunication : Category::kGradients);
+    if (cast) {
+      const int out = grads;
+      grads = m.Allocate(grp.sharded_grad_bytes, Category::kGradients);
+      m.Deallocate(out);
+    }
+    if (sharded_grad_[k] >= 0) m.Deallocate(grads);  // sharded_param.grad += new
+    else sharded_grad_[k] = grads;
+  }
+
+  const Fsdp2View& v_;
+  std::vector<int> blocks_;     // the block groups that run, in forward order
+  std::vector<int> starts_at_;  // per op: the block group it opens (-1)
+  std::vector<int> ends_at_;    // per op: the block group it closes (-1)
+  std::vector<std::vector<int>> unsharded_;  // per group: its unsharded parameters now
+  std::vector<int> sharded_grad_;            // per group: its sharded gradients (-1: none)
+  int stash_ = -1;         // the last forward all-gather's flat output
+  int reduce_input_ = -1;  // the last reduce-scatter input
+  int pre_ = -1;           // backward: the next block (index into blocks_) to gather
+  int post_ = -1;          // backward: the next block to finish
+};
+
+}  // namespace
+
+std::unique_ptr<RankHooks> MakeFsdp2Hooks(const RankView& view, const Graph& graph) {
+  return std::make_unique<Fsdp2Hooks>(*view.fsdp2, graph);
+}
+
+}  // namespace memest
