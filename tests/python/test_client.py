@@ -111,6 +111,30 @@ def test_attention_module_loading_and_hf_optimizers(client):
     assert 0 < adafactor.breakdown.optimizer_state < adamw.breakdown.optimizer_state
 
 
+def test_data_parallel_strategies_shard_what_they_say(client):
+    base = dict(preset="gpt2-small", seq=128, batch_size=2, precision="bf16-pure",
+                data_parallel=4, advice=False)
+    ddp = client.estimate(dp_strategy="ddp", **base)
+    fsdp = client.estimate(dp_strategy="fsdp2", **base)
+    kept = client.estimate(dp_strategy="fsdp2", reshard_after_forward=False, **base)
+    mixed = client.estimate(dp_strategy="fsdp2", fsdp_mixed_precision=True, **base)
+    assert ddp.data_parallel.world == fsdp.data_parallel.world == 4
+    assert ddp.breakdown.communication > 0  # the gradient buckets
+    # FSDP2's sharded gradients: a quarter of DDP's (padding and rounding aside); buffers
+    # (GPT-2's causal masks) are not sharded, so parameters are compared less tightly.
+    whole = ddp.end_of_step.gradients
+    assert whole // 4 <= fsdp.end_of_step.gradients < whole // 4 + (1 << 20)
+    assert fsdp.end_of_step.parameters < ddp.end_of_step.parameters // 3
+    shards = fsdp.end_of_step.gradients
+    assert 2 * shards - (1 << 20) < mixed.end_of_step.gradients < 2 * shards + (1 << 20)
+    assert fsdp.peak.allocated_bytes < kept.peak.allocated_bytes < ddp.peak.allocated_bytes
+    assert any(n.startswith("FSDP2 over 4 ranks") for n in fsdp.notes)
+    with pytest.raises(memest.InvalidArgument, match="reshard_after_forward"):
+        client.estimate(dp_strategy="ddp", reshard_after_forward=False, **base)
+    with pytest.raises(memest.InvalidArgument, match="dp_strategy"):
+        client.estimate(dp_strategy="fsdp3", **base)
+
+
 def test_layers_model_as_dict_file_and_message(client, mlp_model, tmp_path):
     from_dict = client.estimate(model=mlp_model, batch_size=256, capacity_bytes=24 << 30)
     assert from_dict.parameter_count == MLP_PARAMETERS
