@@ -5,6 +5,7 @@
 
 #include "engine/ir/devices.h"
 #include "engine/passes/checkpoint.h"
+#include "engine/passes/pipeline.h"
 #include "engine/passes/passes.h"
 #include "engine/passes/rnn_expand.h"
 #include "engine/report/advice.h"
@@ -99,7 +100,7 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
                          CheckpointPolicyName(config.checkpoint.policy) + (config.checkpoint.non_reentrant ? ", use_reentrant=False" : "") + "): " +
                          std::to_string(regions.size()) + " regions recomputed in backward");
     }
-    if (config.hold_outputs) {
+    if (config.hold_outputs && config.parallelism.pipeline == 1) {  // a schedule's own loop
       int64_t bytes = 0;
       for (int t : ModelOutputs(graph, config.mode)) {
         if (graph.tensors[t].role != TensorRole::kActivation) continue;
@@ -135,8 +136,12 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
 }  // namespace
 
 StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
-                               bool record_operands, Budget* budget) {
+                               bool record_operands, Budget* budget, const PipelineStage* stage) {
   MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
+  if (config.parallelism.pipeline > 1 && stage == nullptr) {
+    return InvalidArgument("config.parallelism.pipeline: this query runs one GPU's whole step; "
+                           "a pipeline's stages are estimated each on its own (Estimate)");
+  }
   PlannedStep step;
   MEMEST_ASSIGN_OR_RETURN(step.device, ResolveDevice(config));
   step.fixed = step.device ? *step.device : BareDevice(0);
@@ -172,7 +177,7 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   MEMEST_ASSIGN_OR_RETURN(step.schedule,
                           BuildSchedule(*step.graph, config, step.regions,
                                         {step.fixed.cublas_workspace_bytes, record_operands, budget,
-                                         &step.rank}));
+                                         &step.rank, stage}));
   MEMEST_ASSIGN_OR_RETURN(step.live,
                           WalkSchedule(step.schedule, *step.graph, config.expandable_segments,
                                        cpu ? Accounting::kExact : Accounting::kCachingAllocator));
@@ -220,9 +225,61 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
   return r;
 }
 
+namespace {
+
+// Every stage estimated on its own; the report is the stage that needs the most, with every
+// stage's peak.
+StatusOr<Report> EstimatePipeline(const Graph& built, const RunConfig& config, Budget* budget) {
+  PipelineReport pipeline;
+  pipeline.stages = config.parallelism.pipeline;
+  pipeline.micro_batches = config.grad_accum_steps;
+  std::optional<Report> worst;
+  for (int64_t s = 0; s < config.parallelism.pipeline; ++s) {
+    MEMEST_ASSIGN_OR_RETURN(PipelineStage stage, PlanPipelineStage(built, config, s));
+    MEMEST_ASSIGN_OR_RETURN(PlannedStep step, PlanStep(stage.graph, config, false, budget, &stage));
+    Report r = ReportStep(stage.graph, config, step);
+    PipelineStageReport row;
+    row.stage = s;
+    row.first_block = stage.first_block;
+    row.last_block = stage.last_block;
+    row.peak_allocated_bytes = r.peak.allocated_bytes;
+    row.peak_reserved_bytes = r.peak_reserved_bytes;
+    row.peak_phase = r.peak.phase;
+    row.parameter_count = r.parameter_count;
+    pipeline.per_stage.push_back(row);
+    if (!worst || r.peak_reserved_bytes > worst->peak_reserved_bytes) {
+      worst = std::move(r);
+      pipeline.worst_stage = s;
+    }
+  }
+  const PipelineStageReport& w = pipeline.per_stage[pipeline.worst_stage];
+  worst->parameter_count = built.ParameterCount();
+  worst->trainable_parameter_count = built.TrainableParameterCount();
+  worst->notes.push_back(
+      "pipeline of " + std::to_string(pipeline.stages) + " stages, " +
+      std::to_string(pipeline.micro_batches) + " micro-batches, " +
+      (config.parallelism.pipeline_schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B") +
+      ": this is stage " + std::to_string(w.stage) + " (blocks " +
+      std::to_string(w.first_block) + "-" + std::to_string(w.last_block) +
+      "), the one that needs the most; each stage holds the activations of the micro-batches "
+      "its schedule keeps in flight" +
+      (config.parallelism.pipeline_keep_outputs
+           ? ", and each sent output until its backward"
+           : "; a sent output is freed once sent (Megatron's deallocate_output_tensor)") +
+      "; the parameter counts above are the whole model's, the layer table the stage's");
+  worst->pipeline = std::move(pipeline);
+  return std::move(*worst);
+}
+
+}  // namespace
+
 StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
                                const EstimateOptions& options) {
   if (options.budget != nullptr) MEMEST_RETURN_IF_ERROR(options.budget->status());
+  if (config.parallelism.pipeline > 1) {
+    MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
+    return EstimatePipeline(built, config, options.budget);
+  }
   MEMEST_ASSIGN_OR_RETURN(PlannedStep step, PlanStep(built, config, false, options.budget));
   return ReportStep(built, config, step);
 }
@@ -253,7 +310,10 @@ StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
   Budget* budget = options.budget != nullptr ? options.budget : &unlimited;
   // Every op runs forward at least once per micro-batch: a step that cannot afford that much is
   // refused before it is scheduled.
-  const int64_t micro_batches = config.mode == Mode::kTraining && config.grad_accum_steps > 1 ? 2 : 1;
+  const int64_t micro_batches = config.parallelism.pipeline > 1 ? config.grad_accum_steps
+                                : config.mode == Mode::kTraining && config.grad_accum_steps > 1
+                                    ? 2
+                                    : 1;
   const int64_t least = static_cast<int64_t>(graph.ops.size()) * micro_batches;
   if (!budget->Affords(least)) {
     return ResourceExhausted("model: one step of its " + std::to_string(graph.ops.size()) +

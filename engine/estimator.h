@@ -44,9 +44,12 @@ struct PlannedStep {
 };
 
 // Plans the step of `built` (built for config.micro_batch()) under `config`, charging `budget`
-// (null: unlimited). `built` must outlive the result.
+// (null: unlimited). `built` must outlive the result. With pipeline stages, `built` is one
+// stage's graph and `stage` says which (engine/passes/pipeline.h); a pipelined config without
+// a stage is refused.
 StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
-                               bool record_operands = false, Budget* budget = nullptr);
+                               bool record_operands = false, Budget* budget = nullptr,
+                               const PipelineStage* stage = nullptr);
 
 // The report of a planned step (without advice).
 Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep& step);

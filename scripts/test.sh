@@ -46,7 +46,8 @@ done
 # The per-rank truth of data, tensor and pipeline parallelism (tests/parallel): 2 and 4 gloo
 # ranks of PyTorch 1.13 on the CPU, every rank measured and compared with
 # tests/parallel/expected/ (docs/parallelism-truth.md); then memest's estimate of every DDP and
-# ZeroRedundancyOptimizer case against the rank it estimates (docs/parallelism.md, "Checked").
+# ZeroRedundancyOptimizer case against the rank it estimates, and of every pipeline case's
+# stages against each stage (docs/parallelism.md, "Checked").
 section "parallel"
 /usr/bin/python3 tests/parallel/run.py --memest "${BUILD_DIR:-build}/bin/memest" || failed+=("parallel")
 

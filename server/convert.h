@@ -42,6 +42,7 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config);
 // setting), none otherwise; bucket_cap_mb becomes bytes as DDP computes them.
 StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& parallelism);
 void DataParallelToProto(const DataParallelReport& report, v1::DataParallelRanks* out);
+void PipelineToProto(const PipelineReport& report, v1::PipelineStages* out);
 
 // Everything Estimate() takes, converted from one request.
 struct EstimateInput {

@@ -54,10 +54,40 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
   out.overlap_comm = p.overlap_comm();
   out.reshard_after_forward = !p.has_reshard_after_forward() || p.reshard_after_forward();
   out.fsdp_mixed_precision = p.fsdp_mixed_precision();
+  out.pipeline = p.pipeline() == 0 ? 1 : p.pipeline();  // the engine refuses a negative count
+  switch (p.pipeline_schedule()) {
+    case v1::PIPELINE_SCHEDULE_UNSPECIFIED:
+    case v1::PIPELINE_SCHEDULE_1F1B:
+      out.pipeline_schedule = PipelineSchedule::k1F1B;
+      break;
+    case v1::PIPELINE_SCHEDULE_GPIPE:
+      out.pipeline_schedule = PipelineSchedule::kGPipe;
+      break;
+    default:
+      return InvalidArgument("config.parallelism.pipeline_schedule: unknown value " +
+                             std::to_string(p.pipeline_schedule()));
+  }
+  out.pipeline_keep_outputs = p.pipeline_keep_outputs();
   if (out.gradient_as_bucket_view && out.sharding == DataSharding::kNone) {
     out.sharding = DataSharding::kDdp;  // DDP on one GPU: its buckets exist all the same
   }
   return out;
+}
+
+void PipelineToProto(const PipelineReport& r, v1::PipelineStages* out) {
+  out->set_stages(r.stages);
+  out->set_micro_batches(r.micro_batches);
+  out->set_worst_stage(r.worst_stage);
+  for (const PipelineStageReport& s : r.per_stage) {
+    v1::PipelineStage* p = out->add_per_stage();
+    p->set_stage(s.stage);
+    p->set_first_block(s.first_block);
+    p->set_last_block(s.last_block);
+    p->set_peak_allocated_bytes(static_cast<uint64_t>(s.peak_allocated_bytes));
+    p->set_peak_reserved_bytes(static_cast<uint64_t>(s.peak_reserved_bytes));
+    p->set_peak_phase(PhaseToProto(s.peak_phase));
+    p->set_parameter_count(static_cast<uint64_t>(s.parameter_count));
+  }
 }
 
 void DataParallelToProto(const DataParallelReport& r, v1::DataParallelRanks* out) {

@@ -12,6 +12,11 @@ const Word<v1::DataParallel> kStrategies[] = {
     {"fsdp2", v1::DATA_PARALLEL_FSDP2},
 };
 
+const Word<v1::PipelineSchedule> kSchedules[] = {
+    {"1f1b", v1::PIPELINE_SCHEDULE_1F1B},
+    {"gpipe", v1::PIPELINE_SCHEDULE_GPIPE},
+};
+
 }  // namespace
 
 void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
@@ -46,12 +51,26 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                 "reduce_dtype=float32) over a float32 model (with --precision bf16-pure or "
                 "fp16-pure)")
       ->group(group);
+  app->add_option("--pipeline", f->pipeline,
+                  "pipeline stages: the model's blocks split evenly over them, --grad-accum "
+                  "micro-batches; every stage is estimated, the report is the one that needs "
+                  "the most")
+      ->group(group)->type_name("STAGES");
+  app->add_option("--pipeline-schedule", f->pipeline_schedule,
+                  "1f1b (Megatron-LM's non-interleaved schedule, the default) or gpipe")
+      ->group(group);
+  app->add_flag("--pipeline-keep-outputs", f->pipeline_keep_outputs,
+                "a stage keeps its sent output until its backward (torch.distributed."
+                "pipelining); the default frees it once sent (Megatron's "
+                "deallocate_output_tensor)")
+      ->group(group);
 }
 
 Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (!f.data && f.strategy.empty() && !f.bucket_cap_mb && !f.gradient_as_bucket_view &&
       !f.reduce_bucket_size && !f.overlap_comm && !f.no_reshard_after_forward &&
-      !f.fsdp_mixed_precision) {
+      !f.fsdp_mixed_precision && !f.pipeline && f.pipeline_schedule.empty() &&
+      !f.pipeline_keep_outputs) {
     return Status::Ok();
   }
   v1::Parallelism* p = config->mutable_parallelism();
@@ -66,6 +85,13 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   p->set_overlap_comm(f.overlap_comm);
   if (f.no_reshard_after_forward) p->set_reshard_after_forward(false);
   p->set_fsdp_mixed_precision(f.fsdp_mixed_precision);
+  if (f.pipeline) p->set_pipeline(*f.pipeline);
+  if (!f.pipeline_schedule.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::PipelineSchedule s,
+                            ParseWord("--pipeline-schedule", f.pipeline_schedule, kSchedules));
+    p->set_pipeline_schedule(s);
+  }
+  p->set_pipeline_keep_outputs(f.pipeline_keep_outputs);
   return Status::Ok();
 }
 

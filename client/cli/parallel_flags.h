@@ -22,6 +22,9 @@ struct ParallelismFlags {
   bool overlap_comm = false;                  // DeepSpeed ZeRO
   bool no_reshard_after_forward = false;      // FSDP2
   bool fsdp_mixed_precision = false;          // FSDP2
+  std::optional<int64_t> pipeline;            // pipeline stages
+  std::string pipeline_schedule;              // 1f1b | gpipe
+  bool pipeline_keep_outputs = false;
 };
 
 void AddParallelismFlags(CLI::App* app, ParallelismFlags* flags);

@@ -259,6 +259,7 @@ void RenderEstimate(const v1::EstimateRequest& request, const v1::EstimateRespon
   RenderPeak(response, out);
   RenderBreakdown(response, out);
   RenderPhases(response, out);
+  RenderStages(response, out);
   RenderLayers(response, out);
   RenderFit(response, out);
   RenderAdvice(response, out);

@@ -33,6 +33,10 @@ void RenderDevices(const v1::ListDevicesResponse& response, std::ostream& out);
 // a machine sees every category, even zero ones). Ends with a newline.
 std::string ToJson(const google::protobuf::Message& message);
 
+// A pipeline's stages, each with its blocks and peak (nothing without a pipeline);
+// RenderEstimate prints it after the phases.
+void RenderStages(const v1::EstimateResponse& response, std::ostream& out);
+
 // "forward", "optimizer_step", ... as the engine names phases.
 std::string PhaseName(v1::Phase phase);
 

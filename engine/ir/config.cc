@@ -39,6 +39,24 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            ": a DistributedDataParallel setting; DeepSpeed ZeRO reduces gradients "
                            "through its own buckets (reduce_bucket_size)");
   }
+  if (p.pipeline < 1 || p.pipeline > kMaxPipelineStages) {
+    return InvalidArgument("config.parallelism.pipeline: must be in [1, " +
+                           std::to_string(kMaxPipelineStages) + "] stages, got " +
+                           std::to_string(p.pipeline));
+  }
+  if (p.pipeline == 1 &&
+      (p.pipeline_schedule != PipelineSchedule::k1F1B || p.pipeline_keep_outputs)) {
+    return InvalidArgument(std::string("config.parallelism.") +
+                           (p.pipeline_keep_outputs ? "pipeline_keep_outputs"
+                                                    : "pipeline_schedule") +
+                           ": a pipeline setting, and config.parallelism.pipeline is 1 stage");
+  }
+  if (p.pipeline > 1 && (p.sharding == DataSharding::kDeepSpeedZero2 ||
+                         p.sharding == DataSharding::kFsdp2)) {
+    return InvalidArgument(std::string("config.parallelism.data_parallel: ") +
+                           DataShardingName(p.sharding) + " with pipeline stages is not "
+                           "modelled yet; ddp and zero1 compose with a pipeline");
+  }
   const bool fsdp = p.sharding == DataSharding::kFsdp2;
   if (!fsdp && (!p.reshard_after_forward || p.fsdp_mixed_precision)) {
     return InvalidArgument(std::string("config.parallelism.") +
@@ -166,6 +184,10 @@ Status ValidateSettingsApply(const RunConfig& c) {
                                        "param_dtype is the precision's 16-bit dtype; use "
                                        "bf16-pure or fp16-pure, not ") +
                            PrecisionName(c.precision));
+  }
+  if (inference && c.parallelism.pipeline > 1) {
+    return InvalidArgument("config.parallelism.pipeline: a pipeline splits a training step's "
+                           "micro-batches; inference is not modelled with one");
   }
   if (inference && c.parallelism.sharding != DataSharding::kNone) {
     return InvalidArgument(

@@ -120,6 +120,13 @@ enum class DataSharding {
            // around its forward and again around its backward (engine/passes/fsdp.h)
 };
 
+// The order a pipeline stage runs its micro-batches in (engine/passes/pipeline.h).
+enum class PipelineSchedule {
+  k1F1B,   // Megatron-LM's non-interleaved schedule: warm-up forwards, then one forward and one
+           // backward in turn (torch.distributed.pipelining's Schedule1F1B)
+  kGPipe,  // all forwards, then all backwards (ScheduleGPipe)
+};
+
 // The step as one rank of a multi-GPU job runs it. batch_size stays per rank.
 struct ParallelismConfig {
   int64_t data = 1;  // data-parallel ranks (the world size of the data-parallel group)
@@ -140,6 +147,13 @@ struct ParallelismConfig {
   // precision>, reduce_dtype=float32) over a float32 model: the shards, their gradients and the
   // optimizer state are float32; the gathered parameters and the compute are 16-bit.
   bool fsdp_mixed_precision = false;
+  // Pipeline stages: the model's blocks split evenly over them; grad_accum_steps is the number
+  // of micro-batches. 1: no pipeline.
+  int64_t pipeline = 1;
+  PipelineSchedule pipeline_schedule = PipelineSchedule::k1F1B;
+  // A stage's sent output stays whole until its backward (torch.distributed.pipelining); false:
+  // Megatron's deallocate_output_tensor frees it once sent, keeping a one-element stub.
+  bool pipeline_keep_outputs = false;
 };
 
 // DeepSpeed's default zero_optimization.reduce_bucket_size.
@@ -147,6 +161,7 @@ constexpr int64_t kDeepSpeedReduceBucketElements = 500'000'000;
 
 // The most data-parallel ranks a request may name.
 constexpr int64_t kMaxDataParallel = int64_t{1} << 20;
+constexpr int64_t kMaxPipelineStages = 1024;
 // The largest DDP bucket cap a request may name (1 TiB).
 constexpr int64_t kMaxBucketCapBytes = int64_t{1} << 40;
 

@@ -86,6 +86,24 @@ struct DataParallelReport {
   std::vector<int64_t> owned_elements; // ZeRO-1: per rank, the elements its optimizer steps
 };
 
+// One pipeline stage's estimate, in a report of the stage that needs the most.
+struct PipelineStageReport {
+  int64_t stage = 0;
+  int64_t first_block = 0;  // the blocks it runs: [first_block, last_block]
+  int64_t last_block = 0;
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  Phase peak_phase = Phase::kData;
+  int64_t parameter_count = 0;  // the stage's parameters (elements)
+};
+
+struct PipelineReport {
+  int64_t stages = 1;
+  int64_t micro_batches = 1;
+  int64_t worst_stage = 0;  // the stage this report is the estimate of: the most reserved
+  std::vector<PipelineStageReport> per_stage;
+};
+
 struct Report {
   int64_t parameter_count = 0;
   int64_t trainable_parameter_count = 0;
@@ -110,6 +128,7 @@ struct Report {
   std::vector<Advice> advice;      // biggest saving first
   std::vector<std::string> notes;  // assumptions the estimate made
   std::optional<DataParallelReport> data_parallel;  // with config.parallelism
+  std::optional<PipelineReport> pipeline;           // with config.parallelism.pipeline > 1
 };
 
 }  // namespace memest

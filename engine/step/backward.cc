@@ -33,9 +33,14 @@ void StepSimulator::Backward() {
   hooks_->BackwardStarts(memory());
   const int loss = g_.loss;
   // The seed, torch.ones_like(loss): torch.autograd.backward keeps it (grad_tensors_, a local
-  // of the Python call) until the engine returns, so it lives through the whole backward.
-  grads_.push_back({NewBuffer(Bytes(g_.tensors[loss].shape, g_.tensors[loss].dtype),
-                          Category::kTemporaries), 2});
+  // of the Python call) until the engine returns, so it lives through the whole backward. A
+  // pipeline stage's is the gradient it received, perhaps before this backward began.
+  const int seed_buffer = received_grad_ >= 0
+                              ? received_grad_
+                              : NewBuffer(Bytes(g_.tensors[loss].shape, g_.tensors[loss].dtype),
+                                          Category::kTemporaries);
+  received_grad_ = -1;
+  grads_.push_back({seed_buffer, 2});
   const int seed = static_cast<int>(grads_.size()) - 1;
   pending_[loss] = {seed, ContiguousStrides(g_.tensors[loss].shape)};
   for (int i = static_cast<int>(g_.ops.size()) - 1; i >= 0 && !failed(); --i) {

@@ -19,7 +19,7 @@ void StepSimulator::Forward() {
   // The loss is held by the training loop (with hold_outputs, the model's outputs too); in
   // inference the model's output is.
   if (training_ && g_.loss >= 0) ++main_.pins[base_[g_.loss]];
-  if (!training_ || cfg_.hold_outputs) {
+  if (!training_ || hold_outputs_) {
     for (int s : training_ ? refs_.held_outputs : refs_.outputs) ++main_.pins[s];
   }
   PinRefs(main_, 0, n - 1);

@@ -26,6 +26,7 @@
 #include "engine/ir/graph.h"
 #include "engine/passes/checkpoint.h"
 #include "engine/passes/data_parallel.h"
+#include "engine/passes/pipeline.h"
 #include "engine/report/report.h"
 
 namespace memest {
@@ -82,6 +83,9 @@ struct ScheduleOptions {
   bool record_operands = false;        // fill Schedule::operands (slower; for Validate)
   Budget* budget = nullptr;            // charged one op step per op context; null: unlimited
   const RankView* rank = nullptr;      // one data-parallel rank's view; null: one GPU
+  // One pipeline stage (its graph is the one scheduled) and the order of its micro-batches;
+  // null: no pipeline.
+  const PipelineStage* pipeline = nullptr;
 };
 
 // Builds the schedule of one step. The graph must be built for config.micro_batch(). Refuses

@@ -13,7 +13,11 @@ namespace memest {
 
 StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const CheckpointRegions& regions,
                              const ScheduleOptions& opt)
-    : g_(g), cfg_(cfg), opt_(opt), training_(cfg.mode == Mode::kTraining) {
+    : g_(g),
+      cfg_(cfg),
+      opt_(opt),
+      training_(cfg.mode == Mode::kTraining),
+      hold_outputs_(cfg.hold_outputs && opt.pipeline == nullptr) {
   const size_t n = g.tensors.size();
   base_.resize(n);
   for (size_t t = 0; t < n; ++t) base_[t] = static_cast<int>(t);
@@ -63,10 +67,14 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
 
 StatusOr<Schedule> StepSimulator::Run() {
   StartOfStep();
-  micro_batches_ = training_ && cfg_.grad_accum_steps > 1 ? 2 : 1;
-  for (int mb = 0; mb < micro_batches_ && !failed(); ++mb) {
-    mb_ = mb;
-    RunMicroBatch();
+  if (opt_.pipeline != nullptr) {
+    RunPipeline();
+  } else {
+    micro_batches_ = training_ && cfg_.grad_accum_steps > 1 ? 2 : 1;
+    for (int mb = 0; mb < micro_batches_ && !failed(); ++mb) {
+      mb_ = mb;
+      RunMicroBatch();
+    }
   }
   if (training_ && !failed()) OptimizerStep();
   FillParameterBytes();
@@ -125,7 +133,7 @@ void StepSimulator::StartOfStep() {
     AllocWorkspace();
     workspace_seen_ = workspace_seen_bwd_ = true;
   }
-  if (steady && cfg_.hold_outputs) CarryOverOutputs();
+  if (steady && hold_outputs_) CarryOverOutputs();
 }
 
 void StepSimulator::AllocWorkspace() {
@@ -135,7 +143,8 @@ void StepSimulator::AllocWorkspace() {
   }
 }
 
-void StepSimulator::RunMicroBatch() {
+// The micro-batch's data (in a pipeline, a received activation too).
+void StepSimulator::AllocMicroBatchInputs() {
   Context(Phase::kData, -1);
   for (size_t t = 0; t < g_.tensors.size(); ++t) {
     const Tensor& ten = g_.tensors[t];
@@ -143,15 +152,23 @@ void StepSimulator::RunMicroBatch() {
     main_.buffer[t] = NewBuffer(Bytes(ten.shape, ten.dtype), Category::kInputs);
     main_.pins[t] = 1;
   }
+}
+
+void StepSimulator::RunMicroBatch() {
+  AllocMicroBatchInputs();
   for (auto& s : op_saved_) s = SavedByOp{};
   Forward();
   if (failed()) return;
   if (mb_ == 0) s_.saved_for_backward_bytes = saved_bytes_;
   if (training_ && g_.loss >= 0) Backward();
   if (failed()) return;
-  // End of the micro-batch: the data batch (with an input's .grad) and whatever the graph
-  // still holds go, but for the outputs a loop keeps.
-  if (training_ && cfg_.hold_outputs) KeepOutputsInLoop();
+  EndMicroBatch();
+}
+
+// End of the micro-batch: the data batch (with an input's .grad) and whatever the graph still
+// holds go, but for the outputs a loop keeps.
+void StepSimulator::EndMicroBatch() {
+  if (training_ && hold_outputs_) KeepOutputsInLoop();
   for (size_t t = 0; t < g_.tensors.size(); ++t) {
     const Tensor& ten = g_.tensors[t];
     if (ten.role == TensorRole::kParameter || ten.role == TensorRole::kBuffer) continue;

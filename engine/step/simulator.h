@@ -76,6 +76,14 @@ class StepSimulator : private RankMemory {
     std::vector<int> extras;
     int64_t extra_bytes = 0;
   };
+  // A pipeline's micro-batch between its forward and its backward: what it holds, swapped out
+  // of main_ and op_saved_ (its holds name &main_, so they are only used while it is back in).
+  struct InFlight {
+    StorageTable table;
+    std::vector<SavedByOp> saved;
+    std::vector<int> rng_state_of;
+    int stub = -1;  // the sent output's one-element stub (deallocate_output_tensor)
+  };
 
   // ---- holds, checked sums and events: every phase calls them ----
   // Autograd starts holding storage s (a tensor saved for backward, or a checkpoint's input);
@@ -202,7 +210,10 @@ class StepSimulator : private RankMemory {
   Category LeafCategory(const Tensor& t) const;
   void StartOfStep();
   void AllocWorkspace();
+  void AllocMicroBatchInputs();
   void RunMicroBatch();
+  void EndMicroBatch();
+  void RunPipeline();
   OpCall MakeCall(int i, bool grad) const;
 
   // ---- forward, what the Python program holds, region inputs (forward.cc) ----
@@ -241,6 +252,7 @@ class StepSimulator : private RankMemory {
   const RunConfig& cfg_;
   const ScheduleOptions& opt_;
   const bool training_;
+  const bool hold_outputs_;  // the loop holds the model's outputs (not in a pipeline's schedule)
   std::vector<int> base_;
   std::vector<const OpRule*> rules_;  // each op's rule, looked up once
   std::vector<int> region_of_;
@@ -272,6 +284,7 @@ class StepSimulator : private RankMemory {
   int mb_ = 0;
   int micro_batches_ = 1;  // simulated: the first and, with accumulation, a later one
   std::unique_ptr<RankHooks> hooks_;  // the rank's strategy
+  int received_grad_ = -1;  // a pipeline stage's received output gradient, before its backward
   int workspaces_ = 0;
   bool uses_cublas_ = false;
   bool workspace_seen_ = false;

@@ -117,6 +117,17 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   // Not given: reshard_after_forward stays unset (the engine's default, true).
   flags.parallel.no_reshard_after_forward = false;
   EXPECT_FALSE(BuildEstimateRequest(flags)->config().parallelism().has_reshard_after_forward());
+  flags.parallel.pipeline = 4;
+  flags.parallel.pipeline_schedule = "gpipe";
+  flags.parallel.pipeline_keep_outputs = true;
+  const v1::Parallelism piped = BuildEstimateRequest(flags)->config().parallelism();
+  EXPECT_EQ(piped.pipeline(), 4);
+  EXPECT_EQ(piped.pipeline_schedule(), v1::PIPELINE_SCHEDULE_GPIPE);
+  EXPECT_TRUE(piped.pipeline_keep_outputs());
+  flags.parallel.pipeline_schedule = "interleaved";
+  EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--pipeline-schedule"),
+            std::string::npos);
+  flags.parallel.pipeline_schedule.clear();
   flags.parallel.strategy = "fsdp3";
   EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--dp-strategy"),
             std::string::npos);

@@ -13,6 +13,14 @@ peak within 1%. Also checked: that the measured ranks holding the most include m
 and that memest's DDP bucket sizes are the ones DDP logged (bucket_sizes at step 1,
 rebuilt_bucket_sizes after).
 
+Pipeline cases (pp.py) run `memest estimate ... --pipeline P --pipeline-schedule S --grad-accum M`
+on the whole model: memest estimates every stage and reports the one that needs the most. Each
+stage's step peak is compared with its rank's (first step with step 1, steady state with step
+2); the worst stage memest names must be among the measured worst; the worst stage's saved bytes
+per micro-batch, end-of-step model states and phases are compared: memest's data, forward and
+loss peaks against the measured F<j> phases (a micro-batch's forward, its receive included), its
+backward against the B<j> phases.
+
 Cases memest cannot express are SKIP, with the reason (`not_expressible`).
 """
 import json
@@ -42,7 +50,7 @@ def not_expressible(case):
     if case.id.startswith("tp/"):
         return "tensor and sequence parallelism are not in config.parallelism yet (issue 11)"
     if case.id.startswith("pp/"):
-        return "pipeline parallelism is not in config.parallelism yet (issue 11)"
+        return None
     if not case.id.startswith(("ddp/", "zero/")):
         return "not a data-parallel case"
     if p.get("find_unused_parameters"):
@@ -52,6 +60,61 @@ def not_expressible(case):
         return ("ZeroRedundancyOptimizer(parameters_as_bucket_view=True) is not a memest setting "
                 "(it moves the parameters into per-rank flat buckets at construction)")
     return None
+
+
+def pipeline_command(memest, case, first_step):
+    p = case.params
+    m = p["microbatches"]
+    cmd = [memest, "estimate", "--local", "--runtime", "cpu-1.13", "--json", "--no-advice",
+           "--model", os.path.join(MODELS, f"{case.model}.json"), "--batch", str(p["batch"] * m),
+           "--grad-accum", str(m), "--precision", "fp32", "--optimizer", p["optimizer"],
+           "--optimizer-impl", "for-loop", "--pipeline", str(case.world),
+           "--pipeline-schedule", p["schedule"]]
+    if not p.get("deallocate_outputs", True):
+        cmd.append("--pipeline-keep-outputs")
+    if first_step:
+        cmd.append("--first-step")
+    return cmd
+
+
+def check_pipeline(memest, case, ranks):
+    """Every stage's peak, the worst stage, and the worst stage's quantities (see the header)."""
+    est = {first: estimate(pipeline_command(memest, case, first)) for first in (True, False)}
+    pipe = est[False].get("pipeline") or {}
+    worst = _int(pipe.get("worstStage"))
+    peaks = [r["steps"][-1]["peak"] for r in ranks]
+    most = [i for i, p in enumerate(peaks) if p >= max(peaks) - RANK_SLACK]
+    rows = [{"step": "-", "quantity": "stage needing the most", "measured": most,
+             "estimated": worst, "rel": None, "ok": worst in most}]
+    for label, first, k in (("first", True, 0), ("steady", False, -1)):
+        stages = (est[first].get("pipeline") or {}).get("perStage", [])
+        for s, r in enumerate(ranks):
+            step = r["steps"][k]
+            e = _int(stages[s].get("peakAllocatedBytes")) if s < len(stages) else 0
+            rows += [{"step": f"{label} (step {step['step']})", **row}
+                     for row in compare({f"peak, stage {s}": step["peak"]},
+                                        {f"peak, stage {s}": e})]
+        resp = est[first]  # its own worst stage (the first step's can differ)
+        w = _int((resp.get("pipeline") or {}).get("worstStage"))
+        step = ranks[w]["steps"][k]
+        ph = {p.get("phase", "").replace("PHASE_", ""): _int(p.get("allocatedBytes"))
+              for p in resp.get("phases", [])}
+        eos = resp.get("endOfStep") or {}
+        measured = {"saved_for_backward": ranks[w]["saved_per_microbatch"],
+                    **{f"end_of_step.{n}": v for n, v in step["end_of_step"].items()},
+                    "peak.forwards": max(v for n, v in step["phases"].items() if n[0] == "F"),
+                    "peak.backwards": max(v for n, v in step["phases"].items() if n[0] == "B"),
+                    "peak.OPTIMIZER_STEP": step["phases"]["OPTIMIZER_STEP"]}
+        estimated = {"saved_for_backward": _int(resp.get("savedForBackwardBytes")),
+                     "end_of_step.parameters": _int(eos.get("parameters")),
+                     "end_of_step.gradients": _int(eos.get("gradients")),
+                     "end_of_step.optimizer_state": _int(eos.get("optimizerState")),
+                     "peak.forwards": max(ph.get("DATA", 0), ph.get("FORWARD", 0), ph.get("LOSS", 0)),
+                     "peak.backwards": ph.get("BACKWARD", 0),
+                     "peak.OPTIMIZER_STEP": ph.get("OPTIMIZER_STEP", 0)}
+        rows += [{"step": f"{label} (step {step['step']})", **row}
+                 for row in compare(measured, estimated)]
+    return rows, {"rank": worst}
 
 
 def command(memest, case, first_step):
@@ -133,6 +196,8 @@ def compare(measured, estimated):
 def check(memest, case, ranks):
     """Compares memest with the measured `ranks` of `case`. Returns (rows, info): rows carry
     the step they belong to; info says which rank was compared."""
+    if case.id.startswith("pp/"):
+        return check_pipeline(memest, case, ranks)
     est = {first: estimate(command(memest, case, first)) for first in (True, False)}
     rank = _int((est[False].get("dataParallel") or {}).get("rank"))
     rows = []

@@ -135,6 +135,29 @@ def test_data_parallel_strategies_shard_what_they_say(client):
         client.estimate(dp_strategy="fsdp3", **base)
 
 
+def test_pipeline_stages_are_each_estimated(client):
+    base = dict(preset="gpt2-small", seq=128, batch_size=8, grad_accum_steps=8, pipeline=4,
+                advice=False)
+    one_f_one_b = client.estimate(**base)
+    gpipe = client.estimate(pipeline_schedule="gpipe", **base)
+    p = one_f_one_b.pipeline
+    assert (p.stages, p.micro_batches) == (4, 8)
+    assert [s.stage for s in p.per_stage] == [0, 1, 2, 3]
+    assert [(s.first_block, s.last_block) for s in p.per_stage] == [(0, 2), (3, 5), (6, 8),
+                                                                    (9, 11)]
+    worst = p.per_stage[p.worst_stage]
+    assert worst.peak_reserved_bytes == max(s.peak_reserved_bytes for s in p.per_stage)
+    assert one_f_one_b.peak.allocated_bytes == worst.peak_allocated_bytes
+    assert one_f_one_b.parameter_count == 124439808  # the whole model's
+    # GPipe keeps all 8 micro-batches in flight, 1F1B at most 4 on the first stage.
+    assert gpipe.pipeline.per_stage[0].peak_allocated_bytes > worst.peak_allocated_bytes
+    assert client.estimate(preset="gpt2-small", seq=128, batch_size=2).pipeline is None
+    with pytest.raises(memest.InvalidArgument, match="config.parallelism.pipeline"):
+        client.estimate(**dict(base, pipeline=5))  # 12 blocks over 5 stages
+    with pytest.raises(memest.InvalidArgument, match="pipeline_schedule"):
+        client.estimate(pipeline_schedule="zero-bubble", **base)
+
+
 def test_layers_model_as_dict_file_and_message(client, mlp_model, tmp_path):
     from_dict = client.estimate(model=mlp_model, batch_size=256, capacity_bytes=24 << 30)
     assert from_dict.parameter_count == MLP_PARAMETERS

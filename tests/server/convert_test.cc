@@ -123,6 +123,19 @@ TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
   fsdp = RunConfigFromProto(proto);
   EXPECT_FALSE(fsdp->parallelism.reshard_after_forward);
   EXPECT_TRUE(fsdp->parallelism.fsdp_mixed_precision);
+  proto.mutable_parallelism()->set_pipeline(4);
+  proto.mutable_parallelism()->set_pipeline_schedule(v1::PIPELINE_SCHEDULE_GPIPE);
+  proto.mutable_parallelism()->set_pipeline_keep_outputs(true);
+  StatusOr<RunConfig> piped = RunConfigFromProto(proto);
+  ASSERT_TRUE(piped.ok()) << piped.status().ToString();
+  EXPECT_EQ(piped->parallelism.pipeline, 4);
+  EXPECT_EQ(piped->parallelism.pipeline_schedule, PipelineSchedule::kGPipe);
+  EXPECT_TRUE(piped->parallelism.pipeline_keep_outputs);
+  proto.mutable_parallelism()->set_pipeline_schedule(static_cast<v1::PipelineSchedule>(9));
+  EXPECT_NE(RunConfigFromProto(proto).status().message().find(
+                "config.parallelism.pipeline_schedule"),
+            std::string::npos);
+  proto.mutable_parallelism()->clear_pipeline_schedule();
   proto.mutable_parallelism()->set_data_parallel(static_cast<v1::DataParallel>(77));
   EXPECT_NE(RunConfigFromProto(proto).status().message().find("config.parallelism.data_parallel"),
             std::string::npos);

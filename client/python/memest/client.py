@@ -55,6 +55,9 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             unset: True), fsdp_mixed_precision (FSDP2's MixedPrecisionPolicy with float32
             shards, with precision bf16-pure or fp16-pure): the estimate is the rank that
             holds the most, Estimate.data_parallel says which,
+          pipeline (stages; grad_accum_steps micro-batches), pipeline_schedule: 1f1b | gpipe,
+            pipeline_keep_outputs: every stage is estimated, the estimate is the one that
+            needs the most, Estimate.pipeline lists them all,
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
           advice (False skips the advice: faster), timeout (seconds, this call only).
         None means the server's default. Unset words raise InvalidArgument before any call.

@@ -46,6 +46,7 @@ ATTENTIONS = {
     "cudnn": v1.ATTENTION_CUDNN,
 }
 MODULE_LOADINGS = {"lazy": v1.CUDA_MODULE_LOADING_LAZY, "eager": v1.CUDA_MODULE_LOADING_EAGER}
+PIPELINE_SCHEDULES = {"1f1b": v1.PIPELINE_SCHEDULE_1F1B, "gpipe": v1.PIPELINE_SCHEDULE_GPIPE}
 DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1,
                  "deepspeed-zero2": v1.DATA_PARALLEL_DEEPSPEED_ZERO2,
                  "fsdp2": v1.DATA_PARALLEL_FSDP2}
@@ -163,6 +164,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   cuda_module_loading=None, data_parallel=None, dp_strategy=None,
                   bucket_cap_mb=None, gradient_as_bucket_view=False, reduce_bucket_size=None,
                   overlap_comm=False, reshard_after_forward=None, fsdp_mixed_precision=False,
+                  pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
                   advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
@@ -231,5 +233,12 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
         config.parallelism.reshard_after_forward = bool(reshard_after_forward)
     if fsdp_mixed_precision:
         config.parallelism.fsdp_mixed_precision = True
+    if pipeline is not None:
+        _assign(config.parallelism, "pipeline", pipeline, "pipeline")
+    if pipeline_schedule is not None:
+        config.parallelism.pipeline_schedule = _word("pipeline_schedule", pipeline_schedule,
+                                                     PIPELINE_SCHEDULES)
+    if pipeline_keep_outputs:
+        config.parallelism.pipeline_keep_outputs = True
     request.skip_advice = not advice
     return request

@@ -170,6 +170,44 @@ class DataParallelRanks:
                    owned_elements=list(message.owned_elements))
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelineStage:
+    """One pipeline stage's estimate: the blocks it runs [first_block, last_block], its
+    parameters (elements) and its peak."""
+
+    stage: int
+    first_block: int
+    last_block: int
+    parameter_count: int
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_phase: str
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(stage=message.stage, first_block=message.first_block,
+                   last_block=message.last_block, parameter_count=message.parameter_count,
+                   peak_allocated_bytes=message.peak_allocated_bytes,
+                   peak_reserved_bytes=message.peak_reserved_bytes,
+                   peak_phase=_phase_name(message.peak_phase))
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineStages:
+    """A pipeline's stages, each estimated; the Estimate is worst_stage's (the most reserved)."""
+
+    stages: int
+    micro_batches: int
+    worst_stage: int
+    per_stage: List[PipelineStage]
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(stages=message.stages, micro_batches=message.micro_batches,
+                   worst_stage=message.worst_stage,
+                   per_stage=[PipelineStage.from_proto(s) for s in message.per_stage])
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class Estimate:
     """The answer to one estimate (EstimateResponse), with tables and a plot.
@@ -179,6 +217,8 @@ class Estimate:
     peak: the largest allocated moment; phases: one Peak per phase that ran, in order.
     fit: None unless the request named a device or a capacity.
     data_parallel: None unless the request named data parallelism.
+    pipeline: None unless the request named pipeline stages; then the estimate is the stage
+    that needs the most and pipeline.per_stage lists every stage's peak.
     """
 
     breakdown: MemoryByCategory
@@ -196,6 +236,7 @@ class Estimate:
     saved_for_backward_bytes: int
     end_of_step: MemoryByCategory
     data_parallel: Optional[DataParallelRanks] = None
+    pipeline: Optional[PipelineStages] = None
     label: str = ""
     response: Optional[v1.EstimateResponse] = dataclasses.field(default=None, compare=False)
 
@@ -218,6 +259,8 @@ class Estimate:
             end_of_step=MemoryByCategory.from_proto(response.end_of_step),
             data_parallel=(DataParallelRanks.from_proto(response.data_parallel)
                            if response.HasField("data_parallel") else None),
+            pipeline=(PipelineStages.from_proto(response.pipeline)
+                      if response.HasField("pipeline") else None),
             label=label,
             response=response,
         )

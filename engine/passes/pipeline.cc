@@ -1,0 +1,155 @@
+#include "engine/passes/pipeline.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace memest {
+namespace {
+
+Status Refuse(const std::string& why) {
+  return InvalidArgument("config.parallelism.pipeline: " + why);
+}
+
+// Each block's op range [first, last], checked to run one block after another.
+StatusOr<std::vector<std::pair<int, int>>> BlockRanges(const Graph& g) {
+  std::vector<std::pair<int, int>> ranges(g.blocks.size(), {-1, -1});
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    for (size_t b = 0; b < g.blocks.size(); ++b) {
+      if (!ScopeWithin(g.ops[i].scope, g.blocks[b])) continue;
+      if (ranges[b].first < 0) ranges[b].first = static_cast<int>(i);
+      ranges[b].second = static_cast<int>(i);
+      break;
+    }
+  }
+  for (size_t b = 0; b < ranges.size(); ++b) {
+    if (ranges[b].first < 0) return Refuse("block " + g.blocks[b] + " runs no op");
+    if (b > 0 && ranges[b].first <= ranges[b - 1].second) {
+      return Refuse("blocks " + g.blocks[b - 1] + " and " + g.blocks[b] +
+                    " do not run one after the other, so they cannot be split into stages");
+    }
+  }
+  return ranges;
+}
+
+// The slice of `g` made of ops [lo, hi] (see PlanPipelineStage).
+StatusOr<Graph> Slice(const Graph& g, int lo, int hi, bool last) {
+  Graph s;
+  std::vector<int> id(g.tensors.size(), -1);
+  int received = -1;
+  auto take = [&](int t) -> StatusOr<int> {
+    if (id[t] >= 0) return id[t];
+    Tensor copy = g.tensors[t];
+    if (copy.role == TensorRole::kActivation) {  // made by an earlier stage: received
+      if (copy.requires_grad) {
+        if (received >= 0) {
+          return Refuse("a stage would receive two activations that need gradients (" +
+                        g.tensors[received].name + ", " + copy.name +
+                        "); memest splits models whose stages pass one");
+        }
+        received = t;
+      }
+      copy.role = TensorRole::kInput;
+      copy.producer = copy.alias_of = -1;
+    }
+    id[t] = static_cast<int>(s.tensors.size());
+    s.tensors.push_back(std::move(copy));
+    return id[t];
+  };
+  for (int i = lo; i <= hi; ++i) {
+    Op op = g.ops[i];
+    for (int& t : op.inputs) {
+      MEMEST_ASSIGN_OR_RETURN(t, take(t));
+    }
+    for (int& t : op.outputs) {
+      Tensor copy = g.tensors[t];
+      copy.producer = static_cast<int>(s.ops.size());
+      if (copy.alias_of >= 0) {
+        MEMEST_ASSIGN_OR_RETURN(copy.alias_of, take(copy.alias_of));
+      }
+      id[t] = static_cast<int>(s.tensors.size());
+      t = id[t];
+      s.tensors.push_back(std::move(copy));
+    }
+    s.ops.push_back(std::move(op));
+  }
+  if (last) {
+    s.loss = g.loss >= 0 ? id[g.loss] : -1;
+    s.loss_begin = g.loss_begin >= lo ? g.loss_begin - lo : -1;
+    for (int t : g.outputs) {
+      if (id[t] >= 0) s.outputs.push_back(id[t]);
+    }
+  } else {  // the activation sent on: made here, read later, needing a gradient
+    for (size_t i = hi + 1; i < g.ops.size(); ++i) {
+      for (int t : g.ops[i].inputs) {
+        const int p = g.tensors[t].producer;
+        if (p < lo || p > hi || !g.tensors[t].requires_grad || s.loss == id[t]) continue;
+        if (s.loss >= 0) {
+          return Refuse("a stage would send two activations that need gradients (" +
+                        s.tensors[s.loss].name + ", " + g.tensors[t].name +
+                        "); memest splits models whose stages pass one");
+        }
+        s.loss = id[t];
+      }
+    }
+    if (s.loss < 0) return Refuse("a stage sends no activation that needs a gradient");
+  }
+  for (size_t k = 0; k < g.checkpoints.size(); ++k) {
+    const auto [first, end] = g.checkpoints[k];
+    if (first >= lo && end <= hi) {
+      s.checkpoints.push_back({first - lo, end - lo});
+      s.checkpoint_non_reentrant.push_back(g.checkpoint_non_reentrant[k]);
+    }
+  }
+  for (const HeldTensor& h : g.held) {
+    if (id[h.tensor] >= 0 && h.until_op >= lo && h.until_op <= hi) {
+      s.held.push_back({id[h.tensor], h.until_op - lo});
+    }
+  }
+  s.autocast = g.autocast;
+  return s;
+}
+
+}  // namespace
+
+std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int64_t stage,
+                                            int64_t stages, int64_t m) {
+  const int64_t warmup =
+      schedule == PipelineSchedule::kGPipe ? m : std::min(stages - stage - 1, m);
+  std::vector<PipelineAction> out;
+  int64_t fwd = 0, bwd = 0;
+  for (; fwd < warmup; ++fwd) out.push_back({true, fwd});
+  while (fwd < m) {
+    out.push_back({true, fwd++});
+    out.push_back({false, bwd++});
+  }
+  while (bwd < m) out.push_back({false, bwd++});
+  return out;
+}
+
+StatusOr<PipelineStage> PlanPipelineStage(const Graph& g, const RunConfig& c, int64_t stage) {
+  const ParallelismConfig& p = c.parallelism;
+  const int64_t blocks = static_cast<int64_t>(g.blocks.size());
+  if (blocks == 0) return Refuse("the model has no repeated blocks to split into stages");
+  if (blocks % p.pipeline != 0) {
+    return Refuse(std::to_string(blocks) + " blocks do not split evenly into " +
+                  std::to_string(p.pipeline) + " stages");
+  }
+  MEMEST_ASSIGN_OR_RETURN(auto ranges, BlockRanges(g));
+  PipelineStage out;
+  out.stage = stage;
+  out.stages = p.pipeline;
+  const int64_t per = blocks / p.pipeline;
+  out.first_block = stage * per;
+  out.last_block = out.first_block + per - 1;
+  const bool last = stage == p.pipeline - 1;
+  const int lo = stage == 0 ? 0 : ranges[out.first_block].first;
+  const int hi = last ? static_cast<int>(g.ops.size()) - 1 : ranges[out.last_block].second;
+  MEMEST_ASSIGN_OR_RETURN(out.graph, Slice(g, lo, hi, last));
+  for (int64_t b = out.first_block; b <= out.last_block; ++b) out.graph.blocks.push_back(g.blocks[b]);
+  out.actions = PipelineActions(p.pipeline_schedule, stage, p.pipeline, c.grad_accum_steps);
+  out.keep_outputs = p.pipeline_keep_outputs;
+  return out;
+}
+
+}  // namespace memest

@@ -1,0 +1,55 @@
+// Pipeline parallelism as one stage sees it (docs/parallelism.md): the stage's slice of the
+// graph and the order its micro-batches run in.
+//
+// The model's repeated blocks are split evenly over the stages, as Megatron-LM's
+// non-interleaved schedule and torch.distributed.pipelining's manual split do: the first stage
+// also runs what comes before the first block (the embeddings), the last what comes after the
+// last block (the final norm, the head and the loss). A stage other than the first receives one
+// activation from the stage before it: `torch.empty(shape, requires_grad=True)`, an input of the
+// stage's graph that requires grad. A stage other than the last sends one activation on, and its
+// backward starts from the gradient it receives for it (the same shape).
+//
+// The schedule (megatron/core/pipeline_parallel/schedules.py,
+// forward_backward_pipelining_without_interleaving): 1F1B runs min(p - stage - 1, m) forwards
+// first, then one forward and one backward in turn, then the remaining backwards; GPipe runs
+// all m forwards, then all m backwards, in micro-batch order.
+#ifndef MEMEST_ENGINE_PASSES_PIPELINE_H_
+#define MEMEST_ENGINE_PASSES_PIPELINE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+#include "engine/ir/status.h"
+
+namespace memest {
+
+struct PipelineAction {
+  bool forward = true;     // a forward, or a backward
+  int64_t micro_batch = 0;
+};
+
+struct PipelineStage {
+  int64_t stage = 0;
+  int64_t stages = 1;
+  int64_t first_block = 0;  // the blocks it runs: [first_block, last_block]
+  int64_t last_block = 0;
+  Graph graph;              // the stage's slice; its loss is the sent activation but on the last
+  std::vector<PipelineAction> actions;  // its micro-batches, in the order they run
+  bool keep_outputs = false;  // the sent output stays whole until its backward
+};
+
+// Stage `stage` of `graph` under config.parallelism (pipeline stages, schedule) with
+// config.grad_accum_steps micro-batches. Refuses, naming config.parallelism.pipeline, a model
+// whose blocks do not split evenly or whose stages would pass more than one activation.
+StatusOr<PipelineStage> PlanPipelineStage(const Graph& graph, const RunConfig& config,
+                                          int64_t stage);
+
+// The order of one stage's forwards and backwards.
+std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int64_t stage,
+                                            int64_t stages, int64_t micro_batches);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_PASSES_PIPELINE_H_

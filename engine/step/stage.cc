@@ -1,0 +1,77 @@
+// The step simulator's pipeline stage (engine/step/simulator.h; the stage's slice and the order
+// of its micro-batches come from engine/passes/pipeline.h): micro-batches in flight between
+// their forward and their backward, as Megatron-LM's schedule (schedules.py,
+// forward_backward_pipelining_without_interleaving) keeps them:
+// - a forward receives its input (a new tensor that requires grad), runs, sends its output and
+//   then, unless the outputs are kept, frees the output's storage for a one-element stub
+//   (deallocate_output_tensor); what autograd saved stays until the micro-batch's backward;
+// - a backward starts from the received gradient of the sent output (the last stage: the loss's
+//   seed); in 1F1B's steady state that gradient arrives with the forward just before it
+//   (send_forward_recv_backward), before the sent output is freed; in the cool-down, at the
+//   backward (recv_backward). The input's gradient a backward sends back stays referenced by
+//   the loop's input_tensor_grad until the next backward returns.
+#include <utility>
+#include <vector>
+
+#include "engine/step/simulator.h"
+
+namespace memest {
+
+void StepSimulator::RunPipeline() {
+  const PipelineStage& p = *opt_.pipeline;
+  micro_batches_ = static_cast<int>(cfg_.grad_accum_steps);
+  const StorageTable leaves = main_;  // parameters and buffers: every micro-batch reads them
+  std::vector<InFlight> flight(micro_batches_);
+  std::vector<int> sent_grads;  // the previous backward's input gradients (input_tensor_grad)
+  auto swap_in = [&](InFlight& f) {
+    std::swap(main_, f.table);
+    std::swap(op_saved_, f.saved);
+    std::swap(rng_state_of_, f.rng_state_of);
+  };
+  for (size_t k = 0; k < p.actions.size(); ++k) {
+    const PipelineAction& a = p.actions[k];
+    if (failed()) return;
+    mb_ = static_cast<int>(a.micro_batch);
+    InFlight& f = flight[mb_];
+    if (a.forward) {
+      main_ = leaves;
+      op_saved_.assign(g_.ops.size(), SavedByOp{});
+      rng_state_of_.assign(regions_.size(), -1);
+      AllocMicroBatchInputs();
+      Forward();
+      if (failed()) return;
+      if (mb_ == 0) s_.saved_for_backward_bytes = saved_bytes_;
+      const int out = base_[g_.loss];
+      const bool sent = p.stage < p.stages - 1;
+      if (sent && k + 1 < p.actions.size() && !p.actions[k + 1].forward) {
+        const Tensor& o = g_.tensors[g_.loss];
+        received_grad_ = NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries);
+      }
+      if (sent && !p.keep_outputs && main_.saved[out] == 0 && main_.buffer[out] >= 0) {
+        FreeBuffer(main_.buffer[out]);  // out.data = torch.empty((1,)): the pin stays, harmless
+        main_.buffer[out] = -1;
+        f.stub = NewBuffer(DTypeSize(g_.tensors[out].dtype), Category::kActivations);
+      }
+      swap_in(f);
+      continue;
+    }
+    swap_in(f);
+    Backward();
+    if (failed()) return;
+    std::vector<int> grads;
+    for (size_t t = 0; t < g_.tensors.size(); ++t) {
+      if (g_.tensors[t].role == TensorRole::kInput && param_grad_[t] >= 0) {
+        grads.push_back(param_grad_[t]);
+        param_grad_[t] = kNoGrad;
+      }
+    }
+    for (int b : sent_grads) FreeBuffer(b);
+    sent_grads = std::move(grads);
+    EndMicroBatch();
+    if (f.stub >= 0) FreeBuffer(f.stub);
+    f = InFlight{};
+  }
+  for (int b : sent_grads) FreeBuffer(b);
+}
+
+}  // namespace memest

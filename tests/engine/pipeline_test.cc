@@ -1,0 +1,142 @@
+// Pipeline parallelism (engine/passes/pipeline.h, engine/step/stage.cc): the schedules' orders,
+// the stages' slices, the micro-batches a stage keeps in flight, and the refusals. The
+// measured truth for whole stages is tests/parallel (pp.py; run.py --memest).
+#include "engine/passes/pipeline.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/estimator.h"
+#include "tests/engine/test_graphs.h"
+
+namespace memest {
+namespace {
+
+using enginetest::PlainTraining;
+
+std::string Order(const std::vector<PipelineAction>& actions) {
+  std::string s;
+  for (const PipelineAction& a : actions) {
+    s += (a.forward ? "F" : "B") + std::to_string(a.micro_batch) + " ";
+  }
+  return s;
+}
+
+TEST(PipelineTest, OneFOneBWarmsUpByTheStagesAfterIt) {
+  // 4 stages, 6 micro-batches: stage 0 runs 3 forwards first, the last stage none.
+  EXPECT_EQ(Order(PipelineActions(PipelineSchedule::k1F1B, 0, 4, 6)),
+            "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5 ");
+  EXPECT_EQ(Order(PipelineActions(PipelineSchedule::k1F1B, 3, 4, 6)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 ");
+  // Fewer micro-batches than the warm-up: all forwards, then all backwards.
+  EXPECT_EQ(Order(PipelineActions(PipelineSchedule::k1F1B, 0, 4, 2)), "F0 F1 B0 B1 ");
+  EXPECT_EQ(Order(PipelineActions(PipelineSchedule::kGPipe, 3, 4, 3)), "F0 F1 F2 B0 B1 B2 ");
+}
+
+// x -> in -> 4 blocks of Linear + ReLU -> head -> sum.
+Graph Blocks(int blocks = 4) {
+  GraphBuilder b;
+  int h = b.Input("x", {8, 64}, DType::kFloat32);
+  {
+    ScopeGuard s(b, "in");
+    h = b.Add1("linear", {h, b.Parameter("weight", {64, 64}, DType::kFloat32)});
+  }
+  for (int k = 0; k < blocks; ++k) {
+    ScopeGuard s(b, "h." + std::to_string(k));
+    b.MarkBlock();
+    h = b.Add1("linear", {h, b.Parameter("weight", {64, 64}, DType::kFloat32)});
+    h = b.Add1("relu", {h});
+  }
+  {
+    ScopeGuard s(b, "head");
+    h = b.Add1("linear", {h, b.Parameter("weight", {16, 64}, DType::kFloat32)});
+  }
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {h}));
+  return b.Finish().value();
+}
+
+RunConfig Pipelined(int64_t stages, int64_t micro_batches) {
+  RunConfig c = PlainTraining();
+  c.runtime = Runtime::kCpuTorch113;  // exact bytes
+  c.batch_size = 8 * micro_batches;
+  c.grad_accum_steps = micro_batches;
+  c.parallelism.pipeline = stages;
+  return c;
+}
+
+TEST(PipelineTest, StagesSliceTheBlocksAndPassOneActivation) {
+  const Graph g = Blocks();
+  const RunConfig c = Pipelined(2, 4);
+  const PipelineStage first = PlanPipelineStage(g, c, 0).value();
+  EXPECT_EQ(first.first_block, 0);
+  EXPECT_EQ(first.last_block, 1);
+  EXPECT_EQ(first.graph.ParameterCount(), 3 * 64 * 64);  // in, h.0, h.1
+  // Its backward starts from the gradient it receives for the activation it sends on.
+  ASSERT_GE(first.graph.loss, 0);
+  EXPECT_EQ(first.graph.tensors[first.graph.loss].shape, (Shape{8, 64}));
+  const PipelineStage last = PlanPipelineStage(g, c, 1).value();
+  EXPECT_EQ(last.graph.ParameterCount(), 2 * 64 * 64 + 16 * 64);  // h.2, h.3, head
+  EXPECT_TRUE(last.graph.tensors[last.graph.loss].shape.empty());  // the loss
+  int received = 0;
+  for (const Tensor& t : last.graph.tensors) received += t.role == TensorRole::kInput && t.requires_grad;
+  EXPECT_EQ(received, 1);
+  EXPECT_EQ(last.graph.blocks, (std::vector<std::string>{"h.2", "h.3"}));
+}
+
+TEST(PipelineTest, BlocksThatDoNotSplitEvenlyAreRefused) {
+  const Graph g = Blocks(4);
+  EXPECT_NE(PlanPipelineStage(g, Pipelined(3, 4), 0).status().message().find(
+                "config.parallelism.pipeline: 4 blocks do not split evenly into 3 stages"),
+            std::string::npos);
+  GraphBuilder b;
+  const int x = b.Input("x", {2, 2}, DType::kFloat32);
+  b.SetLoss(b.Add1("sum", {b.Add1("linear", {x, b.Parameter("w", {2, 2}, DType::kFloat32)})}));
+  EXPECT_NE(PlanPipelineStage(b.Finish().value(), Pipelined(2, 2), 0).status().message().find(
+                "no repeated blocks"),
+            std::string::npos);
+}
+
+// The first stage of 1F1B keeps `stages` micro-batches in flight at its peak, GPipe keeps them
+// all: more micro-batches raise GPipe's peak and not 1F1B's.
+TEST(PipelineTest, OneFOneBBoundsTheMicroBatchesInFlight) {
+  const Graph g = Blocks();
+  auto peak = [&](PipelineSchedule s, int64_t m) {
+    RunConfig c = Pipelined(2, m);
+    c.parallelism.pipeline_schedule = s;
+    const Report r = EstimateGraph(g, c, {1'000'000, false}).value();
+    EXPECT_TRUE(r.pipeline.has_value());
+    EXPECT_EQ(r.pipeline->per_stage.size(), 2u);
+    EXPECT_EQ(r.pipeline->per_stage[r.pipeline->worst_stage].peak_reserved_bytes,
+              r.peak_reserved_bytes);
+    return r.pipeline->per_stage[0].peak_allocated_bytes;
+  };
+  EXPECT_EQ(peak(PipelineSchedule::k1F1B, 4), peak(PipelineSchedule::k1F1B, 8));
+  EXPECT_LT(peak(PipelineSchedule::kGPipe, 4), peak(PipelineSchedule::kGPipe, 8));
+  EXPECT_LT(peak(PipelineSchedule::k1F1B, 8), peak(PipelineSchedule::kGPipe, 8));
+}
+
+TEST(PipelineTest, SettingsThatMakeNoSenseAreRefused) {
+  RunConfig c = Pipelined(2, 4);
+  EXPECT_TRUE(ValidateRunConfig(c).ok());
+  c.parallelism.pipeline = 0;
+  EXPECT_NE(ValidateRunConfig(c).message().find("config.parallelism.pipeline: must be in"),
+            std::string::npos);
+  RunConfig one = PlainTraining();
+  one.parallelism.pipeline_keep_outputs = true;
+  EXPECT_NE(ValidateRunConfig(one).message().find("config.parallelism.pipeline_keep_outputs"),
+            std::string::npos);
+  RunConfig fsdp = Pipelined(2, 4);
+  fsdp.runtime = Runtime::kCuda;
+  fsdp.parallelism.data = 2;
+  fsdp.parallelism.sharding = DataSharding::kFsdp2;
+  EXPECT_NE(ValidateRunConfig(fsdp).message().find("not modelled yet"), std::string::npos);
+  // PlanStep runs one GPU's whole step: a pipeline needs its stage.
+  EXPECT_NE(PlanStep(Blocks(), Pipelined(2, 4)).status().message().find(
+                "config.parallelism.pipeline"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace memest
