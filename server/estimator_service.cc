@@ -3,12 +3,9 @@
 #include <malloc.h>
 #include <spdlog/spdlog.h>
 
-#include <atomic>
 #include <chrono>
-#include <deque>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <thread>
 
 #include "engine/estimator.h"
 #include "engine/ir/budget.h"
@@ -17,6 +14,7 @@
 #include "engine/models/presets.h"
 #include "server/convert.h"
 #include "server/status_conversion.h"
+#include "server/stream_reactor.h"
 #include "server/validate_convert.h"
 #include "server/wire.h"
 
@@ -142,130 +140,29 @@ grpc::ServerUnaryReactor* EstimatorService::ListDevices(grpc::CallbackServerCont
   return Finish(context, "ListDevices", "-", start, Status::Ok());
 }
 
-namespace {
-
-// One Validate call: a thread runs the validation and hands events to gRPC one write at a time
-// (a write reactor allows one outstanding write); Finish follows the last write. The lock
-// guards the queue only: StartWrite and Finish are called outside it, since gRPC may run a
-// reaction on the calling thread.
-class ValidateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
- public:
-  ValidateReactor(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes,
-                  const ServiceOptions& options, ValidationRunner* runner)
-      : context_(context),
-        start_(Clock::now()),
-        parsed_(ParseRequest(*request_bytes, &request_)),
-        model_(DescribeModel(request_.model())) {
-    thread_ = std::thread([this, &options, runner] { Run(request_, options, runner); });
-  }
-
-  void OnWriteDone(bool ok) override {
-    const grpc::ByteBuffer* next = nullptr;
-    bool finish = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pending_.pop_front();
-      if (!ok) broken_ = true;  // the client went away; the runner notices through Stopped()
-      if (!pending_.empty() && !broken_) {
-        next = &pending_.front();  // deque: stays put while later events are pushed
-      } else {
-        finish = TakeFinishLocked();
-      }
-    }
-    if (next != nullptr) StartWrite(next);
-    if (finish) Finish(status_);
-  }
-  void OnCancel() override { cancelled_ = true; }
-  void OnDone() override {
-    thread_.join();
-    delete this;
-  }
-
- private:
-  void Run(const v1::ValidateRequest& request, const ServiceOptions& options,
-           ValidationRunner* runner) {
-    Status status = parsed_;
-    if (status.ok()) status = CheckModelSize(request.model(), options.max_ops);
-    if (status.ok()) status = runner->Available();
-    if (status.ok()) {
-      // Converted here only to refuse a malformed request before it waits in the queue; the
-      // worker converts it again.
-      StatusOr<ValidateInput> in = ValidateInputFromProto(request, options.max_ops);
-      status = in.status();
-    }
-    if (status.ok()) {
-      const auto deadline = context_->deadline();
-      status = runner->Validate(
-          request, [this](const v1::ValidateEvent& e) { return Send(e); },
-          [this] { return Stopped(); }, deadline);
-    }
-    Complete(status);
-  }
-
-  bool Stopped() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return cancelled_ || broken_;
-  }
-
-  bool Send(const v1::ValidateEvent& e) {
-    const grpc::ByteBuffer* first = nullptr;
-    grpc::ByteBuffer bytes;
-    if (!SerializeReply(e, &bytes).ok()) return false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (cancelled_ || broken_) return false;
-      pending_.push_back(std::move(bytes));
-      if (pending_.size() == 1) first = &pending_.front();  // nothing in flight: start it
-    }
-    if (first != nullptr) StartWrite(first);
-    return true;
-  }
-
-  void Complete(const Status& status) {
-    const auto micros =
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start_).count();
-    if (status.ok()) {
-      spdlog::info("rpc=Validate model={} code=OK us={} peer={}", model_, micros, context_->peer());
-    } else {
-      spdlog::info("rpc=Validate model={} code={} us={} peer={} error=\"{}\"", model_,
-                   StatusCodeName(status.code()), micros, context_->peer(),
-                   BoundMessage(status.message(), kMaxLoggedError));
-    }
-    bool finish = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      status_ = ToGrpcStatus(status);
-      finish_ = true;
-      if (pending_.empty() || broken_) finish = TakeFinishLocked();
-    }
-    if (finish) Finish(status_);
-  }
-
-  // True once: when the validation is complete and the last write is done (or never will be).
-  bool TakeFinishLocked() {
-    if (!finish_ || finished_) return false;
-    finished_ = true;
-    return true;
-  }
-
-  grpc::CallbackServerContext* context_;
-  const Clock::time_point start_;
-  v1::ValidateRequest request_;
-  const Status parsed_;  // whether the request's bytes parsed; Run refuses them if not
-  const std::string model_;
-  std::thread thread_;
-  std::mutex mu_;
-  std::deque<grpc::ByteBuffer> pending_;  // front: being written
-  std::atomic<bool> cancelled_{false};
-  bool broken_ = false, finish_ = false, finished_ = false;
-  grpc::Status status_;
-};
-
-}  // namespace
-
 grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Validate(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  return new ValidateReactor(context, request, options_, validations_.get());
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes) {
+  auto request = std::make_shared<v1::ValidateRequest>();
+  const Status parsed = ParseRequest(*request_bytes, request.get());
+  const ServiceOptions& options = options_;
+  ValidationRunner* runner = validations_.get();
+  return new StreamReactor(
+      context, "Validate", DescribeModel(request->model()),
+      [context, request, parsed, &options, runner](const StreamReactor::SendFn& send,
+                                                   const StreamReactor::StoppedFn& stopped) {
+        Status status = parsed;
+        if (status.ok()) status = CheckModelSize(request->model(), options.max_ops);
+        if (status.ok()) status = runner->Available();
+        if (status.ok()) {
+          // Converted here only to refuse a malformed request before it waits in the queue;
+          // the worker converts it again.
+          status = ValidateInputFromProto(*request, options.max_ops).status();
+        }
+        if (!status.ok()) return status;
+        return runner->Validate(
+            *request, [&send](const v1::ValidateEvent& e) { return send(e); }, stopped,
+            context->deadline());
+      });
 }
 
 }  // namespace memest
