@@ -213,6 +213,12 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
     r.fit = fit;
   }
   AddNotes(*step.graph, config, step.regions, step.device.has_value(), &r);
+  int64_t recomputed = 0;
+  for (const auto& [first, last] : step.regions) recomputed += last - first + 1;
+  if (!step.graph->ops.empty()) {
+    r.recompute_fraction = static_cast<double>(recomputed) / static_cast<double>(step.graph->ops.size());
+  }
+  r.communicated_bytes_per_step = CommunicatedBytesPerStep(*step.graph, config);
   if (config.parallelism.sharding != DataSharding::kNone) {
     r.data_parallel = DataParallelReportOf(step.rank);
     AddDataParallelNotes(config, step.rank, &r);

@@ -25,6 +25,7 @@
 #include "engine/ir/status.h"
 #include "engine/models/model.h"
 #include "engine/models/presets.h"
+#include "engine/plan/planner.h"
 #include "engine/report/report.h"
 #include "memest/v1/memest.pb.h"
 
@@ -43,6 +44,12 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config);
 StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& parallelism);
 void DataParallelToProto(const DataParallelReport& report, v1::DataParallelRanks* out);
 void PipelineToProto(const PipelineReport& report, v1::PipelineStages* out);
+
+// A Plan request as the planner takes it (convert_plan.cc): max_gpus 8 and max_plans 20 when
+// unset; the run converted as Estimate's; and one plan as the reply carries it.
+StatusOr<PlanQuery> PlanQueryFromProto(const v1::PlanRequest& request,
+                                       int64_t max_ops = EstimateOptions{}.max_ops);
+void PlanToProto(const Plan& plan, v1::ParallelPlan* out);
 
 // Everything Estimate() takes, converted from one request.
 struct EstimateInput {

@@ -140,6 +140,50 @@ grpc::ServerUnaryReactor* EstimatorService::ListDevices(grpc::CallbackServerCont
   return Finish(context, "ListDevices", "-", start, Status::Ok());
 }
 
+Status HandlePlan(const v1::PlanRequest& request, const ServiceOptions& options, Budget* budget,
+                  const std::function<bool(const v1::PlanEvent&)>& send) {
+  MEMEST_RETURN_IF_ERROR(CheckModelSize(request.model(), options.max_ops));
+  MEMEST_ASSIGN_OR_RETURN(PlanQuery query, PlanQueryFromProto(request, options.max_ops));
+  PlanStats stats;
+  bool gone = false;
+  MEMEST_RETURN_IF_ERROR(PlanJob(query, budget, [&](const Plan& p) {
+    v1::PlanEvent e;
+    PlanToProto(p, e.mutable_plan());
+    gone = !send(e);
+    return !gone;
+  }, &stats));
+  if (gone) return Cancelled("the caller went away");
+  v1::PlanEvent summary;
+  summary.mutable_summary()->set_plans(stats.plans);
+  summary.mutable_summary()->set_estimates(stats.estimates);
+  summary.mutable_summary()->set_skipped_gpu_counts(stats.skipped_counts);
+  send(summary);
+  return Status::Ok();
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Plan(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes) {
+  auto request = std::make_shared<v1::PlanRequest>();
+  const Status parsed = ParseRequest(*request_bytes, request.get());
+  const ServiceOptions& options = options_;
+  return new StreamReactor(
+      context, "Plan", DescribeModel(request->model()),
+      [context, request, parsed, &options](const StreamReactor::SendFn& send,
+                                           const StreamReactor::StoppedFn& stopped) {
+        MEMEST_RETURN_IF_ERROR(parsed);
+        const auto left = context->deadline() - std::chrono::system_clock::now();
+        Budget budget;
+        budget.set_max_op_steps(options.max_plan_op_steps)
+            .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max()
+                                                              : Clock::now() + left)
+            .set_cancelled(stopped);
+        const Status s = HandlePlan(*request, options, &budget,
+                                    [&send](const v1::PlanEvent& e) { return send(e); });
+        malloc_trim(0);  // the search's graphs are gone: give their pages back
+        return s;
+      });
+}
+
 grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Validate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes) {
   auto request = std::make_shared<v1::ValidateRequest>();

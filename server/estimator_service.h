@@ -14,6 +14,7 @@
 #define MEMEST_SERVER_ESTIMATOR_SERVICE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -34,6 +35,9 @@ struct ServiceOptions {
   // so 3-6 s at most (docs/reliability.md). A request whose estimate alone needs more is
   // refused before it is scheduled; advice past it is cut short and the notes say so.
   int64_t max_op_steps = 2'000'000;
+  // The same for one Plan: its search runs many estimates (docs/planning.md), bounded by the
+  // caller's deadline too.
+  int64_t max_plan_op_steps = 100'000'000;
   // Validate: which device, which worker, how long the queue may grow.
   ValidationOptions validation;
 };
@@ -49,6 +53,12 @@ Status CheckModelSize(const v1::Model& model, int64_t max_ops);
 Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& options,
                       v1::EstimateResponse* response, Budget* budget = nullptr);
 
+// The whole of Plan without the RPC: size check, conversion, the search, each plan and then the
+// summary handed to `send` as PlanEvents (false: the caller went away; the search stops). The
+// search charges `budget`.
+Status HandlePlan(const v1::PlanRequest& request, const ServiceOptions& options, Budget* budget,
+                  const std::function<bool(const v1::PlanEvent&)>& send);
+
 // "preset:gpt2-small", "layers:12", "ops:345" or "unset": the model as a log line names it
 // (a preset's name escaped and cut as engine/ir/text.h's Escape does).
 std::string DescribeModel(const v1::Model& model);
@@ -57,7 +67,9 @@ std::string DescribeModel(const v1::Model& model);
 using MemoryEstimatorBase = v1::MemoryEstimator::WithRawCallbackMethod_Estimate<
     v1::MemoryEstimator::WithCallbackMethod_ListPresets<
         v1::MemoryEstimator::WithCallbackMethod_ListDevices<
-            v1::MemoryEstimator::WithRawCallbackMethod_Validate<v1::MemoryEstimator::Service>>>>;
+            v1::MemoryEstimator::WithRawCallbackMethod_Validate<
+                v1::MemoryEstimator::WithRawCallbackMethod_Plan<
+                    v1::MemoryEstimator::Service>>>>>;
 
 class EstimatorService final : public MemoryEstimatorBase {
  public:
@@ -79,6 +91,11 @@ class EstimatorService final : public MemoryEstimatorBase {
   // worker), never on gRPC's callback threads.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Validate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
+
+  // Streams the plans of a PlanRequest's bytes (PlanEvents, as bytes), searched on a thread of
+  // its own.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Plan(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request) override;
 
   ValidationRunner& validations() { return *validations_; }
 

@@ -77,6 +77,16 @@ class RemoteBackend : public Backend {
     return FromGrpc(status, answered ? "" : address_);
   }
 
+  CallResult Plan(const v1::PlanRequest& request,
+                  const std::function<void(const v1::PlanEvent&)>& on_event) override {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    std::unique_ptr<grpc::ClientReader<v1::PlanEvent>> reader = stub_->Plan(&context, request);
+    v1::PlanEvent event;
+    while (reader->Read(&event)) on_event(event);
+    return FromGrpc(reader->Finish(), address_);
+  }
+
  private:
   void SetDeadline(grpc::ClientContext* context) const {
     context->set_deadline(std::chrono::system_clock::now() +
@@ -115,6 +125,19 @@ class LocalBackend : public Backend {
                                  "--local cannot validate: validation runs on a memest-server "
                                  "started with --device on a machine with a GPU"),
                     "");
+  }
+
+  // The service's handler on this thread, with a server's op-step bound and no deadline.
+  CallResult Plan(const v1::PlanRequest& request,
+                  const std::function<void(const v1::PlanEvent&)>& on_event) override {
+    const ServiceOptions options;
+    Budget budget;
+    budget.set_max_op_steps(options.max_plan_op_steps);
+    const Status s = HandlePlan(request, options, &budget, [&](const v1::PlanEvent& e) {
+      on_event(e);
+      return true;
+    });
+    return FromGrpc(ToGrpcStatus(s), "");
   }
 };
 

@@ -37,6 +37,9 @@ class Backend {
   virtual CallResult Validate(const v1::ValidateRequest& request,
                               const std::function<void(const v1::ValidateProgress&)>& progress,
                               v1::ValidationResult* result) = 0;
+  // Streams Plan: each event (a plan, then the summary) goes to `on_event` as it arrives.
+  virtual CallResult Plan(const v1::PlanRequest& request,
+                          const std::function<void(const v1::PlanEvent&)>& on_event) = 0;
 };
 
 // Calls memest.v1.MemoryEstimator at `address` (HOST:PORT) over an insecure channel, each call

@@ -73,6 +73,35 @@ int RunValidate(const ConnectionFlags& connection, const ValidateFlags& flags) {
   return kExitFits;
 }
 
+int RunPlan(const ConnectionFlags& connection, const PlanFlags& flags) {
+  StatusOr<v1::PlanRequest> request = BuildPlanRequest(flags);
+  if (!request.ok()) return BadRequest(request.status());
+  int64_t plans = 0;
+  bool header = false;
+  auto on_event = [&](const v1::PlanEvent& e) {
+    if (e.has_plan()) ++plans;
+    if (connection.json) {  // one JSON object per event, as they arrive
+      std::cout << ToJson(e);
+      std::cout.flush();
+      return;
+    }
+    if (e.has_plan()) {
+      if (!header) RenderPlanHeader(std::cout);
+      header = true;
+      RenderPlan(e.plan(), std::cout);
+    } else if (e.has_summary()) {
+      RenderPlanSummary(e.summary(), std::cout);
+    }
+  };
+  const CallResult call = MakeBackend(connection)->Plan(*request, on_event);
+  if (!call.ok()) return Fail(call);
+  if (plans == 0 && !connection.json) {
+    std::cout << "no plan fits within the GPU budget (--gpus)\n";
+  }
+  std::cout.flush();
+  return plans > 0 ? kExitFits : kExitDoesNotFit;
+}
+
 int RunPresets(const ConnectionFlags& connection) {
   v1::ListPresetsResponse response;
   const CallResult result = MakeBackend(connection)->ListPresets(&response);

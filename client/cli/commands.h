@@ -4,6 +4,7 @@
 #define MEMEST_CLIENT_CLI_COMMANDS_H_
 
 #include "client/cli/flags.h"
+#include "client/cli/plan_flags.h"
 
 namespace memest::cli {
 
@@ -11,6 +12,8 @@ namespace memest::cli {
 int RunEstimate(const ConnectionFlags& connection, const EstimateFlags& flags);
 // `memest validate`: 0 when the validation ran (whatever it found).
 int RunValidate(const ConnectionFlags& connection, const ValidateFlags& flags);
+// `memest plan`: 0 when some plan fits, 2 when none does within the GPU budget.
+int RunPlan(const ConnectionFlags& connection, const PlanFlags& flags);
 // `memest presets`.
 int RunPresets(const ConnectionFlags& connection);
 // `memest devices`.

@@ -36,6 +36,16 @@ int main(int argc, char** argv) {
   AddConnectionFlags(validate, &validate_connection);
   validate->footer(ExitCodesHelp());
 
+  PlanFlags plan_flags;
+  ConnectionFlags plan_connection;
+  plan_connection.deadline_ms = 60 * 1000;  // a search runs many estimates: seconds
+  CLI::App* plan = app.add_subcommand(
+      "plan", "the ways to split a training job over GPUs that fit, fewest GPUs first "
+              "(--batch is the global batch)");
+  AddPlanFlags(plan, &plan_flags);
+  AddConnectionFlags(plan, &plan_connection);
+  plan->footer(ExitCodesHelp());
+
   CLI::App* presets =
       app.add_subcommand("presets", "list the built-in models and their parameters");
   AddConnectionFlags(presets, &connection);
@@ -52,6 +62,7 @@ int main(int argc, char** argv) {
 
   if (estimate->parsed()) return RunEstimate(connection, estimate_flags);
   if (validate->parsed()) return RunValidate(validate_connection, validate_flags);
+  if (plan->parsed()) return RunPlan(plan_connection, plan_flags);
   if (presets->parsed()) return RunPresets(connection);
   return RunDevices(connection);
 }

@@ -37,6 +37,11 @@ std::string ToJson(const google::protobuf::Message& message);
 // RenderEstimate prints it after the phases.
 void RenderStages(const v1::EstimateResponse& response, std::ostream& out);
 
+// Plans, streamed: a header, then a line per plan as it arrives, then the summary.
+void RenderPlanHeader(std::ostream& out);
+void RenderPlan(const v1::ParallelPlan& plan, std::ostream& out);
+void RenderPlanSummary(const v1::PlanSummary& summary, std::ostream& out);
+
 // "forward", "optimizer_step", ... as the engine names phases.
 std::string PhaseName(v1::Phase phase);
 

@@ -1,6 +1,9 @@
-// The parallel parts of an estimate for a terminal (client/cli/render.h): a pipeline's stages.
+// The parallel parts of an estimate for a terminal (client/cli/render.h): a pipeline's stages;
+// and plans, a line each as they arrive.
+#include <cstdio>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "client/cli/render.h"
 #include "client/cli/text_table.h"
@@ -31,6 +34,65 @@ void RenderStages(const v1::EstimateResponse& response, std::ostream& out) {
   }
   table.Print(out);
   out << '\n';
+}
+
+namespace {
+
+std::string Strategy(const v1::Parallelism& p) {
+  switch (p.data_parallel()) {
+    case v1::DATA_PARALLEL_DDP: return "ddp";
+    case v1::DATA_PARALLEL_ZERO1: return "zero1";
+    case v1::DATA_PARALLEL_DEEPSPEED_ZERO2: return "deepspeed-zero2";
+    case v1::DATA_PARALLEL_FSDP2: return "fsdp2";
+    default: return "-";
+  }
+}
+
+std::string Percent(double fraction) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.0f%%", fraction * 100);
+  return buf;
+}
+
+constexpr const char* kPlanLine = "%5s  %-12s %-10s %-16s %-12s %-12s %10s %10s %9s %7s %10s\n";
+
+void PrintLine(std::ostream& out, const std::vector<std::string>& cols) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, kPlanLine, cols[0].c_str(), cols[1].c_str(), cols[2].c_str(),
+                cols[3].c_str(), cols[4].c_str(), cols[5].c_str(), cols[6].c_str(),
+                cols[7].c_str(), cols[8].c_str(), cols[9].c_str(), cols[10].c_str());
+  out << buf;
+}
+
+}  // namespace
+
+void RenderPlanHeader(std::ostream& out) {
+  PrintLine(out, {"gpus", "device", "dp x pp", "strategy", "micro-batch", "checkpoint", "needs",
+                  "headroom", "recompute", "bubble", "sent/step"});
+}
+
+void RenderPlan(const v1::ParallelPlan& p, std::ostream& out) {
+  const v1::Parallelism& par = p.parallelism();
+  const int64_t pipeline = par.pipeline() == 0 ? 1 : par.pipeline();
+  PrintLine(out, {std::to_string(p.gpus()), p.device(),
+                  std::to_string(par.data()) + " x " + std::to_string(pipeline), Strategy(par),
+                  std::to_string(p.micro_batch()) + " x " + std::to_string(p.grad_accum_steps()),
+                  p.checkpoint() == v1::CHECKPOINT_POLICY_EVERY_BLOCK ? "every-block" : "none",
+                  FormatBytes(static_cast<int64_t>(p.required_bytes())),
+                  FormatBytes(p.headroom_bytes()), Percent(p.recompute_fraction()),
+                  Percent(p.bubble_fraction()),
+                  FormatBytes(static_cast<int64_t>(p.communicated_bytes_per_step()))});
+  out.flush();
+}
+
+void RenderPlanSummary(const v1::PlanSummary& s, std::ostream& out) {
+  out << "\n" << s.plans() << " plans from " << s.estimates() << " estimates";
+  if (s.skipped_gpu_counts() > 0) {
+    out << "; " << s.skipped_gpu_counts()
+        << " GPU counts ruled out by the model states alone";
+  }
+  out << ". micro-batch is micro-batch x accumulation (a pipeline's micro-batches) per "
+         "data-parallel rank; needs is the worst rank's reserved memory and CUDA context.\n";
 }
 
 }  // namespace memest::cli

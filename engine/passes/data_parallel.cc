@@ -281,4 +281,37 @@ void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
   }
 }
 
+int64_t CommunicatedBytesPerStep(const Graph& g, const RunConfig& c) {
+  const ParallelismConfig& p = c.parallelism;
+  const double m = static_cast<double>(c.grad_accum_steps);
+  double params = 0, grads = 0, sent = 0, received = 0;
+  for (const Tensor& t : g.tensors) {
+    const double bytes = static_cast<double>(Bytes(t.shape, t.dtype));
+    if (t.role == TensorRole::kParameter) {
+      params += bytes;
+      if (t.requires_grad) grads += bytes;
+    } else if (t.role == TensorRole::kInput && t.requires_grad) {
+      received += bytes;  // a pipeline stage's received activation
+    }
+  }
+  if (p.pipeline > 1 && g.loss >= 0 && !g.tensors[g.loss].shape.empty()) {
+    sent = static_cast<double>(Bytes(g.tensors[g.loss].shape, g.tensors[g.loss].dtype));
+  }
+  double total = m * (sent + received);  // activations on, their gradients back
+  const double d = static_cast<double>(p.data);
+  const double share = (d - 1) / d;
+  switch (p.sharding) {
+    case DataSharding::kNone: break;
+    case DataSharding::kDdp: total += 2 * share * grads; break;
+    case DataSharding::kZero1: total += 2 * share * grads + share * params; break;
+    case DataSharding::kDeepSpeedZero2: total += m * share * grads + share * params; break;
+    case DataSharding::kFsdp2: {
+      const double reduce = p.fsdp_mixed_precision ? 2 : 1;  // float32 over 16-bit gradients
+      total += m * share * (2 * params + reduce * grads);
+      break;
+    }
+  }
+  return total >= static_cast<double>(kMaxBytes) ? kMaxBytes : static_cast<int64_t>(total);
+}
+
 }  // namespace memest

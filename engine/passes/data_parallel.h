@@ -101,6 +101,20 @@ std::vector<int> GradReadyOrder(const Graph& graph);
 std::vector<int64_t> PartitionLargestFirst(const Graph& graph, const std::vector<int>& params,
                                            int64_t world);
 
+// The bytes one rank sends per optimizer step over the network, by the ring algorithms NCCL
+// uses, for the graph the rank runs (a pipeline stage's) under config.parallelism with
+// config.grad_accum_steps micro-batches: d data-parallel ranks, P its parameters' bytes, G its
+// trainable parameters' bytes:
+// - DDP: an all-reduce of the gradients once per step, 2(d-1)/d G (no_sync before);
+// - ZeRO-1: the same, and the broadcast of the updated parameters, (d-1)/d P;
+// - DeepSpeed ZeRO-2: a reduce-scatter of the gradients per micro-batch, (d-1)/d G, and the
+//   all-gather of the updated 16-bit parameters, (d-1)/d P;
+// - FSDP2: per micro-batch, two all-gathers of the parameters (forward, backward) and a
+//   reduce-scatter of the gradients (in float32 under its mixed-precision policy);
+// - a pipeline stage: per micro-batch, the activation it sends on and the gradient it sends
+//   back, each the size of what it receives.
+int64_t CommunicatedBytesPerStep(const Graph& graph, const RunConfig& config);
+
 // The report's summary of `view`, and the notes that say what the estimate of a data-parallel
 // rank counts and leaves out.
 DataParallelReport DataParallelReportOf(const RankView& view);

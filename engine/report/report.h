@@ -129,6 +129,12 @@ struct Report {
   std::vector<std::string> notes;  // assumptions the estimate made
   std::optional<DataParallelReport> data_parallel;  // with config.parallelism
   std::optional<PipelineReport> pipeline;           // with config.parallelism.pipeline > 1
+  // The share of forward ops checkpointing runs again in backward (ops in checkpointed regions
+  // over all ops; 0 without checkpointing).
+  double recompute_fraction = 0;
+  // Bytes this rank sends per optimizer step in its collectives and pipeline sends (see
+  // CommunicatedBytesPerStep, engine/passes/data_parallel.h); 0 on one GPU.
+  int64_t communicated_bytes_per_step = 0;
 };
 
 }  // namespace memest

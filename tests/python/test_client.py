@@ -158,6 +158,32 @@ def test_pipeline_stages_are_each_estimated(client):
         client.estimate(pipeline_schedule="zero-bubble", **base)
 
 
+def test_plans_fit_fewest_gpus_first(client):
+    seen = []
+    plans = client.plan(preset="llama-7b", seq=1024, batch_size=16, precision="bf16-pure",
+                        devices=["a100-40gb"], max_gpus=16, max_plans=5, on_plan=seen.append)
+    assert plans == seen and len(plans) == 5
+    assert [p.gpus for p in plans] == sorted(p.gpus for p in plans)
+    assert plans[0].gpus > 1  # 7B's bf16 model states alone exceed one 40 GB A100
+    for p in plans:
+        assert p.gpus == p.data * p.pipeline
+        assert 0 <= p.headroom_bytes == p.capacity_bytes - p.required_bytes
+        assert p.micro_batch * p.grad_accum_steps * p.data == 16
+    # The first plan is what estimate says of it.
+    p = plans[0]
+    again = client.estimate(preset="llama-7b", seq=1024, batch_size=16 // p.data,
+                            grad_accum_steps=p.grad_accum_steps, precision="bf16-pure",
+                            device="a100-40gb", checkpoint=p.checkpoint,
+                            data_parallel=p.data, dp_strategy=None if p.data == 1 else p.strategy,
+                            pipeline=p.pipeline, advice=False)
+    assert again.fit.required_bytes == p.required_bytes
+    with pytest.raises(memest.InvalidArgument, match="config.grad_accum_steps"):
+        client.plan(preset="gpt2-small", batch_size=8, grad_accum_steps=2, device="a100-80gb")
+    with pytest.raises(memest.DeadlineExceeded):
+        client.plan(preset="llama-70b", seq=4096, batch_size=1024, precision="bf16-pure",
+                    device="h100-80gb", max_gpus=1024, timeout=0.5)
+
+
 def test_layers_model_as_dict_file_and_message(client, mlp_model, tmp_path):
     from_dict = client.estimate(model=mlp_model, batch_size=256, capacity_bytes=24 << 30)
     assert from_dict.parameter_count == MLP_PARAMETERS

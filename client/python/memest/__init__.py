@@ -18,6 +18,7 @@ from memest.errors import (Cancelled, DeadlineExceeded, FailedPrecondition, Inte
                            InvalidArgument, MemestError, NotFound, ResourceExhausted, Unavailable)
 from memest.results import (Advice, DeviceInfo, Estimate, Fit, LayerRow, MemoryByCategory,
                             Peak, PresetInfo, PresetParam, format_bytes)
+from memest.planning import Plan
 from memest.server import Server, ServerError, serve
 from memest.validation import Comparison, OpTiming, PhaseComparison, Progress, Validation
 from memest import aio  # noqa: E402  (after Client: aio reuses its helpers)
@@ -38,7 +39,7 @@ def __getattr__(name):
 __all__ = [
     "Advice", "Cancelled", "Client", "Comparison", "DeadlineExceeded", "DeviceInfo", "Estimate",
     "FailedPrecondition", "Fit", "Internal", "InvalidArgument", "LayerRow", "MemestError",
-    "MemoryByCategory", "NotFound", "OpTiming", "Peak", "PhaseComparison", "PresetInfo",
+    "MemoryByCategory", "NotFound", "OpTiming", "Peak", "PhaseComparison", "Plan", "PresetInfo",
     "PresetParam", "Progress", "ResourceExhausted", "Server", "ServerError", "TracedModel",
     "Unavailable", "UnsupportedOp", "Validation", "aio", "format_bytes", "save", "serve",
     "trace", "v1",

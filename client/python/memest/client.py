@@ -13,6 +13,7 @@ import grpc
 
 from memest import v1
 from memest.errors import MemestError, from_rpc_error
+from memest.planning import Plan, plan_request
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
 from memest.validation import _Collector
@@ -143,6 +144,26 @@ class Client:
         return events.validation()
 
     validate.__doc__ = VALIDATE_DOC
+
+    def plan(self, preset=None, model=None, *, on_plan=None, timeout=None, **kwargs):
+        """The ways to split a training job over GPUs that fit, fewest GPUs first, as a list
+        of memest.Plan (docs/planning.md). The model and the run as for estimate, with
+        batch_size the GLOBAL batch; devices (GPU types, or device=), max_gpus (the GPU
+        budget, default 8), max_plans (default 20). on_plan(plan) is called as each arrives.
+        The search honours `timeout` (seconds): DeadlineExceeded after it."""
+        request = plan_request(preset, model, **kwargs)
+        if self._closed:
+            raise MemestError("%r: closed" % self)
+        plans = []
+        try:
+            for event in self._stub.Plan(request, timeout=timeout or self.timeout):
+                if event.HasField("plan"):
+                    plans.append(Plan.from_proto(event.plan))
+                    if on_plan is not None:
+                        on_plan(plans[-1])
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        return plans
 
     def presets(self, *, timeout=None):
         """The built-in models, as a list of memest.PresetInfo."""

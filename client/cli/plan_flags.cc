@@ -1,0 +1,37 @@
+#include "client/cli/plan_flags.h"
+
+#include <utility>
+
+namespace memest::cli {
+
+void AddPlanFlags(CLI::App* app, PlanFlags* f) {
+  AddEstimateFlags(app, &f->model);
+  const char* group = "Plan";
+  app->add_option("--gpus", f->max_gpus,
+                  "the GPU budget: counts tried are the powers of two up to it, and it "
+                  "(default 8)")
+      ->group(group)->type_name("N");
+  app->add_option("--devices", f->devices,
+                  "GPU types to plan on (catalog names, comma-separated; with or instead of "
+                  "--device)")
+      ->group(group)->delimiter(',')->type_name("NAMES");
+  app->add_option("--max-plans", f->max_plans, "the most plans listed (default 20)")
+      ->group(group)->type_name("N");
+}
+
+StatusOr<v1::PlanRequest> BuildPlanRequest(const PlanFlags& flags) {
+  MEMEST_ASSIGN_OR_RETURN(v1::EstimateRequest estimate, BuildEstimateRequest(flags.model));
+  v1::PlanRequest request;
+  *request.mutable_model() = std::move(*estimate.mutable_model());
+  *request.mutable_config() = std::move(*estimate.mutable_config());
+  for (const std::string& d : flags.devices) request.add_devices(d);
+  if (flags.max_gpus < 0 || flags.max_plans < 0) {
+    return InvalidArgument(flags.max_gpus < 0 ? "--gpus: must be positive"
+                                              : "--max-plans: must be positive");
+  }
+  request.set_max_gpus(flags.max_gpus);
+  request.set_max_plans(flags.max_plans);
+  return request;
+}
+
+}  // namespace memest::cli

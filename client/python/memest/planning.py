@@ -1,0 +1,70 @@
+"""Plans that fit (the Plan RPC, docs/planning.md): memest.Plan and the request Client.plan
+sends."""
+
+import dataclasses
+
+from memest import v1
+from memest.request import build_request
+from memest.results import format_bytes
+
+STRATEGIES = {v1.DATA_PARALLEL_UNSPECIFIED: "none", v1.DATA_PARALLEL_DDP: "ddp",
+              v1.DATA_PARALLEL_ZERO1: "zero1",
+              v1.DATA_PARALLEL_DEEPSPEED_ZERO2: "deepspeed-zero2",
+              v1.DATA_PARALLEL_FSDP2: "fsdp2"}
+CHECKPOINTS = {v1.CHECKPOINT_POLICY_NONE: "none", v1.CHECKPOINT_POLICY_EVERY_BLOCK: "every-block"}
+
+
+def plan_request(preset=None, model=None, *, devices=None, max_gpus=None, max_plans=None,
+                 **kwargs):
+    """The PlanRequest for Client.plan's arguments: the model and the run as for estimate
+    (batch_size is the global batch), GPU types, the GPU budget, the most plans."""
+    kwargs.pop("advice", None)
+    estimate = build_request(preset=preset, model=model, **kwargs)
+    if isinstance(devices, str):
+        devices = [devices]
+    return v1.PlanRequest(model=estimate.model, config=estimate.config,
+                          devices=list(devices or ()), max_gpus=max_gpus or 0,
+                          max_plans=max_plans or 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One way to run the job that fits: `gpus` of `device` as `data` data-parallel ranks
+    (`strategy`) x `pipeline` stages, micro-batches of `micro_batch` with `grad_accum_steps` of
+    them per rank, `checkpoint`; `required_bytes` of the worst rank out of `capacity_bytes`;
+    and its costs: `recompute_fraction` (forward ops run again), `bubble_fraction` (a
+    pipeline's idle share), `communicated_bytes_per_step` (what one rank sends)."""
+
+    device: str
+    gpus: int
+    data: int
+    strategy: str
+    pipeline: int
+    micro_batch: int
+    grad_accum_steps: int
+    checkpoint: str
+    required_bytes: int
+    capacity_bytes: int
+    headroom_bytes: int
+    recompute_fraction: float
+    bubble_fraction: float
+    communicated_bytes_per_step: int
+
+    @classmethod
+    def from_proto(cls, p):
+        par = p.parallelism
+        return cls(device=p.device, gpus=p.gpus, data=par.data or 1,
+                   strategy=STRATEGIES.get(par.data_parallel, "?"), pipeline=par.pipeline or 1,
+                   micro_batch=p.micro_batch, grad_accum_steps=p.grad_accum_steps,
+                   checkpoint=CHECKPOINTS.get(p.checkpoint, "?"),
+                   required_bytes=p.required_bytes, capacity_bytes=p.capacity_bytes,
+                   headroom_bytes=p.headroom_bytes, recompute_fraction=p.recompute_fraction,
+                   bubble_fraction=p.bubble_fraction,
+                   communicated_bytes_per_step=p.communicated_bytes_per_step)
+
+    def __str__(self):
+        return ("%d x %s: %d data (%s) x %d stages, micro-batch %d x %d, checkpoint %s, needs "
+                "%s (headroom %s)" % (self.gpus, self.device, self.data, self.strategy,
+                                      self.pipeline, self.micro_batch, self.grad_accum_steps,
+                                      self.checkpoint, format_bytes(self.required_bytes),
+                                      format_bytes(self.headroom_bytes)))

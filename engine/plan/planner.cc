@@ -1,0 +1,280 @@
+#include "engine/plan/planner.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "engine/estimator.h"
+#include "engine/ir/devices.h"
+
+namespace memest {
+namespace {
+
+constexpr int64_t kMaxPlanGpus = int64_t{1} << 16;
+
+std::vector<int64_t> Divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t k = 1; k * k <= n; ++k) {
+    if (n % k != 0) continue;
+    out.push_back(k);
+    if (k != n / k) out.push_back(n / k);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The GPU counts tried: powers of two up to the budget, and the budget itself.
+std::vector<int64_t> GpuCounts(int64_t max_gpus) {
+  std::vector<int64_t> out;
+  for (int64_t n = 1; n <= max_gpus; n *= 2) out.push_back(n);
+  if (out.back() != max_gpus) out.push_back(max_gpus);
+  return out;
+}
+
+// The model states of one GPU's step: parameters, gradients, optimizer state.
+struct States {
+  int64_t params = 0, grads = 0, state = 0;
+  int64_t total() const { return params + grads + state; }  // each below 2^62 / 4
+};
+
+// What any rank of a split keeps at least: its stage's share (the worst stage holds at least
+// the average) of what its strategy keeps whole, and of what it shards over the data ranks.
+// ZeRO-2's fp32 master copy and optimizer state only add to this, as do buckets and
+// activations.
+int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t pipeline) {
+  int64_t whole = s.total(), sharded = 0;
+  switch (sharding) {
+    case DataSharding::kNone:
+    case DataSharding::kDdp: break;
+    case DataSharding::kZero1: whole = s.params + s.grads; sharded = s.state; break;
+    case DataSharding::kDeepSpeedZero2: whole = s.params; sharded = s.grads + s.state; break;
+    case DataSharding::kFsdp2: whole = 0; sharded = s.total(); break;
+  }
+  return whole / pipeline + sharded / (pipeline * data);
+}
+
+// One split of the job, before its micro-batch is chosen.
+struct Split {
+  const DeviceInfo* device;
+  int64_t data, pipeline;
+  DataSharding sharding;
+  CheckpointPolicy checkpoint;
+};
+
+class Planner {
+ public:
+  Planner(const PlanQuery& q, Budget* budget, PlanStats* stats)
+      : q_(q), budget_(budget), stats_(stats) {}
+
+  // The estimate of `s` at micro-batch `mb`: the worst rank's required bytes and the report's
+  // costs; nullopt when the configuration is refused (it cannot run that way).
+  StatusOr<std::optional<Plan>> Try(const Split& s, int64_t mb) {
+    RunConfig c = q_.run;
+    const int64_t share = q_.run.batch_size / s.data;
+    c.batch_size = share;
+    c.grad_accum_steps = share / mb;
+    c.device = s.device->name;
+    c.device_capacity_bytes = 0;
+    c.checkpoint.policy = s.checkpoint;
+    c.parallelism.data = s.data;
+    c.parallelism.sharding = s.sharding;
+    c.parallelism.pipeline = s.pipeline;
+    if (!ValidateRunConfig(c).ok()) return std::optional<Plan>();
+    // DDP's and one GPU's rank is the same whatever the number of ranks.
+    const bool same_any_width = s.sharding == DataSharding::kNone || s.sharding == DataSharding::kDdp;
+    const auto key = std::make_tuple(s.device->name, static_cast<int>(s.sharding),
+                                     same_any_width ? 0 : s.data, s.pipeline,
+                                     static_cast<int>(s.checkpoint), mb, c.grad_accum_steps);
+    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
+    MEMEST_RETURN_IF_ERROR(budget_->status());
+    std::optional<Plan> out;
+    StatusOr<Graph> graph = BuildStepGraph(q_.model, c, q_.max_ops, budget_);
+    if (graph.ok()) {
+      EstimateOptions o;
+      o.max_ops = q_.max_ops;
+      o.advice = false;
+      o.budget = budget_;
+      ++stats_->estimates;
+      StatusOr<Report> r = EstimateGraph(*graph, c, o);
+      if (!budget_->status().ok()) return budget_->status();
+      if (r.ok() && r->fit && r->fit->fits) out = MakePlan(s, c, mb, *r);
+    } else if (!budget_->status().ok()) {
+      return budget_->status();
+    }
+    memo_[key] = out;
+    return out;
+  }
+
+  // The model states of one GPU's step at the smallest micro-batch: a lower bound, divided by
+  // N, of what any split over N GPUs keeps per GPU.
+  StatusOr<States> ModelStates(const DeviceInfo& d) {
+    RunConfig c = q_.run;
+    c.grad_accum_steps = c.batch_size;
+    c.device = d.name;
+    c.checkpoint.policy = CheckpointPolicy::kEveryBlock;
+    MEMEST_ASSIGN_OR_RETURN(Graph g, BuildStepGraph(q_.model, c, q_.max_ops, budget_));
+    if (g.blocks.empty()) c.checkpoint.policy = CheckpointPolicy::kNone;
+    EstimateOptions o;
+    o.max_ops = q_.max_ops;
+    o.advice = false;
+    o.budget = budget_;
+    ++stats_->estimates;
+    MEMEST_ASSIGN_OR_RETURN(Report r, EstimateGraph(g, c, o));
+    blocks_ = static_cast<int64_t>(g.blocks.size());
+    States s;
+    s.params = r.end_of_step[static_cast<int>(Category::kParameters)];
+    s.grads = r.end_of_step[static_cast<int>(Category::kGradients)];
+    s.state = r.end_of_step[static_cast<int>(Category::kOptimizerState)];
+    return s;
+  }
+
+  int64_t blocks() const { return blocks_; }
+
+ private:
+  Plan MakePlan(const Split& s, const RunConfig& c, int64_t mb, const Report& r) const {
+    Plan p;
+    p.device = s.device->name;
+    p.gpus = s.data * s.pipeline;
+    p.parallelism = c.parallelism;
+    p.micro_batch = mb;
+    p.grad_accum_steps = c.grad_accum_steps;
+    p.checkpoint = s.checkpoint;
+    p.required_bytes = r.fit->required_bytes;
+    p.capacity_bytes = r.fit->capacity_bytes;
+    p.headroom_bytes = r.fit->headroom_bytes;
+    p.recompute_fraction = r.recompute_fraction;
+    if (s.pipeline > 1) {
+      const int64_t m = c.grad_accum_steps;
+      p.bubble_fraction = static_cast<double>(s.pipeline - 1) / static_cast<double>(m + s.pipeline - 1);
+    }
+    p.communicated_bytes = r.communicated_bytes_per_step;
+    return p;
+  }
+
+  const PlanQuery& q_;
+  Budget* budget_;
+  PlanStats* stats_;
+  int64_t blocks_ = 0;
+  std::map<std::tuple<std::string, int, int64_t, int64_t, int, int64_t, int64_t>,
+           std::optional<Plan>>
+      memo_;
+};
+
+bool Before(const Plan& a, const Plan& b) {
+  const bool ra = a.recompute_fraction > 0, rb = b.recompute_fraction > 0;
+  return std::make_tuple(ra, a.bubble_fraction, -a.micro_batch, -a.headroom_bytes) <
+         std::make_tuple(rb, b.bubble_fraction, -b.micro_batch, -b.headroom_bytes);
+}
+
+Status CheckQuery(const PlanQuery& q) {
+  if (q.run.mode != Mode::kTraining) {
+    return InvalidArgument("config.mode: plans split a training step over GPUs; an inference "
+                           "replica is one GPU's estimate");
+  }
+  if (q.max_gpus < 1 || q.max_gpus > kMaxPlanGpus) {
+    return InvalidArgument("max_gpus: must be in [1, " + std::to_string(kMaxPlanGpus) +
+                           "], got " + std::to_string(q.max_gpus));
+  }
+  if (q.max_plans < 1) {
+    return InvalidArgument("max_plans: must be positive, got " + std::to_string(q.max_plans));
+  }
+  if (q.run.grad_accum_steps != 1) {
+    return InvalidArgument("config.grad_accum_steps: the planner chooses the micro-batch; give "
+                           "the global batch in config.batch_size and leave this unset");
+  }
+  if (q.run.checkpoint.policy != CheckpointPolicy::kNone ||
+      q.run.parallelism.data != 1 || q.run.parallelism.pipeline != 1 ||
+      q.run.parallelism.sharding != DataSharding::kNone) {
+    return InvalidArgument(std::string("config.") +
+                           (q.run.checkpoint.policy != CheckpointPolicy::kNone ? "checkpoint"
+                                                                                : "parallelism") +
+                           ": the planner chooses it; leave it unset");
+  }
+  if (q.devices.empty() && q.run.device.empty()) {
+    return InvalidArgument("devices: name at least one GPU type (or config.device_name)");
+  }
+  return ValidateRunConfig(q.run);
+}
+
+}  // namespace
+
+Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(const Plan&)>& emit,
+               PlanStats* stats) {
+  MEMEST_RETURN_IF_ERROR(CheckQuery(q));
+  PlanStats own;
+  if (stats == nullptr) stats = &own;
+  std::vector<DeviceInfo> devices;
+  for (const std::string& name : q.devices.empty() ? std::vector<std::string>{q.run.device}
+                                                   : q.devices) {
+    StatusOr<DeviceInfo> d = FindDevice(name);
+    if (!d.ok()) return InvalidArgument("devices: " + d.status().message());
+    devices.push_back(*d);
+  }
+  Planner planner(q, budget, stats);
+  std::vector<States> states;  // per device: the one-GPU model states
+  for (const DeviceInfo& d : devices) {
+    MEMEST_ASSIGN_OR_RETURN(States s, planner.ModelStates(d));
+    states.push_back(s);
+  }
+  const std::vector<DataSharding> strategies = {DataSharding::kDdp, DataSharding::kZero1,
+                                                DataSharding::kDeepSpeedZero2,
+                                                DataSharding::kFsdp2};
+  int64_t found = 0;
+  for (int64_t n : GpuCounts(q.max_gpus)) {
+    std::vector<Plan> fits;
+    for (size_t k = 0; k < devices.size(); ++k) {
+      const DeviceInfo& d = devices[k];
+      if (states[k].total() / n > d.capacity_bytes) {
+        ++stats->skipped_counts;
+        continue;
+      }
+      for (int64_t p : Divisors(n)) {
+        if (p > 1 && (planner.blocks() == 0 || planner.blocks() % p != 0)) continue;
+        const int64_t data = n / p;
+        if (q.run.batch_size % data != 0) continue;
+        const std::vector<int64_t> mbs = Divisors(q.run.batch_size / data);
+        for (DataSharding sh : data == 1 ? std::vector<DataSharding>{DataSharding::kNone}
+                                         : strategies) {
+          if (LowerBound(states[k], sh, data, p) > d.capacity_bytes) continue;
+          std::vector<CheckpointPolicy> policies = {CheckpointPolicy::kEveryBlock};
+          if (planner.blocks() == 0) policies = {CheckpointPolicy::kNone};
+          else policies.push_back(CheckpointPolicy::kNone);
+          size_t limit = mbs.size();  // micro-batches [0, limit) may fit
+          for (CheckpointPolicy ck : policies) {
+            const Split s{&d, data, p, sh, ck};
+            // The largest micro-batch that fits, by bisection (the small ones, a pipeline's
+            // costliest estimates, only when the larger do not fit); none at all with every
+            // block checkpointed means none without checkpointing either, and without it
+            // the largest is no larger than with it.
+            std::optional<Plan> best;
+            size_t lo = 0, hi = limit;  // the answer's index is in [lo, hi); hi: none
+            while (lo < hi) {
+              const size_t mid = (lo + hi) / 2;
+              MEMEST_ASSIGN_OR_RETURN(std::optional<Plan> at, planner.Try(s, mbs[mid]));
+              if (at) {
+                best = at;
+                lo = mid + 1;
+              } else {
+                hi = mid;
+              }
+            }
+            if (!best) break;
+            fits.push_back(*best);
+            limit = lo;
+          }
+        }
+      }
+    }
+    std::stable_sort(fits.begin(), fits.end(), Before);
+    for (const Plan& p : fits) {
+      ++stats->plans;
+      if (!emit(p) || ++found >= q.max_plans) return Status::Ok();
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace memest

@@ -1,0 +1,116 @@
+// Plans that fit (engine/plan/planner.h): every plan emitted is an estimate that fits, re-run
+// to the byte; the fewest GPUs come first; pruning keeps the counts that cannot fit out; the
+// query's nonsense is refused naming the field.
+#include "engine/plan/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "engine/estimator.h"
+
+namespace memest {
+namespace {
+
+PlanQuery Llama7b(const char* device, int64_t max_gpus) {
+  PlanQuery q;
+  q.model.source = PresetSpec{"llama-7b", {{"seq", 1024}}};
+  q.run.batch_size = 16;  // the global batch
+  q.run.precision = Precision::kBf16Pure;
+  q.devices = {device};
+  q.max_gpus = max_gpus;
+  q.max_plans = 6;
+  return q;
+}
+
+std::vector<Plan> Plans(const PlanQuery& q, PlanStats* stats = nullptr) {
+  std::vector<Plan> out;
+  Budget unlimited;
+  const Status s = PlanJob(q, &unlimited, [&](const Plan& p) {
+    out.push_back(p);
+    return true;
+  }, stats);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return out;
+}
+
+// Llama-7B's bf16 model states (2 + 2 + 4 bytes per parameter, 50 GiB) do not fit one 40 GB
+// A100: the plans start where sharding makes them fit, and each is what Estimate says.
+TEST(PlannerTest, PlansFitAndAreTheirEstimates) {
+  PlanStats stats;
+  const std::vector<Plan> plans = Plans(Llama7b("a100-40gb", 64), &stats);
+  ASSERT_FALSE(plans.empty());
+  EXPECT_GE(plans.size(), 6u);
+  EXPECT_GT(plans.front().gpus, 1);
+  EXPECT_EQ(stats.skipped_counts, 1);  // one GPU: the model states alone do not fit
+  for (size_t k = 1; k < plans.size(); ++k) EXPECT_LE(plans[k - 1].gpus, plans[k].gpus);
+  for (const Plan& p : plans) {
+    EXPECT_GE(p.headroom_bytes, 0);
+    EXPECT_EQ(p.gpus, p.parallelism.data * p.parallelism.pipeline);
+    EXPECT_EQ(16 / p.parallelism.data, p.micro_batch * p.grad_accum_steps);
+    RunConfig c;
+    c.batch_size = 16 / p.parallelism.data;
+    c.grad_accum_steps = p.grad_accum_steps;
+    c.precision = Precision::kBf16Pure;
+    c.device = p.device;
+    c.checkpoint.policy = p.checkpoint;
+    c.parallelism = p.parallelism;
+    ModelSpec model;
+    model.source = PresetSpec{"llama-7b", {{"seq", 1024}}};
+    const Report r = Estimate(model, c, {1'000'000, false}).value();
+    ASSERT_TRUE(r.fit.has_value());
+    EXPECT_TRUE(r.fit->fits);
+    EXPECT_EQ(r.fit->required_bytes, p.required_bytes);
+    EXPECT_EQ(p.recompute_fraction > 0, p.checkpoint != CheckpointPolicy::kNone);
+    if (p.parallelism.data > 1) EXPECT_GT(p.communicated_bytes, 0);
+  }
+}
+
+// A model that fits one GPU is planned on one GPU first, without recomputation first; the
+// search stops at the count where enough plans fit.
+TEST(PlannerTest, OneGpuFirstAndStopsWhenEnoughFit) {
+  PlanQuery q;
+  q.model.source = PresetSpec{"gpt2-small", {{"seq", 256}}};
+  q.run.batch_size = 8;
+  q.devices = {"h100-80gb"};
+  q.max_gpus = 1024;
+  q.max_plans = 1;
+  const std::vector<Plan> plans = Plans(q);
+  ASSERT_EQ(plans.size(), 1u);  // one GPU, no checkpointing (with it, the second plan)
+  EXPECT_EQ(plans[0].gpus, 1);
+  EXPECT_EQ(plans[0].checkpoint, CheckpointPolicy::kNone);
+  EXPECT_EQ(plans[0].micro_batch, 8);  // the whole batch at once
+  EXPECT_EQ(plans[0].communicated_bytes, 0);
+}
+
+TEST(PlannerTest, QueriesThatMakeNoSenseAreRefused) {
+  Budget b;
+  auto refusal = [&](const PlanQuery& q) {
+    return PlanJob(q, &b, [](const Plan&) { return true; }).message();
+  };
+  PlanQuery q = Llama7b("a100-40gb", 8);
+  q.max_gpus = 0;
+  EXPECT_NE(refusal(q).find("max_gpus"), std::string::npos);
+  q = Llama7b("a100-40gb", 8);
+  q.run.grad_accum_steps = 4;
+  EXPECT_NE(refusal(q).find("config.grad_accum_steps"), std::string::npos);
+  q = Llama7b("a100-40gb", 8);
+  q.run.parallelism.pipeline = 2;
+  EXPECT_NE(refusal(q).find("config.parallelism"), std::string::npos);
+  q = Llama7b("no-such-gpu", 8);
+  EXPECT_NE(refusal(q).find("devices"), std::string::npos);
+  q = Llama7b("a100-40gb", 8);
+  q.devices.clear();
+  EXPECT_NE(refusal(q).find("devices"), std::string::npos);
+}
+
+// The caller's deadline stops the search with its status.
+TEST(PlannerTest, HonoursTheDeadline) {
+  Budget past;
+  past.set_deadline(Budget::Clock::now() - std::chrono::seconds(1));
+  const Status s = PlanJob(Llama7b("a100-40gb", 64), &past, [](const Plan&) { return true; });
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
+}
+
+}  // namespace
+}  // namespace memest
