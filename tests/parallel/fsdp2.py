@@ -1,15 +1,18 @@
 #!/work/venv-torch2/bin/python
 """FSDP2 (`fully_shard`) per rank, measured: PyTorch 2.x on the CPU, gloo, 2 and 4 processes.
-By hand, never in CI (Debian's PyTorch 1.13 has no FSDP2):
+By hand, never in CI (Debian's PyTorch 1.13 has no FSDP2). The expected files are PyTorch
+2.15.0's, from PyPI in a venv of its own:
 
+  /usr/bin/python3 -m venv /work/venv-torch2 && /work/venv-torch2/bin/pip install torch==2.15.0
   /work/venv-torch2/bin/python tests/parallel/fsdp2.py [--case SUBSTRING ...] [--write-expected]
-      [--explain] [--lifetimes] [--list]
+      [--explain] [--lifetimes] [--events SUBSTRING] [--list]
 
 Every case starts its world size of gloo ranks (torch.multiprocessing spawn, init_method
 file://; one set of processes per world size, its cases in order). Each rank builds the model,
 shards it (`fully_shard(block)` for every block, then `fully_shard(model)`), builds AdamW over
 the sharded parameters and runs STEPS steps (zero_grad(set_to_none) -> DATA -> FORWARD -> LOSS
--> BACKWARD [-> again per micro-batch] -> OPTIMIZER_STEP), all under one allocator trace
+-> BACKWARD [-> again per micro-batch] -> OPTIMIZER_STEP; the loop holds the loss, the batch and
+nothing else across backward, as the conformance suite's), all under one allocator trace
 (fsdp2_trace.LabelledTrace: ranktrace.Trace with a name for every buffer FSDP2 makes). The
 numbers are compared with tests/parallel/expected/fsdp2_<case>.json, to the byte: a change
 fails (exit 1). --write-expected writes those files instead. --explain prints the labelled
@@ -193,10 +196,11 @@ def run_case(rank, world, cid, p, mesh):
                     logits = model(idx)
                     trace.mark(f"{s}.LOSS")
                     loss = F.cross_entropy(logits.view(b * t, -1), y.view(-1))
+                    del logits  # the loop holds only the loss across backward (measure.py's protocol)
                 saved.append(sv.total())
                 trace.mark(f"{s}.BACKWARD")
                 loss.backward()
-                del loss, logits, idx, y, sv
+                del loss, idx, y, sv
             trace.mark(f"{s}.OPTIMIZER_STEP")
             opt.step()
             for st in opt.state.values():
