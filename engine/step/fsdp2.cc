@@ -11,7 +11,11 @@ namespace {
 
 class Fsdp2Hooks : public RankHooks {
  public:
-  Fsdp2Hooks(const Fsdp2View& v, const Graph& g) : v_(v) {
+  // Where the loss begins: its ops, or (a graph that does not mark them) the op that makes it.
+  Fsdp2Hooks(const Fsdp2View& v, const Graph& g)
+      : v_(v),
+        loss_begin_(g.loss_begin >= 0 ? g.loss_begin
+                                      : g.loss >= 0 ? g.tensors[g.loss].producer : -1) {
     const int root = static_cast<int>(v.groups.size()) - 1;
     starts_at_.assign(g.ops.size(), -1);
     ends_at_.assign(g.ops.size(), -1);
@@ -23,6 +27,7 @@ class Fsdp2Hooks : public RankHooks {
       ends_at_[grp.last_op] = k;
     }
     unsharded_.resize(v.groups.size());
+    flat_.assign(v.groups.size(), -1);
     sharded_grad_.assign(v.groups.size(), -1);
   }
 
@@ -54,22 +59,28 @@ class Fsdp2Hooks : public RankHooks {
     if (starts_at_[op] >= 0) Gather(m, starts_at_[op], true);
   }
 
+  // A block's post-forward reshards it; the root's (after the head, before the loss) frees the
+  // last all-gather buffer.
   void ForwardOpEnds(RankMemory& m, int op) override {
     const int k = ends_at_[op];
     if (k >= 0 && v_.groups[k].reshard_after_forward) Reshard(m, k);
+    if (op + 1 == loss_begin_) DropStash(m);
   }
 
-  void BackwardStarts(RankMemory& /*m*/) override {
+  void BackwardStarts(RankMemory& m) override {
+    DropStash(m);  // a model without loss ops: the root's post-forward has run by now
     pre_ = post_ = static_cast<int>(blocks_.size()) - 1;
   }
 
   // Groups whose first op's backward has run are done (post-backward); a group whose last op
-  // backward now reaches is gathered (pre-backward), with the one before it prefetched.
+  // backward now reaches is copied out of its prefetched all-gather (or gathered, if nothing
+  // prefetched it), and the group before it in forward order is all-gathered, its copy-out
+  // left for its own pre-backward (_backward_prefetch).
   void BackwardReaches(RankMemory& m, int op) override {
     while (post_ >= 0 && v_.groups[blocks_[post_]].first_op > op) PostBackward(m, blocks_[post_--]);
     while (pre_ >= 0 && v_.groups[blocks_[pre_]].last_op >= op) {
       Gather(m, blocks_[pre_], false);
-      if (pre_ > 0) Gather(m, blocks_[pre_ - 1], false);
+      if (pre_ > 0) AllGather(m, blocks_[pre_ - 1]);
       --pre_;
     }
   }
@@ -81,30 +92,43 @@ class Fsdp2Hooks : public RankHooks {
     PostBackward(m, Root());
     if (reduce_input_ >= 0) m.Deallocate(reduce_input_);
     reduce_input_ = -1;
-    if (stash_ >= 0) m.Deallocate(stash_);
-    stash_ = -1;
+    DropStash(m);
   }
 
  private:
   int Root() const { return static_cast<int>(v_.groups.size()) - 1; }
 
-  // An all-gather: the copy-in buffer (mixed precision), the flat output, a tensor per parameter
-  // copied out of it. In forward the flat output is kept until the next group's copy-out; in
-  // backward it goes right after its own.
+  // The all-gather: the copy-in buffer (mixed precision), freed when the all-gather returns,
+  // and the flat output. Nothing when the group is gathered or being gathered.
+  void AllGather(RankMemory& m, int k) {
+    const FsdpGroup& grp = v_.groups[k];
+    if (!unsharded_[k].empty() || flat_[k] >= 0 || grp.params.empty()) return;
+    const int copy_in = grp.copy_in_bytes > 0
+                            ? m.Allocate(grp.copy_in_bytes, Category::kCommunication) : -1;
+    flat_[k] = m.Allocate(grp.flat_bytes, Category::kCommunication);
+    if (copy_in >= 0) m.Deallocate(copy_in);
+  }
+
+  // wait_for_unshard: the previous forward all-gather's buffer is released first, then each
+  // parameter is copied out of the flat output into a tensor of its own (the unsharded
+  // parameters). In forward the flat output is kept until the next group's wait; in backward
+  // it goes right after its own copy-out.
   void Gather(RankMemory& m, int k, bool forward) {
     const FsdpGroup& grp = v_.groups[k];
     if (!unsharded_[k].empty() || grp.params.empty()) return;
-    const int copy_in = grp.copy_in_bytes > 0
-                            ? m.Allocate(grp.copy_in_bytes, Category::kCommunication) : -1;
-    const int flat = m.Allocate(grp.flat_bytes, Category::kCommunication);
-    if (copy_in >= 0) m.Deallocate(copy_in);
+    AllGather(m, k);
+    DropStash(m);
     for (int64_t bytes : grp.unsharded_bytes) {
       unsharded_[k].push_back(m.Allocate(bytes, Category::kParameters));
     }
+    if (forward) stash_ = flat_[k];
+    else m.Deallocate(flat_[k]);
+    flat_[k] = -1;
+  }
+
+  void DropStash(RankMemory& m) {
     if (stash_ >= 0) m.Deallocate(stash_);
     stash_ = -1;
-    if (forward) stash_ = flat;
-    else m.Deallocate(flat);
   }
 
   void Reshard(RankMemory& m, int k) {
@@ -143,7 +167,9 @@ class Fsdp2Hooks : public RankHooks {
   std::vector<int> blocks_;     // the block groups that run, in forward order
   std::vector<int> starts_at_;  // per op: the block group it opens (-1)
   std::vector<int> ends_at_;    // per op: the block group it closes (-1)
+  const int loss_begin_;        // the first op of the loss (-1: none)
   std::vector<std::vector<int>> unsharded_;  // per group: its unsharded parameters now
+  std::vector<int> flat_;       // per group: its all-gather output, not yet copied out (-1)
   std::vector<int> sharded_grad_;            // per group: its sharded gradients (-1: none)
   int stash_ = -1;         // the last forward all-gather's flat output
   int reduce_input_ = -1;  // the last reduce-scatter input

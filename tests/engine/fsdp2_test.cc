@@ -103,16 +103,24 @@ TEST(Fsdp2Test, ModelStatesAreTheShards) {
   EXPECT_EQ(AtEnd(l, Category::kCommunication), 0);  // every gathered buffer is gone
 }
 
-// In backward the root stays gathered, and a block is gathered with the one before it
-// (prefetched): never more than two blocks at once.
-TEST(Fsdp2Test, BackwardHoldsTheRootAndTwoBlocksGathered) {
+// Measured on PyTorch 2.15 (docs/parallelism-truth.md, section 8): in forward, a block's
+// unsharded parameters and its all-gather buffer live together (the buffer until the next
+// group's copy-out, the last one until the root's post-forward); in backward, the block being
+// back-propagated is unsharded, the one before it all-gathered but not copied out (prefetched),
+// and the previous group's reduce-scatter input lives through it; the root stays gathered.
+TEST(Fsdp2Test, GatheredGroupsLiveAsMeasured) {
   const Graph g = Stack();
   const Liveness l = Walk(g, Fsdp());
-  EXPECT_EQ(Cat(PhasePeak(l, Phase::kBackward), Category::kParameters),
-            (kShards + kRootGathered + 2 * kBlockGathered) * 4);
-  // Forward with reshard_after_forward: the root and one block.
-  EXPECT_EQ(Cat(PhasePeak(l, Phase::kForward), Category::kParameters),
-            (kShards + kRootGathered + kBlockGathered) * 4);
+  const PeakPoint& fwd = PhasePeak(l, Phase::kForward);
+  EXPECT_EQ(Cat(fwd, Category::kParameters), (kShards + kRootGathered + kBlockGathered) * 4);
+  EXPECT_EQ(Cat(fwd, Category::kCommunication), kBlockGathered * 4);
+  const PeakPoint& loss = PhasePeak(l, Phase::kLoss);
+  EXPECT_EQ(Cat(loss, Category::kParameters), (kShards + kRootGathered) * 4);
+  EXPECT_EQ(Cat(loss, Category::kCommunication), 0);
+  const PeakPoint& bwd = PhasePeak(l, Phase::kBackward);
+  EXPECT_EQ(Cat(bwd, Category::kParameters), (kShards + kRootGathered + kBlockGathered) * 4);
+  // The prefetched all-gather buffer and the previous block's reduce-scatter input (float32).
+  EXPECT_EQ(Cat(bwd, Category::kCommunication), 2 * kBlockGathered * 4);
 }
 
 // reshard_after_forward=False: every block stays gathered from its forward to its backward.
@@ -123,7 +131,8 @@ TEST(Fsdp2Test, WithoutReshardAfterForwardEveryBlockStaysGathered) {
   const Liveness l = Walk(g, c);
   EXPECT_EQ(Cat(PhasePeak(l, Phase::kLoss), Category::kParameters),
             (kShards + kRootGathered + kBlocks * kBlockGathered) * 4);
-  EXPECT_GT(l.peak.allocated_bytes, Walk(g, Fsdp()).peak.allocated_bytes);
+  EXPECT_GT(PhasePeak(l, Phase::kLoss).allocated_bytes,
+            PhasePeak(Walk(g, Fsdp()), Phase::kLoss).allocated_bytes);
 }
 
 // MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): the graph computes in
@@ -143,8 +152,10 @@ TEST(Fsdp2Test, MixedPrecisionKeepsFloat32ShardsAndGathersBfloat16) {
   const Liveness l = Walk(g, c);
   EXPECT_EQ(AtEnd(l, Category::kParameters), kShards * 4);
   EXPECT_EQ(AtEnd(l, Category::kGradients), kShards * 4);
-  EXPECT_EQ(Cat(PhasePeak(l, Phase::kForward), Category::kParameters),
-            kShards * 4 + (kRootGathered + kBlockGathered) * 2);
+  // The gathered parameters and buffers in bfloat16, the reduce-scatter input in float32.
+  const PeakPoint& bwd = PhasePeak(l, Phase::kBackward);
+  EXPECT_EQ(Cat(bwd, Category::kParameters), kShards * 4 + (kRootGathered + kBlockGathered) * 2);
+  EXPECT_EQ(Cat(bwd, Category::kCommunication), kBlockGathered * 2 + kBlockGathered * 4);
   // Without the policy the same bfloat16 model keeps bfloat16 shards.
   c.parallelism.fsdp_mixed_precision = false;
   EXPECT_EQ(AtEnd(Walk(g, c), Category::kParameters), kShards * 2);
