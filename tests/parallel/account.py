@@ -47,6 +47,18 @@ class Rules:
             r[1].append(f"{where}: predicted {predicted}, measured {measured} ({measured - predicted:+d})")
 
 
+def report(rules):
+    """Prints each rule with the figures it was checked on and the first misses; returns the
+    number of rules that missed."""
+    failed = 0
+    for rule, (n, fails) in rules.results.items():
+        print(f"{'ok  ' if not fails else 'MISS'} {n:>4} figures  {rule}")
+        for f in fails[:6]:
+            print(f"           {f}")
+        failed += bool(fails)
+    return failed
+
+
 # ------------------------------------------------------------------------------ DDP and ZeRO
 def zero_partition(sizes, world):
     """ZeroRedundancyOptimizer._partition_parameters: largest first, each to the rank with the
@@ -261,12 +273,7 @@ def main():
     account_dp(cases, rules)
     account_tp(cases, rules)
     account_pp(cases, rules, PP_R0)
-    failed = 0
-    for rule, (n, fails) in rules.results.items():
-        print(f"{'ok  ' if not fails else 'MISS'} {n:>4} figures  {rule}")
-        for f in fails[:6]:
-            print(f"           {f}")
-        failed += bool(fails)
+    failed = report(rules)
     if args.tables:
         tables(cases)
     return 1 if failed else 0

@@ -22,6 +22,8 @@ import os
 import re
 import sys
 
+from account import Rules, report  # the same rule bookkeeping as the 1.13 truth
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPECTED = os.path.join(HERE, "expected")
 GROUPS = ("root", "h.0", "h.1", "h.2")   # forward order
@@ -54,17 +56,6 @@ def sizes(doc, rank):
             loc += max(0, min(rows, s[0] - rank * rows)) * rest
         out[g] = (n, m, loc, len(shapes))
     return out
-
-
-class Rules:
-    def __init__(self):
-        self.results = {}
-
-    def check(self, rule, predicted, measured, where):
-        r = self.results.setdefault(rule, [0, []])
-        r[0] += 1
-        if predicted != measured:
-            r[1].append(f"{where}: predicted {predicted}, measured {measured}")
 
 
 def load():
@@ -322,12 +313,7 @@ def main():
     docs = load()
     rules = Rules()
     account(docs, rules)
-    failed = 0
-    for rule, (n, fails) in rules.results.items():
-        print(f"{'ok  ' if not fails else 'MISS'} {n:>4} figures  {rule}")
-        for f in fails[:6]:
-            print(f"           {f}")
-        failed += bool(fails)
+    failed = report(rules)
     if args.tables:
         tables(docs)
     return 1 if failed else 0
