@@ -21,6 +21,17 @@ async def test_aio_matches_sync(server, gpt2):
 
 
 @pytest.mark.asyncio
+async def test_aio_plans_as_the_sync_client(server):
+    query = dict(preset="gpt2-medium", seq=512, batch_size=16, device="t4", max_gpus=8,
+                 max_plans=4)
+    async with memest.aio.Client(server, timeout=60) as client:
+        plans = await client.plan(**query)
+    with memest.Client(server) as sync:
+        assert plans == sync.plan(**query)
+    assert len(plans) == 4 and plans[0].gpus >= 1
+
+
+@pytest.mark.asyncio
 async def test_aio_concurrent_calls(server):
     async with memest.aio.Client(server, timeout=60) as client:
         results = await asyncio.gather(*(client.estimate(preset="mlp", batch_size=b,

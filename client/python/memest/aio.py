@@ -12,8 +12,9 @@ import grpc.aio
 
 from memest import v1
 from memest.client import (CHANNEL_OPTIONS, ESTIMATE_DOC, VALIDATE_DOC, VALIDATE_TIMEOUT,
-                           request_label, validate_request)
+                           PLAN_DOC, request_label, validate_request)
 from memest.errors import MemestError, from_rpc_error
+from memest.planning import Plan, plan_request
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
 from memest.validation import _Collector
@@ -62,6 +63,23 @@ class Client:
         return events.validation()
 
     validate.__doc__ = VALIDATE_DOC
+
+    async def plan(self, preset=None, model=None, *, on_plan=None, timeout=None, **kwargs):
+        request = plan_request(preset, model, **kwargs)
+        if self._closed:
+            raise MemestError("%r: closed" % self)
+        plans = []
+        try:
+            async for event in self._stub.Plan(request, timeout=timeout or self.timeout):
+                if event.HasField("plan"):
+                    plans.append(Plan.from_proto(event.plan))
+                    if on_plan is not None:
+                        on_plan(plans[-1])
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        return plans
+
+    plan.__doc__ = PLAN_DOC
 
     async def presets(self, *, timeout=None):
         """The built-in models, as a list of memest.PresetInfo."""

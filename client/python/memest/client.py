@@ -76,6 +76,12 @@ VALIDATE_DOC = """Runs the step on the server's GPU and compares it with the est
 
 VALIDATE_TIMEOUT = 30 * 60.0
 
+PLAN_DOC = """The ways to split a training job over GPUs that fit, fewest GPUs first, as a list of
+memest.Plan (docs/planning.md). The model and the run as for estimate, with batch_size the
+GLOBAL batch; devices (GPU types, or device=), max_gpus (the GPU budget, default 8), max_plans
+(default 20). on_plan(plan) is called as each arrives. The search honours `timeout` (seconds):
+DeadlineExceeded after it."""
+
 
 def validate_request(preset=None, model=None, *, scale_batch_to_fit=False, repeats=None,
                      **kwargs):
@@ -146,11 +152,6 @@ class Client:
     validate.__doc__ = VALIDATE_DOC
 
     def plan(self, preset=None, model=None, *, on_plan=None, timeout=None, **kwargs):
-        """The ways to split a training job over GPUs that fit, fewest GPUs first, as a list
-        of memest.Plan (docs/planning.md). The model and the run as for estimate, with
-        batch_size the GLOBAL batch; devices (GPU types, or device=), max_gpus (the GPU
-        budget, default 8), max_plans (default 20). on_plan(plan) is called as each arrives.
-        The search honours `timeout` (seconds): DeadlineExceeded after it."""
         request = plan_request(preset, model, **kwargs)
         if self._closed:
             raise MemestError("%r: closed" % self)
@@ -164,6 +165,8 @@ class Client:
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
         return plans
+
+    plan.__doc__ = PLAN_DOC
 
     def presets(self, *, timeout=None):
         """The built-in models, as a list of memest.PresetInfo."""
