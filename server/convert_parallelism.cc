@@ -23,6 +23,9 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
     case v1::DATA_PARALLEL_DEEPSPEED_ZERO2:
       out.sharding = DataSharding::kDeepSpeedZero2;
       break;
+    case v1::DATA_PARALLEL_FSDP1:
+      out.sharding = DataSharding::kFsdp1;
+      break;
     case v1::DATA_PARALLEL_FSDP2:
       out.sharding = DataSharding::kFsdp2;
       break;

@@ -9,6 +9,7 @@ const Word<v1::DataParallel> kStrategies[] = {
     {"ddp", v1::DATA_PARALLEL_DDP},
     {"zero1", v1::DATA_PARALLEL_ZERO1},
     {"deepspeed-zero2", v1::DATA_PARALLEL_DEEPSPEED_ZERO2},
+    {"fsdp1", v1::DATA_PARALLEL_FSDP1},
     {"fsdp2", v1::DATA_PARALLEL_FSDP2},
 };
 
@@ -27,8 +28,8 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
       ->group(group)->type_name("N");
   app->add_option("--dp-strategy", f->strategy,
                   "ddp (DistributedDataParallel, the default with --data-parallel), zero1 "
-                  "(ZeroRedundancyOptimizer over DDP), deepspeed-zero2 or fsdp2 (fully_shard on each "
-                  "block and the root)")
+                  "(ZeroRedundancyOptimizer over DDP), deepspeed-zero2, fsdp1 (FullyShardedDataParallel "
+                  "wrapped by block) or fsdp2 (fully_shard on each block and the root)")
       ->group(group);
   app->add_option("--bucket-cap-mb", f->bucket_cap_mb,
                   "DDP's bucket_cap_mb (default 25, with a 1 MiB first bucket)")
@@ -43,11 +44,11 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                 "DeepSpeed ZeRO's overlap_comm: a second ipg buffer")
       ->group(group);
   app->add_flag("--no-reshard-after-forward", f->no_reshard_after_forward,
-                "FSDP2's fully_shard(block, reshard_after_forward=False): blocks keep their "
-                "gathered parameters from forward to backward")
+                "FSDP2's fully_shard(block, reshard_after_forward=False), FSDP1's "
+                "SHARD_GRAD_OP: blocks keep their gathered parameters from forward to backward")
       ->group(group);
   app->add_flag("--fsdp-mixed-precision", f->fsdp_mixed_precision,
-                "FSDP2's MixedPrecisionPolicy(param_dtype=<--precision's 16-bit dtype>, "
+                "FSDP's MixedPrecision(Policy)(param_dtype=<--precision's 16-bit dtype>, "
                 "reduce_dtype=float32) over a float32 model (with --precision bf16-pure or "
                 "fp16-pure)")
       ->group(group);

@@ -52,17 +52,18 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            ": a pipeline setting, and config.parallelism.pipeline is 1 stage");
   }
   if (p.pipeline > 1 && (p.sharding == DataSharding::kDeepSpeedZero2 ||
+                         p.sharding == DataSharding::kFsdp1 ||
                          p.sharding == DataSharding::kFsdp2)) {
     return InvalidArgument(std::string("config.parallelism.data_parallel: ") +
                            DataShardingName(p.sharding) + " with pipeline stages is not "
                            "modelled yet; ddp and zero1 compose with a pipeline");
   }
-  const bool fsdp = p.sharding == DataSharding::kFsdp2;
+  const bool fsdp = p.sharding == DataSharding::kFsdp1 || p.sharding == DataSharding::kFsdp2;
   if (!fsdp && (!p.reshard_after_forward || p.fsdp_mixed_precision)) {
     return InvalidArgument(std::string("config.parallelism.") +
                            (p.fsdp_mixed_precision ? "fsdp_mixed_precision"
                                                    : "reshard_after_forward") +
-                           ": an FSDP2 setting, and the strategy is " +
+                           ": an FSDP setting, and the strategy is " +
                            DataShardingName(p.sharding));
   }
   if (fsdp && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
@@ -177,6 +178,11 @@ Status ValidateSettingsApply(const RunConfig& c) {
   if (c.parallelism.sharding == DataSharding::kFsdp2 && c.runtime != Runtime::kCuda) {
     return InvalidArgument("config.parallelism.data_parallel: FSDP2 (fully_shard) is PyTorch "
                            "2.x's; the cpu-1.13 runtime has no FSDP2");
+  }
+  if (c.parallelism.sharding == DataSharding::kFsdp1 && c.runtime != Runtime::kCuda) {
+    return InvalidArgument("config.parallelism.data_parallel: FSDP1 is modelled as PyTorch 2.x "
+                           "runs it on CUDA; the cpu-1.13 runtime's FSDP does not import on "
+                           "Python 3.11 and is not modelled");
   }
   if (c.parallelism.fsdp_mixed_precision && c.precision != Precision::kBf16Pure &&
       c.precision != Precision::kFp16Pure) {
@@ -354,6 +360,7 @@ const char* DataShardingName(DataSharding s) {
     case DataSharding::kDdp: return "ddp";
     case DataSharding::kZero1: return "zero1";
     case DataSharding::kDeepSpeedZero2: return "deepspeed-zero2";
+    case DataSharding::kFsdp1: return "fsdp1";
     case DataSharding::kFsdp2: return "fsdp2";
   }
   return "?";

@@ -115,6 +115,9 @@ enum class DataSharding {
   kDeepSpeedZero2,  // DeepSpeed ZeRO stage 2 (stage_1_and_2.py): the model whole in its own
                     // dtype; each rank keeps 1/N of the flattened parameters' fp32 master copy,
                     // optimizer state and gradients; gradients leave through the ipg buckets
+  kFsdp1,  // FSDP1 (FullyShardedDataParallel, auto-wrapped by block, use_orig_params=False):
+           // each unit's parameters one flat shard; FULL_SHARD, or SHARD_GRAD_OP with
+           // reshard_after_forward=false (engine/passes/fsdp1.h)
   kFsdp2,  // FSDP2 (fully_shard on each block and the root, PyTorch 2.x): parameters, gradients
            // and optimizer state sharded on dim 0; a block's parameters are all-gathered
            // around its forward and again around its backward (engine/passes/fsdp.h)

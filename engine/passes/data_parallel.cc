@@ -172,6 +172,10 @@ StatusOr<RankView> PlanDataParallel(const Graph& g, const RunConfig& c) {
     view.optimizer_owns.assign(g.tensors.size(), 0);  // the flat partition is stepped instead
     return view;
   }
+  if (p.sharding == DataSharding::kFsdp1) {  // rank 0 holds full shards, the last the padding
+    MEMEST_ASSIGN_OR_RETURN(view.fsdp1, PlanFsdp1(g, c));
+    return view;
+  }
   if (p.sharding == DataSharding::kFsdp2) {  // rank 0 holds the largest shards
     MEMEST_ASSIGN_OR_RETURN(view.fsdp2, PlanFsdp2(g, c));
     return view;
@@ -226,6 +230,30 @@ void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
   const ParallelismConfig& p = c.parallelism;
   if (const auto& f = view.fsdp2) {
     AddFsdp2Notes(c, *f, r);
+    return;
+  }
+  if (const auto& f = view.fsdp1) {
+    int64_t largest = 0;
+    for (size_t k = 0; k + 1 < f->units.size(); ++k) {
+      largest = std::max(largest, f->units[k].full_bytes);
+    }
+    r->notes.push_back(
+        "FSDP1 over " + std::to_string(view.world) + " ranks, rank 0 estimated: "
+        "FullyShardedDataParallel auto-wrapped by block, use_orig_params=False (each unit's "
+        "parameters one flat shard, stepped as one tensor); " +
+        std::string(p.reshard_after_forward ? "FULL_SHARD: a block's full parameters are "
+                                              "freed after its forward and gathered again for "
+                                              "its backward"
+                                            : "SHARD_GRAD_OP: a block's full parameters stay "
+                                              "from its forward to its backward") +
+        "; the largest block gathers " + FormatBytes(largest) + ", the root " +
+        FormatBytes(f->units.back().full_bytes) + " (kept to the end of backward); "
+        "BACKWARD_PRE prefetching holds two blocks in backward; a unit's gradients are "
+        "concatenated into one flat gradient and reduce-scattered");
+    r->notes.push_back(
+        "not counted: NCCL's own buffers; FSDP1's record_stream frees (the CUDA caching "
+        "allocator reuses a freed all-gather or gradient block only once the GPU has passed "
+        "it, so the reserved memory can be higher; limit_all_gathers bounds it)");
     return;
   }
   if (const auto& z = view.zero2) {
@@ -305,6 +333,7 @@ int64_t CommunicatedBytesPerStep(const Graph& g, const RunConfig& c) {
     case DataSharding::kDdp: total += 2 * share * grads; break;
     case DataSharding::kZero1: total += 2 * share * grads + share * params; break;
     case DataSharding::kDeepSpeedZero2: total += m * share * grads + share * params; break;
+    case DataSharding::kFsdp1:
     case DataSharding::kFsdp2: {
       const double reduce = p.fsdp_mixed_precision ? 2 : 1;  // float32 over 16-bit gradients
       total += m * share * (2 * params + reduce * grads);

@@ -36,6 +36,7 @@
 #include "engine/ir/graph.h"
 #include "engine/ir/status.h"
 #include "engine/passes/fsdp.h"
+#include "engine/passes/fsdp1.h"
 #include "engine/report/report.h"
 
 namespace memest {
@@ -73,6 +74,7 @@ struct RankView {
   // Per rank (ZeRO-1): the elements of the parameters its optimizer steps.
   std::vector<int64_t> owned_elements;
   std::optional<DeepSpeedZero2> zero2;  // DeepSpeed ZeRO-2; its optimizer owns no parameter
+  std::optional<Fsdp1View> fsdp1;       // FSDP1 (FullyShardedDataParallel)
   std::optional<Fsdp2View> fsdp2;       // FSDP2
 
   bool OptimizerOwns(int t) const { return optimizer_owns.empty() || optimizer_owns[t] != 0; }

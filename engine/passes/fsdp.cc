@@ -43,39 +43,44 @@ Status Add(int64_t* total, const Shape& shape, DType dtype, const char* what) {
 
 }  // namespace
 
-StatusOr<Fsdp2View> PlanFsdp2(const Graph& g, const RunConfig& c) {
-  const ParallelismConfig& p = c.parallelism;
-  const int64_t world = p.data;
-  Fsdp2View v;
-  v.groups.resize(g.blocks.size() + 1);
-  FsdpGroup& root = v.groups.back();
+void GroupByBlocks(const Graph& g, bool reshard_after_forward, std::vector<FsdpGroup>* groups,
+                   std::vector<int>* group_of) {
+  groups->assign(g.blocks.size() + 1, FsdpGroup{});
+  FsdpGroup& root = groups->back();
   root.first_op = 0;
   root.last_op = static_cast<int>(g.ops.size()) - 1;
   root.reshard_after_forward = false;  // kept from its forward to its backward
   for (size_t b = 0; b < g.blocks.size(); ++b) {
-    v.groups[b].scope = g.blocks[b];
-    v.groups[b].reshard_after_forward = p.reshard_after_forward;
+    (*groups)[b].scope = g.blocks[b];
+    (*groups)[b].reshard_after_forward = reshard_after_forward;
   }
   for (size_t i = 0; i < g.ops.size(); ++i) {
     for (size_t b = 0; b < g.blocks.size(); ++b) {
       if (!ScopeWithin(g.ops[i].scope, g.blocks[b])) continue;
-      FsdpGroup& grp = v.groups[b];
+      FsdpGroup& grp = (*groups)[b];
       if (grp.first_op < 0) grp.first_op = static_cast<int>(i);
       grp.last_op = static_cast<int>(i);
       break;
     }
   }
-  v.group_of.assign(g.tensors.size(), -1);
-  v.shards.resize(g.tensors.size());
+  group_of->assign(g.tensors.size(), -1);
   for (size_t t = 0; t < g.tensors.size(); ++t) {
     const Tensor& ten = g.tensors[t];
     if (ten.role != TensorRole::kParameter) continue;
     const int b = BlockOf(g, ten.name);
     // A block no op runs in (or a parameter outside every block) is the root's.
-    const int k = b >= 0 && v.groups[b].first_op >= 0 ? b : static_cast<int>(g.blocks.size());
-    v.group_of[t] = k;
-    v.groups[k].params.push_back(static_cast<int>(t));
+    const int k = b >= 0 && (*groups)[b].first_op >= 0 ? b : static_cast<int>(g.blocks.size());
+    (*group_of)[t] = k;
+    (*groups)[k].params.push_back(static_cast<int>(t));
   }
+}
+
+StatusOr<Fsdp2View> PlanFsdp2(const Graph& g, const RunConfig& c) {
+  const ParallelismConfig& p = c.parallelism;
+  const int64_t world = p.data;
+  Fsdp2View v;
+  GroupByBlocks(g, p.reshard_after_forward, &v.groups, &v.group_of);
+  v.shards.resize(g.tensors.size());
   // Mixed precision (MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=float32)): the
   // graph computes in the 16-bit dtype, the shards and the reduction are float32.
   for (FsdpGroup& grp : v.groups) {

@@ -59,6 +59,13 @@ struct Fsdp2View {
   DType reduce_dtype = DType::kFloat32;
 };
 
+// FSDP's wrapping (FSDP1's auto_wrap_policy on the block class, FSDP2's fully_shard calls): one
+// group per block that runs ops, and the root's last with every parameter outside them; each
+// parameter's group in `group_of` (-1 for what is not a parameter). Sizes are left to the
+// caller.
+void GroupByBlocks(const Graph& graph, bool reshard_after_forward,
+                   std::vector<FsdpGroup>* groups, std::vector<int>* group_of);
+
 // The FSDP2 view of `graph` under config.parallelism (sharding kFsdp2).
 StatusOr<Fsdp2View> PlanFsdp2(const Graph& graph, const RunConfig& config);
 

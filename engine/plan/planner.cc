@@ -51,6 +51,7 @@ int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t
     case DataSharding::kDdp: break;
     case DataSharding::kZero1: whole = s.params + s.grads; sharded = s.state; break;
     case DataSharding::kDeepSpeedZero2: whole = s.params; sharded = s.grads + s.state; break;
+    case DataSharding::kFsdp1:
     case DataSharding::kFsdp2: whole = 0; sharded = s.total(); break;
   }
   return whole / pipeline + sharded / (pipeline * data);
@@ -221,7 +222,7 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
   }
   const std::vector<DataSharding> strategies = {DataSharding::kDdp, DataSharding::kZero1,
                                                 DataSharding::kDeepSpeedZero2,
-                                                DataSharding::kFsdp2};
+                                                DataSharding::kFsdp1, DataSharding::kFsdp2};
   int64_t found = 0;
   for (int64_t n : GpuCounts(q.max_gpus)) {
     std::vector<Plan> fits;

@@ -84,6 +84,7 @@ std::unique_ptr<RankHooks> MakeRankHooks(const RankView* view, const Graph& grap
 std::unique_ptr<RankHooks> MakeDdpHooks(const RankView& view);                     // ddp.cc
 std::unique_ptr<RankHooks> MakeZero2Hooks(const RankView& view, const Graph& graph,
                                           const RunConfig& config);                // zero2.cc
+std::unique_ptr<RankHooks> MakeFsdp1Hooks(const RankView& view, const Graph& graph);  // fsdp1.cc
 std::unique_ptr<RankHooks> MakeFsdp2Hooks(const RankView& view, const Graph& graph);  // fsdp2.cc
 
 }  // namespace memest

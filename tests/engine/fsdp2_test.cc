@@ -17,37 +17,9 @@ using enginetest::Cat;
 using enginetest::PhasePeak;
 using enginetest::PlainTraining;
 
-constexpr int kBlocks = 3;
+constexpr int kBlocks = enginetest::kFsdpStackBlocks;
 
-// x -> in (Linear 64->64, the root's) -> 3 blocks of Linear(64->63) + ReLU + Linear(63->64)
-// -> out (Linear 64->8, the root's) -> sum. Dim 0 of 63 does not split over 4 ranks.
-Graph Stack(DType dtype = DType::kFloat32) {
-  GraphBuilder b;
-  int h = b.Input("x", {4, 64}, dtype);
-  {
-    ScopeGuard s(b, "in");
-    h = b.Add1("linear", {h, b.Parameter("weight", {64, 64}, dtype)});
-  }
-  for (int k = 0; k < kBlocks; ++k) {
-    ScopeGuard s(b, "blocks." + std::to_string(k));
-    b.MarkBlock();
-    {
-      ScopeGuard f(b, "fc1");
-      h = b.Add1("linear", {h, b.Parameter("weight", {63, 64}, dtype),
-                            b.Parameter("bias", {63}, dtype)});
-    }
-    h = b.Add1("relu", {h});
-    ScopeGuard f(b, "fc2");
-    h = b.Add1("linear", {h, b.Parameter("weight", {64, 63}, dtype)});
-  }
-  {
-    ScopeGuard s(b, "out");
-    h = b.Add1("linear", {h, b.Parameter("weight", {8, 64}, dtype)});
-  }
-  b.BeginLoss();
-  b.SetLoss(b.Add1("sum", {h}));
-  return b.Finish().value();
-}
+Graph Stack(DType dtype = DType::kFloat32) { return enginetest::FsdpStack(dtype); }
 
 // Elements over 4 ranks. A block: fc1.weight [63, 64] -> shard 16 x 64, padded 64 x 64;
 // fc1.bias [63] -> 16, padded 64; fc2.weight [64, 63] -> 16 x 63, padded 64 x 63.

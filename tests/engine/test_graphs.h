@@ -59,6 +59,38 @@ inline const PeakPoint& PhasePeak(const Liveness& l, Phase p) {
 
 inline int64_t Cat(const PeakPoint& p, Category c) { return p.by_category[static_cast<int>(c)]; }
 
+constexpr int kFsdpStackBlocks = 3;
+
+// The FSDP tests' model (fsdp1_test.cc, fsdp2_test.cc): x -> in (Linear 64->64, the root's) -> 3 blocks of Linear(64->63) + ReLU + Linear(63->64)
+// -> out (Linear 64->8, the root's) -> sum. Dim 0 of 63 does not split over 4 ranks.
+inline Graph FsdpStack(DType dtype = DType::kFloat32) {
+  GraphBuilder b;
+  int h = b.Input("x", {4, 64}, dtype);
+  {
+    ScopeGuard s(b, "in");
+    h = b.Add1("linear", {h, b.Parameter("weight", {64, 64}, dtype)});
+  }
+  for (int k = 0; k < kFsdpStackBlocks; ++k) {
+    ScopeGuard s(b, "blocks." + std::to_string(k));
+    b.MarkBlock();
+    {
+      ScopeGuard f(b, "fc1");
+      h = b.Add1("linear", {h, b.Parameter("weight", {63, 64}, dtype),
+                            b.Parameter("bias", {63}, dtype)});
+    }
+    h = b.Add1("relu", {h});
+    ScopeGuard f(b, "fc2");
+    h = b.Add1("linear", {h, b.Parameter("weight", {64, 63}, dtype)});
+  }
+  {
+    ScopeGuard s(b, "out");
+    h = b.Add1("linear", {h, b.Parameter("weight", {8, 64}, dtype)});
+  }
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {h}));
+  return b.Finish().value();
+}
+
 }  // namespace enginetest
 }  // namespace memest
 
