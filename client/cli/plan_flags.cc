@@ -12,8 +12,8 @@ void AddPlanFlags(CLI::App* app, PlanFlags* f) {
                   "(default 8)")
       ->group(group)->type_name("N");
   app->add_option("--devices", f->devices,
-                  "GPU types to plan on (catalog names, comma-separated; with or instead of "
-                  "--device)")
+                  "GPU types to plan on (catalog names, comma-separated, or all; with or instead "
+                  "of --device); per GPU count the smallest type that fits comes first")
       ->group(group)->delimiter(',')->type_name("NAMES");
   app->add_option("--max-plans", f->max_plans, "the most plans listed (default 20)")
       ->group(group)->type_name("N");

@@ -166,8 +166,10 @@ class Planner {
 
 bool Before(const Plan& a, const Plan& b) {
   const bool ra = a.recompute_fraction > 0, rb = b.recompute_fraction > 0;
-  return std::make_tuple(ra, a.bubble_fraction, -a.micro_batch, -a.headroom_bytes) <
-         std::make_tuple(rb, b.bubble_fraction, -b.micro_batch, -b.headroom_bytes);
+  return std::make_tuple(a.capacity_bytes, ra, a.bubble_fraction, -a.micro_batch,
+                         -a.headroom_bytes) <
+         std::make_tuple(b.capacity_bytes, rb, b.bubble_fraction, -b.micro_batch,
+                         -b.headroom_bytes);
 }
 
 Status CheckQuery(const PlanQuery& q) {
@@ -210,6 +212,12 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
   std::vector<DeviceInfo> devices;
   for (const std::string& name : q.devices.empty() ? std::vector<std::string>{q.run.device}
                                                    : q.devices) {
+    if (name == "all") {  // every GPU of the catalog that runs CUDA
+      for (const DeviceInfo& d : ListDevices()) {
+        if (d.cuda) devices.push_back(d);
+      }
+      continue;
+    }
     StatusOr<DeviceInfo> d = FindDevice(name);
     if (!d.ok()) return InvalidArgument("devices: " + d.status().message());
     devices.push_back(*d);

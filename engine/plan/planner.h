@@ -38,7 +38,8 @@ struct PlanQuery {
   // together); grad_accum_steps, checkpoint and parallelism are the planner's to choose and
   // must be left unset.
   RunConfig run;
-  std::vector<std::string> devices;  // GPU types (catalog names); empty: run.device
+  // GPU types (catalog names; "all": every CUDA GPU of the catalog); empty: run.device.
+  std::vector<std::string> devices;
   int64_t max_gpus = 8;
   int64_t max_plans = 20;  // the most plans returned (the best ones of the fewest GPUs)
   int64_t max_ops = 1'000'000;
@@ -70,8 +71,9 @@ struct PlanStats {
 };
 
 // Runs the query, calling `emit` with each plan that fits, in rank order: fewer GPUs first;
-// for one count, no recomputation before recomputation, the smaller pipeline bubble, the
-// larger micro-batch, the most headroom. `emit` returning false stops the search. Returns the
+// for one count, the smaller GPU (so the first plan of each count answers "the smallest GPU
+// type that fits"), then no recomputation before recomputation, the smaller pipeline bubble,
+// the larger micro-batch, the most headroom. `emit` returning false stops the search. Returns the
 // budget's refusal (deadline, cancellation, op steps) if it stops the search, an error naming
 // the field for a query that makes no sense, and OK otherwise.
 Status PlanJob(const PlanQuery& query, Budget* budget,

@@ -83,6 +83,25 @@ TEST(PlannerTest, OneGpuFirstAndStopsWhenEnoughFit) {
   EXPECT_EQ(plans[0].communicated_bytes, 0);
 }
 
+// Several GPU types: for each count the smallest that fits comes first; "all" is the catalog.
+TEST(PlannerTest, TheSmallestGpuTypeThatFitsComesFirst) {
+  PlanQuery q;
+  q.model.source = PresetSpec{"gpt2-medium", {{"seq", 512}}};
+  q.run.batch_size = 8;
+  q.devices = {"h100-80gb", "t4"};
+  q.max_gpus = 1;
+  const std::vector<Plan> plans = Plans(q);
+  ASSERT_FALSE(plans.empty());
+  EXPECT_EQ(plans.front().device, "t4");  // 16 GB is enough for GPT-2 medium at this batch
+  q.devices = {"all"};
+  q.max_plans = 100;
+  const std::vector<Plan> all = Plans(q);
+  ASSERT_FALSE(all.empty());
+  for (size_t k = 1; k < all.size(); ++k) {
+    EXPECT_LE(all[k - 1].capacity_bytes, all[k].capacity_bytes);  // one GPU count here
+  }
+}
+
 TEST(PlannerTest, QueriesThatMakeNoSenseAreRefused) {
   Budget b;
   auto refusal = [&](const PlanQuery& q) {
