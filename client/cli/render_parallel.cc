@@ -90,7 +90,7 @@ void RenderPlanSummary(const v1::PlanSummary& s, std::ostream& out) {
   out << "\n" << s.plans() << " plans from " << s.estimates() << " estimates";
   if (s.skipped_gpu_counts() > 0) {
     out << "; " << s.skipped_gpu_counts()
-        << " GPU counts ruled out by the model states alone";
+        << " (GPU type, count) pairs ruled out by the model states alone";
   }
   out << ". micro-batch is micro-batch x accumulation (a pipeline's micro-batches) per "
          "data-parallel rank; needs is the worst rank's reserved memory and CUDA context.\n";

@@ -66,7 +66,7 @@ struct Plan {
 
 struct PlanStats {
   int64_t estimates = 0;         // estimates run
-  int64_t skipped_counts = 0;    // GPU counts ruled out by the model states alone
+  int64_t skipped_counts = 0;    // (GPU type, count) pairs ruled out by the model states alone
   int64_t plans = 0;             // plans emitted
 };
 
