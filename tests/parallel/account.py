@@ -44,7 +44,8 @@ class Rules:
         r = self.results.setdefault(rule, [0, []])
         r[0] += 1
         if predicted != measured:
-            r[1].append(f"{where}: predicted {predicted}, measured {measured} ({measured - predicted:+d})")
+            d = f" ({measured - predicted:+d})" if isinstance(predicted, int) and isinstance(measured, int) else ""
+            r[1].append(f"{where}: predicted {predicted}, measured {measured}{d}")
 
 
 def report(rules):

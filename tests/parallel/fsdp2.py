@@ -25,6 +25,7 @@ head, cross entropy), V 256, t 16, d 128, 4 heads, 3 blocks, batch 4 per rank.
 """
 import argparse
 import gc
+import importlib
 import json
 import math
 import os
@@ -262,19 +263,27 @@ def result(trace, ends, saved, p):
 
 
 # ---------------------------------------------------------------------------------------------
-def worker(rank, world, cids, outdir, initfile):
+def setup(world):
+    """What every case of a world size shares (fsdp2.py: the 1-D DeviceMesh over the ranks)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cpu", (world,))
+
+
+def worker(rank, world, cids, outdir, initfile, driver="fsdp2"):
+    """One rank: the cases `cids` of the driver module (fsdp2 or fsdp1: CASES, PROBES,
+    setup(world), run_case(rank, world, cid, p, ctx)), each result to <outdir>/<n>.<rank>.json."""
+    drv = importlib.import_module(driver)
     fd = os.open(os.path.join(outdir, f"stderr.{rank}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)
     os.close(fd)
     torch.set_num_threads(1)
     fsdp2_trace.install_gloo_one_thread()
     dist.init_process_group("gloo", init_method="file://" + initfile, rank=rank, world_size=world)
-    from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cpu", (world,))
-    PROBES.install()
+    ctx = drv.setup(world)
+    drv.PROBES.install()
     for n, cid in enumerate(cids):
         try:
-            res = {"ok": True, **run_case(rank, world, cid, CASES[cid][1], mesh)}
+            res = {"ok": True, **drv.run_case(rank, world, cid, drv.CASES[cid][1], ctx)}
         except Exception as e:  # reported by the runner; the other ranks time out
             import traceback
             res = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
@@ -287,10 +296,10 @@ def worker(rank, world, cids, outdir, initfile):
     dist.destroy_process_group()
 
 
-def run_world(world, cids):
-    outdir = tempfile.mkdtemp(prefix="memest-fsdp2-")
+def run_world(world, cids, driver="fsdp2"):
+    outdir = tempfile.mkdtemp(prefix=f"memest-{driver}-")
     initfile = os.path.join(outdir, "init")
-    mp.spawn(worker, args=(world, cids, outdir, initfile), nprocs=world, join=True)
+    mp.spawn(worker, args=(world, cids, outdir, initfile, driver), nprocs=world, join=True)
     out = {}
     for n, cid in enumerate(cids):
         ranks = []
@@ -335,13 +344,16 @@ def compare(measured, expected):
             if fm.get(k) != fe.get(k)]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(driver="fsdp2"):
+    """The command line of fsdp2.py and fsdp1.py: `driver` names the module whose CASES run."""
+    drv = sys.modules[__name__] if driver == "fsdp2" else importlib.import_module(driver)
+    CASES, doc_ = drv.CASES, drv.__doc__
+    ap = argparse.ArgumentParser(description=doc_, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", default=[], help="run the cases whose id contains this")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--write-expected", action="store_true")
     ap.add_argument("--explain", action="store_true", help="the labelled live set at each phase's peak")
-    ap.add_argument("--lifetimes", action="store_true", help="when each FSDP2 buffer was made and freed")
+    ap.add_argument("--lifetimes", action="store_true", help="when each FSDP buffer was made and freed")
     ap.add_argument("--events", metavar="SUBSTRING",
                     help="rank 0's allocations and frees in the last step whose op path contains this")
     args = ap.parse_args()
@@ -354,7 +366,7 @@ def main():
     t0 = time.time()
     results = {}
     for world in sorted({CASES[c][0] for c in sel}):
-        results.update(run_world(world, [c for c in sel if CASES[c][0] == world]))
+        results.update(run_world(world, [c for c in sel if CASES[c][0] == world], driver))
     failed = 0
     for cid in sel:
         world, p = CASES[cid]
@@ -369,7 +381,7 @@ def main():
         ranks = [{k: v for k, v in r.items() if k != "ok"} for r in ranks]
         # a rank that measured exactly what an earlier one did is written as {"same_as_rank": k}
         distinct = [next(({"same_as_rank": k} for k in range(i) if ranks[k] == r), r) for i, r in enumerate(ranks)]
-        doc = {"case": cid, "world_size": world, "config": p, "dims": DIMS, "steps": STEPS,
+        doc = {"case": cid, "world_size": world, "config": p, "dims": drv.DIMS, "steps": STEPS,
                "torch": torch.__version__, "ranks": distinct}
         if args.explain:
             explain(cid, ranks, distinct)

@@ -261,6 +261,7 @@ def group_of(path):
 
 GLOO_COPIES = (
     ("c10d::_allgather_base_", "gloo all-gather: flat output copy for the flight recorder"),
+    ("c10d::allgather_", "gloo all-gather: flat output copy for the flight recorder"),  # FSDP1's list form
     ("gloo:all_gather", "gloo all-gather: worker's flat output"),
     ("c10d::_reduce_scatter_base_", "gloo reduce-scatter: clone of the input"),
     ("gloo:all_reduce", "gloo all-reduce (AVG): divisor scalars"),
@@ -280,10 +281,11 @@ def gloo_name(path, group):
 
 
 def short(path):
-    """An op path as the documents cite it: FSDP2's record_functions, the fsdp::, c10d:: and
+    """An op path as the documents cite it (FSDP1's own record_functions, which name no unit,
+    left out): FSDP2's record_functions, the fsdp::, c10d:: and
     gloo ops, the optimizer's step and autograd's node, then the first two ops below the last of
     those (the first two ops when there is none of them)."""
-    parts = path.split(" > ")
+    parts = [q for q in path.split(" > ") if not q.startswith("FullyShardedDataParallel.")]  # FSDP1's own
     keep, last = [], -1
     for i, q in enumerate(parts):
         if q.startswith(("FSDP::", "fsdp::", "c10d::", "gloo:", "Optimizer.")):
