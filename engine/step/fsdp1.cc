@@ -109,8 +109,10 @@ class Fsdp1Hooks : public RankHooks {
     full_[k] = -1;
   }
 
-  // The parameters' gradients become the flat gradient (autograd's concatenation), whose
-  // hook frees the full parameters and reduce-scatters it through its copies.
+  // The parameters' gradients become the flat gradient (autograd's concatenation, both alive
+  // during it), whose hook frees the full parameters and reduce-scatters it through its
+  // copies; the hook's locals keep the flat gradient and each copy until it returns (measured
+  // on 2.15: under bf16 the bf16 gradient beside its float32 copy).
   void PostBackward(RankMemory& m, int k) {
     const Fsdp1Unit& u = v_.units[k];
     std::vector<int> with_grad;
@@ -121,17 +123,14 @@ class Fsdp1Hooks : public RankHooks {
       Reshard(m, k);
       return;
     }
-    int grad = m.Allocate(u.flat_grad_bytes, Category::kGradients);
+    std::vector<int> unsharded = {m.Allocate(u.flat_grad_bytes, Category::kGradients)};
     for (int t : with_grad) m.ReleaseGrad(t, false);
     Reshard(m, k);
     for (int64_t copy : {u.reduce_copy_bytes, u.pad_bytes}) {
-      if (copy == 0) continue;
-      const int next = m.Allocate(copy, Category::kCommunication);
-      m.Deallocate(grad);
-      grad = next;
+      if (copy > 0) unsharded.push_back(m.Allocate(copy, Category::kCommunication));
     }
     int shard = m.Allocate(u.sharded_grad_bytes, Category::kGradients);
-    m.Deallocate(grad);
+    for (int b : unsharded) m.Deallocate(b);
     if (u.grad_cast_bytes > 0) {
       const int cast = m.Allocate(u.grad_cast_bytes, Category::kGradients);
       m.Deallocate(shard);
