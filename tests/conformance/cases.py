@@ -174,6 +174,33 @@ def _(r, b):
     return loss_of(r, r.exp(r.transpose(r.flatten(y, 2), 1, 2)))
 
 
+# DeepLabV3's ASPP: a 3x3 kernel dilated by 6 on a 4x4 map, padded to keep the size. oneDNN's
+# direct kernels refuse it (the padding is wider than one register block of output columns;
+# the dilated kernel is taller than the input), so gemm runs all three passes: forward with an
+# im2col buffer blocked to the L2 cache (256 of the 512 channels), backward weights with its
+# weight-reduction buffer, four times the weight.
+@case("ops", "conv2d_dilated_aspp", batch=2)
+def _(r, b):
+    x = lift(r, r.input("x", [b, 512, 4, 4]))
+    return loss_of(r, r.conv2d(x, r.param("w", [16, 512, 3, 3]), None, padding=6, dilation=6))
+
+
+# MobileNetV3's and EfficientNet's 5x5 depthwise kernels: oneDNN's depthwise backward-weights
+# kernel takes kernels up to 3 wide only; gemm computes the weights' gradient.
+@case("ops", "conv2d_depthwise_5x5")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 32, 8, 8]))
+    return loss_of(r, r.conv2d(x, r.param("w", [32, 1, 5, 5]), None, padding=2, groups=32))
+
+
+# DeepLabV3-MobileNetV3's dilated last stage: a 5x5 depthwise kernel dilated by 2 on a 4x4 map.
+# The depthwise backward-data kernel takes no dilation: gemm, for both backward passes.
+@case("ops", "conv2d_depthwise_dilated")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 48, 4, 4]))
+    return loss_of(r, r.conv2d(x, r.param("w", [48, 1, 5, 5]), None, padding=4, dilation=2, groups=48))
+
+
 @case("ops", "conv_transpose2d")
 def _(r, b):
     x = lift(r, r.input("x", [b, 8, 8, 8]))
