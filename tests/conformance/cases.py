@@ -201,6 +201,15 @@ def _(r, b):
     return loss_of(r, r.conv2d(x, r.param("w", [48, 1, 5, 5]), None, padding=4, dilation=2, groups=48))
 
 
+# ViT-B/16's and B/32's patch embedding: a kernel wider than 14 (stride = kernel). oneDNN's
+# AVX-512 and AVX2 backward-weights kernels refuse it: gemm, whose weight-reduction buffer is
+# four times the weight.
+@case("ops", "conv2d_patch16")
+def _(r, b):
+    x = r.input("x", [b, 3, 32, 32])
+    return loss_of(r, r.conv2d(x, r.param("w", [64, 3, 16, 16]), r.param("bias", [64]), stride=16))
+
+
 @case("ops", "conv_transpose2d")
 def _(r, b):
     x = lift(r, r.input("x", [b, 8, 8, 8]))
