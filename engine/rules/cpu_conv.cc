@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <initializer_list>
 
+#include "engine/rules/cpu_conv_internal.h"
 #include "engine/rules/cpu_conv_kernels.h"
 
 namespace memest {
-namespace {
+namespace cpu_conv_internal {
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -125,6 +126,16 @@ void NativeTrace(const CpuConvProblem& p, CpuConvTrace* t) {
   }
   if (p.input_grad) bw.insert(bw.end(), p.groups, -xg);
 }
+
+}  // namespace cpu_conv_internal
+
+namespace {
+
+using cpu_conv_internal::AllocThenFree;
+using cpu_conv_internal::NativeTrace;
+using cpu_conv_internal::RoundUp;
+using cpu_conv_internal::Scratchpad;
+using cpu_conv_internal::UsesOneDnn;
 
 // One oneDNN primitive's buffers: the reordered (blocked) inputs, its blocked result and its
 // scratchpad. 0: not needed (the operand is used in its plain layout).
@@ -353,7 +364,9 @@ void TransposedTrace(const CpuConvProblem& p, CpuConvTrace* t) {
 
 CpuConvTrace CpuConvAllocations(const CpuConvProblem& p, CpuIsa isa) {
   CpuConvTrace t;
-  if (p.transposed) {
+  if (p.channels_last && !p.transposed) {
+    cpu_conv_internal::ChannelsLastTrace(p, isa, &t);
+  } else if (p.transposed) {
     TransposedTrace(p, &t);
   } else if (UsesOneDnn(p)) {
     OneDnnTrace(p, isa, &t);

@@ -210,6 +210,24 @@ def _(r, b):
     return loss_of(r, r.conv2d(x, r.param("w", [64, 3, 16, 16]), r.param("bias", [64]), stride=16))
 
 
+# ConvNeXt's convolutions take a channels-last input (LayerNorm2d permutes, normalises and
+# permutes back): the output and both gradients are channels-last, the weight is copied to
+# channels-last around the kernel (forward and backward) unless it is already (depthwise), and
+# AccumulateGrad copies the channels-last weight gradient into the weight's layout. oneDNN runs
+# nhwc kernels: brdgmm / brgconv forward, and a depthwise 7x7 weight gradient in 16 x 16
+# blocks per group (256 times the weight).
+@case("ops", "conv2d_channels_last_depthwise")
+def _(r, b):
+    x = r.permute(lift(r, r.input("x", [b, 8, 8, 32])), [0, 3, 1, 2])
+    return loss_of(r, r.conv2d(x, r.param("w", [32, 1, 7, 7]), r.param("bias", [32]), padding=3, groups=32))
+
+
+@case("ops", "conv2d_channels_last_downsample")
+def _(r, b):
+    x = r.permute(lift(r, r.input("x", [b, 4, 4, 32])), [0, 3, 1, 2])
+    return loss_of(r, r.conv2d(x, r.param("w", [64, 32, 2, 2]), r.param("bias", [64]), stride=2))
+
+
 @case("ops", "conv_transpose2d")
 def _(r, b):
     x = lift(r, r.input("x", [b, 8, 8, 8]))
@@ -263,6 +281,16 @@ op_case("adaptive_avg_pool2d_1x1", [4, 12, 12], lambda r, x: r.adaptive_avg_pool
 
 
 # ------------------------------------------------------------------------------ norms
+# ConvNeXt's LayerNorm2d on a row-major input: layer_norm over a permuted (non-contiguous)
+# view copies it contiguous first (forward), and its backward copies both the permuted
+# incoming gradient and the saved input contiguous.
+@case("ops", "layer_norm_permuted_input")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 16, 8, 8]))
+    y = r.layer_norm(r.permute(x, [0, 2, 3, 1]), r.param("w", [16]), r.param("bias", [16]))
+    return loss_of(r, r.permute(y, [0, 3, 1, 2]))
+
+
 @case("ops", "layer_norm")
 def _(r, b):
     x = lift(r, r.input("x", [b, 8, 16]))
