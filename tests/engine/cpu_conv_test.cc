@@ -20,6 +20,7 @@ struct Measured {
   const char* what;
   CpuIsa isa;
   CpuConvProblem problem;  // n ci co groups h w kh kw oh ow sh sw ph pw dh dw bytes bias xg wg
+                           // [transposed channels_last]
   std::vector<int64_t> forward, backward;
 };
 
@@ -94,6 +95,20 @@ const std::vector<Measured>& MeasuredCases() {
      {2, 256, 256, 1, 4, 4, 3, 3, 4, 4, 1, 1, 24, 24, 24, 24, 4, false, true, true},
      {24320, 32768, -24320, 32768, -32768},
      {32768, 147584, -147584, 32768, -32768, 2359296, 9584896, -9584896, 2359296, -2359296}},
+    // Channels-last inputs (mkgrid.py channels_last; the backward ends with AccumulateGrad's
+    // copy of a channels-last weight gradient, added below where the rule reports one).
+    {"avx512 channels-last: depthwise 7x7 (brdgmm; weight gradient 16x16 per group)", CpuIsa::kAvx512,
+     {2, 96, 96, 96, 16, 16, 7, 7, 16, 16, 1, 1, 3, 3, 1, 1, 4, true, true, true, false, true},
+     {196608, 4224, 18816, -18816, -4224},
+     {196608, 18816, -18816, 4816896, 6272, 384, -6272, 384, 18816, 18816, -18816, -4816896, -384}},
+    {"avx512 channels-last: 2x2 stride 2 (brgconv; weight copied)", CpuIsa::kAvx512,
+     {2, 16, 16, 1, 16, 16, 2, 2, 8, 8, 2, 2, 0, 0, 1, 1, 4, true, true, true, false, true},
+     {4096, 8192, 8192, 4096, -4096, -8192, -4096},
+     {4096, 32768, 4096, -4096, 4096, 64, 64, 4096, 4096, -4096, -4096, -64, -4096, 4096, -4096}},
+    {"avx512 channels-last: native 3x3 (weight copied around im2col)", CpuIsa::kAvx512,
+     {1, 32, 40, 1, 16, 16, 3, 3, 16, 16, 1, 1, 1, 1, 1, 1, 4, true, true, true, false, true},
+     {46080, 294912, 40960, -294912, -46080},
+     {46080, 32768, 160, 46080, 294912, -294912, -46080, 46080, -46080}},
     {"avx2: jit blocked", CpuIsa::kAvx2,
      {2, 16, 17, 1, 9, 9, 3, 3, 9, 9, 1, 1, 1, 1, 1, 1, 4, true, true, true},
      {224, 10368, 13824, 15552, -13824, -10368, -224, 11016, -15552},
@@ -136,7 +151,12 @@ const std::vector<Measured>& MeasuredCases() {
 
 TEST(CpuConvTest, PredictsMeasuredAllocationSequences) {
   for (const Measured& m : MeasuredCases()) {
-    const CpuConvTrace t = CpuConvAllocations(m.problem, m.isa);
+    CpuConvTrace t = CpuConvAllocations(m.problem, m.isa);
+    if (t.weight_grad_channels_last) {  // the engine's AccumulateGrad copy, measured with it
+      const CpuConvProblem& p = m.problem;
+      const int64_t w = p.co * (p.ci / p.groups) * p.kh * p.kw * p.element_bytes;
+      t.backward.insert(t.backward.end(), {w, -w});
+    }
     EXPECT_EQ(t.forward, m.forward) << m.what;
     EXPECT_EQ(t.backward, m.backward) << m.what;
   }
