@@ -72,6 +72,16 @@ StatusOr<ConvAttrs> ReadConvAttrs(const OpCall& c, int n) {
   return a;
 }
 
+// Whether a 2-D convolution runs channels-last: its input or weight reads as channels-last
+// (PyTorch 2.x's cudnn_conv_suggest_memory_format, 1.13's mkldnn_conv_use_channels_last; both
+// leave float64 row-major). ConvNeXt's LayerNorm2d hands its convolutions such an input.
+bool ChannelsLastConv(const OpCall& c) {
+  if (c.op.kind != "conv2d" || c.in(0).dtype == DType::kFloat64 || c.in(1).dtype == DType::kFloat64) {
+    return false;
+  }
+  return SuggestsChannelsLast(c.in(0)) || SuggestsChannelsLast(c.in(1));
+}
+
 template <int N>
 StatusOr<std::vector<OutputSpec>> InferConv(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
@@ -111,6 +121,9 @@ StatusOr<std::vector<OutputSpec>> InferConv(const OpCall& c) {
   const DType dtype = PromoteTypes(c.in(0).dtype, c.in(1).dtype);
   MEMEST_RETURN_IF_ERROR(CheckedBytes(columns, dtype, c.field + ": its unfolded input").status());
   MEMEST_RETURN_IF_ERROR(CheckedBytes(blocked, dtype, c.field + ": its blocked weight").status());
+  // A channels-last convolution writes a channels-last output (cuDNN's empty_cuda in that
+  // memory format; 1.13's mkldnn and slow_conv2d resize_ it so).
+  if (N == 2 && ChannelsLastConv(c)) return std::vector<OutputSpec>{{out, dtype, ChannelsLastStrides(out)}};
   return std::vector<OutputSpec>{{out, dtype}};
 }
 
@@ -208,6 +221,7 @@ CpuConvProblem CpuProblem(const OpCall& c, const ConvAttrs& a) {
   p.bias = c.inputs.size() == 3;
   p.input_grad = c.needs_grad(0);
   p.weight_grad = c.needs_grad(1) || (p.bias && c.needs_grad(2));
+  p.channels_last = ChannelsLastConv(c);
   return p;
 }
 
@@ -232,6 +246,31 @@ void CpuConvScratch(const OpCall& c, OpMemory* m) {
   if (bwd > 0) m->backward_temps.push_back(Alloc{bwd, t.scratch});
 }
 
+// A channels-last convolution (PyTorch 2.x's cuDNN path, aten/src/ATen/native/cudnn/
+// ConvShared.cpp, as 1.13's mkldnn one, cpu_conv_nhwc.cc): the weight is made channels-last for
+// the forward and again for the input's gradient (weight->contiguous(memory_format), a copy
+// unless it is channels-last already: 1x1, or one input channel per group); grad_output is made
+// channels-last; the input's and the weight's gradients are channels-last, and AccumulateGrad
+// copies the weight's into the weight's own layout. On the CPU runtime the copies are part of
+// the measured scratch (CpuConvScratch).
+void ChannelsLastMemory(const OpCall& c, bool any_grad, OpMemory* m) {
+  const Tensor& w = c.in(1);
+  const Strides cl = ChannelsLastStrides(w.shape);
+  bool weight_copied = false;  // weight.is_contiguous(channels_last) fails: dims above 1 differ
+  for (size_t d = 0; d < 4 && d < w.strides.size(); ++d) {
+    weight_copied = weight_copied || (w.shape[d] > 1 && w.strides[d] != cl[d]);
+  }
+  m->backward_grad_strides = ChannelsLastStrides(c.out(0).shape);
+  m->fresh_grad_strides.resize(c.inputs.size());
+  m->fresh_grad_strides[0] = ChannelsLastStrides(c.in(0).shape);
+  if (weight_copied) m->fresh_grad_strides[1] = ChannelsLastStrides(w.shape);
+  if (c.runtime != Runtime::kCuda || !weight_copied) return;
+  m->forward_temps.push_back(Alloc{BytesOf(w), "channels-last weight copy"});
+  if (any_grad && c.needs_grad(0)) {
+    m->backward_temps.push_back(Alloc{BytesOf(w), "channels-last weight copy"});
+  }
+}
+
 // One formula serves input, weight and bias (convolution_backward), so both input and weight
 // are kept whenever any gradient is needed. Every backward kernel reads grad_output contiguous
 // in the input's memory format (row-major here): cuDNN (ConvShared.cpp), oneDNN
@@ -241,6 +280,7 @@ void ConvMemory(const OpCall& c, OpMemory* m) {
   SaveInputIf(m, any, 0);
   SaveInputIf(m, any, 1);
   m->backward_needs_contiguous_grad = any;
+  if (ChannelsLastConv(c)) ChannelsLastMemory(c, any, m);
   if (c.runtime == Runtime::kCpuTorch113) CpuConvScratch(c, m);
 }
 

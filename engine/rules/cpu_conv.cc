@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <initializer_list>
 
+#include "engine/rules/cpu_conv_internal.h"
+#include "engine/rules/cpu_conv_kernels.h"
+
 namespace memest {
-namespace {
+namespace cpu_conv_internal {
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -124,52 +127,15 @@ void NativeTrace(const CpuConvProblem& p, CpuConvTrace* t) {
   if (p.input_grad) bw.insert(bw.end(), p.groups, -xg);
 }
 
-// oneDNN's jit_avx2_conv_bwd_data_kernel_f32::init_conf: whether AVX2's direct backward-data
-// kernel takes a (blocked, ungrouped) problem; when it does not, oneDNN falls back to gemm. It
-// searches a register blocking of the input width and refuses blockings whose tails it cannot
-// handle, which for example rules out most strided 1-D convolutions (given as 2-D with unequal
-// strides) and 3x3 stride-2 ones whose output does not reach the input's last column.
-bool Avx2DirectBackwardDataTakes(const CpuConvProblem& p) {
-  if (p.ci < 8 && p.kw > 3 && p.stride_w > 1) return false;  // "gemm performs better"
-  if (p.stride_w != p.stride_h) return false;
-  const int64_t ext_kw = (p.kw - 1) * p.dil_w + 1, ext_kh = (p.kh - 1) * p.dil_h + 1;
-  const int64_t r_pad = (p.ow - 1) * p.stride_w + ext_kw - (p.w + p.pad_w);
-  const int64_t b_pad = (p.oh - 1) * p.stride_h + ext_kh - (p.h + p.pad_h);
-  if (ext_kw <= p.pad_w || ext_kw <= r_pad || ext_kh <= p.pad_h || ext_kh <= b_pad) return false;
-  const int64_t l_overflow = std::max<int64_t>(0, (ext_kw - 1 - p.pad_w) / p.stride_w);
-  constexpr int64_t kMaxRegs = 15;
-  if (p.stride_w + 1 > kMaxRegs) return false;
-  const int64_t nb_ic = RoundUp(p.ci, 8) / 8;
-  int64_t ur_w = 1, best_nfmas = 0;
-  for (int64_t b = 1; b <= 4; ++b) {
-    if (nb_ic % b != 0) continue;
-    for (int64_t u = p.stride_w; u * b + u / p.stride_w <= kMaxRegs && u < p.w + p.stride_w;
-         u += p.stride_w) {
-      const int64_t ur = std::min(u, p.w);
-      if (l_overflow * p.stride_w > ur && ur != p.w) continue;
-      const int64_t nfmas = (ur + p.stride_w - 1) / p.stride_w * b;
-      if (nfmas > best_nfmas || (nfmas == best_nfmas && ur_w < ur)) {
-        ur_w = ur;
-        best_nfmas = nfmas;
-      }
-    }
-  }
-  if (best_nfmas == 0) return false;
-  const int64_t tail = p.w % ur_w;
-  const int64_t r_overflow_no_tail = std::max<int64_t>(0, (ext_kw - 1 - r_pad - tail) / p.stride_w);
-  return !(r_overflow_no_tail * p.stride_w > ur_w ||
-           (p.w > ur_w && ur_w % p.stride_w != 0) || (p.w > ur_w && r_pad + tail < 0));
-}
+}  // namespace cpu_conv_internal
 
-// jit_avx2_conv_bwd_weights_kernel_f32::init_conf: AVX2's direct backward-weights kernel (also
-// what AVX-512 hands 4..15 input channels to) refuses dilation, kernels wider than 13, kernels
-// taller than the input, and paddings as large as the kernel; oneDNN then takes gemm.
-bool Avx2DirectBackwardWeightsTakes(const CpuConvProblem& p) {
-  if (p.dil_h != 1 || p.dil_w != 1 || p.kw >= 14 || p.kh > p.h || p.pad_h >= p.kh) return false;
-  const int64_t r_pad = std::max<int64_t>(0, (p.ow - 1) * p.stride_w + p.kw - (p.w + p.pad_w));
-  const int64_t b_pad = std::max<int64_t>(0, (p.oh - 1) * p.stride_h + p.kh - (p.h + p.pad_h));
-  return p.pad_w < p.kw && r_pad < p.kw && b_pad < p.kh;
-}
+namespace {
+
+using cpu_conv_internal::AllocThenFree;
+using cpu_conv_internal::NativeTrace;
+using cpu_conv_internal::RoundUp;
+using cpu_conv_internal::Scratchpad;
+using cpu_conv_internal::UsesOneDnn;
 
 // One oneDNN primitive's buffers: the reordered (blocked) inputs, its blocked result and its
 // scratchpad. 0: not needed (the operand is used in its plain layout).
@@ -190,10 +156,11 @@ void OneDnnTrace(const CpuConvProblem& p, CpuIsa isa, CpuConvTrace* t) {
   auto xb = [&](int64_t c) { return p.n * RoundUp(p.ci, c) * hw * e; };
   auto yb = [&](int64_t c) { return p.n * RoundUp(p.co, c) * ohw * e; };
   auto wb = [&](int64_t c) { return RoundUp(p.co, c) * RoundUp(p.ci, c) * k * e; };
-  const int64_t w_first = RoundUp(p.co, blk) * p.ci * k * e;  // first-conv: Ohwi16o / Ohwi8o
+  auto w_first = [&](int64_t c) { return RoundUp(p.co, c) * p.ci * k * e; };  // Ohwi16o / Ohwi8o
   const int64_t w_dw = RoundUp(p.co, blk) * k * e;            // depthwise Goihw16g / 8g
   auto padded_bias = [&](int64_t c) { return p.bias && p.co % c ? RoundUp(p.co, c) * e : 0; };
-  const int64_t col = (p.ci / p.groups) * k * ohw * e;  // gemm im2col, one image
+  // gemm's im2col buffer (one image), blocked over channels and pixels (cpu_conv_kernels.h).
+  const int64_t fwd_col = GemmForwardColumns(p, isa) * e;
   const bool strided = p.stride_h > 1 || p.stride_w > 1;
   const bool one_by_one = k == 1;
   // A padding at least the kernel's extent (only met as 1x1 with padding): gemm.
@@ -219,7 +186,10 @@ void OneDnnTrace(const CpuConvProblem& p, CpuIsa isa, CpuConvTrace* t) {
   const bool tiles = p.h % p.oh == 0 && p.w % p.ow == 0;
   const bool jit_1x1 = one_by_one && !pad_covers_kernel && tiles;
   const int64_t rtus = strided ? RoundUp(p.ci, blk) * ohw * e : 0;
-  const Primitive gemm_fwd{0, 0, y, Scratchpad({col})};
+  const Primitive gemm_fwd{0, 0, y, Scratchpad({fwd_col})};
+  // The direct (non-1x1) kernels, c-channel blocks; the first convolution keeps its source plain.
+  auto blocked = [&](int64_t c) { return Primitive{xb(c), wb(c), yb(c), Scratchpad({padded_bias(c)})}; };
+  auto first_conv = [&](int64_t c) { return Primitive{0, w_first(c), yb(c), Scratchpad({padded_bias(c)})}; };
 
   // ---- forward
   Primitive f;
@@ -227,20 +197,24 @@ void OneDnnTrace(const CpuConvProblem& p, CpuIsa isa, CpuConvTrace* t) {
     f = group_data_block ? Primitive{x, wt, y, 0} : gemm_fwd;
     t->forward_kernel = group_data_block ? "oneDNN jit grouped" : "oneDNN gemm";
   } else if (depthwise) {
-    f = pad_covers_kernel ? gemm_fwd : Primitive{xb(blk), w_dw, yb(blk), Scratchpad({padded_bias(blk)})};
-    t->forward_kernel = pad_covers_kernel ? "oneDNN gemm" : "oneDNN jit depthwise";
+    const bool jit = DepthwiseForwardTakes(p, isa);
+    f = jit ? Primitive{xb(blk), w_dw, yb(blk), Scratchpad({padded_bias(blk)})} : gemm_fwd;
+    t->forward_kernel = jit ? "oneDNN jit depthwise" : "oneDNN gemm";
   } else if (pad_covers_kernel) {
     f = gemm_fwd;
     t->forward_kernel = "oneDNN gemm";
   } else if (jit_1x1) {
     f = {xb(blk), wb(blk), yb(blk), Scratchpad({rtus, padded_bias(blk)})};
     t->forward_kernel = "oneDNN jit 1x1";
-  } else if (p.ci < blk) {  // "first convolution": the source stays plain
-    f = {0, w_first, yb(blk), Scratchpad({padded_bias(blk)})};
-    t->forward_kernel = "oneDNN jit first-conv";
+  } else if (avx512 && Avx512DirectForwardTakes(p)) {
+    f = p.ci < 16 ? first_conv(16) : blocked(16);
+    t->forward_kernel = p.ci < 16 ? "oneDNN jit first-conv" : "oneDNN jit blocked";
+  } else if (Avx2DirectForwardTakes(p)) {  // AVX2's kernel (AVX-512 falls back to it)
+    f = p.ci < 8 ? first_conv(8) : blocked(8);
+    t->forward_kernel = p.ci < 8 ? "oneDNN jit first-conv" : "oneDNN jit blocked";
   } else {
-    f = {xb(blk), wb(blk), yb(blk), Scratchpad({padded_bias(blk)})};
-    t->forward_kernel = "oneDNN jit blocked";
+    f = gemm_fwd;
+    t->forward_kernel = "oneDNN gemm";
   }
   AllocThenFree(&t->forward, {f.scratch, f.a, f.b, f.result}, {f.b, f.a, f.scratch});
   // ATen copies the blocked result out to a fresh plain tensor.
@@ -251,11 +225,11 @@ void OneDnnTrace(const CpuConvProblem& p, CpuIsa isa, CpuConvTrace* t) {
   // ---- backward data
   if (p.input_grad) {
     Primitive d;
-    const Primitive gemm_data{0, 0, x, Scratchpad({col})};
+    const Primitive gemm_data{0, 0, x, Scratchpad({GemmBackwardColumns(p, isa, false) * e})};
     if (grouped) {
       d = group_data_block ? Primitive{y, wt, x, 0} : gemm_data;
     } else if (depthwise) {
-      d = {yb(blk), w_dw, xb(blk), 0};
+      d = DepthwiseBackwardDataTakes(p) ? Primitive{yb(blk), w_dw, xb(blk), 0} : gemm_data;
     } else if (pad_covers_kernel) {
       d = gemm_data;
     } else if (jit_1x1) {
@@ -263,10 +237,12 @@ void OneDnnTrace(const CpuConvProblem& p, CpuIsa isa, CpuConvTrace* t) {
       // channel count; AVX-512 for the (rounded) channels.
       const int64_t data_rtus = avx512 ? rtus : (strided ? 144 * ohw * e : 0);
       d = {yb(blk), wb(blk), xb(blk), Scratchpad({data_rtus})};
-    } else if (!avx512 && !Avx2DirectBackwardDataTakes(p)) {
-      d = gemm_data;
+    } else if (avx512 && Avx512DirectBackwardDataTakes(p)) {
+      d = {yb(16), wb(16), xb(16), 0};
+    } else if (Avx2DirectBackwardDataTakes(p)) {  // AVX2's kernel (AVX-512 falls back to it)
+      d = {yb(8), wb(8), xb(8), 0};
     } else {
-      d = {yb(blk), wb(blk), xb(blk), 0};
+      d = gemm_data;
     }
     AllocThenFree(&bw, {d.a, d.b, d.result, d.scratch}, {d.scratch, d.b, d.a});
     bw.push_back(x);
@@ -277,23 +253,23 @@ void OneDnnTrace(const CpuConvProblem& p, CpuIsa isa, CpuConvTrace* t) {
     Primitive w;
     // gemm's second entry is the weight-gradient reduction buffer: oneDNN books the weights'
     // byte count as a number of floats (key_conv_wei_reduction), so 4x the weight per thread.
-    const Primitive gemm_weights{0, 0, wt, Scratchpad({col, 4 * wt})};
+    const Primitive gemm_weights{0, 0, wt, Scratchpad({GemmBackwardColumns(p, isa, true) * e, 4 * wt})};
     if (grouped) {
       w = group_weights_block ? Primitive{y, x, wt, 0} : gemm_weights;
     } else if (depthwise) {
-      w = one_by_one ? gemm_weights : Primitive{yb(blk), xb(blk), w_dw, 0};
+      const bool jit = !one_by_one && DepthwiseBackwardWeightsTakes(p);
+      w = jit ? Primitive{yb(blk), xb(blk), w_dw, 0} : gemm_weights;
     } else if (pad_covers_kernel) {
       w = gemm_weights;
     } else if (jit_1x1) {
       w = {yb(blk), xb(blk), wb(blk), Scratchpad({rtus, padded_bias(blk)})};
-    } else if (avx512 && p.ci >= 16) {
-      w = {yb(16), xb(16), wb(16), Scratchpad({padded_bias(16)})};
-    } else if (avx512 && p.ci <= 3) {  // first-conv: the source stays plain
-      w = {yb(16), 0, w_first, Scratchpad({padded_bias(16)})};
+    } else if (avx512 && (p.ci >= 16 || p.ci <= 3) && Avx512DirectBackwardWeightsTakes(p)) {
+      // Ci <= 3 is AVX-512's first convolution: the source stays plain.
+      w = {yb(16), p.ci >= 16 ? xb(16) : 0, p.ci >= 16 ? wb(16) : w_first(16), Scratchpad({padded_bias(16)})};
     } else if (!Avx2DirectBackwardWeightsTakes(p)) {
       w = gemm_weights;
-    } else if (!avx512 && p.ci == 3) {  // AVX2's first-conv
-      w = {yb(8), 0, w_first, Scratchpad({padded_bias(8)})};
+    } else if (p.ci == 3) {  // AVX2's first-conv ("flat")
+      w = {yb(8), 0, w_first(8), Scratchpad({padded_bias(8)})};
     } else {  // AVX2's kernel, 8-channel blocks (AVX-512 hands it 4..15 input channels)
       w = {yb(8), xb(8), wb(8), Scratchpad({padded_bias(8)})};
     }
@@ -388,7 +364,9 @@ void TransposedTrace(const CpuConvProblem& p, CpuConvTrace* t) {
 
 CpuConvTrace CpuConvAllocations(const CpuConvProblem& p, CpuIsa isa) {
   CpuConvTrace t;
-  if (p.transposed) {
+  if (p.channels_last && !p.transposed) {
+    cpu_conv_internal::ChannelsLastTrace(p, isa, &t);
+  } else if (p.transposed) {
     TransposedTrace(p, &t);
   } else if (UsesOneDnn(p)) {
     OneDnnTrace(p, isa, &t);

@@ -33,6 +33,9 @@ struct CpuConvProblem {
   bool input_grad = false;   // backward computes the input's gradient
   bool weight_grad = false;  // backward computes the weight's (and bias') gradient
   bool transposed = false;   // conv_transpose (the weight is [ci, co / groups, kh, kw])
+  // The input is channels-last (mkldnn_conv_use_channels_last): ATen runs the convolution in
+  // that memory format (cpu_conv_nhwc.cc).
+  bool channels_last = false;
 };
 
 // Allocation events in program order: +bytes allocates, -bytes frees the allocation of that
@@ -43,7 +46,18 @@ struct CpuConvTrace {
   std::vector<int64_t> backward;
   const char* forward_kernel = "";  // "oneDNN jit blocked", "native im2col", ...
   const char* scratch = "";         // what the scratch is: "oneDNN reorders and scratchpad", ...
+  // The weight's gradient comes back channels-last while the weight is not: AccumulateGrad
+  // then copies it into the weight's layout (the engine does, from the gradient's strides;
+  // not part of `backward`).
+  bool weight_grad_channels_last = false;
 };
+
+// Whether a [co, ci/g, kh, kw] weight is contiguous in channels-last as well as row-major (a
+// 1x1 kernel, or one input channel per group): weight.contiguous(channels_last) copies nothing.
+inline bool WeightIsChannelsLastToo(const CpuConvProblem& p) {
+  const int64_t per_group = p.transposed ? p.co / p.groups : p.ci / p.groups;
+  return (p.kh == 1 && p.kw == 1) || per_group == 1;
+}
 
 // The sequence PyTorch 1.13 runs for `p` on a CPU whose oneDNN dispatches with `isa`.
 CpuConvTrace CpuConvAllocations(const CpuConvProblem& p, CpuIsa isa);

@@ -35,6 +35,10 @@ Strides DenseStridesLike(const Tensor& t);
 // Dense strides for `shape` (of t's rank) in t's memory order: an op that resizes some dims
 // (upsample) and keeps the input's layout.
 Strides DenseStridesLike(const Tensor& t, const Shape& shape);
+// Whether a 4-D tensor's strides read as channels-last (Tensor::suggest_memory_format).
+bool SuggestsChannelsLast(const Tensor& t);
+// Dense channels-last strides of a 4-D [N, C, H, W] shape.
+Strides ChannelsLastStrides(const Shape& shape);
 // A new output like `t`: same shape and dtype, laid out in t's memory order.
 inline OutputSpec Like(const Tensor& t) {
   return OutputSpec{t.shape, t.dtype, DenseStridesLike(t), -1, true};

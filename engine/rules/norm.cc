@@ -59,13 +59,22 @@ StatusOr<std::vector<OutputSpec>> InferLayerNorm(const OpCall& c) {
   return std::vector<OutputSpec>{{c.in(0).shape, c.in(0).dtype}};  // contiguous
 }
 
+// The kernels read their input row-major (layer_norm_cpu / layer_norm_cuda:
+// input.expect_contiguous(); 1.13: input.contiguous()): a permuted input (ConvNeXt's
+// LayerNorm2d normalises x.permute(0, 2, 3, 1)) is copied for the forward, and the saved input
+// is copied again in backward (layer_norm_backward_*: input.expect_contiguous()), as is an
+// incoming gradient that is not row-major (it comes back through the permute). Measured on
+// 1.13 (conformance ops/layer_norm_permuted_input); 2.x read from source.
 void LayerNormMemory(const OpCall& c, OpMemory* m) {
+  const bool strided = !IsContiguous(c.in(0).shape, c.in(0).strides);
+  if (strided) m->forward_temps.push_back(Alloc{BytesOf(c.in(0)), "layer_norm contiguous input"});
   if (!AnyNeedsGrad(c)) return;
   StatusOr<int64_t> n = NormalizedNdim(c);
   Shape stats = c.in(0).shape;
   for (int64_t i = 0; i < (n.ok() ? *n : 1); ++i) stats[stats.size() - 1 - i] = 1;
   SaveInputAndStats(c, stats, "layer_norm mean", "layer_norm rstd", m);
-  m->backward_needs_dense_grad = true;
+  m->backward_needs_contiguous_grad = true;
+  if (strided) m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "layer_norm contiguous input"});
   if (c.runtime == Runtime::kCpuTorch113) {
     // LayerNormBackwardKernel (CPU): a [2, 1, N] float32 dgamma/dbeta partial-sum buffer (per
     // thread; one thread assumed) and a scalar.

@@ -45,6 +45,26 @@ Strides DenseStridesLike(const Tensor& t, const Shape& shape) {
   return s;
 }
 
+// c10/core/MemoryFormat.h, is_channels_last_strides_2d_s4: the strides ordered C, W, H, N
+// from the smallest, ambiguous cases (N111, a trivial C) read as row-major.
+bool SuggestsChannelsLast(const Tensor& t) {
+  if (t.shape.size() != 4 || t.strides.size() != 4 || t.strides[1] == 0) return false;
+  int64_t min = 0;
+  for (int d : {1, 3, 2, 0}) {
+    if (t.shape[d] == 0 || t.strides[d] < min) return false;
+    if (d == 0 && min == t.strides[1]) return false;
+    min = t.strides[d];
+    if (t.shape[d] > 1) min *= t.shape[d];
+  }
+  return true;
+}
+
+Strides ChannelsLastStrides(const Shape& shape) {
+  const int64_t c = std::max<int64_t>(shape[1], 1), w = std::max<int64_t>(shape[3], 1);
+  const int64_t h = std::max<int64_t>(shape[2], 1);
+  return Strides{h * w * c, 1, w * c, c};
+}
+
 }  // namespace rules
 
 namespace {

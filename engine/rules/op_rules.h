@@ -121,6 +121,13 @@ struct OpMemory {
   // Backward copies an incoming gradient that is not row-major contiguous (a transposed or
   // sliced view: convolutions' grad_output.contiguous()) before using it.
   bool backward_needs_contiguous_grad = false;
+  // With backward_needs_contiguous_grad: the layout the backward wants its incoming gradient
+  // in, when not row-major (a channels-last convolution's grad_output.contiguous(
+  // channels_last)); a gradient in another layout is copied. Empty: row-major.
+  Strides backward_grad_strides;
+  // Per input: the strides of the fresh gradient the backward makes (a channels-last
+  // convolution's input and weight gradients); empty, or empty for an input: contiguous.
+  std::vector<Strides> fresh_grad_strides;
   // The backward runs as two autograd nodes (cross_entropy: nll_loss_backward, then
   // _log_softmax_backward_data): the first turns the incoming gradient into the backward
   // scratch, and the incoming gradient is released before the second makes the inputs'

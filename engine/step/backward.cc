@@ -26,6 +26,15 @@ bool IsDense(const Shape& shape, const Strides& strides) {
   return true;
 }
 
+// Whether `strides` lay out `shape` as `want` does: equal on every dim larger than one.
+bool SameLayout(const Shape& shape, const Strides& strides, const Strides& want) {
+  if (strides.size() != shape.size() || want.size() != shape.size()) return false;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] > 1 && strides[d] != want[d]) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void StepSimulator::Backward() {
@@ -237,9 +246,12 @@ void StepSimulator::RunBackwardOp(int i, bool recompute) {
     // row-major contiguous (a transpose's backward) contiguous, before the kernel reads it.
     const Strides& in_strides = pending_[incoming].strides;
     const Shape& in_shape = g_.tensors[incoming].shape;
+    const bool in_layout = mem.backward_grad_strides.empty()
+                               ? IsContiguous(in_shape, in_strides)
+                               : SameLayout(in_shape, in_strides, mem.backward_grad_strides);
     if (pending_[incoming].grad >= 0 &&
         ((mem.backward_needs_dense_grad && !IsDense(in_shape, in_strides)) ||
-         (mem.backward_needs_contiguous_grad && !IsContiguous(in_shape, in_strides)))) {
+         (mem.backward_needs_contiguous_grad && !in_layout))) {
       const Tensor& o = g_.tensors[incoming];
       temps.push_back(NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries));
     }
@@ -270,10 +282,12 @@ void StepSimulator::RunBackwardOp(int i, bool recompute) {
     // F.linear runs addmm / matmul on weight.t(): the weight's gradient leaves TBackward as a
     // view (on CUDA, PyTorch 2.x; 1.13's CPU runtime sums out of place anyway).
     const bool weight_view = cfg_.runtime == Runtime::kCuda && k == 1 && op.kind == "linear";
+    const bool own_layout = k < mem.fresh_grad_strides.size() && !mem.fresh_grad_strides[k].empty();
     flows.push_back({op.inputs[k],
                      NewGrad(Bytes(in.shape, in.dtype),
                              to_grad ? Category::kGradients : Category::kTemporaries),
-                     ContiguousStrides(in.shape), false, static_cast<int>(k), weight_view});
+                     own_layout ? mem.fresh_grad_strides[k] : ContiguousStrides(in.shape), false,
+                     static_cast<int>(k), weight_view});
   }
   if (!consume_first) make_temps();
   if (opt_.record_operands) RecordBackwardOperands(i, incoming_buffer, flows);

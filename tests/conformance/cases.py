@@ -174,6 +174,60 @@ def _(r, b):
     return loss_of(r, r.exp(r.transpose(r.flatten(y, 2), 1, 2)))
 
 
+# DeepLabV3's ASPP: a 3x3 kernel dilated by 6 on a 4x4 map, padded to keep the size. oneDNN's
+# direct kernels refuse it (the padding is wider than one register block of output columns;
+# the dilated kernel is taller than the input), so gemm runs all three passes: forward with an
+# im2col buffer blocked to the L2 cache (256 of the 512 channels), backward weights with its
+# weight-reduction buffer, four times the weight.
+@case("ops", "conv2d_dilated_aspp", batch=2)
+def _(r, b):
+    x = lift(r, r.input("x", [b, 512, 4, 4]))
+    return loss_of(r, r.conv2d(x, r.param("w", [16, 512, 3, 3]), None, padding=6, dilation=6))
+
+
+# MobileNetV3's and EfficientNet's 5x5 depthwise kernels: oneDNN's depthwise backward-weights
+# kernel takes kernels up to 3 wide only; gemm computes the weights' gradient.
+@case("ops", "conv2d_depthwise_5x5")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 32, 8, 8]))
+    return loss_of(r, r.conv2d(x, r.param("w", [32, 1, 5, 5]), None, padding=2, groups=32))
+
+
+# DeepLabV3-MobileNetV3's dilated last stage: a 5x5 depthwise kernel dilated by 2 on a 4x4 map.
+# The depthwise backward-data kernel takes no dilation: gemm, for both backward passes.
+@case("ops", "conv2d_depthwise_dilated")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 48, 4, 4]))
+    return loss_of(r, r.conv2d(x, r.param("w", [48, 1, 5, 5]), None, padding=4, dilation=2, groups=48))
+
+
+# ViT-B/16's and B/32's patch embedding: a kernel wider than 14 (stride = kernel). oneDNN's
+# AVX-512 and AVX2 backward-weights kernels refuse it: gemm, whose weight-reduction buffer is
+# four times the weight.
+@case("ops", "conv2d_patch16")
+def _(r, b):
+    x = r.input("x", [b, 3, 32, 32])
+    return loss_of(r, r.conv2d(x, r.param("w", [64, 3, 16, 16]), r.param("bias", [64]), stride=16))
+
+
+# ConvNeXt's convolutions take a channels-last input (LayerNorm2d permutes, normalises and
+# permutes back): the output and both gradients are channels-last, the weight is copied to
+# channels-last around the kernel (forward and backward) unless it is already (depthwise), and
+# AccumulateGrad copies the channels-last weight gradient into the weight's layout. oneDNN runs
+# nhwc kernels: brdgmm / brgconv forward, and a depthwise 7x7 weight gradient in 16 x 16
+# blocks per group (256 times the weight).
+@case("ops", "conv2d_channels_last_depthwise")
+def _(r, b):
+    x = r.permute(lift(r, r.input("x", [b, 8, 8, 32])), [0, 3, 1, 2])
+    return loss_of(r, r.conv2d(x, r.param("w", [32, 1, 7, 7]), r.param("bias", [32]), padding=3, groups=32))
+
+
+@case("ops", "conv2d_channels_last_downsample")
+def _(r, b):
+    x = r.permute(lift(r, r.input("x", [b, 4, 4, 32])), [0, 3, 1, 2])
+    return loss_of(r, r.conv2d(x, r.param("w", [64, 32, 2, 2]), r.param("bias", [64]), stride=2))
+
+
 @case("ops", "conv_transpose2d")
 def _(r, b):
     x = lift(r, r.input("x", [b, 8, 8, 8]))
@@ -227,6 +281,16 @@ op_case("adaptive_avg_pool2d_1x1", [4, 12, 12], lambda r, x: r.adaptive_avg_pool
 
 
 # ------------------------------------------------------------------------------ norms
+# ConvNeXt's LayerNorm2d on a row-major input: layer_norm over a permuted (non-contiguous)
+# view copies it contiguous first (forward), and its backward copies both the permuted
+# incoming gradient and the saved input contiguous.
+@case("ops", "layer_norm_permuted_input")
+def _(r, b):
+    x = lift(r, r.input("x", [b, 16, 8, 8]))
+    y = r.layer_norm(r.permute(x, [0, 2, 3, 1]), r.param("w", [16]), r.param("bias", [16]))
+    return loss_of(r, r.permute(y, [0, 3, 1, 2]))
+
+
 @case("ops", "layer_norm")
 def _(r, b):
     x = lift(r, r.input("x", [b, 8, 16]))

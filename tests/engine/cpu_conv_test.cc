@@ -20,6 +20,7 @@ struct Measured {
   const char* what;
   CpuIsa isa;
   CpuConvProblem problem;  // n ci co groups h w kh kw oh ow sh sw ph pw dh dw bytes bias xg wg
+                           // [transposed channels_last]
   std::vector<int64_t> forward, backward;
 };
 
@@ -69,6 +70,45 @@ const std::vector<Measured>& MeasuredCases() {
      {2, 16, 1, 1, 1, 10, 1, 3, 1, 8, 1, 1, 0, 0, 1, 1, 4, false, false, true},
      {1280, 3072, 1024, -3072, -1280, 64, -1024},
      {1024, 1280, 3072, -1280, -1024, 192, -3072}},
+    // Boundary conditions of oneDNN's kernels (mkgrid.py boundary): each refuses, gemm runs.
+    {"avx512: ASPP, dilation 12 on 4x4: gemm, im2col blocked to L2", CpuIsa::kAvx512,
+     {2, 960, 256, 1, 4, 4, 3, 3, 4, 4, 1, 1, 12, 12, 12, 12, 4, false, true, true},
+     {28928, 32768, -28928, 32768, -32768},
+     {122880, 553088, -553088, 122880, -122880, 8847360, 35942656, -35942656, 8847360, -8847360}},
+    {"avx512: depthwise 5x5: bwd-weights gemm", CpuIsa::kAvx512,
+     {2, 120, 120, 120, 8, 8, 5, 5, 8, 8, 1, 1, 2, 2, 1, 1, 4, false, true, true},
+     {65536, 12800, 65536, -12800, -65536, 61440, -65536},
+     {65536, 12800, 65536, -12800, -65536, 61440, -65536, 12000, 54656, -54656, 12000, -12000}},
+    {"avx512: depthwise dilated: bwd gemm", CpuIsa::kAvx512,
+     {2, 672, 672, 672, 4, 4, 5, 5, 4, 4, 1, 1, 4, 4, 2, 2, 4, false, true, true},
+     {86016, 67200, 86016, -67200, -86016, 86016, -86016},
+     {86016, 1728, -1728, 86016, -86016, 67200, 270656, -270656, 67200, -67200}},
+    {"avx512: gemm bwd im2col over the scratchpad limit", CpuIsa::kAvx512,
+     {1, 160, 16, 1, 16, 16, 5, 5, 22, 22, 1, 1, 27, 27, 12, 12, 4, true, true, true},
+     {387328, 30976, -387328, 30976, -30976},
+     {163840, 672128, -672128, 163840, -163840, 256000, 1296256, 64, -1296256, 64, 256000, -256000, -64}},
+    {"avx2: depthwise 5x5: bwd-weights gemm", CpuIsa::kAvx2,
+     {1, 16, 16, 16, 8, 8, 5, 5, 6, 6, 1, 1, 1, 1, 1, 1, 4, true, true, true},
+     {4096, 1600, 2304, -1600, -4096, 2304, -2304},
+     {2304, 1600, 4096, -1600, -2304, 4096, -4096, 1600, 10256, 64, -10256, 64, 1600, -1600, -64}},
+    {"avx2: ASPP-like dilation: gemm", CpuIsa::kAvx2,
+     {2, 256, 256, 1, 4, 4, 3, 3, 4, 4, 1, 1, 24, 24, 24, 24, 4, false, true, true},
+     {24320, 32768, -24320, 32768, -32768},
+     {32768, 147584, -147584, 32768, -32768, 2359296, 9584896, -9584896, 2359296, -2359296}},
+    // Channels-last inputs (mkgrid.py channels_last; the backward ends with AccumulateGrad's
+    // copy of a channels-last weight gradient, added below where the rule reports one).
+    {"avx512 channels-last: depthwise 7x7 (brdgmm; weight gradient 16x16 per group)", CpuIsa::kAvx512,
+     {2, 96, 96, 96, 16, 16, 7, 7, 16, 16, 1, 1, 3, 3, 1, 1, 4, true, true, true, false, true},
+     {196608, 4224, 18816, -18816, -4224},
+     {196608, 18816, -18816, 4816896, 6272, 384, -6272, 384, 18816, 18816, -18816, -4816896, -384}},
+    {"avx512 channels-last: 2x2 stride 2 (brgconv; weight copied)", CpuIsa::kAvx512,
+     {2, 16, 16, 1, 16, 16, 2, 2, 8, 8, 2, 2, 0, 0, 1, 1, 4, true, true, true, false, true},
+     {4096, 8192, 8192, 4096, -4096, -8192, -4096},
+     {4096, 32768, 4096, -4096, 4096, 64, 64, 4096, 4096, -4096, -4096, -64, -4096, 4096, -4096}},
+    {"avx512 channels-last: native 3x3 (weight copied around im2col)", CpuIsa::kAvx512,
+     {1, 32, 40, 1, 16, 16, 3, 3, 16, 16, 1, 1, 1, 1, 1, 1, 4, true, true, true, false, true},
+     {46080, 294912, 40960, -294912, -46080},
+     {46080, 32768, 160, 46080, 294912, -294912, -46080, 46080, -46080}},
     {"avx2: jit blocked", CpuIsa::kAvx2,
      {2, 16, 17, 1, 9, 9, 3, 3, 9, 9, 1, 1, 1, 1, 1, 1, 4, true, true, true},
      {224, 10368, 13824, 15552, -13824, -10368, -224, 11016, -15552},
@@ -111,7 +151,12 @@ const std::vector<Measured>& MeasuredCases() {
 
 TEST(CpuConvTest, PredictsMeasuredAllocationSequences) {
   for (const Measured& m : MeasuredCases()) {
-    const CpuConvTrace t = CpuConvAllocations(m.problem, m.isa);
+    CpuConvTrace t = CpuConvAllocations(m.problem, m.isa);
+    if (t.weight_grad_channels_last) {  // the engine's AccumulateGrad copy, measured with it
+      const CpuConvProblem& p = m.problem;
+      const int64_t w = p.co * (p.ci / p.groups) * p.kh * p.kw * p.element_bytes;
+      t.backward.insert(t.backward.end(), {w, -w});
+    }
     EXPECT_EQ(t.forward, m.forward) << m.what;
     EXPECT_EQ(t.backward, m.backward) << m.what;
   }

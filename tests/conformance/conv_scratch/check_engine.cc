@@ -3,7 +3,9 @@
 //
 //   to_lines.py MEASURED.jsonl | build/bin/cpu_conv_check [--show N]
 //
-// Each input line: isa n ci co groups h w kh kw oh ow sh sw ph pw dh dw bias xg ; fwd ; bwd
+// Each input line: isa n ci co groups h w kh kw oh ow sh sw ph pw dh dw bias xg cl ; fwd ; bwd
+// (cl: the input is channels-last; the measured backward then ends with AccumulateGrad's copy
+// of a channels-last weight gradient, which the rule leaves to the engine: it is added here).
 // (isa "avx512" or "avx2"; fwd and bwd are the signed allocation events, space-separated).
 #include <cstdio>
 #include <cstdlib>
@@ -43,19 +45,24 @@ int main(int argc, char** argv) {
     std::istringstream in(line);
     std::string isa_name, semi;
     memest::CpuConvProblem p;
-    int bias = 0, xg = 0;
+    int bias = 0, xg = 0, cl = 0;
     in >> isa_name >> p.n >> p.ci >> p.co >> p.groups >> p.h >> p.w >> p.kh >> p.kw >> p.oh >> p.ow >>
-        p.stride_h >> p.stride_w >> p.pad_h >> p.pad_w >> p.dil_h >> p.dil_w >> bias >> xg >> semi;
+        p.stride_h >> p.stride_w >> p.pad_h >> p.pad_w >> p.dil_h >> p.dil_w >> bias >> xg >> cl >> semi;
     if (!in || semi != ";") {
       std::cerr << "bad line: " << line << "\n";
       return 2;
     }
     p.bias = bias != 0;
     p.input_grad = xg != 0;
+    p.channels_last = cl != 0;
     p.weight_grad = true;
     const memest::CpuIsa isa = isa_name == "avx2" ? memest::CpuIsa::kAvx2 : memest::CpuIsa::kAvx512;
     const std::vector<int64_t> fwd = ReadEvents(&in), bwd = ReadEvents(&in);
-    const memest::CpuConvTrace t = memest::CpuConvAllocations(p, isa);
+    memest::CpuConvTrace t = memest::CpuConvAllocations(p, isa);
+    if (t.weight_grad_channels_last) {  // AccumulateGrad's copy into the weight's layout
+      const int64_t w = p.co * (p.ci / p.groups) * p.kh * p.kw * p.element_bytes;
+      t.backward.insert(t.backward.end(), {w, -w});
+    }
     ++total;
     const bool same = t.forward == fwd && t.backward == bwd;
     auto pk = [](const std::vector<int64_t>& v) {

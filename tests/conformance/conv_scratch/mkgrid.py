@@ -1,7 +1,12 @@
 """Writes the grids of convolutions measured for RULE.md (probe.py measures them):
   mkgrid.py main OUT0 OUT1   the main grid, in two halves (9,722 points)
   mkgrid.py groups OUT       grouped, not depthwise, convolutions (467 points)
-  mkgrid.py small OUT        inputs of 1 to 6 pixels, kernels up to 5, paddings up to 2 (1,733)"""
+  mkgrid.py small OUT        inputs of 1 to 6 pixels, kernels up to 5, paddings up to 2 (1,733)
+  mkgrid.py boundary OUT     kernels that reach far past the input: dilations to 12 with paddings to
+                             match (DeepLab's ASPP), paddings larger than the kernel's half, 5x5 and
+                             7x7 depthwise kernels, wide channel counts (gemm's im2col blocking)
+  mkgrid.py channels_last OUT  channels-last inputs (ConvNeXt's LayerNorm2d): ungrouped 1x1 to
+                             7x7, strided and patchify kernels, depthwise 3x3 to 7x7"""
 import itertools
 import json
 import random
@@ -68,8 +73,57 @@ def small_grid():
     return pts
 
 
+def boundary_grid():
+    random.seed(3)
+    pts = []
+    # ungrouped: dilation d with padding d (a "same" 3x3, as ASPP), or off by one or two
+    for Ci, Co, S, K, dil, dpad, st, N in itertools.product([4, 16, 48, 160], [16, 40], [2, 4, 6, 8, 13, 16],
+                                                           [3, 5, 7], [1, 2, 3, 6, 12], [-2, -1, 0, 1, 3],
+                                                           [1, 2], [1, 2]):
+        pad = dil * (K // 2) + dpad
+        if pad < 0 or S + 2 * pad < dil * (K - 1) + 1 or random.random() > 0.1:
+            continue
+        pts.append(dict(N=N, Ci=Ci, Co=Co, S=S, K=K, stride=st, pad=pad, dil=dil, groups=1,
+                        bias=random.random() < 0.5, xg=random.random() < 0.8, dim=2))
+    # depthwise, kernels 3 to 7, dilated or not, paddings around "same"
+    for Cc, S, K, dil, dpad, st, N in itertools.product([16, 24, 72], [2, 4, 7, 8, 16], [3, 5, 7], [1, 2, 4],
+                                                       [-1, 0, 1, 2], [1, 2], [1, 2]):
+        pad = dil * (K // 2) + dpad
+        if pad < 0 or S + 2 * pad < dil * (K - 1) + 1 or random.random() > 0.25:
+            continue
+        pts.append(dict(N=N, Ci=Cc, Co=Cc, S=S, K=K, stride=st, pad=pad, dil=dil, groups=Cc,
+                        bias=random.random() < 0.5, xg=True, dim=2))
+    # wide channels: gemm's blocking of im2col over input channels and output pixels
+    for Ci, Co, S, dil in itertools.product([256, 640, 960, 1280], [64, 256], [4, 8, 12], [6, 12, 24]):
+        pts.append(dict(N=2, Ci=Ci, Co=Co, S=S, K=3, stride=1, pad=dil, dil=dil, groups=1, bias=False,
+                        xg=True, dim=2))
+    random.shuffle(pts)
+    return pts
+
+
+def channels_last_grid():
+    random.seed(5)
+    pts = []
+    for Ci, Co, (K, st, pad), S, N, bias, xg in itertools.product(
+            [16, 32, 48, 96, 128, 3, 8], [16, 32, 48, 64, 96, 192, 40],
+            [(1, 1, 0), (3, 1, 1), (3, 2, 1), (2, 2, 0), (4, 4, 0), (7, 1, 3), (1, 2, 0)], [4, 8, 16], [1, 2],
+            [False, True], [True, False]):
+        if S < K or random.random() > 0.08:
+            continue
+        pts.append(dict(N=N, Ci=Ci, Co=Co, S=S, K=K, stride=st, pad=pad, dil=1, groups=1, bias=bias, xg=xg,
+                        dim=2, cl=True))
+    for C, K, st, S, N, bias in itertools.product([16, 48, 96, 100, 8], [3, 5, 7], [1, 2], [2, 4, 8, 16], [1, 2],
+                                                  [False, True]):
+        if random.random() > 0.35:
+            continue
+        pts.append(dict(N=N, Ci=C, Co=C, S=S, K=K, stride=st, pad=K // 2, dil=1, groups=C, bias=bias, xg=True,
+                        dim=2, cl=True))
+    random.shuffle(pts)
+    return pts
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] not in ("main", "groups", "small"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("main", "groups", "small", "boundary", "channels_last"):
         sys.exit(__doc__)
     if sys.argv[1] == "main":
         pts = main_grid()
@@ -77,6 +131,7 @@ if __name__ == "__main__":
         json.dump(pts[:h], open(sys.argv[2], "w"))
         json.dump(pts[h:], open(sys.argv[3], "w"))
     else:
-        pts = groups_grid() if sys.argv[1] == "groups" else small_grid()
+        pts = {"groups": groups_grid, "small": small_grid, "boundary": boundary_grid,
+               "channels_last": channels_last_grid}[sys.argv[1]]()
         json.dump(pts, open(sys.argv[2], "w"))
     print(len(pts))

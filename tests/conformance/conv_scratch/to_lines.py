@@ -17,7 +17,7 @@ def main():
         ow = (W + 2 * pad - dil * (kw - 1) - 1) // st + 1
         sh, ph, dh = (st, pad, dil) if two_d else (1, 0, 1)
         head = [isa, p["N"], p["Ci"], p["Co"], p["groups"], H, W, kh, kw, oh, ow,
-                sh, st, ph, pad, dh, dil, int(p["bias"]), int(p["xg"])]
+                sh, st, ph, pad, dh, dil, int(p["bias"]), int(p["xg"]), int(p.get("cl", False))]
         print(" ".join(map(str, head)), ";", " ".join(map(str, p["fwd"])), ";",
               " ".join(map(str, p["bwd"])))
 
