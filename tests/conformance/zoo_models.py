@@ -43,9 +43,6 @@ MODELS = []
 # Model modes of the CI subset that do not pass yet, and why (docs/fidelity.md's zoo section
 # has every model's numbers). zoo.py does not fail on them, and says when one passes.
 KNOWN = {
-    ("lstm_lm", TRAIN): "forward peak over by 6.4%: the expanded 1.13 LSTM's per-step "
-                        "temporaries as the traced graph orders them",
-    ("lstm_lm", INFER): "forward peak over by 2.7%, as in training",
     ("transformer_encoder", INFER): "forward peak over: PyTorch 1.13 runs the CPU fast path "
                                     "(_transformer_encoder_layer_fwd) in inference, the meta "
                                     "trace the layer's Python path",

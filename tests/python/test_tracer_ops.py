@@ -84,6 +84,19 @@ def test_lstm_is_one_op_that_makes_its_zero_state(tmp_path):
     estimate_both(model, 5, tmp_path)
 
 
+def test_linear_adds_its_bias_in_place_on_a_non_contiguous_input(tmp_path):
+    # at::linear on a batch-first LSTM's output (a transposed view) runs matmul, then
+    # output.add_(bias); under the trace's dispatch mode it would run an out-of-place add
+    model = tracer.trace(LanguageModel(nn.LSTM), torch.randint(0, 50, (3, 7)))
+    (add,) = ops_of(model, "add_")
+    assert add["inputs"][1] == "head.bias"
+    assert "add" not in kinds(model)
+    # a contiguous input takes the fused addmm path: no add at all
+    flat = tracer.trace(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4)), torch.randn(2, 3, 8))
+    assert "add_" not in kinds(flat) and "add" not in kinds(flat)
+    estimate_both(model, 5, tmp_path)
+
+
 def test_gru_reads_a_state_the_graph_made(tmp_path):
     class M(nn.Module):
         def __init__(self):

@@ -54,7 +54,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memest.model_json import attr_value
 
 try:
-    from . import _aten_map, _trace_clones, _trace_fused, _trace_lifetimes, _trace_random
+    from . import (_aten_map, _trace_clones, _trace_fused, _trace_lifetimes, _trace_linear,
+                   _trace_random)
     from ._trace_leaves import _module_on_meta
     from ._trace_static import Statics, batch_attr
 except ImportError:  # loaded on its own, outside the memest package
@@ -62,6 +63,7 @@ except ImportError:  # loaded on its own, outside the memest package
     import _trace_clones
     import _trace_fused
     import _trace_lifetimes
+    import _trace_linear
     import _trace_random
     from _trace_leaves import _module_on_meta
     from _trace_static import Statics, batch_attr
@@ -352,6 +354,8 @@ class _Tracer:
             return
         if _trace_random.stochastic_depth(self, key, args, kwargs, out):
             return
+        if _trace_linear.bias_add(self, key, args, kwargs, out):
+            return
         # Made without reading the graph (factories, masks cut from buffers, bookkeeping on a
         # buffer, fills of a constant): recorded when, and as what, an op of the graph reads it.
         # An arange with a step is F.embedding_bag's offsets: held back for embedding_bag.
@@ -626,7 +630,7 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
         try:
             with _Recording(tracer), _trace_fused.sdpa_as_one_op(tracer), \
                     _trace_fused.recurrent_as_one_op(tracer), _checkpoints_as_regions(tracer), \
-                    _trace_clones.user_clones(tracer):
+                    _trace_clones.user_clones(tracer), _trace_linear.bias_added_in_place(tracer):
                 out = m(*args)
         except UnsupportedOp:
             raise
