@@ -1,5 +1,5 @@
 // Rules for ops that copy a tensor, into a new arrangement or as it is, or fill it: pad
-// (constant_pad_nd), roll, clone and fill_.
+// (constant_pad_nd), roll, clone, fill_ and copy_.
 //
 // derivatives.yaml: constant_pad_nd keeps only its pads (its backward is constant_pad_nd of
 // the gradient with the pads negated: a new input-sized tensor); roll keeps only its shifts
@@ -86,10 +86,32 @@ StatusOr<std::vector<OutputSpec>> InferFill(const OpCall& c) {
   return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides)};
 }
 
+// copy_(dst, src): src, broadcast to dst's shape and converted to its dtype, written into dst
+// in place (a slice of a fresh tensor: torchvision's batch_images): no new storage, the output
+// is dst's. Autograd keeps nothing (VariableTypeManual.cpp copy_; CopyBackwards in
+// torch/csrc/autograd/functions/tensor.cpp): dst's gradient is zeros_like(grad), src's is
+// grad.to(src's options), the incoming gradient itself when the dtypes match, reduced to a
+// broadcast src's shape by the engine.
+StatusOr<std::vector<OutputSpec>> InferCopyInto(const OpCall& c) {
+  const Tensor& dst = c.in(0);
+  StatusOr<Shape> out = BroadcastShapes(dst.shape, c.in(1).shape);
+  if (!out.ok() || *out != dst.shape) {
+    return InvalidArgument(InputField(c, 1) + ": " + ShapeToString(c.in(1).shape) +
+                           " does not broadcast to the destination's " + ShapeToString(dst.shape));
+  }
+  return std::vector<OutputSpec>{ViewOf(0, dst.shape, dst.dtype, dst.strides)};
+}
+
+void CopyIntoMemory(const OpCall& c, OpMemory* m) {
+  const bool same = c.in(1).shape == c.in(0).shape && c.in(1).dtype == c.in(0).dtype;
+  m->grad_flow = {GradFlow::kFresh, same ? GradFlow::kPassThrough : GradFlow::kFresh};
+}
+
 }  // namespace
 
 void RegisterCopyRules(std::vector<OpRule>* r) {
   r->push_back({"clone", 1, 1, InferClone, PassGrad});
+  r->push_back({"copy_", 2, 2, InferCopyInto, CopyIntoMemory});
   r->push_back({"fill_", 1, 1, InferFill, NoSaves});
   r->push_back({"pad", 1, 1, InferPad, NoSaves});
   r->push_back({"roll", 1, 1, InferRoll, RollMemory});

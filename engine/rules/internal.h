@@ -21,6 +21,7 @@ void RegisterIndexRules(std::vector<OpRule>* rules);
 void RegisterRecurrentRules(std::vector<OpRule>* rules);
 void RegisterCopyRules(std::vector<OpRule>* rules);
 void RegisterAttentionRules(std::vector<OpRule>* rules);
+void RegisterCompareRules(std::vector<OpRule>* rules);
 
 inline std::string InputField(const OpCall& c, size_t i) {
   return c.field + ".inputs[" + std::to_string(i) + "]";

@@ -82,6 +82,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterRecurrentRules(t);
     rules::RegisterCopyRules(t);
     rules::RegisterAttentionRules(t);
+    rules::RegisterCompareRules(t);
     std::sort(t->begin(), t->end(),
               [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
     return t;

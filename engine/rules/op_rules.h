@@ -38,6 +38,8 @@
 //   add / sub / mul / div(a, b)   tensors, broadcasting       (a; scalar=<float>) with a scalar
 //   add_ / mul_ (a, b) in place on a
 //   masked_fill(x, mask; value)  where(cond, a, b)
+//   eq / ne / lt / le / gt / ge(a, b) or (a; scalar) -> bool, not differentiable
+//   maximum / minimum(a, b)   cumsum(x; dim) (an integral x sums into int64)
 //   sum / mean(x; dim=[...] (all when absent), keepdim=0)
 //   reshape / view(x; shape=[...], one -1 allowed)  transpose(x; dim0, dim1)  permute(x; dims)
 //   expand(x; shape)  unsqueeze(x; dim)  squeeze(x; dim)  slice(x; dim, start, end, step=1)
@@ -56,6 +58,7 @@
 //   expand and full take batch_dim: the dim of `shape` that is the micro-batch (rescaled with it)
 //   pad(x; pad=[left, right, ...], value=0)   roll(x; shifts, dims)   clone(x)
 //   fill_(x; value=0) in place   norm(x; p=2, dim=[...], keepdim=0)   clamp(x; min?, max?)
+//   copy_(dst, src) in place: src broadcast to dst and converted to its dtype
 #ifndef MEMEST_ENGINE_RULES_OP_RULES_H_
 #define MEMEST_ENGINE_RULES_OP_RULES_H_
 

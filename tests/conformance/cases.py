@@ -82,6 +82,15 @@ def _(r, b):
     return loss_of(r, r.linear(x, r.param("w", [12, 16]), r.param("bias", [12])))
 
 
+@case("ops", "linear_3d_transposed_bias", configs=[SGD, Config(mode="inference")])
+def _(r, b):
+    # A batch-first RNN's output into its head (a [T, B, H] tensor transposed to [B, T, H]): a
+    # non-contiguous 3-D input, which at::linear runs as matmul (folded into a contiguous copy)
+    # and output.add_(bias) in place.
+    x = lift(r, r.input("x", [8, b, 16], batch_dim=1))
+    return loss_of(r, r.linear(r.transpose(x, 0, 1), r.param("w", [12, 16]), r.param("bias", [12])))
+
+
 @case("ops", "matmul_2d")
 def _(r, b):
     a = lift(r, r.input("a", [b * 4, 16]))
@@ -393,6 +402,54 @@ def _(r, b):
 def _(r, b):
     x = lift(r, r.input("x", [b, 8, 16]))
     return loss_of(r, r.where(r.input("cond", [b, 8, 16], "bool"), x, r.exp(x)))
+
+
+@case("ops", "compare_masks")
+def _(r, b):
+    # Comparisons make bool masks that masked_fill and where keep: HF's `mask == 0` of an int
+    # attention mask, and each comparison of activations, of a tensor and of a number.
+    x = lift(r, r.input("x", [b, 8, 16]))
+    am = r.input("am", [b, 1, 16], "int64", high=2)
+    y = r.masked_fill(x, r.compare("eq", am, 0), -1e4)
+    e = r.exp(y)
+    y = r.masked_fill(y, r.compare("ne", y, e), 0.5)
+    y = r.masked_fill(y, r.compare("lt", y, e), 0.25)
+    y = r.masked_fill(y, r.compare("le", y, 0.1), 0.0)
+    y = r.masked_fill(y, r.compare("ge", y, 2.0), 2.0)
+    return loss_of(r, r.where(r.compare("gt", y, 0.0), y, e))
+
+
+@case("ops", "maximum_constant", configs=[SGD, Config(mode="inference")])
+def _(r, b):
+    # HF OPT's clamp of masked scores: torch.max(scores, torch.tensor(finfo.min)); autograd
+    # keeps the scores and the 0-dim constant.
+    x = lift(r, r.input("x", [b, 8, 16]))
+    return loss_of(r, r.maximum(x, r.full([], value=-3.0)))
+
+
+op_case("maximum_both_grad", SHAPE, lambda r, x: r.maximum(x, r.exp(x)))
+op_case("minimum_broadcast_param", SHAPE, lambda r, x: r.minimum(x, r.param("m", [16])))
+op_case("cumsum", SHAPE, lambda r, x: r.cumsum(x, 1))
+
+
+@case("ops", "cumsum_positions", configs=[SGD, Config(mode="inference")])
+def _(r, b):
+    # HF RoBERTa's create_position_ids_from_input_ids: mask = ids.ne(pad).int(),
+    # (cumsum(mask, 1).type_as(mask)) * mask, .long(): ints, no gradient.
+    ids = r.input("ids", [b, 16], "int64", high=4)
+    m = r.to(r.compare("ne", ids, 1), "int32")
+    pos = r.to(r.mul(r.to(r.cumsum(m, 1), "int32"), m), "int64")
+    return loss_of(r, r.embedding(r.param("wpe", [18, 32]), pos))
+
+
+@case("ops", "copy_into_slice", configs=[SGD, Config(mode="inference")])
+def _(r, b):
+    # torchvision's batch_images: images copied into a slice of a zeroed, padded batch (no new
+    # storage), which the first convolution reads.
+    x = r.exp(r.input("x", [b, 3, 10, 10]))
+    buf = r.full([b, 3, 12, 12])
+    r.copy_(r.slice(r.slice(buf, 2, 0, 10), 3, 0, 10), x)
+    return loss_of(r, r.conv2d(buf, r.param("w", [4, 3, 3, 3])))
 
 
 # ------------------------------------------------------------------------------ reductions, views

@@ -640,6 +640,30 @@ class Recorder:
     def where(self, cond, a, b):
         return self._op("where", [cond, a, b], {}, torch.where)
 
+    def compare(self, kind, a, b):
+        """eq / ne / lt / le / gt / ge of two values, or of a value and a number: a bool tensor."""
+        fn = getattr(torch, kind)
+        if isinstance(b, (int, float)):
+            return self._op(kind, [a], {"scalar": float(b)}, lambda t: fn(t, b))
+        return self._op(kind, [a, b], {}, fn)
+
+    def maximum(self, a, b):
+        return self._op("maximum", [a, b], {}, torch.maximum)
+
+    def minimum(self, a, b):
+        return self._op("minimum", [a, b], {}, torch.minimum)
+
+    def cumsum(self, x, dim):
+        return self._op("cumsum", [x], {"dim": dim}, lambda t: torch.cumsum(t, dim))
+
+    def full(self, shape, dtype="float32", value=0.0):
+        """A tensor the forward makes from a constant (torch.full): no gradient."""
+        return self._op("full", [], {"shape": list(shape), "dtype": dtype},
+                        lambda: torch.full(list(shape), value, dtype=DTYPES[dtype]))
+
+    def copy_(self, dst, src):
+        return self._op("copy_", [dst, src], {}, lambda d, s: d.copy_(s))
+
     # reductions
     def sum(self, x, dim=None, keepdim=False):
         attrs = {"dim": list(dim) if dim is not None else None, "keepdim": 1 if keepdim else None}

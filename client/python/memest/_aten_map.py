@@ -12,6 +12,11 @@ import sys
 
 import torch
 
+try:
+    from . import _aten_compare
+except ImportError:  # loaded on its own, outside the memest package
+    import _aten_compare
+
 _INT64_MAX = 2 ** 63 - 1
 
 DTYPE_NAMES = {
@@ -737,6 +742,9 @@ HANDLERS = {
     "arange.start": _arange,
     "arange.start_step": _arange,
 }
+
+# Comparisons, extrema, cumsum, stack and copy_ (_aten_compare.py).
+HANDLERS.update(_aten_compare.HANDLERS)
 
 # Factory ops: their results are constants (no graph inputs) until an op of the graph reads them.
 FACTORIES = {

@@ -16,11 +16,13 @@ be, and when an op of the graph reads one, it enters the graph as what it really
   graph first reads it, so it is an activation of the forward, freed after its last use, or kept
   as saved for backward when an op saves it (masked_fill's mask);
 * a tensor the trace never saw made (a tensor attribute of the module that is not a registered
-  buffer): module state, declared as a buffer "const.<n>".
+  buffer): module state, declared as a buffer "const.<n>". Not what torch.tensor(...) makes in
+  forward, which no dispatched op (or only lift_fresh) shows: a tensor of the forward.
 
 Static tensors whose shape follows the batch (an attention mask [B, 1, 1, T] made from a ones
 [B, T]) are rescaled by the engine: the tracer marks their batch dim (attrs.batch_dim).
 """
+import contextlib
 import weakref
 
 import torch
@@ -88,6 +90,9 @@ class Statics:
         # never seen: a constant (a tensor held back for a handler is of the graph)
         return i not in tr._internal and i not in tr._noise and i not in tr._deferred
 
+    def _seen(self, t):
+        return id(t) in self.made or id(t) in self.tr._names
+
     def forget(self, oid):
         """The tensor with id `oid` died (its id may be reused)."""
         self.made.pop(oid, None)
@@ -102,6 +107,8 @@ class Statics:
             return False
         in_place = func.overloadpacket.__name__.endswith("_")
         view = _View(func, key, args, kwargs, outs) if key in VIEW_KEYS and ins else None
+        if key == "lift_fresh.default" and ins and not self._seen(ins[0]):
+            view = None  # torch.tensor(...) in forward: made there (in C++, not dispatched)
         for o in outs:
             if in_place and ins and o is ins[0]:
                 continue  # the same tensor, still static (BatchNorm's num_batches_tracked += 1)
@@ -144,6 +151,28 @@ class Statics:
             return tr._names[id(t)]
         finally:
             tr._current = saved
+
+
+@contextlib.contextmanager
+def tensors_made_in_forward(tracer):
+    """While recording, what torch.tensor(...) returns is a static tensor of the forward (a
+    `full` where the graph reads it): built in C++, it reaches the dispatcher through no op at
+    all on the meta device (HF OPT's `torch.tensor(finfo.min, device=...)`), and would otherwise
+    be taken for module state."""
+    original = torch.tensor
+
+    def tensor(*args, **kwargs):
+        t = original(*args, **kwargs)
+        if not tracer.paused and id(t) not in tracer._names:
+            tracer.life.watch(t)
+            tracer.statics.made[id(t)] = _Fresh("torch.tensor")
+        return t
+
+    torch.tensor = tensor
+    try:
+        yield
+    finally:
+        torch.tensor = original
 
 
 def batch_attr(kind, attrs, in_shape, va, vb, batch):

@@ -55,7 +55,7 @@ from memest.model_json import attr_value
 
 try:
     from . import (_aten_map, _trace_clones, _trace_fused, _trace_lifetimes, _trace_linear,
-                   _trace_random)
+                   _trace_random, _trace_static)
     from ._trace_leaves import _module_on_meta
     from ._trace_static import Statics, batch_attr
 except ImportError:  # loaded on its own, outside the memest package
@@ -66,6 +66,7 @@ except ImportError:  # loaded on its own, outside the memest package
     import _trace_linear
     import _trace_random
     from _trace_leaves import _module_on_meta
+    import _trace_static
     from _trace_static import Statics, batch_attr
 
 __all__ = ["trace", "save", "UnsupportedOp", "TracedModel"]
@@ -630,7 +631,8 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
         try:
             with _Recording(tracer), _trace_fused.sdpa_as_one_op(tracer), \
                     _trace_fused.recurrent_as_one_op(tracer), _checkpoints_as_regions(tracer), \
-                    _trace_clones.user_clones(tracer), _trace_linear.bias_added_in_place(tracer):
+                    _trace_clones.user_clones(tracer), _trace_linear.bias_added_in_place(tracer), \
+                    _trace_static.tensors_made_in_forward(tracer):
                 out = m(*args)
         except UnsupportedOp:
             raise
