@@ -1,5 +1,5 @@
 // Rules for comparisons, element-wise extrema and the running sum: eq / ne / lt / le / gt / ge
-// (bool results), maximum / minimum, cumsum.
+// (bool results), bitwise_and / bitwise_or, maximum / minimum, cumsum.
 //
 // derivatives.yaml (1.13 and 2.x): every comparison is `output_differentiability: [False]`, so
 // autograd keeps nothing and no input gets a gradient through it. maximum's self and other
@@ -44,6 +44,24 @@ StatusOr<std::vector<OutputSpec>> InferCompare(const OpCall& c) {
 
 void CompareMemory(const OpCall& c, OpMemory* m) {
   m->grad_flow.assign(c.inputs.size(), GradFlow::kNone);
+}
+
+// bitwise_and / bitwise_or(a, b): integer or bool operands (detection's mask & mask), the
+// promoted type; not differentiable (no derivatives.yaml entry: integral types only).
+StatusOr<std::vector<OutputSpec>> InferBitwise(const OpCall& c) {
+  if (c.inputs.size() != 2) {
+    return InvalidArgument(c.field + ".inputs: " + c.op.kind + " takes two tensors");
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    if (IsFloating(c.in(i).dtype)) {
+      return InvalidArgument(InputField(c, i) + ": " + c.op.kind + " takes integer or bool " +
+                             "tensors, got " + std::string(DTypeName(c.in(i).dtype)));
+    }
+  }
+  MEMEST_ASSIGN_OR_RETURN(OutputSpec out,
+                          BroadcastOutput(c, PromoteTypes(c.in(0).dtype, c.in(1).dtype)));
+  out.differentiable = false;
+  return std::vector<OutputSpec>{out};
 }
 
 // maximum / minimum(a, b): the promoted type (a 0-dim floating tensor does not promote a
@@ -117,6 +135,8 @@ void RegisterCompareRules(std::vector<OpRule>* r) {
   for (const char* kind : {"eq", "ne", "lt", "le", "gt", "ge"}) {
     r->push_back({kind, 1, 2, InferCompare, CompareMemory});
   }
+  r->push_back({"bitwise_and", 2, 2, InferBitwise, CompareMemory});
+  r->push_back({"bitwise_or", 2, 2, InferBitwise, CompareMemory});
   r->push_back({"maximum", 2, 2, InferExtremum, ExtremumMemory});
   r->push_back({"minimum", 2, 2, InferExtremum, ExtremumMemory});
   r->push_back({"cumsum", 1, 1, InferCumsum, CumsumMemory});

@@ -1,5 +1,5 @@
 // Rules for ops that make tensors or follow indices: arange, full, index (advanced indexing
-// with one index tensor) and embedding_bag.
+// with integer index tensors for consecutive dims) and embedding_bag.
 //
 // derivatives.yaml: index.Tensor keeps its indices and self's sizes; its backward is
 // index_put_(zeros(self), indices, grad, accumulate=true), which on CUDA sorts the flattened
@@ -57,34 +57,57 @@ StatusOr<std::vector<OutputSpec>> InferFull(const OpCall& c) {
   return std::vector<OutputSpec>{{shape, *d, {}, -1, false}};
 }
 
-// ---- index(x, idx; dim=0): x[:, ..., idx] with one integer index tensor at `dim` ----
+// ---- index(x, idx...; dim=0): x[:, ..., idx1, idx2, ...], integer index tensors for the
+// consecutive dims from `dim` (broadcast together: RPN's objectness[batch_idx, top_n_idx]) ----
 
-StatusOr<std::vector<OutputSpec>> InferIndex(const OpCall& c) {
+StatusOr<Shape> IndexShape(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 1, static_cast<int>(kMaxRank)));
-  if (IsFloating(c.in(1).dtype) || c.in(1).dtype == DType::kBool) {
-    return InvalidArgument(InputField(c, 1) + ": index takes an integer index tensor, got " +
-                           std::string(DTypeName(c.in(1).dtype)));
+  Shape indices;
+  for (size_t i = 1; i < c.inputs.size(); ++i) {
+    if (IsFloating(c.in(i).dtype) || c.in(i).dtype == DType::kBool) {
+      return InvalidArgument(InputField(c, i) + ": index takes integer index tensors, got " +
+                             std::string(DTypeName(c.in(i).dtype)));
+    }
+    StatusOr<Shape> b = i == 1 ? c.in(i).shape : BroadcastShapes(indices, c.in(i).shape);
+    if (!b.ok()) return b.status().Prefixed(InputField(c, i) + ": ");
+    indices = *b;
   }
   const Shape& x = c.in(0).shape;
   MEMEST_ASSIGN_OR_RETURN(int64_t dim, IntAttr(c.op.attrs, "dim", 0, c.field));
   MEMEST_ASSIGN_OR_RETURN(int d, NormalizeDim(dim, static_cast<int>(x.size()), AttrField(c, "dim")));
+  const size_t k = c.inputs.size() - 1;
+  if (d + k > x.size()) {
+    return InvalidArgument(c.field + ".inputs: " + std::to_string(k) + " index tensors from dim " +
+                           std::to_string(d) + " of " + ShapeToString(x));
+  }
   Shape out(x.begin(), x.begin() + d);
-  out.insert(out.end(), c.in(1).shape.begin(), c.in(1).shape.end());
-  out.insert(out.end(), x.begin() + d + 1, x.end());
+  out.insert(out.end(), indices.begin(), indices.end());
+  out.insert(out.end(), x.begin() + d + k, x.end());
   if (out.size() > kMaxRank) {
     return InvalidArgument(c.field + ": index gives " + std::to_string(out.size()) +
                            " dims, more than " + std::to_string(kMaxRank));
   }
+  return out;
+}
+
+StatusOr<std::vector<OutputSpec>> InferIndex(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(Shape out, IndexShape(c));
   return std::vector<OutputSpec>{{out, c.in(0).dtype}};
 }
 
 void IndexMemory(const OpCall& c, OpMemory* m) {
-  m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
+  m->grad_flow.assign(c.inputs.size(), GradFlow::kNone);
+  m->grad_flow[0] = GradFlow::kFresh;
   if (!c.needs_grad(0)) return;
-  m->saved_inputs.push_back(1);
+  Shape indices = c.in(1).shape;  // broadcast (checked by IndexShape): one linear index each
+  for (size_t i = 1; i < c.inputs.size(); ++i) {
+    m->saved_inputs.push_back(static_cast<int>(i));
+    StatusOr<Shape> b = BroadcastShapes(indices, c.in(i).shape);
+    if (b.ok()) indices = *b;
+  }
   if (c.runtime == Runtime::kCuda) {
     m->backward_temps.push_back(
-        Alloc{4 * Numel(c.in(1).shape) * 8, "index_put_ sort: linear, sorted, original, range"});
+        Alloc{4 * Numel(indices) * 8, "index_put_ sort: linear, sorted, original, range"});
   }
 }
 
@@ -254,7 +277,7 @@ void EmbeddingBagMemory(const OpCall& c, OpMemory* m) {
 void RegisterIndexRules(std::vector<OpRule>* r) {
   r->push_back({"arange", 0, 0, InferArange, NoMemory});
   r->push_back({"full", 0, 0, InferFull, NoMemory});
-  r->push_back({"index", 2, 2, InferIndex, IndexMemory});
+  r->push_back({"index", 2, -1, InferIndex, IndexMemory});
   r->push_back({"embedding_bag", 2, 4, InferEmbeddingBag, EmbeddingBagMemory});
 }
 

@@ -83,6 +83,8 @@ const std::vector<OpRule>& Table() {
     rules::RegisterCopyRules(t);
     rules::RegisterAttentionRules(t);
     rules::RegisterCompareRules(t);
+    rules::RegisterSelectRules(t);
+    rules::RegisterDetectionRules(t);
     std::sort(t->begin(), t->end(),
               [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
     return t;

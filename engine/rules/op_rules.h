@@ -28,18 +28,25 @@
 //   relu / silu / hardswish / hardsigmoid / sigmoid / tanh(x; inplace=0)
 //   hardtanh(x; min_val=-1, max_val=1, inplace=0)   (ReLU6: hardtanh(0, 6))
 //   gelu(x; approximate="none"|"tanh")
-//   exp(x)  rsqrt(x)  sqrt(x)  neg(x)  log1p(x)  pow(x; exponent)
+//   exp(x)  rsqrt(x)  sqrt(x)  neg(x)  log1p(x)  log2(x)  floor(x)  pow(x; exponent)
 //   softmax(x; dim=-1)  log_softmax(x; dim=-1)  dropout(x; p=0.1, inplace=0)
 //   stochastic_depth(x; p, mode="row"|"batch")   (torchvision.ops.stochastic_depth)
 //   embedding(weight, indices)
 //   embedding_bag(weight, indices, offsets?, per_sample_weights?; mode="mean", bag_size,
 //       include_last_offset=0)
-//   index(x, idx; dim=0)   x[:, ..., idx] with one integer index tensor
+//   index(x, idx...; dim=0)   x[:, ..., idx1, idx2, ..] with integer index tensors (broadcast)
+//   index_put_(x, idx, values; dim=0, accumulate=0) in place: x[:, ..., idx] = values
+//   nonzero(x; count) -> int64 [count, rank]   (count: the data's, as traced)
+//   topk(x; k, dim=-1, largest=1, sorted=1) -> (values, indices)   sort(x; dim=-1, descending=0)
+//   max(x) -> 0-dim
 //   add / sub / mul / div(a, b)   tensors, broadcasting       (a; scalar=<float>) with a scalar
 //   add_ / mul_ (a, b) in place on a
 //   masked_fill(x, mask; value)  where(cond, a, b)
 //   eq / ne / lt / le / gt / ge(a, b) or (a; scalar) -> bool, not differentiable
+//   bitwise_and / bitwise_or(a, b) integer or bool, not differentiable
 //   maximum / minimum(a, b)   cumsum(x; dim) (an integral x sums into int64)
+//   nms(boxes[N, 4], scores[N]; iou_threshold, count) -> int64 [count]   (torchvision.ops)
+//   roi_align(x[N, C, H, W], rois[K, 5]; output_size, spatial_scale, sampling_ratio, aligned)
 //   sum / mean(x; dim=[...] (all when absent), keepdim=0)
 //   reshape / view(x; shape=[...], one -1 allowed)  transpose(x; dim0, dim1)  permute(x; dims)
 //   expand(x; shape)  unsqueeze(x; dim)  squeeze(x; dim)  slice(x; dim, start, end, step=1)

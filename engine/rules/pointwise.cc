@@ -58,10 +58,11 @@ void SaveOutputWithBackwardProducts(const OpCall& c, OpMemory* m) {
   m->saved_outputs.push_back(0);
   m->backward_temps.push_back(Alloc{n * BytesOf(c.in(0)), "backward products"});
 }
+// log1p: grad / (self + 1); log2: grad / (self * ln 2): one input-sized product.
 void Log1pMemory(const OpCall& c, OpMemory* m) {
   if (!c.needs_grad(0)) return;
   m->saved_inputs.push_back(0);
-  m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "backward: self + 1"});
+  m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "backward: self + 1, self * ln 2"});
 }
 
 // ---- activations that may run in place (attrs.inplace=1: relu_, silu_, hardtanh_, ...) ----
@@ -356,7 +357,9 @@ void RegisterPointwiseRules(std::vector<OpRule>* r) {
   r->push_back({"rsqrt", 1, 1, InferUnary, SaveOutputWithBackwardProducts<2>});
   r->push_back({"sqrt", 1, 1, InferUnary, SaveOutputWithBackwardProducts<1>});
   r->push_back({"log1p", 1, 1, InferUnary, Log1pMemory});
+  r->push_back({"log2", 1, 1, InferUnary, Log1pMemory});
   r->push_back({"neg", 1, 1, InferUnary, SaveNothing});
+  r->push_back({"floor", 1, 1, InferUnary, SaveNothing});  // zeros_like(grad)
   r->push_back({"pow", 1, 1, InferPow, PowMemory});
   r->push_back({"softmax", 1, 1, InferSoftmax, SoftmaxMemory});
   r->push_back({"log_softmax", 1, 1, InferSoftmax, SoftmaxMemory});

@@ -1085,3 +1085,7 @@ case("optim", "adam_for_loop_keeps_previous_denom", batch=4,
               Config(optimizer="adam", weight_decay=0.01), Config(optimizer="adamw", accum=2)],
      note="two [256, 256] weights; for-loop Adam's `denom` of fc1.w is alive while fc2.w's sqrt "
           "and quotient are made")(_two_square_layers)
+
+
+# The ops of detection models (nonzero, index_put_, topk, sort, nms, roi_align, ...).
+import cases_detection  # noqa: E402,F401  (registers its cases here)

@@ -606,6 +606,61 @@ class Recorder:
         return self._op("index", [x, idx], {"dim": dim if dim else None},
                         lambda t, i: torch.ops.aten.index(t, [None] * dim + [i]))
 
+    def index_many(self, x, idxs, dim=0):
+        """x[:, ..., i1, i2, ...]: integer index tensors for consecutive dims from `dim`."""
+        return self._op("index", [x] + list(idxs), {"dim": dim if dim else None},
+                        lambda t, *i: torch.ops.aten.index(t, [None] * dim + list(i)))
+
+    def index_put_(self, x, idx, values, dim=0):
+        """x[:, ..., idx] = values, in place."""
+        return self._op("index_put_", [x, idx, values], {"dim": dim if dim else None},
+                        lambda t, i, v: torch.ops.aten.index_put_(t, [None] * dim + [i], v))
+
+    def nonzero(self, x):
+        """x.nonzero(): int64 [count, rank]; the count is the data's (read off x here)."""
+        return self._op("nonzero", [x], {"count": int((self._t(x) != 0).sum())}, torch.nonzero)
+
+    def topk(self, x, k, dim=-1):
+        return self._op("topk", [x], {"k": k, "dim": dim}, lambda t: torch.topk(t, k, dim), n_out=2)
+
+    def sort(self, x, dim=-1, descending=False):
+        return self._op("sort", [x], {"dim": dim, "descending": 1 if descending else None},
+                        lambda t: torch.sort(t, dim, descending), n_out=2)
+
+    def max_all(self, x):
+        return self._op("max", [x], {}, torch.max)
+
+    def log2(self, x):
+        return self._op("log2", [x], {}, torch.log2)
+
+    def floor(self, x):
+        return self._op("floor", [x], {}, torch.floor)
+
+    def bitwise(self, kind, a, b):
+        return self._op(kind, [a, b], {}, getattr(torch, kind))
+
+    def stack(self, xs, dim=0):
+        """torch.stack, recorded as memest.trace records it: each input unsqueezed (a view), then
+        cat. The run calls torch.stack itself (on the views squeezed back: views again), so the
+        tracer meets aten.stack."""
+        views = [self._op("unsqueeze", [x], {"dim": dim}, lambda t: t.unsqueeze(dim)) for x in xs]
+        return self._op("cat", views, {"dim": dim},
+                        lambda *t: torch.stack([v.squeeze(dim) for v in t], dim))
+
+    def nms(self, boxes, scores, iou_threshold):
+        """torchvision.ops.nms; the count kept is the data's (run here once to read it)."""
+        import torchvision
+        count = len(torchvision.ops.nms(self._t(boxes), self._t(scores).detach(), iou_threshold))
+        return self._op("nms", [boxes, scores], {"iou_threshold": iou_threshold, "count": count},
+                        lambda b_, s_: torchvision.ops.nms(b_, s_.detach(), iou_threshold))
+
+    def roi_align(self, x, rois, output_size, spatial_scale=1.0, sampling_ratio=-1, aligned=False):
+        import torchvision
+        attrs = {"output_size": list(output_size), "spatial_scale": spatial_scale,
+                 "sampling_ratio": sampling_ratio, "aligned": 1 if aligned else None}
+        return self._op("roi_align", [x, rois], attrs, lambda x_, r_: torchvision.ops.roi_align(
+            x_, r_, output_size, spatial_scale, sampling_ratio, aligned))
+
     def embedding(self, w, idx):
         return self._op("embedding", [w, idx], {}, lambda w_, i_: F.embedding(i_, w_))
 

@@ -1,7 +1,9 @@
-// The rules of engine/rules/compare.cc (comparisons, maximum / minimum, cumsum) and copy_: what
-// each keeps and allocates, with the numbers derived from derivatives.yaml and the aten kernels
-// (the conformance suite's ops/compare_masks, ops/maximum_*, ops/minimum_*, ops/cumsum*,
-// ops/copy_into_slice check them against PyTorch 1.13), and the inputs they refuse.
+// The rules of engine/rules/compare.cc (comparisons, maximum / minimum, cumsum), copy_,
+// engine/rules/select.cc (nonzero, topk, sort, max, index_put_, index with several indices) and
+// engine/rules/detection.cc (nms, roi_align): what each keeps and allocates, with the numbers
+// derived from derivatives.yaml and the aten / torchvision kernels (the conformance suite's
+// ops/compare_masks, ops/maximum_*, ops/cumsum*, ops/copy_into_slice and detection/* check them
+// against PyTorch 1.13), and the inputs they refuse.
 #include <gtest/gtest.h>
 
 #include "engine/ir/graph.h"
@@ -148,6 +150,118 @@ TEST(CopyIntoRuleTest, WritesInPlaceAndHandsTheGradientOn) {
   const OneOp bad("copy_", {{2, 8}, {3, 8}}, {});
   ASSERT_FALSE(bad.status.ok());
   EXPECT_NE(bad.status.message().find("inputs[1]"), std::string::npos) << bad.status.message();
+}
+
+TEST(SelectRuleTest, NonzeroCarriesItsCountAndPassesNoGradient) {
+  const OneOp nz("nonzero", {}, {{"count", int64_t{7}}}, {{{300}, DType::kBool}});
+  ASSERT_TRUE(nz.status.ok()) << nz.status.ToString();
+  EXPECT_EQ(nz.out().shape, (Shape{7, 1}));
+  EXPECT_EQ(nz.out().dtype, DType::kInt64);
+  const OneOp too_many("nonzero", {}, {{"count", int64_t{301}}}, {{{300}, DType::kBool}});
+  ASSERT_FALSE(too_many.status.ok());
+  EXPECT_NE(too_many.status.message().find("attrs.count"), std::string::npos);
+}
+
+TEST(SelectRuleTest, TopkAndSortKeepTheirIndices) {
+  const OneOp topk("topk", {{4, 8, 16}}, {{"k", int64_t{3}}, {"dim", int64_t{1}}});
+  ASSERT_TRUE(topk.status.ok()) << topk.status.ToString();
+  EXPECT_EQ(topk.out().shape, (Shape{4, 3, 16}));
+  EXPECT_EQ(topk.graph.tensors[topk.graph.ops[topk.op].outputs[1]].dtype, DType::kInt64);
+  OpMemory m = topk.Memory(Runtime::kCpuTorch113);
+  EXPECT_EQ(m.saved_outputs, (std::vector<int>{1}));
+  EXPECT_TRUE(m.forward_temps.empty());
+  // 1.13's CPU sort fills the indices from an arange over the sorted dim
+  const OneOp sort("sort", {{4, 8, 16}}, {{"dim", int64_t{1}}});
+  ASSERT_TRUE(sort.status.ok());
+  EXPECT_EQ(Sum(sort.Memory(Runtime::kCpuTorch113).forward_temps), 8 * 8);
+  EXPECT_TRUE(sort.Memory(Runtime::kCuda).forward_temps.empty());
+  const OneOp bad("topk", {{4, 8}}, {{"k", int64_t{9}}});
+  ASSERT_FALSE(bad.status.ok());
+  EXPECT_NE(bad.status.message().find("attrs.k"), std::string::npos);
+}
+
+TEST(SelectRuleTest, MaxOfAllKeepsInputAndResult) {
+  const int64_t n = 4 * 8 * 16;
+  const OneOp max("max", {{4, 8, 16}}, {});
+  ASSERT_TRUE(max.status.ok());
+  EXPECT_TRUE(max.out().shape.empty());
+  const OpMemory m = max.Memory(Runtime::kCpuTorch113);
+  EXPECT_EQ(m.saved_inputs, (std::vector<int>{0}));
+  EXPECT_EQ(m.saved_outputs, (std::vector<int>{0}));
+  EXPECT_EQ(Sum(m.backward_temps), 9 * n);  // the bool mask and its int64 copy under sum
+  EXPECT_EQ(Sum(max.Memory(Runtime::kCuda).backward_temps), 2 * n);
+}
+
+TEST(SelectRuleTest, IndexPutWritesInPlace) {
+  // out[:, idx] = values (MultiScaleRoIAlign's result[idx_in_level] = ...)
+  const OneOp put("index_put_", {{4, 16, 8}, {4, 6, 8}}, {{"dim", int64_t{1}}},
+                  {{{6}, DType::kInt64}});
+  ASSERT_FALSE(put.status.ok());  // inputs[1] is the index: a floating one is refused
+  GraphBuilder b;
+  const int x = b.Input("x", {4, 16, 8}, DType::kFloat32, -1);
+  const int idx = b.Input("idx", {6}, DType::kInt64, -1);
+  const int v = b.Add1("mul", {b.Parameter("v", {4, 6, 8}, DType::kFloat32)}, {{"scalar", 1.0}});
+  const int y = b.Add1("index_put_", {x, idx, v}, {{"dim", int64_t{1}}});
+  StatusOr<Graph> g = b.Finish();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->tensors[y].alias_of, x);
+  const Op& op = g->ops.back();
+  OpCall call{op, {&g->tensors[x], &g->tensors[idx], &g->tensors[v]}, {&g->tensors[y]}, "", true};
+  const OpMemory m = OpMemoryOf(call);
+  EXPECT_EQ(m.saved_inputs, (std::vector<int>{1}));
+  EXPECT_EQ(m.grad_flow[2], GradFlow::kFresh);
+  GraphBuilder bad;
+  bad.Add("index_put_", {bad.Input("x", {4, 16}, DType::kFloat32, -1),
+                         bad.Input("i", {6}, DType::kInt64, -1),
+                         bad.Input("v", {5}, DType::kFloat32, -1)}, {});
+  StatusOr<Graph> refused = bad.Finish();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("inputs[2]"), std::string::npos);
+}
+
+TEST(SelectRuleTest, IndexTakesIndicesForConsecutiveDims) {
+  // objectness[batch_idx [B, 1], top_n_idx [B, k]]
+  const OneOp ix("index", {{4, 64}}, {}, {{{4, 1}, DType::kInt64}, {{4, 8}, DType::kInt64}});
+  ASSERT_TRUE(ix.status.ok()) << ix.status.ToString();
+  EXPECT_EQ(ix.out().shape, (Shape{4, 8}));
+  const OpMemory m = ix.Memory(Runtime::kCuda);
+  EXPECT_EQ(m.saved_inputs, (std::vector<int>{1, 2}));
+  EXPECT_EQ(Sum(m.backward_temps), 4 * 32 * 8);  // one linear index per broadcast element
+  const OneOp three("index", {{4, 8}}, {}, {{{2}, DType::kInt64}, {{2}, DType::kInt64},
+                                            {{2}, DType::kInt64}});
+  EXPECT_FALSE(three.status.ok());
+}
+
+// torchvision's nms: the CPU kernel's result views its [N] int64 keep buffer, and its peak is the
+// sort (measured: 40 N bytes for float32 boxes); CUDA's suppression mask is N * ceil(N / 64) int64.
+TEST(DetectionRuleTest, NmsScratchOnEachRuntime) {
+  const int64_t n = 300;
+  const OneOp nms("nms", {}, {{"iou_threshold", 0.5}, {"count", int64_t{182}}},
+                  {{{n, 4}, DType::kFloat32}, {{n}, DType::kFloat32}});
+  ASSERT_TRUE(nms.status.ok()) << nms.status.ToString();
+  EXPECT_EQ(nms.out().shape, (Shape{182}));
+  OpMemory cpu = nms.Memory(Runtime::kCpuTorch113);
+  EXPECT_EQ(cpu.output_storage_bytes, (std::vector<int64_t>{8 * n}));
+  EXPECT_EQ(Sum(cpu.forward_temps) + 8 * n, 40 * n);
+  OpMemory cuda = nms.Memory(Runtime::kCuda);
+  EXPECT_EQ(Sum(cuda.forward_temps), 8 * n + 16 * n + 8 * n * 5 + 8 * 182);
+  const OneOp bad("nms", {}, {{"count", int64_t{1}}}, {{{n, 5}, DType::kFloat32}, {{n}, DType::kFloat32}});
+  ASSERT_FALSE(bad.status.ok());
+  EXPECT_NE(bad.status.message().find("inputs[0]"), std::string::npos);
+}
+
+TEST(DetectionRuleTest, RoiAlignKeepsTheRois) {
+  const OneOp roi("roi_align", {{2, 8, 16, 16}},
+                  {{"output_size", std::vector<int64_t>{7, 7}}, {"spatial_scale", 0.25}},
+                  {{{10, 5}, DType::kFloat32}});
+  ASSERT_TRUE(roi.status.ok()) << roi.status.ToString();
+  EXPECT_EQ(roi.out().shape, (Shape{10, 8, 7, 7}));
+  const OpMemory m = roi.Memory();
+  EXPECT_EQ(m.saved_inputs, (std::vector<int>{1}));
+  EXPECT_EQ(m.grad_flow, (std::vector<GradFlow>{GradFlow::kFresh, GradFlow::kNone}));
+  const OneOp bad("roi_align", {{2, 8, 16, 16}}, {{"output_size", std::vector<int64_t>{7}}},
+                  {{{10, 5}, DType::kFloat32}});
+  EXPECT_FALSE(bad.status.ok());
 }
 
 }  // namespace

@@ -13,9 +13,10 @@ import sys
 import torch
 
 try:
-    from . import _aten_compare
+    from . import _aten_compare, _aten_select
 except ImportError:  # loaded on its own, outside the memest package
     import _aten_compare
+    import _aten_select
 
 _INT64_MAX = 2 ** 63 - 1
 
@@ -148,19 +149,6 @@ def _unbind(tr, args, kwargs, out):
             out_shapes={m: (shape, x.dtype) for m in mids})
     for m, o in zip(mids, outs):
         tr.emit("squeeze", [m], [o], {"dim": dim})
-
-
-def _index(tr, args, kwargs, out):
-    """x[..., idx, ...]: one integer index tensor (aten.index.Tensor with Nones before it)."""
-    x, indices = args[0], list(args[1])
-    while indices and indices[-1] is None:
-        indices.pop()
-    if not indices or any(t is not None for t in indices[:-1]):
-        tr.unsupported("indexing with more than one index tensor")
-    idx = indices[-1]
-    if idx.dtype not in (torch.int64, torch.int32):
-        tr.unsupported("indexing with a %s index" % idx.dtype)
-    tr.emit("index", [x, idx], [out], {"dim": len(indices) - 1} if len(indices) > 1 else {})
 
 
 def _pad(tr, args, kwargs, out):
@@ -654,7 +642,6 @@ HANDLERS = {
     "split_with_sizes.default": _split,
     "unbind.int": _unbind,
     "cat.default": _cat,
-    "index.Tensor": _index,
     "constant_pad_nd.default": _pad,
     "roll.default": _roll,
     "as_strided_.default": _as_strided_,
@@ -743,8 +730,10 @@ HANDLERS = {
     "arange.start_step": _arange,
 }
 
-# Comparisons, extrema, cumsum, stack and copy_ (_aten_compare.py).
+# Comparisons, extrema, cumsum, stack and copy_ (_aten_compare.py); indexing, selection and
+# torchvision's detection ops (_aten_select.py).
 HANDLERS.update(_aten_compare.HANDLERS)
+HANDLERS.update(_aten_select.HANDLERS)
 
 # Factory ops: their results are constants (no graph inputs) until an op of the graph reads them.
 FACTORIES = {

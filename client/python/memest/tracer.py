@@ -301,6 +301,7 @@ class _Tracer:
                 self._names[id(o)] = nm  # an in-place result takes the new name from here on
                 self.life.name(o, nm)
                 self._internal.pop(id(o), None)
+                self.statics.forget(id(o))  # written by an op of the graph: no longer static
             dt = _aten_map.DTYPE_NAMES.get(dtype)
             if dt is None:
                 self.unsupported(f"output dtype {dtype}")
