@@ -360,16 +360,16 @@ def test_batchnorm_buffers_and_dropout_pattern():
     assert not any(op["kind"] == "mul" for op in ops)
 
 
-class _Cumsum(nn.Module):
+class _Cumprod(nn.Module):
     def forward(self, x):
-        return torch.cumsum(x, dim=1)
+        return torch.cumprod(x, dim=1)
 
 
 class _WithUnknown(nn.Module):
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(8, 8)
-        self.inner = _Cumsum()
+        self.inner = _Cumprod()
 
     def forward(self, x):
         return self.inner(self.fc(x))
@@ -378,9 +378,9 @@ class _WithUnknown(nn.Module):
 def test_unknown_op_is_refused_by_name():
     with pytest.raises(tracer.UnsupportedOp) as err:
         tracer.trace(_WithUnknown(), torch.randn(2, 8))
-    assert err.value.op == "aten.cumsum.default"
+    assert err.value.op == "aten.cumprod.default"
     assert err.value.scope == "inner"
-    assert "aten.cumsum.default" in str(err.value) and "inner" in str(err.value)
+    assert "aten.cumprod.default" in str(err.value) and "inner" in str(err.value)
 
 
 def test_save_writes_the_proto_json(tmp_path):
