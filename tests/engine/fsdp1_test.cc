@@ -12,6 +12,7 @@
 namespace memest {
 namespace {
 
+using enginetest::AtEnd;
 using enginetest::Cat;
 using enginetest::FsdpStack;
 using enginetest::PhasePeak;
@@ -33,15 +34,6 @@ RunConfig Fsdp1(int64_t ranks = 4) {
   return c;
 }
 
-Liveness Walk(const Graph& g, const RunConfig& c) {
-  const RankView view = PlanDataParallel(g, c).value();
-  ScheduleOptions o;
-  o.rank = &view;
-  return WalkSchedule(BuildSchedule(g, c, {}, o).value(), g, false, Accounting::kExact).value();
-}
-
-int64_t AtEnd(const Liveness& l, Category c) { return l.at_end[static_cast<int>(c)]; }
-
 TEST(Fsdp1Test, UnitsAreFlatShardsWithTheirCopies) {
   const Fsdp1View v = PlanFsdp1(FsdpStack(), Fsdp1()).value();
   ASSERT_EQ(v.units.size(), 4u);
@@ -61,7 +53,7 @@ TEST(Fsdp1Test, UnitsAreFlatShardsWithTheirCopies) {
 TEST(Fsdp1Test, ModelStatesAreTheFlatShards) {
   RunConfig c = Fsdp1();
   c.optimizer.kind = OptimizerKind::kSgdMomentum;
-  const Liveness l = Walk(FsdpStack(), c);
+  const Liveness l = enginetest::WalkRank(FsdpStack(), c);
   EXPECT_EQ(AtEnd(l, Category::kParameters), kShards * 4);
   EXPECT_EQ(AtEnd(l, Category::kGradients), kShards * 4);
   EXPECT_EQ(AtEnd(l, Category::kOptimizerState), kShards * 4);
@@ -72,7 +64,7 @@ TEST(Fsdp1Test, ModelStatesAreTheFlatShards) {
 // one before it (BACKWARD_PRE). SHARD_GRAD_OP keeps every block from its forward on.
 TEST(Fsdp1Test, FullShardAndShardGradOpGatherAsTheySay) {
   const Graph g = FsdpStack();
-  const Liveness full = Walk(g, Fsdp1());
+  const Liveness full = enginetest::WalkRank(g, Fsdp1());
   const int64_t root = 4 * kRootShard * 4, block = 4 * kBlockShard * 4;
   EXPECT_EQ(Cat(PhasePeak(full, Phase::kForward), Category::kParameters),
             kShards * 4 + root + block);
@@ -80,7 +72,7 @@ TEST(Fsdp1Test, FullShardAndShardGradOpGatherAsTheySay) {
             kShards * 4 + root + 2 * block);
   RunConfig op = Fsdp1();
   op.parallelism.reshard_after_forward = false;
-  EXPECT_EQ(Cat(PhasePeak(Walk(g, op), Phase::kLoss), Category::kParameters),
+  EXPECT_EQ(Cat(PhasePeak(enginetest::WalkRank(g, op), Phase::kLoss), Category::kParameters),
             kShards * 4 + root + 3 * block);
 }
 
@@ -98,7 +90,7 @@ TEST(Fsdp1Test, MixedPrecisionCastsAroundTheReduceScatter) {
   EXPECT_EQ(block.reduce_copy_bytes, kBlockNumel * 4);
   EXPECT_EQ(block.sharded_grad_bytes, kBlockShard * 4);
   EXPECT_EQ(block.grad_cast_bytes, 0);  // reduce dtype = the shards' dtype
-  const Liveness l = Walk(FsdpStack(DType::kBFloat16), c);
+  const Liveness l = enginetest::WalkRank(FsdpStack(DType::kBFloat16), c);
   EXPECT_EQ(AtEnd(l, Category::kParameters), kShards * 4);
   EXPECT_EQ(AtEnd(l, Category::kGradients), kShards * 4);
 }

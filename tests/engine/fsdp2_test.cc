@@ -13,6 +13,7 @@
 namespace memest {
 namespace {
 
+using enginetest::AtEnd;
 using enginetest::Cat;
 using enginetest::PhasePeak;
 using enginetest::PlainTraining;
@@ -37,15 +38,6 @@ RunConfig Fsdp(int64_t ranks = 4) {
   return c;
 }
 
-Liveness Walk(const Graph& g, const RunConfig& c) {
-  const RankView view = PlanDataParallel(g, c).value();
-  ScheduleOptions o;
-  o.rank = &view;
-  return WalkSchedule(BuildSchedule(g, c, {}, o).value(), g, false, Accounting::kExact).value();
-}
-
-int64_t AtEnd(const Liveness& l, Category c) { return l.at_end[static_cast<int>(c)]; }
-
 TEST(Fsdp2Test, GroupsAreTheBlocksAndTheRootWithPaddedDimZeroShards) {
   const Graph g = Stack();
   const Fsdp2View v = PlanFsdp2(g, Fsdp()).value();
@@ -68,7 +60,7 @@ TEST(Fsdp2Test, ModelStatesAreTheShards) {
   const Graph g = Stack();
   RunConfig c = Fsdp();
   c.optimizer.kind = OptimizerKind::kSgdMomentum;
-  const Liveness l = Walk(g, c);
+  const Liveness l = enginetest::WalkRank(g, c);
   EXPECT_EQ(AtEnd(l, Category::kParameters), kShards * 4);
   EXPECT_EQ(AtEnd(l, Category::kGradients), kShards * 4);
   EXPECT_EQ(AtEnd(l, Category::kOptimizerState), kShards * 4);
@@ -82,7 +74,7 @@ TEST(Fsdp2Test, ModelStatesAreTheShards) {
 // and the previous group's reduce-scatter input lives through it; the root stays gathered.
 TEST(Fsdp2Test, GatheredGroupsLiveAsMeasured) {
   const Graph g = Stack();
-  const Liveness l = Walk(g, Fsdp());
+  const Liveness l = enginetest::WalkRank(g, Fsdp());
   const PeakPoint& fwd = PhasePeak(l, Phase::kForward);
   EXPECT_EQ(Cat(fwd, Category::kParameters), (kShards + kRootGathered + kBlockGathered) * 4);
   EXPECT_EQ(Cat(fwd, Category::kCommunication), kBlockGathered * 4);
@@ -100,11 +92,11 @@ TEST(Fsdp2Test, WithoutReshardAfterForwardEveryBlockStaysGathered) {
   const Graph g = Stack();
   RunConfig c = Fsdp();
   c.parallelism.reshard_after_forward = false;
-  const Liveness l = Walk(g, c);
+  const Liveness l = enginetest::WalkRank(g, c);
   EXPECT_EQ(Cat(PhasePeak(l, Phase::kLoss), Category::kParameters),
             (kShards + kRootGathered + kBlocks * kBlockGathered) * 4);
   EXPECT_GT(PhasePeak(l, Phase::kLoss).allocated_bytes,
-            PhasePeak(Walk(g, Fsdp()), Phase::kLoss).allocated_bytes);
+            PhasePeak(enginetest::WalkRank(g, Fsdp()), Phase::kLoss).allocated_bytes);
 }
 
 // MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): the graph computes in
@@ -121,7 +113,7 @@ TEST(Fsdp2Test, MixedPrecisionKeepsFloat32ShardsAndGathersBfloat16) {
   EXPECT_EQ(v.groups[0].flat_bytes, kBlockGathered * 2);
   EXPECT_EQ(v.groups[0].copy_in_bytes, kBlockShard * 2);  // the shard cast to bfloat16
   EXPECT_EQ(v.groups[0].reduce_input_bytes, kBlockGathered * 4);
-  const Liveness l = Walk(g, c);
+  const Liveness l = enginetest::WalkRank(g, c);
   EXPECT_EQ(AtEnd(l, Category::kParameters), kShards * 4);
   EXPECT_EQ(AtEnd(l, Category::kGradients), kShards * 4);
   // The gathered parameters and buffers in bfloat16, the reduce-scatter input in float32.
@@ -130,7 +122,7 @@ TEST(Fsdp2Test, MixedPrecisionKeepsFloat32ShardsAndGathersBfloat16) {
   EXPECT_EQ(Cat(bwd, Category::kCommunication), kBlockGathered * 2 + kBlockGathered * 4);
   // Without the policy the same bfloat16 model keeps bfloat16 shards.
   c.parallelism.fsdp_mixed_precision = false;
-  EXPECT_EQ(AtEnd(Walk(g, c), Category::kParameters), kShards * 2);
+  EXPECT_EQ(AtEnd(enginetest::WalkRank(g, c), Category::kParameters), kShards * 2);
 }
 
 // Gradient accumulation reduce-scatters every micro-batch and adds into the sharded
@@ -140,10 +132,10 @@ TEST(Fsdp2Test, AccumulationAndKeptGradientsStaySharded) {
   RunConfig c = Fsdp();
   c.grad_accum_steps = 2;
   c.batch_size = 8;
-  EXPECT_EQ(AtEnd(Walk(g, c), Category::kGradients), kShards * 4);
+  EXPECT_EQ(AtEnd(enginetest::WalkRank(g, c), Category::kGradients), kShards * 4);
   RunConfig keep = Fsdp();
   keep.zero_grad_set_to_none = false;
-  const Liveness l = Walk(g, keep);
+  const Liveness l = enginetest::WalkRank(g, keep);
   EXPECT_EQ(Cat(PhasePeak(l, Phase::kData), Category::kGradients), kShards * 4);
   EXPECT_EQ(AtEnd(l, Category::kGradients), kShards * 4);
 }

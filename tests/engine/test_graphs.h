@@ -7,6 +7,7 @@
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
 #include "engine/models/model.h"
+#include "engine/passes/data_parallel.h"
 #include "engine/step/liveness.h"
 #include "engine/step/schedule.h"
 
@@ -58,6 +59,16 @@ inline const PeakPoint& PhasePeak(const Liveness& l, Phase p) {
 }
 
 inline int64_t Cat(const PeakPoint& p, Category c) { return p.by_category[static_cast<int>(c)]; }
+
+// The step of one data-parallel rank (config.parallelism's view of `g`), exact accounting.
+inline Liveness WalkRank(const Graph& g, const RunConfig& c) {
+  const RankView view = PlanDataParallel(g, c).value();
+  ScheduleOptions o;
+  o.rank = &view;
+  return WalkSchedule(BuildSchedule(g, c, {}, o).value(), g, false, Accounting::kExact).value();
+}
+
+inline int64_t AtEnd(const Liveness& l, Category c) { return l.at_end[static_cast<int>(c)]; }
 
 constexpr int kFsdpStackBlocks = 3;
 

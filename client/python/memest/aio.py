@@ -14,7 +14,7 @@ from memest import v1
 from memest.client import (CHANNEL_OPTIONS, ESTIMATE_DOC, VALIDATE_DOC, VALIDATE_TIMEOUT,
                            PLAN_DOC, request_label, validate_request)
 from memest.errors import MemestError, from_rpc_error
-from memest.planning import Plan, plan_request
+from memest.planning import PlanCollector, plan_request
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
 from memest.validation import _Collector
@@ -68,16 +68,13 @@ class Client:
         request = plan_request(preset, model, **kwargs)
         if self._closed:
             raise MemestError("%r: closed" % self)
-        plans = []
+        plans = PlanCollector(on_plan)
         try:
             async for event in self._stub.Plan(request, timeout=timeout or self.timeout):
-                if event.HasField("plan"):
-                    plans.append(Plan.from_proto(event.plan))
-                    if on_plan is not None:
-                        on_plan(plans[-1])
+                plans.take(event)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
-        return plans
+        return plans.plans
 
     plan.__doc__ = PLAN_DOC
 

@@ -13,7 +13,7 @@ import grpc
 
 from memest import v1
 from memest.errors import MemestError, from_rpc_error
-from memest.planning import Plan, plan_request
+from memest.planning import PlanCollector, plan_request
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
 from memest.validation import _Collector
@@ -155,16 +155,13 @@ class Client:
         request = plan_request(preset, model, **kwargs)
         if self._closed:
             raise MemestError("%r: closed" % self)
-        plans = []
+        plans = PlanCollector(on_plan)
         try:
             for event in self._stub.Plan(request, timeout=timeout or self.timeout):
-                if event.HasField("plan"):
-                    plans.append(Plan.from_proto(event.plan))
-                    if on_plan is not None:
-                        on_plan(plans[-1])
+                plans.take(event)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
-        return plans
+        return plans.plans
 
     plan.__doc__ = PLAN_DOC
 

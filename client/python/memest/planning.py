@@ -14,6 +14,20 @@ STRATEGIES = {v1.DATA_PARALLEL_UNSPECIFIED: "none", v1.DATA_PARALLEL_DDP: "ddp",
 CHECKPOINTS = {v1.CHECKPOINT_POLICY_NONE: "none", v1.CHECKPOINT_POLICY_EVERY_BLOCK: "every-block"}
 
 
+class PlanCollector:
+    """The plans of a Plan call's events, in order, each handed to on_plan as it arrives."""
+
+    def __init__(self, on_plan=None):
+        self.plans = []
+        self._on_plan = on_plan
+
+    def take(self, event):
+        if event.HasField("plan"):
+            self.plans.append(Plan.from_proto(event.plan))
+            if self._on_plan is not None:
+                self._on_plan(self.plans[-1])
+
+
 def plan_request(preset=None, model=None, *, devices=None, max_gpus=None, max_plans=None,
                  **kwargs):
     """The PlanRequest for Client.plan's arguments: the model and the run as for estimate
