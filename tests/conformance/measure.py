@@ -299,26 +299,30 @@ class AllocTracker:
     def result(self):
         events = []
 
-        def walk(n):
+        def walk(n, host):
             ef = n.extra_fields
             if type(ef).__name__.endswith("Allocation"):
-                events.append((n.start_time_ns, ef.alloc_size, ef.ptr))
+                events.append((n.start_time_ns, ef.alloc_size, ef.ptr, host))
+            # The record_function handles (profiler::_record_function_enter's u8[288]) are
+            # host-side bookkeeping wherever the clock puts them (the windows below are the
+            # fallback for the handle's zeros(1)).
+            host = host or n.name.startswith("profiler::_record_function")
             for c in n.children:
-                walk(c)
+                walk(c, host)
         for root in self.prof.profiler.kineto_results.experimental_event_tree():
-            walk(root)
+            walk(root, False)
         events.sort(key=lambda e: e[0])
         live = sum(self.baseline.values())
         sizes, skip = {}, set()
         peaks, mi, phase = {}, 0, None
         marks = sorted(self.marks)
-        for t, size, ptr in events:
+        for t, size, ptr, host in events:
             while mi < len(marks) and marks[mi][0] <= t:
                 phase = marks[mi][1]
                 peaks[phase] = max(peaks.get(phase, 0), live)
                 mi += 1
             if size > 0:
-                if any(t0 <= t <= t1 for t0, t1 in self.excluded):
+                if host or any(t0 <= t <= t1 for t0, t1 in self.excluded):
                     skip.add(ptr)
                     continue
                 sizes[ptr] = size
