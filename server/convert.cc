@@ -500,6 +500,8 @@ void ReportToProto(const Report& report, v1::EstimateResponse* out) {
   for (const std::string& note : report.notes) out->add_notes(note);
   if (report.data_parallel) DataParallelToProto(*report.data_parallel, out->mutable_data_parallel());
   if (report.pipeline) PipelineToProto(*report.pipeline, out->mutable_pipeline());
+  out->set_recompute_fraction(report.recompute_fraction);
+  out->set_communicated_bytes_per_step(Unsigned(report.communicated_bytes_per_step));
   out->set_parameter_count(Unsigned(report.parameter_count));
   out->set_trainable_parameter_count(Unsigned(report.trainable_parameter_count));
   out->set_micro_batch(Unsigned(report.micro_batch));

@@ -129,6 +129,14 @@ def test_data_parallel_strategies_shard_what_they_say(client):
     assert 2 * shards - (1 << 20) < mixed.end_of_step.gradients < 2 * shards + (1 << 20)
     assert fsdp.peak.allocated_bytes < kept.peak.allocated_bytes < ddp.peak.allocated_bytes
     assert any(n.startswith("FSDP2 over 4 ranks") for n in fsdp.notes)
+    # The bytes sent: DDP all-reduces the gradients once, 2 (d - 1) / d of them.
+    assert ddp.communicated_bytes_per_step == int(2 * 3 / 4 * ddp.end_of_step.gradients)
+    assert fsdp.communicated_bytes_per_step > ddp.communicated_bytes_per_step
+    one = client.estimate(preset="gpt2-small", seq=128, batch_size=2, advice=False)
+    assert one.communicated_bytes_per_step == 0 and one.recompute_fraction == 0
+    ckpt = client.estimate(preset="gpt2-small", seq=128, batch_size=2, checkpoint="every-block",
+                           advice=False)
+    assert 0.5 < ckpt.recompute_fraction < 1
     with pytest.raises(memest.InvalidArgument, match="reshard_after_forward"):
         client.estimate(dp_strategy="ddp", reshard_after_forward=False, **base)
     with pytest.raises(memest.InvalidArgument, match="dp_strategy"):

@@ -219,6 +219,8 @@ class Estimate:
     data_parallel: None unless the request named data parallelism.
     pipeline: None unless the request named pipeline stages; then the estimate is the stage
     that needs the most and pipeline.per_stage lists every stage's peak.
+    recompute_fraction: the share of forward ops checkpointing runs again;
+    communicated_bytes_per_step: what this rank sends per step (docs/planning.md, "Costs").
     """
 
     breakdown: MemoryByCategory
@@ -237,6 +239,8 @@ class Estimate:
     end_of_step: MemoryByCategory
     data_parallel: Optional[DataParallelRanks] = None
     pipeline: Optional[PipelineStages] = None
+    recompute_fraction: float = 0.0
+    communicated_bytes_per_step: int = 0
     label: str = ""
     response: Optional[v1.EstimateResponse] = dataclasses.field(default=None, compare=False)
 
@@ -261,6 +265,8 @@ class Estimate:
                            if response.HasField("data_parallel") else None),
             pipeline=(PipelineStages.from_proto(response.pipeline)
                       if response.HasField("pipeline") else None),
+            recompute_fraction=response.recompute_fraction,
+            communicated_bytes_per_step=response.communicated_bytes_per_step,
             label=label,
             response=response,
         )
