@@ -84,29 +84,17 @@ class Planner {
     c.parallelism.sharding = s.sharding;
     c.parallelism.pipeline = s.pipeline;
     if (!ValidateRunConfig(c).ok()) return std::optional<Plan>();
-    // DDP's and one GPU's rank is the same whatever the number of ranks.
-    const bool same_any_width = s.sharding == DataSharding::kNone || s.sharding == DataSharding::kDdp;
-    const auto key = std::make_tuple(s.device->name, static_cast<int>(s.sharding),
-                                     same_any_width ? 0 : s.data, s.pipeline,
-                                     static_cast<int>(s.checkpoint), mb, c.grad_accum_steps);
-    if (auto it = memo_.find(key); it != memo_.end()) return it->second;
     MEMEST_RETURN_IF_ERROR(budget_->status());
-    std::optional<Plan> out;
-    StatusOr<Graph> graph = BuildStepGraph(q_.model, c, q_.max_ops, budget_);
-    if (graph.ok()) {
-      EstimateOptions o;
-      o.max_ops = q_.max_ops;
-      o.advice = false;
-      o.budget = budget_;
-      ++stats_->estimates;
-      StatusOr<Report> r = EstimateGraph(*graph, c, o);
-      if (!budget_->status().ok()) return budget_->status();
-      if (r.ok() && r->fit && r->fit->fits) out = MakePlan(s, c, mb, *r);
-    } else if (!budget_->status().ok()) {
-      return budget_->status();
+    const Graph* graph = GraphFor(c);
+    if (graph == nullptr) {
+      MEMEST_RETURN_IF_ERROR(budget_->status());
+      return std::optional<Plan>();  // the model cannot be built at this micro-batch
     }
-    memo_[key] = out;
-    return out;
+    ++stats_->estimates;
+    StatusOr<Report> r = EstimateGraph(*graph, c, Quiet());
+    MEMEST_RETURN_IF_ERROR(budget_->status());
+    if (!r.ok() || !r->fit || !r->fit->fits) return std::optional<Plan>();
+    return std::optional<Plan>(MakePlan(s, c, mb, *r));
   }
 
   // The model states of one GPU's step at the smallest micro-batch: a lower bound, divided by
@@ -118,12 +106,8 @@ class Planner {
     c.checkpoint.policy = CheckpointPolicy::kEveryBlock;
     MEMEST_ASSIGN_OR_RETURN(Graph g, BuildStepGraph(q_.model, c, q_.max_ops, budget_));
     if (g.blocks.empty()) c.checkpoint.policy = CheckpointPolicy::kNone;
-    EstimateOptions o;
-    o.max_ops = q_.max_ops;
-    o.advice = false;
-    o.budget = budget_;
     ++stats_->estimates;
-    MEMEST_ASSIGN_OR_RETURN(Report r, EstimateGraph(g, c, o));
+    MEMEST_ASSIGN_OR_RETURN(Report r, EstimateGraph(g, c, Quiet()));
     blocks_ = static_cast<int64_t>(g.blocks.size());
     States s;
     s.params = r.end_of_step[static_cast<int>(Category::kParameters)];
@@ -135,6 +119,27 @@ class Planner {
   int64_t blocks() const { return blocks_; }
 
  private:
+  EstimateOptions Quiet() const {
+    EstimateOptions o;
+    o.max_ops = q_.max_ops;
+    o.advice = false;
+    o.budget = budget_;
+    return o;
+  }
+
+  // The graph of one micro-batch: it depends on the micro-batch and the device (its attention
+  // kernels), not on the split, so each is built once. Null when it cannot be built.
+  const Graph* GraphFor(const RunConfig& c) {
+    const auto key = std::make_pair(c.device, c.micro_batch());
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      StatusOr<Graph> g = BuildStepGraph(q_.model, c, q_.max_ops, budget_);
+      if (!g.ok()) return nullptr;
+      it = graphs_.emplace(key, std::move(*g)).first;
+    }
+    return &it->second;
+  }
+
   Plan MakePlan(const Split& s, const RunConfig& c, int64_t mb, const Report& r) const {
     Plan p;
     p.device = s.device->name;
@@ -159,9 +164,7 @@ class Planner {
   Budget* budget_;
   PlanStats* stats_;
   int64_t blocks_ = 0;
-  std::map<std::tuple<std::string, int, int64_t, int64_t, int, int64_t, int64_t>,
-           std::optional<Plan>>
-      memo_;
+  std::map<std::pair<std::string, int64_t>, Graph> graphs_;  // by device and micro-batch
 };
 
 bool Before(const Plan& a, const Plan& b) {

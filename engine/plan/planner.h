@@ -15,9 +15,8 @@
 //   and optimizer state divided by N) exceeds the GPU already cannot fit: skipped unestimated;
 // - checkpointing every block is tried first at the smallest micro-batch: where that does not
 //   fit, nothing with the same split does;
-// - the largest micro-batch is found by bisection over the divisors (memory grows with it);
-// - DDP's and one GPU's per-rank memory does not depend on the number of data-parallel ranks:
-//   their verdicts are kept by pipeline split, checkpointing and micro-batch.
+// - the largest micro-batch is found by bisection over the divisors (memory grows with it).
+// The graph of a micro-batch on a device is built once and estimated under every split.
 #ifndef MEMEST_ENGINE_PLAN_PLANNER_H_
 #define MEMEST_ENGINE_PLAN_PLANNER_H_
 
