@@ -8,6 +8,7 @@
 #include "engine/passes/pipeline.h"
 #include "engine/passes/passes.h"
 #include "engine/passes/rnn_expand.h"
+#include "engine/passes/tensor_parallel.h"
 #include "engine/report/advice.h"
 #include "engine/step/liveness.h"
 #include "engine/step/python_refs.h"
@@ -133,6 +134,26 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
   }
 }
 
+// What tensor parallelism changed, and what it sends (added to communicated_bytes_per_step).
+void AddTensorParallelNotes(const RunConfig& config, const TensorParallelView& tp, Report* r) {
+  const ParallelismConfig& p = config.parallelism;
+  int64_t sent = 0;
+  for (int64_t m = 0; m < config.grad_accum_steps; ++m) {
+    if (!AddBytes(&sent, tp.communicated_bytes)) sent = kMaxBytes;
+  }
+  if (!AddBytes(&r->communicated_bytes_per_step, sent)) r->communicated_bytes_per_step = kMaxBytes;
+  r->notes.push_back(
+      "tensor parallelism over " + std::to_string(p.tensor) + " ranks (Megatron-LM's column- and "
+      "row-parallel linears" + (p.sequence_parallel ? ", with sequence parallelism" : "") + "; " +
+      (p.tensor_plan.empty() ? "the default plan" : "the given plan") + " splits " +
+      std::to_string(tp.sharded_params) + " parameters): this is one rank, whose layer table, "
+      "saved bytes and model states are its shares; the parameter counts are the whole model's; " +
+      std::to_string(tp.collectives) + " collectives per forward" +
+      (tp.global_buffer_bytes > 0 ? ", and Megatron's global buffer of " +
+                                        FormatBytes(tp.global_buffer_bytes) + " for the gathers"
+                                  : std::string()));
+}
+
 }  // namespace
 
 StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
@@ -167,6 +188,11 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     step.owned = std::make_unique<Graph>(std::move(expanded));
     step.graph = step.owned.get();
   }
+  if (config.parallelism.tensor > 1) {
+    MEMEST_ASSIGN_OR_RETURN(TensorParallelView tp, ShardTensorParallel(*step.graph, config.parallelism));
+    step.tensor = std::make_unique<TensorParallelView>(std::move(tp));
+    step.graph = &step.tensor->graph;
+  }
   if (config.mode == Mode::kTraining) {
     MEMEST_ASSIGN_OR_RETURN(step.regions, PlanCheckpoints(*step.graph, config.checkpoint));
   }
@@ -177,7 +203,7 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   MEMEST_ASSIGN_OR_RETURN(step.schedule,
                           BuildSchedule(*step.graph, config, step.regions,
                                         {step.fixed.cublas_workspace_bytes, record_operands, budget,
-                                         &step.rank, stage}));
+                                         &step.rank, stage, step.tensor.get()}));
   MEMEST_ASSIGN_OR_RETURN(step.live,
                           WalkSchedule(step.schedule, *step.graph, config.expandable_segments,
                                        cpu ? Accounting::kExact : Accounting::kCachingAllocator));
@@ -219,6 +245,7 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
     r.recompute_fraction = static_cast<double>(recomputed) / static_cast<double>(step.graph->ops.size());
   }
   r.communicated_bytes_per_step = CommunicatedBytesPerStep(*step.graph, config);
+  if (step.tensor) AddTensorParallelNotes(config, *step.tensor, &r);
   if (config.parallelism.sharding != DataSharding::kNone) {
     r.data_parallel = DataParallelReportOf(step.rank);
     AddDataParallelNotes(config, step.rank, &r);

@@ -39,6 +39,8 @@ struct PlannedStep {
   DeviceInfo fixed;                     // that device's fixed costs (a generic one's without)
   CheckpointRegions regions;
   RankView rank;                        // the data-parallel rank estimated (world 1: none)
+  // The tensor-parallel rank (graph points at its graph); null: no tensor parallelism.
+  std::unique_ptr<TensorParallelView> tensor;
   Schedule schedule;
   Liveness live;
 };

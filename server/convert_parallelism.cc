@@ -71,6 +71,26 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
                              std::to_string(p.pipeline_schedule()));
   }
   out.pipeline_keep_outputs = p.pipeline_keep_outputs();
+  out.tensor = p.tensor() == 0 ? 1 : p.tensor();  // the engine refuses a negative count
+  out.sequence_parallel = p.sequence_parallel();
+  if (p.tensor_plan_size() > static_cast<int>(kMaxTensorPlanEntries)) {
+    return InvalidArgument("config.parallelism.tensor_plan: at most " +
+                           std::to_string(kMaxTensorPlanEntries) + " entries, got " +
+                           std::to_string(p.tensor_plan_size()));
+  }
+  for (int i = 0; i < p.tensor_plan_size(); ++i) {
+    const v1::TensorPlanEntry& e = p.tensor_plan(i);
+    TensorPlanEntry entry;
+    entry.module = e.module();
+    switch (e.style()) {
+      case v1::TENSOR_SHARD_STYLE_COLWISE: entry.style = TensorShardStyle::kColwise; break;
+      case v1::TENSOR_SHARD_STYLE_ROWWISE: entry.style = TensorShardStyle::kRowwise; break;
+      default:
+        return InvalidArgument("config.parallelism.tensor_plan[" + std::to_string(i) +
+                               "].style: COLWISE or ROWWISE, got " + std::to_string(e.style()));
+    }
+    out.tensor_plan.push_back(std::move(entry));
+  }
   if (out.gradient_as_bucket_view && out.sharding == DataSharding::kNone) {
     out.sharding = DataSharding::kDdp;  // DDP on one GPU: its buckets exist all the same
   }

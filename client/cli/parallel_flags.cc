@@ -18,6 +18,11 @@ const Word<v1::PipelineSchedule> kSchedules[] = {
     {"gpipe", v1::PIPELINE_SCHEDULE_GPIPE},
 };
 
+const Word<v1::TensorShardStyle> kStyles[] = {
+    {"colwise", v1::TENSOR_SHARD_STYLE_COLWISE},
+    {"rowwise", v1::TENSOR_SHARD_STYLE_ROWWISE},
+};
+
 }  // namespace
 
 void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
@@ -65,13 +70,26 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                 "pipelining); the default frees it once sent (Megatron's "
                 "deallocate_output_tensor)")
       ->group(group);
+  app->add_option("--tensor-parallel", f->tensor,
+                  "tensor-parallel ranks: Megatron-LM's column- and row-parallel linears over "
+                  "the plan's modules; the estimate is one rank")
+      ->group(group)->type_name("N");
+  app->add_flag("--sequence-parallel", f->sequence_parallel,
+                "Megatron's sequence parallelism: outside the parallel linears each rank holds "
+                "its share of the sequence")
+      ->group(group);
+  app->add_option("--tensor-plan", f->tensor_plan,
+                  "MODULE=colwise|rowwise (repeatable): the modules to split, by path pattern "
+                  "('*' matches anything; 'attn.c_proj' matches h.3.attn.c_proj); default: "
+                  "the Hugging Face names of the presets")
+      ->group(group)->type_name("MODULE=STYLE");
 }
 
 Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (!f.data && f.strategy.empty() && !f.bucket_cap_mb && !f.gradient_as_bucket_view &&
       !f.reduce_bucket_size && !f.overlap_comm && !f.no_reshard_after_forward &&
       !f.fsdp_mixed_precision && !f.pipeline && f.pipeline_schedule.empty() &&
-      !f.pipeline_keep_outputs) {
+      !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty()) {
     return Status::Ok();
   }
   v1::Parallelism* p = config->mutable_parallelism();
@@ -93,6 +111,19 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
     p->set_pipeline_schedule(s);
   }
   p->set_pipeline_keep_outputs(f.pipeline_keep_outputs);
+  if (f.tensor) p->set_tensor(*f.tensor);
+  p->set_sequence_parallel(f.sequence_parallel);
+  for (const std::string& entry : f.tensor_plan) {
+    const size_t eq = entry.rfind('=');
+    if (eq == std::string::npos || eq == 0) {
+      return InvalidArgument("--tensor-plan: MODULE=colwise or MODULE=rowwise, got '" + entry + "'");
+    }
+    MEMEST_ASSIGN_OR_RETURN(v1::TensorShardStyle style,
+                            ParseWord("--tensor-plan", entry.substr(eq + 1), kStyles));
+    v1::TensorPlanEntry* e = p->add_tensor_plan();
+    e->set_module(entry.substr(0, eq));
+    e->set_style(style);
+  }
   return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/ir/status.h"
 #include "memest/v1/memest.pb.h"
@@ -25,6 +26,9 @@ struct ParallelismFlags {
   std::optional<int64_t> pipeline;            // pipeline stages
   std::string pipeline_schedule;              // 1f1b | gpipe
   bool pipeline_keep_outputs = false;
+  std::optional<int64_t> tensor;              // tensor-parallel ranks
+  bool sequence_parallel = false;
+  std::vector<std::string> tensor_plan;       // MODULE=colwise|rowwise
 };
 
 void AddParallelismFlags(CLI::App* app, ParallelismFlags* flags);

@@ -58,6 +58,28 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            DataShardingName(p.sharding) + " with pipeline stages is not "
                            "modelled yet; ddp and zero1 compose with a pipeline");
   }
+  if (p.tensor < 1 || p.tensor > kMaxTensorParallel) {
+    return InvalidArgument("config.parallelism.tensor: must be in [1, " +
+                           std::to_string(kMaxTensorParallel) + "] ranks, got " +
+                           std::to_string(p.tensor));
+  }
+  if (p.tensor == 1 && (p.sequence_parallel || !p.tensor_plan.empty())) {
+    return InvalidArgument(std::string("config.parallelism.") +
+                           (p.sequence_parallel ? "sequence_parallel" : "tensor_plan") +
+                           ": a tensor-parallel setting, and config.parallelism.tensor is 1 rank");
+  }
+  if (p.tensor_plan.size() > kMaxTensorPlanEntries) {
+    return InvalidArgument("config.parallelism.tensor_plan: at most " +
+                           std::to_string(kMaxTensorPlanEntries) + " entries, got " +
+                           std::to_string(p.tensor_plan.size()));
+  }
+  for (size_t i = 0; i < p.tensor_plan.size(); ++i) {
+    const std::string field = "config.parallelism.tensor_plan[" + std::to_string(i) + "].module";
+    if (p.tensor_plan[i].module.empty()) {
+      return InvalidArgument(field + ": a module path pattern, got an empty one");
+    }
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(p.tensor_plan[i].module, field));
+  }
   const bool fsdp = p.sharding == DataSharding::kFsdp1 || p.sharding == DataSharding::kFsdp2;
   if (!fsdp && (!p.reshard_after_forward || p.fsdp_mixed_precision)) {
     return InvalidArgument(std::string("config.parallelism.") +

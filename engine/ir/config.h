@@ -131,6 +131,18 @@ enum class PipelineSchedule {
 };
 
 // The step as one rank of a multi-GPU job runs it. batch_size stays per rank.
+// How a tensor-parallel plan shards a module's parameters (DTensor's ColwiseParallel and
+// RowwiseParallel, Megatron's ColumnParallelLinear and RowParallelLinear): a linear's output
+// features, or its input features; an embedding's rows (the vocabulary) under kRowwise.
+enum class TensorShardStyle : uint8_t { kColwise, kRowwise };
+struct TensorPlanEntry {
+  // A module path pattern: '*' matches any run of characters; a pattern matches a module whose
+  // whole path it matches, or the part of the path after a '.' ("attn.c_proj" matches
+  // "h.3.attn.c_proj", not "h.3.mlp.c_proj").
+  std::string module;
+  TensorShardStyle style = TensorShardStyle::kColwise;
+};
+
 struct ParallelismConfig {
   int64_t data = 1;  // data-parallel ranks (the world size of the data-parallel group)
   DataSharding sharding = DataSharding::kNone;
@@ -157,7 +169,18 @@ struct ParallelismConfig {
   // A stage's sent output stays whole until its backward (torch.distributed.pipelining); false:
   // Megatron's deallocate_output_tensor frees it once sent, keeping a one-element stub.
   bool pipeline_keep_outputs = false;
+  // Tensor-parallel ranks (Megatron-LM's tensor_model_parallel_size): the plan's linears and
+  // embeddings are sharded over them (engine/passes/tensor_parallel.h). 1: none.
+  int64_t tensor = 1;
+  // Megatron's sequence parallelism: outside the tensor-parallel linears, each rank holds its
+  // share of the sequence.
+  bool sequence_parallel = false;
+  // Which modules are sharded, and how. Empty: the default plan for the presets' module names.
+  std::vector<TensorPlanEntry> tensor_plan;
 };
+
+constexpr int64_t kMaxTensorParallel = 1024;
+constexpr size_t kMaxTensorPlanEntries = 1024;
 
 // DeepSpeed's default zero_optimization.reduce_bucket_size.
 constexpr int64_t kDeepSpeedReduceBucketElements = 500'000'000;

@@ -67,8 +67,11 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional
     if (!b.ok()) return b.status();
     last_op[i] = b.num_ops() - 1;
   }
-  if (g.loss >= 0) b.SetLoss(map[g.loss]);
+  // A pipeline stage's "loss" is the activation it sends on (engine/passes/pipeline.h).
+  const bool scalar = g.loss >= 0 && Numel(g.tensors[g.loss].shape) == 1;
+  if (scalar) b.SetLoss(map[g.loss]);
   MEMEST_ASSIGN_OR_RETURN(Graph out, b.Finish(std::numeric_limits<int64_t>::max()));
+  if (g.loss >= 0 && !scalar) out.loss = map[g.loss];
   out.blocks = g.blocks;
   for (size_t k = 0; k < g.checkpoints.size(); ++k) {
     const auto [first, last] = g.checkpoints[k];

@@ -24,6 +24,7 @@ void RegisterAttentionRules(std::vector<OpRule>* rules);
 void RegisterCompareRules(std::vector<OpRule>* rules);
 void RegisterSelectRules(std::vector<OpRule>* rules);
 void RegisterDetectionRules(std::vector<OpRule>* rules);
+void RegisterParallelRules(std::vector<OpRule>* rules);
 
 inline std::string InputField(const OpCall& c, size_t i) {
   return c.field + ".inputs[" + std::to_string(i) + "]";

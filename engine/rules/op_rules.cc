@@ -85,6 +85,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterCompareRules(t);
     rules::RegisterSelectRules(t);
     rules::RegisterDetectionRules(t);
+    rules::RegisterParallelRules(t);
     std::sort(t->begin(), t->end(),
               [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
     return t;

@@ -66,6 +66,10 @@
 //   pad(x; pad=[left, right, ...], value=0)   roll(x; shifts, dims)   clone(x)
 //   fill_(x; value=0) in place   norm(x; p=2, dim=[...], keepdim=0)   clamp(x; min?, max?)
 //   copy_(dst, src) in place: src broadcast to dst and converted to its dtype
+//   Tensor parallelism's, added by engine/passes/tensor_parallel.h (engine/rules/parallel.cc):
+//   megatron_linear(x, weight, bias?; tp, gather_dim=-1, input_grad, weight_layout)
+//   tp_all_reduce(x; tp)  tp_reduce_scatter(x; tp, dim)  tp_scatter(x; tp, dim)
+//   vocab_parallel_embedding(weight, ids; tp)  vocab_parallel_cross_entropy(logits, target; tp)
 #ifndef MEMEST_ENGINE_RULES_OP_RULES_H_
 #define MEMEST_ENGINE_RULES_OP_RULES_H_
 

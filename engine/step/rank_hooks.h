@@ -24,6 +24,7 @@
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
 #include "engine/passes/data_parallel.h"
+#include "engine/passes/tensor_parallel.h"
 #include "engine/report/report.h"
 
 namespace memest {
@@ -86,6 +87,12 @@ std::unique_ptr<RankHooks> MakeZero2Hooks(const RankView& view, const Graph& gra
                                           const RunConfig& config);                // zero2.cc
 std::unique_ptr<RankHooks> MakeFsdp1Hooks(const RankView& view, const Graph& graph);  // fsdp1.cc
 std::unique_ptr<RankHooks> MakeFsdp2Hooks(const RankView& view, const Graph& graph);  // fsdp2.cc
+
+// Tensor parallelism's buffers around `inner`, the data-parallel strategy's hooks
+// (tensor_parallel.cc).
+std::unique_ptr<RankHooks> MakeTensorParallelHooks(const TensorParallelView& view,
+                                                   const Graph& graph, const RunConfig& config,
+                                                   std::unique_ptr<RankHooks> inner);
 
 }  // namespace memest
 

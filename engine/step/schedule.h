@@ -27,6 +27,7 @@
 #include "engine/passes/checkpoint.h"
 #include "engine/passes/data_parallel.h"
 #include "engine/passes/pipeline.h"
+#include "engine/passes/tensor_parallel.h"
 #include "engine/report/report.h"
 
 namespace memest {
@@ -86,6 +87,8 @@ struct ScheduleOptions {
   // One pipeline stage (its graph is the one scheduled) and the order of its micro-batches;
   // null: no pipeline.
   const PipelineStage* pipeline = nullptr;
+  // The tensor-parallel rank's buffers (the graph is already the rank's); null: none.
+  const TensorParallelView* tensor = nullptr;
 };
 
 // Builds the schedule of one step. The graph must be built for config.micro_batch(). Refuses

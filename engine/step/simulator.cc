@@ -63,6 +63,7 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
   s_.contexts.reserve(g.ops.size() * 2 + 8);
   has_memo_.assign(g.ops.size(), false);
   hooks_ = MakeRankHooks(opt.rank, g, cfg);
+  if (opt.tensor != nullptr) hooks_ = MakeTensorParallelHooks(*opt.tensor, g, cfg, std::move(hooks_));
 }
 
 StatusOr<Schedule> StepSimulator::Run() {

@@ -128,6 +128,20 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--pipeline-schedule"),
             std::string::npos);
   flags.parallel.pipeline_schedule.clear();
+  flags.parallel.tensor = 8;
+  flags.parallel.sequence_parallel = true;
+  flags.parallel.tensor_plan = {"attn.c_attn=colwise", "h.*.attn.c_proj=rowwise"};
+  const v1::Parallelism tp = BuildEstimateRequest(flags)->config().parallelism();
+  EXPECT_EQ(tp.tensor(), 8);
+  EXPECT_TRUE(tp.sequence_parallel());
+  ASSERT_EQ(tp.tensor_plan_size(), 2);
+  EXPECT_EQ(tp.tensor_plan(1).module(), "h.*.attn.c_proj");
+  EXPECT_EQ(tp.tensor_plan(1).style(), v1::TENSOR_SHARD_STYLE_ROWWISE);
+  flags.parallel.tensor_plan = {"c_attn=diagonal"};
+  EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--tensor-plan"), std::string::npos);
+  flags.parallel.tensor_plan = {"c_attn"};
+  EXPECT_NE(BuildEstimateRequest(flags).status().message().find("MODULE=colwise"), std::string::npos);
+  flags.parallel.tensor_plan.clear();
   flags.parallel.strategy = "fsdp3";
   EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--dp-strategy"),
             std::string::npos);

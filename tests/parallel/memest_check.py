@@ -48,7 +48,7 @@ def not_expressible(case):
     """Why memest cannot estimate `case` yet, or None when it can."""
     p = case.params
     if case.id.startswith("tp/"):
-        return "tensor and sequence parallelism are not in config.parallelism yet (issue 11)"
+        return None if case.model in TP_PLANS else f"no tensor-parallel plan for model {case.model}"
     if case.id.startswith("pp/"):
         return None
     if not case.id.startswith(("ddp/", "zero/")):
@@ -60,6 +60,45 @@ def not_expressible(case):
         return ("ZeroRedundancyOptimizer(parameters_as_bucket_view=True) is not a memest setting "
                 "(it moves the parameters into per-rank flat buckets at construction)")
     return None
+
+
+# tp.py's Megatron layers, as memest's --tensor-plan names them (module = parameter name up to
+# its last '.').
+TP_PLANS = {"tp-mlp": ["fc1=colwise", "fc2=rowwise"],
+            "tp-attention": ["qkv=colwise", "proj=rowwise"]}
+
+
+def tp_command(memest, case, first_step):
+    p = case.params
+    cmd = [memest, "estimate", "--local", "--runtime", "cpu-1.13", "--json", "--no-advice",
+           "--no-hold-outputs",
+           "--model", os.path.join(MODELS, f"{case.model}.json"), "--batch", str(p["batch"]),
+           "--precision", "fp32", "--optimizer", p["optimizer"], "--optimizer-impl", "for-loop",
+           "--tensor-parallel", str(case.world)]
+    for entry in TP_PLANS[case.model]:
+        cmd += ["--tensor-plan", entry]
+    if p["sp"]:
+        cmd.append("--sequence-parallel")
+    if first_step:
+        cmd.append("--first-step")
+    return cmd
+
+
+def check_tensor_parallel(memest, case, ranks):
+    """Every rank of a tensor-parallel group holds the same; rank 0's measurement is compared
+    with memest's rank. The measured GRAD_SYNC phase (finalize_model_grads' all-reduce of the
+    replicated gradients under SP) is memest's backward end: compared as the larger of the
+    two measured phases."""
+    rows = []
+    for label, first, k in (("first", True, 0), ("steady", False, -1)):
+        resp = estimate(tp_command(memest, case, first))
+        step = ranks[0]["steps"][k]
+        measured = measured_quantities(ranks[0], step)
+        sync = measured.pop("peak.GRAD_SYNC", 0)
+        measured["peak.BACKWARD"] = max(measured["peak.BACKWARD"], sync)
+        rows += [{"step": f"{label} (step {step['step']})", **r}
+                 for r in compare(measured, estimated_quantities(resp, False))]
+    return rows, {"rank": 0}
 
 
 def pipeline_command(memest, case, first_step):
@@ -198,6 +237,8 @@ def check(memest, case, ranks):
     the step they belong to; info says which rank was compared."""
     if case.id.startswith("pp/"):
         return check_pipeline(memest, case, ranks)
+    if case.id.startswith("tp/"):
+        return check_tensor_parallel(memest, case, ranks)
     est = {first: estimate(command(memest, case, first)) for first in (True, False)}
     rank = _int((est[False].get("dataParallel") or {}).get("rank"))
     rows = []

@@ -164,7 +164,7 @@ def tp_mlp(r, b, tp, s=32, h=128, ffn=512):
     """x -> LayerNorm -> ColumnParallelLinear(h, ffn) -> GELU -> RowParallelLinear(ffn, h) -> + x;
     loss = mean. Under SP, x and everything outside the two linears is the rank's s/t rows."""
     t = tp.size
-    x = r.input("x", [s // t if tp.sp else s, b, h])
+    x = r.input("x", [s // t if tp.sp else s, b, h], batch_dim=1)
     a = r.layer_norm(x, r.param("ln.w", [h], "ones"), r.param("ln.b", [h], "zeros"))
     u = r.gelu(tp.column(r, a, r.param("fc1.w", [ffn // t, h]), r.param("fc1.b", [ffn // t])))
     y = tp.row(r, u, r.param("fc2.w", [h, ffn // t]), r.param("fc2.b", [h]))
@@ -176,7 +176,7 @@ def tp_attention(r, b, tp, s=32, h=128, heads=8):
     RowParallelLinear(h, h) -> + x; loss = mean."""
     t = tp.size
     np_, hn = heads // t, h // heads
-    x = r.input("x", [s // t if tp.sp else s, b, h])
+    x = r.input("x", [s // t if tp.sp else s, b, h], batch_dim=1)
     a = r.layer_norm(x, r.param("ln.w", [h], "ones"), r.param("ln.b", [h], "zeros"))
     qkv = tp.column(r, a, r.param("qkv.w", [3 * h // t, h]), r.param("qkv.b", [3 * h // t]))
     q, k, v = r.split(r.view(qkv, [s, b, np_, 3 * hn]), 3, [hn, hn, hn])

@@ -166,6 +166,24 @@ def test_pipeline_stages_are_each_estimated(client):
         client.estimate(pipeline_schedule="zero-bubble", **base)
 
 
+def test_tensor_parallel_splits_the_plans_modules(client):
+    base = dict(preset="llama-7b", params={"layers": 2}, seq=256, batch_size=1,
+                precision="bf16", advice=False)
+    one = client.estimate(**base)
+    eight = client.estimate(tensor_parallel=8, sequence_parallel=True, **base)
+    assert eight.parameter_count == one.parameter_count  # the whole model's
+    assert eight.peak.allocated_bytes < one.peak.allocated_bytes / 4
+    assert any("tensor parallelism over 8 ranks" in n for n in eight.notes)
+    planned = client.estimate(tensor_parallel=2, advice=False, preset="gpt2-small", seq=128,
+                              batch_size=1, params={"vocab": 50304},
+                              tensor_plan={"c_attn": "colwise", "attn.c_proj": "rowwise"})
+    assert planned.peak.allocated_bytes > 0
+    with pytest.raises(memest.InvalidArgument, match="tensor_plan"):
+        client.estimate(tensor_parallel=2, tensor_plan={"c_attn": "diagonal"}, **base)
+    with pytest.raises(memest.InvalidArgument, match="matches no module"):
+        client.estimate(tensor_parallel=2, tensor_plan={"nope": "colwise"}, **base)
+
+
 def test_plans_fit_fewest_gpus_first(client):
     seen = []
     plans = client.plan(preset="llama-7b", seq=1024, batch_size=16, precision="bf16-pure",

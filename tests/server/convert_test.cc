@@ -131,6 +131,25 @@ TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
   EXPECT_EQ(piped->parallelism.pipeline, 4);
   EXPECT_EQ(piped->parallelism.pipeline_schedule, PipelineSchedule::kGPipe);
   EXPECT_TRUE(piped->parallelism.pipeline_keep_outputs);
+  proto.mutable_parallelism()->set_tensor(4);
+  proto.mutable_parallelism()->set_sequence_parallel(true);
+  v1::TensorPlanEntry* entry = proto.mutable_parallelism()->add_tensor_plan();
+  entry->set_module("q_proj");
+  entry->set_style(v1::TENSOR_SHARD_STYLE_COLWISE);
+  StatusOr<RunConfig> tp = RunConfigFromProto(proto);
+  ASSERT_TRUE(tp.ok()) << tp.status().ToString();
+  EXPECT_EQ(tp->parallelism.tensor, 4);
+  EXPECT_TRUE(tp->parallelism.sequence_parallel);
+  ASSERT_EQ(tp->parallelism.tensor_plan.size(), 1u);
+  EXPECT_EQ(tp->parallelism.tensor_plan[0].module, "q_proj");
+  EXPECT_EQ(tp->parallelism.tensor_plan[0].style, TensorShardStyle::kColwise);
+  entry->set_style(v1::TENSOR_SHARD_STYLE_UNSPECIFIED);
+  EXPECT_NE(RunConfigFromProto(proto).status().message().find(
+                "config.parallelism.tensor_plan[0].style"),
+            std::string::npos);
+  proto.mutable_parallelism()->clear_tensor_plan();
+  proto.mutable_parallelism()->set_tensor(0);
+  proto.mutable_parallelism()->set_sequence_parallel(false);
   proto.mutable_parallelism()->set_pipeline_schedule(static_cast<v1::PipelineSchedule>(9));
   EXPECT_NE(RunConfigFromProto(proto).status().message().find(
                 "config.parallelism.pipeline_schedule"),

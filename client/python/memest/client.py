@@ -59,6 +59,9 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           pipeline (stages; grad_accum_steps micro-batches), pipeline_schedule: 1f1b | gpipe,
             pipeline_keep_outputs: every stage is estimated, the estimate is the one that
             needs the most, Estimate.pipeline lists them all,
+          tensor_parallel (ranks), sequence_parallel, tensor_plan ({module pattern: "colwise" |
+            "rowwise"}; default: the presets' Hugging Face names): Megatron-LM's column- and
+            row-parallel linears, the estimate is one rank of the group,
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
           advice (False skips the advice: faster), timeout (seconds, this call only).
         None means the server's default. Unset words raise InvalidArgument before any call.

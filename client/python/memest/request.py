@@ -47,6 +47,7 @@ ATTENTIONS = {
 }
 MODULE_LOADINGS = {"lazy": v1.CUDA_MODULE_LOADING_LAZY, "eager": v1.CUDA_MODULE_LOADING_EAGER}
 PIPELINE_SCHEDULES = {"1f1b": v1.PIPELINE_SCHEDULE_1F1B, "gpipe": v1.PIPELINE_SCHEDULE_GPIPE}
+TENSOR_STYLES = {"colwise": v1.TENSOR_SHARD_STYLE_COLWISE, "rowwise": v1.TENSOR_SHARD_STYLE_ROWWISE}
 DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1,
                  "deepspeed-zero2": v1.DATA_PARALLEL_DEEPSPEED_ZERO2,
                  "fsdp1": v1.DATA_PARALLEL_FSDP1, "fsdp2": v1.DATA_PARALLEL_FSDP2}
@@ -165,6 +166,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   bucket_cap_mb=None, gradient_as_bucket_view=False, reduce_bucket_size=None,
                   overlap_comm=False, reshard_after_forward=None, fsdp_mixed_precision=False,
                   pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
+                  tensor_parallel=None, sequence_parallel=False, tensor_plan=None,
                   advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
@@ -240,5 +242,13 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                                                      PIPELINE_SCHEDULES)
     if pipeline_keep_outputs:
         config.parallelism.pipeline_keep_outputs = True
+    if tensor_parallel is not None:
+        _assign(config.parallelism, "tensor", tensor_parallel, "tensor_parallel")
+    if sequence_parallel:
+        config.parallelism.sequence_parallel = True
+    for module, style in (tensor_plan or {}).items():
+        entry = config.parallelism.tensor_plan.add()
+        _assign(entry, "module", module, "tensor_plan")
+        entry.style = _word("tensor_plan[%r]" % module, style, TENSOR_STYLES)
     request.skip_advice = not advice
     return request

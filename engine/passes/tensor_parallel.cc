@@ -1,0 +1,244 @@
+#include "engine/passes/tensor_parallel.h"
+
+#include <string>
+
+#include "engine/ir/text.h"
+#include "engine/passes/passes.h"
+#include "engine/passes/tensor_parallel_internal.h"
+
+namespace memest {
+
+namespace {
+
+using tensor_parallel::Sharder;
+using tensor_parallel::Split;
+
+// '*' matches any run of characters, anything else itself.
+bool GlobMatches(std::string_view p, std::string_view s) {
+  size_t pi = 0, si = 0, star = std::string_view::npos, mark = 0;
+  while (si < s.size()) {
+    if (pi < p.size() && p[pi] == '*') {
+      star = pi++;
+      mark = si;
+    } else if (pi < p.size() && p[pi] == s[si]) {
+      ++pi;
+      ++si;
+    } else if (star != std::string_view::npos) {
+      pi = star + 1;
+      si = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (pi < p.size() && p[pi] == '*') ++pi;
+  return pi == p.size();
+}
+
+// The module a parameter belongs to: its name up to the last '.' ("h.3.attn.c_attn.weight" ->
+// "h.3.attn.c_attn"), or the name itself.
+std::string_view ModuleOf(std::string_view name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string_view::npos ? name : name.substr(0, dot);
+}
+
+// The first op that reads parameter p, looking through autocast's casts of it; -1: none.
+int ConsumerOf(const Graph& g, int p, size_t* input) {
+  int t = p;
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      if (op.inputs[k] != t) continue;
+      if (op.kind == "to" && !op.outputs.empty()) {
+        t = op.outputs[0];
+        break;
+      }
+      *input = k;
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+// The dim of parameter p the plan's `style` splits, from the op that reads it; -1: none (a
+// row-parallel linear's bias). Refuses a parameter no linear or embedding reads.
+StatusOr<int> PlanDim(const Graph& g, int p, TensorShardStyle style, const std::string& entry) {
+  size_t k = 0;
+  const int i = ConsumerOf(g, p, &k);
+  const std::string kind = i < 0 ? std::string() : g.ops[i].kind;
+  const bool col = style == TensorShardStyle::kColwise;
+  if (kind == "linear") return k == 1 ? (col ? 0 : 1) : (col ? 0 : -1);
+  if (kind == "addmm") return k == 2 ? (col ? 1 : 0) : k == 0 ? (col ? 0 : -1) : -1;
+  if (kind == "embedding" && k == 0 && !col) return 0;
+  return InvalidArgument(entry + ": matches parameter " + Quote(g.tensors[p].name) + ", which " +
+                         (i < 0 ? std::string("no op reads")
+                                : "op " + std::to_string(i) + " (" + Escape(kind) + ") reads") +
+                         "; a plan splits linears (colwise, rowwise) and embeddings (rowwise, by "
+                         "vocabulary)");
+}
+
+// The sequence dim of the model's activations: the one of the first two the micro-batch is
+// not, as the first input of rank 2 or more lays them out.
+int SequenceDim(const Graph& g) {
+  for (const Tensor& t : g.tensors) {
+    if (t.role == TensorRole::kInput && t.shape.size() >= 2) return t.batch_dim == 1 ? 0 : 1;
+  }
+  return 1;
+}
+
+// Where sequence parallelism begins: the hidden state entering the first block (an activation
+// to scatter, or a stage's received input), or without blocks the model's floating inputs.
+void SequenceStart(const Graph& g, int dim, std::vector<Split>* split, int* scatter) {
+  if (!g.blocks.empty()) {
+    for (const Op& op : g.ops) {
+      if (!ScopeWithin(op.scope, g.blocks[0])) continue;
+      for (int in : op.inputs) {
+        const Tensor& x = g.tensors[in];
+        if (!IsFloating(x.dtype) || x.shape.size() < 2 ||
+            (x.role != TensorRole::kActivation && x.role != TensorRole::kInput)) {
+          continue;
+        }
+        if (x.role == TensorRole::kInput) {
+          (*split)[in] = Split{static_cast<int>(x.shape.size()) >= 3 ? dim : 0, true};
+        } else {
+          *scatter = in;
+        }
+        return;
+      }
+      return;
+    }
+  }
+  for (size_t i = 0; i < g.tensors.size(); ++i) {
+    const Tensor& x = g.tensors[i];
+    if (x.role == TensorRole::kInput && IsFloating(x.dtype) && x.shape.size() >= 2) {
+      (*split)[i] = Split{x.shape.size() >= 3 ? dim : 0, true};
+    }
+  }
+}
+
+// What each rank sends and receives through the group's collectives in one forward and
+// backward of `g` (the rank's graph).
+int64_t CommunicatedBytes(const Graph& g, int64_t t) {
+  int64_t total = 0;
+  auto add = [&](int64_t bytes, int64_t times_t_minus_1_over_t) {
+    (void)AddBytes(&total, bytes / t * (t - 1) * times_t_minus_1_over_t);
+  };
+  for (const Op& op : g.ops) {
+    const Tensor& y = g.tensors[op.outputs[0]];
+    if (op.kind == "tp_all_reduce") add(Bytes(y.shape, y.dtype), 2);
+    if (op.kind == "tp_reduce_scatter" || op.kind == "tp_scatter") {
+      add(Bytes(g.tensors[op.inputs[0]].shape, y.dtype), 2);  // forward, and the gather back
+    }
+    if (op.kind != "megatron_linear") continue;
+    const Tensor& x = g.tensors[op.inputs[0]];
+    StatusOr<std::string> grad = StringAttr(op.attrs, "input_grad", "none", "");
+    StatusOr<int64_t> gather = IntAttr(op.attrs, "gather_dim", -1, "");
+    const int64_t whole = Bytes(x.shape, x.dtype) * (gather.ok() && *gather >= 0 ? t : 1);
+    if (grad.ok() && *grad == "all_reduce") add(whole, 2);
+    if (grad.ok() && *grad == "reduce_scatter") add(whole, 3);  // gathered twice, scattered once
+  }
+  return total;
+}
+
+}  // namespace
+
+bool PlanMatches(std::string_view pattern, std::string_view module) {
+  if (GlobMatches(pattern, module)) return true;
+  for (size_t dot = module.find('.'); dot != std::string_view::npos; dot = module.find('.', dot + 1)) {
+    if (GlobMatches(pattern, module.substr(dot + 1))) return true;
+  }
+  return false;
+}
+
+const std::vector<TensorPlanEntry>& DefaultTensorPlan() {
+  static const std::vector<TensorPlanEntry> kPlan = [] {
+    std::vector<TensorPlanEntry> plan;
+    for (const char* m : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "c_attn", "c_fc",
+                          "lm_head", "query", "key", "value", "intermediate.dense"}) {
+      plan.push_back({m, TensorShardStyle::kColwise});
+    }
+    for (const char* m : {"o_proj", "down_proj", "c_proj", "output.dense", "wte", "embed_tokens"}) {
+      plan.push_back({m, TensorShardStyle::kRowwise});
+    }
+    return plan;
+  }();
+  return kPlan;
+}
+
+StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const ParallelismConfig& config) {
+  const int64_t t = config.tensor;
+  const bool given = !config.tensor_plan.empty();
+  const std::vector<TensorPlanEntry>& plan = given ? config.tensor_plan : DefaultTensorPlan();
+  TensorParallelView view;
+  view.size = t;
+  view.sequence_parallel = config.sequence_parallel;
+  std::vector<Split> split(graph.tensors.size());
+  std::vector<bool> used(plan.size(), false);
+  Graph leaves = graph;  // the whole graph with each leaf's shape as the rank holds it
+  for (size_t p = 0; p < graph.tensors.size(); ++p) {
+    Tensor& leaf = leaves.tensors[p];
+    if (leaf.role != TensorRole::kParameter) continue;
+    const std::string_view module = ModuleOf(leaf.name);
+    for (size_t e = 0; e < plan.size(); ++e) {
+      if (!PlanMatches(plan[e].module, module)) continue;
+      used[e] = true;
+      size_t k = 0;
+      const std::string entry = "config.parallelism.tensor_plan[" + std::to_string(e) + "]";
+      MEMEST_ASSIGN_OR_RETURN(int d, PlanDim(graph, static_cast<int>(p), plan[e].style,
+                                             given ? entry : "config.parallelism.tensor (the default plan's " + Quote(plan[e].module) + ")"));
+      if (d < 0) break;
+      if (leaf.shape[d] % t != 0) {
+        return InvalidArgument(
+            "config.parallelism.tensor: " + std::to_string(t) + " ranks do not split dim " +
+            std::to_string(d) + " of " + Quote(leaf.name) + " " + ShapeToString(leaf.shape) +
+            " evenly" +
+            (graph.ops[ConsumerOf(graph, static_cast<int>(p), &k)].kind == "embedding"
+                 ? "; Megatron pads the vocabulary to a multiple of 128 x the tensor-parallel "
+                   "ranks (make_vocab_size_divisible_by): give the padded size (a preset's "
+                   "vocab parameter)"
+                 : std::string()));
+      }
+      leaf.shape[d] /= t;
+      leaf.strides = ContiguousStrides(leaf.shape);
+      split[p] = Split{d, false};
+      ++view.sharded_params;
+      break;
+    }
+  }
+  for (size_t e = 0; e < plan.size() && given; ++e) {
+    if (!used[e]) {
+      return InvalidArgument("config.parallelism.tensor_plan[" + std::to_string(e) +
+                             "].module: " + Quote(plan[e].module) +
+                             " matches no module with parameters");
+    }
+  }
+  if (view.sharded_params == 0) {
+    return InvalidArgument("config.parallelism.tensor: the default plan splits no parameter of "
+                           "this model (it knows the Hugging Face names q_proj, o_proj, c_attn, "
+                           "...); name the modules in config.parallelism.tensor_plan");
+  }
+  const int seq = SequenceDim(graph);
+  int scatter = -1;
+  if (config.sequence_parallel) SequenceStart(graph, seq, &split, &scatter);
+  for (size_t i = 0; i < graph.tensors.size(); ++i) {
+    Tensor& leaf = leaves.tensors[i];
+    if (leaf.role != TensorRole::kInput || split[i].none()) continue;
+    if (leaf.shape[split[i].dim] % t != 0) {
+      return InvalidArgument("config.parallelism.sequence_parallel: " + std::to_string(t) +
+                             " ranks do not split the sequence (dim " +
+                             std::to_string(split[i].dim) + " of " + Quote(leaf.name) + " " +
+                             ShapeToString(leaf.shape) + ") evenly");
+    }
+    leaf.shape[split[i].dim] /= t;
+    leaf.strides = ContiguousStrides(leaf.shape);
+  }
+  Sharder sharder(graph, t, config.sequence_parallel, seq, std::move(split), scatter, &view);
+  StatusOr<Graph> out = ReplayGraph(leaves, [&](int i, GraphBuilder& b, std::vector<int>& map) {
+    return sharder.Emit(i, b, map);
+  });
+  if (!out.ok()) return out.status().Prefixed("config.parallelism.tensor: ");
+  view.graph = std::move(*out);
+  view.communicated_bytes = CommunicatedBytes(view.graph, t);
+  return view;
+}
+
+}  // namespace memest

@@ -1,0 +1,75 @@
+// Tensor parallelism as one rank sees it (docs/parallelism.md): Megatron-LM's column- and
+// row-parallel linears, with or without sequence parallelism, applied to any graph by a plan.
+//
+// The plan names modules (config.parallelism.tensor_plan, or the default plan for the presets'
+// module names, DefaultTensorPlan). A colwise linear keeps 1/t of its output features (weight
+// rows, bias); a rowwise linear 1/t of its input features (weight columns; its bias stays
+// whole); a rowwise embedding 1/t of the vocabulary. Every other parameter is replicated.
+//
+// The pass rebuilds the graph with the rank's shapes. Which dim of each activation is split
+// follows from the ops: what reads a column-parallel output (the GELU, the heads' views and
+// attention, which then run on heads/t heads) keeps it split until a row-parallel linear reads
+// it. A linear whose weight is sharded becomes `megatron_linear` (engine/rules/parallel.cc), as
+// LinearWithGradAccumulationAndAsyncCommunication runs it; a row-parallel one is followed by
+// its all-reduce. With sequence parallelism, the hidden state entering the first block (or, in
+// a graph without blocks, the model's inputs) is split along the sequence, and so is every
+// activation computed from it outside the parallel linears (norms, dropout, residual adds): a
+// column-parallel linear all-gathers its input into Megatron's global memory buffer, a
+// row-parallel one reduce-scatters its output. The sequence dim is the one the micro-batch is
+// not, among the first two: 1 for batch-first inputs [b, s, ...], 0 for Megatron's [s, b, h].
+//
+// Refused, naming the op and its scope: an op that would mix values across a split dim (a
+// softmax, a norm or a reduction over the features a column-parallel linear split, a matmul
+// contracting them outside a row-parallel linear, attention over a split sequence), a sharded
+// dim that does not divide evenly by t, a plan that names no parameter, and ops the pass does
+// not know how to split.
+#ifndef MEMEST_ENGINE_PASSES_TENSOR_PARALLEL_H_
+#define MEMEST_ENGINE_PASSES_TENSOR_PARALLEL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+#include "engine/ir/status.h"
+
+namespace memest {
+
+struct TensorParallelView {
+  int64_t size = 1;                // ranks in the tensor-parallel group
+  bool sequence_parallel = false;
+  Graph graph;                     // the rank's graph
+  // Megatron's GlobalMemoryBuffer "mpu" under sequence parallelism: the largest all-gathered
+  // input, made at the first op that asks for it (first_gather_op) and kept for the process's
+  // life. 0: none.
+  int64_t global_buffer_bytes = 0;
+  int first_gather_op = -1;
+  // Under sequence parallelism, the replicated parameters the sequence-split activations use
+  // (norms, row-parallel biases: Megatron's `sequence_parallel` attribute): finalize_model_grads
+  // all-reduces their gradients across the group as one flat copy after backward.
+  std::vector<int> sequence_parallel_params;
+  int64_t sharded_params = 0;      // parameters the plan split
+  int64_t collectives = 0;         // collectives the forward runs (notes)
+  // Bytes each rank sends and receives through the group's collectives in one micro-batch's
+  // forward and backward (ring algorithms: 2(t-1)/t of an all-reduce's buffer, (t-1)/t of a
+  // gather's or scatter's whole tensor).
+  int64_t communicated_bytes = 0;
+};
+
+// The rank's view of `graph` under config.parallelism (tensor > 1). `graph` is the whole
+// model's graph, as built for one micro-batch.
+StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const ParallelismConfig& config);
+
+// The plan used when config.parallelism.tensor_plan is empty: Megatron's split of the presets'
+// transformer modules (Hugging Face's names): q_proj, k_proj, v_proj, gate_proj, up_proj,
+// c_attn, c_fc, lm_head, BERT's query, key, value and intermediate.dense colwise; o_proj,
+// down_proj, c_proj and BERT's output.dense rowwise; the token embeddings (wte, embed_tokens)
+// rowwise, by vocabulary.
+const std::vector<TensorPlanEntry>& DefaultTensorPlan();
+
+// Whether `pattern` matches module path `module` (TensorPlanEntry::module).
+bool PlanMatches(std::string_view pattern, std::string_view module);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_PASSES_TENSOR_PARALLEL_H_

@@ -1,0 +1,73 @@
+// The tensor-parallel pass's rewriting of one op (engine/passes/tensor_parallel.h), shared by
+// tensor_parallel.cc (plan, leaves, driver) and tensor_parallel_ops.cc (the ops). Not part of
+// the engine's API.
+#ifndef MEMEST_ENGINE_PASSES_TENSOR_PARALLEL_INTERNAL_H_
+#define MEMEST_ENGINE_PASSES_TENSOR_PARALLEL_INTERNAL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/ir/graph.h"
+#include "engine/passes/tensor_parallel.h"
+
+namespace memest {
+namespace tensor_parallel {
+
+// Which dim of a tensor a rank holds 1/t of: none, the features a column-parallel linear split
+// (and what follows from them: heads), or the sequence (sequence parallelism).
+struct Split {
+  int dim = -1;
+  bool sequence = false;
+  bool none() const { return dim < 0; }
+  bool operator==(const Split& o) const { return dim == o.dim && sequence == o.sequence; }
+  bool operator!=(const Split& o) const { return !(*this == o); }
+};
+
+class Sharder {
+ public:
+  // `graph` is the whole model's; `split` holds each of its leaves' splits (the plan's
+  // parameters, the sequence-split inputs); `scatter` the activation where the sequence is
+  // split (-1: none).
+  Sharder(const Graph& graph, int64_t t, bool sequence_parallel, int sequence_dim,
+          std::vector<Split> split, int scatter, TensorParallelView* view);
+
+  // Adds op i of the whole graph to `b` as the rank runs it and maps its outputs. Errors go
+  // to the builder (GraphBuilder::Fail). Always true (for ReplayGraph).
+  bool Emit(int i, GraphBuilder& b, std::vector<int>& map);
+
+ private:
+  Status EmitOp(int i, GraphBuilder& b, std::vector<int>& map);
+  void NoteSequenceParallelParams(int i, const std::vector<int>& map);
+  // The splits of op i's outputs, and the attributes it runs with on the rank; or a refusal.
+  Status Propagate(int i, std::vector<Split>* out, Attrs* attrs);
+  Status Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d);
+  Status VocabEmbedding(int i, GraphBuilder& b, std::vector<int>& map);
+  Status VocabCrossEntropy(int i, GraphBuilder& b, std::vector<int>& map);
+  Status Elementwise(int i, std::vector<Split>* out);
+  Status Matmul(int i, std::vector<Split>* out);
+  Status Reshape(int i, std::vector<Split>* out, Attrs* attrs);
+  // Adds `kind` and maps op i's outputs to its outputs, after checking that each has the
+  // whole graph's shape with its split dim divided by t.
+  Status AddChecked(int i, GraphBuilder& b, std::vector<int>& map, std::string_view kind,
+                    std::vector<int> inputs, Attrs attrs, const std::vector<Split>& splits);
+  // "op 12 (linear in h.3.mlp)".
+  std::string Where(int i) const;
+  Split In(int i, size_t k) const { return split_[g_.ops[i].inputs[k]]; }
+  int Rank(int tensor) const { return static_cast<int>(g_.tensors[tensor].shape.size()); }
+  Status Refuse(int i, const std::string& why) const;
+  int SequenceDimOf(int rank) const;
+
+  const Graph& g_;
+  int64_t t_;
+  bool sp_;
+  int sequence_dim_;
+  std::vector<Split> split_;  // per tensor of g_
+  int scatter_;
+  TensorParallelView* view_;
+};
+
+}  // namespace tensor_parallel
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_PASSES_TENSOR_PARALLEL_INTERNAL_H_

@@ -1,0 +1,79 @@
+// Tensor parallelism's buffers beside the step (engine/passes/tensor_parallel.h), wrapped
+// around the data-parallel strategy's hooks: the graph the simulator walks is already the
+// rank's; what is left is what Megatron keeps outside it.
+// - The global memory buffer (megatron/core/utils.py GlobalMemoryBuffer.get_tensor): made by the
+//   first sequence-parallel all-gather of the process and kept; a steady-state step starts
+//   with it.
+// - finalize_model_grads' _allreduce_layernorm_grads under sequence parallelism: the gradients
+//   of the `sequence_parallel` parameters flattened into one new tensor, all-reduced and copied
+//   back, after the step's last backward (after the data-parallel synchronisation).
+#include "engine/step/rank_hooks.h"
+
+#include "engine/passes/tensor_parallel.h"
+
+namespace memest {
+
+namespace {
+
+class TensorParallelHooks : public RankHooks {
+ public:
+  TensorParallelHooks(const TensorParallelView& view, const Graph& graph, bool steady,
+                      std::unique_ptr<RankHooks> inner)
+      : view_(view), steady_(steady), inner_(std::move(inner)) {
+    for (int p : view.sequence_parallel_params) {
+      (void)AddBytes(&replicated_grad_bytes_, Bytes(graph.tensors[p].shape, graph.tensors[p].dtype));
+    }
+  }
+
+  int64_t ParameterBytes(int t, int64_t whole) const override {
+    return inner_->ParameterBytes(t, whole);
+  }
+  const Tensor* OptimizerParam(const Graph& g, int t) const override {
+    return inner_->OptimizerParam(g, t);
+  }
+  bool HoldsGrad(int t) const override { return inner_->HoldsGrad(t); }
+  int KeptGrad(RankMemory& m, int t, int64_t whole) override { return inner_->KeptGrad(m, t, whole); }
+  void StepStarts(RankMemory& m) override {
+    inner_->StepStarts(m);
+    if (steady_) MakeBuffer(m);
+  }
+  void ForwardOpStarts(RankMemory& m, int op) override {
+    inner_->ForwardOpStarts(m, op);
+    if (op == view_.first_gather_op) MakeBuffer(m);
+  }
+  void ForwardOpEnds(RankMemory& m, int op) override { inner_->ForwardOpEnds(m, op); }
+  void BackwardStarts(RankMemory& m) override { inner_->BackwardStarts(m); }
+  void BackwardReaches(RankMemory& m, int op) override { inner_->BackwardReaches(m, op); }
+  void GradReady(RankMemory& m, int t) override { inner_->GradReady(m, t); }
+  void BackwardEnds(RankMemory& m) override {
+    inner_->BackwardEnds(m);
+    if (replicated_grad_bytes_ > 0 && m.LastMicroBatch()) {
+      m.Deallocate(m.Allocate(replicated_grad_bytes_, Category::kCommunication));
+    }
+  }
+  void OptimizerStepStarts(RankMemory& m) override { inner_->OptimizerStepStarts(m); }
+
+ private:
+  void MakeBuffer(RankMemory& m) {
+    if (made_ || view_.global_buffer_bytes == 0) return;
+    m.Allocate(view_.global_buffer_bytes, Category::kCommunication);
+    made_ = true;
+  }
+
+  const TensorParallelView& view_;
+  bool steady_;
+  std::unique_ptr<RankHooks> inner_;
+  int64_t replicated_grad_bytes_ = 0;
+  bool made_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<RankHooks> MakeTensorParallelHooks(const TensorParallelView& view,
+                                                   const Graph& graph, const RunConfig& config,
+                                                   std::unique_ptr<RankHooks> inner) {
+  return std::make_unique<TensorParallelHooks>(view, graph, config.step == StepKind::kSteadyState,
+                                               std::move(inner));
+}
+
+}  // namespace memest
