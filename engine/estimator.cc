@@ -262,12 +262,15 @@ namespace {
 
 // Every stage estimated on its own; the report is the stage that needs the most, with every
 // stage's peak.
-StatusOr<Report> EstimatePipeline(const Graph& built, const RunConfig& config, Budget* budget) {
+StatusOr<Report> EstimatePipeline(const Graph& built, const RunConfig& config, Budget* budget,
+                                  bool end_stages_only) {
   PipelineReport pipeline;
   pipeline.stages = config.parallelism.pipeline;
   pipeline.micro_batches = config.grad_accum_steps;
   std::optional<Report> worst;
+  size_t worst_row = 0;
   for (int64_t s = 0; s < config.parallelism.pipeline; ++s) {
+    if (end_stages_only && s > 0 && s + 1 < config.parallelism.pipeline) continue;
     MEMEST_ASSIGN_OR_RETURN(PipelineStage stage, PlanPipelineStage(built, config, s));
     MEMEST_ASSIGN_OR_RETURN(PlannedStep step, PlanStep(stage.graph, config, false, budget, &stage));
     Report r = ReportStep(stage.graph, config, step);
@@ -283,9 +286,10 @@ StatusOr<Report> EstimatePipeline(const Graph& built, const RunConfig& config, B
     if (!worst || r.peak_reserved_bytes > worst->peak_reserved_bytes) {
       worst = std::move(r);
       pipeline.worst_stage = s;
+      worst_row = pipeline.per_stage.size() - 1;
     }
   }
-  const PipelineStageReport& w = pipeline.per_stage[pipeline.worst_stage];
+  const PipelineStageReport& w = pipeline.per_stage[worst_row];
   worst->parameter_count = built.ParameterCount();
   worst->trainable_parameter_count = built.TrainableParameterCount();
   worst->notes.push_back(
@@ -311,7 +315,7 @@ StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
   if (options.budget != nullptr) MEMEST_RETURN_IF_ERROR(options.budget->status());
   if (config.parallelism.pipeline > 1) {
     MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
-    return EstimatePipeline(built, config, options.budget);
+    return EstimatePipeline(built, config, options.budget, options.end_stages_only);
   }
   MEMEST_ASSIGN_OR_RETURN(PlannedStep step, PlanStep(built, config, false, options.budget));
   return ReportStep(built, config, step);

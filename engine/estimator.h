@@ -27,6 +27,11 @@ struct EstimateOptions {
   // advice; null: unlimited. A request whose one estimate cannot fit the budget is refused before
   // it is scheduled; advice that runs out of budget stops, and the report's notes say so.
   Budget* budget = nullptr;
+  // With pipeline stages: estimate only the first and the last stage. A screen for planners: if
+  // either does not fit, the split does not; the middle stages hold fewer micro-batches in
+  // flight and neither the embeddings nor the head, but only the full estimate says which stage
+  // needs the most. The report's pipeline.per_stage then lists the two.
+  bool end_stages_only = false;
 };
 
 // One step, planned: the graph as it runs (autocast casts inserted), its checkpoint regions,

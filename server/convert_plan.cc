@@ -53,6 +53,10 @@ void PlanToProto(const Plan& p, v1::ParallelPlan* out) {
   par->set_data(p.parallelism.data);
   par->set_data_parallel(StrategyToProto(p.parallelism.sharding));
   par->set_pipeline(p.parallelism.pipeline);
+  if (p.parallelism.tensor > 1) {
+    par->set_tensor(p.parallelism.tensor);
+    par->set_sequence_parallel(p.parallelism.sequence_parallel);
+  }
   if (p.parallelism.pipeline > 1) {
     par->set_pipeline_schedule(p.parallelism.pipeline_schedule == PipelineSchedule::kGPipe
                                    ? v1::PIPELINE_SCHEDULE_GPIPE

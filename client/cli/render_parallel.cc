@@ -55,7 +55,7 @@ std::string Percent(double fraction) {
   return buf;
 }
 
-constexpr const char* kPlanLine = "%5s  %-12s %-10s %-16s %-12s %-12s %10s %10s %9s %7s %10s\n";
+constexpr const char* kPlanLine = "%5s  %-12s %-14s %-16s %-12s %-12s %10s %10s %9s %7s %10s\n";
 
 void PrintLine(std::ostream& out, const std::vector<std::string>& cols) {
   char buf[512];
@@ -68,15 +68,18 @@ void PrintLine(std::ostream& out, const std::vector<std::string>& cols) {
 }  // namespace
 
 void RenderPlanHeader(std::ostream& out) {
-  PrintLine(out, {"gpus", "device", "dp x pp", "strategy", "micro-batch", "checkpoint", "needs",
+  PrintLine(out, {"gpus", "device", "dp x tp x pp", "strategy", "micro-batch", "checkpoint", "needs",
                   "headroom", "recompute", "bubble", "sent/step"});
 }
 
 void RenderPlan(const v1::ParallelPlan& p, std::ostream& out) {
   const v1::Parallelism& par = p.parallelism();
   const int64_t pipeline = par.pipeline() == 0 ? 1 : par.pipeline();
+  const int64_t tensor = par.tensor() == 0 ? 1 : par.tensor();
   PrintLine(out, {std::to_string(p.gpus()), p.device(),
-                  std::to_string(par.data()) + " x " + std::to_string(pipeline), Strategy(par),
+                  std::to_string(par.data()) + " x " + std::to_string(tensor) + " x " +
+                      std::to_string(pipeline),
+                  Strategy(par),
                   std::to_string(p.micro_batch()) + " x " + std::to_string(p.grad_accum_steps()),
                   p.checkpoint() == v1::CHECKPOINT_POLICY_EVERY_BLOCK ? "every-block" : "none",
                   FormatBytes(static_cast<int64_t>(p.required_bytes())),
@@ -93,7 +96,8 @@ void RenderPlanSummary(const v1::PlanSummary& s, std::ostream& out) {
         << " (GPU type, count) pairs ruled out by the model states alone";
   }
   out << ". micro-batch is micro-batch x accumulation (a pipeline's micro-batches) per "
-         "data-parallel rank; needs is the worst rank's reserved memory and CUDA context.\n";
+         "data-parallel rank; tp runs Megatron's linears with sequence parallelism; needs is the "
+         "worst rank's reserved memory and CUDA context.\n";
 }
 
 }  // namespace memest::cli

@@ -116,9 +116,11 @@ void SequenceStart(const Graph& g, int dim, std::vector<Split>* split, int* scat
 }
 
 // What each rank sends and receives through the group's collectives in one forward and
-// backward of `g` (the rank's graph).
+// backward of `g` (the rank's graph). Column-parallel linears reading the same input (q, k and v;
+// gate and up) communicate it once, as Megatron's fused linear_qkv and linear_fc1 do.
 int64_t CommunicatedBytes(const Graph& g, int64_t t) {
   int64_t total = 0;
+  std::vector<bool> seen(g.tensors.size(), false);
   auto add = [&](int64_t bytes, int64_t times_t_minus_1_over_t) {
     (void)AddBytes(&total, bytes / t * (t - 1) * times_t_minus_1_over_t);
   };
@@ -128,7 +130,8 @@ int64_t CommunicatedBytes(const Graph& g, int64_t t) {
     if (op.kind == "tp_reduce_scatter" || op.kind == "tp_scatter") {
       add(Bytes(g.tensors[op.inputs[0]].shape, y.dtype), 2);  // forward, and the gather back
     }
-    if (op.kind != "megatron_linear") continue;
+    if (op.kind != "megatron_linear" || seen[op.inputs[0]]) continue;
+    seen[op.inputs[0]] = true;
     const Tensor& x = g.tensors[op.inputs[0]];
     StatusOr<std::string> grad = StringAttr(op.attrs, "input_grad", "none", "");
     StatusOr<int64_t> gather = IntAttr(op.attrs, "gather_dim", -1, "");

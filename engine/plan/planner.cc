@@ -9,11 +9,14 @@
 
 #include "engine/estimator.h"
 #include "engine/ir/devices.h"
+#include "engine/passes/tensor_parallel.h"
 
 namespace memest {
 namespace {
 
 constexpr int64_t kMaxPlanGpus = int64_t{1} << 16;
+// Tensor-parallel groups stay within one node of 8 GPUs (NVLink), as Megatron-LM's recipes do.
+constexpr int64_t kMaxPlanTensor = 8;
 
 std::vector<int64_t> Divisors(int64_t n) {
   std::vector<int64_t> out;
@@ -44,7 +47,8 @@ struct States {
 // the average) of what its strategy keeps whole, and of what it shards over the data ranks.
 // ZeRO-2's fp32 master copy and optimizer state only add to this, as do buckets and
 // activations.
-int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t pipeline) {
+int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t tensor,
+                   int64_t pipeline) {
   int64_t whole = s.total(), sharded = 0;
   switch (sharding) {
     case DataSharding::kNone:
@@ -54,13 +58,13 @@ int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t
     case DataSharding::kFsdp1:
     case DataSharding::kFsdp2: whole = 0; sharded = s.total(); break;
   }
-  return whole / pipeline + sharded / (pipeline * data);
+  return (whole / pipeline + sharded / (pipeline * data)) / tensor;
 }
 
 // One split of the job, before its micro-batch is chosen.
 struct Split {
   const DeviceInfo* device;
-  int64_t data, pipeline;
+  int64_t data, tensor, pipeline;
   DataSharding sharding;
   CheckpointPolicy checkpoint;
 };
@@ -83,12 +87,22 @@ class Planner {
     c.parallelism.data = s.data;
     c.parallelism.sharding = s.sharding;
     c.parallelism.pipeline = s.pipeline;
+    c.parallelism.tensor = s.tensor;
+    c.parallelism.sequence_parallel = s.tensor > 1;
     if (!ValidateRunConfig(c).ok()) return std::optional<Plan>();
     MEMEST_RETURN_IF_ERROR(budget_->status());
     const Graph* graph = GraphFor(c);
     if (graph == nullptr) {
       MEMEST_RETURN_IF_ERROR(budget_->status());
       return std::optional<Plan>();  // the model cannot be built at this micro-batch
+    }
+    if (s.pipeline > 2) {  // screened by the end stages first: a failure costs 2/p of a full one
+      ++stats_->estimates;
+      EstimateOptions screen = Quiet();
+      screen.end_stages_only = true;
+      StatusOr<Report> r = EstimateGraph(*graph, c, screen);
+      MEMEST_RETURN_IF_ERROR(budget_->status());
+      if (!r.ok() || !r->fit || !r->fit->fits) return std::optional<Plan>();
     }
     ++stats_->estimates;
     StatusOr<Report> r = EstimateGraph(*graph, c, Quiet());
@@ -109,6 +123,10 @@ class Planner {
     ++stats_->estimates;
     MEMEST_ASSIGN_OR_RETURN(Report r, EstimateGraph(g, c, Quiet()));
     blocks_ = static_cast<int64_t>(g.blocks.size());
+    ParallelismConfig two;
+    two.tensor = 2;
+    two.sequence_parallel = true;
+    tensor_ok_ = ShardTensorParallel(g, two).ok();
     States s;
     s.params = r.end_of_step[static_cast<int>(Category::kParameters)];
     s.grads = r.end_of_step[static_cast<int>(Category::kGradients)];
@@ -117,6 +135,8 @@ class Planner {
   }
 
   int64_t blocks() const { return blocks_; }
+  // Whether the default tensor-parallel plan splits the model (engine/passes/tensor_parallel.h).
+  bool tensor_ok() const { return tensor_ok_; }
 
  private:
   EstimateOptions Quiet() const {
@@ -143,7 +163,7 @@ class Planner {
   Plan MakePlan(const Split& s, const RunConfig& c, int64_t mb, const Report& r) const {
     Plan p;
     p.device = s.device->name;
-    p.gpus = s.data * s.pipeline;
+    p.gpus = s.data * s.tensor * s.pipeline;
     p.parallelism = c.parallelism;
     p.micro_batch = mb;
     p.grad_accum_steps = c.grad_accum_steps;
@@ -164,15 +184,16 @@ class Planner {
   Budget* budget_;
   PlanStats* stats_;
   int64_t blocks_ = 0;
+  bool tensor_ok_ = false;
   std::map<std::pair<std::string, int64_t>, Graph> graphs_;  // by device and micro-batch
 };
 
 bool Before(const Plan& a, const Plan& b) {
   const bool ra = a.recompute_fraction > 0, rb = b.recompute_fraction > 0;
-  return std::make_tuple(a.capacity_bytes, ra, a.bubble_fraction, -a.micro_batch,
-                         -a.headroom_bytes) <
-         std::make_tuple(b.capacity_bytes, rb, b.bubble_fraction, -b.micro_batch,
-                         -b.headroom_bytes);
+  return std::make_tuple(a.capacity_bytes, ra, a.bubble_fraction, a.parallelism.tensor,
+                         -a.micro_batch, -a.headroom_bytes) <
+         std::make_tuple(b.capacity_bytes, rb, b.bubble_fraction, b.parallelism.tensor,
+                         -b.micro_batch, -b.headroom_bytes);
 }
 
 Status CheckQuery(const PlanQuery& q) {
@@ -193,6 +214,7 @@ Status CheckQuery(const PlanQuery& q) {
   }
   if (q.run.checkpoint.policy != CheckpointPolicy::kNone ||
       q.run.parallelism.data != 1 || q.run.parallelism.pipeline != 1 ||
+      q.run.parallelism.tensor != 1 ||
       q.run.parallelism.sharding != DataSharding::kNone) {
     return InvalidArgument(std::string("config.") +
                            (q.run.checkpoint.policy != CheckpointPolicy::kNone ? "checkpoint"
@@ -243,20 +265,22 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
         ++stats->skipped_counts;
         continue;
       }
-      for (int64_t p : Divisors(n)) {
+      for (int64_t t = 1; t <= kMaxPlanTensor && t <= n; t *= 2) {
+      if (n % t != 0 || (t > 1 && !planner.tensor_ok())) continue;
+      for (int64_t p : Divisors(n / t)) {
         if (p > 1 && (planner.blocks() == 0 || planner.blocks() % p != 0)) continue;
-        const int64_t data = n / p;
+        const int64_t data = n / (t * p);
         if (q.run.batch_size % data != 0) continue;
         const std::vector<int64_t> mbs = Divisors(q.run.batch_size / data);
         for (DataSharding sh : data == 1 ? std::vector<DataSharding>{DataSharding::kNone}
                                          : strategies) {
-          if (LowerBound(states[k], sh, data, p) > d.capacity_bytes) continue;
+          if (LowerBound(states[k], sh, data, t, p) > d.capacity_bytes) continue;
           std::vector<CheckpointPolicy> policies = {CheckpointPolicy::kEveryBlock};
           if (planner.blocks() == 0) policies = {CheckpointPolicy::kNone};
           else policies.push_back(CheckpointPolicy::kNone);
           size_t limit = mbs.size();  // micro-batches [0, limit) may fit
           for (CheckpointPolicy ck : policies) {
-            const Split s{&d, data, p, sh, ck};
+            const Split s{&d, data, t, p, sh, ck};
             // The largest micro-batch that fits, by bisection (the small ones, a pipeline's
             // costliest estimates, only when the larger do not fit); none at all with every
             // block checkpointed means none without checkpointing either, and without it
@@ -278,6 +302,7 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
             limit = lo;
           }
         }
+      }
       }
     }
     std::stable_sort(fits.begin(), fits.end(), Before);

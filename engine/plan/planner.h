@@ -3,9 +3,11 @@
 // the fewest GPUs first (docs/planning.md).
 //
 // The space, per GPU count N (powers of two up to the budget, and the budget itself):
-// pipeline stages p (dividing N and the model's blocks) x data-parallel ranks d = N / p
-// (dividing the global batch); a data-parallel strategy (ddp, zero1, deepspeed-zero2, fsdp2:
-// those the run's precision and a pipeline allow; none when d = 1); checkpointing none or
+// tensor-parallel ranks t (1, 2, 4 or 8, within a node; Megatron's linears with sequence
+// parallelism over the default plan, when it splits the model) x pipeline stages p (dividing
+// N / t and the model's blocks) x data-parallel ranks d = N / (t p) (dividing the global
+// batch); a data-parallel strategy (ddp, zero1, deepspeed-zero2, fsdp1, fsdp2: those the run's
+// precision and a pipeline allow; none when d = 1); checkpointing none or
 // every block; the largest micro-batch that fits (dividing d's share of the batch; the rest is
 // gradient accumulation, or the pipeline's micro-batches). Every candidate is a real estimate
 // of the rank (or stage) that needs the most.
@@ -47,7 +49,7 @@ struct PlanQuery {
 struct Plan {
   std::string device;
   int64_t gpus = 1;
-  ParallelismConfig parallelism;  // data ranks, strategy, pipeline stages
+  ParallelismConfig parallelism;  // data ranks, strategy, tensor ranks, pipeline stages
   int64_t micro_batch = 1;
   int64_t grad_accum_steps = 1;   // per data-parallel rank (a pipeline's micro-batches)
   CheckpointPolicy checkpoint = CheckpointPolicy::kNone;
@@ -72,7 +74,8 @@ struct PlanStats {
 // Runs the query, calling `emit` with each plan that fits, in rank order: fewer GPUs first;
 // for one count, the smaller GPU (so the first plan of each count answers "the smallest GPU
 // type that fits"), then no recomputation before recomputation, the smaller pipeline bubble,
-// the larger micro-batch, the most headroom. `emit` returning false stops the search. Returns the
+// fewer tensor-parallel ranks (their collectives run in every layer), the larger micro-batch,
+// the most headroom. `emit` returning false stops the search. Returns the
 // budget's refusal (deadline, cancellation, op steps) if it stops the search, an error naming
 // the field for a query that makes no sense, and OK otherwise.
 Status PlanJob(const PlanQuery& query, Budget* budget,

@@ -85,6 +85,23 @@ TEST(PipelineTest, StagesSliceTheBlocksAndPassOneActivation) {
   EXPECT_EQ(last.graph.blocks, (std::vector<std::string>{"h.2", "h.3"}));
 }
 
+// The planner's screen estimates the first and the last stage only; the full estimate's worst
+// stage is one of them (the middle ones hold fewer micro-batches, no embedding and no head).
+TEST(PipelineTest, EndStagesScreenTheSplit) {
+  const Graph g = Blocks(4);
+  const RunConfig c = Pipelined(4, 8);
+  EstimateOptions screen{1'000'000, false};
+  screen.end_stages_only = true;
+  const Report ends = EstimateGraph(g, c, screen).value();
+  const Report all = EstimateGraph(g, c, {1'000'000, false}).value();
+  ASSERT_EQ(ends.pipeline->per_stage.size(), 2u);
+  EXPECT_EQ(ends.pipeline->per_stage[0].stage, 0);
+  EXPECT_EQ(ends.pipeline->per_stage[1].stage, 3);
+  ASSERT_EQ(all.pipeline->per_stage.size(), 4u);
+  EXPECT_EQ(ends.peak_reserved_bytes, all.peak_reserved_bytes);
+  EXPECT_EQ(ends.pipeline->worst_stage, all.pipeline->worst_stage);
+}
+
 TEST(PipelineTest, BlocksThatDoNotSplitEvenlyAreRefused) {
   const Graph g = Blocks(4);
   EXPECT_NE(PlanPipelineStage(g, Pipelined(3, 4), 0).status().message().find(

@@ -44,9 +44,12 @@ TEST(PlannerTest, PlansFitAndAreTheirEstimates) {
   EXPECT_GT(plans.front().gpus, 1);
   EXPECT_EQ(stats.skipped_counts, 1);  // one GPU: the model states alone do not fit
   for (size_t k = 1; k < plans.size(); ++k) EXPECT_LE(plans[k - 1].gpus, plans[k].gpus);
+  bool tensor = false;
   for (const Plan& p : plans) {
     EXPECT_GE(p.headroom_bytes, 0);
-    EXPECT_EQ(p.gpus, p.parallelism.data * p.parallelism.pipeline);
+    EXPECT_EQ(p.gpus, p.parallelism.data * p.parallelism.tensor * p.parallelism.pipeline);
+    EXPECT_EQ(p.parallelism.sequence_parallel, p.parallelism.tensor > 1);
+    tensor |= p.parallelism.tensor > 1;
     EXPECT_EQ(16 / p.parallelism.data, p.micro_batch * p.grad_accum_steps);
     RunConfig c;
     c.batch_size = 16 / p.parallelism.data;
@@ -64,6 +67,7 @@ TEST(PlannerTest, PlansFitAndAreTheirEstimates) {
     EXPECT_EQ(p.recompute_fraction > 0, p.checkpoint != CheckpointPolicy::kNone);
     if (p.parallelism.data > 1) EXPECT_GT(p.communicated_bytes, 0);
   }
+  EXPECT_TRUE(tensor);  // Megatron's split is among the plans
 }
 
 // A model that fits one GPU is planned on one GPU first, without recomputation first; the
