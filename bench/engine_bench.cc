@@ -1,5 +1,6 @@
 // Estimates per second of the engine alone (no gRPC): Estimate() for GPT-2 small and the
-// Llama 70B preset, with advice (which re-runs the estimate under alternatives) and without.
+// Llama 70B preset, with advice (which re-runs the estimate under alternatives) and without, and
+// one rank of the 70B under 8-way tensor parallelism.
 // Also Validate's host side on a fake device: planning, the replay of every allocation
 // through the caching policy and the op-to-kernel mapping, without any kernel time.
 //
@@ -22,10 +23,12 @@ struct Scenario {
   std::string preset;
   int64_t batch;
   int64_t seq;
+  int64_t tensor = 1;  // tensor-parallel ranks, with sequence parallelism when more than 1
 };
 
 const Scenario kGpt2Small{"gpt2-small", 8, 1024};
 const Scenario kLlama70b{"llama-70b", 1, 4096};
+const Scenario kLlama70bTp8{"llama-70b", 1, 4096, 8};
 
 ModelSpec ModelOf(const Scenario& scenario) {
   return ModelSpec{PresetSpec{scenario.preset, {{"seq", scenario.seq}}}};
@@ -37,6 +40,8 @@ RunConfig ConfigOf(const Scenario& scenario) {
   config.batch_size = scenario.batch;
   config.precision = Precision::kBf16Amp;
   config.optimizer.kind = OptimizerKind::kAdamW;
+  config.parallelism.tensor = scenario.tensor;
+  config.parallelism.sequence_parallel = scenario.tensor > 1;
   return config;
 }
 
@@ -72,6 +77,9 @@ BENCHMARK_CAPTURE(BM_Estimate, gpt2_small_b8_s1024_adamw_bf16_advice, kGpt2Small
 BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16, kLlama70b, false)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16_advice, kLlama70b, true)
+    ->Unit(benchmark::kMillisecond);
+// One rank of Megatron's tensor parallelism over 8 GPUs: the pass rebuilds the graph.
+BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16_tp8_sp, kLlama70bTp8, false)
     ->Unit(benchmark::kMillisecond);
 
 void BM_ValidateHostSide(benchmark::State& state, const Scenario& scenario) {

@@ -51,8 +51,11 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
     if (sdpa && (op_fused || HasAttr(op.attrs, "backend"))) {
       ++fused[backend.ok() ? *backend : std::string()];
     }
-    attention |= (op.scope.find(".core") != std::string::npos || sdpa) && !op_fused &&
-                 !HasAttr(op.attrs, "backend");
+    // The math form keeps its scores: a softmax in an attention core (autocast's casts of the
+    // fused kernel's inputs sit in the core too), or SDPA's math form.
+    const bool core = op.scope.find(".core") != std::string::npos;
+    attention |= (core && op.kind == "softmax") ||
+                 (sdpa && !op_fused && !HasAttr(op.attrs, "backend"));
     conv |= op.kind == "conv1d" || op.kind == "conv2d";
   }
   const std::string impl = AttentionImplName(ResolveAttention(config));

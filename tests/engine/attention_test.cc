@@ -219,6 +219,17 @@ TEST(AttentionPresetTest, FlashSavesLessThanEager) {
              n.find("2 flash") != std::string::npos;
   }
   EXPECT_TRUE(noted);
+  // Only the eager form is said to keep its scores (autocast's casts of the fused kernel's
+  // inputs, in its core scope, are not the math form).
+  auto says_math = [](const Report& r) {
+    for (const std::string& n : r.notes) {
+      if (n.find("attention in its math form") != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(says_math(eager));
+  EXPECT_FALSE(says_math(flash));
+  EXPECT_FALSE(says_math(sdpa));
 }
 
 TEST(AttentionPresetTest, ForcedFlashUnderFloat32IsRefused) {
