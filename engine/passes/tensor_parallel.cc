@@ -219,6 +219,13 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
                            "this model (it knows the Hugging Face names q_proj, o_proj, c_attn, "
                            "...); name the modules in config.parallelism.tensor_plan");
   }
+  // An inference KV cache [N, kv_heads, len, hd] holds the rank's key-value heads: 1/t of them,
+  // or one when there are fewer heads than ranks (Megatron and vLLM replicate them then).
+  for (Tensor& leaf : leaves.tensors) {
+    if (!leaf.kv_cache || leaf.shape.size() != 4) continue;
+    leaf.shape[1] = (leaf.shape[1] + t - 1) / t;
+    leaf.strides = ContiguousStrides(leaf.shape);
+  }
   const int seq = SequenceDim(graph);
   int scatter = -1;
   if (config.sequence_parallel) SequenceStart(graph, seq, &split, &scatter);

@@ -4,7 +4,8 @@
 // The plan names modules (config.parallelism.tensor_plan, or the default plan for the presets'
 // module names, DefaultTensorPlan). A colwise linear keeps 1/t of its output features (weight
 // rows, bias); a rowwise linear 1/t of its input features (weight columns; its bias stays
-// whole); a rowwise embedding 1/t of the vocabulary. Every other parameter is replicated.
+// whole); a rowwise embedding 1/t of the vocabulary. Every other parameter is replicated. An
+// inference KV cache keeps the rank's key-value heads (one when there are fewer than t).
 //
 // The pass rebuilds the graph with the rank's shapes. Which dim of each activation is split
 // follows from the ops: what reads a column-parallel output (the GELU, the heads' views and

@@ -276,6 +276,27 @@ TEST(TensorParallelTest, ComposesWithDataParallelAndPipelineStages) {
   EXPECT_EQ(pp->pipeline->per_stage.size(), 2u);
 }
 
+TEST(TensorParallelTest, InferenceKeepsTheRanksKeyValueHeads) {
+  RunConfig c;
+  c.mode = Mode::kInference;
+  c.precision = Precision::kBf16Pure;
+  c.generate_tokens = 16;
+  c.parallelism.tensor = 4;
+  StatusOr<Graph> whole = BuildStepGraph(SmallLlama(), c, 1'000'000, nullptr);
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  StatusOr<TensorParallelView> v = ShardTensorParallel(*whole, c.parallelism);
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  int caches = 0;
+  for (const Tensor& t : v->graph.tensors) {
+    if (!t.kv_cache) continue;
+    EXPECT_EQ(t.shape, (Shape{1, 32 / 4, 256 + 16, 128})) << t.name;  // 32 heads, 4 ranks
+    ++caches;
+  }
+  EXPECT_EQ(caches, 4);  // k and v of 2 layers
+  c.parallelism.tensor = 64;  // more ranks than heads: refused where the heads split
+  EXPECT_FALSE(ShardTensorParallel(*whole, c.parallelism).ok());
+}
+
 TEST(TensorParallelTest, VocabularyThatDoesNotSplitNamesMegatronsPadding) {
   StatusOr<Report> r = Estimate(ModelSpec{PresetSpec{"gpt2-small", {{"layers", 1}}}}, Llama(2, false), {});
   ASSERT_FALSE(r.ok());
