@@ -41,29 +41,37 @@ std::string_view ModuleOf(std::string_view name) {
   return dot == std::string_view::npos ? name : name.substr(0, dot);
 }
 
-// The first op that reads parameter p, looking through autocast's casts of it; -1: none.
-int ConsumerOf(const Graph& g, int p, size_t* input) {
-  int t = p;
-  for (size_t i = 0; i < g.ops.size(); ++i) {
-    const Op& op = g.ops[i];
-    for (size_t k = 0; k < op.inputs.size(); ++k) {
-      if (op.inputs[k] != t) continue;
-      if (op.kind == "to" && !op.outputs.empty()) {
-        t = op.outputs[0];
-        break;
+// The first op that reads each tensor, and at which input; -1: none.
+struct Readers {
+  std::vector<int> op;
+  std::vector<int> input;
+  explicit Readers(const Graph& g) : op(g.tensors.size(), -1), input(g.tensors.size(), 0) {
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      const std::vector<int>& in = g.ops[i].inputs;
+      for (size_t k = 0; k < in.size(); ++k) {
+        if (op[in[k]] >= 0) continue;
+        op[in[k]] = static_cast<int>(i);
+        input[in[k]] = static_cast<int>(k);
       }
-      *input = k;
-      return static_cast<int>(i);
     }
   }
-  return -1;
-}
+  // The first op that reads parameter p, looking through autocast's casts of it.
+  int ConsumerOf(const Graph& g, int p, size_t* k) const {
+    int t = p;
+    while (op[t] >= 0 && g.ops[op[t]].kind == "to" && !g.ops[op[t]].outputs.empty()) {
+      t = g.ops[op[t]].outputs[0];
+    }
+    *k = static_cast<size_t>(input[t]);
+    return op[t];
+  }
+};
 
 // The dim of parameter p the plan's `style` splits, from the op that reads it; -1: none (a
 // row-parallel linear's bias). Refuses a parameter no linear or embedding reads.
-StatusOr<int> PlanDim(const Graph& g, int p, TensorShardStyle style, const std::string& entry) {
+StatusOr<int> PlanDim(const Graph& g, const Readers& readers, int p, TensorShardStyle style,
+                      const std::string& entry) {
   size_t k = 0;
-  const int i = ConsumerOf(g, p, &k);
+  const int i = readers.ConsumerOf(g, p, &k);
   const std::string kind = i < 0 ? std::string() : g.ops[i].kind;
   const bool col = style == TensorShardStyle::kColwise;
   if (kind == "linear") return k == 1 ? (col ? 0 : 1) : (col ? 0 : -1);
@@ -177,6 +185,7 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
   std::vector<Split> split(graph.tensors.size());
   std::vector<bool> used(plan.size(), false);
   Graph leaves = graph;  // the whole graph with each leaf's shape as the rank holds it
+  const Readers readers(graph);
   for (size_t p = 0; p < graph.tensors.size(); ++p) {
     Tensor& leaf = leaves.tensors[p];
     if (leaf.role != TensorRole::kParameter) continue;
@@ -186,7 +195,7 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
       used[e] = true;
       size_t k = 0;
       const std::string entry = "config.parallelism.tensor_plan[" + std::to_string(e) + "]";
-      MEMEST_ASSIGN_OR_RETURN(int d, PlanDim(graph, static_cast<int>(p), plan[e].style,
+      MEMEST_ASSIGN_OR_RETURN(int d, PlanDim(graph, readers, static_cast<int>(p), plan[e].style,
                                              given ? entry : "config.parallelism.tensor (the default plan's " + Quote(plan[e].module) + ")"));
       if (d < 0) break;
       if (leaf.shape[d] % t != 0) {
@@ -194,7 +203,7 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
             "config.parallelism.tensor: " + std::to_string(t) + " ranks do not split dim " +
             std::to_string(d) + " of " + Quote(leaf.name) + " " + ShapeToString(leaf.shape) +
             " evenly" +
-            (graph.ops[ConsumerOf(graph, static_cast<int>(p), &k)].kind == "embedding"
+            (graph.ops[readers.ConsumerOf(graph, static_cast<int>(p), &k)].kind == "embedding"
                  ? "; Megatron pads the vocabulary to a multiple of 128 x the tensor-parallel "
                    "ranks (make_vocab_size_divisible_by): give the padded size (a preset's "
                    "vocab parameter)"
