@@ -192,7 +192,8 @@ def test_plans_fit_fewest_gpus_first(client):
     assert [p.gpus for p in plans] == sorted(p.gpus for p in plans)
     assert plans[0].gpus > 1  # 7B's bf16 model states alone exceed one 40 GB A100
     for p in plans:
-        assert p.gpus == p.data * p.pipeline
+        assert p.gpus == p.data * p.tensor * p.pipeline
+        assert p.sequence_parallel == (p.tensor > 1)
         assert 0 <= p.headroom_bytes == p.capacity_bytes - p.required_bytes
         assert p.micro_batch * p.grad_accum_steps * p.data == 16
     # The first plan is what estimate says of it.
@@ -201,7 +202,8 @@ def test_plans_fit_fewest_gpus_first(client):
                             grad_accum_steps=p.grad_accum_steps, precision="bf16-pure",
                             device="a100-40gb", checkpoint=p.checkpoint,
                             data_parallel=p.data, dp_strategy=None if p.data == 1 else p.strategy,
-                            pipeline=p.pipeline, advice=False)
+                            pipeline=p.pipeline, tensor_parallel=p.tensor,
+                            sequence_parallel=p.sequence_parallel, advice=False)
     assert again.fit.required_bytes == p.required_bytes
     with pytest.raises(memest.InvalidArgument, match="config.grad_accum_steps"):
         client.plan(preset="gpt2-small", batch_size=8, grad_accum_steps=2, device="a100-80gb")

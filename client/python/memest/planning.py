@@ -44,7 +44,8 @@ def plan_request(preset=None, model=None, *, devices=None, max_gpus=None, max_pl
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """One way to run the job that fits: `gpus` of `device` as `data` data-parallel ranks
-    (`strategy`) x `pipeline` stages, micro-batches of `micro_batch` with `grad_accum_steps` of
+    (`strategy`) x `tensor` tensor-parallel ranks (Megatron's linears, with
+    `sequence_parallel`) x `pipeline` stages, micro-batches of `micro_batch` with `grad_accum_steps` of
     them per rank, `checkpoint`; `required_bytes` of the worst rank out of `capacity_bytes`;
     and its costs: `recompute_fraction` (forward ops run again), `bubble_fraction` (a
     pipeline's idle share), `communicated_bytes_per_step` (what one rank sends)."""
@@ -63,6 +64,8 @@ class Plan:
     recompute_fraction: float
     bubble_fraction: float
     communicated_bytes_per_step: int
+    tensor: int = 1
+    sequence_parallel: bool = False
 
     @classmethod
     def from_proto(cls, p):
@@ -74,11 +77,13 @@ class Plan:
                    required_bytes=p.required_bytes, capacity_bytes=p.capacity_bytes,
                    headroom_bytes=p.headroom_bytes, recompute_fraction=p.recompute_fraction,
                    bubble_fraction=p.bubble_fraction,
-                   communicated_bytes_per_step=p.communicated_bytes_per_step)
+                   communicated_bytes_per_step=p.communicated_bytes_per_step,
+                   tensor=par.tensor or 1, sequence_parallel=par.sequence_parallel)
 
     def __str__(self):
-        return ("%d x %s: %d data (%s) x %d stages, micro-batch %d x %d, checkpoint %s, needs "
-                "%s (headroom %s)" % (self.gpus, self.device, self.data, self.strategy,
-                                      self.pipeline, self.micro_batch, self.grad_accum_steps,
+        return ("%d x %s: %d data (%s) x %d tensor x %d stages, micro-batch %d x %d, checkpoint "
+                "%s, needs %s (headroom %s)" % (self.gpus, self.device, self.data, self.strategy,
+                                      self.tensor, self.pipeline, self.micro_batch,
+                                      self.grad_accum_steps,
                                       self.checkpoint, format_bytes(self.required_bytes),
                                       format_bytes(self.headroom_bytes)))
