@@ -26,6 +26,10 @@ void RegisterSelectRules(std::vector<OpRule>* rules);
 void RegisterDetectionRules(std::vector<OpRule>* rules);
 void RegisterParallelRules(std::vector<OpRule>* rules);
 
+// embedding(weight, indices)'s outputs, and its backward's scratch on CUDA (shape.cc).
+StatusOr<std::vector<OutputSpec>> InferEmbedding(const OpCall& c);
+void EmbeddingBackwardScratch(const OpCall& c, OpMemory* m);
+
 inline std::string InputField(const OpCall& c, size_t i) {
   return c.field + ".inputs[" + std::to_string(i) + "]";
 }

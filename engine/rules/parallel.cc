@@ -145,15 +145,7 @@ void ScatterMemory(const OpCall& c, OpMemory* m) {
 
 StatusOr<std::vector<OutputSpec>> InferVocabEmbedding(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(GroupSize(c).status());
-  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 2, 2));
-  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
-  if (IsFloating(c.in(1).dtype)) {
-    return InvalidArgument(InputField(c, 1) + ": token ids must be an integer tensor, got " +
-                           std::string(DTypeName(c.in(1).dtype)));
-  }
-  Shape out = c.in(1).shape;
-  out.push_back(c.in(0).shape[1]);
-  return std::vector<OutputSpec>{{out, c.in(0).dtype}};
+  return InferEmbedding(c);
 }
 
 // Forward: input_mask = (ids < start) | (ids >= end) (two bool tensors, then the mask),
@@ -174,10 +166,7 @@ void VocabEmbeddingMemory(const OpCall& c, OpMemory* m) {
   }
   m->saved_extras = {{8 * n, "masked ids"}, {n, "out-of-range mask"}};
   m->backward_temps.push_back(Alloc{BytesOf(c.out(0)), "index_put_ backward: the gradient copied"});
-  if (c.runtime == Runtime::kCuda) {
-    m->backward_temps.push_back(Alloc{3 * n * 8, "embedding backward index sort"});
-    m->backward_temps.push_back(Alloc{n * c.in(0).shape[1] * 4, "embedding backward partial sums"});
-  }
+  EmbeddingBackwardScratch(c, m);
 }
 
 StatusOr<std::vector<OutputSpec>> InferVocabCrossEntropy(const OpCall& c) {

@@ -14,6 +14,31 @@
 
 namespace memest {
 namespace rules {
+
+// Shared with engine/rules/parallel.cc's vocabulary-parallel embedding (internal.h).
+StatusOr<std::vector<OutputSpec>> InferEmbedding(const OpCall& c) {
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 2, 2));
+  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
+  if (IsFloating(c.in(1).dtype)) {
+    return InvalidArgument(InputField(c, 1) + ": embedding indices must be an integer tensor, got " +
+                           std::string(DTypeName(c.in(1).dtype)));
+  }
+  Shape out = c.in(1).shape;
+  out.push_back(c.in(0).shape[1]);
+  return std::vector<OutputSpec>{{out, c.in(0).dtype}};
+}
+
+// embedding_dense_backward (CUDA) sorts the indices into a few index-sized int64 buffers and
+// sums gradient rows per segment into grad_weight_per_segment: up to one float32 row per index.
+// On the CPU, embedding_dense_backward_cpu index_adds rows into the zeroed table: no scratch.
+void EmbeddingBackwardScratch(const OpCall& c, OpMemory* m) {
+  const int64_t n = Numel(c.in(1).shape);
+  if (c.runtime == Runtime::kCuda) {
+    m->backward_temps.push_back(Alloc{3 * n * 8, "embedding backward index sort"});
+    m->backward_temps.push_back(Alloc{n * c.in(0).shape[1] * 4, "embedding backward partial sums"});
+  }
+}
+
 namespace {
 
 int Rank(const OpCall& c, size_t i = 0) { return static_cast<int>(c.in(i).shape.size()); }
@@ -298,30 +323,10 @@ StatusOr<std::vector<OutputSpec>> InferReduce(const OpCall& c) {
   return std::vector<OutputSpec>{{out, d}};
 }
 
-StatusOr<std::vector<OutputSpec>> InferEmbedding(const OpCall& c) {
-  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 2, 2));
-  MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
-  if (IsFloating(c.in(1).dtype)) {
-    return InvalidArgument(InputField(c, 1) + ": embedding indices must be an integer tensor, got " +
-                           std::string(DTypeName(c.in(1).dtype)));
-  }
-  Shape out = c.in(1).shape;
-  out.push_back(c.in(0).shape[1]);
-  return std::vector<OutputSpec>{{out, c.in(0).dtype}};
-}
-
 void EmbeddingMemory(const OpCall& c, OpMemory* m) {
   if (!c.needs_grad(0)) return;
   m->saved_inputs.push_back(1);
-  // embedding_dense_backward (CUDA) sorts the indices into a few index-sized int64 buffers and
-  // sums gradient rows per segment into grad_weight_per_segment: up to one float32 row per
-  // index.
-  // On the CPU, embedding_dense_backward_cpu index_adds rows into the zeroed table: no scratch.
-  const int64_t n = Numel(c.in(1).shape);
-  if (c.runtime == Runtime::kCuda) {
-    m->backward_temps.push_back(Alloc{3 * n * 8, "embedding backward index sort"});
-    m->backward_temps.push_back(Alloc{n * c.in(0).shape[1] * 4, "embedding backward partial sums"});
-  }
+  EmbeddingBackwardScratch(c, m);
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
 }
 

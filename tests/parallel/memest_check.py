@@ -68,13 +68,19 @@ TP_PLANS = {"tp-mlp": ["fc1=colwise", "fc2=rowwise"],
             "tp-attention": ["qkv=colwise", "proj=rowwise"]}
 
 
+def base_command(memest, case, batch, hold_outputs=False):
+    """`memest estimate` of the case's whole model on the CPU runtime, float32, the case's
+    optimizer (for-loop) at `batch`; the modules return the loss alone unless `hold_outputs`."""
+    return ([memest, "estimate", "--local", "--runtime", "cpu-1.13", "--json", "--no-advice"] +
+            ([] if hold_outputs else ["--no-hold-outputs"]) +
+            ["--model", os.path.join(MODELS, f"{case.model}.json"), "--batch", str(batch),
+             "--precision", "fp32", "--optimizer", case.params["optimizer"],
+             "--optimizer-impl", "for-loop"])
+
+
 def tp_command(memest, case, first_step):
     p = case.params
-    cmd = [memest, "estimate", "--local", "--runtime", "cpu-1.13", "--json", "--no-advice",
-           "--no-hold-outputs",
-           "--model", os.path.join(MODELS, f"{case.model}.json"), "--batch", str(p["batch"]),
-           "--precision", "fp32", "--optimizer", p["optimizer"], "--optimizer-impl", "for-loop",
-           "--tensor-parallel", str(case.world)]
+    cmd = base_command(memest, case, p["batch"]) + ["--tensor-parallel", str(case.world)]
     for entry in TP_PLANS[case.model]:
         cmd += ["--tensor-plan", entry]
     if p["sp"]:
@@ -104,11 +110,8 @@ def check_tensor_parallel(memest, case, ranks):
 def pipeline_command(memest, case, first_step):
     p = case.params
     m = p["microbatches"]
-    cmd = [memest, "estimate", "--local", "--runtime", "cpu-1.13", "--json", "--no-advice",
-           "--model", os.path.join(MODELS, f"{case.model}.json"), "--batch", str(p["batch"] * m),
-           "--grad-accum", str(m), "--precision", "fp32", "--optimizer", p["optimizer"],
-           "--optimizer-impl", "for-loop", "--pipeline", str(case.world),
-           "--pipeline-schedule", p["schedule"]]
+    cmd = base_command(memest, case, p["batch"] * m, hold_outputs=True) + [
+        "--grad-accum", str(m), "--pipeline", str(case.world), "--pipeline-schedule", p["schedule"]]
     if not p.get("deallocate_outputs", True):
         cmd.append("--pipeline-keep-outputs")
     if first_step:
@@ -159,10 +162,7 @@ def check_pipeline(memest, case, ranks):
 def command(memest, case, first_step):
     p = case.params
     # dp.py's module returns the loss alone (Recorder.take): the loop holds no outputs.
-    cmd = [memest, "estimate", "--local", "--runtime", "cpu-1.13", "--json", "--no-advice",
-           "--no-hold-outputs",
-           "--model", os.path.join(MODELS, f"{case.model}.json"), "--batch", str(p["batch"]),
-           "--precision", "fp32", "--optimizer", p["optimizer"], "--optimizer-impl", "for-loop",
+    cmd = base_command(memest, case, p["batch"]) + [
            "--data-parallel", str(case.world), "--dp-strategy", "zero1" if p.get("zero") else "ddp",
            "--bucket-cap-mb", repr(p["bucket_cap_mb"])]
     if p["optimizer"] == "adamw" and p.get("zero"):
