@@ -29,6 +29,12 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
     case v1::DATA_PARALLEL_FSDP2:
       out.sharding = DataSharding::kFsdp2;
       break;
+    case v1::DATA_PARALLEL_MEGATRON_DDP:
+      out.sharding = DataSharding::kMegatronDdp;
+      break;
+    case v1::DATA_PARALLEL_MEGATRON_DISTOPT:
+      out.sharding = DataSharding::kMegatronDistOpt;
+      break;
     default:
       return InvalidArgument("config.parallelism.data_parallel: unknown value " +
                              std::to_string(p.data_parallel()));

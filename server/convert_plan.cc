@@ -17,6 +17,8 @@ v1::DataParallel StrategyToProto(DataSharding s) {
     case DataSharding::kDeepSpeedZero2: return v1::DATA_PARALLEL_DEEPSPEED_ZERO2;
     case DataSharding::kFsdp1: return v1::DATA_PARALLEL_FSDP1;
     case DataSharding::kFsdp2: return v1::DATA_PARALLEL_FSDP2;
+    case DataSharding::kMegatronDdp: return v1::DATA_PARALLEL_MEGATRON_DDP;
+    case DataSharding::kMegatronDistOpt: return v1::DATA_PARALLEL_MEGATRON_DISTOPT;
   }
   return v1::DATA_PARALLEL_UNSPECIFIED;
 }

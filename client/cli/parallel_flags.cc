@@ -11,6 +11,8 @@ const Word<v1::DataParallel> kStrategies[] = {
     {"deepspeed-zero2", v1::DATA_PARALLEL_DEEPSPEED_ZERO2},
     {"fsdp1", v1::DATA_PARALLEL_FSDP1},
     {"fsdp2", v1::DATA_PARALLEL_FSDP2},
+    {"megatron-ddp", v1::DATA_PARALLEL_MEGATRON_DDP},
+    {"megatron-distopt", v1::DATA_PARALLEL_MEGATRON_DISTOPT},
 };
 
 const Word<v1::PipelineSchedule> kSchedules[] = {
@@ -34,7 +36,9 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
   app->add_option("--dp-strategy", f->strategy,
                   "ddp (DistributedDataParallel, the default with --data-parallel), zero1 "
                   "(ZeroRedundancyOptimizer over DDP), deepspeed-zero2, fsdp1 (FullyShardedDataParallel "
-                  "wrapped by block) or fsdp2 (fully_shard on each block and the root)")
+                  "wrapped by block), fsdp2 (fully_shard on each block and the root), megatron-ddp "
+                  "(Megatron-LM's DDP and mixed-precision optimizer) or megatron-distopt (with "
+                  "its distributed optimizer)")
       ->group(group);
   app->add_option("--bucket-cap-mb", f->bucket_cap_mb,
                   "DDP's bucket_cap_mb (default 25, with a 1 MiB first bucket)")

@@ -45,6 +45,8 @@ std::string Strategy(const v1::Parallelism& p) {
     case v1::DATA_PARALLEL_DEEPSPEED_ZERO2: return "deepspeed-zero2";
     case v1::DATA_PARALLEL_FSDP1: return "fsdp1";
     case v1::DATA_PARALLEL_FSDP2: return "fsdp2";
+    case v1::DATA_PARALLEL_MEGATRON_DDP: return "megatron-ddp";
+    case v1::DATA_PARALLEL_MEGATRON_DISTOPT: return "megatron-distopt";
     default: return "-";
   }
 }

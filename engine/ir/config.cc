@@ -9,6 +9,39 @@ namespace memest {
 
 namespace {
 
+// Megatron-LM's DistributedDataParallel and optimizers (engine/passes/megatron_ddp.h).
+Status ValidateMegatron(const RunConfig& c) {
+  const ParallelismConfig& p = c.parallelism;
+  if (IsAutocast(c.precision)) {
+    return InvalidArgument(std::string("config.precision: ") + PrecisionName(c.precision) +
+                           " is torch.autocast; Megatron-LM keeps the model in 16 bits itself "
+                           "(--bf16 / --fp16) with float32 master weights in its optimizer: use "
+                           "bf16-pure or fp16-pure, or fp32");
+  }
+  if (!c.zero_grad_set_to_none) {
+    return InvalidArgument("config.zero_grad_keep_grads: Megatron-LM zeroes its gradient buffer in "
+                           "place and keeps no .grad; there is nothing to choose");
+  }
+  if (c.runtime != Runtime::kCuda) {
+    return InvalidArgument("config.parallelism.data_parallel: Megatron-LM runs on CUDA; the "
+                           "cpu-1.13 runtime has no Megatron");
+  }
+  const OptimizerKind k = c.optimizer.kind;
+  if (k != OptimizerKind::kAdam && k != OptimizerKind::kAdamW && k != OptimizerKind::kSgd &&
+      k != OptimizerKind::kSgdMomentum) {
+    return InvalidArgument(std::string("config.optimizer.kind: Megatron-LM's optimizers are Adam "
+                                       "(with decoupled weight decay) and SGD, not ") +
+                           OptimizerKindName(k));
+  }
+  if (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view) {
+    return InvalidArgument(std::string("config.parallelism.") +
+                           (p.bucket_cap_bytes != 0 ? "bucket_cap_mb" : "gradient_as_bucket_view") +
+                           ": a torch DistributedDataParallel setting; Megatron-LM's DDP keeps "
+                           "every gradient in its own contiguous buffer");
+  }
+  return Status::Ok();
+}
+
 Status ValidateParallelism(const ParallelismConfig& p) {
   if (p.data < 1 || p.data > kMaxDataParallel) {
     return InvalidArgument("config.parallelism.data: must be in [1, " +
@@ -56,7 +89,7 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                          p.sharding == DataSharding::kFsdp2)) {
     return InvalidArgument(std::string("config.parallelism.data_parallel: ") +
                            DataShardingName(p.sharding) + " with pipeline stages is not "
-                           "modelled yet; ddp and zero1 compose with a pipeline");
+                           "modelled yet; ddp, zero1 and Megatron's compose with a pipeline");
   }
   if (p.tensor < 1 || p.tensor > kMaxTensorParallel) {
     return InvalidArgument("config.parallelism.tensor: must be in [1, " +
@@ -193,6 +226,9 @@ Status ValidateSettingsApply(const RunConfig& c) {
     return InvalidArgument("config.zero_grad_keep_grads: DeepSpeed's ZeRO optimizer frees the "
                            "gradients itself once they are reduced; there are none to keep");
   }
+  const bool megatron = c.parallelism.sharding == DataSharding::kMegatronDdp ||
+                        c.parallelism.sharding == DataSharding::kMegatronDistOpt;
+  if (megatron) MEMEST_RETURN_IF_ERROR(ValidateMegatron(c));
   if (c.parallelism.sharding == DataSharding::kDeepSpeedZero2 && c.runtime != Runtime::kCuda) {
     return InvalidArgument("config.parallelism.data_parallel: DeepSpeed ZeRO runs on CUDA; the "
                            "cpu-1.13 runtime has no DeepSpeed");
@@ -384,6 +420,8 @@ const char* DataShardingName(DataSharding s) {
     case DataSharding::kDeepSpeedZero2: return "deepspeed-zero2";
     case DataSharding::kFsdp1: return "fsdp1";
     case DataSharding::kFsdp2: return "fsdp2";
+    case DataSharding::kMegatronDdp: return "megatron-ddp";
+    case DataSharding::kMegatronDistOpt: return "megatron-distopt";
   }
   return "?";
 }

@@ -115,6 +115,9 @@ enum class DataSharding {
   kDeepSpeedZero2,  // DeepSpeed ZeRO stage 2 (stage_1_and_2.py): the model whole in its own
                     // dtype; each rank keeps 1/N of the flattened parameters' fp32 master copy,
                     // optimizer state and gradients; gradients leave through the ipg buckets
+  kMegatronDdp,      // Megatron-LM's DistributedDataParallel (one float32 gradient buffer) with
+                     // its mixed-precision optimizer (engine/passes/megatron_ddp.h)
+  kMegatronDistOpt,  // the same with the distributed optimizer (its state sharded over ranks)
   kFsdp1,  // FSDP1 (FullyShardedDataParallel, auto-wrapped by block, use_orig_params=False):
            // each unit's parameters one flat shard; FULL_SHARD, or SHARD_GRAD_OP with
            // reshard_after_forward=false (engine/passes/fsdp1.h)

@@ -180,6 +180,11 @@ StatusOr<RankView> PlanDataParallel(const Graph& g, const RunConfig& c) {
     MEMEST_ASSIGN_OR_RETURN(view.fsdp2, PlanFsdp2(g, c));
     return view;
   }
+  if (p.sharding == DataSharding::kMegatronDdp || p.sharding == DataSharding::kMegatronDistOpt) {
+    MEMEST_ASSIGN_OR_RETURN(view.megatron, PlanMegatronDdp(g, c));  // every rank alike
+    view.optimizer_owns.assign(g.tensors.size(), 0);  // the float32 masters are stepped instead
+    return view;
+  }
 
   const std::vector<int> ready = GradReadyOrder(g);
   if (c.step == StepKind::kFirstStep) {
@@ -256,6 +261,10 @@ void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
         "it, so the reserved memory can be higher; limit_all_gathers bounds it)");
     return;
   }
+  if (const auto& mg = view.megatron) {
+    AddMegatronDdpNotes(c, *mg, r);
+    return;
+  }
   if (const auto& z = view.zero2) {
     r->notes.push_back(
         "DeepSpeed ZeRO-2 over " + std::to_string(view.world) + " ranks: each keeps " +
@@ -313,11 +322,13 @@ int64_t CommunicatedBytesPerStep(const Graph& g, const RunConfig& c) {
   const ParallelismConfig& p = c.parallelism;
   const double m = static_cast<double>(c.grad_accum_steps);
   double params = 0, grads = 0, sent = 0, received = 0;
+  double grads32 = 0;  // the trainable parameters' elements in float32 (Megatron's buffer)
   for (const Tensor& t : g.tensors) {
     const double bytes = static_cast<double>(Bytes(t.shape, t.dtype));
     if (t.role == TensorRole::kParameter) {
       params += bytes;
       if (t.requires_grad) grads += bytes;
+      if (t.requires_grad) grads32 += 4.0 * static_cast<double>(Numel(t.shape));
     } else if (t.role == TensorRole::kInput && t.requires_grad) {
       received += bytes;  // a pipeline stage's received activation
     }
@@ -333,6 +344,10 @@ int64_t CommunicatedBytesPerStep(const Graph& g, const RunConfig& c) {
     case DataSharding::kDdp: total += 2 * share * grads; break;
     case DataSharding::kZero1: total += 2 * share * grads + share * params; break;
     case DataSharding::kDeepSpeedZero2: total += m * share * grads + share * params; break;
+    case DataSharding::kMegatronDdp: total += 2 * share * grads32; break;
+    case DataSharding::kMegatronDistOpt:  // float32 gradients scattered, parameters gathered
+      total += share * grads32 + share * params;
+      break;
     case DataSharding::kFsdp1:
     case DataSharding::kFsdp2: {
       const double reduce = p.fsdp_mixed_precision ? 2 : 1;  // float32 over 16-bit gradients

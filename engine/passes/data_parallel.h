@@ -37,6 +37,7 @@
 #include "engine/ir/status.h"
 #include "engine/passes/fsdp.h"
 #include "engine/passes/fsdp1.h"
+#include "engine/passes/megatron_ddp.h"
 #include "engine/report/report.h"
 
 namespace memest {
@@ -76,6 +77,7 @@ struct RankView {
   std::optional<DeepSpeedZero2> zero2;  // DeepSpeed ZeRO-2; its optimizer owns no parameter
   std::optional<Fsdp1View> fsdp1;       // FSDP1 (FullyShardedDataParallel)
   std::optional<Fsdp2View> fsdp2;       // FSDP2
+  std::optional<MegatronDdp> megatron;  // Megatron-LM's DDP (with the distributed optimizer)
 
   bool OptimizerOwns(int t) const { return optimizer_owns.empty() || optimizer_owns[t] != 0; }
   int64_t BucketBytes() const;

@@ -53,7 +53,12 @@ int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t
   switch (sharding) {
     case DataSharding::kNone:
     case DataSharding::kDdp: break;
-    case DataSharding::kZero1: whole = s.params + s.grads; sharded = s.state; break;
+    case DataSharding::kZero1:
+    case DataSharding::kMegatronDistOpt:  // float32 gradients whole, master and state sharded
+      whole = s.params + s.grads;
+      sharded = s.state;
+      break;
+    case DataSharding::kMegatronDdp: break;
     case DataSharding::kDeepSpeedZero2: whole = s.params; sharded = s.grads + s.state; break;
     case DataSharding::kFsdp1:
     case DataSharding::kFsdp2: whole = 0; sharded = s.total(); break;
@@ -255,7 +260,8 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
   }
   const std::vector<DataSharding> strategies = {DataSharding::kDdp, DataSharding::kZero1,
                                                 DataSharding::kDeepSpeedZero2,
-                                                DataSharding::kFsdp1, DataSharding::kFsdp2};
+                                                DataSharding::kFsdp1, DataSharding::kFsdp2,
+                                                DataSharding::kMegatronDistOpt};
   int64_t found = 0;
   for (int64_t n : GpuCounts(q.max_gpus)) {
     std::vector<Plan> fits;

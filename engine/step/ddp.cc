@@ -49,6 +49,7 @@ std::unique_ptr<RankHooks> MakeRankHooks(const RankView* view, const Graph& grap
   if (view->zero2) return MakeZero2Hooks(*view, graph, config);
   if (view->fsdp1) return MakeFsdp1Hooks(*view, graph);
   if (view->fsdp2) return MakeFsdp2Hooks(*view, graph);
+  if (view->megatron) return MakeMegatronDdpHooks(*view, config);
   return MakeDdpHooks(*view);
 }
 

@@ -74,6 +74,9 @@ StatusOr<Liveness> Walk(const Schedule& s, const Graph& g, Allocator& allocator)
         break;
       }
       case EventKind::kAlloc: {
+        // An empty tensor holds no memory: PyTorch's allocators return a null pointer for 0
+        // bytes and make no block.
+        if (e.bytes == 0) break;
         handle[e.buffer] = allocator.Malloc(e.bytes);
         if (handle[e.buffer] < 0) {
           return ByteCountTooLarge(context >= 0 ? &s.contexts[context] : nullptr, g,

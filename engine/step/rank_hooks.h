@@ -87,6 +87,8 @@ std::unique_ptr<RankHooks> MakeZero2Hooks(const RankView& view, const Graph& gra
                                           const RunConfig& config);                // zero2.cc
 std::unique_ptr<RankHooks> MakeFsdp1Hooks(const RankView& view, const Graph& graph);  // fsdp1.cc
 std::unique_ptr<RankHooks> MakeFsdp2Hooks(const RankView& view, const Graph& graph);  // fsdp2.cc
+std::unique_ptr<RankHooks> MakeMegatronDdpHooks(const RankView& view,
+                                                const RunConfig& config);  // megatron_ddp.cc
 
 // Tensor parallelism's buffers around `inner`, the data-parallel strategy's hooks
 // (tensor_parallel.cc).

@@ -142,6 +142,9 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   flags.parallel.tensor_plan = {"c_attn"};
   EXPECT_NE(BuildEstimateRequest(flags).status().message().find("MODULE=colwise"), std::string::npos);
   flags.parallel.tensor_plan.clear();
+  flags.parallel.strategy = "megatron-distopt";
+  EXPECT_EQ(BuildEstimateRequest(flags)->config().parallelism().data_parallel(),
+            v1::DATA_PARALLEL_MEGATRON_DISTOPT);
   flags.parallel.strategy = "fsdp3";
   EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--dp-strategy"),
             std::string::npos);

@@ -483,3 +483,24 @@ TEST(RuntimeTest, CpuForeachAdamScratchAndStepCounters) {
 
 }  // namespace
 }  // namespace memest
+
+namespace memest {
+namespace {
+
+// An empty tensor holds no memory: PyTorch's allocators return a null pointer for 0 bytes, and
+// the caching allocator model makes no 512-byte block for it.
+TEST(ScheduleTest, EmptyTensorsTakeNoBlock) {
+  auto peak = [](int64_t rows) {
+    GraphBuilder b;
+    const int x = b.Input("x", {rows, 64}, DType::kFloat32);
+    b.SetLoss(b.Add1("sum", {b.Add1("relu", {x})}));
+    RunConfig c = PlainTraining();
+    c.mode = Mode::kInference;
+    return EstimateGraph(b.Finish().value(), c, {1'000'000, false}).value().peak.allocated_bytes;
+  };
+  EXPECT_EQ(peak(0), 512);  // the 0-dim sum alone
+  EXPECT_EQ(peak(2), 512 + 512 + 512);
+}
+
+}  // namespace
+}  // namespace memest

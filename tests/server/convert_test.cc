@@ -150,6 +150,11 @@ TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
   proto.mutable_parallelism()->clear_tensor_plan();
   proto.mutable_parallelism()->set_tensor(0);
   proto.mutable_parallelism()->set_sequence_parallel(false);
+  proto.mutable_parallelism()->set_data_parallel(v1::DATA_PARALLEL_MEGATRON_DDP);
+  EXPECT_EQ(RunConfigFromProto(proto).value().parallelism.sharding, DataSharding::kMegatronDdp);
+  proto.mutable_parallelism()->set_data_parallel(v1::DATA_PARALLEL_MEGATRON_DISTOPT);
+  EXPECT_EQ(RunConfigFromProto(proto).value().parallelism.sharding, DataSharding::kMegatronDistOpt);
+  proto.mutable_parallelism()->clear_data_parallel();
   proto.mutable_parallelism()->set_pipeline_schedule(static_cast<v1::PipelineSchedule>(9));
   EXPECT_NE(RunConfigFromProto(proto).status().message().find(
                 "config.parallelism.pipeline_schedule"),

@@ -50,7 +50,9 @@ PIPELINE_SCHEDULES = {"1f1b": v1.PIPELINE_SCHEDULE_1F1B, "gpipe": v1.PIPELINE_SC
 TENSOR_STYLES = {"colwise": v1.TENSOR_SHARD_STYLE_COLWISE, "rowwise": v1.TENSOR_SHARD_STYLE_ROWWISE}
 DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1,
                  "deepspeed-zero2": v1.DATA_PARALLEL_DEEPSPEED_ZERO2,
-                 "fsdp1": v1.DATA_PARALLEL_FSDP1, "fsdp2": v1.DATA_PARALLEL_FSDP2}
+                 "fsdp1": v1.DATA_PARALLEL_FSDP1, "fsdp2": v1.DATA_PARALLEL_FSDP2,
+                 "megatron-ddp": v1.DATA_PARALLEL_MEGATRON_DDP,
+                 "megatron-distopt": v1.DATA_PARALLEL_MEGATRON_DISTOPT}
 OPTIMIZER_IMPLS = {
     "for-loop": v1.OPTIMIZER_IMPL_FOR_LOOP,
     "foreach": v1.OPTIMIZER_IMPL_FOREACH,
