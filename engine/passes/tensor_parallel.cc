@@ -84,18 +84,51 @@ StatusOr<int> PlanDim(const Graph& g, const Readers& readers, int p, TensorShard
                          "vocabulary)");
 }
 
-// The sequence dim of the model's activations: the one of the first two the micro-batch is
-// not, as the first input of rank 2 or more lays them out.
-int SequenceDim(const Graph& g) {
-  for (const Tensor& t : g.tensors) {
-    if (t.role == TensorRole::kInput && t.shape.size() >= 2) return t.batch_dim == 1 ? 0 : 1;
+// The sequence dim of the model's inputs: the one of the first two the micro-batch is not.
+int InputSequenceDim(const Tensor& t) { return t.batch_dim == 1 ? 0 : 1; }
+
+// Which dim of `target` holds the inputs' sequence, followed from the inputs through the ops
+// that make it (lookups, pointwise ops, transposes, views); `fallback` when it cannot be told.
+int SequenceDimOf(const Graph& g, int target, int fallback) {
+  std::vector<int> seq(g.tensors.size(), -1);
+  for (size_t t = 0; t < g.tensors.size(); ++t) {
+    const Tensor& x = g.tensors[t];
+    if (x.role == TensorRole::kInput && x.shape.size() >= 2) seq[t] = InputSequenceDim(x);
   }
-  return 1;
+  const int last = g.tensors[target].producer;
+  for (int i = 0; i <= last; ++i) {
+    const Op& op = g.ops[i];
+    const int r = static_cast<int>(g.tensors[op.outputs[0]].shape.size());
+    int d = -1;
+    if (op.kind == "embedding") {
+      d = seq[op.inputs[1]];
+    } else if (tensor_parallel::IsElementwise(op.kind)) {
+      for (int in : op.inputs) {
+        if (seq[in] >= 0 && d < 0) d = seq[in] + r - static_cast<int>(g.tensors[in].shape.size());
+      }
+    } else if (seq[op.inputs.empty() ? 0 : op.inputs[0]] >= 0 && !op.inputs.empty()) {
+      const int s = seq[op.inputs[0]];
+      const int in_rank = static_cast<int>(g.tensors[op.inputs[0]].shape.size());
+      if (op.kind == "transpose") {
+        StatusOr<int64_t> a = IntAttr(op.attrs, "dim0", 0, ""), b = IntAttr(op.attrs, "dim1", 1, "");
+        const int da = a.ok() ? static_cast<int>((*a + in_rank) % in_rank) : -1;
+        const int db = b.ok() ? static_cast<int>((*b + in_rank) % in_rank) : -1;
+        d = s == da ? db : s == db ? da : s;
+      } else if (op.kind == "view" || op.kind == "reshape") {
+        d = tensor_parallel::ReshapedDim(g.tensors[op.inputs[0]].shape,
+                                         g.tensors[op.outputs[0]].shape, s, 1, -1);
+      } else if (op.kind == "layer_norm" || op.kind == "rms_norm") {
+        d = s;
+      }
+    }
+    for (int o : op.outputs) seq[o] = d;
+  }
+  return seq[target] >= 0 ? seq[target] : fallback;
 }
 
 // Where sequence parallelism begins: the hidden state entering the first block (an activation
 // to scatter, or a stage's received input), or without blocks the model's floating inputs.
-void SequenceStart(const Graph& g, int dim, std::vector<Split>* split, int* scatter) {
+void SequenceStart(const Graph& g, std::vector<Split>* split, int* scatter, int* dim) {
   if (!g.blocks.empty()) {
     for (const Op& op : g.ops) {
       if (!ScopeWithin(op.scope, g.blocks[0])) continue;
@@ -105,8 +138,9 @@ void SequenceStart(const Graph& g, int dim, std::vector<Split>* split, int* scat
             (x.role != TensorRole::kActivation && x.role != TensorRole::kInput)) {
           continue;
         }
+        *dim = x.shape.size() >= 3 ? SequenceDimOf(g, in, 1) : 0;
         if (x.role == TensorRole::kInput) {
-          (*split)[in] = Split{static_cast<int>(x.shape.size()) >= 3 ? dim : 0, true};
+          (*split)[in] = Split{*dim, true};
         } else {
           *scatter = in;
         }
@@ -118,7 +152,8 @@ void SequenceStart(const Graph& g, int dim, std::vector<Split>* split, int* scat
   for (size_t i = 0; i < g.tensors.size(); ++i) {
     const Tensor& x = g.tensors[i];
     if (x.role == TensorRole::kInput && IsFloating(x.dtype) && x.shape.size() >= 2) {
-      (*split)[i] = Split{x.shape.size() >= 3 ? dim : 0, true};
+      *dim = x.shape.size() >= 3 ? InputSequenceDim(x) : 0;
+      (*split)[i] = Split{*dim, true};
     }
   }
 }
@@ -235,9 +270,8 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
     leaf.shape[1] = (leaf.shape[1] + t - 1) / t;
     leaf.strides = ContiguousStrides(leaf.shape);
   }
-  const int seq = SequenceDim(graph);
-  int scatter = -1;
-  if (config.sequence_parallel) SequenceStart(graph, seq, &split, &scatter);
+  int scatter = -1, seq = 1;
+  if (config.sequence_parallel) SequenceStart(graph, &split, &scatter, &seq);
   for (size_t i = 0; i < graph.tensors.size(); ++i) {
     Tensor& leaf = leaves.tensors[i];
     if (leaf.role != TensorRole::kInput || split[i].none()) continue;

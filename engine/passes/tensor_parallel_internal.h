@@ -24,6 +24,15 @@ struct Split {
   bool operator!=(const Split& o) const { return !(*this == o); }
 };
 
+// Ops whose output holds each input's elements where the input holds them (pointwise,
+// broadcasting, casts, copies, dropout).
+bool IsElementwise(std::string_view kind);
+
+// The dim of `out` that holds the outermost part of dim d of `in` when a view reshapes `in`
+// into `out` (the part a split keeps whole), or `prefer` when it is among the dims that hold
+// some of d and divides by t; -1 when no dim can hold a 1/t split.
+int ReshapedDim(const Shape& in, const Shape& out, int d, int64_t t, int prefer);
+
 class Sharder {
  public:
   // `graph` is the whole model's; `split` holds each of its leaves' splits (the plan's

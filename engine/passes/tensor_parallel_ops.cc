@@ -9,8 +9,6 @@
 namespace memest {
 namespace tensor_parallel {
 
-namespace {
-
 bool IsElementwise(std::string_view k) {
   static const char* const kKinds[] = {
       "add", "sub", "mul", "div", "add_", "mul_", "masked_fill", "where", "maximum", "minimum",
@@ -23,6 +21,8 @@ bool IsElementwise(std::string_view k) {
   }
   return false;
 }
+
+namespace {
 
 // Reductions and normalisations over some dims: a split there would mix the ranks' values.
 bool IsReduction(std::string_view k) {
@@ -37,9 +37,8 @@ int64_t Int(const Attrs& attrs, std::string_view name, int64_t fallback) {
 
 int Normalize(int64_t dim, int rank) { return static_cast<int>(dim < 0 ? dim + rank : dim); }
 
-// The dim of `out` that holds the outermost part of dim d of `in` when a view reshapes `in`
-// into `out` (the part a split keeps whole), or `prefer` when it is among the dims that hold
-// some of d and divides by t; -1 when no dim can hold a 1/t split.
+}  // namespace
+
 int ReshapedDim(const Shape& in, const Shape& out, int d, int64_t t, int prefer) {
   auto strides = [](const Shape& s) {
     std::vector<long double> st(s.size(), 1);
@@ -58,8 +57,6 @@ int ReshapedDim(const Shape& in, const Shape& out, int d, int64_t t, int prefer)
   }
   return best;
 }
-
-}  // namespace
 
 Sharder::Sharder(const Graph& graph, int64_t t, bool sequence_parallel, int sequence_dim,
                  std::vector<Split> split, int scatter, TensorParallelView* view)

@@ -147,6 +147,9 @@ struct OpMemory {
   // scratch, and the incoming gradient is released before the second makes the inputs'
   // gradients. Only for ops that pass no gradient through.
   bool backward_scratch_consumes_grad = false;
+  // With backward_scratch_consumes_grad: scratch of the first node alone, freed when it returns,
+  // before the second makes the inputs' gradients (CopySlices' clones of a view's gradient).
+  std::vector<Alloc> backward_first_temps;
   // The order the backward hands the inputs' gradients on (autograd's next edges; an input
   // reached through another node, as linear's weight through t(), comes last). Empty: the
   // inputs' order. It matters where gradients meet in an InputBuffer (a weight used each step).

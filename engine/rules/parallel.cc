@@ -152,9 +152,11 @@ StatusOr<std::vector<OutputSpec>> InferVocabEmbedding(const OpCall& c) {
 // masked_input = ids.clone() - start, masked_input[input_mask] = 0 (index_put_ with a bool
 // mask: nonzero's int64 positions, at most one per token), the lookup, output_parallel[
 // input_mask, :] = 0.0 in place. Saved: masked_input (the lookup's indices) and input_mask
-// (the index_put_'s). Backward: index_put_'s gradient grad.index_put(mask, 0) is a new tensor
-// of the output's size, then embedding_dense_backward (engine/rules/shape.cc's embedding: on
-// CUDA its index sort and per-segment float32 sums).
+// (the index_put_'s). Backward: that assignment wrote through a view (`[mask, :]`), so autograd
+// runs CopySlices: a copy of the incoming gradient, the view's slice of it cloned, and
+// index_put_'s gradient grad.index_put(mask, 0) of that: three tensors of the output's size at
+// once (measured on 1.13, tests/parallel tp/lm); then embedding_dense_backward
+// (engine/rules/shape.cc's embedding: on CUDA its index sort and per-segment float32 sums).
 void VocabEmbeddingMemory(const OpCall& c, OpMemory* m) {
   const int64_t n = Numel(c.in(1).shape);
   m->forward_temps = {{2 * n, "vocab range comparisons"}, {8 * n, "ids clone"},
@@ -165,7 +167,11 @@ void VocabEmbeddingMemory(const OpCall& c, OpMemory* m) {
     return;
   }
   m->saved_extras = {{8 * n, "masked ids"}, {n, "out-of-range mask"}};
-  m->backward_temps.push_back(Alloc{BytesOf(c.out(0)), "index_put_ backward: the gradient copied"});
+  // CopySlices, then EmbeddingBackward: the incoming gradient is gone before the table's
+  // gradient is made; of CopySlices' three tensors only its result is handed on.
+  m->backward_scratch_consumes_grad = true;
+  m->backward_first_temps.push_back(Alloc{2 * BytesOf(c.out(0)), "CopySlices: the slice, index_put_'s gradient"});
+  m->backward_temps.push_back(Alloc{BytesOf(c.out(0)), "CopySlices: the gradient copied"});
   EmbeddingBackwardScratch(c, m);
 }
 

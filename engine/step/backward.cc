@@ -260,7 +260,12 @@ void StepSimulator::RunBackwardOp(int i, bool recompute) {
   // gradients are made (OpMemory::backward_scratch_consumes_grad).
   const bool consume_first = mem.backward_scratch_consumes_grad && passed == 0;
   if (consume_first) {
+    std::vector<int> first;
+    for (const Alloc& a : mem.backward_first_temps) {
+      first.push_back(NewBuffer(a.bytes, Category::kTemporaries));
+    }
     make_temps();
+    for (int b : first) FreeBuffer(b);
     ReleaseIncomingGrads(op);
   }
   for (size_t k = 0; k < op.inputs.size(); ++k) {

@@ -65,7 +65,8 @@ def not_expressible(case):
 # tp.py's Megatron layers, as memest's --tensor-plan names them (module = parameter name up to
 # its last '.').
 TP_PLANS = {"tp-mlp": ["fc1=colwise", "fc2=rowwise"],
-            "tp-attention": ["qkv=colwise", "proj=rowwise"]}
+            "tp-attention": ["qkv=colwise", "proj=rowwise"],
+            "tp-lm": ["wte=rowwise", "head=colwise"]}
 
 
 def base_command(memest, case, batch, hold_outputs=False):

@@ -132,6 +132,85 @@ class ReduceScatterToSP(torch.autograd.Function):
         return output, None
 
 
+def vocab_parallel_embedding(ids, weight, tp):
+    """VocabParallelEmbedding.forward before its reduction (layers.py): the rank's rows looked up,
+    the others' tokens zeroed. Plain autograd ops, as Megatron writes them."""
+    part = weight.shape[0]
+    start = dist.get_rank(common.GROUP) * part
+    input_mask = (ids < start) | (ids >= start + part)
+    masked_input = ids.clone() - start
+    masked_input[input_mask] = 0
+    output_parallel = torch.nn.functional.embedding(masked_input, weight)
+    output_parallel[input_mask, :] = 0.0
+    return output_parallel
+
+
+class VocabParallelCrossEntropy(torch.autograd.Function):
+    """_VocabParallelCrossEntropy (cross_entropy.py, without label smoothing): the per-token loss
+    over logits [.., V/t] split by vocabulary; the float32 logits are worked on in place and
+    saved as the softmax, into which backward writes the gradient."""
+
+    @staticmethod
+    def forward(ctx, vocab_parallel_logits, target):
+        vocab_parallel_logits = vocab_parallel_logits.float()
+        logits_max = torch.max(vocab_parallel_logits, dim=-1)[0]
+        dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=common.GROUP)
+        common.flush()
+        part = vocab_parallel_logits.size()[-1]
+        start = dist.get_rank(common.GROUP) * part
+        vocab_parallel_logits -= logits_max.unsqueeze(dim=-1)
+        target_mask = (target < start) | (target >= start + part)
+        masked_target = target.clone() - start
+        masked_target[target_mask] = 0
+        logits_2d = vocab_parallel_logits.view(-1, part)
+        masked_target_1d = masked_target.view(-1)
+        arange_1d = torch.arange(start=0, end=logits_2d.size()[0])
+        predicted_logits_1d = logits_2d[arange_1d, masked_target_1d]
+        predicted_logits_1d = predicted_logits_1d.clone().contiguous()
+        predicted_logits = predicted_logits_1d.view_as(target)
+        predicted_logits[target_mask] = 0.0
+        exp_logits = vocab_parallel_logits
+        torch.exp(vocab_parallel_logits, out=exp_logits)
+        sum_exp_logits = exp_logits.sum(dim=-1)
+        common.all_reduce(predicted_logits)
+        common.all_reduce(sum_exp_logits)
+        loss = torch.log(sum_exp_logits) - predicted_logits
+        exp_logits.div_(sum_exp_logits.unsqueeze(dim=-1))
+        ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        softmax, target_mask, masked_target_1d = ctx.saved_tensors
+        grad_input = softmax
+        grad_2d = grad_input.view(-1, softmax.size()[-1])
+        arange_1d = torch.arange(start=0, end=grad_2d.size()[0])
+        softmax_update = 1.0 - target_mask.view(-1).float()
+        grad_2d[arange_1d, masked_target_1d] -= softmax_update
+        grad_input.mul_(grad_output.unsqueeze(dim=-1))
+        return grad_input, None
+
+
+class ScatterToSP(torch.autograd.Function):
+    """scatter_to_sequence_parallel_region (_split_along_first_dim: this rank's chunk, a view),
+    then the clone of clone_scatter_output_in_embedding; backward gathers a new [s, ...]."""
+
+    @staticmethod
+    def forward(ctx, input_, tp):
+        ctx.tp = tp
+        n = input_.shape[0] // tp.size
+        rank = dist.get_rank(common.GROUP)
+        return input_[rank * n:(rank + 1) * n].contiguous().clone()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        dim = list(grad_output.size())
+        dim[0] *= ctx.tp.size
+        output = torch.empty(dim, dtype=grad_output.dtype)
+        common.all_gather_into_tensor(output, grad_output.contiguous())
+        return output, None
+
+
 class TP:
     """A tensor-parallel group of `size` ranks (1: the plain model), with or without sequence
     parallelism."""
@@ -143,6 +222,9 @@ class TP:
     def column(self, r, x, w, b):
         if self.size == 1:
             return r.linear(x, w, b)
+        if b is None:  # the head: no bias
+            return r._op("megatron.column_parallel_linear", [x, w], {},
+                         lambda x_, w_: LinearTP.apply(x_, w_, None, not self.sp, self.sp, self))
         return r._op("megatron.column_parallel_linear", [x, w, b], {},
                      lambda x_, w_, b_: LinearTP.apply(x_, w_, b_, not self.sp, self.sp, self))
 
@@ -187,7 +269,38 @@ def tp_attention(r, b, tp, s=32, h=128, heads=8):
     return r.mean(r.add(x, y))
 
 
-MODELS = {"mlp": tp_mlp, "attention": tp_attention}
+def tp_lm(r, b, tp, s=32, h=128, vocab=256):
+    """Megatron's GPT ends: ids [b, s] -> VocabParallelEmbedding (all-reduced) + a learned
+    position embedding -> transpose to [s, b, h] (contiguous) -> under SP the rank's shard,
+    cloned -> block h.0: LayerNorm -> a column-parallel head (vocab/t rows, no bias,
+    parallel_output) -> vocab-parallel cross entropy -> mean. With t == 1 the plain model."""
+    t = tp.size
+    ids = r.input("ids", [b, s], "int64", high=vocab)
+    wte = r.param("wte", [vocab // t, h])
+    if t == 1:
+        x = r.embedding(wte, ids)
+    else:
+        x = r._op("megatron.vocab_parallel_embedding", [ids, wte], {},
+                  lambda i_, w_: vocab_parallel_embedding(i_, w_, tp))
+        x = r._op("megatron.reduce_from_tensor_model_parallel_region", [x], {}, ReduceFromTP.apply)
+    x = r.add(x, r.embedding(r.param("wpe", [s, h]), r.arange(s)))
+    x = r.contiguous(r.transpose(x, 0, 1))
+    if tp.sp:
+        x = r._op("megatron.scatter_to_sequence_parallel_region", [x], {},
+                  lambda x_: ScatterToSP.apply(x_, tp))
+    with r.scope("h.0", block=True):
+        a = r.layer_norm(x, r.param("ln.w", [h], "ones"), r.param("ln.b", [h], "zeros"))
+    logits = tp.column(r, a, r.param("head.w", [vocab // t, h]), None)
+    y = r.target("y", [s, b], high=vocab, batch_dim=1)
+    if t == 1:
+        loss = r.cross_entropy(r.view(logits, [s * b, vocab]), r.view(y, [s * b]))
+    else:
+        loss = r.mean(r._op("megatron.vocab_parallel_cross_entropy", [logits, y], {},
+                            VocabParallelCrossEntropy.apply))
+    return loss
+
+
+MODELS = {"mlp": tp_mlp, "attention": tp_attention, "lm": tp_lm}
 SP_REPLICATED = ("ln.w", "ln.b", "fc2.b", "proj.b")  # Megatron's `sequence_parallel` params
 
 
