@@ -1,6 +1,6 @@
 // The tensor-parallel pass's rewriting of one op (engine/passes/tensor_parallel.h), shared by
-// tensor_parallel.cc (plan, leaves, driver) and tensor_parallel_ops.cc (the ops). Not part of
-// the engine's API.
+// tensor_parallel.cc (plan, leaves, driver), tensor_parallel_ops.cc (how each op runs on a
+// rank's share) and tensor_parallel_layers.cc (Megatron's layers). Not part of the engine's API.
 #ifndef MEMEST_ENGINE_PASSES_TENSOR_PARALLEL_INTERNAL_H_
 #define MEMEST_ENGINE_PASSES_TENSOR_PARALLEL_INTERNAL_H_
 
@@ -53,6 +53,7 @@ class Sharder {
   Status Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d);
   Status VocabEmbedding(int i, GraphBuilder& b, std::vector<int>& map);
   Status VocabCrossEntropy(int i, GraphBuilder& b, std::vector<int>& map);
+  Status Reduction(int i, std::vector<Split>* out);
   Status Elementwise(int i, std::vector<Split>* out);
   Status Matmul(int i, std::vector<Split>* out);
   Status Reshape(int i, std::vector<Split>* out, Attrs* attrs);

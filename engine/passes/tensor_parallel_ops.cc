@@ -107,24 +107,6 @@ Status Sharder::EmitOp(int i, GraphBuilder& b, std::vector<int>& map) {
   return AddChecked(i, b, map, op.kind, std::move(inputs), std::move(attrs), splits);
 }
 
-// Megatron marks the replicated parameters that sequence-split activations meet (norms,
-// row-parallel biases) `sequence_parallel`: their gradients are all-reduced across the group.
-void Sharder::NoteSequenceParallelParams(int i, const std::vector<int>& map) {
-  const Op& op = g_.ops[i];
-  bool sequence = false;
-  for (size_t k = 0; k < op.inputs.size(); ++k) sequence |= In(i, k).sequence;
-  if (!sequence) return;
-  for (int in : op.inputs) {
-    int p = in;
-    const Tensor& x = g_.tensors[in];
-    if (x.producer >= 0 && g_.ops[x.producer].kind == "to") p = g_.ops[x.producer].inputs[0];
-    const Tensor& param = g_.tensors[p];
-    if (param.role != TensorRole::kParameter || !param.requires_grad || !split_[p].none()) continue;
-    std::vector<int>& params = view_->sequence_parallel_params;
-    if (std::find(params.begin(), params.end(), map[p]) == params.end()) params.push_back(map[p]);
-  }
-}
-
 Status Sharder::AddChecked(int i, GraphBuilder& b, std::vector<int>& map, std::string_view kind,
                            std::vector<int> inputs, Attrs attrs, const std::vector<Split>& splits) {
   const Op& op = g_.ops[i];
@@ -165,45 +147,8 @@ Status Sharder::Propagate(int i, std::vector<Split>* out, Attrs* attrs) {
                            ", which the tensor-parallel pass does not model");
     }
   }
+  if (IsReduction(kind)) return Reduction(i, out);
   Split y = x;
-  if (IsReduction(kind)) {
-    std::vector<int> dims;
-    if (kind == "layer_norm") {
-      const int n = static_cast<int>(Int(op.attrs, "normalized_ndim", 1));
-      for (int d = r - n; d < r; ++d) dims.push_back(d);
-      for (size_t k = 1; k < op.inputs.size(); ++k) {
-        if (!In(i, k).none()) return Refuse(i, "its weight or bias is split");
-      }
-    } else if (kind == "rms_norm") {
-      dims.push_back(r - 1);
-    } else if (kind == "sum" || kind == "mean" || kind == "norm") {
-      StatusOr<std::vector<int64_t>> ds = IntsAttr(op.attrs, "dim", {}, "");
-      if (!ds.ok() || ds->empty()) {
-        for (int d = 0; d < r; ++d) dims.push_back(d);
-      } else {
-        for (int64_t d : *ds) dims.push_back(Normalize(d, r));
-      }
-    } else {
-      dims.push_back(Normalize(Int(op.attrs, "dim", -1), r));
-    }
-    const bool reduced = std::find(dims.begin(), dims.end(), x.dim) != dims.end();
-    const bool shrinks = kind == "sum" || kind == "mean" || kind == "norm";
-    if (reduced && !(x.sequence && shrinks)) {
-      return Refuse(i, std::string("works across dim ") + std::to_string(x.dim) + ", which " +
-                           (x.sequence ? "sequence parallelism splits"
-                                       : "a column-parallel linear split (only a row-parallel "
-                                         "linear may read it whole)"));
-    }
-    if (shrinks && reduced) {  // a rank's share of a loss over the sequence
-      y = Split{};
-    } else if (shrinks && Int(op.attrs, "keepdim", 0) == 0) {
-      int before = 0;
-      for (int d : dims) before += d < x.dim;
-      y.dim -= before;
-    }
-    (*out)[0] = y;
-    return Status::Ok();
-  }
   if (kind == "transpose") {
     const int a = Normalize(Int(op.attrs, "dim0", 0), r), c = Normalize(Int(op.attrs, "dim1", 1), r);
     y.dim = x.dim == a ? c : x.dim == c ? a : x.dim;
@@ -275,6 +220,52 @@ Status Sharder::Propagate(int i, std::vector<Split>* out, Attrs* attrs) {
   return Status::Ok();
 }
 
+// A norm, softmax or reduction: refused across a split dim, except a loss's sum or mean
+// over a sequence split (each rank's share of it).
+Status Sharder::Reduction(int i, std::vector<Split>* out) {
+  const Op& op = g_.ops[i];
+  const std::string_view kind = op.kind;
+  const Split x = In(i, 0);
+  const int r = Rank(op.inputs[0]);
+  Split y = x;
+  std::vector<int> dims;
+  if (kind == "layer_norm") {
+    const int n = static_cast<int>(Int(op.attrs, "normalized_ndim", 1));
+    for (int d = r - n; d < r; ++d) dims.push_back(d);
+    for (size_t k = 1; k < op.inputs.size(); ++k) {
+      if (!In(i, k).none()) return Refuse(i, "its weight or bias is split");
+    }
+  } else if (kind == "rms_norm") {
+    dims.push_back(r - 1);
+  } else if (kind == "sum" || kind == "mean" || kind == "norm") {
+    StatusOr<std::vector<int64_t>> ds = IntsAttr(op.attrs, "dim", {}, "");
+    if (!ds.ok() || ds->empty()) {
+      for (int d = 0; d < r; ++d) dims.push_back(d);
+    } else {
+      for (int64_t d : *ds) dims.push_back(Normalize(d, r));
+    }
+  } else {
+    dims.push_back(Normalize(Int(op.attrs, "dim", -1), r));
+  }
+  const bool reduced = std::find(dims.begin(), dims.end(), x.dim) != dims.end();
+  const bool shrinks = kind == "sum" || kind == "mean" || kind == "norm";
+  if (reduced && !(x.sequence && shrinks)) {
+    return Refuse(i, std::string("works across dim ") + std::to_string(x.dim) + ", which " +
+                         (x.sequence ? "sequence parallelism splits"
+                                     : "a column-parallel linear split (only a row-parallel "
+                                       "linear may read it whole)"));
+  }
+  if (shrinks && reduced) {  // a rank's share of a loss over the sequence
+    y = Split{};
+  } else if (shrinks && Int(op.attrs, "keepdim", 0) == 0) {
+    int before = 0;
+    for (int d : dims) before += d < x.dim;
+    y.dim -= before;
+  }
+  (*out)[0] = y;
+  return Status::Ok();
+}
+
 Status Sharder::Elementwise(int i, std::vector<Split>* out) {
   const Op& op = g_.ops[i];
   const int r = Rank(op.outputs[0]);
@@ -335,103 +326,6 @@ Status Sharder::Reshape(int i, std::vector<Split>* out, Attrs* attrs) {
   (*attrs)["shape"] = s;
   out->assign(op.outputs.size(), Split{d, x.sequence});
   return Status::Ok();
-}
-
-// A linear whose weight the plan split: column-parallel (output features) or row-parallel
-// (input features), as Megatron runs it. conv1d: HF's Conv1D, addmm(bias, x2d, weight[in, out]).
-Status Sharder::Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d) {
-  const Op& op = g_.ops[i];
-  const int xi = conv1d ? 1 : 0, wi = conv1d ? 2 : 1;
-  const int bias = conv1d ? 0 : (op.inputs.size() > 2 ? 2 : -1);
-  const Split x = In(i, xi), w = In(i, wi);
-  const int r = Rank(op.inputs[xi]);
-  const bool column = w.dim == (conv1d ? 1 : 0);
-  Attrs attrs{{"tp", t_}};
-  if (conv1d) attrs["weight_layout"] = std::string("in_out");
-  std::vector<int> inputs{map[op.inputs[xi]], map[op.inputs[wi]]};
-  if (column) {
-    if (!x.none() && !x.sequence) {
-      return Refuse(i, "a column-parallel linear reads features that are already split");
-    }
-    if (bias >= 0) {
-      if (In(i, bias) != Split{0, false}) return Refuse(i, "its bias is not split with its weight");
-      inputs.push_back(map[op.inputs[bias]]);
-    }
-    if (x.sequence) {
-      attrs["gather_dim"] = int64_t{x.dim};
-      attrs["input_grad"] = std::string("reduce_scatter");
-      int64_t gathered = Bytes(g_.tensors[op.inputs[xi]].shape, b.tensor(map[op.inputs[xi]]).dtype);
-      if (view_->first_gather_op < 0) view_->first_gather_op = b.num_ops();
-      view_->global_buffer_bytes = std::max(view_->global_buffer_bytes, gathered);
-      ++view_->collectives;
-    } else {
-      attrs["input_grad"] = std::string("all_reduce");
-    }
-    return AddChecked(i, b, map, "megatron_linear", std::move(inputs), std::move(attrs),
-                      {Split{r - 1, false}});
-  }
-  if (x != Split{r - 1, false}) {
-    return Refuse(i, "a row-parallel linear reads input features that no column-parallel linear "
-                     "split (its weight is rowwise in the plan; the linear before it should be "
-                     "colwise)");
-  }
-  if (bias >= 0 && !In(i, bias).none()) return Refuse(i, "a row-parallel linear's bias is split");
-  if (bias >= 0 && sp_ && g_.tensors[op.inputs[bias]].requires_grad) {  // meets the scattered output
-    std::vector<int>& params = view_->sequence_parallel_params;
-    const int p = map[op.inputs[bias]];
-    if (std::find(params.begin(), params.end(), p) == params.end()) params.push_back(p);
-  }
-  std::vector<int> y = b.Add("megatron_linear", std::move(inputs), std::move(attrs));
-  if (!b.ok()) return b.status();
-  int out = y[0];
-  Split s;
-  ++view_->collectives;
-  if (sp_) {
-    const int d = SequenceDimOf(r);
-    out = b.Add1("tp_reduce_scatter", {out}, {{"tp", t_}, {"dim", int64_t{d}}});
-    s = Split{d, true};
-  } else {
-    out = b.Add1("tp_all_reduce", {out}, {{"tp", t_}});
-  }
-  if (bias < 0) {
-    Shape want = g_.tensors[op.outputs[0]].shape;
-    if (!s.none()) want[s.dim] /= t_;
-    if (!b.ok()) return b.status();
-    if (b.shape(out) != want) return Refuse(i, "the row-parallel output's shape is not the whole one's share");
-    map[op.outputs[0]] = out;
-    split_[op.outputs[0]] = s;
-    return Status::Ok();
-  }
-  return AddChecked(i, b, map, "add", {out, map[op.inputs[bias]]}, {}, {s});
-}
-
-// VocabParallelEmbedding: the rank's rows looked up, then all-reduced in place (each token's
-// row lives on one rank; the others contributed zeros).
-Status Sharder::VocabEmbedding(int i, GraphBuilder& b, std::vector<int>& map) {
-  const Op& op = g_.ops[i];
-  if (In(i, 0).dim != 0 || !In(i, 1).none()) return Refuse(i, "only an embedding split by vocabulary (rowwise) is modelled");
-  const int y = b.Add1("vocab_parallel_embedding", {map[op.inputs[0]], map[op.inputs[1]]}, {{"tp", t_}});
-  view_->collectives += 1;
-  return AddChecked(i, b, map, "tp_all_reduce", {y}, {{"tp", t_}}, {Split{}});
-}
-
-// The loss over logits split by vocabulary (a column-parallel head): Megatron's
-// vocab_parallel_cross_entropy gives each token's loss, reduced as the op asked.
-Status Sharder::VocabCrossEntropy(int i, GraphBuilder& b, std::vector<int>& map) {
-  const Op& op = g_.ops[i];
-  if (Rank(op.inputs[0]) != 2 || !In(i, 1).none()) {
-    return Refuse(i, "a loss over logits split by vocabulary is modelled for [tokens, vocabulary] "
-                     "logits only");
-  }
-  StatusOr<std::string> reduction = StringAttr(op.attrs, "reduction", "mean", "");
-  if (!reduction.ok()) return reduction.status();
-  view_->collectives += 3;  // the max, the predicted logits and the sum of exponentials
-  if (*reduction == "none") {
-    return AddChecked(i, b, map, "vocab_parallel_cross_entropy",
-                      {map[op.inputs[0]], map[op.inputs[1]]}, {{"tp", t_}}, {Split{}});
-  }
-  const int loss = b.Add1("vocab_parallel_cross_entropy", {map[op.inputs[0]], map[op.inputs[1]]}, {{"tp", t_}});
-  return AddChecked(i, b, map, *reduction == "sum" ? "sum" : "mean", {loss}, {}, {Split{}});
 }
 
 }  // namespace tensor_parallel
