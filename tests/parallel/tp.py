@@ -110,6 +110,16 @@ class ReduceFromTP(torch.autograd.Function):
         return grad_output
 
 
+def gather_along_first_dim(t, tp):
+    """mappings.py _gather_along_first_dim: a new [s, ...] tensor all-gathered from the ranks'
+    [s/t, ...] shards."""
+    dim = list(t.size())
+    dim[0] *= tp.size
+    output = torch.empty(dim, dtype=t.dtype)
+    common.all_gather_into_tensor(output, t.contiguous())
+    return output
+
+
 class ReduceScatterToSP(torch.autograd.Function):
     """_ReduceScatterToSequenceParallelRegion: a new [s/t, ...] output forward; backward
     _gather_along_first_dim into a new [s, ...] tensor."""
@@ -125,11 +135,7 @@ class ReduceScatterToSP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        dim = list(grad_output.size())
-        dim[0] *= ctx.tp.size
-        output = torch.empty(dim, dtype=grad_output.dtype)
-        common.all_gather_into_tensor(output, grad_output.contiguous())
-        return output, None
+        return gather_along_first_dim(grad_output, ctx.tp), None
 
 
 def vocab_parallel_embedding(ids, weight, tp):
@@ -204,11 +210,7 @@ class ScatterToSP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        dim = list(grad_output.size())
-        dim[0] *= ctx.tp.size
-        output = torch.empty(dim, dtype=grad_output.dtype)
-        common.all_gather_into_tensor(output, grad_output.contiguous())
-        return output, None
+        return gather_along_first_dim(grad_output, ctx.tp), None
 
 
 class TP:
