@@ -5,6 +5,7 @@
 
 #include "engine/ir/devices.h"
 #include "engine/passes/checkpoint.h"
+#include "engine/passes/context_parallel.h"
 #include "engine/passes/pipeline.h"
 #include "engine/passes/passes.h"
 #include "engine/passes/rnn_expand.h"
@@ -157,6 +158,21 @@ void AddTensorParallelNotes(const RunConfig& config, const TensorParallelView& t
                                   : std::string()));
 }
 
+void AddContextParallelNotes(const RunConfig& config, const ContextParallelView& cp, Report* r) {
+  int64_t sent = 0;
+  for (int64_t m = 0; m < config.grad_accum_steps; ++m) {
+    if (!AddBytes(&sent, cp.communicated_bytes)) sent = kMaxBytes;
+  }
+  if (!AddBytes(&r->communicated_bytes_per_step, sent)) r->communicated_bytes_per_step = kMaxBytes;
+  r->notes.push_back(
+      "context parallelism over " + std::to_string(config.parallelism.context) +
+      " ranks (TransformerEngine's ring attention, as Megatron-LM runs it): each holds 1/" +
+      std::to_string(config.parallelism.context) + " of every sequence, and its " +
+      std::to_string(cp.attentions) + " attention calls pass the keys and values round the ring "
+      "(every rank's copy alive in forward, a double buffer of them and their gradients in "
+      "backward); parameters and optimizer are each rank's whole");
+}
+
 }  // namespace
 
 StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
@@ -190,6 +206,12 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     MEMEST_ASSIGN_OR_RETURN(Graph expanded, ExpandRecurrentForCpu(*step.graph));
     step.owned = std::make_unique<Graph>(std::move(expanded));
     step.graph = step.owned.get();
+  }
+  if (config.parallelism.context > 1) {
+    MEMEST_ASSIGN_OR_RETURN(ContextParallelView cp,
+                            ShardContextParallel(*step.graph, config.parallelism.context));
+    step.context = std::make_unique<ContextParallelView>(std::move(cp));
+    step.graph = &step.context->graph;
   }
   if (config.parallelism.tensor > 1) {
     MEMEST_ASSIGN_OR_RETURN(TensorParallelView tp, ShardTensorParallel(*step.graph, config.parallelism));
@@ -249,6 +271,7 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
   }
   r.communicated_bytes_per_step = CommunicatedBytesPerStep(*step.graph, config);
   if (step.tensor) AddTensorParallelNotes(config, *step.tensor, &r);
+  if (step.context) AddContextParallelNotes(config, *step.context, &r);
   if (config.parallelism.sharding != DataSharding::kNone) {
     r.data_parallel = DataParallelReportOf(step.rank);
     AddDataParallelNotes(config, step.rank, &r);

@@ -14,6 +14,7 @@
 #include "engine/ir/devices.h"
 #include "engine/models/model.h"
 #include "engine/passes/checkpoint.h"
+#include "engine/passes/context_parallel.h"
 #include "engine/report/report.h"
 #include "engine/step/liveness.h"
 #include "engine/step/schedule.h"
@@ -46,6 +47,8 @@ struct PlannedStep {
   RankView rank;                        // the data-parallel rank estimated (world 1: none)
   // The tensor-parallel rank (graph points at its graph); null: no tensor parallelism.
   std::unique_ptr<TensorParallelView> tensor;
+  // The context-parallel rank (applied before tensor parallelism); null: none.
+  std::unique_ptr<ContextParallelView> context;
   Schedule schedule;
   Liveness live;
 };

@@ -79,6 +79,7 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
   out.pipeline_keep_outputs = p.pipeline_keep_outputs();
   out.tensor = p.tensor() == 0 ? 1 : p.tensor();  // the engine refuses a negative count
   out.sequence_parallel = p.sequence_parallel();
+  out.context = p.context() == 0 ? 1 : p.context();  // the engine refuses a negative count
   if (p.tensor_plan_size() > static_cast<int>(kMaxTensorPlanEntries)) {
     return InvalidArgument("config.parallelism.tensor_plan: at most " +
                            std::to_string(kMaxTensorPlanEntries) + " entries, got " +

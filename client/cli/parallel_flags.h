@@ -29,6 +29,7 @@ struct ParallelismFlags {
   std::optional<int64_t> tensor;              // tensor-parallel ranks
   bool sequence_parallel = false;
   std::vector<std::string> tensor_plan;       // MODULE=colwise|rowwise
+  std::optional<int64_t> context;             // context-parallel ranks
 };
 
 void AddParallelismFlags(CLI::App* app, ParallelismFlags* flags);

@@ -101,6 +101,11 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            (p.sequence_parallel ? "sequence_parallel" : "tensor_plan") +
                            ": a tensor-parallel setting, and config.parallelism.tensor is 1 rank");
   }
+  if (p.context < 1 || p.context > kMaxTensorParallel) {
+    return InvalidArgument("config.parallelism.context: must be in [1, " +
+                           std::to_string(kMaxTensorParallel) + "] ranks, got " +
+                           std::to_string(p.context));
+  }
   if (p.tensor_plan.size() > kMaxTensorPlanEntries) {
     return InvalidArgument("config.parallelism.tensor_plan: at most " +
                            std::to_string(kMaxTensorPlanEntries) + " entries, got " +
@@ -248,6 +253,10 @@ Status ValidateSettingsApply(const RunConfig& c) {
                                        "param_dtype is the precision's 16-bit dtype; use "
                                        "bf16-pure or fp16-pure, not ") +
                            PrecisionName(c.precision));
+  }
+  if (inference && c.parallelism.context > 1) {
+    return InvalidArgument("config.parallelism.context: context parallelism is modelled for a "
+                           "training step; an inference replica is estimated without it");
   }
   if (inference && c.parallelism.pipeline > 1) {
     return InvalidArgument("config.parallelism.pipeline: a pipeline splits a training step's "

@@ -180,6 +180,9 @@ struct ParallelismConfig {
   bool sequence_parallel = false;
   // Which modules are sharded, and how. Empty: the default plan for the presets' module names.
   std::vector<TensorPlanEntry> tensor_plan;
+  // Context-parallel ranks (Megatron-LM's context_parallel_size, TransformerEngine's ring
+  // attention): each holds 1/context of every sequence (engine/passes/context_parallel.h).
+  int64_t context = 1;
 };
 
 constexpr int64_t kMaxTensorParallel = 1024;

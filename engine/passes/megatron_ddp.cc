@@ -16,7 +16,9 @@ int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 StatusOr<MegatronDdp> PlanMegatronDdp(const Graph& g, const RunConfig& c) {
   MegatronDdp m;
   m.distributed_optimizer = c.parallelism.sharding == DataSharding::kMegatronDistOpt;
-  const int64_t d = c.parallelism.data;
+  // Megatron folds the context-parallel ranks into the gradients' reduction and the
+  // distributed optimizer's sharding.
+  const int64_t d = c.parallelism.data * c.parallelism.context;
   DType dtype = ParameterDType(c.precision);
   // param_and_grad_buffer.py: parameters in reverse order; with the distributed optimizer each
   // starts at a multiple of 64 elements and the bucket's end is padded to lcm(d, 128).

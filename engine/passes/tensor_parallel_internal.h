@@ -40,6 +40,10 @@ class Sharder {
   // split (-1: none).
   Sharder(const Graph& graph, int64_t t, bool sequence_parallel, int sequence_dim,
           std::vector<Split> split, int scatter, TensorParallelView* view);
+  // Context parallelism (engine/passes/context_parallel.h): t ranks each hold 1/t of the
+  // sequence everywhere; attention becomes ring attention, and a position-indexed tensor (a
+  // rotary table) meeting a split activation is sliced to the rank's positions.
+  void set_context() { context_ = true; }
 
   // Adds op i of the whole graph to `b` as the rank runs it and maps its outputs. Errors go
   // to the builder (GraphBuilder::Fail). Always true (for ReplayGraph).
@@ -52,6 +56,10 @@ class Sharder {
   Status Propagate(int i, std::vector<Split>* out, Attrs* attrs);
   Status Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d);
   Status VocabEmbedding(int i, GraphBuilder& b, std::vector<int>& map);
+  Status RingAttention(int i, GraphBuilder& b, std::vector<int>& map);
+  // Context parallelism: unsplit operands of an elementwise op whose dim meets the split one
+  // whole, sliced to the rank's share.
+  void SliceToShare(int i, const Split& y, GraphBuilder& b, std::vector<int>* inputs);
   Status VocabCrossEntropy(int i, GraphBuilder& b, std::vector<int>& map);
   Status Reduction(int i, std::vector<Split>* out);
   Status Elementwise(int i, std::vector<Split>* out);
@@ -75,6 +83,7 @@ class Sharder {
   std::vector<Split> split_;  // per tensor of g_
   int scatter_;
   TensorParallelView* view_;
+  bool context_ = false;
 };
 
 }  // namespace tensor_parallel

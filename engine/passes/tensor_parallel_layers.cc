@@ -124,5 +124,37 @@ Status Sharder::VocabCrossEntropy(int i, GraphBuilder& b, std::vector<int>& map)
   return AddChecked(i, b, map, *reduction == "sum" ? "sum" : "mean", {loss}, {}, {Split{}});
 }
 
+// Context parallelism's attention: q, k and v hold the rank's share of the sequence; the ring
+// brings the others' keys and values (cp_attention, engine/rules/parallel.cc).
+Status Sharder::RingAttention(int i, GraphBuilder& b, std::vector<int>& map) {
+  const Op& op = g_.ops[i];
+  if (op.inputs.size() > 3) {
+    return Refuse(i, "attention with a mask tensor is not modelled with context parallelism");
+  }
+  const Split q = In(i, 0);
+  if (Rank(op.inputs[0]) != 4 || q.dim != 2 || In(i, 1) != q || In(i, 2) != q) {
+    return Refuse(i, "context parallelism splits attention's queries, keys and values along the "
+                     "sequence ([B, H, L, D], dim 2); these are split otherwise");
+  }
+  StatusOr<int64_t> causal = IntAttr(op.attrs, "is_causal", 0, "");
+  Attrs attrs{{"cp", t_}, {"is_causal", causal.ok() ? *causal : int64_t{0}}};
+  view_->collectives += 1;
+  return AddChecked(i, b, map, "cp_attention",
+                    {map[op.inputs[0]], map[op.inputs[1]], map[op.inputs[2]]}, std::move(attrs), {q});
+}
+
+void Sharder::SliceToShare(int i, const Split& y, GraphBuilder& b, std::vector<int>* inputs) {
+  const Op& op = g_.ops[i];
+  const int r = Rank(op.outputs[0]);
+  const int64_t whole = g_.tensors[op.outputs[0]].shape[y.dim];
+  for (size_t k = 0; k < op.inputs.size(); ++k) {
+    if (!In(i, k).none()) continue;
+    const int d = y.dim - (r - Rank(op.inputs[k]));
+    if (d < 0 || g_.tensors[op.inputs[k]].shape[d] != whole || whole <= 1) continue;
+    (*inputs)[k] = b.Add1("slice", {(*inputs)[k]},
+                          {{"dim", int64_t{d}}, {"start", int64_t{0}}, {"end", whole / t_}});
+  }
+}
+
 }  // namespace tensor_parallel
 }  // namespace memest

@@ -101,9 +101,15 @@ Status Sharder::EmitOp(int i, GraphBuilder& b, std::vector<int>& map) {
   if (op.kind == "addmm" && !In(i, 2).none()) return Linear(i, b, map, true);
   if (op.kind == "embedding" && !In(i, 0).none()) return VocabEmbedding(i, b, map);
   if (op.kind == "cross_entropy" && In(i, 0) == Split{1, false}) return VocabCrossEntropy(i, b, map);
+  if (context_ && op.kind == "scaled_dot_product_attention" && !In(i, 0).none()) {
+    return RingAttention(i, b, map);
+  }
   std::vector<Split> splits;
   Attrs attrs = op.attrs;
   MEMEST_RETURN_IF_ERROR(Propagate(i, &splits, &attrs));
+  if (context_ && IsElementwise(op.kind) && !splits.empty() && !splits[0].none()) {
+    SliceToShare(i, splits[0], b, &inputs);
+  }
   return AddChecked(i, b, map, op.kind, std::move(inputs), std::move(attrs), splits);
 }
 
@@ -136,13 +142,33 @@ Status Sharder::Propagate(int i, std::vector<Split>* out, Attrs* attrs) {
   if (!any) return Status::Ok();
   const std::string_view kind = op.kind;
   if (IsElementwise(kind)) return Elementwise(i, out);
+  if (kind == "addmm" && In(i, 0).none() && In(i, 2).none() && In(i, 1).dim == 0) {
+    out->assign(op.outputs.size(), In(i, 1));  // HF Conv1D over a split activation's rows
+    return Status::Ok();
+  }
+  if (kind == "embedding" && In(i, 0).none()) {  // split indices: the rows follow them
+    out->assign(op.outputs.size(), In(i, 1));
+    return Status::Ok();
+  }
+  if ((kind == "cross_entropy" || kind == "nll_loss") && In(i, 0).sequence && In(i, 0).dim == 0 &&
+      In(i, 1) == In(i, 0)) {  // the rank's rows and their targets: a share of the loss
+    StatusOr<std::string> reduction = StringAttr(op.attrs, "reduction", "mean", "");
+    if (reduction.ok() && *reduction == "none") out->assign(op.outputs.size(), In(i, 0));
+    return Status::Ok();
+  }
+  if (kind == "megatron_linear" || kind == "tp_all_reduce" || kind == "tp_reduce_scatter" ||
+      kind == "tp_scatter") {  // tensor parallelism's, over a sequence context parallelism split
+    if (!In(i, 0).sequence) return Refuse(i, "reads a tensor split other than by the sequence");
+    out->assign(op.outputs.size(), In(i, 0));
+    return Status::Ok();
+  }
   if (kind == "matmul" || kind == "bmm" || kind == "baddbmm") return Matmul(i, out);
   if (kind == "view" || kind == "reshape") return Reshape(i, out, attrs);
   const Split x = In(i, 0);
   const int r = Rank(op.inputs[0]);
   for (size_t k = 1; k < op.inputs.size(); ++k) {
     if (!In(i, k).none() && kind != "cat" && kind != "scaled_dot_product_attention" &&
-        kind != "layer_norm") {
+        kind != "cp_attention" && kind != "layer_norm") {
       return Refuse(i, "reads a split tensor as its input " + std::to_string(k) +
                            ", which the tensor-parallel pass does not model");
     }
@@ -205,7 +231,7 @@ Status Sharder::Propagate(int i, std::vector<Split>* out, Attrs* attrs) {
     for (size_t k = 1; k < op.inputs.size(); ++k) {
       if (In(i, k) != x) return Refuse(i, "concatenates tensors split differently");
     }
-  } else if (kind == "scaled_dot_product_attention") {
+  } else if (kind == "scaled_dot_product_attention" || kind == "cp_attention") {
     if (x.dim >= r - 2) return Refuse(i, "attends over a split sequence or head dim");
     for (size_t k = 1; k < 3 && k < op.inputs.size(); ++k) {
       if (In(i, k) != x) return Refuse(i, "its query, key and value are split differently");
@@ -294,6 +320,10 @@ Status Sharder::Matmul(int i, std::vector<Split>* out) {
   Split y;
   auto merge = [&](Split s) -> Status {
     if (s.none()) return Status::Ok();
+    if (!y.none() && y != s && context_) {
+      return Refuse(i, "attention in its math form over a split sequence: context parallelism "
+                       "needs a fused kernel (config.attention sdpa or flash)");
+    }
     if (!y.none() && y != s) return Refuse(i, "multiplies tensors split along different dims");
     y = s;
     return Status::Ok();

@@ -70,6 +70,7 @@
 //   megatron_linear(x, weight, bias?; tp, gather_dim=-1, input_grad, weight_layout)
 //   tp_all_reduce(x; tp)  tp_reduce_scatter(x; tp, dim)  tp_scatter(x; tp, dim)
 //   vocab_parallel_embedding(weight, ids; tp)  vocab_parallel_cross_entropy(logits, target; tp)
+//   cp_attention(q, k, v; cp, is_causal=0)   (context parallelism: engine/passes/context_parallel.h)
 #ifndef MEMEST_ENGINE_RULES_OP_RULES_H_
 #define MEMEST_ENGINE_RULES_OP_RULES_H_
 

@@ -24,6 +24,9 @@
 //                               reduction: the rank's rows looked up, the others' tokens zeroed
 //   vocab_parallel_cross_entropy(logits[.., V/tp], target[..]; tp)   _VocabParallelCrossEntropy:
 //                               the per-token loss, float32, of target's shape
+//   cp_attention(q[B, H, L/cp, D], k[B, Hk, S/cp, D], v; cp, is_causal=0)   context parallelism's
+//                               ring attention over the rank's share of the sequence
+//                               (TransformerEngine's AttnFuncWithCPAndKVP2P), the output like q
 #include "engine/rules/internal.h"
 
 namespace memest {
@@ -214,6 +217,54 @@ void VocabCrossEntropyMemory(const OpCall& c, OpMemory* m) {
   m->backward_temps = {{8 * n, "arange"}, {8 * n, "1 - mask.float()"}};
 }
 
+StatusOr<std::vector<OutputSpec>> InferCpAttention(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(int64_t cp, IntAttr(c.op.attrs, "cp", 0, c.field));
+  if (cp < 1) {
+    return InvalidArgument(AttrField(c, "cp") + ": the context-parallel group size, at least 1, "
+                           "got " + std::to_string(cp));
+  }
+  MEMEST_RETURN_IF_ERROR(IntAttr(c.op.attrs, "is_causal", 0, c.field).status());
+  for (size_t i = 0; i < 3; ++i) {
+    MEMEST_RETURN_IF_ERROR(RequireFloating(c, i));
+    MEMEST_RETURN_IF_ERROR(RequireRank(c, i, 4, 4));
+  }
+  const Shape& q = c.in(0).shape;
+  const Shape& k = c.in(1).shape;
+  const Shape& v = c.in(2).shape;
+  if (q[0] != k[0] || q[3] != k[3] || k[1] != v[1] || k[2] != v[2] || k[1] <= 0 ||
+      q[1] % k[1] != 0) {
+    return InvalidArgument(c.field + ".inputs: attention shapes q " + ShapeToString(q) + ", k " +
+                           ShapeToString(k) + ", v " + ShapeToString(v) + " do not match");
+  }
+  Shape out = q;
+  out.back() = v.back();
+  return std::vector<OutputSpec>{{out, c.in(0).dtype}};
+}
+
+// TransformerEngine's AttnFuncWithCPAndKVP2P (context_parallel.py, read at d0067d0;
+// /work/briefs/parallel-facts.md §8): forward copies the rank's K and V into one buffer
+// (cat(k.view(-1), v.view(-1))) and receives the other ranks' into cp - 1 more, all kept until it
+// returns, with each step's output in float32 and its float32 log-sum-exp for the correction.
+// Saved: q, the last received K and V, the output and its float32 log-sum-exp [B, H, L]. Backward:
+// two buffers each holding a K+V and its gradient (double buffering), dq's accumulator like q,
+// then the input gradients.
+void CpAttentionMemory(const OpCall& c, OpMemory* m) {
+  StatusOr<int64_t> cp = IntAttr(c.op.attrs, "cp", 1, c.field);
+  const int64_t steps = cp.ok() ? *cp : 1;
+  const int64_t kv = BytesOf(c.in(1)) + BytesOf(c.in(2));
+  const Shape& q = c.in(0).shape;
+  const int64_t lse = q[0] * q[1] * q[2] * 4;
+  const int64_t out32 = Numel(c.out(0).shape) * 4;
+  m->forward_temps = {{steps * kv, "ring K and V buffers"}, {steps * out32, "per-step float32 outputs"},
+                      {steps * lse, "per-step log-sum-exp"}};
+  if (!c.needs_grad(0) && !c.needs_grad(1) && !c.needs_grad(2)) return;
+  m->saved_inputs = {0};
+  m->saved_outputs = {0};
+  m->saved_extras = {{kv, "the last received K and V"}, {lse, "float32 log-sum-exp"}};
+  m->backward_temps = {{4 * kv, "double-buffered K, V and their gradients"},
+                       {BytesOf(c.in(0)), "dq accumulator"}};
+}
+
 }  // namespace
 
 void RegisterParallelRules(std::vector<OpRule>* rules) {
@@ -224,6 +275,7 @@ void RegisterParallelRules(std::vector<OpRule>* rules) {
   rules->push_back({"vocab_parallel_embedding", 2, 2, InferVocabEmbedding, VocabEmbeddingMemory});
   rules->push_back({"vocab_parallel_cross_entropy", 2, 2, InferVocabCrossEntropy,
                     VocabCrossEntropyMemory});
+  rules->push_back({"cp_attention", 3, 3, InferCpAttention, CpAttentionMemory});
 }
 
 }  // namespace rules

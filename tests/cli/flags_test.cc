@@ -133,6 +133,7 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   flags.parallel.tensor_plan = {"attn.c_attn=colwise", "h.*.attn.c_proj=rowwise"};
   const v1::Parallelism tp = BuildEstimateRequest(flags)->config().parallelism();
   EXPECT_EQ(tp.tensor(), 8);
+  EXPECT_EQ(tp.context(), 0);
   EXPECT_TRUE(tp.sequence_parallel());
   ASSERT_EQ(tp.tensor_plan_size(), 2);
   EXPECT_EQ(tp.tensor_plan(1).module(), "h.*.attn.c_proj");

@@ -180,6 +180,8 @@ def test_tensor_parallel_splits_the_plans_modules(client):
     assert planned.peak.allocated_bytes > 0
     with pytest.raises(memest.InvalidArgument, match="tensor_plan"):
         client.estimate(tensor_parallel=2, tensor_plan={"c_attn": "diagonal"}, **base)
+    ring = client.estimate(context_parallel=4, **dict(base, seq=1024))
+    assert any("context parallelism over 4 ranks" in n for n in ring.notes)
     with pytest.raises(memest.InvalidArgument, match="matches no module"):
         client.estimate(tensor_parallel=2, tensor_plan={"nope": "colwise"}, **base)
 

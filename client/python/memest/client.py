@@ -63,6 +63,7 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           tensor_parallel (ranks), sequence_parallel, tensor_plan ({module pattern: "colwise" |
             "rowwise"}; default: the presets' Hugging Face names): Megatron-LM's column- and
             row-parallel linears, the estimate is one rank of the group,
+          context_parallel (ranks): each holds its share of every sequence (ring attention),
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
           advice (False skips the advice: faster), timeout (seconds, this call only).
         None means the server's default. Unset words raise InvalidArgument before any call.
