@@ -316,15 +316,22 @@ StatusOr<Report> EstimatePipeline(const Graph& built, const RunConfig& config, B
     }
   }
   const PipelineStageReport& w = pipeline.per_stage[worst_row];
+  const int64_t v = config.parallelism.pipeline_virtual_stages;
+  const int64_t per_chunk = static_cast<int64_t>(built.blocks.size()) / (pipeline.stages * v);
   worst->parameter_count = built.ParameterCount();
   worst->trainable_parameter_count = built.TrainableParameterCount();
   worst->notes.push_back(
       "pipeline of " + std::to_string(pipeline.stages) + " stages, " +
       std::to_string(pipeline.micro_batches) + " micro-batches, " +
       (config.parallelism.pipeline_schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B") +
-      ": this is stage " + std::to_string(w.stage) + " (blocks " +
-      std::to_string(w.first_block) + "-" + std::to_string(w.last_block) +
-      "), the one that needs the most; each stage holds the activations of the micro-batches "
+      (v > 1 ? " interleaved over " + std::to_string(v) + " model chunks per stage" : "") +
+      ": this is stage " + std::to_string(w.stage) +
+      (v > 1 ? " (chunks of " + std::to_string(per_chunk) + " blocks at virtual stages " +
+                   std::to_string(w.stage) + ", " + std::to_string(w.stage + pipeline.stages) +
+                   ", ...: blocks " + std::to_string(w.first_block) + " to " +
+                   std::to_string(w.last_block) + ")"
+             : " (blocks " + std::to_string(w.first_block) + "-" + std::to_string(w.last_block) + ")") +
+      ", the one that needs the most; each stage holds the activations of the micro-batches "
       "its schedule keeps in flight" +
       (config.parallelism.pipeline_keep_outputs
            ? ", and each sent output until its backward"

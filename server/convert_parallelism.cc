@@ -77,6 +77,7 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
                              std::to_string(p.pipeline_schedule()));
   }
   out.pipeline_keep_outputs = p.pipeline_keep_outputs();
+  out.pipeline_virtual_stages = p.pipeline_virtual_stages() == 0 ? 1 : p.pipeline_virtual_stages();
   out.tensor = p.tensor() == 0 ? 1 : p.tensor();  // the engine refuses a negative count
   out.sequence_parallel = p.sequence_parallel();
   out.context = p.context() == 0 ? 1 : p.context();  // the engine refuses a negative count

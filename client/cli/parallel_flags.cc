@@ -87,6 +87,10 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                   "('*' matches anything; 'attn.c_proj' matches h.3.attn.c_proj); default: "
                   "the Hugging Face names of the presets")
       ->group(group)->type_name("MODULE=STYLE");
+  app->add_option("--virtual-stages", f->virtual_stages,
+                  "Megatron-LM's interleaved 1F1B: model chunks per pipeline stage (its "
+                  "virtual_pipeline_model_parallel_size)")
+      ->group(group)->type_name("V");
   app->add_option("--context-parallel", f->context,
                   "context-parallel ranks: each holds its share of every sequence, attention "
                   "passes keys and values round a ring (TransformerEngine's, as Megatron-LM "
@@ -98,7 +102,8 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (!f.data && f.strategy.empty() && !f.bucket_cap_mb && !f.gradient_as_bucket_view &&
       !f.reduce_bucket_size && !f.overlap_comm && !f.no_reshard_after_forward &&
       !f.fsdp_mixed_precision && !f.pipeline && f.pipeline_schedule.empty() &&
-      !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && !f.context) {
+      !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && !f.context &&
+      !f.virtual_stages) {
     return Status::Ok();
   }
   v1::Parallelism* p = config->mutable_parallelism();
@@ -122,6 +127,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   p->set_pipeline_keep_outputs(f.pipeline_keep_outputs);
   if (f.tensor) p->set_tensor(*f.tensor);
   if (f.context) p->set_context(*f.context);
+  if (f.virtual_stages) p->set_pipeline_virtual_stages(*f.virtual_stages);
   p->set_sequence_parallel(f.sequence_parallel);
   for (const std::string& entry : f.tensor_plan) {
     const size_t eq = entry.rfind('=');

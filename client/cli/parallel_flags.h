@@ -30,6 +30,7 @@ struct ParallelismFlags {
   bool sequence_parallel = false;
   std::vector<std::string> tensor_plan;       // MODULE=colwise|rowwise
   std::optional<int64_t> context;             // context-parallel ranks
+  std::optional<int64_t> virtual_stages;      // interleaved 1F1B model chunks per stage
 };
 
 void AddParallelismFlags(CLI::App* app, ParallelismFlags* flags);

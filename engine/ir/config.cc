@@ -91,6 +91,22 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            DataShardingName(p.sharding) + " with pipeline stages is not "
                            "modelled yet; ddp, zero1 and Megatron's compose with a pipeline");
   }
+  if (p.pipeline_virtual_stages < 1 || p.pipeline_virtual_stages > kMaxPipelineStages) {
+    return InvalidArgument("config.parallelism.pipeline_virtual_stages: must be in [1, " +
+                           std::to_string(kMaxPipelineStages) + "], got " +
+                           std::to_string(p.pipeline_virtual_stages));
+  }
+  if (p.pipeline_virtual_stages > 1 &&
+      (p.pipeline == 1 || p.pipeline_schedule != PipelineSchedule::k1F1B)) {
+    return InvalidArgument("config.parallelism.pipeline_virtual_stages: interleaves the model "
+                           "chunks of a 1F1B pipeline of more than one stage");
+  }
+  if (p.pipeline_virtual_stages > 1 && (p.tensor > 1 || p.context > 1)) {
+    return InvalidArgument(std::string("config.parallelism.pipeline_virtual_stages: virtual "
+                                       "stages with ") +
+                           (p.tensor > 1 ? "tensor" : "context") +
+                           " parallelism are not modelled yet");
+  }
   if (p.tensor < 1 || p.tensor > kMaxTensorParallel) {
     return InvalidArgument("config.parallelism.tensor: must be in [1, " +
                            std::to_string(kMaxTensorParallel) + "] ranks, got " +
@@ -158,6 +174,12 @@ Status ValidateRunConfig(const RunConfig& c) {
   }
   if (c.mode == Mode::kInference && c.grad_accum_steps != 1) {
     return InvalidArgument("config.grad_accum_steps: gradient accumulation needs training mode");
+  }
+  if (c.parallelism.pipeline_virtual_stages > 1 &&
+      c.grad_accum_steps % c.parallelism.pipeline != 0) {
+    return InvalidArgument("config.grad_accum_steps: the interleaved schedule runs micro-batches "
+                           "in groups of the " + std::to_string(c.parallelism.pipeline) +
+                           " stages; " + std::to_string(c.grad_accum_steps) + " is not a multiple");
   }
   if (!std::isfinite(c.optimizer.weight_decay) || c.optimizer.weight_decay < 0) {
     return InvalidArgument("config.optimizer.weight_decay: must be finite and non-negative, got " +

@@ -172,6 +172,10 @@ struct ParallelismConfig {
   // A stage's sent output stays whole until its backward (torch.distributed.pipelining); false:
   // Megatron's deallocate_output_tensor frees it once sent, keeping a one-element stub.
   bool pipeline_keep_outputs = false;
+  // Megatron-LM's interleaved 1F1B (virtual_pipeline_model_parallel_size): each stage holds this
+  // many model chunks of blocks/(pipeline x virtual) blocks, chunk c of stage r being virtual
+  // stage c x pipeline + r. 1: the non-interleaved schedule.
+  int64_t pipeline_virtual_stages = 1;
   // Tensor-parallel ranks (Megatron-LM's tensor_model_parallel_size): the plan's linears and
   // embeddings are sharded over them (engine/passes/tensor_parallel.h). 1: none.
   int64_t tensor = 1;

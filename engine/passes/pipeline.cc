@@ -110,7 +110,59 @@ StatusOr<Graph> Slice(const Graph& g, int lo, int hi, bool last) {
   return s;
 }
 
+// Appends slice `part` to `into`, renumbering its tensors and ops, and returns its chunk.
+StageChunk Append(Graph& into, const Graph& part) {
+  const int t0 = static_cast<int>(into.tensors.size());
+  const int o0 = static_cast<int>(into.ops.size());
+  for (Tensor t : part.tensors) {
+    if (t.producer >= 0) t.producer += o0;
+    if (t.alias_of >= 0) t.alias_of += t0;
+    into.tensors.push_back(std::move(t));
+  }
+  for (Op op : part.ops) {
+    for (int& t : op.inputs) t += t0;
+    for (int& t : op.outputs) t += t0;
+    into.ops.push_back(std::move(op));
+  }
+  for (size_t k = 0; k < part.checkpoints.size(); ++k) {
+    into.checkpoints.push_back({part.checkpoints[k].first + o0, part.checkpoints[k].second + o0});
+    into.checkpoint_non_reentrant.push_back(part.checkpoint_non_reentrant[k]);
+  }
+  for (const HeldTensor& h : part.held) into.held.push_back({h.tensor + t0, h.until_op + o0});
+  for (int t : part.outputs) into.outputs.push_back(t + t0);
+  into.blocks.insert(into.blocks.end(), part.blocks.begin(), part.blocks.end());
+  if (part.loss_begin >= 0) into.loss_begin = part.loss_begin + o0;
+  into.loss = part.loss >= 0 ? part.loss + t0 : -1;
+  into.autocast = part.autocast;
+  StageChunk c;
+  c.first_op = o0;
+  c.last_op = static_cast<int>(into.ops.size()) - 1;
+  c.sent = into.loss;
+  return c;
+}
+
 }  // namespace
+
+std::vector<PipelineAction> InterleavedActions(int64_t stage, int64_t stages, int64_t v,
+                                               int64_t m) {
+  const int64_t total = m * v;
+  const int64_t warmup = std::min((stages - stage - 1) * 2 + (v - 1) * stages, total);
+  auto at = [&](int64_t k, bool forward) {
+    const int64_t group = k / (stages * v), in_group = k % (stages * v);
+    const int64_t chunk = in_group / stages;
+    return PipelineAction{forward, group * stages + in_group % stages,
+                          static_cast<int>(forward ? chunk : v - 1 - chunk)};
+  };
+  std::vector<PipelineAction> out;
+  int64_t fwd = 0, bwd = 0;
+  for (; fwd < warmup; ++fwd) out.push_back(at(fwd, true));
+  while (fwd < total) {
+    out.push_back(at(fwd++, true));
+    out.push_back(at(bwd++, false));
+  }
+  while (bwd < total) out.push_back(at(bwd++, false));
+  return out;
+}
 
 std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int64_t stage,
                                             int64_t stages, int64_t m) {
@@ -129,25 +181,44 @@ std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int64_t s
 
 StatusOr<PipelineStage> PlanPipelineStage(const Graph& g, const RunConfig& c, int64_t stage) {
   const ParallelismConfig& p = c.parallelism;
+  const int64_t v = p.pipeline_virtual_stages;
   const int64_t blocks = static_cast<int64_t>(g.blocks.size());
   if (blocks == 0) return Refuse("the model has no repeated blocks to split into stages");
-  if (blocks % p.pipeline != 0) {
+  if (blocks % (p.pipeline * v) != 0) {
     return Refuse(std::to_string(blocks) + " blocks do not split evenly into " +
-                  std::to_string(p.pipeline) + " stages");
+                  std::to_string(p.pipeline) + " stages" +
+                  (v > 1 ? " of " + std::to_string(v) + " model chunks" : std::string()));
   }
   MEMEST_ASSIGN_OR_RETURN(auto ranges, BlockRanges(g));
   PipelineStage out;
   out.stage = stage;
   out.stages = p.pipeline;
-  const int64_t per = blocks / p.pipeline;
-  out.first_block = stage * per;
-  out.last_block = out.first_block + per - 1;
-  const bool last = stage == p.pipeline - 1;
-  const int lo = stage == 0 ? 0 : ranges[out.first_block].first;
-  const int hi = last ? static_cast<int>(g.ops.size()) - 1 : ranges[out.last_block].second;
-  MEMEST_ASSIGN_OR_RETURN(out.graph, Slice(g, lo, hi, last));
-  for (int64_t b = out.first_block; b <= out.last_block; ++b) out.graph.blocks.push_back(g.blocks[b]);
-  out.actions = PipelineActions(p.pipeline_schedule, stage, p.pipeline, c.grad_accum_steps);
+  const int64_t per = blocks / (p.pipeline * v);
+  // Chunk k of the stage is virtual stage k x pipeline + stage; the first virtual stage also runs
+  // what precedes the blocks, the last what follows them.
+  for (int64_t k = 0; k < v; ++k) {
+    const int64_t vs = k * p.pipeline + stage;
+    const int64_t first = vs * per, last_block = first + per - 1;
+    const bool last = vs == p.pipeline * v - 1;
+    const int lo = vs == 0 ? 0 : ranges[first].first;
+    const int hi = last ? static_cast<int>(g.ops.size()) - 1 : ranges[last_block].second;
+    MEMEST_ASSIGN_OR_RETURN(Graph slice, Slice(g, lo, hi, last));
+    for (int64_t b = first; b <= last_block; ++b) slice.blocks.push_back(g.blocks[b]);
+    if (v == 1) {
+      out.graph = std::move(slice);
+      out.chunks.push_back({0, static_cast<int>(out.graph.ops.size()) - 1, out.graph.loss, first,
+                            last_block});
+    } else {
+      StageChunk chunk = Append(out.graph, slice);
+      chunk.first_block = first;
+      chunk.last_block = last_block;
+      out.chunks.push_back(chunk);
+    }
+  }
+  out.first_block = out.chunks.front().first_block;
+  out.last_block = out.chunks.back().last_block;
+  out.actions = v > 1 ? InterleavedActions(stage, p.pipeline, v, c.grad_accum_steps)
+                      : PipelineActions(p.pipeline_schedule, stage, p.pipeline, c.grad_accum_steps);
   out.keep_outputs = p.pipeline_keep_outputs;
   return out;
 }

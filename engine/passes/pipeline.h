@@ -28,6 +28,17 @@ namespace memest {
 struct PipelineAction {
   bool forward = true;     // a forward, or a backward
   int64_t micro_batch = 0;
+  int chunk = 0;           // the model chunk (interleaved schedule); 0 otherwise
+};
+
+// One model chunk of a stage: its ops in the stage's graph, what its backward starts from (the
+// activation it sends on, or the loss), and its blocks.
+struct StageChunk {
+  int first_op = 0;
+  int last_op = -1;
+  int sent = -1;
+  int64_t first_block = 0;
+  int64_t last_block = 0;
 };
 
 struct PipelineStage {
@@ -36,6 +47,9 @@ struct PipelineStage {
   int64_t first_block = 0;  // the blocks it runs: [first_block, last_block]
   int64_t last_block = 0;
   Graph graph;              // the stage's slice; its loss is the sent activation but on the last
+  // Its model chunks, in the graph's op order: one, or (interleaved) pipeline_virtual_stages
+  // slices of the model side by side, each its own input and output.
+  std::vector<StageChunk> chunks;
   std::vector<PipelineAction> actions;  // its micro-batches, in the order they run
   bool keep_outputs = false;  // the sent output stays whole until its backward
 };
@@ -49,6 +63,14 @@ StatusOr<PipelineStage> PlanPipelineStage(const Graph& graph, const RunConfig& c
 // The order of one stage's forwards and backwards.
 std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int64_t stage,
                                             int64_t stages, int64_t micro_batches);
+
+// Megatron-LM's interleaved 1F1B (schedules.py, forward_backward_pipelining_with_interleaving,
+// get_schedule_table with microbatch_group_size_per_vp_stage = stages): virtual micro-batch k
+// runs micro-batch (k / (stages v)) stages + k mod stages on chunk (k / stages) mod v (backward:
+// the chunks in reverse); (stages - stage - 1) x 2 + (v - 1) x stages forwards first, then one
+// forward and one backward in turn, then the remaining backwards. m must be a multiple of stages.
+std::vector<PipelineAction> InterleavedActions(int64_t stage, int64_t stages, int64_t v,
+                                               int64_t micro_batches);
 
 }  // namespace memest
 

@@ -40,7 +40,7 @@ bool SameLayout(const Shape& shape, const Strides& strides, const Strides& want)
 void StepSimulator::Backward() {
   Context(Phase::kBackward, -1);
   hooks_->BackwardStarts(memory());
-  const int loss = g_.loss;
+  const int loss = loss_;
   // The seed, torch.ones_like(loss): torch.autograd.backward keeps it (grad_tensors_, a local
   // of the Python call) until the engine returns, so it lives through the whole backward. A
   // pipeline stage's is the gradient it received, perhaps before this backward began.
@@ -52,7 +52,7 @@ void StepSimulator::Backward() {
   grads_.push_back({seed_buffer, 2});
   const int seed = static_cast<int>(grads_.size()) - 1;
   pending_[loss] = {seed, ContiguousStrides(g_.tensors[loss].shape)};
-  for (int i = static_cast<int>(g_.ops.size()) - 1; i >= 0 && !failed(); --i) {
+  for (int i = last_op_; i >= first_op_ && !failed(); --i) {
     hooks_->BackwardReaches(memory(), i);
     const int r = region_of_[i];
     if (r >= 0) {

@@ -13,18 +13,28 @@ void StepSimulator::CountUses(StorageTable& st, int first, int last) {
   for (int i = first; i <= last; ++i) ForEachInputStorage(i, [&](int s) { ++st.uses[s]; });
 }
 
+// Whether an op in [first_op_, last_op_] reads tensor t.
+bool StepSimulator::ReadInRange(int t) const {
+  if (first_op_ == 0 && last_op_ == static_cast<int>(g_.ops.size()) - 1) return true;
+  for (int i = first_op_; i <= last_op_; ++i) {
+    for (int in : g_.ops[i].inputs) {
+      if (in == t) return true;
+    }
+  }
+  return false;
+}
+
 void StepSimulator::Forward() {
-  const int n = static_cast<int>(g_.ops.size());
-  CountUses(main_, 0, n - 1);
+  CountUses(main_, first_op_, last_op_);
   // The loss is held by the training loop (with hold_outputs, the model's outputs too); in
   // inference the model's output is.
-  if (training_ && g_.loss >= 0) ++main_.pins[base_[g_.loss]];
+  if (training_ && loss_ >= 0) ++main_.pins[base_[loss_]];
   if (!training_ || hold_outputs_) {
     for (int s : training_ ? refs_.held_outputs : refs_.outputs) ++main_.pins[s];
   }
-  PinRefs(main_, 0, n - 1);
+  PinRefs(main_, first_op_, last_op_);
   std::vector<int> cast_cache;
-  for (int i = 0; i < n && !failed(); ++i) {
+  for (int i = first_op_; i <= last_op_ && !failed(); ++i) {
     const bool in_loss = g_.loss_begin >= 0 && i >= g_.loss_begin;
     const int r = region_of_[i];
     if (r >= 0 && regions_[r].first == i) {
@@ -37,7 +47,7 @@ void StepSimulator::Forward() {
     }
     const bool grad = training_ && r < 0;
     RunForwardOp(i, main_, grad, in_loss ? Phase::kLoss : Phase::kForward, false, &cast_cache);
-    ReleaseRefs(main_, i, 0);
+    ReleaseRefs(main_, i, first_op_);
     hooks_->ForwardOpEnds(memory(), i);
   }
   // Leaving torch.autocast drops its cache of cast weights.

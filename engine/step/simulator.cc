@@ -58,6 +58,8 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
   }
   op_saved_.resize(g.ops.size());
   memo_.resize(g.ops.size());
+  last_op_ = static_cast<int>(g.ops.size()) - 1;
+  loss_ = g.loss;
   // About a context, a few allocations and frees per op, forward and backward.
   s_.events.reserve(g.ops.size() * 12 + g.tensors.size());
   s_.contexts.reserve(g.ops.size() * 2 + 8);
@@ -150,6 +152,7 @@ void StepSimulator::AllocMicroBatchInputs() {
   for (size_t t = 0; t < g_.tensors.size(); ++t) {
     const Tensor& ten = g_.tensors[t];
     if (ten.role != TensorRole::kInput && ten.role != TensorRole::kTarget) continue;
+    if (!ReadInRange(static_cast<int>(t))) continue;  // another model chunk's
     main_.buffer[t] = NewBuffer(Bytes(ten.shape, ten.dtype), Category::kInputs);
     main_.pins[t] = 1;
   }
@@ -161,7 +164,7 @@ void StepSimulator::RunMicroBatch() {
   Forward();
   if (failed()) return;
   if (mb_ == 0) s_.saved_for_backward_bytes = saved_bytes_;
-  if (training_ && g_.loss >= 0) Backward();
+  if (training_ && loss_ >= 0) Backward();
   if (failed()) return;
   EndMicroBatch();
 }

@@ -218,6 +218,8 @@ class StepSimulator : private RankMemory {
 
   // ---- forward, what the Python program holds, region inputs (forward.cc) ----
   void CountUses(StorageTable& st, int first, int last);
+  // Whether an op in [first_op_, last_op_] reads tensor t (always, for the whole graph).
+  bool ReadInRange(int t) const;
   void Forward();
   void PinRefs(StorageTable& st, int first, int last);
   void ReleaseRefs(StorageTable& st, int i, int first);
@@ -283,6 +285,11 @@ class StepSimulator : private RankMemory {
   int next_buffer_ = 0;
   int mb_ = 0;
   int micro_batches_ = 1;  // simulated: the first and, with accumulation, a later one
+  // The ops a forward and a backward run, and the tensor backward starts from: the whole graph
+  // and its loss, or one model chunk of an interleaved pipeline stage and what it sends on.
+  int first_op_ = 0;
+  int last_op_ = -1;
+  int loss_ = -1;
   std::unique_ptr<RankHooks> hooks_;  // the rank's strategy
   int received_grad_ = -1;  // a pipeline stage's received output gradient, before its backward
   int workspaces_ = 0;

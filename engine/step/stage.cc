@@ -20,8 +20,9 @@ namespace memest {
 void StepSimulator::RunPipeline() {
   const PipelineStage& p = *opt_.pipeline;
   micro_batches_ = static_cast<int>(cfg_.grad_accum_steps);
+  const int chunks = static_cast<int>(p.chunks.size());
   const StorageTable leaves = main_;  // parameters and buffers: every micro-batch reads them
-  std::vector<InFlight> flight(micro_batches_);
+  std::vector<InFlight> flight(static_cast<size_t>(micro_batches_) * chunks);
   std::vector<int> sent_grads;  // the previous backward's input gradients (input_tensor_grad)
   auto swap_in = [&](InFlight& f) {
     std::swap(main_, f.table);
@@ -32,19 +33,27 @@ void StepSimulator::RunPipeline() {
     const PipelineAction& a = p.actions[k];
     if (failed()) return;
     mb_ = static_cast<int>(a.micro_batch);
-    InFlight& f = flight[mb_];
+    const StageChunk& chunk = p.chunks[a.chunk];
+    first_op_ = chunk.first_op;
+    last_op_ = chunk.last_op;
+    loss_ = chunk.sent;
+    InFlight& f = flight[static_cast<size_t>(mb_) * chunks + a.chunk];
+    // Whether a chunk sends its output on (all but the model's last chunk, which ends in the loss).
+    auto sends = [&](int c) { return p.stage < p.stages - 1 || c < chunks - 1; };
     if (a.forward) {
       main_ = leaves;
       op_saved_.assign(g_.ops.size(), SavedByOp{});
       rng_state_of_.assign(regions_.size(), -1);
       AllocMicroBatchInputs();
+      const int64_t before = saved_bytes_;
       Forward();
       if (failed()) return;
-      if (mb_ == 0) s_.saved_for_backward_bytes = saved_bytes_;
-      const int out = base_[g_.loss];
-      const bool sent = p.stage < p.stages - 1;
-      if (sent && k + 1 < p.actions.size() && !p.actions[k + 1].forward) {
-        const Tensor& o = g_.tensors[g_.loss];
+      if (mb_ == 0) s_.saved_for_backward_bytes += saved_bytes_ - before;
+      const int out = base_[loss_];
+      const bool sent = sends(a.chunk);
+      // The next backward's gradient arrives with this send (send_forward_recv_backward).
+      if (k + 1 < p.actions.size() && !p.actions[k + 1].forward && sends(p.actions[k + 1].chunk)) {
+        const Tensor& o = g_.tensors[p.chunks[p.actions[k + 1].chunk].sent];
         received_grad_ = NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries);
       }
       if (sent && !p.keep_outputs && main_.saved[out] == 0 && main_.buffer[out] >= 0) {

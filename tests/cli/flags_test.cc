@@ -134,6 +134,7 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   const v1::Parallelism tp = BuildEstimateRequest(flags)->config().parallelism();
   EXPECT_EQ(tp.tensor(), 8);
   EXPECT_EQ(tp.context(), 0);
+  EXPECT_EQ(tp.pipeline_virtual_stages(), 0);
   EXPECT_TRUE(tp.sequence_parallel());
   ASSERT_EQ(tp.tensor_plan_size(), 2);
   EXPECT_EQ(tp.tensor_plan(1).module(), "h.*.attn.c_proj");

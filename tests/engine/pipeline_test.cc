@@ -102,6 +102,52 @@ TEST(PipelineTest, EndStagesScreenTheSplit) {
   EXPECT_EQ(ends.pipeline->worst_stage, all.pipeline->worst_stage);
 }
 
+std::string Interleaved(const std::vector<PipelineAction>& actions) {
+  std::string s;
+  for (const PipelineAction& a : actions) {
+    s += (a.forward ? "F" : "B") + std::to_string(a.micro_batch) + "c" + std::to_string(a.chunk) + " ";
+  }
+  return s;
+}
+
+// Megatron's get_schedule_table and warm-up, worked by hand for 2 stages of 2 chunks and 4
+// micro-batches: rank 0 runs (2 - 0 - 1) x 2 + (2 - 1) x 2 = 4 forwards first, rank 1 two.
+TEST(PipelineTest, InterleavedOneFOneBFollowsMegatronsTable) {
+  EXPECT_EQ(Interleaved(InterleavedActions(0, 2, 2, 4)),
+            "F0c0 F1c0 F0c1 F1c1 F2c0 B0c1 F3c0 B1c1 F2c1 B0c0 F3c1 B1c0 B2c1 B3c1 B2c0 B3c0 ");
+  EXPECT_EQ(Interleaved(InterleavedActions(1, 2, 2, 4)),
+            "F0c0 F1c0 F0c1 B0c1 F1c1 B1c1 F2c0 B0c0 F3c0 B1c0 F2c1 B2c1 F3c1 B3c1 B2c0 B3c0 ");
+}
+
+// Each stage holds v chunks of blocks/(p v) blocks; the first stage's activations at its peak
+// grow by Megatron's factor 1 + (p - 1)/(p v) over the non-interleaved schedule's (p
+// micro-batches of its blocks): here 2 stages, 2 chunks, 8 blocks, 4 micro-batches.
+TEST(PipelineTest, InterleavedStagesHoldTheirChunks) {
+  const Graph g = Blocks(8);
+  RunConfig c = Pipelined(2, 4);
+  c.parallelism.pipeline_virtual_stages = 2;
+  const PipelineStage s0 = PlanPipelineStage(g, c, 0).value();
+  ASSERT_EQ(s0.chunks.size(), 2u);
+  EXPECT_EQ(s0.chunks[0].first_block, 0);  // virtual stages 0 and 2: blocks 0-1 and 4-5
+  EXPECT_EQ(s0.chunks[1].first_block, 4);
+  EXPECT_EQ(s0.graph.blocks, (std::vector<std::string>{"h.0", "h.1", "h.4", "h.5"}));
+  const PipelineStage s1 = PlanPipelineStage(g, c, 1).value();
+  EXPECT_EQ(s1.graph.ParameterCount(), 4 * 64 * 64 + 16 * 64);  // h.2, h.3, h.6, h.7, head
+  const Report inter = EstimateGraph(g, c, {1'000'000, false}).value();
+  c.parallelism.pipeline_virtual_stages = 1;
+  const Report plain = EstimateGraph(g, c, {1'000'000, false}).value();
+  // Stage 0's peak holds 2 x 2 + 2 - 1 = 5 chunk-micro-batches of 2 blocks (10 block
+  // activations) against the plain schedule's 2 micro-batches of 4 blocks (8).
+  EXPECT_GT(inter.pipeline->per_stage[0].peak_allocated_bytes,
+            plain.pipeline->per_stage[0].peak_allocated_bytes);
+  c.parallelism.pipeline_virtual_stages = 3;  // 8 blocks do not split into 2 x 3
+  EXPECT_FALSE(PlanPipelineStage(g, c, 0).ok());
+  c.parallelism.pipeline_virtual_stages = 2;
+  c.grad_accum_steps = 3;
+  c.batch_size = 24;
+  EXPECT_NE(ValidateRunConfig(c).message().find("groups of the 2 stages"), std::string::npos);
+}
+
 TEST(PipelineTest, BlocksThatDoNotSplitEvenlyAreRefused) {
   const Graph g = Blocks(4);
   EXPECT_NE(PlanPipelineStage(g, Pipelined(3, 4), 0).status().message().find(

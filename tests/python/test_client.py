@@ -164,6 +164,11 @@ def test_pipeline_stages_are_each_estimated(client):
         client.estimate(**dict(base, pipeline=5))  # 12 blocks over 5 stages
     with pytest.raises(memest.InvalidArgument, match="pipeline_schedule"):
         client.estimate(pipeline_schedule="zero-bubble", **base)
+    # Megatron's interleaved 1F1B: 12 blocks as 4 stages of 3 chunks; the first stage holds more.
+    inter = client.estimate(pipeline_virtual_stages=3, **base)
+    assert inter.pipeline.per_stage[0].peak_allocated_bytes > p.per_stage[0].peak_allocated_bytes
+    with pytest.raises(memest.InvalidArgument, match="pipeline_virtual_stages"):
+        client.estimate(pipeline_virtual_stages=3, **dict(base, pipeline=1))
 
 
 def test_tensor_parallel_splits_the_plans_modules(client):

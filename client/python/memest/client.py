@@ -58,6 +58,7 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             shards, with precision bf16-pure or fp16-pure): the estimate is the rank that
             holds the most, Estimate.data_parallel says which,
           pipeline (stages; grad_accum_steps micro-batches), pipeline_schedule: 1f1b | gpipe,
+            pipeline_virtual_stages (Megatron's interleaved 1F1B: model chunks per stage),
             pipeline_keep_outputs: every stage is estimated, the estimate is the one that
             needs the most, Estimate.pipeline lists them all,
           tensor_parallel (ranks), sequence_parallel, tensor_plan ({module pattern: "colwise" |

@@ -169,7 +169,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   overlap_comm=False, reshard_after_forward=None, fsdp_mixed_precision=False,
                   pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
                   tensor_parallel=None, sequence_parallel=False, tensor_plan=None,
-                  context_parallel=None,
+                  context_parallel=None, pipeline_virtual_stages=None,
                   advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
@@ -249,6 +249,9 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
         _assign(config.parallelism, "tensor", tensor_parallel, "tensor_parallel")
     if sequence_parallel:
         config.parallelism.sequence_parallel = True
+    if pipeline_virtual_stages is not None:
+        _assign(config.parallelism, "pipeline_virtual_stages", pipeline_virtual_stages,
+                "pipeline_virtual_stages")
     if context_parallel is not None:
         _assign(config.parallelism, "context", context_parallel, "context_parallel")
     for module, style in (tensor_plan or {}).items():
