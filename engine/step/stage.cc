@@ -21,6 +21,7 @@ void StepSimulator::RunPipeline() {
   const PipelineStage& p = *opt_.pipeline;
   micro_batches_ = static_cast<int>(cfg_.grad_accum_steps);
   const int chunks = static_cast<int>(p.chunks.size());
+  auto chunk_loss = [&](int c) { return chunks == 1 ? g_.loss : p.chunks[c].sent; };
   const StorageTable leaves = main_;  // parameters and buffers: every micro-batch reads them
   std::vector<InFlight> flight(static_cast<size_t>(micro_batches_) * chunks);
   std::vector<int> sent_grads;  // the previous backward's input gradients (input_tensor_grad)
@@ -33,10 +34,11 @@ void StepSimulator::RunPipeline() {
     const PipelineAction& a = p.actions[k];
     if (failed()) return;
     mb_ = static_cast<int>(a.micro_batch);
-    const StageChunk& chunk = p.chunks[a.chunk];
-    first_op_ = chunk.first_op;
-    last_op_ = chunk.last_op;
-    loss_ = chunk.sent;
+    // One chunk is the whole graph simulated, which a later pass (tensor, context parallelism)
+    // may have rebuilt since the stage was planned; interleaved chunks are the planned ranges.
+    first_op_ = chunks == 1 ? 0 : p.chunks[a.chunk].first_op;
+    last_op_ = chunks == 1 ? static_cast<int>(g_.ops.size()) - 1 : p.chunks[a.chunk].last_op;
+    loss_ = chunk_loss(a.chunk);
     InFlight& f = flight[static_cast<size_t>(mb_) * chunks + a.chunk];
     // Whether a chunk sends its output on (all but the model's last chunk, which ends in the loss).
     auto sends = [&](int c) { return p.stage < p.stages - 1 || c < chunks - 1; };
@@ -53,7 +55,7 @@ void StepSimulator::RunPipeline() {
       const bool sent = sends(a.chunk);
       // The next backward's gradient arrives with this send (send_forward_recv_backward).
       if (k + 1 < p.actions.size() && !p.actions[k + 1].forward && sends(p.actions[k + 1].chunk)) {
-        const Tensor& o = g_.tensors[p.chunks[p.actions[k + 1].chunk].sent];
+        const Tensor& o = g_.tensors[chunk_loss(p.actions[k + 1].chunk)];
         received_grad_ = NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries);
       }
       if (sent && !p.keep_outputs && main_.saved[out] == 0 && main_.buffer[out] >= 0) {

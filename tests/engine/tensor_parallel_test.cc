@@ -274,6 +274,18 @@ TEST(TensorParallelTest, ComposesWithDataParallelAndPipelineStages) {
   StatusOr<Report> pp = Estimate(SmallLlama(), piped, {});
   ASSERT_TRUE(pp.ok()) << pp.status().message();
   EXPECT_EQ(pp->pipeline->per_stage.size(), 2u);
+  // The stage's graph is rebuilt by the pass after the stage was planned: its backward still
+  // reaches every parameter (a stale op range once left gradients out).
+  RunConfig four = Llama(2, false);
+  four.precision = Precision::kBf16Pure;
+  four.parallelism.pipeline = 4;
+  four.grad_accum_steps = 8;
+  four.batch_size = 8;
+  const Report stage = Estimate(ModelSpec{PresetSpec{"llama-7b", {{"layers", 8}, {"seq", 512}}}},
+                                four, {}).value();
+  const auto at_end = [&](Category c) { return stage.end_of_step[static_cast<int>(c)]; };
+  EXPECT_GT(at_end(Category::kGradients), 0);
+  EXPECT_LE(at_end(Category::kParameters) - at_end(Category::kGradients), 512 * 1024);  // buffers
 }
 
 TEST(TensorParallelTest, InferenceKeepsTheRanksKeyValueHeads) {
