@@ -46,19 +46,26 @@ struct States {
 // What any rank of a split keeps at least: its stage's share (the worst stage holds at least
 // the average) of what its strategy keeps whole, and of what it shards over the data ranks.
 // ZeRO-2's fp32 master copy and optimizer state only add to this, as do buckets and
-// activations.
+// activations. `half`: the model's parameters are 16-bit, whose gradients Megatron keeps in
+// float32 (twice their bytes) and whose float32 master and state take at least three times the
+// 16-bit state the one-GPU estimate counts (Adam: 12 bytes against 4).
 int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t tensor,
-                   int64_t pipeline) {
+                   int64_t pipeline, bool half) {
   int64_t whole = s.total(), sharded = 0;
   switch (sharding) {
     case DataSharding::kNone:
     case DataSharding::kDdp: break;
     case DataSharding::kZero1:
-    case DataSharding::kMegatronDistOpt:  // float32 gradients whole, master and state sharded
       whole = s.params + s.grads;
       sharded = s.state;
       break;
-    case DataSharding::kMegatronDdp: break;
+    case DataSharding::kMegatronDistOpt:  // float32 gradients whole, master and state sharded
+      whole = s.params + (half ? 2 : 1) * s.grads;
+      sharded = (half ? 3 : 1) * s.state;
+      break;
+    case DataSharding::kMegatronDdp:
+      whole = s.params + (half ? 2 : 1) * s.grads + (half ? 3 : 1) * s.state;
+      break;
     case DataSharding::kDeepSpeedZero2: whole = s.params; sharded = s.grads + s.state; break;
     case DataSharding::kFsdp1:
     case DataSharding::kFsdp2: whole = 0; sharded = s.total(); break;
@@ -258,6 +265,7 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
     MEMEST_ASSIGN_OR_RETURN(States s, planner.ModelStates(d));
     states.push_back(s);
   }
+  const bool half = DTypeSize(ParameterDType(q.run.precision)) == 2;
   const std::vector<DataSharding> strategies = {DataSharding::kDdp, DataSharding::kZero1,
                                                 DataSharding::kDeepSpeedZero2,
                                                 DataSharding::kFsdp1, DataSharding::kFsdp2,
@@ -280,7 +288,7 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
         const std::vector<int64_t> mbs = Divisors(q.run.batch_size / data);
         for (DataSharding sh : data == 1 ? std::vector<DataSharding>{DataSharding::kNone}
                                          : strategies) {
-          if (LowerBound(states[k], sh, data, t, p) > d.capacity_bytes) continue;
+          if (LowerBound(states[k], sh, data, t, p, half) > d.capacity_bytes) continue;
           std::vector<CheckpointPolicy> policies = {CheckpointPolicy::kEveryBlock};
           if (planner.blocks() == 0) policies = {CheckpointPolicy::kNone};
           else policies.push_back(CheckpointPolicy::kNone);
