@@ -218,6 +218,28 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     step.tensor = std::make_unique<TensorParallelView>(std::move(tp));
     step.graph = &step.tensor->graph;
   }
+  if (stage != nullptr && stage->chunks.size() > 1 && (step.context || step.tensor)) {
+    // The passes rebuilt the stage's graph: its chunks' ops and sent tensors moved with it.
+    auto moved = std::make_unique<PipelineStage>();
+    moved->stage = stage->stage;
+    moved->stages = stage->stages;
+    moved->first_block = stage->first_block;
+    moved->last_block = stage->last_block;
+    moved->actions = stage->actions;
+    moved->keep_outputs = stage->keep_outputs;
+    moved->chunks = stage->chunks;
+    for (const ReplayMap* m : {step.context ? &step.context->replay : nullptr,
+                               step.tensor ? &step.tensor->replay : nullptr}) {
+      if (m == nullptr) continue;
+      for (StageChunk& c : moved->chunks) {
+        c.first_op = m->first_op[c.first_op];
+        c.last_op = m->last_op[c.last_op];
+        c.sent = m->tensors[c.sent];
+      }
+    }
+    step.stage = std::move(moved);
+    stage = step.stage.get();
+  }
   if (config.mode == Mode::kTraining) {
     MEMEST_ASSIGN_OR_RETURN(step.regions, PlanCheckpoints(*step.graph, config.checkpoint));
   }

@@ -49,6 +49,8 @@ struct PlannedStep {
   std::unique_ptr<TensorParallelView> tensor;
   // The context-parallel rank (applied before tensor parallelism); null: none.
   std::unique_ptr<ContextParallelView> context;
+  // An interleaved stage whose chunks' op ranges the passes above moved; null: the stage given.
+  std::unique_ptr<PipelineStage> stage;
   Schedule schedule;
   Liveness live;
 };

@@ -101,12 +101,6 @@ Status ValidateParallelism(const ParallelismConfig& p) {
     return InvalidArgument("config.parallelism.pipeline_virtual_stages: interleaves the model "
                            "chunks of a 1F1B pipeline of more than one stage");
   }
-  if (p.pipeline_virtual_stages > 1 && (p.tensor > 1 || p.context > 1)) {
-    return InvalidArgument(std::string("config.parallelism.pipeline_virtual_stages: virtual "
-                                       "stages with ") +
-                           (p.tensor > 1 ? "tensor" : "context") +
-                           " parallelism are not modelled yet");
-  }
   if (p.tensor < 1 || p.tensor > kMaxTensorParallel) {
     return InvalidArgument("config.parallelism.tensor: must be in [1, " +
                            std::to_string(kMaxTensorParallel) + "] ranks, got " +

@@ -34,9 +34,9 @@ StatusOr<ContextParallelView> ShardContextParallel(const Graph& graph, int64_t c
   TensorParallelView counts;
   tensor_parallel::Sharder sharder(graph, cp, false, seq, std::move(split), -1, &counts);
   sharder.set_context();
-  StatusOr<Graph> out = ReplayGraph(leaves, [&](int i, GraphBuilder& b, std::vector<int>& map) {
-    return sharder.Emit(i, b, map);
-  });
+  StatusOr<Graph> out = ReplayGraph(
+      leaves, [&](int i, GraphBuilder& b, std::vector<int>& map) { return sharder.Emit(i, b, map); },
+      std::nullopt, &view.replay);
   if (!out.ok()) return out.status().Prefixed("config.parallelism.context: ");
   view.graph = std::move(*out);
   for (const Op& op : view.graph.ops) {

@@ -19,6 +19,7 @@
 
 #include "engine/ir/graph.h"
 #include "engine/ir/status.h"
+#include "engine/passes/passes.h"
 
 namespace memest {
 
@@ -28,6 +29,7 @@ struct ContextParallelView {
   // next rank context - 1 times in forward, with their gradients twice that in backward.
   int64_t communicated_bytes = 0;
   int64_t attentions = 0;
+  ReplayMap replay;                // where the whole graph's tensors and ops went
 };
 
 StatusOr<ContextParallelView> ShardContextParallel(const Graph& graph, int64_t context);

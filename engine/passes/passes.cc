@@ -41,7 +41,8 @@ std::vector<std::string> OutputNames(const Graph& g, const Op& op) {
 
 }  // namespace
 
-StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional<DType> autocast) {
+StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional<DType> autocast,
+                            ReplayMap* replay) {
   GraphBuilder b;
   const DType half = autocast.value_or(g.autocast);
   if (half != DType::kFloat32) b.EnableAutocast(half);
@@ -86,6 +87,7 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional
   for (int t : g.outputs) {
     if (map[t] >= 0) out.outputs.push_back(map[t]);
   }
+  if (replay != nullptr) *replay = ReplayMap{std::move(map), std::move(first_op), std::move(last_op)};
   return out;
 }
 

@@ -20,8 +20,16 @@ namespace memest {
 // carry over; held tensors and outputs left unmapped are dropped. The new graph is built under `autocast` (by default as `graph` was: replaying an
 // autocast graph under autocast adds no casts, its inputs are already cast).
 using OpEmitter = std::function<bool(int op, GraphBuilder& b, std::vector<int>& map)>;
+// Where a replay put the old graph's tensors and ops (-1: dropped): op i became ops
+// [first_op[i], last_op[i]] of the new graph.
+struct ReplayMap {
+  std::vector<int> tensors;
+  std::vector<int> first_op;
+  std::vector<int> last_op;
+};
 StatusOr<Graph> ReplayGraph(const Graph& graph, const OpEmitter& emit,
-                            std::optional<DType> autocast = std::nullopt);
+                            std::optional<DType> autocast = std::nullopt,
+                            ReplayMap* replay = nullptr);
 
 // Rewrites `graph` as torch.autocast(device_type="cuda", dtype=half) runs it: the inputs of
 // ops on CUDA autocast's lower-precision list (linear, addmm, matmul, bmm, einsum, conv,

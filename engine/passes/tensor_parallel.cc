@@ -144,10 +144,25 @@ void SequenceStart(const Graph& g, std::vector<Split>* split, int* scatter, int*
         } else {
           *scatter = in;
         }
-        return;
+        break;
       }
-      return;
+      break;
     }
+    // An interleaved stage's later model chunks receive their hidden state too (an input that
+    // needs a gradient and that a block reads first): the sequence is split there as well.
+    for (const Op& op : g.ops) {
+      bool in_block = false;
+      for (const std::string& b : g.blocks) in_block |= ScopeWithin(op.scope, b);
+      for (int t : op.inputs) {
+        const Tensor& x = g.tensors[t];
+        if (!in_block || x.role != TensorRole::kInput || !x.requires_grad ||
+            !IsFloating(x.dtype) || x.shape.size() < 2 || !(*split)[t].none()) {
+          continue;
+        }
+        (*split)[t] = Split{x.shape.size() >= 3 ? SequenceDimOf(g, t, 1) : 0, true};
+      }
+    }
+    return;
   }
   for (size_t i = 0; i < g.tensors.size(); ++i) {
     const Tensor& x = g.tensors[i];
@@ -285,9 +300,9 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
     leaf.strides = ContiguousStrides(leaf.shape);
   }
   Sharder sharder(graph, t, config.sequence_parallel, seq, std::move(split), scatter, &view);
-  StatusOr<Graph> out = ReplayGraph(leaves, [&](int i, GraphBuilder& b, std::vector<int>& map) {
-    return sharder.Emit(i, b, map);
-  });
+  StatusOr<Graph> out = ReplayGraph(
+      leaves, [&](int i, GraphBuilder& b, std::vector<int>& map) { return sharder.Emit(i, b, map); },
+      std::nullopt, &view.replay);
   if (!out.ok()) return out.status().Prefixed("config.parallelism.tensor: ");
   view.graph = std::move(*out);
   view.communicated_bytes = CommunicatedBytes(view.graph, t);

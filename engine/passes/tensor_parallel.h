@@ -33,6 +33,7 @@
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
 #include "engine/ir/status.h"
+#include "engine/passes/passes.h"
 
 namespace memest {
 
@@ -55,6 +56,7 @@ struct TensorParallelView {
   // forward and backward (ring algorithms: 2(t-1)/t of an all-reduce's buffer, (t-1)/t of a
   // gather's or scatter's whole tensor).
   int64_t communicated_bytes = 0;
+  ReplayMap replay;                // where the whole graph's tensors and ops went
 };
 
 // The rank's view of `graph` under config.parallelism (tensor > 1). `graph` is the whole

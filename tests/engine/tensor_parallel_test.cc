@@ -288,6 +288,26 @@ TEST(TensorParallelTest, ComposesWithDataParallelAndPipelineStages) {
   EXPECT_LE(at_end(Category::kParameters) - at_end(Category::kGradients), 512 * 1024);  // buffers
 }
 
+// Interleaved stages under tensor and sequence parallelism: the passes rebuild the stage's
+// graph, its chunks' op ranges move with it, and every chunk's received hidden state is split
+// along the sequence: a micro-batch saves what it saves without interleaving.
+TEST(TensorParallelTest, InterleavedStagesKeepTheirChunksThroughThePass) {
+  RunConfig c = Llama(2, true);
+  c.precision = Precision::kBf16Pure;
+  c.parallelism.pipeline = 2;
+  c.grad_accum_steps = 4;
+  c.batch_size = 4;
+  const ModelSpec model{PresetSpec{"llama-7b", {{"layers", 8}, {"seq", 512}}}};
+  const Report plain = Estimate(model, c, {}).value();
+  c.parallelism.pipeline_virtual_stages = 2;
+  const Report inter = Estimate(model, c, {}).value();
+  EXPECT_EQ(inter.saved_for_backward_bytes, plain.saved_for_backward_bytes);
+  EXPECT_EQ(inter.end_of_step[static_cast<int>(Category::kGradients)],
+            plain.end_of_step[static_cast<int>(Category::kGradients)]);
+  EXPECT_GT(inter.pipeline->per_stage[0].peak_allocated_bytes,
+            plain.pipeline->per_stage[0].peak_allocated_bytes);
+}
+
 TEST(TensorParallelTest, InferenceKeepsTheRanksKeyValueHeads) {
   RunConfig c;
   c.mode = Mode::kInference;
