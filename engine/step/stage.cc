@@ -10,6 +10,9 @@
 //   (send_forward_recv_backward), before the sent output is freed; in the cool-down, at the
 //   backward (recv_backward). The input's gradient a backward sends back stays referenced by
 //   the loop's input_tensor_grad until the next backward returns.
+// With interleaving (forward_backward_pipelining_with_interleaving) each action runs one model
+// chunk of the stage: its op range, from its own received input to its own sent output, in a
+// table of its own per micro-batch.
 #include <utility>
 #include <vector>
 
@@ -22,6 +25,8 @@ void StepSimulator::RunPipeline() {
   micro_batches_ = static_cast<int>(cfg_.grad_accum_steps);
   const int chunks = static_cast<int>(p.chunks.size());
   auto chunk_loss = [&](int c) { return chunks == 1 ? g_.loss : p.chunks[c].sent; };
+  // Whether a chunk sends its output on (all but the model's last chunk, which ends in the loss).
+  auto sends = [&](int c) { return p.stage < p.stages - 1 || c < chunks - 1; };
   const StorageTable leaves = main_;  // parameters and buffers: every micro-batch reads them
   std::vector<InFlight> flight(static_cast<size_t>(micro_batches_) * chunks);
   std::vector<int> sent_grads;  // the previous backward's input gradients (input_tensor_grad)
@@ -34,14 +39,12 @@ void StepSimulator::RunPipeline() {
     const PipelineAction& a = p.actions[k];
     if (failed()) return;
     mb_ = static_cast<int>(a.micro_batch);
-    // One chunk is the whole graph simulated, which a later pass (tensor, context parallelism)
-    // may have rebuilt since the stage was planned; interleaved chunks are the planned ranges.
+    // One chunk is the whole graph simulated (a pass may have rebuilt it since the stage was
+    // planned); interleaved chunks come with their ranges moved through those passes (PlanStep).
     first_op_ = chunks == 1 ? 0 : p.chunks[a.chunk].first_op;
     last_op_ = chunks == 1 ? static_cast<int>(g_.ops.size()) - 1 : p.chunks[a.chunk].last_op;
     loss_ = chunk_loss(a.chunk);
     InFlight& f = flight[static_cast<size_t>(mb_) * chunks + a.chunk];
-    // Whether a chunk sends its output on (all but the model's last chunk, which ends in the loss).
-    auto sends = [&](int c) { return p.stage < p.stages - 1 || c < chunks - 1; };
     if (a.forward) {
       main_ = leaves;
       op_saved_.assign(g_.ops.size(), SavedByOp{});
