@@ -303,7 +303,16 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
             size_t lo = 0, hi = limit;  // the answer's index is in [lo, hi); hi: none
             while (lo < hi) {
               const size_t mid = (lo + hi) / 2;
-              MEMEST_ASSIGN_OR_RETURN(std::optional<Plan> at, planner.Try(s, mbs[mid]));
+              StatusOr<std::optional<Plan>> tried = planner.Try(s, mbs[mid]);
+              if (!tried.ok()) {  // the budget or the deadline: what fits so far, then why it stopped
+                std::stable_sort(fits.begin(), fits.end(), Before);
+                for (const Plan& f : fits) {
+                  ++stats->plans;
+                  if (!emit(f) || ++found >= q.max_plans) break;
+                }
+                return tried.status();
+              }
+              const std::optional<Plan>& at = *tried;
               if (at) {
                 best = at;
                 lo = mid + 1;

@@ -75,9 +75,11 @@ struct PlanStats {
 // for one count, the smaller GPU (so the first plan of each count answers "the smallest GPU
 // type that fits"), then no recomputation before recomputation, the smaller pipeline bubble,
 // fewer tensor-parallel ranks (their collectives run in every layer), the larger micro-batch,
-// the most headroom. `emit` returning false stops the search. Returns the
-// budget's refusal (deadline, cancellation, op steps) if it stops the search, an error naming
-// the field for a query that makes no sense, and OK otherwise.
+// the most headroom. `emit` returning false stops the search. Returns the budget's refusal
+// (deadline, cancellation, op steps) if it stops the search, after emitting the plans found to
+// fit at the GPU count it was searching (each a real estimate; plans of that count it had not
+// reached may rank before them); an error naming the field for a query that makes no sense; and
+// OK otherwise.
 Status PlanJob(const PlanQuery& query, Budget* budget,
                const std::function<bool(const Plan&)>& emit, PlanStats* stats = nullptr);
 

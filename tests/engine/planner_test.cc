@@ -135,5 +135,34 @@ TEST(PlannerTest, HonoursTheDeadline) {
   EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
 }
 
+// A search the op-step budget stops mid-count still hands on what it found to fit there, each a
+// real plan, and says why it stopped.
+TEST(PlannerTest, ABudgetSpentMidCountEmitsWhatFits) {
+  PlanQuery q;
+  q.model.source = PresetSpec{"gpt2-small", {{"seq", 256}}};
+  q.run.batch_size = 8;
+  q.devices = {"h100-80gb"};
+  q.max_gpus = 8;
+  q.max_plans = 50;
+  Budget unlimited;
+  PlanStats all;
+  std::vector<Plan> every;
+  ASSERT_TRUE(PlanJob(q, &unlimited, [&](const Plan& p) { every.push_back(p); return true; }, &all).ok());
+  ASSERT_GT(every.size(), 2u);
+  // A budget that runs out just before the first count, one GPU, is searched to its end.
+  PlanQuery one = q;
+  one.max_gpus = 1;
+  Budget counted;
+  ASSERT_TRUE(PlanJob(one, &counted, [](const Plan&) { return true; }).ok());
+  Budget tight;
+  tight.set_max_op_steps(counted.spent() - 1);
+  std::vector<Plan> got;
+  const Status s = PlanJob(q, &tight, [&](const Plan& p) { got.push_back(p); return true; });
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+  ASSERT_FALSE(got.empty());
+  for (const Plan& p : got) EXPECT_GE(p.headroom_bytes, 0);
+  EXPECT_LT(got.size(), every.size());
+}
+
 }  // namespace
 }  // namespace memest
