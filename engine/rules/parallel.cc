@@ -238,6 +238,16 @@ StatusOr<std::vector<OutputSpec>> InferCpAttention(const OpCall& c) {
   }
   Shape out = q;
   out.back() = v.back();
+  // Forward keeps cp copies of the keys and values and cp float32 outputs at once: each product
+  // must be countable (tensors are at most kMaxTensorBytes; cp is the request's).
+  const int64_t kv = BytesOf(c.in(1)) + BytesOf(c.in(2));
+  for (int64_t bytes : {kv, Numel(out) * 4}) {
+    if (!CheckedMul(cp, bytes).ok()) {
+      return InvalidArgument(AttrField(c, "cp") + ": " + std::to_string(cp) +
+                             " ranks' copies of " + std::to_string(bytes) +
+                             " bytes are more than 2^62 bytes");
+    }
+  }
   return std::vector<OutputSpec>{{out, c.in(0).dtype}};
 }
 

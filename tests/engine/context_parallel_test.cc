@@ -92,5 +92,18 @@ TEST(ContextParallelTest, ComposesWithTensorAndMegatronDataParallelism) {
   EXPECT_EQ(m.shard_elements, m.buffer_elements / 4);
 }
 
+// A request can name cp_attention itself: a group whose copies cannot be counted is refused,
+// naming the attribute, before any byte count wraps.
+TEST(ContextParallelTest, RingAttentionRefusesUncountableCopies) {
+  GraphBuilder b;
+  const int q = b.Input("q", {1, 2, 1024, 64}, DType::kFloat32);
+  const int k = b.Input("k", {1, 2, 1024, 64}, DType::kFloat32);
+  const int v = b.Input("v", {1, 2, 1024, 64}, DType::kFloat32);
+  EXPECT_GE(b.Add1("cp_attention", {q, k, v}, {{"cp", int64_t{4}}}), 0);
+  b.Add1("cp_attention", {q, k, v}, {{"cp", int64_t{1} << 50}});
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("attrs.cp"), std::string::npos) << b.status().message();
+}
+
 }  // namespace
 }  // namespace memest
