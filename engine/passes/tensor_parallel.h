@@ -16,8 +16,10 @@
 // a graph without blocks, the model's inputs) is split along the sequence, and so is every
 // activation computed from it outside the parallel linears (norms, dropout, residual adds): a
 // column-parallel linear all-gathers its input into Megatron's global memory buffer, a
-// row-parallel one reduce-scatters its output. The sequence dim is the one the micro-batch is
-// not, among the first two: 1 for batch-first inputs [b, s, ...], 0 for Megatron's [s, b, h].
+// row-parallel one reduce-scatters its output. The sequence dim is the inputs' (the one of
+// their first two the micro-batch is not), followed through the ops that make the hidden state
+// (a transpose to Megatron's [s, b, h] moves it to dim 0). An interleaved stage's later model
+// chunks have their received hidden states split too.
 //
 // Refused, naming the op and its scope: an op that would mix values across a split dim (a
 // softmax, a norm or a reduction over the features a column-parallel linear split, a matmul
