@@ -238,13 +238,13 @@ def dump_events(trace, substring):
 PHASES = ("DATA", "FORWARD", "LOSS", "BACKWARD", "OPTIMIZER_STEP")
 
 
-def result(trace, ends, saved, p):
+def result(trace, ends, saved, p, steps=STEPS):
     out = {"saved_for_backward": sorted(set(saved)),
            "construct": {"peak": trace.peaks["CONSTRUCT"], "live_after": trace.at_mark["0.END"]},
            "steps": [], "unseen_frees": trace.unseen[:8]}
     if len(out["saved_for_backward"]) == 1:
         out["saved_for_backward"] = out["saved_for_backward"][0]
-    for s in range(1, STEPS + 1):
+    for s in range(1, steps + 1):
         ph = {k: trace.peaks[f"{s}.{k}"] for k in PHASES}
         top = max(ph, key=ph.get)
         nc = {k: trace.peaks_nccl[f"{s}.{k}"] for k in PHASES}
@@ -252,13 +252,13 @@ def result(trace, ends, saved, p):
             "step": s, "phases": ph, "peak": ph[top], "peak_phase": top,
             "live_at_end": trace.at_mark[f"{s}.END"], "end_of_step": ends[s - 1],
             "phases_without_gloo": nc})
-        if s in (1, STEPS):
+        if s in (1, steps):
             out["steps"][-1].update({
                 "peak_where": {k: trace.peak_where(f"{s}.{k}") for k in PHASES},
                 "at_peak": {k: trace.live_set(f"{s}.{k}") for k in PHASES},
                 "peak_where_without_gloo": {k: trace.peak_where(f"{s}.{k}", True) for k in PHASES},
                 "at_peak_without_gloo": {k: trace.live_set(f"{s}.{k}", True) for k in PHASES}})
-    out["lifetimes"] = trace.lifetimes({f"{s}.{k}" for s in (1, STEPS) for k in PHASES})
+    out["lifetimes"] = trace.lifetimes({f"{s}.{k}" for s in (1, steps) for k in PHASES})
     return out
 
 
@@ -381,7 +381,7 @@ def main(driver="fsdp2"):
         ranks = [{k: v for k, v in r.items() if k != "ok"} for r in ranks]
         # a rank that measured exactly what an earlier one did is written as {"same_as_rank": k}
         distinct = [next(({"same_as_rank": k} for k in range(i) if ranks[k] == r), r) for i, r in enumerate(ranks)]
-        doc = {"case": cid, "world_size": world, "config": p, "dims": drv.DIMS, "steps": STEPS,
+        doc = {"case": cid, "world_size": world, "config": p, "dims": drv.DIMS, "steps": getattr(drv, "STEPS", STEPS),
                "torch": torch.__version__, "ranks": distinct}
         if args.explain:
             explain(cid, ranks, distinct)
