@@ -4,7 +4,8 @@ PyTorch 2.x on the CPU, gloo, 2 and 4 processes. By hand, never in CI, with the 
 (PyTorch 2.15.0 from PyPI):
 
   /work/venv-torch2/bin/python tests/parallel/dtensor_tp.py [--case SUBSTRING ...] [--write-expected]
-      [--explain] [--lifetimes] [--events SUBSTRING] [--order] [--list] [--models]
+      [--explain] [--lifetimes] [--events SUBSTRING] [--list]
+  /work/venv-torch2/bin/python tests/parallel/dtensor_tp.py --tables | --models
 
 fsdp2.py's runner and result format, by import (fsdp2.main with this module as the driver);
 the trace is fsdp2_trace.LabelledTrace with DTensor's names (DTensorTrace below). Each rank builds
@@ -20,6 +21,10 @@ the case's block as nn.Modules, applies the plan torchtitan's apply_tp applies
              norm SequenceParallel() -> output ColwiseParallel(input_layouts=Shard(1),
              output_layouts=Shard(-1), use_local_output=False) -> cross_entropy under
              loss_parallel() (forward and backward).
+  mlp-sbh, attention-sbh
+             tp.py's tp-mlp and tp-attention exactly (one fused wqkv split per head, the
+             attention written out), in Megatron's [s, b, h], the same styles with the
+             sequence at dim 0: tp.py's Megatron layers and DTensor's on the same model.
 
 Plain (no /sp): the block's input is the whole [b, s, h] on every rank, the norm is an ordinary
 module, the colwise linear's input Replicate, the rowwise linear's output Replicate (an
@@ -31,8 +36,11 @@ tests/parallel/tp.py's Megatron layers have them (the lm's output linear has non
 (torch.optim.Adam, lr 1e-3, for-loop: foreach=False, as tp.py), 2 steps: zero_grad(set_to_none)
 -> DATA -> FORWARD -> LOSS -> BACKWARD -> OPTIMIZER_STEP, under one allocator trace per rank.
 The numbers are compared with tests/parallel/expected/dtensor_<case>.json to the byte: a change
-fails (exit 1). --models writes the memest model files of the unsharded blocks
-(expected/models/dtensor-<model>.json, traced by memest's own tracer from the same modules).
+fails (exit 1). --events SUBSTRING prints rank 0's allocations and frees of the last step whose
+op path contains it ("all": every one), named. --tables prints the figures and the side-by-side
+with tp.py's Megatron cases from the expected files (no run). --models writes the memest model
+files of the unsharded blocks (expected/models/dtensor-<model>.json, traced by memest's own
+tracer from the same modules).
 docs/parallelism-truth.md, "10. DTensor tensor parallelism, measured on PyTorch 2.x", accounts
 for the figures.
 
@@ -43,12 +51,11 @@ record_function "funcol::<kind> [<scope>]" and its result labelled "<kind> outpu
 prepended before parallelize_module's own input hook to a hook after its output hook) or, in
 backward, the module whose forward made the autograd node being run ("<path> backward").
 Saved-for-backward tensors are labelled "saved [<scope>]". gloo's own copies are named by
-fsdp2_trace (the "without gloo" figures leave them out: what NCCL would allocate). As in
-fsdp2.py the gloo group has one worker thread and every collective is waited on and followed by
-a flush, so that every free is seen on the caller's thread.
+GLOO_COPIES (the "without gloo" figures leave them out: what NCCL would allocate). As in
+fsdp2.py the gloo group has one worker thread; each _c10d_functional op DTensor issues is
+followed at once by a flush, so that every free is seen on the caller's thread.
 """
 import gc
-import math
 import os
 import sys
 
@@ -65,7 +72,7 @@ import torch.nn.functional as F  # noqa: E402
 
 STEPS = 2
 DIMS = {"batch": 2, "seq": 32, "hidden": 128, "ffn": 512, "heads": 8, "vocab": 256}
-# model -> (the block, its layout): "bsh" is torchtitan's [b, s, h] (the sequence is dim 1:
+# model -> its layout: "bsh" is torchtitan's [b, s, h] (the sequence is dim 1:
 # Shard(1)), "sbh" Megatron's [s, b, h] (dim 0: Shard(0), SequenceParallel(sequence_dim=0)).
 MODELS = {"mlp": "bsh", "attention": "bsh", "lm": "bsh", "mlp-sbh": "sbh", "attention-sbh": "sbh"}
 
@@ -216,6 +223,18 @@ def short(path):
     return " > ".join(keep + [q for q in parts[last + 1:last + 3] if q != "-"]) or "-"
 
 
+# What gloo allocates inside the _c10d_functional ops (the ops are in
+# torch/csrc/distributed/c10d/Functional.cpp; gloo's in ProcessGroupGloo.cpp): the all-gather is
+# allgather_into_tensor_coalesced (AsyncAllgatherCoalescedWork), the reduce-scatter
+# reduce_scatter_tensor_coalesced (a clone of the input, all-reduced, this rank's chunk copied
+# out).
+GLOO_COPIES = (
+    ("c10d::allgather_into_tensor_coalesced_", "gloo all-gather: input-sized flat copy (caller's thread)"),
+    ("gloo:all_gather", "gloo all-gather: worker's flat output"),
+    ("c10d::reduce_scatter_tensor_coalesced_", "gloo reduce-scatter: clone of the input"),
+)
+
+
 class DTensorTrace(fsdp2_trace.LabelledTrace):
     """fsdp2_trace's labelled trace with DTensor's places: an unlabelled allocation is named by
     the module and functional collective it was made in (short() above)."""
@@ -226,7 +245,11 @@ class DTensorTrace(fsdp2_trace.LabelledTrace):
         op = self._ev[j][3]
         if "gloo:" in op or "c10d::" in op:  # the worker thread's own are roots: no scope
             where = [q for q in op.split(" > ") if q.startswith("funcol::")]
-            return fsdp2_trace.gloo_name(op, where[-1].split(" ", 1)[1] if where else "").rstrip()
+            scope = where[-1].split(" ", 1)[1] if where else ""
+            for key, what in GLOO_COPIES:
+                if key in op:
+                    return f"{what} {scope}".rstrip()
+            return fsdp2_trace.gloo_name(op, scope).rstrip()
         ph = (self.alloc_phase.get(j) or "?").split(".")[-1]
         return f"{'activation' if ph in ('FORWARD', 'LOSS') else 'temporary'} [{short(op)}] ({ph.lower()})"
 
@@ -539,7 +562,62 @@ def write_models():
     return 0
 
 
+def _ranks(path):
+    import json
+    with open(path) as f:
+        d = json.load(f)
+    return d, [d["ranks"][r["same_as_rank"]] if "same_as_rank" in r else r for r in d["ranks"]]
+
+
+# (DTensor case, tp.py's Megatron case on the same model): docs/parallelism-truth.md §10
+SIDE_BY_SIDE = [(f"dtensor/{d}/t{t}{sp}", f"tp/{m}/t{t}{sp}") for t in (2, 4)
+                for d, m, sps in (("mlp", "mlp", ("",)), ("mlp-sbh", "mlp", ("/sp",)),
+                                  ("attention-sbh", "attention", ("", "/sp")),
+                                  ("mlp", "mlp", ("/sp",)), ("attention", "attention", ("", "/sp")))
+                for sp in sps] + [(f"dtensor/lm/t{t}", f"tp/lm/t{t}/sp") for t in (2, 4)]
+
+
+def tables():
+    """--tables: the figures of docs/parallelism-truth.md §10 from the expected files (no run):
+    every case (rank 0; every rank measures the same steps), then each DTensor case beside
+    tp.py's Megatron case of the same model (PyTorch 1.13's expected files; 2.15 measures the
+    MLP and attention cases the same)."""
+    short_ph = {"OPTIMIZER_STEP": "step"}
+    print("| case | saved | step 1 peak (phase) | steady DATA | FORWARD | LOSS | BACKWARD | OPTIMIZER_STEP "
+          "| steady peak with gloo (phase) | P / G / S at end |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for cid in sorted(CASES, key=lambda c: (list(MODELS).index(c.split("/")[1]), c)):
+        _, ranks = _ranks(fsdp2.case_file(cid))
+        r = ranks[0]
+        assert all(x["steps"] == r["steps"] for x in ranks), cid
+        s1, s2 = r["steps"][0], r["steps"][-1]
+        p1, p2, g2 = s1["phases_without_gloo"], s2["phases_without_gloo"], s2["phases"]
+        t1, tg = max(p1, key=p1.get), max(g2, key=g2.get)
+        e = s2["end_of_step"]
+        print(f"| {cid} | {r['saved_for_backward']:,} | {p1[t1]:,} ({short_ph.get(t1, t1.lower())}) | "
+              + " | ".join(f"{p2[k]:,}" for k in fsdp2.PHASES)
+              + f" | {g2[tg]:,} ({short_ph.get(tg, tg.lower())}) | {e['parameters']:,} / {e['gradients']:,} / "
+              f"{e['optimizer_state']:,} |")
+    print()
+    print("| DTensor case | Megatron case (tp.py) | saved | DATA | FORWARD | LOSS | BACKWARD (M: with GRAD_SYNC) "
+          "| OPTIMIZER_STEP | step peak | live at end |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for dc, mc in SIDE_BY_SIDE:
+        d = _ranks(fsdp2.case_file(dc))[1][0]
+        m = _ranks(os.path.join(fsdp2.EXPECTED, mc.replace("/", "_") + ".json"))[1][0]
+        ds, ms = d["steps"][-1], m["steps"][-1]
+        dp, mp = ds["phases_without_gloo"], dict(ms["phases"])
+        mp["BACKWARD"] = max(mp["BACKWARD"], mp.pop("GRAD_SYNC", 0))
+        cells = [(d["saved_for_backward"], m["saved_for_backward"])] + \
+            [(dp[k], mp[k]) for k in fsdp2.PHASES] + [(max(dp.values()), ms["peak"]),
+                                                     (ds["live_at_end"], ms["live_at_end"])]
+        print(f"| {dc} | {mc} | " + " | ".join(f"{a:,} ({a - b:+,})" for a, b in cells) + " |")
+    return 0
+
+
 if __name__ == "__main__":
     if "--models" in sys.argv[1:]:
         sys.exit(write_models())
+    if "--tables" in sys.argv[1:]:
+        sys.exit(tables())
     sys.exit(fsdp2.main("dtensor_tp"))
