@@ -23,9 +23,12 @@ StatusOr<MegatronDdp> PlanMegatronDdp(const Graph& g, const RunConfig& c) {
   // param_and_grad_buffer.py: parameters in reverse order; with the distributed optimizer each
   // starts at a multiple of 64 elements and the bucket's end is padded to lcm(d, 128).
   int64_t end = 0;
+  m.in_param_buffer.assign(g.tensors.size(), 0);
   for (size_t t = g.tensors.size(); t-- > 0;) {
     const Tensor& p = g.tensors[t];
+    // distributed_data_parallel.py 175-181: `if not param.requires_grad: continue`.
     if (p.role != TensorRole::kParameter || !p.requires_grad) continue;
+    m.in_param_buffer[t] = m.distributed_optimizer;
     dtype = p.dtype;
     const int64_t start = m.distributed_optimizer ? RoundUp(end, 64) : end;
     end = start + Numel(p.shape);  // below 2^62: the builder checked the parameters' bytes

@@ -30,6 +30,7 @@
 #define MEMEST_ENGINE_PASSES_MEGATRON_DDP_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
@@ -47,6 +48,9 @@ struct MegatronDdp {
   int64_t grad_buffer_bytes = 0;   // float32
   int64_t master_bytes = 0;        // float32 master params of what the rank steps (16-bit models)
   int64_t state_bytes = 0;         // the optimizer's float32 state over it
+  // Per tensor id: 1 for a parameter that lives in param_data (distributed optimizer: the
+  // trainable parameters). Buffers and frozen parameters stay tensors of their own.
+  std::vector<char> in_param_buffer;
 };
 
 // Megatron's buffers for the rank's graph under config (sharding kMegatronDdp or

@@ -12,9 +12,10 @@ class MegatronDdpHooks : public RankHooks {
  public:
   MegatronDdpHooks(const MegatronDdp& m, const RunConfig& c) : m_(m), c_(c) {}
 
-  // With the distributed optimizer the parameters live in param_data (StepStarts).
-  int64_t ParameterBytes(int /*t*/, int64_t whole) const override {
-    return m_.distributed_optimizer ? 0 : whole;
+  // With the distributed optimizer the trainable parameters live in param_data (StepStarts);
+  // buffers and frozen parameters keep their own storage.
+  int64_t ParameterBytes(int t, int64_t whole) const override {
+    return m_.in_param_buffer[t] ? 0 : whole;
   }
   // The optimizer steps the float32 masters; no parameter has state of its own.
   const Tensor* OptimizerParam(const Graph& /*g*/, int /*t*/) const override { return nullptr; }

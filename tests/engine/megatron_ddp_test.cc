@@ -91,6 +91,34 @@ TEST(MegatronDdpTest, ModelStatesAreMegatronsBytesPerParameter) {
   }
 }
 
+// distributed_data_parallel.py (d98e8a64) 175-181 puts only parameters that require grad in
+// param_data: a buffer and a frozen parameter keep their own storage under the distributed
+// optimizer, as they do without it.
+TEST(MegatronDdpTest, BuffersAndFrozenParametersStayOutOfParamData) {
+  const auto graph = [](bool extras) {
+    GraphBuilder b;
+    const int x = b.Input("x", {8, 256}, DType::kBFloat16);
+    int h = b.Add1("linear", {x, b.Parameter("fc.weight", {256, 256}, DType::kBFloat16),
+                              b.Parameter("fc.bias", {256}, DType::kBFloat16)});
+    if (extras) {
+      h = b.Add1("add", {h, b.Buffer("shift", {8, 256}, DType::kBFloat16)});
+      h = b.Add1("mul", {h, b.Parameter("scale", {8, 256}, DType::kBFloat16, false)});
+    }
+    b.SetLoss(b.Add1("sum", {h}));
+    return b.Finish().value();
+  };
+  for (DataSharding s : {DataSharding::kMegatronDdp, DataSharding::kMegatronDistOpt}) {
+    const RunConfig c = Megatron(s, 2);
+    const Report plain = EstimateGraph(graph(false), c, {1'000'000, false}).value();
+    const Report extras = EstimateGraph(graph(true), c, {1'000'000, false}).value();
+    // The buffer and the frozen parameter, 4 KiB each, on top of the same trainable ones.
+    EXPECT_EQ(AtEnd(extras, Category::kParameters) - AtEnd(plain, Category::kParameters),
+              2 * 8 * 256 * 2)
+        << DataShardingName(s);
+    EXPECT_EQ(AtEnd(extras, Category::kOptimizerState), AtEnd(plain, Category::kOptimizerState));
+  }
+}
+
 TEST(MegatronDdpTest, StateAppearsAtTheFirstStep) {
   RunConfig c = Megatron(DataSharding::kMegatronDistOpt, 2);
   c.step = StepKind::kFirstStep;
