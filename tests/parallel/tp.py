@@ -1,6 +1,7 @@
 """Megatron-style tensor parallelism (and sequence parallelism), written here with plain
 collectives as megatron/core/tensor_parallel/{layers,mappings}.py writes it (NVIDIA/Megatron-LM,
-read at 000c4ac and 00caa53):
+read at 000c4ac and 00caa53; the linear, the mappings and ColumnParallelLinear read again at
+d98e8a64 with the vocabulary end, which is tp_vocab.py):
 
 * `LinearWithGradAccumulationAndAsyncCommunication` (without gradient-accumulation fusion,
   which needs APEX's CUDA kernel): saves (input, weight), where input is the rank's SEQUENCE
@@ -32,6 +33,7 @@ import common
 from common import (ParamStore, Recorder, StepPhases, Trace, model_state,
                     optimizer_state_tensors, step_results)
 import measure
+from tp_vocab import VocabParallelCrossEntropy, vocab_parallel_embedding
 
 
 class GlobalMemoryBuffer:
@@ -138,65 +140,6 @@ class ReduceScatterToSP(torch.autograd.Function):
         return gather_along_first_dim(grad_output, ctx.tp), None
 
 
-def vocab_parallel_embedding(ids, weight, tp):
-    """VocabParallelEmbedding.forward before its reduction (layers.py): the rank's rows looked up,
-    the others' tokens zeroed. Plain autograd ops, as Megatron writes them."""
-    part = weight.shape[0]
-    start = dist.get_rank(common.GROUP) * part
-    input_mask = (ids < start) | (ids >= start + part)
-    masked_input = ids.clone() - start
-    masked_input[input_mask] = 0
-    output_parallel = torch.nn.functional.embedding(masked_input, weight)
-    output_parallel[input_mask, :] = 0.0
-    return output_parallel
-
-
-class VocabParallelCrossEntropy(torch.autograd.Function):
-    """_VocabParallelCrossEntropy (cross_entropy.py, without label smoothing): the per-token loss
-    over logits [.., V/t] split by vocabulary; the float32 logits are worked on in place and
-    saved as the softmax, into which backward writes the gradient."""
-
-    @staticmethod
-    def forward(ctx, vocab_parallel_logits, target):
-        vocab_parallel_logits = vocab_parallel_logits.float()
-        logits_max = torch.max(vocab_parallel_logits, dim=-1)[0]
-        dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=common.GROUP)
-        common.flush()
-        part = vocab_parallel_logits.size()[-1]
-        start = dist.get_rank(common.GROUP) * part
-        vocab_parallel_logits -= logits_max.unsqueeze(dim=-1)
-        target_mask = (target < start) | (target >= start + part)
-        masked_target = target.clone() - start
-        masked_target[target_mask] = 0
-        logits_2d = vocab_parallel_logits.view(-1, part)
-        masked_target_1d = masked_target.view(-1)
-        arange_1d = torch.arange(start=0, end=logits_2d.size()[0])
-        predicted_logits_1d = logits_2d[arange_1d, masked_target_1d]
-        predicted_logits_1d = predicted_logits_1d.clone().contiguous()
-        predicted_logits = predicted_logits_1d.view_as(target)
-        predicted_logits[target_mask] = 0.0
-        exp_logits = vocab_parallel_logits
-        torch.exp(vocab_parallel_logits, out=exp_logits)
-        sum_exp_logits = exp_logits.sum(dim=-1)
-        common.all_reduce(predicted_logits)
-        common.all_reduce(sum_exp_logits)
-        loss = torch.log(sum_exp_logits) - predicted_logits
-        exp_logits.div_(sum_exp_logits.unsqueeze(dim=-1))
-        ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        softmax, target_mask, masked_target_1d = ctx.saved_tensors
-        grad_input = softmax
-        grad_2d = grad_input.view(-1, softmax.size()[-1])
-        arange_1d = torch.arange(start=0, end=grad_2d.size()[0])
-        softmax_update = 1.0 - target_mask.view(-1).float()
-        grad_2d[arange_1d, masked_target_1d] -= softmax_update
-        grad_input.mul_(grad_output.unsqueeze(dim=-1))
-        return grad_input, None
-
-
 class ScatterToSP(torch.autograd.Function):
     """scatter_to_sequence_parallel_region (_split_along_first_dim: this rank's chunk, a view),
     then the clone of clone_scatter_output_in_embedding; backward gathers a new [s, ...]."""
@@ -282,8 +225,7 @@ def tp_lm(r, b, tp, s=32, h=128, vocab=256):
     if t == 1:
         x = r.embedding(wte, ids)
     else:
-        x = r._op("megatron.vocab_parallel_embedding", [ids, wte], {},
-                  lambda i_, w_: vocab_parallel_embedding(i_, w_, tp))
+        x = r._op("megatron.vocab_parallel_embedding", [ids, wte], {}, vocab_parallel_embedding)
         x = r._op("megatron.reduce_from_tensor_model_parallel_region", [x], {}, ReduceFromTP.apply)
     x = r.add(x, r.embedding(r.param("wpe", [s, h]), r.arange(s)))
     x = r.contiguous(r.transpose(x, 0, 1))
