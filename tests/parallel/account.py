@@ -198,8 +198,8 @@ def tp_figures(model, t, sp):
 
 def account_tp(cases, rules):
     for cid, d in cases.items():
-        if not cid.startswith("tp/") or d["config"]["model"] == "lm":
-            continue  # the vocabulary end (tp/lm) has no closed form here: run.py --memest checks it
+        if not cid.startswith("tp/") or d["config"]["model"] in LM:
+            continue  # the vocabulary end: account_tp_lm
         cfg, t = d["config"], d["world_size"]
         numels, saved, sp_grads, gathered = tp_figures(cfg["model"], t, cfg["sp"])
         P = F32 * sum(numels)
@@ -221,6 +221,104 @@ def account_tp(cases, rules):
                     before = P + P + (S if st["step"] > 1 else 0) + gathered
                     rules.check("tp.sp: grad sync peak = its start + one flat copy of the replicated grads",
                                 before + sp_grads, st["phases"]["GRAD_SYNC"], w)
+
+
+# ------------------------------------------------------------------------------ the vocabulary end
+# tp.py's lm models (tp.MODELS): position embedding ("arange": one [s] arange broadcast over the
+# batch; "input": a [b, s] int64 input; None: no table), tied (the head is the table), labels_bs
+# (labels given [b, s], transposed to [s, b]; the loss transposed back).
+LM = {"lm": {"positions": "arange", "tied": False, "labels_bs": False},
+      "lm-tied": {"positions": "input", "tied": True, "labels_bs": True},
+      "lm-rope": {"positions": None, "tied": False, "labels_bs": True}}
+LM_VOCAB = 256
+
+
+def lm_terms(model, t, sp):
+    """The sizes the vocabulary-end rules are written in (bytes unless named numels): N tokens,
+    A = one [s, b, h] float32 activation, As = its sequence shard under SP (else A)."""
+    c, (s, b, h) = LM[model], (TP_DIMS[k] for k in ("s", "b", "h"))
+    N, Vt = s * b, LM_VOCAB // t
+    Ns = N // t if sp else N
+    numels = [Vt * h] + ([s * h] if c["positions"] else []) + [h, h] + ([] if c["tied"] else [Vt * h])
+    return {"N": N, "Vt": Vt, "Ns": Ns, "A": F32 * N * h, "As": F32 * Ns * h, "numels": numels,
+            "inputs": 8 * N * (3 if c["positions"] == "input" else 2),  # ids, labels (and positions)
+            "arange": 8 * s if c["positions"] == "arange" else 0,       # the [s] position ids
+            "pos_out": {"arange": F32 * s * h, "input": F32 * N * h, None: 0}[c["positions"]],
+            # the grads the embedding's backward runs beside: the head's (its own, or the pending
+            # contribution to the tied table), the position table's and the norm's
+            "grads_before_emb": F32 * (Vt * h + (s * h if c["positions"] else 0) + 2 * h)}
+
+
+def lm_figures(model, t, sp):
+    """Saved bytes and the forward's live set past its inputs, from the source (tp_vocab.py,
+    docs/parallelism-truth.md 3.1): VocabParallelEmbedding keeps its masked ids (int64) and mask
+    (bool), 9N; the LayerNorm its input, mean and rstd; the head its input (the LayerNorm's
+    output); the cross entropy the softmax (the float32 logits themselves), the target mask and
+    the masked target, 4 N V/t + 9N."""
+    k = lm_terms(model, t, sp)
+    N, Ns, As = k["N"], k["Ns"], k["As"]
+    pos_saved = k["arange"] + (8 * N if LM[model]["positions"] == "input" else 0)
+    saved = 9 * N + pos_saved + 2 * As + 8 * Ns + F32 * N * k["Vt"] + 9 * N
+    # live when the forward ends, beyond the step's start: the saved tensors but the inputs
+    fwd_end = 9 * N + k["arange"] + 2 * As + 8 * Ns + F32 * N * k["Vt"]
+    # the embedding stage's peak: the table's output A (all-reduced in place) and the position
+    # embedding's output, both still referenced while the sum (A) is made; without a position
+    # table the transpose's contiguous copy beside the (un-reduced under SP) output
+    emb = 9 * N + k["arange"] + 2 * k["A"] + k["pos_out"]
+    return k, saved, fwd_end, emb
+
+
+# _VocabParallelCrossEntropy.forward at its peak, past the logits (float32, worked on in place):
+# logits_max 4N, target_mask N, masked_target 8N, then either arange_1d 8N with the gathered
+# logits 4N and their clone 4N (cross_entropy.py 55-57), or predicted_logits 4N, sum_exp_logits 4N,
+# log's temporary 4N and the loss 4N (74): 29N either way.
+CE_PEAK = 29
+
+
+def account_tp_lm(cases, rules):
+    for cid, d in cases.items():
+        if not cid.startswith("tp/") or d["config"]["model"] not in LM:
+            continue
+        cfg, t, model = d["config"], d["world_size"], d["config"]["model"]
+        sp = cfg["sp"]
+        k, saved, fwd_end, emb = lm_figures(model, t, sp)
+        N, A = k["N"], k["A"]
+        P = F32 * sum(k["numels"])
+        S = optimizer_state(cfg["optimizer"], k["numels"])
+        mpu = A if sp else 0
+        for r, rk in enumerate(d["ranks"]):
+            w = f"{cid} rank {r}"
+            rules.check("lm.saved: embedding 9N (+ position ids) + LayerNorm and head inputs + softmax 4N V/t "
+                        "+ 9N", saved, rk["saved_for_backward"], w)
+            rules.check("lm.sp: the global 'mpu' buffer = s*b*h (the head's gathered input)",
+                        {"mpu": mpu} if sp else {}, rk["global_buffers"], w)
+            for st in rk["steps"]:
+                e, ph, first = st["end_of_step"], st["phases"], st["step"] == 1
+                rules.check("lm.end: parameters = wte [V/t, h] (+ wpe) + norm (+ untied head [V/t, h])",
+                            P, e["parameters"], w)
+                rules.check("lm.end: gradients = parameters (a tied table's two contributions summed in "
+                            "one)", P, e["gradients"], w)
+                rules.check("lm.end: optimizer state over the rank's parameters", S, e["optimizer_state"], w)
+                rules.check("lm.end: other live = the global buffer (SP)", mpu, st["other_at_end"], w)
+                start = P + (0 if first else S + mpu) + k["inputs"]
+                rules.check("lm.data: P (+ S, + mpu) + ids and labels (+ position ids)", start, ph["DATA"], w)
+                end = start + fwd_end + (mpu if first else 0)
+                rules.check("lm.forward: max(embedding stage, forward's end)", max(start + emb, end),
+                            ph["FORWARD"], w)
+                extra = 8 * N if LM[model]["labels_bs"] else 0  # labels.transpose(0, 1).contiguous()
+                rules.check("lm.loss: forward's end (+ the [s, b] labels copy) + 29N", end + extra + CE_PEAK * N,
+                            ph["LOSS"], w)
+                # + 8: the loss and its seed (ones_like); + 4: IndexPutBackward's 0-dim zeros_like
+                bwd = (P + (0 if first else S) + mpu + k["inputs"] + 8 + 9 * N + k["grads_before_emb"] +
+                       4 * A + 4)
+                rules.check("lm.backward: at the embedding's CopySlices: its incoming gradient and three "
+                            "copies (4A), the other grads, the loss and its seed", bwd, ph["BACKWARD"], w)
+                if sp:
+                    rules.check("lm.sp: grad sync peak = its start + one flat copy of the norm's grads",
+                                P + P + (0 if first else S) + mpu + F32 * 2 * TP_DIMS["h"], ph["GRAD_SYNC"], w)
+                rules.check("lm.step: P + G + S (+ mpu) + Adam's for-loop transient",
+                            P + P + S + mpu + optimizer_transient(cfg["optimizer"], k["numels"], first),
+                            ph["OPTIMIZER_STEP"], w)
 
 
 # ------------------------------------------------------------------------------ pipeline
@@ -273,6 +371,7 @@ def main():
     rules = Rules()
     account_dp(cases, rules)
     account_tp(cases, rules)
+    account_tp_lm(cases, rules)
     account_pp(cases, rules, PP_R0)
     failed = report(rules)
     if args.tables:

@@ -61,7 +61,7 @@ for w in (2, 4):
                  "bucket_cap_mb": 25, "gradient_as_bucket_view": False}, "mlp")
 
 # ------------------------------------------------------------------------------ tensor parallel
-for m in ("mlp", "attention", "lm"):
+for m in ("mlp", "attention", "lm", "lm-tied", "lm-rope"):
     for sp in (False, True):
         for w in (2, 4):
             add(f"tp/{m}/t{w}" + ("/sp" if sp else ""), w, tp.run,
@@ -83,4 +83,6 @@ MODEL_FNS = {"mlp": (dp.MODELS["mlp"], 8), "gpt": (dp.MODELS["gpt"], 4),
              "tp-mlp": (functools.partial(tp.tp_mlp, tp=tp.TP(1)), 2),
              "tp-attention": (functools.partial(tp.tp_attention, tp=tp.TP(1)), 2),
              "tp-lm": (functools.partial(tp.tp_lm, tp=tp.TP(1)), 2),
+             "tp-lm-tied": (functools.partial(tp.MODELS["lm-tied"], tp=tp.TP(1)), 2),
+             "tp-lm-rope": (functools.partial(tp.MODELS["lm-rope"], tp=tp.TP(1)), 2),
              "pp-gpt": (functools.partial(models.gpt, layers=8, **pp.GPT), 2)}

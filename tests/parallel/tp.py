@@ -1,6 +1,7 @@
 """Megatron-style tensor parallelism (and sequence parallelism), written here with plain
 collectives as megatron/core/tensor_parallel/{layers,mappings}.py writes it (NVIDIA/Megatron-LM,
-read at 000c4ac and 00caa53):
+read at 000c4ac and 00caa53; the linear, the mappings and ColumnParallelLinear read again at
+d98e8a64 with the vocabulary end, which is tp_vocab.py):
 
 * `LinearWithGradAccumulationAndAsyncCommunication` (without gradient-accumulation fusion,
   which needs APEX's CUDA kernel): saves (input, weight), where input is the rank's SEQUENCE
@@ -19,8 +20,10 @@ read at 000c4ac and 00caa53):
   (`_flatten_dense_tensors`), copied back: phase GRAD_SYNC here.
 
 Layout [s, b, h] as Megatron's. With tp.size == 1 the same function is the plain model (the
-memest model file). Not modelled: Megatron's local DotProductAttention takes its scores' buffer
-from the same global "mpu" buffer (baddbmm, beta=0); here the scores are a plain matmul.
+memest model file). Models: an MLP block, an attention block, and the GPT ends in three forms
+(tp_lm: lm, lm-tied, lm-rope). Not modelled: Megatron's local DotProductAttention takes its
+scores' buffer from the same global "mpu" buffer (baddbmm, beta=0); here the scores are a plain
+matmul.
 """
 import functools
 import operator
@@ -32,6 +35,7 @@ import common
 from common import (ParamStore, Recorder, StepPhases, Trace, model_state,
                     optimizer_state_tensors, step_results)
 import measure
+from tp_vocab import VocabParallelCrossEntropy, vocab_parallel_embedding
 
 
 class GlobalMemoryBuffer:
@@ -138,65 +142,6 @@ class ReduceScatterToSP(torch.autograd.Function):
         return gather_along_first_dim(grad_output, ctx.tp), None
 
 
-def vocab_parallel_embedding(ids, weight, tp):
-    """VocabParallelEmbedding.forward before its reduction (layers.py): the rank's rows looked up,
-    the others' tokens zeroed. Plain autograd ops, as Megatron writes them."""
-    part = weight.shape[0]
-    start = dist.get_rank(common.GROUP) * part
-    input_mask = (ids < start) | (ids >= start + part)
-    masked_input = ids.clone() - start
-    masked_input[input_mask] = 0
-    output_parallel = torch.nn.functional.embedding(masked_input, weight)
-    output_parallel[input_mask, :] = 0.0
-    return output_parallel
-
-
-class VocabParallelCrossEntropy(torch.autograd.Function):
-    """_VocabParallelCrossEntropy (cross_entropy.py, without label smoothing): the per-token loss
-    over logits [.., V/t] split by vocabulary; the float32 logits are worked on in place and
-    saved as the softmax, into which backward writes the gradient."""
-
-    @staticmethod
-    def forward(ctx, vocab_parallel_logits, target):
-        vocab_parallel_logits = vocab_parallel_logits.float()
-        logits_max = torch.max(vocab_parallel_logits, dim=-1)[0]
-        dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=common.GROUP)
-        common.flush()
-        part = vocab_parallel_logits.size()[-1]
-        start = dist.get_rank(common.GROUP) * part
-        vocab_parallel_logits -= logits_max.unsqueeze(dim=-1)
-        target_mask = (target < start) | (target >= start + part)
-        masked_target = target.clone() - start
-        masked_target[target_mask] = 0
-        logits_2d = vocab_parallel_logits.view(-1, part)
-        masked_target_1d = masked_target.view(-1)
-        arange_1d = torch.arange(start=0, end=logits_2d.size()[0])
-        predicted_logits_1d = logits_2d[arange_1d, masked_target_1d]
-        predicted_logits_1d = predicted_logits_1d.clone().contiguous()
-        predicted_logits = predicted_logits_1d.view_as(target)
-        predicted_logits[target_mask] = 0.0
-        exp_logits = vocab_parallel_logits
-        torch.exp(vocab_parallel_logits, out=exp_logits)
-        sum_exp_logits = exp_logits.sum(dim=-1)
-        common.all_reduce(predicted_logits)
-        common.all_reduce(sum_exp_logits)
-        loss = torch.log(sum_exp_logits) - predicted_logits
-        exp_logits.div_(sum_exp_logits.unsqueeze(dim=-1))
-        ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        softmax, target_mask, masked_target_1d = ctx.saved_tensors
-        grad_input = softmax
-        grad_2d = grad_input.view(-1, softmax.size()[-1])
-        arange_1d = torch.arange(start=0, end=grad_2d.size()[0])
-        softmax_update = 1.0 - target_mask.view(-1).float()
-        grad_2d[arange_1d, masked_target_1d] -= softmax_update
-        grad_input.mul_(grad_output.unsqueeze(dim=-1))
-        return grad_input, None
-
-
 class ScatterToSP(torch.autograd.Function):
     """scatter_to_sequence_parallel_region (_split_along_first_dim: this rank's chunk, a view),
     then the clone of clone_scatter_output_in_embedding; backward gathers a new [s, ...]."""
@@ -271,38 +216,63 @@ def tp_attention(r, b, tp, s=32, h=128, heads=8):
     return r.mean(r.add(x, y))
 
 
-def tp_lm(r, b, tp, s=32, h=128, vocab=256):
-    """Megatron's GPT ends: ids [b, s] -> VocabParallelEmbedding (all-reduced) + a learned
+def tp_lm(r, b, tp, s=32, h=128, vocab=256, positions="arange", tied=False, labels_bs=False):
+    """Megatron's GPT ends (models/common/embeddings/language_model_embedding.py, gpt_model.py,
+    language_module.py at d98e8a64): ids [b, s] -> VocabParallelEmbedding -> + a learned
     position embedding -> transpose to [s, b, h] (contiguous) -> under SP the rank's shard,
-    cloned -> block h.0: LayerNorm -> a column-parallel head (vocab/t rows, no bias,
-    parallel_output) -> vocab-parallel cross entropy -> mean. With t == 1 the plain model."""
+    cloned (`clone_scatter_output_in_embedding`) -> block h.0: LayerNorm -> a column-parallel
+    head (vocab/t rows, no bias, parallel_output) -> vocab-parallel cross entropy -> mean.
+    hidden_dropout = 0 (the embedding's dropout is the identity). With t == 1 the plain model.
+
+    positions: "arange" (model lm: one [s] arange broadcast over the batch), "input" (a [b, s]
+    int64 input, as Megatron's data loader hands position_ids to GPTModel.forward) or None
+    (position_embedding_type 'rope' or 'none': no table, and under SP the embedding itself
+    reduce-scatters, `reduce_scatter_embeddings`). tied: the head's weight is the embedding's
+    shard (share_embeddings_and_output_weights). labels_bs: labels [b, s] transposed to [s, b]
+    and the loss back to [b, s], both made contiguous (compute_language_model_loss); without it
+    the targets are given as [s, b]."""
     t = tp.size
     ids = r.input("ids", [b, s], "int64", high=vocab)
+    pos = r.input("pos", [b, s], "int64", high=s) if positions == "input" else None
     wte = r.param("wte", [vocab // t, h])
+    scatter = positions is None and tp.sp  # LanguageModelEmbedding.reduce_scatter_embeddings
     if t == 1:
         x = r.embedding(wte, ids)
     else:
-        x = r._op("megatron.vocab_parallel_embedding", [ids, wte], {},
-                  lambda i_, w_: vocab_parallel_embedding(i_, w_, tp))
-        x = r._op("megatron.reduce_from_tensor_model_parallel_region", [x], {}, ReduceFromTP.apply)
-    x = r.add(x, r.embedding(r.param("wpe", [s, h]), r.arange(s)))
+        x = r._op("megatron.vocab_parallel_embedding", [ids, wte], {}, vocab_parallel_embedding)
+        if not scatter:
+            x = r._op("megatron.reduce_from_tensor_model_parallel_region", [x], {}, ReduceFromTP.apply)
+    if positions is not None:
+        x = r.add(x, r.embedding(r.param("wpe", [s, h]), pos if pos is not None else r.arange(s)))
     x = r.contiguous(r.transpose(x, 0, 1))
-    if tp.sp:
+    if scatter:  # layers.py 367-380, then language_model_embedding.py 151-152
+        x = r._op("megatron.reduce_scatter_to_sequence_parallel_region", [x], {},
+                  lambda x_: ReduceScatterToSP.apply(x_, tp))
+        x = r.clone(x)
+    elif tp.sp:
         x = r._op("megatron.scatter_to_sequence_parallel_region", [x], {},
                   lambda x_: ScatterToSP.apply(x_, tp))
     with r.scope("h.0", block=True):
         a = r.layer_norm(x, r.param("ln.w", [h], "ones"), r.param("ln.b", [h], "zeros"))
-    logits = tp.column(r, a, r.param("head.w", [vocab // t, h]), None)
-    y = r.target("y", [s, b], high=vocab, batch_dim=1)
-    if t == 1:
-        loss = r.cross_entropy(r.view(logits, [s * b, vocab]), r.view(y, [s * b]))
-    else:
-        loss = r.mean(r._op("megatron.vocab_parallel_cross_entropy", [logits, y], {},
+    logits = tp.column(r, a, wte if tied else r.param("head.w", [vocab // t, h]), None)
+    if not labels_bs:
+        y = r.target("y", [s, b], high=vocab, batch_dim=1)
+        if t == 1:
+            return r.cross_entropy(r.view(logits, [s * b, vocab]), r.view(y, [s * b]))
+        return r.mean(r._op("megatron.vocab_parallel_cross_entropy", [logits, y], {},
                             VocabParallelCrossEntropy.apply))
-    return loss
+    y = r.contiguous(r.transpose(r.target("y", [b, s], high=vocab), 0, 1))  # language_module.py 172
+    if t == 1:
+        loss = r.view(r.cross_entropy(r.view(logits, [s * b, vocab]), r.view(y, [s * b]), "none"), [s, b])
+    else:
+        loss = r._op("megatron.vocab_parallel_cross_entropy", [logits, y], {},
+                     VocabParallelCrossEntropy.apply)
+    return r.mean(r.contiguous(r.transpose(loss, 0, 1)))  # language_module.py 205
 
 
-MODELS = {"mlp": tp_mlp, "attention": tp_attention, "lm": tp_lm}
+MODELS = {"mlp": tp_mlp, "attention": tp_attention, "lm": tp_lm,
+          "lm-tied": functools.partial(tp_lm, positions="input", tied=True, labels_bs=True),
+          "lm-rope": functools.partial(tp_lm, positions=None, labels_bs=True)}
 SP_REPLICATED = ("ln.w", "ln.b", "fc2.b", "proj.b")  # Megatron's `sequence_parallel` params
 
 
