@@ -203,11 +203,17 @@ void VocabCrossEntropyMemory(const OpCall& c, OpMemory* m) {
   const int64_t n = Numel(c.in(1).shape);
   const bool copy = c.in(0).dtype != DType::kFloat32;
   const int64_t logits32 = Numel(c.in(0).shape) * 4;
-  m->forward_temps = {{12 * n, "logits max and its indices"}, {2 * n, "target range comparisons"},
-                      {8 * n, "target clone"}, {8 * n, "arange"}, {8 * n, "predicted logits"},
-                      {8 * n, "sum_exp and its log"}};
+  // Megatron-LM d98e8a64 cross_entropy.py 119-183 with its helpers (13-116), on the float32
+  // logits worked on in place: past them and the saved mask and masked target, the forward
+  // holds at most 16N beside the 4N loss (docs/parallelism-truth.md 3.1): the logits' max,
+  // the predicted logits, sum_exp and log's temporary (arange_1d, the gather before its clone
+  // and max's indices live at steps where fewer of these do).
+  m->forward_temps = {{4 * n, "logits max"}, {4 * n, "predicted logits"}, {4 * n, "sum_exp"},
+                      {4 * n, "log(sum_exp)"}};
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
   if (!c.needs_grad(0)) {
+    m->forward_temps.push_back({n, "target mask"});
+    m->forward_temps.push_back({8 * n, "masked target"});
     if (copy) m->forward_temps.push_back({logits32, "float32 logits"});
     return;
   }

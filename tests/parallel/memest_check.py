@@ -66,7 +66,9 @@ def not_expressible(case):
 # its last '.').
 TP_PLANS = {"tp-mlp": ["fc1=colwise", "fc2=rowwise"],
             "tp-attention": ["qkv=colwise", "proj=rowwise"],
-            "tp-lm": ["wte=rowwise", "head=colwise"]}
+            "tp-lm": ["wte=rowwise", "head=colwise"],
+            "tp-lm-tied": ["wte=rowwise"],  # the head is the table
+            "tp-lm-rope": ["wte=rowwise", "head=colwise"]}
 
 
 def base_command(memest, case, batch, hold_outputs=False):
