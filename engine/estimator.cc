@@ -227,6 +227,7 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     moved->last_block = stage->last_block;
     moved->actions = stage->actions;
     moved->keep_outputs = stage->keep_outputs;
+    moved->fold = stage->fold;
     moved->chunks = stage->chunks;
     for (const ReplayMap* m : {step.context ? &step.context->replay : nullptr,
                                step.tensor ? &step.tensor->replay : nullptr}) {
@@ -400,12 +401,16 @@ StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
                           BuildStepGraph(model, config, options.max_ops, options.budget));
   Budget unlimited;
   Budget* budget = options.budget != nullptr ? options.budget : &unlimited;
-  // Every op runs forward at least once per micro-batch: a step that cannot afford that much is
-  // refused before it is scheduled.
-  const int64_t micro_batches = config.parallelism.pipeline > 1 ? config.grad_accum_steps
-                                : config.mode == Mode::kTraining && config.grad_accum_steps > 1
-                                    ? 2
-                                    : 1;
+  // Every op runs forward at least once per micro-batch simulated: a step that cannot afford
+  // that much is refused before it is scheduled. A pipeline's stages simulate their folds
+  // (engine/passes/pipeline.h), the stage that simulates the fewest bounding every other.
+  int64_t micro_batches = config.mode == Mode::kTraining && config.grad_accum_steps > 1 ? 2 : 1;
+  if (config.parallelism.pipeline > 1) {
+    micro_batches = config.grad_accum_steps;
+    for (int64_t s = 0; s < config.parallelism.pipeline; ++s) {
+      micro_batches = std::min(micro_batches, SimulatedMicroBatches(config, s));
+    }
+  }
   const int64_t least = static_cast<int64_t>(graph.ops.size()) * micro_batches;
   if (!budget->Affords(least)) {
     return ResourceExhausted("model: one step of its " + std::to_string(graph.ops.size()) +

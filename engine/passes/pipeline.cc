@@ -179,6 +179,84 @@ std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int64_t s
   return out;
 }
 
+namespace {
+
+std::vector<PipelineAction> ActionsOf(PipelineSchedule schedule, int64_t stage, int64_t stages,
+                                      int64_t v, int64_t m) {
+  return v > 1 ? InterleavedActions(stage, stages, v, m)
+               : PipelineActions(schedule, stage, stages, m);
+}
+
+// Whether `full` is `short_list` with `copies` copies of its period [end - period, end)
+// inserted after `end`, each `stride` micro-batches on, and what follows moved on by all of them.
+bool ExpandsTo(const std::vector<PipelineAction>& short_list, int64_t end, int64_t period,
+               int64_t stride, int64_t copies, const std::vector<PipelineAction>& full) {
+  if (full.size() != short_list.size() + static_cast<size_t>(copies * period)) return false;
+  auto same = [](const PipelineAction& a, const PipelineAction& b, int64_t shift) {
+    return a.forward == b.forward && a.chunk == b.chunk && a.micro_batch + shift == b.micro_batch;
+  };
+  size_t at = 0;
+  for (int64_t k = 0; k < end; ++k) {
+    if (!same(short_list[k], full[at++], 0)) return false;
+  }
+  for (int64_t c = 1; c <= copies; ++c) {
+    for (int64_t k = end - period; k < end; ++k) {
+      if (!same(short_list[k], full[at++], c * stride)) return false;
+    }
+  }
+  for (size_t k = static_cast<size_t>(end); k < short_list.size(); ++k) {
+    if (!same(short_list[k], full[at++], copies * stride)) return false;
+  }
+  return true;
+}
+
+size_t FirstBackward(const std::vector<PipelineAction>& actions) {
+  size_t k = 0;
+  while (k < actions.size() && actions[k].forward) ++k;
+  return k;
+}
+
+}  // namespace
+
+std::optional<PipelineFold> FoldPipelineActions(PipelineSchedule schedule, int64_t stage,
+                                                int64_t stages, int64_t v, int64_t m) {
+  if (v == 1 && schedule == PipelineSchedule::kGPipe) return std::nullopt;
+  const int64_t stride = v > 1 ? stages : 1;  // micro-batches a period moves on
+  const int64_t half = stride * v;            // forwards (and backwards) a period
+  const int64_t period = 2 * half;
+  const std::vector<PipelineAction> full = ActionsOf(schedule, stage, stages, v, m);
+  const int64_t warmup = static_cast<int64_t>(FirstBackward(full));
+  // A forward's tensors live until its backward, warmup forwards later: about warmup / half
+  // periods, one more for what a backward hands to the next. The zone starts that far into the
+  // steady state, and the two periods compared (engine/step/fold.cc) that far into the zone.
+  const int64_t lag = (warmup + half - 1) / half + 1;
+  for (int64_t n = stride; n < m; n += stride) {
+    std::vector<PipelineAction> actions = ActionsOf(schedule, stage, stages, v, n);
+    const int64_t warm = static_cast<int64_t>(FirstBackward(actions));
+    if (warm < warmup) continue;
+    const int64_t periods = (n * v - warm) / half;
+    if (periods < 2 * lag + 2) continue;
+    PipelineFold f;
+    f.micro_batches = n;
+    f.period = period;
+    f.stride = stride;
+    f.end = warm + periods * period;
+    f.zone = warm + lag * period;
+    f.copies = (m - n) / stride;
+    if (!ExpandsTo(actions, f.end, period, stride, f.copies, full)) return std::nullopt;
+    f.actions = std::move(actions);
+    return f;
+  }
+  return std::nullopt;
+}
+
+int64_t SimulatedMicroBatches(const RunConfig& c, int64_t stage) {
+  const ParallelismConfig& p = c.parallelism;
+  const auto fold = FoldPipelineActions(p.pipeline_schedule, stage, p.pipeline,
+                                        p.pipeline_virtual_stages, c.grad_accum_steps);
+  return fold ? fold->micro_batches : c.grad_accum_steps;
+}
+
 StatusOr<PipelineStage> PlanPipelineStage(const Graph& g, const RunConfig& c, int64_t stage) {
   const ParallelismConfig& p = c.parallelism;
   const int64_t v = p.pipeline_virtual_stages;
@@ -217,8 +295,8 @@ StatusOr<PipelineStage> PlanPipelineStage(const Graph& g, const RunConfig& c, in
   }
   out.first_block = out.chunks.front().first_block;
   out.last_block = out.chunks.back().last_block;
-  out.actions = v > 1 ? InterleavedActions(stage, p.pipeline, v, c.grad_accum_steps)
-                      : PipelineActions(p.pipeline_schedule, stage, p.pipeline, c.grad_accum_steps);
+  out.actions = ActionsOf(p.pipeline_schedule, stage, p.pipeline, v, c.grad_accum_steps);
+  out.fold = FoldPipelineActions(p.pipeline_schedule, stage, p.pipeline, v, c.grad_accum_steps);
   out.keep_outputs = p.pipeline_keep_outputs;
   return out;
 }

@@ -17,6 +17,7 @@
 #define MEMEST_ENGINE_PASSES_PIPELINE_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "engine/ir/config.h"
@@ -41,6 +42,25 @@ struct StageChunk {
   int64_t last_block = 0;
 };
 
+// A long 1F1B or interleaved schedule simulated short. Its steady state repeats a period of
+// `period` actions (a forward and a backward, or stages x v of each interleaved), each period
+// `stride` micro-batches on from the one before. The stage's step is simulated with `actions`,
+// the schedule of `micro_batches` micro-batches, in which the period of actions [end - period,
+// end) stands for itself and `copies` more: the schedule of the real micro-batches is exactly
+// `actions` with those copies inserted after action `end` (checked when the fold is planned).
+// From action `zone` on, the steady state is far enough from the warm-up that every buffer a
+// period refers to was made in a period like it (engine/step/fold.cc checks the events; the
+// walk through the allocator model replays copies until its state repeats).
+struct PipelineFold {
+  int64_t micro_batches = 0;
+  std::vector<PipelineAction> actions;
+  int64_t period = 0;
+  int64_t stride = 0;
+  int64_t end = 0;
+  int64_t zone = 0;
+  int64_t copies = 0;
+};
+
 struct PipelineStage {
   int64_t stage = 0;
   int64_t stages = 1;
@@ -52,6 +72,7 @@ struct PipelineStage {
   std::vector<StageChunk> chunks;
   std::vector<PipelineAction> actions;  // its micro-batches, in the order they run
   bool keep_outputs = false;  // the sent output stays whole until its backward
+  std::optional<PipelineFold> fold;  // the same step simulated short; none: simulate `actions`
 };
 
 // Stage `stage` of `graph` under config.parallelism (pipeline stages, schedule) with
@@ -71,6 +92,15 @@ std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int64_t s
 // forward and one backward in turn, then the remaining backwards. m must be a multiple of stages.
 std::vector<PipelineAction> InterleavedActions(int64_t stage, int64_t stages, int64_t v,
                                                int64_t micro_batches);
+
+// The fold of stage `stage`'s schedule of `micro_batches` micro-batches (v model chunks; v = 1:
+// `schedule`), when one would save simulating some: none for GPipe, whose memory grows with
+// every forward, or when the steady state is too short to repeat.
+std::optional<PipelineFold> FoldPipelineActions(PipelineSchedule schedule, int64_t stage,
+                                                int64_t stages, int64_t v, int64_t micro_batches);
+
+// The micro-batches the step simulator runs for stage `stage` under config: its fold's, or all.
+int64_t SimulatedMicroBatches(const RunConfig& config, int64_t stage);
 
 }  // namespace memest
 

@@ -93,6 +93,24 @@ CachingAllocatorModel::Location CachingAllocatorModel::Locate(int handle) const 
   return {b.segment, b.offset};
 }
 
+void CachingAllocatorModel::AppendStateKey(std::vector<int64_t>* key) const {
+  key->insert(key->end(), {allocated_, reserved_, segments_, retries_, ooms_,
+                           static_cast<int64_t>(segment_bytes_.size())});
+  key->insert(key->end(), segment_bytes_.begin(), segment_bytes_.end());
+  key->insert(key->end(), segment_address_.begin(), segment_address_.end());
+  for (int small = 0; small < 2; ++small) {
+    key->push_back(static_cast<int64_t>(free_[small].size()));
+    for (const auto& f : free_[small]) AppendBlockKey(std::get<4>(f), key);
+    key->push_back(static_cast<int64_t>(unmapped_[small].size()));
+    for (const auto& u : unmapped_[small]) AppendBlockKey(std::get<3>(u), key);
+  }
+}
+
+void CachingAllocatorModel::AppendBlockKey(int handle, std::vector<int64_t>* key) const {
+  const Block& b = blocks_[handle];
+  key->insert(key->end(), {b.segment, b.offset, b.size, b.stream, b.small});
+}
+
 // With expandable segments, a block followed by unmapped space counts as able to grow into it.
 int64_t CachingAllocatorModel::ExpandableSize(int id) const {
   const Block& b = blocks_[id];

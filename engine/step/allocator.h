@@ -86,6 +86,13 @@ class CachingAllocatorModel {
     int64_t offset;
   };
   Location Locate(int handle) const;
+
+  // The allocator's state with its internal block ids left out: its totals, its segments and
+  // every free and unmapped block where it lies. Two states whose keys are equal, and whose live
+  // blocks (AppendBlockKey) are equal and hold the same requests, go the same way from there.
+  void AppendStateKey(std::vector<int64_t>* key) const;
+  // Where the live block `handle` lies and what it is: segment, offset, size, stream, pool.
+  void AppendBlockKey(int handle, std::vector<int64_t>* key) const;
   // The bytes segment `segment` holds now: a segment's size (0 once released), or what is
   // mapped of an expandable one.
   int64_t SegmentBytes(int segment) const { return segment_bytes_[segment]; }

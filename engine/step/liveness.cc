@@ -1,5 +1,10 @@
 #include "engine/step/liveness.h"
 
+#include <algorithm>
+#include <deque>
+#include <utility>
+#include <vector>
+
 #include "engine/step/allocator.h"
 
 namespace memest {
@@ -18,101 +23,207 @@ class ExactCounter {
   int64_t allocated() const { return allocated_; }
   int64_t reserved() const { return allocated_; }
   static int64_t RoundSize(int64_t bytes) { return bytes; }
+  void AppendStateKey(std::vector<int64_t>* key) const { key->push_back(allocated_); }
+  void AppendBlockKey(int /*handle*/, std::vector<int64_t>* /*key*/) const {}
 
  private:
   std::vector<int64_t> sizes_;
   int64_t allocated_ = 0;
 };
 
-// The per-category sums below cannot overflow: every live buffer's rounded bytes lie inside the
-// allocator's allocated total, which Malloc keeps within kMaxBytes.
+// The walk of one schedule through one allocator. The per-category sums cannot overflow: every
+// live buffer's rounded bytes lie inside the allocator's allocated total, which Malloc keeps
+// within kMaxBytes.
 template <typename Allocator>
-StatusOr<Liveness> Walk(const Schedule& s, const Graph& g, Allocator& allocator) {
-  std::vector<int> handle(s.num_buffers, -1);
-  std::vector<Category> category(s.num_buffers, Category::kTemporaries);
-  std::vector<int64_t> rounded(s.num_buffers, 0);
-  CategoryBytes live{};
-  Liveness out;
-  std::vector<int> phase_slot(kNumPhases, -1);
-  int context = -1;
+class Walker {
+ public:
+  Walker(const Schedule& s, const Graph& g, Allocator& allocator)
+      : s_(s), g_(g), allocator_(allocator), phase_slot_(kNumPhases, -1) {
+    Grow(s.num_buffers);
+  }
 
-  auto point = [&](PeakPoint* p) {
-    const StepContext* c = context >= 0 ? &s.contexts[context] : nullptr;
+  StatusOr<Liveness> Run() {
+    const int n = static_cast<int>(s_.events.size());
+    const RepeatedSpan* r = s_.repeat ? &*s_.repeat : nullptr;
+    if (r == nullptr) {
+      MEMEST_RETURN_IF_ERROR(Walk(0, n, 0));
+      return Finish();
+    }
+    // The period once as simulated; then each copy the real step runs after it, until the
+    // allocator is where an earlier copy (of the last kWindow) left it: from there the copies
+    // repeat that cycle, so only the copies that finish the last turn of it are walked.
+    MEMEST_RETURN_IF_ERROR(Walk(0, r->begin_event, 0));
+    std::deque<std::pair<int64_t, std::vector<int64_t>>> window;
+    window.emplace_back(-1, Key(-1));
+    MEMEST_RETURN_IF_ERROR(Walk(r->begin_event, r->end_event, 0));
+    int64_t copy = 0, last = r->copies;
+    std::vector<int64_t> key = Key(0);
+    while (copy < last) {
+      for (const auto& [earlier, seen] : window) {
+        if (seen == key) {
+          last = copy + (r->copies - copy) % (copy - earlier);
+          break;
+        }
+      }
+      if (copy == last) break;
+      if (window.size() == kWindow) window.pop_front();
+      window.emplace_back(copy, std::move(key));
+      ++copy;
+      mb_shift_ = static_cast<int>(copy) * r->micro_batch_stride;
+      MEMEST_RETURN_IF_ERROR(Walk(r->begin_event, r->end_event, copy));
+      key = Key(copy);
+    }
+    mb_shift_ = static_cast<int>(r->copies) * r->micro_batch_stride;
+    MEMEST_RETURN_IF_ERROR(Walk(r->end_event, n, copy));
+    return Finish();
+  }
+
+ private:
+  void Grow(size_t n) {
+    if (handle_.size() >= n) return;
+    handle_.resize(n, -1);
+    category_.resize(n, Category::kTemporaries);
+    rounded_.resize(n, 0);
+    live_at_.resize(n, -1);
+  }
+
+  // The buffer an event names in the `copy`th copy of the repeated period (0: as simulated).
+  int Id(int buffer, int64_t copy) const {
+    if (copy == 0 || buffer < s_.repeat->first_id) return buffer;
+    return buffer + static_cast<int>(copy) * s_.repeat->ids;
+  }
+
+  // The state after the `copy`th copy (-1: before the period as simulated), its buffers numbered
+  // as after the period as simulated.
+  std::vector<int64_t> Key(int64_t copy) {
+    std::vector<int64_t> key;
+    allocator_.AppendStateKey(&key);
+    std::vector<int> ids = live_;
+    std::sort(ids.begin(), ids.end());
+    const RepeatedSpan& r = *s_.repeat;
+    for (int id : ids) {
+      key.push_back(id < r.first_id ? id : id - (copy * r.ids));
+      key.push_back(static_cast<int64_t>(category_[id]));
+      key.push_back(rounded_[id]);
+      allocator_.AppendBlockKey(handle_[id], &key);
+    }
+    return key;
+  }
+
+  void Point(PeakPoint* p) const {
+    const StepContext* c = context_ >= 0 ? &s_.contexts[context_] : nullptr;
     p->phase = c ? c->phase : Phase::kData;
-    p->allocated_bytes = allocator.allocated();
-    p->by_category = live;
-    p->micro_batch = c ? c->micro_batch : 0;
+    p->allocated_bytes = allocator_.allocated();
+    p->by_category = live_bytes_;
+    p->micro_batch = c ? c->micro_batch + mb_shift_ : 0;
     p->recompute = c && c->recompute;
     if (c && c->op >= 0) {
-      p->op = g.ops[c->op].kind;
-      p->scope = g.ops[c->op].scope;
+      p->op = g_.ops[c->op].kind;
+      p->scope = g_.ops[c->op].scope;
     } else {
       p->op.clear();
       p->scope.clear();
     }
-  };
-  auto phase_entry = [&]() -> PeakPoint& {
-    const Phase ph = context >= 0 ? s.contexts[context].phase : Phase::kData;
-    int& slot = phase_slot[static_cast<int>(ph)];
-    if (slot < 0) {
-      slot = static_cast<int>(out.phases.size());
-      out.phases.emplace_back();
-      out.phases.back().phase = ph;
-      out.phases.back().allocated_bytes = -1;
-    }
-    return out.phases[slot];
-  };
-
-  for (const Event& e : s.events) {
-    switch (e.kind) {
-      case EventKind::kContext: {
-        context = e.buffer;
-        // A phase that ran appears even if it only frees: its peak is at least its start.
-        PeakPoint& ph = phase_entry();
-        if (allocator.allocated() > ph.allocated_bytes) point(&ph);
-        if (allocator.reserved() > ph.reserved_bytes) ph.reserved_bytes = allocator.reserved();
-        break;
-      }
-      case EventKind::kAlloc: {
-        // An empty tensor holds no memory: PyTorch's allocators return a null pointer for 0
-        // bytes and make no block.
-        if (e.bytes == 0) break;
-        handle[e.buffer] = allocator.Malloc(e.bytes);
-        if (handle[e.buffer] < 0) {
-          return ByteCountTooLarge(context >= 0 ? &s.contexts[context] : nullptr, g,
-                                   "the bytes reserved at once");
-        }
-        rounded[e.buffer] = Allocator::RoundSize(e.bytes);
-        category[e.buffer] = e.category;
-        live[static_cast<int>(e.category)] += rounded[e.buffer];
-        if (allocator.allocated() > out.peak.allocated_bytes) {
-          point(&out.peak);
-          out.reserved_at_peak = allocator.reserved();
-        }
-        PeakPoint& ph = phase_entry();
-        if (allocator.allocated() > ph.allocated_bytes) point(&ph);
-        if (allocator.reserved() > ph.reserved_bytes) ph.reserved_bytes = allocator.reserved();
-        if (allocator.reserved() > out.peak_reserved) out.peak_reserved = allocator.reserved();
-        break;
-      }
-      case EventKind::kFree:
-        if (handle[e.buffer] < 0) break;
-        allocator.Free(handle[e.buffer]);
-        handle[e.buffer] = -1;
-        live[static_cast<int>(category[e.buffer])] -= rounded[e.buffer];
-        break;
-      case EventKind::kRetag:
-        if (handle[e.buffer] < 0) break;
-        live[static_cast<int>(category[e.buffer])] -= rounded[e.buffer];
-        category[e.buffer] = e.category;
-        live[static_cast<int>(e.category)] += rounded[e.buffer];
-        break;
-    }
   }
-  out.peak.reserved_bytes = out.peak_reserved;
-  out.at_end = live;
-  return out;
-}
+
+  PeakPoint& PhaseEntry() {
+    const Phase ph = context_ >= 0 ? s_.contexts[context_].phase : Phase::kData;
+    int& slot = phase_slot_[static_cast<int>(ph)];
+    if (slot < 0) {
+      slot = static_cast<int>(out_.phases.size());
+      out_.phases.emplace_back();
+      out_.phases.back().phase = ph;
+      out_.phases.back().allocated_bytes = -1;
+    }
+    return out_.phases[slot];
+  }
+
+  Status Walk(int first, int last, int64_t copy) {
+    for (int i = first; i < last; ++i) {
+      const Event& e = s_.events[static_cast<size_t>(i)];
+      if (e.kind == EventKind::kContext) {
+        context_ = e.buffer;
+        // A phase that ran appears even if it only frees: its peak is at least its start.
+        PeakPoint& ph = PhaseEntry();
+        if (allocator_.allocated() > ph.allocated_bytes) Point(&ph);
+        if (allocator_.reserved() > ph.reserved_bytes) ph.reserved_bytes = allocator_.reserved();
+        continue;
+      }
+      const int id = Id(e.buffer, copy);
+      Grow(static_cast<size_t>(id) + 1);
+      switch (e.kind) {
+        case EventKind::kAlloc: {
+          // An empty tensor holds no memory: PyTorch's allocators return a null pointer for 0
+          // bytes and make no block.
+          if (e.bytes == 0) break;
+          handle_[id] = allocator_.Malloc(e.bytes);
+          if (handle_[id] < 0) {
+            return ByteCountTooLarge(context_ >= 0 ? &s_.contexts[context_] : nullptr, g_,
+                                     "the bytes reserved at once");
+          }
+          rounded_[id] = Allocator::RoundSize(e.bytes);
+          category_[id] = e.category;
+          live_bytes_[static_cast<int>(e.category)] += rounded_[id];
+          live_at_[id] = static_cast<int>(live_.size());
+          live_.push_back(id);
+          if (allocator_.allocated() > out_.peak.allocated_bytes) {
+            Point(&out_.peak);
+            out_.reserved_at_peak = allocator_.reserved();
+          }
+          PeakPoint& ph = PhaseEntry();
+          if (allocator_.allocated() > ph.allocated_bytes) Point(&ph);
+          if (allocator_.reserved() > ph.reserved_bytes) ph.reserved_bytes = allocator_.reserved();
+          if (allocator_.reserved() > out_.peak_reserved) out_.peak_reserved = allocator_.reserved();
+          break;
+        }
+        case EventKind::kFree: {
+          if (handle_[id] < 0) break;
+          allocator_.Free(handle_[id]);
+          handle_[id] = -1;
+          live_bytes_[static_cast<int>(category_[id])] -= rounded_[id];
+          const int moved = live_.back();
+          live_[static_cast<size_t>(live_at_[id])] = moved;
+          live_at_[moved] = live_at_[id];
+          live_.pop_back();
+          live_at_[id] = -1;
+          break;
+        }
+        case EventKind::kRetag:
+          if (handle_[id] < 0) break;
+          live_bytes_[static_cast<int>(category_[id])] -= rounded_[id];
+          category_[id] = e.category;
+          live_bytes_[static_cast<int>(e.category)] += rounded_[id];
+          break;
+        case EventKind::kContext:
+          break;
+      }
+    }
+    return Status();
+  }
+
+  Liveness Finish() {
+    out_.peak.reserved_bytes = out_.peak_reserved;
+    out_.at_end = live_bytes_;
+    return std::move(out_);
+  }
+
+  static constexpr size_t kWindow = 16;  // states a copy's is compared with
+
+  const Schedule& s_;
+  const Graph& g_;
+  Allocator& allocator_;
+  // Per buffer: its allocator handle (-1: not live), category, rounded bytes, place in live_.
+  std::vector<int> handle_;
+  std::vector<Category> category_;
+  std::vector<int64_t> rounded_;
+  std::vector<int> live_at_;
+  std::vector<int> live_;  // the live buffers, in no order
+  CategoryBytes live_bytes_{};
+  Liveness out_;
+  std::vector<int> phase_slot_;
+  int context_ = -1;
+  int mb_shift_ = 0;  // added to the micro-batches of the contexts: a copy of the period's
+};
 
 }  // namespace
 
@@ -120,10 +231,10 @@ StatusOr<Liveness> WalkSchedule(const Schedule& s, const Graph& g, bool expandab
                                 Accounting accounting) {
   if (accounting == Accounting::kExact) {
     ExactCounter exact;
-    return Walk(s, g, exact);
+    return Walker<ExactCounter>(s, g, exact).Run();
   }
   CachingAllocatorModel allocator(expandable);
-  return Walk(s, g, allocator);
+  return Walker<CachingAllocatorModel>(s, g, allocator).Run();
 }
 
 }  // namespace memest

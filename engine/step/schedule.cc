@@ -8,6 +8,13 @@ namespace memest {
 
 StatusOr<Schedule> BuildSchedule(const Graph& graph, const RunConfig& config,
                                  const CheckpointRegions& regions, const ScheduleOptions& options) {
+  // A long pipeline schedule is simulated short when its steady state repeats event for event
+  // (engine/step/fold.h); otherwise, and when Validate needs every op's operands, in full.
+  if (options.pipeline != nullptr && options.pipeline->fold && !options.record_operands) {
+    MEMEST_ASSIGN_OR_RETURN(Schedule folded,
+                            StepSimulator(graph, config, regions, options, true).Run());
+    if (folded.repeat) return folded;
+  }
   return StepSimulator(graph, config, regions, options).Run();
 }
 

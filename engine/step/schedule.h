@@ -18,6 +18,7 @@
 #define MEMEST_ENGINE_STEP_SCHEDULE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,23 @@ struct OpOperands {
   int output_grad = -1;           // backward: the incoming gradient of the op's first output
 };
 
+// A folded pipeline schedule (engine/passes/pipeline.h, PipelineFold): the events [begin_event,
+// end_event) are one steady-state period, which the real step runs `copies` more times right
+// after it. Each copy allocates `ids` buffers, numbered `ids` on from the copy before; in a copy,
+// an event naming a buffer from first_id on names the one `ids` on from it, a buffer before
+// first_id (a gradient, the parameters) itself; each copy's micro-batches are
+// micro_batch_stride on. What follows the period is the real step's end with the same numbering
+// moved on by all the copies. engine/step/fold.cc checks that the period before this one was the
+// same, event for event; WalkSchedule replays copies until the allocator's state repeats.
+struct RepeatedSpan {
+  int begin_event = 0;
+  int end_event = 0;
+  int first_id = 0;
+  int ids = 0;
+  int64_t copies = 0;
+  int micro_batch_stride = 1;
+};
+
 struct Schedule {
   std::vector<Event> events;
   std::vector<StepContext> contexts;
@@ -77,6 +95,7 @@ struct Schedule {
   // Per context (same index as `contexts`): what the op read and wrote there. Empty unless
   // ScheduleOptions::record_operands.
   std::vector<OpOperands> operands;
+  std::optional<RepeatedSpan> repeat;  // a folded pipeline schedule; none: every event is here
 };
 
 struct ScheduleOptions {

@@ -12,12 +12,13 @@
 namespace memest {
 
 StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const CheckpointRegions& regions,
-                             const ScheduleOptions& opt)
+                             const ScheduleOptions& opt, bool folded)
     : g_(g),
       cfg_(cfg),
       opt_(opt),
       training_(cfg.mode == Mode::kTraining),
-      hold_outputs_(cfg.hold_outputs && opt.pipeline == nullptr) {
+      hold_outputs_(cfg.hold_outputs && opt.pipeline == nullptr),
+      folded_(folded) {
   const size_t n = g.tensors.size();
   base_.resize(n);
   for (size_t t = 0; t < n; ++t) base_[t] = static_cast<int>(t);

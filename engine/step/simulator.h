@@ -40,8 +40,9 @@ inline bool UsesCublas(const std::string& kind) {
 
 class StepSimulator : private RankMemory {
  public:
+  // folded: simulate a pipeline stage's PipelineFold rather than its whole schedule.
   StepSimulator(const Graph& g, const RunConfig& cfg, const CheckpointRegions& regions,
-                const ScheduleOptions& opt);
+                const ScheduleOptions& opt, bool folded = false);
   StatusOr<Schedule> Run();
 
  private:
@@ -255,6 +256,7 @@ class StepSimulator : private RankMemory {
   const ScheduleOptions& opt_;
   const bool training_;
   const bool hold_outputs_;  // the loop holds the model's outputs (not in a pipeline's schedule)
+  const bool folded_;        // the pipeline stage's fold is simulated
   std::vector<int> base_;
   std::vector<const OpRule*> rules_;  // each op's rule, looked up once
   std::vector<int> region_of_;

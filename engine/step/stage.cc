@@ -16,13 +16,17 @@
 #include <utility>
 #include <vector>
 
+#include "engine/step/fold.h"
 #include "engine/step/simulator.h"
 
 namespace memest {
 
 void StepSimulator::RunPipeline() {
   const PipelineStage& p = *opt_.pipeline;
-  micro_batches_ = static_cast<int>(cfg_.grad_accum_steps);
+  const std::vector<PipelineAction>& actions = folded_ ? p.fold->actions : p.actions;
+  micro_batches_ = static_cast<int>(folded_ ? p.fold->micro_batches : cfg_.grad_accum_steps);
+  // Where each action's events and buffers start (a folded schedule's periods are checked).
+  std::vector<int> action_event, action_id;
   const int chunks = static_cast<int>(p.chunks.size());
   auto chunk_loss = [&](int c) { return chunks == 1 ? g_.loss : p.chunks[c].sent; };
   // Whether a chunk sends its output on (all but the model's last chunk, which ends in the loss).
@@ -35,9 +39,13 @@ void StepSimulator::RunPipeline() {
     std::swap(op_saved_, f.saved);
     std::swap(rng_state_of_, f.rng_state_of);
   };
-  for (size_t k = 0; k < p.actions.size(); ++k) {
-    const PipelineAction& a = p.actions[k];
+  for (size_t k = 0; k < actions.size(); ++k) {
+    const PipelineAction& a = actions[k];
     if (failed()) return;
+    if (folded_) {
+      action_event.push_back(static_cast<int>(s_.events.size()));
+      action_id.push_back(next_buffer_);
+    }
     mb_ = static_cast<int>(a.micro_batch);
     // One chunk is the whole graph simulated (a pass may have rebuilt it since the stage was
     // planned); interleaved chunks come with their ranges moved through those passes (PlanStep).
@@ -57,8 +65,8 @@ void StepSimulator::RunPipeline() {
       const int out = base_[loss_];
       const bool sent = sends(a.chunk);
       // The next backward's gradient arrives with this send (send_forward_recv_backward).
-      if (k + 1 < p.actions.size() && !p.actions[k + 1].forward && sends(p.actions[k + 1].chunk)) {
-        const Tensor& o = g_.tensors[chunk_loss(p.actions[k + 1].chunk)];
+      if (k + 1 < actions.size() && !actions[k + 1].forward && sends(actions[k + 1].chunk)) {
+        const Tensor& o = g_.tensors[chunk_loss(actions[k + 1].chunk)];
         received_grad_ = NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries);
       }
       if (sent && !p.keep_outputs && main_.saved[out] == 0 && main_.buffer[out] >= 0) {
@@ -86,6 +94,11 @@ void StepSimulator::RunPipeline() {
     f = InFlight{};
   }
   for (int b : sent_grads) FreeBuffer(b);
+  if (folded_) {
+    action_event.push_back(static_cast<int>(s_.events.size()));
+    action_id.push_back(next_buffer_);
+    s_.repeat = FindRepeatedSpan(s_, action_event, action_id, *p.fold);
+  }
 }
 
 }  // namespace memest
