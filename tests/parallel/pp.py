@@ -20,6 +20,13 @@ d98e8a6):
 Phases: "<step>.F<j>" from the start of micro-batch j's forward (its receive included),
 "<step>.B<j>" from the start of its backward (the receive of its gradient included when it is
 separate), then OPTIMIZER_STEP.
+
+Interleaved 1F1B (schedule "interleaved", `virtual_stages` V; Stage.interleaved): each rank holds
+V chunks of layers/(P V) blocks, chunk c being virtual stage c P + rank, in the order of
+forward_backward_pipelining_with_interleaving and get_schedule_table (groups of P micro-batches),
+with its lists and loop variables, batched sends and receives (overlap_p2p_comm off). Phases:
+"<step>.F<j>c<c>" / "<step>.B<j>c<c>" from the start of micro-batch j's forward / backward on
+chunk c; the sends and receives after an action are in its phase (docs/parallelism-truth.md 4.1).
 """
 import functools
 
