@@ -12,7 +12,9 @@
 //   the loop's input_tensor_grad until the next backward returns.
 // With interleaving (forward_backward_pipelining_with_interleaving) each action runs one model
 // chunk of the stage: its op range, from its own received input to its own sent output, in a
-// table of its own per micro-batch.
+// table of its own per micro-batch. Its steady state runs a forward and a backward before their
+// sends (send_forward_backward_recv_forward_backward; with overlap_p2p_comm the free waits for
+// the next forward), so the forward's output is freed only after that backward.
 #include <utility>
 #include <vector>
 
@@ -34,6 +36,8 @@ void StepSimulator::RunPipeline() {
   const StorageTable leaves = main_;  // parameters and buffers: every micro-batch reads them
   std::vector<InFlight> flight(static_cast<size_t>(micro_batches_) * chunks);
   std::vector<int> sent_grads;  // the previous backward's input gradients (input_tensor_grad)
+  InFlight* deferred = nullptr;  // interleaved: the forward whose output the next backward keeps
+  int deferred_out = -1;
   auto swap_in = [&](InFlight& f) {
     std::swap(main_, f.table);
     std::swap(op_saved_, f.saved);
@@ -70,9 +74,14 @@ void StepSimulator::RunPipeline() {
         received_grad_ = NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries);
       }
       if (sent && !p.keep_outputs && main_.saved[out] == 0 && main_.buffer[out] >= 0) {
-        FreeBuffer(main_.buffer[out]);  // out.data = torch.empty((1,)): the pin stays, harmless
-        main_.buffer[out] = -1;
-        f.stub = NewBuffer(DTypeSize(g_.tensors[out].dtype), Category::kActivations);
+        if (chunks > 1 && k + 1 < p.actions.size() && !p.actions[k + 1].forward) {
+          deferred = &f;  // freed after the backward that follows
+          deferred_out = out;
+        } else {
+          FreeBuffer(main_.buffer[out]);  // out.data = torch.empty((1,)): the pin stays, harmless
+          main_.buffer[out] = -1;
+          f.stub = NewBuffer(DTypeSize(g_.tensors[out].dtype), Category::kActivations);
+        }
       }
       swap_in(f);
       continue;
@@ -92,6 +101,12 @@ void StepSimulator::RunPipeline() {
     EndMicroBatch();
     if (f.stub >= 0) FreeBuffer(f.stub);
     f = InFlight{};
+    if (deferred != nullptr) {
+      FreeBuffer(deferred->table.buffer[deferred_out]);
+      deferred->table.buffer[deferred_out] = -1;
+      deferred->stub = NewBuffer(DTypeSize(g_.tensors[deferred_out].dtype), Category::kActivations);
+      deferred = nullptr;
+    }
   }
   for (int b : sent_grads) FreeBuffer(b);
   if (folded_) {

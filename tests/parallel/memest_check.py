@@ -14,12 +14,13 @@ and that memest's DDP bucket sizes are the ones DDP logged (bucket_sizes at step
 rebuilt_bucket_sizes after).
 
 Pipeline cases (pp.py) run `memest estimate ... --pipeline P --pipeline-schedule S --grad-accum M`
-on the whole model: memest estimates every stage and reports the one that needs the most. Each
+(interleaved cases: `--pipeline-schedule 1f1b --virtual-stages V`) on the whole model: memest estimates every stage and reports the one that needs the most. Each
 stage's step peak is compared with its rank's (first step with step 1, steady state with step
 2); the worst stage memest names must be among the measured worst; the worst stage's saved bytes
 per micro-batch, end-of-step model states and phases are compared: memest's data, forward and
 loss peaks against the measured F<j> phases (a micro-batch's forward, its receive included), its
-backward against the B<j> phases.
+backward against the B<j> phases (interleaved: F<j>c<c> and B<j>c<c>, micro-batch j on the
+stage's chunk c).
 
 Cases memest cannot express are SKIP, with the reason (`not_expressible`).
 """
@@ -113,8 +114,12 @@ def check_tensor_parallel(memest, case, ranks):
 def pipeline_command(memest, case, first_step):
     p = case.params
     m = p["microbatches"]
+    interleaved = p["schedule"] == "interleaved"  # Megatron's interleaved 1F1B
     cmd = base_command(memest, case, p["batch"] * m, hold_outputs=True) + [
-        "--grad-accum", str(m), "--pipeline", str(case.world), "--pipeline-schedule", p["schedule"]]
+        "--grad-accum", str(m), "--pipeline", str(case.world),
+        "--pipeline-schedule", "1f1b" if interleaved else p["schedule"]]
+    if interleaved:
+        cmd += ["--virtual-stages", str(p["virtual_stages"])]
     if not p.get("deallocate_outputs", True):
         cmd.append("--pipeline-keep-outputs")
     if first_step:

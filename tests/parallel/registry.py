@@ -79,6 +79,12 @@ add("pp/1f1b/p4/m8/keep-outputs", 4, pp.run,
      "deallocate_outputs": False}, "pp-gpt",
     "stage outputs kept whole until their backward (torch.distributed.pipelining), not deallocated")
 
+# Interleaved 1F1B (Megatron's virtual pipeline stages): V chunks of 8 / (P V) blocks per stage.
+for w, v, m in ((2, 2, 4), (2, 2, 8), (4, 2, 8)):
+    add(f"pp/interleaved/p{w}/v{v}/m{m}", w, pp.run,
+        {"schedule": "interleaved", "virtual_stages": v, "microbatches": m, "layers": 8, "batch": 2,
+         "optimizer": "adam"}, "pp-gpt")
+
 MODEL_FNS = {"mlp": (dp.MODELS["mlp"], 8), "gpt": (dp.MODELS["gpt"], 4),
              "tp-mlp": (functools.partial(tp.tp_mlp, tp=tp.TP(1)), 2),
              "tp-attention": (functools.partial(tp.tp_attention, tp=tp.TP(1)), 2),
