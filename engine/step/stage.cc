@@ -74,7 +74,7 @@ void StepSimulator::RunPipeline() {
         received_grad_ = NewBuffer(Bytes(o.shape, o.dtype), Category::kTemporaries);
       }
       if (sent && !p.keep_outputs && main_.saved[out] == 0 && main_.buffer[out] >= 0) {
-        if (chunks > 1 && k + 1 < p.actions.size() && !p.actions[k + 1].forward) {
+        if (chunks > 1 && k + 1 < actions.size() && !actions[k + 1].forward) {
           deferred = &f;  // freed after the backward that follows
           deferred_out = out;
         } else {
