@@ -23,6 +23,9 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
     case v1::DATA_PARALLEL_DEEPSPEED_ZERO2:
       out.sharding = DataSharding::kDeepSpeedZero2;
       break;
+    case v1::DATA_PARALLEL_DEEPSPEED_ZERO1:
+      out.sharding = DataSharding::kDeepSpeedZero1;
+      break;
     case v1::DATA_PARALLEL_FSDP1:
       out.sharding = DataSharding::kFsdp1;
       break;
@@ -61,6 +64,7 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
     out.reduce_bucket_elements = p.reduce_bucket_size();
   }
   out.overlap_comm = p.overlap_comm();
+  out.offload_optimizer = p.offload_optimizer();
   out.reshard_after_forward = !p.has_reshard_after_forward() || p.reshard_after_forward();
   out.fsdp_mixed_precision = p.fsdp_mixed_precision();
   out.pipeline = p.pipeline() == 0 ? 1 : p.pipeline();  // the engine refuses a negative count
@@ -126,6 +130,7 @@ void DataParallelToProto(const DataParallelReport& r, v1::DataParallelRanks* out
   out->set_rank(r.rank);
   for (int64_t b : r.bucket_bytes) out->add_bucket_bytes(static_cast<uint64_t>(b));
   for (int64_t e : r.owned_elements) out->add_owned_elements(static_cast<uint64_t>(e));
+  out->set_host_bytes(static_cast<uint64_t>(r.host_bytes));
 }
 
 }  // namespace memest

@@ -9,6 +9,7 @@ const Word<v1::DataParallel> kStrategies[] = {
     {"ddp", v1::DATA_PARALLEL_DDP},
     {"zero1", v1::DATA_PARALLEL_ZERO1},
     {"deepspeed-zero2", v1::DATA_PARALLEL_DEEPSPEED_ZERO2},
+    {"deepspeed-zero1", v1::DATA_PARALLEL_DEEPSPEED_ZERO1},
     {"fsdp1", v1::DATA_PARALLEL_FSDP1},
     {"fsdp2", v1::DATA_PARALLEL_FSDP2},
     {"megatron-ddp", v1::DATA_PARALLEL_MEGATRON_DDP},
@@ -35,8 +36,8 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
       ->group(group)->type_name("N");
   app->add_option("--dp-strategy", f->strategy,
                   "ddp (DistributedDataParallel, the default with --data-parallel), zero1 "
-                  "(ZeroRedundancyOptimizer over DDP), deepspeed-zero2, fsdp1 (FullyShardedDataParallel "
-                  "wrapped by block), fsdp2 (fully_shard on each block and the root), megatron-ddp "
+                  "(ZeroRedundancyOptimizer over DDP), deepspeed-zero1 or deepspeed-zero2 "
+                  "(DeepSpeed ZeRO stage 1 or 2), fsdp1 (FullyShardedDataParallel wrapped by block), fsdp2 (fully_shard on each block and the root), megatron-ddp "
                   "(Megatron-LM's DDP and mixed-precision optimizer) or megatron-distopt (with "
                   "its distributed optimizer)")
       ->group(group);
@@ -51,6 +52,11 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
       ->group(group)->type_name("ELEMENTS");
   app->add_flag("--overlap-comm", f->overlap_comm,
                 "DeepSpeed ZeRO's overlap_comm: a second ipg buffer")
+      ->group(group);
+  app->add_flag("--offload-optimizer", f->offload_optimizer,
+                "DeepSpeed ZeRO-1/2's offload_optimizer device cpu: the fp32 master weights, "
+                "their gradient and the optimizer state in host memory (shown as host bytes), "
+                "the optimizer steps on the CPU")
       ->group(group);
   app->add_flag("--no-reshard-after-forward", f->no_reshard_after_forward,
                 "FSDP2's fully_shard(block, reshard_after_forward=False), FSDP1's "
@@ -100,7 +106,8 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
 
 Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (!f.data && f.strategy.empty() && !f.bucket_cap_mb && !f.gradient_as_bucket_view &&
-      !f.reduce_bucket_size && !f.overlap_comm && !f.no_reshard_after_forward &&
+      !f.reduce_bucket_size && !f.overlap_comm && !f.offload_optimizer &&
+      !f.no_reshard_after_forward &&
       !f.fsdp_mixed_precision && !f.pipeline && f.pipeline_schedule.empty() &&
       !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && !f.context &&
       !f.virtual_stages) {
@@ -116,6 +123,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   p->set_gradient_as_bucket_view(f.gradient_as_bucket_view);
   if (f.reduce_bucket_size) p->set_reduce_bucket_size(*f.reduce_bucket_size);
   p->set_overlap_comm(f.overlap_comm);
+  p->set_offload_optimizer(f.offload_optimizer);
   if (f.no_reshard_after_forward) p->set_reshard_after_forward(false);
   p->set_fsdp_mixed_precision(f.fsdp_mixed_precision);
   if (f.pipeline) p->set_pipeline(*f.pipeline);

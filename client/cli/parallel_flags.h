@@ -16,11 +16,12 @@ namespace memest::cli {
 
 struct ParallelismFlags {
   std::optional<int64_t> data;          // data-parallel ranks
-  std::string strategy;                 // ddp | zero1 | deepspeed-zero2 | fsdp2
+  std::string strategy;                 // ddp | zero1 | deepspeed-zero1 | deepspeed-zero2 | ...
   std::optional<double> bucket_cap_mb;  // DistributedDataParallel(bucket_cap_mb=...)
   bool gradient_as_bucket_view = false;
   std::optional<int64_t> reduce_bucket_size;  // DeepSpeed ZeRO, elements
   bool overlap_comm = false;                  // DeepSpeed ZeRO
+  bool offload_optimizer = false;             // DeepSpeed ZeRO-1/2
   bool no_reshard_after_forward = false;      // FSDP2
   bool fsdp_mixed_precision = false;          // FSDP2
   std::optional<int64_t> pipeline;            // pipeline stages

@@ -132,6 +132,9 @@ void RenderBreakdown(const v1::EstimateResponse& response, std::ostream& out) {
   }
   table.AddRule();
   table.AddRow({"total (as nvidia-smi)", FormatBytes(total), FormatPercent(total, total)});
+  if (const int64_t host = Signed(response.data_parallel().host_bytes()); host > 0) {
+    table.AddRow({"host memory (CPU, offloaded)", FormatBytes(host), ""});
+  }
   table.Print(out);
   out << '\n';
 }

@@ -43,6 +43,7 @@ std::string Strategy(const v1::Parallelism& p) {
     case v1::DATA_PARALLEL_DDP: return "ddp";
     case v1::DATA_PARALLEL_ZERO1: return "zero1";
     case v1::DATA_PARALLEL_DEEPSPEED_ZERO2: return "deepspeed-zero2";
+    case v1::DATA_PARALLEL_DEEPSPEED_ZERO1: return "deepspeed-zero1";
     case v1::DATA_PARALLEL_FSDP1: return "fsdp1";
     case v1::DATA_PARALLEL_FSDP2: return "fsdp2";
     case v1::DATA_PARALLEL_MEGATRON_DDP: return "megatron-ddp";

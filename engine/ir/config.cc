@@ -59,12 +59,14 @@ Status ValidateParallelism(const ParallelismConfig& p) {
     return InvalidArgument("config.parallelism.reduce_bucket_size: must be positive and at most "
                            "2^40 elements, got " + std::to_string(p.reduce_bucket_elements));
   }
-  const bool deepspeed = p.sharding == DataSharding::kDeepSpeedZero2;
-  if (!deepspeed && (p.reduce_bucket_elements != 0 || p.overlap_comm)) {
+  const bool deepspeed = IsDeepSpeedZero(p.sharding);
+  if (!deepspeed && (p.reduce_bucket_elements != 0 || p.overlap_comm || p.offload_optimizer)) {
     return InvalidArgument(std::string("config.parallelism.") +
-                           (p.overlap_comm ? "overlap_comm" : "reduce_bucket_size") +
-                           ": a DeepSpeed ZeRO setting, and the strategy is " +
-                           DataShardingName(p.sharding));
+                           (p.offload_optimizer ? "offload_optimizer"
+                            : p.overlap_comm    ? "overlap_comm"
+                                                : "reduce_bucket_size") +
+                           ": a DeepSpeed ZeRO setting (deepspeed-zero1, deepspeed-zero2), and "
+                           "the strategy is " + DataShardingName(p.sharding));
   }
   if (deepspeed && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
     return InvalidArgument(std::string("config.parallelism.") +
@@ -84,7 +86,7 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                                                     : "pipeline_schedule") +
                            ": a pipeline setting, and config.parallelism.pipeline is 1 stage");
   }
-  if (p.pipeline > 1 && (p.sharding == DataSharding::kDeepSpeedZero2 ||
+  if (p.pipeline > 1 && (deepspeed ||
                          p.sharding == DataSharding::kFsdp1 ||
                          p.sharding == DataSharding::kFsdp2)) {
     return InvalidArgument(std::string("config.parallelism.data_parallel: ") +
@@ -237,20 +239,21 @@ Status ValidateSettingsApply(const RunConfig& c) {
         "config.step: the first step is the one that creates the optimizer state, which "
         "inference does not have; leave it unset");
   }
-  if (c.parallelism.sharding == DataSharding::kDeepSpeedZero2 && IsAutocast(c.precision)) {
+  const bool deepspeed = IsDeepSpeedZero(c.parallelism.sharding);
+  if (deepspeed && IsAutocast(c.precision)) {
     return InvalidArgument(std::string("config.precision: ") + PrecisionName(c.precision) +
                            " is torch.autocast; DeepSpeed keeps the model in 16 bits itself "
                            "(its bf16 / fp16 sections) with fp32 master weights in its "
                            "optimizer: use bf16-pure or fp16-pure, or fp32");
   }
-  if (c.parallelism.sharding == DataSharding::kDeepSpeedZero2 && !c.zero_grad_set_to_none) {
+  if (deepspeed && !c.zero_grad_set_to_none) {
     return InvalidArgument("config.zero_grad_keep_grads: DeepSpeed's ZeRO optimizer frees the "
                            "gradients itself once they are reduced; there are none to keep");
   }
   const bool megatron = c.parallelism.sharding == DataSharding::kMegatronDdp ||
                         c.parallelism.sharding == DataSharding::kMegatronDistOpt;
   if (megatron) MEMEST_RETURN_IF_ERROR(ValidateMegatron(c));
-  if (c.parallelism.sharding == DataSharding::kDeepSpeedZero2 && c.runtime != Runtime::kCuda) {
+  if (deepspeed && c.runtime != Runtime::kCuda) {
     return InvalidArgument("config.parallelism.data_parallel: DeepSpeed ZeRO runs on CUDA; the "
                            "cpu-1.13 runtime has no DeepSpeed");
   }
@@ -443,6 +446,7 @@ const char* DataShardingName(DataSharding s) {
     case DataSharding::kDdp: return "ddp";
     case DataSharding::kZero1: return "zero1";
     case DataSharding::kDeepSpeedZero2: return "deepspeed-zero2";
+    case DataSharding::kDeepSpeedZero1: return "deepspeed-zero1";
     case DataSharding::kFsdp1: return "fsdp1";
     case DataSharding::kFsdp2: return "fsdp2";
     case DataSharding::kMegatronDdp: return "megatron-ddp";

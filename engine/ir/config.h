@@ -115,6 +115,9 @@ enum class DataSharding {
   kDeepSpeedZero2,  // DeepSpeed ZeRO stage 2 (stage_1_and_2.py): the model whole in its own
                     // dtype; each rank keeps 1/N of the flattened parameters' fp32 master copy,
                     // optimizer state and gradients; gradients leave through the ipg buckets
+  kDeepSpeedZero1,  // DeepSpeed ZeRO stage 1 (stage_1_and_2.py, partition_gradients False): as
+                    // stage 2, but the gradients stay whole in .grad until the accumulation
+                    // boundary, where they are reduced through the ipg buckets after backward
   kMegatronDdp,      // Megatron-LM's DistributedDataParallel (one float32 gradient buffer) with
                      // its mixed-precision optimizer (engine/passes/megatron_ddp.h)
   kMegatronDistOpt,  // the same with the distributed optimizer (its state sharded over ranks)
@@ -158,6 +161,10 @@ struct ParallelismConfig {
   // buffer); 0: DeepSpeed's defaults, 5e8 and (for stage 2) false.
   int64_t reduce_bucket_elements = 0;
   bool overlap_comm = false;
+  // DeepSpeed ZeRO-1/2's zero_optimization.offload_optimizer.device: cpu (pin_memory false,
+  // DeepSpeed's default): the fp32 master partition, its gradient and the optimizer state live
+  // in host memory, the optimizer steps on the CPU (engine/passes/data_parallel.h).
+  bool offload_optimizer = false;
   // FSDP2: fully_shard(block, reshard_after_forward=...): a block's gathered parameters are
   // freed after its forward and gathered again for its backward (true, the default), or kept.
   bool reshard_after_forward = true;
@@ -277,6 +284,10 @@ const char* CpuIsaName(CpuIsa isa);
 const char* AttentionImplName(AttentionImpl a);
 const char* ModuleLoadingName(ModuleLoading m);
 const char* DataShardingName(DataSharding s);
+// DeepSpeed's ZeRO stage 1 or 2 (DeepSpeedZeroOptimizer, stage_1_and_2.py).
+inline bool IsDeepSpeedZero(DataSharding s) {
+  return s == DataSharding::kDeepSpeedZero1 || s == DataSharding::kDeepSpeedZero2;
+}
 
 }  // namespace memest
 

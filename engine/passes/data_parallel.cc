@@ -46,57 +46,6 @@ std::vector<DdpBucket> AssignBuckets(const Graph& g, const std::vector<int>& ord
   return done;
 }
 
-// DeepSpeed ZeRO-2's buffers for `g` under `c` (see DeepSpeedZero2).
-StatusOr<DeepSpeedZero2> PlanZero2(const Graph& g, const RunConfig& c) {
-  const ParallelismConfig& p = c.parallelism;
-  std::vector<int64_t> sizes;  // the flat buffer's parameters, model.parameters() order
-  int64_t numel = 0;
-  DType dtype = ParameterDType(c.precision);
-  for (const Tensor& t : g.tensors) {
-    if (!Trainable(t)) continue;
-    sizes.push_back(Numel(t.shape));
-    numel += sizes.back();  // below 2^62: the builder checked the parameters' bytes
-    dtype = t.dtype;
-  }
-  DeepSpeedZero2 z;
-  // flatten_dense_tensors_aligned(..., nccl_start_alignment_factor (2) * dp_size)
-  const int64_t align = 2 * p.data;
-  const int64_t padded = (numel + align - 1) / align * align;
-  z.partition_elements = padded / p.data;
-  z.grad_element_bytes = DTypeSize(dtype);
-  // copy_grads_in_partition sizes its buffer by the parameters that overlap the partition,
-  // whole: the rank whose partition meets the largest of them holds the most.
-  int64_t most = 0;
-  int64_t start = 0;
-  size_t k = 0;
-  for (int64_t r = 0; r < p.data && k < sizes.size(); ++r) {
-    const int64_t lo = r * z.partition_elements, hi = lo + z.partition_elements;
-    while (k < sizes.size() && start + sizes[k] <= lo) start += sizes[k++];
-    int64_t overlap = 0;
-    int64_t s = start;
-    for (size_t j = k; j < sizes.size() && s < hi; ++j) {
-      overlap += sizes[j];
-      s += sizes[j];
-    }
-    if (overlap > most) {
-      most = overlap;
-      z.rank = r;
-    }
-  }
-  MEMEST_ASSIGN_OR_RETURN(z.grads_in_partition_bytes, CheckedMul(most, z.grad_element_bytes));
-  const OptimizerCosts oc = CostsOf(c.optimizer, c.runtime);
-  MEMEST_ASSIGN_OR_RETURN(int64_t fp32_partition, CheckedMul(z.partition_elements, 4));
-  z.master_bytes = dtype == DType::kFloat32 ? 0 : fp32_partition;
-  MEMEST_ASSIGN_OR_RETURN(z.state_bytes, CheckedMul(fp32_partition, oc.state));
-  MEMEST_ASSIGN_OR_RETURN(z.averaged_bytes, CheckedMul(z.partition_elements, z.grad_element_bytes));
-  z.ipg_elements = p.reduce_bucket_elements > 0 ? p.reduce_bucket_elements
-                                                : kDeepSpeedReduceBucketElements;
-  MEMEST_ASSIGN_OR_RETURN(z.ipg_bytes, CheckedMul(z.ipg_elements, z.grad_element_bytes));
-  z.ipg_buffers = p.overlap_comm ? 2 : 1;
-  z.step_fp32_bytes = dtype == DType::kFloat32 ? 0 : fp32_partition;
-  return z;
-}
-
 }  // namespace
 
 int64_t RankView::BucketBytes() const {
@@ -166,9 +115,9 @@ StatusOr<RankView> PlanDataParallel(const Graph& g, const RunConfig& c) {
   if (p.sharding == DataSharding::kNone || c.mode != Mode::kTraining) return view;
   view.world = p.data;
   view.grads_in_buckets = p.gradient_as_bucket_view;
-  if (p.sharding == DataSharding::kDeepSpeedZero2) {
-    MEMEST_ASSIGN_OR_RETURN(view.zero2, PlanZero2(g, c));
-    view.rank = view.zero2->rank;
+  if (IsDeepSpeedZero(p.sharding)) {
+    MEMEST_ASSIGN_OR_RETURN(view.deepspeed, PlanDeepSpeedZero(g, c));
+    view.rank = view.deepspeed->rank;
     view.optimizer_owns.assign(g.tensors.size(), 0);  // the flat partition is stepped instead
     return view;
   }
@@ -228,6 +177,7 @@ DataParallelReport DataParallelReportOf(const RankView& view) {
   r.rank = view.rank;
   for (const DdpBucket& b : view.buckets) r.bucket_bytes.push_back(b.bytes);
   r.owned_elements = view.owned_elements;
+  if (view.deepspeed) r.host_bytes = view.deepspeed->HostBytes();
   return r;
 }
 
@@ -265,17 +215,8 @@ void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
     AddMegatronDdpNotes(c, *mg, r);
     return;
   }
-  if (const auto& z = view.zero2) {
-    r->notes.push_back(
-        "DeepSpeed ZeRO-2 over " + std::to_string(view.world) + " ranks: each keeps " +
-        std::to_string(z->partition_elements) + " elements of the flat parameters' fp32 master " +
-        "copy and optimizer state (" + FormatBytes(z->master_bytes) + " + " +
-        FormatBytes(z->state_bytes) + "); backward makes " + std::to_string(z->ipg_buffers) +
-        " ipg buffer(s) of " + std::to_string(z->ipg_elements) + " elements (" +
-        FormatBytes(z->ipg_bytes) + " each) whatever the model's size, and grads_in_partition (" +
-        FormatBytes(z->grads_in_partition_bytes) + "); its fused optimizer has no per-parameter "
-        "scratch (config.optimizer.impl does not apply)");
-    r->notes.push_back("NCCL's own buffers (outside PyTorch's allocator) are not counted");
+  if (const auto& z = view.deepspeed) {
+    AddDeepSpeedZeroNotes(c, *z, r);
     return;
   }
   std::string ddp = "DistributedDataParallel over " + std::to_string(view.world) +
@@ -344,6 +285,7 @@ int64_t CommunicatedBytesPerStep(const Graph& g, const RunConfig& c) {
     case DataSharding::kDdp: total += 2 * share * grads; break;
     case DataSharding::kZero1: total += 2 * share * grads + share * params; break;
     case DataSharding::kDeepSpeedZero2: total += m * share * grads + share * params; break;
+    case DataSharding::kDeepSpeedZero1: total += share * grads + share * params; break;
     case DataSharding::kMegatronDdp: total += 2 * share * grads32; break;
     case DataSharding::kMegatronDistOpt:  // float32 gradients scattered, parameters gathered
       total += share * grads32 + share * params;

@@ -11,18 +11,8 @@
 // - ZeroRedundancyOptimizer: each rank's optimizer steps only the parameters it owns, so only
 //   those have optimizer state and step temporaries on it; the updated parameters are
 //   broadcast in place.
-// - DeepSpeed ZeRO-2 (deepspeed/runtime/zero/stage_1_and_2.py, 0.16): the trainable
-//   parameters are flattened into one buffer padded to a multiple of 2N elements; each rank
-//   keeps its 1/N partition's fp32 master copy (16-bit parameters) and optimizer state (made on
-//   the first step). When backward starts, ipg buffers of reduce_bucket_size elements (two with
-//   overlap_comm) are made; each gradient is copied into one as it becomes ready and autograd's
-//   tensor goes; a bucket that would overflow is reduced first (allreduce_bucket flattens it
-//   into a new tensor), and the first reduction makes grads_in_partition (every parameter that
-//   overlaps the rank's partition, whole). At the end of backward (the epilogue) the last bucket
-//   is reduced, the partition's gradients are copied into averaged_gradients (kept until the
-//   step; later micro-batches add a copy into it), and the ipg buffers and grads_in_partition
-//   go. The step flattens averaged_gradients, converts it to float32, drops averaged_gradients
-//   and runs the fused optimizer (no per-parameter scratch).
+// - DeepSpeed ZeRO stages 1 and 2, with or without optimizer offload: engine/passes/
+//   deepspeed_zero.h.
 // Ranks differ only in what their optimizer owns; PlanDataParallel picks the rank with the
 // most optimizer elements, the one that runs out first.
 #ifndef MEMEST_ENGINE_PASSES_DATA_PARALLEL_H_
@@ -35,6 +25,7 @@
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
 #include "engine/ir/status.h"
+#include "engine/passes/deepspeed_zero.h"
 #include "engine/passes/fsdp.h"
 #include "engine/passes/fsdp1.h"
 #include "engine/passes/megatron_ddp.h"
@@ -48,21 +39,6 @@ struct DdpBucket {
   std::vector<int> params;  // tensor ids, in the order their gradients become ready
 };
 
-// DeepSpeed ZeRO-2's buffers on one rank (all bytes).
-struct DeepSpeedZero2 {
-  int64_t rank = 0;                // the rank whose grads_in_partition is the largest
-  int64_t partition_elements = 0;  // the rank's share of the padded flat parameters
-  int64_t master_bytes = 0;        // fp32 master partition (0 for float32 parameters)
-  int64_t state_bytes = 0;         // optimizer state over the partition, float32
-  int64_t grads_in_partition_bytes = 0;  // the parameters overlapping the partition, whole
-  int64_t averaged_bytes = 0;      // averaged_gradients: the partition in the gradients' dtype
-  int64_t ipg_elements = 0;        // one ipg buffer's capacity
-  int64_t ipg_bytes = 0;           // one ipg buffer
-  int ipg_buffers = 1;             // 2 with overlap_comm
-  int64_t grad_element_bytes = 2;  // the gradients' dtype (DeepSpeed's grad_accum_dtype)
-  int64_t step_fp32_bytes = 0;     // the step's float32 copy (0 when the gradients are float32)
-};
-
 // One rank's view of a data-parallel step.
 struct RankView {
   int64_t world = 1;  // data-parallel ranks
@@ -74,7 +50,7 @@ struct RankView {
   std::vector<char> optimizer_owns;
   // Per rank (ZeRO-1): the elements of the parameters its optimizer steps.
   std::vector<int64_t> owned_elements;
-  std::optional<DeepSpeedZero2> zero2;  // DeepSpeed ZeRO-2; its optimizer owns no parameter
+  std::optional<DeepSpeedZero> deepspeed;  // DeepSpeed ZeRO-1/2; its optimizer owns no parameter
   std::optional<Fsdp1View> fsdp1;       // FSDP1 (FullyShardedDataParallel)
   std::optional<Fsdp2View> fsdp2;       // FSDP2
   std::optional<MegatronDdp> megatron;  // Megatron-LM's DDP (with the distributed optimizer)
@@ -84,7 +60,8 @@ struct RankView {
 };
 
 // The view of the rank that holds the most (the lowest such rank; ZeRO-1: the most optimizer
-// elements; DeepSpeed ZeRO-2: the largest grads_in_partition), for config.parallelism. A config without data parallelism gives an empty view
+// elements; DeepSpeed ZeRO-1/2: the largest grads_in_partition), for config.parallelism. A
+// config without data parallelism gives an empty view
 // (world 1, no buckets). Buckets follow DDP's assignment (compute_bucket_assignment_by_size):
 // per dtype, parameters in the order their gradients become ready, a bucket closing once its
 // bytes reach the limit (a first bucket of 1 MiB, then the cap); on the first step the
@@ -112,7 +89,8 @@ std::vector<int64_t> PartitionLargestFirst(const Graph& graph, const std::vector
 // - DDP: an all-reduce of the gradients once per step, 2(d-1)/d G (no_sync before);
 // - ZeRO-1: the same, and the broadcast of the updated parameters, (d-1)/d P;
 // - DeepSpeed ZeRO-2: a reduce-scatter of the gradients per micro-batch, (d-1)/d G, and the
-//   all-gather of the updated 16-bit parameters, (d-1)/d P;
+//   all-gather of the updated 16-bit parameters, (d-1)/d P; ZeRO-1 the same reduction once
+//   per step, at the accumulation boundary;
 // - FSDP2: per micro-batch, two all-gathers of the parameters (forward, backward) and a
 //   reduce-scatter of the gradients (in float32 under its mixed-precision policy);
 // - a pipeline stage: per micro-batch, the activation it sends on and the gradient it sends

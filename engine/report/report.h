@@ -84,6 +84,9 @@ struct DataParallelReport {
   int64_t rank = 0;                    // the rank estimated: the one that holds the most
   std::vector<int64_t> bucket_bytes;   // DDP's gradient buckets
   std::vector<int64_t> owned_elements; // ZeRO-1: per rank, the elements its optimizer steps
+  // Host (CPU) memory the rank's strategy keeps outside the GPU: DeepSpeed's offloaded
+  // optimizer (fp32 master partition, its gradient, optimizer state, staging buffers).
+  int64_t host_bytes = 0;
 };
 
 // One pipeline stage's estimate, in a report of the stage that needs the most.

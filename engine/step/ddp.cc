@@ -46,7 +46,7 @@ std::unique_ptr<RankHooks> MakeDdpHooks(const RankView& view) {
 std::unique_ptr<RankHooks> MakeRankHooks(const RankView* view, const Graph& graph,
                                          const RunConfig& config) {
   if (view == nullptr) return std::make_unique<RankHooks>();
-  if (view->zero2) return MakeZero2Hooks(*view, graph, config);
+  if (view->deepspeed) return MakeDeepSpeedZeroHooks(*view, graph, config);
   if (view->fsdp1) return MakeFsdp1Hooks(*view, graph);
   if (view->fsdp2) return MakeFsdp2Hooks(*view, graph);
   if (view->megatron) return MakeMegatronDdpHooks(*view, config);

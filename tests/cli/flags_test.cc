@@ -147,6 +147,12 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   flags.parallel.strategy = "megatron-distopt";
   EXPECT_EQ(BuildEstimateRequest(flags)->config().parallelism().data_parallel(),
             v1::DATA_PARALLEL_MEGATRON_DISTOPT);
+  flags.parallel.strategy = "deepspeed-zero1";
+  flags.parallel.offload_optimizer = true;
+  const v1::Parallelism zero = BuildEstimateRequest(flags)->config().parallelism();
+  EXPECT_EQ(zero.data_parallel(), v1::DATA_PARALLEL_DEEPSPEED_ZERO1);
+  EXPECT_TRUE(zero.offload_optimizer());
+  flags.parallel.offload_optimizer = false;
   flags.parallel.strategy = "fsdp3";
   EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--dp-strategy"),
             std::string::npos);

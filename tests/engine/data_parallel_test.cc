@@ -12,24 +12,9 @@ namespace memest {
 namespace {
 
 using enginetest::Cat;
+using enginetest::FourLinears;
 using enginetest::PhasePeak;
 using enginetest::PlainTraining;
-
-// Linear(1024, 1024) x 2, Linear(1024, 128), Linear(128, 64), float32: the model measured on
-// PyTorch 1.13 with gloo for DDP's buckets (/work/briefs/parallel-facts.md, section 1).
-Graph FourLinears(DType dtype = DType::kFloat32) {
-  GraphBuilder b;
-  int h = b.Input("x", {2, 1024}, dtype);
-  const int64_t dims[][2] = {{1024, 1024}, {1024, 1024}, {128, 1024}, {64, 128}};
-  for (int k = 0; k < 4; ++k) {
-    const std::string s = "l" + std::to_string(k);
-    h = b.Add1("linear", {h, b.Parameter(s + ".weight", {dims[k][0], dims[k][1]}, dtype),
-                          b.Parameter(s + ".bias", {dims[k][0]}, dtype)});
-  }
-  b.BeginLoss();
-  b.SetLoss(b.Add1("sum", {h}));
-  return b.Finish().value();
-}
 
 constexpr int64_t kParamBytes = (1024 * 1024 * 2 + 128 * 1024 + 64 * 128) * 4 + (1024 * 2 + 128 + 64) * 4;
 
@@ -192,89 +177,6 @@ TEST(DataParallelTest, EstimateReportsTheRankAndAdvisesBucketViews) {
   EXPECT_TRUE(advised);
   c.parallelism = ParallelismConfig{};
   EXPECT_FALSE(Estimate(model, c).value().data_parallel.has_value());
-}
-
-RunConfig Zero2(int64_t ranks) {
-  RunConfig c = PlainTraining();
-  c.precision = Precision::kBf16Pure;
-  c.optimizer.kind = OptimizerKind::kAdamW;
-  c.parallelism.data = ranks;
-  c.parallelism.sharding = DataSharding::kDeepSpeedZero2;
-  c.parallelism.reduce_bucket_elements = int64_t{1} << 20;
-  return c;
-}
-
-// DeepSpeed ZeRO-2 on 4 ranks, 2,238,656 bf16 parameters: the flat buffer needs no padding
-// (a multiple of 2 x 4), each rank's partition is 559,664 elements: fp32 master 2,238,656 B,
-// AdamW state 4,477,312 B, averaged_gradients 1,119,328 B.
-TEST(DataParallelTest, DeepSpeedZero2PartitionsTheFlatStates) {
-  const Graph g = FourLinears(DType::kBFloat16);
-  const RankView v = PlanDataParallel(g, Zero2(4)).value();
-  ASSERT_TRUE(v.zero2.has_value());
-  EXPECT_EQ(v.zero2->partition_elements, 559664);
-  EXPECT_EQ(v.zero2->master_bytes, 2238656);
-  EXPECT_EQ(v.zero2->state_bytes, 4477312);
-  EXPECT_EQ(v.zero2->averaged_bytes, 1119328);
-  EXPECT_EQ(v.zero2->ipg_bytes, 2 << 20);
-  EXPECT_EQ(v.zero2->step_fp32_bytes, 2238656);
-  EXPECT_TRUE(v.buckets.empty());
-  // grads_in_partition holds the parameters that overlap a partition, whole. Rank 0
-  // [0, 559664) meets l0.weight; rank 1 [559664, 1119328) meets l0.weight, l0.bias and
-  // l1.weight (from 1,049,600): 2,098,176 elements, the most; rank 2 l1.weight alone; rank 3
-  // the rest of l1.weight and everything after it (1,189,056).
-  EXPECT_EQ(v.zero2->grads_in_partition_bytes, 2098176 * 2);
-  EXPECT_EQ(v.rank, 1);
-}
-
-// The step's peak holds the 16-bit parameters, the fp32 master and AdamW state of the
-// partition, averaged_gradients and, while .to(float32) runs, the flattened gradients and
-// their fp32 copy: 2 P + 20 P / N, against DeepSpeed's estimate_zero2_model_states_mem_needs
-// 2 P + 18 P / N (it counts one 16-bit copy of the gradients). The backward peak has the ipg
-// buffer under communication.
-TEST(DataParallelTest, DeepSpeedZero2StepPeakIsTheFlatPartitionsAndTheirCopies) {
-  const Graph g = FourLinears(DType::kBFloat16);
-  RunConfig c = Zero2(4);
-  const RankView v = PlanDataParallel(g, c).value();
-  ScheduleOptions o;
-  o.rank = &v;
-  // Each tensor's own bytes (the allocator's rounding and unsplit blocks aside).
-  auto walk = [&](const RunConfig& cfg) {
-    return WalkSchedule(BuildSchedule(g, cfg, {}, o).value(), g, false, Accounting::kExact).value();
-  };
-  const Liveness l = walk(c);
-  const int64_t params = 2238656 * 2;
-  const DeepSpeedZero2& z = *v.zero2;
-  EXPECT_EQ(PhasePeak(l, Phase::kOptimizerStep).allocated_bytes,
-            params + z.master_bytes + z.state_bytes + 2 * z.averaged_bytes + z.step_fp32_bytes);
-  EXPECT_EQ(PhasePeak(l, Phase::kOptimizerStep).allocated_bytes, 2 * 2238656 + 20 * 559664);
-  EXPECT_EQ(Cat(PhasePeak(l, Phase::kBackward), Category::kCommunication), z.ipg_bytes);
-  EXPECT_EQ(l.at_end[static_cast<int>(Category::kGradients)], 0);
-  EXPECT_EQ(l.at_end[static_cast<int>(Category::kOptimizerState)], z.state_bytes);
-  // overlap_comm: a second ipg buffer.
-  c.parallelism.overlap_comm = true;
-  const RankView two = PlanDataParallel(g, c).value();
-  o.rank = &two;
-  const Liveness l2 = walk(c);
-  EXPECT_EQ(Cat(PhasePeak(l2, Phase::kBackward), Category::kCommunication), 2 * z.ipg_bytes);
-}
-
-TEST(DataParallelTest, DeepSpeedZero2RefusesWhatItDoesNotRun) {
-  RunConfig c = Zero2(2);
-  c.precision = Precision::kBf16Amp;
-  EXPECT_NE(ValidateRunConfig(c).message().find("config.precision"), std::string::npos);
-  c = Zero2(2);
-  c.runtime = Runtime::kCpuTorch113;
-  EXPECT_NE(ValidateRunConfig(c).message().find("config.parallelism.data_parallel"),
-            std::string::npos);
-  c = Zero2(2);
-  c.parallelism.gradient_as_bucket_view = true;
-  EXPECT_NE(ValidateRunConfig(c).message().find("gradient_as_bucket_view"), std::string::npos);
-  c = Zero2(2);
-  c.parallelism.sharding = DataSharding::kDdp;
-  EXPECT_NE(ValidateRunConfig(c).message().find("reduce_bucket_size"), std::string::npos);
-  c = Zero2(2);
-  c.zero_grad_set_to_none = false;
-  EXPECT_NE(ValidateRunConfig(c).message().find("config.zero_grad_keep_grads"), std::string::npos);
 }
 
 }  // namespace

@@ -70,6 +70,22 @@ inline Liveness WalkRank(const Graph& g, const RunConfig& c) {
 
 inline int64_t AtEnd(const Liveness& l, Category c) { return l.at_end[static_cast<int>(c)]; }
 
+// Linear(1024, 1024) x 2, Linear(1024, 128), Linear(128, 64), float32: the model measured on
+// PyTorch 1.13 with gloo for DDP's buckets (/work/briefs/parallel-facts.md, section 1).
+inline Graph FourLinears(DType dtype = DType::kFloat32) {
+  GraphBuilder b;
+  int h = b.Input("x", {2, 1024}, dtype);
+  const int64_t dims[][2] = {{1024, 1024}, {1024, 1024}, {128, 1024}, {64, 128}};
+  for (int k = 0; k < 4; ++k) {
+    const std::string s = "l" + std::to_string(k);
+    h = b.Add1("linear", {h, b.Parameter(s + ".weight", {dims[k][0], dims[k][1]}, dtype),
+                          b.Parameter(s + ".bias", {dims[k][0]}, dtype)});
+  }
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {h}));
+  return b.Finish().value();
+}
+
 constexpr int kFsdpStackBlocks = 3;
 
 // The FSDP tests' model (fsdp1_test.cc, fsdp2_test.cc): x -> in (Linear 64->64, the root's) -> 3 blocks of Linear(64->63) + ReLU + Linear(63->64)

@@ -143,6 +143,25 @@ def test_data_parallel_strategies_shard_what_they_say(client):
         client.estimate(dp_strategy="fsdp3", **base)
 
 
+def test_deepspeed_offload_reports_host_bytes(client):
+    base = dict(preset="gpt2-small", seq=128, batch_size=2, precision="bf16-pure",
+                data_parallel=8, advice=False)
+    zero1 = client.estimate(dp_strategy="deepspeed-zero1", **base)
+    offloaded = client.estimate(dp_strategy="deepspeed-zero1", offload_optimizer=True, **base)
+    assert zero1.data_parallel.host_bytes == 0
+    assert zero1.breakdown.optimizer_state + zero1.end_of_step.master_and_casts > 0
+    # fp32 master, its gradient and AdamW's two states: 16 bytes a partition element, and a
+    # staging buffer of the largest parameter (the embedding, bf16).
+    partition = -(-zero1.trainable_parameter_count // 16) * 16 // 8
+    staging = 50257 * 768 * 2
+    assert offloaded.data_parallel.host_bytes == 16 * partition + staging
+    assert offloaded.end_of_step.optimizer_state == 0
+    assert offloaded.end_of_step.master_and_casts == 0
+    assert any("offload_optimizer cpu" in n for n in offloaded.notes)
+    with pytest.raises(memest.InvalidArgument, match="offload_optimizer"):
+        client.estimate(dp_strategy="fsdp2", offload_optimizer=True, **base)
+
+
 def test_pipeline_stages_are_each_estimated(client):
     base = dict(preset="gpt2-small", seq=128, batch_size=8, grad_accum_steps=8, pipeline=4,
                 advice=False)

@@ -123,6 +123,14 @@ TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
   fsdp = RunConfigFromProto(proto);
   EXPECT_FALSE(fsdp->parallelism.reshard_after_forward);
   EXPECT_TRUE(fsdp->parallelism.fsdp_mixed_precision);
+  proto.mutable_parallelism()->set_data_parallel(v1::DATA_PARALLEL_DEEPSPEED_ZERO1);
+  proto.mutable_parallelism()->set_offload_optimizer(true);
+  StatusOr<RunConfig> zero1 = RunConfigFromProto(proto);
+  ASSERT_TRUE(zero1.ok()) << zero1.status().ToString();
+  EXPECT_EQ(zero1->parallelism.sharding, DataSharding::kDeepSpeedZero1);
+  EXPECT_TRUE(zero1->parallelism.offload_optimizer);
+  proto.mutable_parallelism()->set_offload_optimizer(false);
+  proto.mutable_parallelism()->set_data_parallel(v1::DATA_PARALLEL_FSDP2);
   proto.mutable_parallelism()->set_pipeline(4);
   proto.mutable_parallelism()->set_pipeline_schedule(v1::PIPELINE_SCHEDULE_GPIPE);
   proto.mutable_parallelism()->set_pipeline_keep_outputs(true);

@@ -50,6 +50,7 @@ PIPELINE_SCHEDULES = {"1f1b": v1.PIPELINE_SCHEDULE_1F1B, "gpipe": v1.PIPELINE_SC
 TENSOR_STYLES = {"colwise": v1.TENSOR_SHARD_STYLE_COLWISE, "rowwise": v1.TENSOR_SHARD_STYLE_ROWWISE}
 DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1,
                  "deepspeed-zero2": v1.DATA_PARALLEL_DEEPSPEED_ZERO2,
+                 "deepspeed-zero1": v1.DATA_PARALLEL_DEEPSPEED_ZERO1,
                  "fsdp1": v1.DATA_PARALLEL_FSDP1, "fsdp2": v1.DATA_PARALLEL_FSDP2,
                  "megatron-ddp": v1.DATA_PARALLEL_MEGATRON_DDP,
                  "megatron-distopt": v1.DATA_PARALLEL_MEGATRON_DISTOPT}
@@ -166,7 +167,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   runtime=None, cpu_isa=None, hold_outputs=None, attention=None,
                   cuda_module_loading=None, data_parallel=None, dp_strategy=None,
                   bucket_cap_mb=None, gradient_as_bucket_view=False, reduce_bucket_size=None,
-                  overlap_comm=False, reshard_after_forward=None, fsdp_mixed_precision=False,
+                  overlap_comm=False, offload_optimizer=False, reshard_after_forward=None,
+                  fsdp_mixed_precision=False,
                   pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
                   tensor_parallel=None, sequence_parallel=False, tensor_plan=None,
                   context_parallel=None, pipeline_virtual_stages=None,
@@ -234,6 +236,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
         _assign(config.parallelism, "reduce_bucket_size", reduce_bucket_size, "reduce_bucket_size")
     if overlap_comm:
         config.parallelism.overlap_comm = True
+    if offload_optimizer:
+        config.parallelism.offload_optimizer = True
     if reshard_after_forward is not None:
         config.parallelism.reshard_after_forward = bool(reshard_after_forward)
     if fsdp_mixed_precision:

@@ -156,18 +156,21 @@ class Advice:
 class DataParallelRanks:
     """A data-parallel estimate's ranks: `rank` of `world` is the one estimated (the one that
     holds the most); bucket_bytes are DDP's gradient buckets; owned_elements, under ZeRO-1, the
-    parameter elements each rank's optimizer steps."""
+    parameter elements each rank's optimizer steps; host_bytes, the host (CPU) memory the rank
+    keeps outside the GPU (DeepSpeed's offloaded optimizer; 0 otherwise)."""
 
     world: int
     rank: int
     bucket_bytes: List[int]
     owned_elements: List[int]
+    host_bytes: int = 0
 
     @classmethod
     def from_proto(cls, message):
         return cls(world=message.world, rank=message.rank,
                    bucket_bytes=list(message.bucket_bytes),
-                   owned_elements=list(message.owned_elements))
+                   owned_elements=list(message.owned_elements),
+                   host_bytes=message.host_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
