@@ -56,6 +56,7 @@ int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t
     case DataSharding::kNone:
     case DataSharding::kDdp: break;
     case DataSharding::kZero1:
+    case DataSharding::kDeepSpeedZero1:  // the planner's splits keep the optimizer on the GPU
       whole = s.params + s.grads;
       sharded = s.state;
       break;
