@@ -84,7 +84,7 @@ class Walker {
     handle_.resize(n, -1);
     category_.resize(n, Category::kTemporaries);
     rounded_.resize(n, 0);
-    live_at_.resize(n, -1);
+    if (s_.repeat) live_at_.resize(n, -1);
   }
 
   // The buffer an event names in the `copy`th copy of the repeated period (0: as simulated).
@@ -164,8 +164,10 @@ class Walker {
           rounded_[id] = Allocator::RoundSize(e.bytes);
           category_[id] = e.category;
           live_bytes_[static_cast<int>(e.category)] += rounded_[id];
-          live_at_[id] = static_cast<int>(live_.size());
-          live_.push_back(id);
+          if (s_.repeat) {
+            live_at_[id] = static_cast<int>(live_.size());
+            live_.push_back(id);
+          }
           if (allocator_.allocated() > out_.peak.allocated_bytes) {
             Point(&out_.peak);
             out_.reserved_at_peak = allocator_.reserved();
@@ -181,6 +183,7 @@ class Walker {
           allocator_.Free(handle_[id]);
           handle_[id] = -1;
           live_bytes_[static_cast<int>(category_[id])] -= rounded_[id];
+          if (!s_.repeat) break;
           const int moved = live_.back();
           live_[static_cast<size_t>(live_at_[id])] = moved;
           live_at_[moved] = live_at_[id];
@@ -216,8 +219,8 @@ class Walker {
   std::vector<int> handle_;
   std::vector<Category> category_;
   std::vector<int64_t> rounded_;
-  std::vector<int> live_at_;
-  std::vector<int> live_;  // the live buffers, in no order
+  std::vector<int> live_at_;  // kept only for a repeated span, whose states are compared
+  std::vector<int> live_;     // the live buffers, in no order (the same)
   CategoryBytes live_bytes_{};
   Liveness out_;
   std::vector<int> phase_slot_;
