@@ -38,6 +38,12 @@ void StepSimulator::RunPipeline() {
   std::vector<int> sent_grads;  // the previous backward's input gradients (input_tensor_grad)
   InFlight* deferred = nullptr;  // interleaved: the forward whose output the next backward keeps
   int deferred_out = -1;
+  // deallocate_output_tensor: out.data = torch.empty((1,)) (the pin stays, harmless).
+  auto deallocate_output = [&](StorageTable& table, int out, InFlight& f) {
+    FreeBuffer(table.buffer[out]);
+    table.buffer[out] = -1;
+    f.stub = NewBuffer(DTypeSize(g_.tensors[out].dtype), Category::kActivations);
+  };
   auto swap_in = [&](InFlight& f) {
     std::swap(main_, f.table);
     std::swap(op_saved_, f.saved);
@@ -78,9 +84,7 @@ void StepSimulator::RunPipeline() {
           deferred = &f;  // freed after the backward that follows
           deferred_out = out;
         } else {
-          FreeBuffer(main_.buffer[out]);  // out.data = torch.empty((1,)): the pin stays, harmless
-          main_.buffer[out] = -1;
-          f.stub = NewBuffer(DTypeSize(g_.tensors[out].dtype), Category::kActivations);
+          deallocate_output(main_, out, f);
         }
       }
       swap_in(f);
@@ -102,9 +106,7 @@ void StepSimulator::RunPipeline() {
     if (f.stub >= 0) FreeBuffer(f.stub);
     f = InFlight{};
     if (deferred != nullptr) {
-      FreeBuffer(deferred->table.buffer[deferred_out]);
-      deferred->table.buffer[deferred_out] = -1;
-      deferred->stub = NewBuffer(DTypeSize(g_.tensors[deferred_out].dtype), Category::kActivations);
+      deallocate_output(deferred->table, deferred_out, *deferred);
       deferred = nullptr;
     }
   }
