@@ -22,6 +22,7 @@
 #include "engine/ir/status.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "memest/v1/memest.pb.h"
+#include "server/heap_trim.h"
 #include "server/validation_runner.h"
 
 namespace memest {
@@ -102,6 +103,8 @@ class EstimatorService final : public MemoryEstimatorBase {
  private:
   const ServiceOptions options_;
   std::unique_ptr<ValidationRunner> validations_;
+  // Validate is left out: it waits for minutes, its memory is the worker process's.
+  HeapTrimmer trimmer_;
 };
 
 }  // namespace memest
