@@ -674,9 +674,9 @@ def git_description():
         dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout.strip()
     except OSError:
-        return "unknown commit"
-    if not head:
-        return "unknown commit"
+        head = ""
+    if not head:  # a copy of the tree without git (a GPU machine): the commit it was made from
+        return f"commit {os.environ['MEMEST_COMMIT']}" if os.environ.get("MEMEST_COMMIT") else "unknown commit"
     return f"commit {head}" + (" with uncommitted changes" if dirty else "")
 
 
