@@ -188,6 +188,9 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   step.fixed.cuda_context_bytes = CudaContextBytes(step.fixed, config.module_loading);
   const bool cpu = config.runtime == Runtime::kCpuTorch113;
   if (cpu) step.fixed.cuda_context_bytes = step.fixed.cublas_workspace_bytes = 0;  // no such thing
+  if (!cpu) {  // gloo on the CPU keeps its buffers in host memory
+    MEMEST_ASSIGN_OR_RETURN(step.nccl, NcclMemoryOf(config.parallelism, step.fixed));
+  }
 
   // Estimate() builds under autocast already; a graph built without it is replayed.
   const DType half = IsAutocast(config.precision) ? ComputeDType(config.precision) : DType::kFloat32;
@@ -277,16 +280,19 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
   r.breakdown[static_cast<int>(Category::kAllocatorOverhead)] =
       std::max<int64_t>(0, live.reserved_at_peak - counted);
   r.breakdown[static_cast<int>(Category::kCudaContext)] = step.fixed.cuda_context_bytes;
+  r.breakdown[static_cast<int>(Category::kNccl)] = step.nccl.bytes;
   if (step.device) {
     DeviceFit fit;
     fit.device = step.device->name;
     fit.capacity_bytes = step.device->capacity_bytes;
-    fit.required_bytes = live.peak_reserved + step.fixed.cuda_context_bytes;  // 0 on the CPU
+    // Both 0 on the CPU; NCCL's bytes are bounded (engine/ir/nccl.h), the sum does not overflow.
+    fit.required_bytes = live.peak_reserved + step.fixed.cuda_context_bytes + step.nccl.bytes;
     fit.fits = fit.required_bytes <= fit.capacity_bytes;
     fit.headroom_bytes = fit.capacity_bytes - fit.required_bytes;
     r.fit = fit;
   }
   AddNotes(*step.graph, config, step.regions, step.device.has_value(), &r);
+  if (step.nccl.bytes > 0) r.notes.push_back(NcclNote(step.nccl));
   int64_t recomputed = 0;
   for (const auto& [first, last] : step.regions) recomputed += last - first + 1;
   if (!step.graph->ops.empty()) {

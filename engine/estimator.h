@@ -12,6 +12,7 @@
 #include "engine/ir/budget.h"
 #include "engine/ir/config.h"
 #include "engine/ir/devices.h"
+#include "engine/ir/nccl.h"
 #include "engine/models/model.h"
 #include "engine/passes/checkpoint.h"
 #include "engine/passes/context_parallel.h"
@@ -43,6 +44,7 @@ struct PlannedStep {
   std::unique_ptr<Graph> owned;
   std::optional<DeviceInfo> device;     // the device the config names, if any
   DeviceInfo fixed;                     // that device's fixed costs (a generic one's without)
+  NcclMemory nccl;                      // NCCL's communicators on this rank (none on the CPU)
   CheckpointRegions regions;
   RankView rank;                        // the data-parallel rank estimated (world 1: none)
   // The tensor-parallel rank (graph points at its graph); null: no tensor parallelism.

@@ -159,8 +159,9 @@ void CategoriesToProto(const CategoryBytes& bytes, v1::MemoryByCategory* out) {
   out->set_workspace(at(Category::kWorkspace));
   out->set_allocator_overhead(at(Category::kAllocatorOverhead));
   out->set_cuda_context(at(Category::kCudaContext));
+  out->set_nccl(at(Category::kNccl));
   out->set_communication(at(Category::kCommunication));
-  static_assert(kNumCategories == 12, "a new Category needs a field in MemoryByCategory");
+  static_assert(kNumCategories == 13, "a new Category needs a field in MemoryByCategory");
 }
 
 void PeakToProto(const PeakPoint& peak, v1::Peak* out) {

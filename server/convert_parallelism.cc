@@ -85,6 +85,7 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
   out.tensor = p.tensor() == 0 ? 1 : p.tensor();  // the engine refuses a negative count
   out.sequence_parallel = p.sequence_parallel();
   out.context = p.context() == 0 ? 1 : p.context();  // the engine refuses a negative count
+  out.gpus_per_node = p.gpus_per_node() == 0 ? 8 : p.gpus_per_node();  // refused when negative
   if (p.tensor_plan_size() > static_cast<int>(kMaxTensorPlanEntries)) {
     return InvalidArgument("config.parallelism.tensor_plan: at most " +
                            std::to_string(kMaxTensorPlanEntries) + " entries, got " +

@@ -102,6 +102,11 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                   "passes keys and values round a ring (TransformerEngine's, as Megatron-LM "
                   "runs it); needs a fused attention kernel")
       ->group(group)->type_name("N");
+  app->add_option("--gpus-per-node", f->gpus_per_node,
+                  "GPUs per node (default 8): which process groups NCCL connects over NVLink "
+                  "and which across nodes, for NCCL's memory (groups in Megatron-LM's rank "
+                  "order: tensor, context, data, pipeline)")
+      ->group(group)->type_name("N");
 }
 
 Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
@@ -110,7 +115,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
       !f.no_reshard_after_forward &&
       !f.fsdp_mixed_precision && !f.pipeline && f.pipeline_schedule.empty() &&
       !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && !f.context &&
-      !f.virtual_stages) {
+      !f.virtual_stages && !f.gpus_per_node) {
     return Status::Ok();
   }
   v1::Parallelism* p = config->mutable_parallelism();
@@ -135,6 +140,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   p->set_pipeline_keep_outputs(f.pipeline_keep_outputs);
   if (f.tensor) p->set_tensor(*f.tensor);
   if (f.context) p->set_context(*f.context);
+  if (f.gpus_per_node) p->set_gpus_per_node(*f.gpus_per_node);
   if (f.virtual_stages) p->set_pipeline_virtual_stages(*f.virtual_stages);
   p->set_sequence_parallel(f.sequence_parallel);
   for (const std::string& entry : f.tensor_plan) {

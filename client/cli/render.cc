@@ -35,6 +35,7 @@ const CategoryField kCategories[] = {
     {"communication", &v1::MemoryByCategory::communication},
     {"allocator_overhead", &v1::MemoryByCategory::allocator_overhead},
     {"cuda_context", &v1::MemoryByCategory::cuda_context},
+    {"nccl", &v1::MemoryByCategory::nccl},
 };
 
 int64_t Signed(uint64_t bytes) { return static_cast<int64_t>(bytes); }

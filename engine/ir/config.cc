@@ -118,6 +118,11 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            std::to_string(kMaxTensorParallel) + "] ranks, got " +
                            std::to_string(p.context));
   }
+  if (p.gpus_per_node < 1 || p.gpus_per_node > kMaxGpusPerNode) {
+    return InvalidArgument("config.parallelism.gpus_per_node: must be in [1, " +
+                           std::to_string(kMaxGpusPerNode) + "], got " +
+                           std::to_string(p.gpus_per_node));
+  }
   if (p.tensor_plan.size() > kMaxTensorPlanEntries) {
     return InvalidArgument("config.parallelism.tensor_plan: at most " +
                            std::to_string(kMaxTensorPlanEntries) + " entries, got " +

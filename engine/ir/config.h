@@ -194,9 +194,13 @@ struct ParallelismConfig {
   // Context-parallel ranks (Megatron-LM's context_parallel_size, TransformerEngine's ring
   // attention): each holds 1/context of every sequence (engine/passes/context_parallel.h).
   int64_t context = 1;
+  // GPUs per node: which process groups NCCL connects within a node (NVLink) and which across
+  // nodes (engine/ir/nccl.h).
+  int64_t gpus_per_node = 8;
 };
 
 constexpr int64_t kMaxTensorParallel = 1024;
+constexpr int64_t kMaxGpusPerNode = 1024;
 constexpr size_t kMaxTensorPlanEntries = 1024;
 
 // DeepSpeed's default zero_optimization.reduce_bucket_size.

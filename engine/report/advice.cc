@@ -330,7 +330,9 @@ StatusOr<std::vector<Advice>> MakeAdvice(const ModelSpec& model, const Graph& gr
   // First: what dominates the peak, and where.
   int top = 0;
   for (int c = 0; c < kNumCategories; ++c) {
-    if (c == static_cast<int>(Category::kCudaContext)) continue;
+    if (c == static_cast<int>(Category::kCudaContext) || c == static_cast<int>(Category::kNccl)) {
+      continue;
+    }
     if (report.breakdown[c] > report.breakdown[top]) top = c;
   }
   int64_t total = 0;

@@ -19,6 +19,7 @@ const char* CategoryName(Category c) {
     case Category::kCommunication: return "communication";
     case Category::kAllocatorOverhead: return "allocator_overhead";
     case Category::kCudaContext: return "cuda_context";
+    case Category::kNccl: return "nccl";
     case Category::kCount: break;
   }
   return "?";
@@ -59,6 +60,20 @@ std::string FormatBytes(int64_t bytes) {
     ++unit;
   }
   return ThreeFigures(value) + " " + kUnits[unit];
+}
+
+std::string NcclNote(const NcclMemory& nccl) {
+  std::string text = "NCCL: " + FormatBytes(nccl.bytes) +
+                     " outside PyTorch's allocator, for the communicators of this rank's groups (";
+  for (size_t i = 0; i < nccl.communicators.size(); ++i) {
+    const NcclCommunicator& c = nccl.communicators[i];
+    text += (i > 0 ? "; " : "") + c.group + ": " + std::to_string(c.ranks) + " ranks, " +
+            (c.local_ranks == c.ranks ? "on one node" : std::to_string(c.local_ranks) + " per node") +
+            (c.p2p_peers > 0 ? ", send/recv to " + std::to_string(c.p2p_peers) + " peer(s)" : "") +
+            ", " + FormatBytes(c.bytes);
+  }
+  return text + "): NCCL 2.22-2.27's defaults (NCCL_BUFFSIZE 4 MiB, cuMem), as connected once "
+                "each group has run its collectives (docs/nccl.md)";
 }
 
 }  // namespace memest

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/ir/nccl.h"
+
 namespace memest {
 
 enum class Category : int {
@@ -25,6 +27,7 @@ enum class Category : int {
                        // gradient buckets)
   kAllocatorOverhead,  // reserved minus allocated: rounding, segment slack, cached blocks
   kCudaContext,        // the CUDA context and kernels: outside PyTorch's allocator
+  kNccl,               // NCCL's communicator buffers: outside PyTorch's allocator (ir/nccl.h)
   kCount,
 };
 inline constexpr int kNumCategories = static_cast<int>(Category::kCount);
@@ -40,13 +43,16 @@ using CategoryBytes = std::array<int64_t, kNumCategories>;
 // figures, never "1024 KiB" (it moves up a unit first); negative counts get a leading '-'.
 std::string FormatBytes(int64_t bytes);
 
+// The report's note on NCCL's memory: its bytes, and each communicator's ranks and bytes.
+std::string NcclNote(const NcclMemory& nccl);
+
 // The moment of a peak: how much was allocated and reserved, by what, and where.
 struct PeakPoint {
   Phase phase = Phase::kData;
   int64_t allocated_bytes = 0;  // as torch.cuda.max_memory_allocated would report
   int64_t reserved_bytes = 0;   // as torch.cuda.max_memory_reserved would report
   // Allocated bytes by category at that moment, each allocation rounded as the allocator rounds
-  // it; kAllocatorOverhead and kCudaContext are 0 here (they belong to the Report's breakdown).
+  // it; kAllocatorOverhead, kCudaContext and kNccl are 0 here (they belong to the Report's breakdown).
   CategoryBytes by_category{};
   std::string op;               // op kind running at the peak ("" between ops)
   std::string scope;            // its module scope

@@ -67,6 +67,8 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             "rowwise"}; default: the presets' Hugging Face names): Megatron-LM's column- and
             row-parallel linears, the estimate is one rank of the group,
           context_parallel (ranks): each holds its share of every sequence (ring attention),
+          gpus_per_node (default 8): which process groups NCCL connects within a node, for
+            NCCL's memory (Estimate.breakdown.nccl),
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
           advice (False skips the advice: faster), timeout (seconds, this call only).
         None means the server's default. Unset words raise InvalidArgument before any call.

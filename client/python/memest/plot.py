@@ -16,6 +16,7 @@ COLORS = {
     "communication": "#aec7e8",
     "allocator_overhead": "#c7c7c7",
     "cuda_context": "#7f7f7f",
+    "nccl": "#393b79",
 }
 
 # A capacity more than this many times the tallest bar is not drawn to scale.
@@ -33,7 +34,7 @@ def _scale(largest):
 
 def _phase_stacks(estimate):
     """{category: [bytes per phase]}: allocated by category, then the allocator overhead up to
-    the phase's reserved bytes and the CUDA context (a bar's top: what nvidia-smi shows)."""
+    the phase's reserved bytes, the CUDA context and NCCL (a bar's top: what nvidia-smi shows)."""
     context = estimate.breakdown.cuda_context
     stacks = {name: [] for name in CATEGORIES}
     for phase in estimate.phases:
@@ -42,6 +43,7 @@ def _phase_stacks(estimate):
             stacks[name].append(allocated[name])
         stacks["allocator_overhead"][-1] = max(0, phase.reserved_bytes - sum(allocated.values()))
         stacks["cuda_context"][-1] = context
+        stacks["nccl"][-1] = estimate.breakdown.nccl
     return stacks
 
 

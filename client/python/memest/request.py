@@ -171,7 +171,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   fsdp_mixed_precision=False,
                   pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
                   tensor_parallel=None, sequence_parallel=False, tensor_plan=None,
-                  context_parallel=None, pipeline_virtual_stages=None,
+                  context_parallel=None, pipeline_virtual_stages=None, gpus_per_node=None,
                   advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
@@ -258,6 +258,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                 "pipeline_virtual_stages")
     if context_parallel is not None:
         _assign(config.parallelism, "context", context_parallel, "context_parallel")
+    if gpus_per_node is not None:
+        _assign(config.parallelism, "gpus_per_node", gpus_per_node, "gpus_per_node")
     for module, style in (tensor_plan or {}).items():
         entry = config.parallelism.tensor_plan.add()
         _assign(entry, "module", module, "tensor_plan")

@@ -13,7 +13,7 @@ from memest import v1
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "master_and_casts", "activations",
               "temporaries", "inputs", "kv_cache", "workspace", "communication",
-              "allocator_overhead", "cuda_context")
+              "allocator_overhead", "cuda_context", "nccl")
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -61,6 +61,7 @@ class MemoryByCategory:
     communication: int = 0
     allocator_overhead: int = 0
     cuda_context: int = 0
+    nccl: int = 0
 
     @classmethod
     def from_proto(cls, message):
@@ -215,8 +216,9 @@ class PipelineStages:
 class Estimate:
     """The answer to one estimate (EstimateResponse), with tables and a plot.
 
-    breakdown: bytes by category at the overall peak, allocator overhead and CUDA context
-    included, so breakdown.total == peak_reserved_bytes + breakdown.cuda_context.
+    breakdown: bytes by category at the overall peak, allocator overhead, CUDA context and NCCL
+    included, so breakdown.total == peak_reserved_bytes + breakdown.cuda_context
+    + breakdown.nccl.
     peak: the largest allocated moment; phases: one Peak per phase that ran, in order.
     fit: None unless the request named a device or a capacity.
     data_parallel: None unless the request named data parallelism.
@@ -276,8 +278,8 @@ class Estimate:
 
     @property
     def required_bytes(self):
-        """What nvidia-smi would show at the peak: peak reserved + CUDA context."""
-        return self.peak_reserved_bytes + self.breakdown.cuda_context
+        """What nvidia-smi would show at the peak: peak reserved + CUDA context + NCCL."""
+        return self.peak_reserved_bytes + self.breakdown.cuda_context + self.breakdown.nccl
 
     def fixes(self):
         """The advice entries that are fixes (everything but the "peak" diagnosis)."""
@@ -288,11 +290,11 @@ class Estimate:
     def to_dataframe(self, table="categories"):
         """A pandas DataFrame of one of the result's tables; byte columns are int64 bytes.
 
-        table="categories": index `category` (the 11 categories, proto order); columns
+        table="categories": index `category` (the 13 categories, proto order); columns
             `bytes` (the breakdown at the peak) and `share` (fraction of breakdown.total).
         table="phases": index `phase` (the phases that ran, in order); one column per
-            category (allocated bytes at that phase's peak; allocator_overhead and
-            cuda_context are 0 there, as in the proto), then `allocated_bytes`,
+            category (allocated bytes at that phase's peak; allocator_overhead,
+            cuda_context and nccl are 0 there, as in the proto), then `allocated_bytes`,
             `reserved_bytes`, `op`, `scope`.
         table="layers": index `scope` (per-layer rows, the server's order); columns
             `parameter_bytes`, `saved_bytes`, `output_bytes`, `temporary_bytes`.

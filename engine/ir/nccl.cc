@@ -1,0 +1,111 @@
+#include "engine/ir/nccl.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "engine/ir/shape.h"
+
+namespace memest {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kGranularity = 2 * kMiB;  // cuMemGetAllocationGranularity, every allocation
+
+int64_t RoundUp(int64_t bytes) { return (bytes + kGranularity - 1) / kGranularity * kGranularity; }
+
+// One connection's buffers (src/transport/p2p.cc p2pRecvSetup/p2pSendSetup, net.cc
+// recvProxyConnect/sendProxyConnect): LL 8 lines x 512 threads x 8 steps x 16 B, LL128 120 x 640
+// x 8 x 8 B, SIMPLE NCCL_BUFFSIZE, and the 4 KiB ncclRecvMem.
+constexpr int64_t kLL = 8 * 512 * 8 * 16;
+constexpr int64_t kLL128 = 120 * 640 * 8 * 8;
+constexpr int64_t kSimple = 4 * kMiB;
+const int64_t kP2pReceive = RoundUp(4096 + kLL + kLL128 + kSimple);  // 10 MiB
+const int64_t kP2pSend = RoundUp(4096);                              // 2 MiB
+const int64_t kNetReceive = RoundUp(kLL + kLL128 + kSimple);         // 10 MiB
+const int64_t kNetSend = RoundUp(kLL128 + kSimple);                  // 10 MiB
+
+// NVLink SHARP: 16 channels (SM90), two buffers of NVLS_CHUNKSIZE (128 KiB) x 8 steps each, per
+// local rank (src/transport/nvls.cc ncclNvlsBufferSetup, 2.22 and later).
+constexpr int64_t kNvlsChannels = 16;
+constexpr int64_t kNvlsPerRank = kNvlsChannels * 2 * 128 * 1024 * 8;
+
+// Send/recv across nodes: one send and one receive pool per communicator of p2p channels x
+// NCCL_SHARED_STEPS (16) x NCCL_P2P_NET_CHUNKSIZE (128 KiB) (src/transport/net.cc).
+int64_t NetPools(int64_t p2p_channels) { return 2 * RoundUp(p2p_channels * 16 * 128 * 1024); }
+
+// The ranks of a group of `size` with rank stride `stride` that share a node of `per_node`.
+int64_t LocalRanks(int64_t size, int64_t stride, int64_t per_node) {
+  if (stride >= per_node) return 1;
+  return std::max<int64_t>(1, std::min(size, per_node / stride));
+}
+
+int64_t CommunicatorBytes(const NcclCommunicator& c, const DeviceInfo& device) {
+  const bool spans = c.local_ranks < c.ranks;
+  // Unknown (a bare capacity) or AMD's (RCCL, Infinity Fabric): as NVLink, the larger figures.
+  const bool nvlink = device.compute_capability == 0 || device.compute_capability >= 80;
+  // Collective and point-to-point channels (src/graph/connect.cc ncclTopoPostset, paths.cc
+  // ncclTopoComputeP2pChannels): logged 24 and 32 on 8 NVLink-connected A100s and H100s, 16 in a
+  // communicator across nodes; a PCIe-only node runs about 4.
+  const int64_t channels = spans ? 16 : (nvlink ? 24 : 4);
+  const int64_t p2p_channels = spans ? 16 : (nvlink ? 32 : 4);
+  const int64_t per_peer = spans ? 2 : (nvlink ? 32 : 2);
+  const bool nvls = device.compute_capability >= 90 && !spans && c.local_ranks > 2 && c.collectives;
+  // At init (src/channel.cc initChannel, initNvlsChannel; src/init.cc devCommSetup).
+  int64_t bytes = kGranularity * (2 + 3 * std::max(channels, p2p_channels) + (nvls ? channels + 1 : 0));
+  const int64_t pair = spans ? kNetReceive + kNetSend : kP2pReceive + kP2pSend;
+  if (c.collectives) {
+    bytes += channels * pair;                   // the ring: receive from prev, send to next
+    if (spans) bytes += channels * pair;        // the tree NCCL picks across nodes
+    if (nvls) bytes += kNvlsPerRank * c.local_ranks;
+  }
+  if (c.p2p_peers > 0) {
+    bytes += c.p2p_peers * per_peer * (kP2pReceive + kP2pSend);
+    if (spans) bytes += NetPools(p2p_channels);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& device) {
+  if (p.gpus_per_node < 1 || p.gpus_per_node > kMaxGpusPerNode) {
+    return InvalidArgument("config.parallelism.gpus_per_node: must be in [1, " +
+                           std::to_string(kMaxGpusPerNode) + "], got " +
+                           std::to_string(p.gpus_per_node));
+  }
+  NcclMemory out;
+  // Megatron-LM's rank order: tensor fastest, then context, data, pipeline.
+  struct Group {
+    const char* name;
+    int64_t size;
+    int64_t p2p_peers;
+    bool collectives;
+  };
+  const Group groups[] = {
+      {"tensor", p.tensor, 0, true},
+      // Ring attention passes keys and values to the next rank and gradients back.
+      {"context", p.context, std::min<int64_t>(2, p.context - 1), true},
+      {"data", p.data, 0, true},
+      // A stage sends activations on and gradients back: two neighbours but at the ends (the
+      // worst stage is counted; interleaving connects the last stage to the first too).
+      {"pipeline", p.pipeline, std::min<int64_t>(2, p.pipeline - 1), false},
+  };
+  int64_t stride = 1;
+  for (const Group& g : groups) {
+    if (g.size > 1) {
+      NcclCommunicator c;
+      c.group = g.name;
+      c.ranks = g.size;
+      c.local_ranks = LocalRanks(g.size, stride, p.gpus_per_node);
+      c.p2p_peers = g.p2p_peers;
+      c.collectives = g.collectives;
+      c.bytes = CommunicatorBytes(c, device);
+      MEMEST_ASSIGN_OR_RETURN(out.bytes, CheckedAdd(out.bytes, c.bytes));
+      out.communicators.push_back(std::move(c));
+    }
+    MEMEST_ASSIGN_OR_RETURN(stride, CheckedMul(stride, g.size));
+  }
+  return out;
+}
+
+}  // namespace memest
