@@ -257,7 +257,8 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
                                          &step.rank, stage, step.tensor.get()}));
   MEMEST_ASSIGN_OR_RETURN(step.live,
                           WalkSchedule(step.schedule, *step.graph, config.expandable_segments,
-                                       cpu ? Accounting::kExact : Accounting::kCachingAllocator));
+                                       cpu ? Accounting::kExact : Accounting::kCachingAllocator,
+                                       budget));
   return step;
 }
 

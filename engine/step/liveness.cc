@@ -37,8 +37,8 @@ class ExactCounter {
 template <typename Allocator>
 class Walker {
  public:
-  Walker(const Schedule& s, const Graph& g, Allocator& allocator)
-      : s_(s), g_(g), allocator_(allocator), phase_slot_(kNumPhases, -1) {
+  Walker(const Schedule& s, const Graph& g, Allocator& allocator, Budget* budget)
+      : s_(s), g_(g), allocator_(allocator), phase_slot_(kNumPhases, -1), budget_(budget) {
     Grow(s.num_buffers);
   }
 
@@ -143,6 +143,9 @@ class Walker {
       const Event& e = s_.events[static_cast<size_t>(i)];
       if (e.kind == EventKind::kContext) {
         context_ = e.buffer;
+        if (budget_ != nullptr && ++contexts_ % Budget::kCheckEvery == 0) {
+          MEMEST_RETURN_IF_ERROR(budget_->Check());  // a long walk stops for a gone caller
+        }
         // A phase that ran appears even if it only frees: its peak is at least its start.
         PeakPoint& ph = PhaseEntry();
         if (allocator_.allocated() > ph.allocated_bytes) Point(&ph);
@@ -225,19 +228,21 @@ class Walker {
   Liveness out_;
   std::vector<int> phase_slot_;
   int context_ = -1;
+  Budget* budget_;
+  int64_t contexts_ = 0;  // context events walked, for the budget's checks
   int mb_shift_ = 0;  // added to the micro-batches of the contexts: a copy of the period's
 };
 
 }  // namespace
 
 StatusOr<Liveness> WalkSchedule(const Schedule& s, const Graph& g, bool expandable,
-                                Accounting accounting) {
+                                Accounting accounting, Budget* budget) {
   if (accounting == Accounting::kExact) {
     ExactCounter exact;
-    return Walker<ExactCounter>(s, g, exact).Run();
+    return Walker<ExactCounter>(s, g, exact, budget).Run();
   }
   CachingAllocatorModel allocator(expandable);
-  return Walker<CachingAllocatorModel>(s, g, allocator).Run();
+  return Walker<CachingAllocatorModel>(s, g, allocator, budget).Run();
 }
 
 }  // namespace memest

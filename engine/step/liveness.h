@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "engine/ir/budget.h"
 #include "engine/report/report.h"
 #include "engine/step/schedule.h"
 
@@ -24,9 +25,11 @@ enum class Accounting { kCachingAllocator, kExact };
 // Replays `schedule` through CachingAllocatorModel (or exactly). Peak points name the op (kind
 // and scope) of `graph` that was running. Refuses (INVALID_ARGUMENT, naming the op) a step
 // that would hold more than kMaxBytes at once; every total it reports is then within kMaxBytes.
+// Looks at `budget`'s deadline and cancellation every 256 ops walked (null: none).
 StatusOr<Liveness> WalkSchedule(const Schedule& schedule, const Graph& graph,
                                 bool expandable_segments,
-                                Accounting accounting = Accounting::kCachingAllocator);
+                                Accounting accounting = Accounting::kCachingAllocator,
+                                Budget* budget = nullptr);
 
 }  // namespace memest
 

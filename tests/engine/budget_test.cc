@@ -9,6 +9,7 @@
 #include "engine/estimator.h"
 #include "engine/models/presets.h"
 #include "engine/passes/checkpoint.h"
+#include "engine/step/liveness.h"
 #include "engine/step/schedule.h"
 #include "tests/engine/test_graphs.h"
 
@@ -142,6 +143,23 @@ TEST(BudgetTest, ACancelledBuildStops) {
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), StatusCode::kCancelled);
   EXPECT_EQ(asked, 3);
+}
+
+// The allocator walk of a built schedule looks at the budget too (every 256 ops): a caller gone
+// during the walk stops it there.
+TEST(BudgetTest, ACancelledWalkStops) {
+  BuildContext ctx = enginetest::MakeContext(1);
+  const Graph g = BuildPreset(PresetSpec{"gpt2-small", {{"layers", 60}, {"seq", 16}}}, ctx).value();
+  RunConfig config;
+  const Schedule s = BuildSchedule(g, config, {}, ScheduleOptions{}).value();
+  int asked = 0;
+  Budget b;
+  b.set_cancelled([&asked] { return ++asked > 2; });
+  StatusOr<Liveness> walked = WalkSchedule(s, g, false, Accounting::kCachingAllocator, &b);
+  ASSERT_FALSE(walked.ok());
+  EXPECT_EQ(walked.status().code(), StatusCode::kCancelled);
+  EXPECT_EQ(asked, 3);
+  EXPECT_TRUE(WalkSchedule(s, g, false).ok()) << "without a budget the walk runs to its end";
 }
 
 // A deep preset is refused by its op count, computed from one- and two-layer builds, before it
