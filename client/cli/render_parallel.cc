@@ -100,7 +100,7 @@ void RenderPlanSummary(const v1::PlanSummary& s, std::ostream& out) {
   }
   out << ". micro-batch is micro-batch x accumulation (a pipeline's micro-batches) per "
          "data-parallel rank; tp runs Megatron's linears with sequence parallelism; needs is the "
-         "worst rank's reserved memory and CUDA context.\n";
+         "worst rank's reserved memory, CUDA context and NCCL buffers.\n";
 }
 
 }  // namespace memest::cli
