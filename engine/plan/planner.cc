@@ -15,7 +15,8 @@ namespace memest {
 namespace {
 
 constexpr int64_t kMaxPlanGpus = int64_t{1} << 16;
-// Tensor-parallel groups stay within one node of 8 GPUs (NVLink), as Megatron-LM's recipes do.
+// Tensor-parallel groups stay within one node (NVLink), as Megatron-LM's recipes keep them, and
+// at 8 ranks: the run's gpus_per_node (8 by default) or fewer.
 constexpr int64_t kMaxPlanTensor = 8;
 
 std::vector<int64_t> Divisors(int64_t n) {
@@ -280,7 +281,8 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
         ++stats->skipped_counts;
         continue;
       }
-      for (int64_t t = 1; t <= kMaxPlanTensor && t <= n; t *= 2) {
+      const int64_t max_tensor = std::min(kMaxPlanTensor, q.run.parallelism.gpus_per_node);
+      for (int64_t t = 1; t <= max_tensor && t <= n; t *= 2) {
       if (n % t != 0 || (t > 1 && !planner.tensor_ok())) continue;
       for (int64_t p : Divisors(n / t)) {
         if (p > 1 && (planner.blocks() == 0 || planner.blocks() % p != 0)) continue;

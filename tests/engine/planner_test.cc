@@ -70,6 +70,22 @@ TEST(PlannerTest, PlansFitAndAreTheirEstimates) {
   EXPECT_TRUE(tensor);  // Megatron's split is among the plans
 }
 
+// Tensor-parallel groups stay within a node: with 2 GPUs per node no plan splits over 4 or 8, and
+// the plans' figures count the NCCL buffers of their groups as laid out on such nodes.
+TEST(PlannerTest, TensorGroupsStayWithinANode) {
+  PlanQuery q = Llama7b("a100-40gb", 16);
+  q.run.parallelism.gpus_per_node = 2;
+  const std::vector<Plan> plans = Plans(q);
+  ASSERT_FALSE(plans.empty());
+  bool tensor = false;
+  for (const Plan& p : plans) {
+    EXPECT_LE(p.parallelism.tensor, 2);
+    EXPECT_EQ(p.parallelism.gpus_per_node, 2);
+    tensor |= p.parallelism.tensor == 2;
+  }
+  EXPECT_TRUE(tensor);
+}
+
 // A model that fits one GPU is planned on one GPU first, without recomputation first; the
 // search stops at the count where enough plans fit.
 TEST(PlannerTest, OneGpuFirstAndStopsWhenEnoughFit) {
