@@ -440,6 +440,17 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
     return InvalidArgument("config.cpu_isa: applies to the cpu-1.13 runtime only; the step runs "
                            "on " + std::string(RuntimeName(out.runtime)));
   }
+  // Past kMaxCpuCacheBytes a uint64 would not survive the cast: refused here, the rest in
+  // ValidateRunConfig.
+  if (config.cpu_l1_cache_bytes() > static_cast<uint64_t>(kMaxCpuCacheBytes) ||
+      config.cpu_l2_cache_bytes() > static_cast<uint64_t>(kMaxCpuCacheBytes)) {
+    return InvalidArgument(std::string("config.") +
+                           (config.cpu_l1_cache_bytes() > static_cast<uint64_t>(kMaxCpuCacheBytes)
+                                ? "cpu_l1_cache_bytes" : "cpu_l2_cache_bytes") +
+                           ": at most " + std::to_string(kMaxCpuCacheBytes) + " bytes");
+  }
+  out.cpu_l1_bytes = static_cast<int64_t>(config.cpu_l1_cache_bytes());
+  out.cpu_l2_bytes = static_cast<int64_t>(config.cpu_l2_cache_bytes());
   if (config.has_attention()) {
     MEMEST_ASSIGN_OR_RETURN(out.attention, AttentionFromProto(config.attention(), "config.attention"));
   }

@@ -180,6 +180,16 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
     MEMEST_ASSIGN_OR_RETURN(v1::CpuIsa isa, ParseWord("--cpu-isa", flags.cpu_isa, kCpuIsas));
     config->set_cpu_isa(isa);
   }
+  for (const auto& [name, bytes] : {std::pair<const char*, std::optional<int64_t>>{
+                                        "--cpu-l1-cache", flags.cpu_l1_cache},
+                                    {"--cpu-l2-cache", flags.cpu_l2_cache}}) {
+    if (bytes && *bytes <= 0) {
+      return InvalidArgument(std::string(name) + ": a cache size in bytes, got " +
+                             std::to_string(*bytes));
+    }
+  }
+  if (flags.cpu_l1_cache) config->set_cpu_l1_cache_bytes(static_cast<uint64_t>(*flags.cpu_l1_cache));
+  if (flags.cpu_l2_cache) config->set_cpu_l2_cache_bytes(static_cast<uint64_t>(*flags.cpu_l2_cache));
   if (!flags.attention.empty()) {
     MEMEST_ASSIGN_OR_RETURN(v1::Attention a, ParseWord("--attention", flags.attention, kAttentions));
     config->set_attention(a);
@@ -274,6 +284,14 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
   app->add_option("--cpu-isa", f->cpu_isa,
                   "with --runtime cpu-1.13: the vector ISA oneDNN uses, avx512 (default) or "
                   "avx2; it picks the convolution kernels and their scratch")
+      ->group(run);
+  app->add_option("--cpu-l1-cache", f->cpu_l1_cache,
+                  "with --runtime cpu-1.13: the per-core L1 data cache oneDNN blocks convolutions "
+                  "by, in bytes, as Xbyak reports it (an Intel CPU's; default oneDNN's 32768)")
+      ->group(run);
+  app->add_option("--cpu-l2-cache", f->cpu_l2_cache,
+                  "with --runtime cpu-1.13: the per-core L2 cache, in bytes (default oneDNN's "
+                  "524288)")
       ->group(run);
   app->add_option("--attention", f->attention,
                   "how attention layers run: eager, sdpa (the kernel PyTorch 2.x picks; the "

@@ -58,6 +58,8 @@ struct EstimateFlags {
   bool no_hold_outputs = false;     // the loop lets them go once the loss exists
   std::string runtime;              // cuda | cpu-1.13
   std::string cpu_isa;              // avx512 | avx2 (cpu-1.13 only)
+  std::optional<int64_t> cpu_l1_cache;  // bytes (cpu-1.13 only)
+  std::optional<int64_t> cpu_l2_cache;
   std::string attention;            // eager | sdpa | flash | mem-efficient | cudnn (HF names too)
   std::string cuda_module_loading;  // lazy | eager
   ParallelismFlags parallel;

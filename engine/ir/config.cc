@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "engine/ir/text.h"
 
@@ -300,6 +301,19 @@ Status ValidateSettingsApply(const RunConfig& c) {
     return InvalidArgument(
         "config.checkpoint.non_reentrant: applies to the regions a checkpoint policy makes, and "
         "no policy is set");
+  }
+  for (const auto& [field, bytes] : {std::pair<const char*, int64_t>{"cpu_l1_cache_bytes", c.cpu_l1_bytes},
+                                     {"cpu_l2_cache_bytes", c.cpu_l2_bytes}}) {
+    if (bytes < 0 || bytes > kMaxCpuCacheBytes) {
+      return InvalidArgument(std::string("config.") + field + ": must be in [0, " +
+                             std::to_string(kMaxCpuCacheBytes) + "] bytes (0: oneDNN's default), got " +
+                             std::to_string(bytes));
+    }
+    if (bytes > 0 && c.runtime != Runtime::kCpuTorch113) {
+      return InvalidArgument(std::string("config.") + field +
+                             ": the cache oneDNN blocks the CPU's convolutions by; applies to the "
+                             "cpu-1.13 runtime only");
+    }
   }
   if (c.runtime == Runtime::kCpuTorch113) {
     if (c.expandable_segments) {

@@ -200,6 +200,8 @@ struct ParallelismConfig {
 };
 
 constexpr int64_t kMaxTensorParallel = 1024;
+// The largest per-core cache a request may name for the CPU runtime (1 GiB).
+constexpr int64_t kMaxCpuCacheBytes = int64_t{1} << 30;
 constexpr int64_t kMaxGpusPerNode = 1024;
 constexpr size_t kMaxTensorPlanEntries = 1024;
 
@@ -232,6 +234,10 @@ struct RunConfig {
   bool expandable_segments = false;
   Runtime runtime = Runtime::kCuda;
   CpuIsa cpu_isa = CpuIsa::kAvx512;  // the CPU runtime only
+  // The CPU runtime only: the per-core caches oneDNN sizes convolution blocks by (0: its
+  // defaults, kDefaultCpuL1Bytes and kDefaultCpuL2Bytes; engine/rules/cpu_conv_kernels.h).
+  int64_t cpu_l1_bytes = 0;
+  int64_t cpu_l2_bytes = 0;
   // Training: the loop keeps the model's outputs in a variable, as `outputs = model(**batch);
   // loss = outputs.loss; loss.backward(); optimizer.step()` does (PyTorch's tutorials, Hugging
   // Face's no_trainer examples, nanoGPT): they live through backward and the optimizer step, and

@@ -222,6 +222,8 @@ CpuConvProblem CpuProblem(const OpCall& c, const ConvAttrs& a) {
   p.input_grad = c.needs_grad(0);
   p.weight_grad = c.needs_grad(1) || (p.bias && c.needs_grad(2));
   p.channels_last = ChannelsLastConv(c);
+  if (c.cpu_l1_bytes > 0) p.l1_bytes = c.cpu_l1_bytes;
+  if (c.cpu_l2_bytes > 0) p.l2_bytes = c.cpu_l2_bytes;
   return p;
 }
 

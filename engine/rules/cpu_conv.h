@@ -36,6 +36,10 @@ struct CpuConvProblem {
   // The input is channels-last (mkldnn_conv_use_channels_last): ATen runs the convolution in
   // that memory format (cpu_conv_nhwc.cc).
   bool channels_last = false;
+  // The per-core caches oneDNN blocks by: Xbyak's figures, or its defaults where Xbyak reports
+  // none (src/cpu/platform.cpp, get_per_core_cache_size).
+  int64_t l1_bytes = 32 * 1024;
+  int64_t l2_bytes = 512 * 1024;
 };
 
 // Allocation events in program order: +bytes allocates, -bytes frees the allocation of that

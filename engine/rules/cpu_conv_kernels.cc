@@ -6,10 +6,6 @@
 namespace memest {
 namespace {
 
-// oneDNN's defaults where Xbyak reports no cache hierarchy (src/cpu/platform.cpp).
-constexpr int64_t kL1Bytes = 32 * 1024;
-constexpr int64_t kL2Bytes = 512 * 1024;
-
 int64_t DivUp(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t RoundUp(int64_t a, int64_t b) { return DivUp(a, b) * b; }
 int64_t RoundDown(int64_t a, int64_t b) { return a / b * b; }
@@ -44,7 +40,7 @@ float ForwardThreadEfficiency(int64_t ow, int64_t ow_block) {
 int64_t ForwardOwBlock(const CpuConvProblem& p, bool first_conv, int64_t ic_block,
                        int64_t nb_oc_blocking, int64_t ur_w) {
   if (first_conv) return p.ow;
-  const int64_t l2_part = (kL2Bytes * 7 / 8) / 4;
+  const int64_t l2_part = (p.l2_bytes * 7 / 8) / 4;
   const int64_t src_chunk = ic_block * ur_w * p.kh;
   const int64_t dst_chunk = 16 * nb_oc_blocking * ur_w;
   const int64_t wei_chunk = 16 * nb_oc_blocking * ic_block * p.kw * p.kh;
@@ -93,7 +89,7 @@ bool Avx512DirectForwardTakes(const CpuConvProblem& p) {
   }
   const int64_t ker_total = 4 * DivUp(p.w, p.stride_w) * ic_block * p.kh + 4 * p.ow * 16 * 2 +
                             4 * p.kh * p.kw * ic_block * 16 * 2;
-  const bool embd_base = p.kw == 3 && p.ow <= 28 && ker_total < kL1Bytes &&
+  const bool embd_base = p.kw == 3 && p.ow <= 28 && ker_total < p.l1_bytes &&
                          !(p.ow == 13 && ic >= 192) && !(p.ow == 28 && ic >= 512);
   const bool unit_stride = p.stride_h == 1 && p.stride_w == 1;
   const bool expl_condition = p.n == 1 && unit_stride && p.ow == 1 && p.w == p.kw && nb_oc > 1 &&
@@ -106,7 +102,7 @@ bool Avx512DirectForwardTakes(const CpuConvProblem& p) {
   int64_t nb_oc_blocking = 1;
   if (embd) {
     ur_w = std::min(p.ow, kRegs);
-    if (ker_total < kL1Bytes && p.ow <= 8 && p.kh <= 3 && p.kw <= 3 && nb_oc % 2 == 0 &&
+    if (ker_total < p.l1_bytes && p.ow <= 8 && p.kh <= 3 && p.kw <= 3 && nb_oc % 2 == 0 &&
         (!first_conv || p.n == 1) && (p.n != 1 || ur_w < p.ow)) {
       nb_oc_blocking = 2;
       ur_w = std::min<int64_t>(p.ow, 31 / 3);
@@ -194,12 +190,12 @@ bool Avx512DirectBackwardDataTakes(const CpuConvProblem& p) {
   const int64_t ker_total = 4 * p.w * 16 * 2 * p.kh + 4 * p.ow * 16 + 4 * p.kh * p.kw * 16 * 16 * 2;
   // oneDNN's `use_expl_bcast` selects the embedded-broadcast kernel.
   const bool embd = !(p.kw == 1 || (p.kw == 5 && p.w < 8) ||
-                      (p.kw < 5 && ((p.w <= 5 || (p.w > 8 && p.w <= 13)) || ker_total > kL1Bytes))) ||
+                      (p.kw < 5 && ((p.w <= 5 || (p.w > 8 && p.w <= 13)) || ker_total > p.l1_bytes))) ||
                     p.stride_h > 1;
   int64_t nb_ic_blocking = 1;
   if (embd && !large_w_filter) {
     ur_w = std::min(p.w, kRegs);
-    if (!(p.kw > 3 || (p.kw == 3 && ker_total < kL1Bytes && p.ow > 8)) && p.stride_h == 1 &&
+    if (!(p.kw > 3 || (p.kw == 3 && ker_total < p.l1_bytes && p.ow > 8)) && p.stride_h == 1 &&
         nb_ic % 2 == 0) {
       nb_ic_blocking = 2;
       ur_w = std::min<int64_t>(31 / 3, p.w);
@@ -297,7 +293,7 @@ int64_t GemmForwardColumns(const CpuConvProblem& p, CpuIsa isa) {
   const bool im2col = !(p.ow == p.w && p.oh == p.h && sw == 1 && sh == 1 && ks == 1);
   if (!im2col) return 0;
   const int64_t simd_w = isa == CpuIsa::kAvx512 ? 16 : 8;
-  const int64_t l2 = kL2Bytes / 4;  // in floats
+  const int64_t l2 = p.l2_bytes / 4;  // in floats
   const int64_t spatial = p.n * p.groups * os, k_total = ic * ks;
   const bool blocking = spatial >= simd_w || os < p.n * p.groups ||
                         (sw == 1 && static_cast<double>(k_total) <= 0.05 * oc);

@@ -15,8 +15,10 @@
 //
 // Cache sizes: oneDNN sizes some register blocks and gemm's im2col block from the per-core L1
 // and L2 caches as Xbyak reports them, or, where Xbyak reports none (as on the AMD EPYC machine
-// the conformance suite measures on), from its defaults, 32 KiB and 512 KiB
-// (src/cpu/platform.cpp, get_per_core_cache_size). memest takes the defaults.
+// CI measures on), from its defaults, 32 KiB and 512 KiB (src/cpu/platform.cpp,
+// get_per_core_cache_size). memest takes CpuConvProblem's l1_bytes and l2_bytes (the run's
+// cpu_l1_bytes / cpu_l2_bytes; the defaults when unset): on an Intel Sapphire Rapids (48 KiB,
+// 2 MiB) DeepLab's ASPP convolution blocks all 512 channels of its im2col buffer, not 256.
 #ifndef MEMEST_ENGINE_RULES_CPU_CONV_KERNELS_H_
 #define MEMEST_ENGINE_RULES_CPU_CONV_KERNELS_H_
 

@@ -94,6 +94,8 @@ struct OpCall {
   bool grad_enabled = true;  // false under no_grad: inference, a checkpoint's first pass
   Runtime runtime = Runtime::kCuda;  // the few rules that differ on PyTorch 1.13's CPU path
   CpuIsa cpu_isa = CpuIsa::kAvx512;  // the CPU runtime's convolution kernels
+  int64_t cpu_l1_bytes = 0;           // and the caches they are blocked by (0: oneDNN's defaults)
+  int64_t cpu_l2_bytes = 0;
 
   const Tensor& in(size_t i) const { return *inputs[i]; }
   const Tensor& out(size_t i) const { return *outputs[i]; }

@@ -191,7 +191,7 @@ void StepSimulator::EndMicroBatch() {
 
 OpCall StepSimulator::MakeCall(int i, bool grad) const {
   const Op& op = g_.ops[i];
-  OpCall c{op, {}, {}, "", grad, cfg_.runtime, cfg_.cpu_isa};
+  OpCall c{op, {}, {}, "", grad, cfg_.runtime, cfg_.cpu_isa, cfg_.cpu_l1_bytes, cfg_.cpu_l2_bytes};
   for (int t : op.inputs) c.inputs.push_back(&g_.tensors[t]);
   for (int t : op.outputs) c.outputs.push_back(&g_.tensors[t]);
   return c;

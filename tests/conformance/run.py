@@ -78,7 +78,47 @@ def onednn_isa():
     sys.exit(f"run.py: oneDNN runs on '{isa}'; memest models its AVX-512 and AVX2 convolutions only")
 
 
+def _cpu_count(cpu_list):
+    """How many CPUs a sysfs list ("0-3,8") names."""
+    n = 0
+    for part in cpu_list.strip().split(","):
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1
+    return n
+
+
+def onednn_cache_flags():
+    """memest's --cpu-l1-cache / --cpu-l2-cache for the caches oneDNN blocks its convolutions by
+    here (src/cpu/platform.cpp, get_per_core_cache_size): on an Intel CPU, Xbyak's reading of
+    CPUID leaf 4, each data cache's size over the cores sharing it (the CPUs sharing it over
+    those sharing the L1); elsewhere Xbyak (oneDNN 2.6's) reads none and oneDNN takes its
+    defaults, as memest does without the flags. The kernel's sysfs holds the same CPUID
+    figures."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            intel = "GenuineIntel" in f.read(4096)
+        base = "/sys/devices/system/cpu/cpu0/cache"
+        caches = {}
+        for entry in sorted(os.listdir(base)):
+            if not entry.startswith("index"):
+                continue
+            read = lambda name: open(os.path.join(base, entry, name)).read().strip()
+            if read("type") in ("Data", "Unified"):
+                size = read("size")
+                unit = {"K": 1024, "M": 1 << 20}.get(size[-1], 1)
+                caches[int(read("level"))] = (int(size.rstrip("KM")) * unit,
+                                              _cpu_count(read("shared_cpu_list")))
+    except (OSError, ValueError):
+        return []
+    if not intel or 1 not in caches or 2 not in caches:
+        return []
+    smt = caches[1][1]
+    per_core = {lvl: size // max(shared // smt, 1) for lvl, (size, shared) in caches.items()}
+    return ["--cpu-l1-cache", str(per_core[1]), "--cpu-l2-cache", str(per_core[2])]
+
+
 CPU_ISA = None  # set by main(): what oneDNN runs on here
+CPU_CACHE_FLAGS = []  # set by main(): the caches oneDNN blocks by here, when not its defaults
 
 
 def estimate(memest, model, batch, cfg, first_step):
@@ -92,7 +132,7 @@ def estimate(memest, model, batch, cfg, first_step):
     if not own_batch:
         cmd += ["--batch", str(batch * cfg.accum)]
     cmd += ["--mode", cfg.mode, "--precision", "fp32", "--runtime", "cpu-1.13",
-            "--cpu-isa", CPU_ISA, "--json", "--no-advice"]
+            "--cpu-isa", CPU_ISA, "--json", "--no-advice"] + CPU_CACHE_FLAGS
     if cfg.training:
         cmd += ["--optimizer", cfg.optimizer, "--optimizer-impl", cfg.impl]
         if cfg.accum > 1:
@@ -211,6 +251,8 @@ def main():
         os.environ["ONEDNN_MAX_CPU_ISA"] = args.onednn_max_isa
     global CPU_ISA
     CPU_ISA = onednn_isa()  # a child process with PyTorch: not for --list
+    global CPU_CACHE_FLAGS
+    CPU_CACHE_FLAGS = onednn_cache_flags()
     if args.via_tracer:
         import via_tracer
 
@@ -316,7 +358,8 @@ def write_fidelity(results, passed, failed):
     w("```")
     w("")
     w(f"PyTorch {torch.__version__} on the CPU (Debian python3-torch), float32, one thread, oneDNN "
-      f"on {CPU_ISA}; memest `estimate --local --runtime cpu-1.13 --cpu-isa {CPU_ISA}`; "
+      f"on {CPU_ISA}; memest `estimate --local --runtime cpu-1.13 --cpu-isa {CPU_ISA}"
+      f"{''.join(' ' + f for f in CPU_CACHE_FLAGS)}`; "
       f"{datetime.date.today().isoformat()}.")
     w("")
     w(f"**{passed} passed, {failed} failed** "

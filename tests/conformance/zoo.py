@@ -58,6 +58,7 @@ def run_one(name, memest_bin, isa):
 
     torch.set_num_threads(1)
     suite.CPU_ISA = isa
+    suite.CPU_CACHE_FLAGS = suite.onednn_cache_flags()
     entry = zoo_models.find(name)
     out = {"name": name, "group": entry.group, "note": entry.note, "modes": []}
     for mode in entry.modes:

@@ -58,6 +58,10 @@ TEST(SettingsTest, RefusesSettingsThatDoNotApply) {
        Cpu()},
       {"config.precision", [](RunConfig& c) { c.precision = Precision::kFp16Amp; }, Cpu()},
       {"config.precision", [](RunConfig& c) { c.precision = Precision::kFp16Pure; }, Cpu()},
+      {"config.cpu_l2_cache_bytes", [](RunConfig& c) { c.cpu_l2_bytes = 2 << 20; }, RunConfig()},
+      {"config.cpu_l1_cache_bytes", [](RunConfig& c) { c.cpu_l1_bytes = -1; }, Cpu()},
+      {"config.cpu_l2_cache_bytes", [](RunConfig& c) { c.cpu_l2_bytes = kMaxCpuCacheBytes + 1; },
+       Cpu()},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.field);

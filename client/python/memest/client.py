@@ -42,6 +42,8 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           first_step, generate_tokens,
           expandable_segments, runtime: cuda | cpu-1.13,
           cpu_isa: avx512 | avx2 (cpu-1.13 only: the ISA oneDNN's convolutions use),
+          cpu_l1_cache_bytes, cpu_l2_cache_bytes (cpu-1.13 only: the per-core caches oneDNN
+            blocks convolutions by; default its 32 KiB and 512 KiB),
           hold_outputs (training: True, the default, for a loop that keeps the model's outputs
           in a variable, `outputs = model(**batch)`, through backward and the optimizer step;
           False for one that lets them go once the loss exists: Hugging Face's Trainer,

@@ -164,7 +164,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   checkpoint_k=None, checkpoint_scopes=(), checkpoint_non_reentrant=False,
                   first_step=False, device=None,
                   capacity_bytes=None, generate_tokens=None, expandable_segments=False,
-                  runtime=None, cpu_isa=None, hold_outputs=None, attention=None,
+                  runtime=None, cpu_isa=None, cpu_l1_cache_bytes=None, cpu_l2_cache_bytes=None,
+                  hold_outputs=None, attention=None,
                   cuda_module_loading=None, data_parallel=None, dp_strategy=None,
                   bucket_cap_mb=None, gradient_as_bucket_view=False, reduce_bucket_size=None,
                   overlap_comm=False, offload_optimizer=False, reshard_after_forward=None,
@@ -217,6 +218,10 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
         config.runtime = _word("runtime", runtime, RUNTIMES)
     if cpu_isa is not None:
         config.cpu_isa = _word("cpu_isa", cpu_isa, CPU_ISAS)
+    if cpu_l1_cache_bytes is not None:
+        _assign(config, "cpu_l1_cache_bytes", cpu_l1_cache_bytes, "cpu_l1_cache_bytes")
+    if cpu_l2_cache_bytes is not None:
+        _assign(config, "cpu_l2_cache_bytes", cpu_l2_cache_bytes, "cpu_l2_cache_bytes")
     if hold_outputs is not None:
         config.hold_outputs = bool(hold_outputs)
     if attention is not None:
