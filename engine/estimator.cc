@@ -109,7 +109,8 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
       int64_t bytes = 0;
       for (int t : ModelOutputs(graph, config.mode)) {
         if (graph.tensors[t].role != TensorRole::kActivation) continue;
-        AddBytes(&bytes, Bytes(graph.tensors[t].shape, graph.tensors[t].dtype));
+        // Alive together in the walked step, whose totals stay within kMaxBytes: no overflow.
+        if (!AddBytes(&bytes, Bytes(graph.tensors[t].shape, graph.tensors[t].dtype))) break;
       }
       r->notes.push_back("the loop holds the model's outputs (" + FormatBytes(bytes) +
                          ") through backward and the optimizer step, as `outputs = "
