@@ -48,6 +48,7 @@
 //   nms(boxes[N, 4], scores[N]; iou_threshold, count) -> int64 [count]   (torchvision.ops)
 //   roi_align(x[N, C, H, W], rois[K, 5]; output_size, spatial_scale, sampling_ratio, aligned)
 //   sum / mean(x; dim=[...] (all when absent), keepdim=0)
+//   all / any(x; dim=[...] (all when absent), keepdim=0) -> bool, not differentiable
 //   reshape / view(x; shape=[...], one -1 allowed)  transpose(x; dim0, dim1)  permute(x; dims)
 //   expand(x; shape)  unsqueeze(x; dim)  squeeze(x; dim)  slice(x; dim, start, end, step=1)
 //   split(x; dim, sizes=[...]) -> several views      flatten(x; start_dim=0, end_dim=-1)

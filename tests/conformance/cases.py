@@ -419,6 +419,30 @@ def _(r, b):
     return loss_of(r, r.where(r.compare("gt", y, 0.0), y, e))
 
 
+@case("ops", "all_any_checks", configs=[SGD, Config(mode="inference")])
+def _(r, b):
+    # The checks Hugging Face's mask code branches on (transformers 5's
+    # find_packed_sequence_indices: `(mask[:, -1] == 0).all()`), over ints, bools and floats; on
+    # the CPU a non-bool input is cast to bool first. A reduction over a dim feeds where.
+    x = lift(r, r.input("x", [b, 8, 16]))
+    ids = r.input("ids", [b, 16], "int64", high=4)
+    r.all(r.compare("eq", ids, 0))
+    r.any(ids)
+    r.all(x)
+    keep = r.any(r.compare("gt", x, 0.0), dim=2, keepdim=True)
+    return loss_of(r, r.where(keep, x, r.exp(x)))
+
+
+@case("ops", "all_of_floats", configs=[SGD, Config(mode="inference")])
+def _(r, b):
+    # torch.all of a float tensor at the forward's peak: the CPU's bool copy of it (a byte an
+    # element) is the step's largest moment.
+    y = r.exp(lift(r, r.input("x", [b, 64, 64])))
+    z = r.mul(y, y)
+    r.all(z)
+    return loss_of(r, r.sum(z, dim=[2]))
+
+
 @case("ops", "maximum_constant", configs=[SGD, Config(mode="inference")])
 def _(r, b):
     # HF OPT's clamp of masked scores: torch.max(scores, torch.tensor(finfo.min)); autograd

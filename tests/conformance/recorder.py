@@ -726,6 +726,17 @@ class Recorder:
             return self._op("sum", [x], attrs, lambda t: t.sum())
         return self._op("sum", [x], attrs, lambda t: t.sum(list(dim), keepdim=keepdim))
 
+    def all(self, x, dim=None, keepdim=False, kind="all"):
+        """all / any of x (torch.all, torch.any): a bool tensor, reduced over dim or entirely."""
+        fn = getattr(torch, kind)
+        attrs = {"dim": [dim] if dim is not None else None, "keepdim": 1 if keepdim else None}
+        if dim is None:
+            return self._op(kind, [x], attrs, lambda t: fn(t))
+        return self._op(kind, [x], attrs, lambda t: fn(t, dim, keepdim=keepdim))
+
+    def any(self, x, dim=None, keepdim=False):
+        return self.all(x, dim, keepdim, kind="any")
+
     def mean(self, x, dim=None, keepdim=False):
         attrs = {"dim": list(dim) if dim is not None else None, "keepdim": 1 if keepdim else None}
         if dim is None:

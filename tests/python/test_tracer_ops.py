@@ -231,3 +231,34 @@ def test_autograd_copy_of_an_in_place_input_is_left_to_the_rule(tmp_path):
     model = tracer.trace(InPlace(True), torch.randn(4, 8, 16), loss="sum")
     assert kinds(model) == ["add", "clone", "silu", "add", "sum"]
     estimate_both(model, 4, tmp_path)
+
+
+class PackedCheck(nn.Module):
+    """Transformers 5's find_packed_sequence_indices: `if (mask[:, -1] == 0).all():` on a tensor
+    the forward made, a branch on data (GPT-2 with use_cache=False)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.head = nn.Linear(16, 50)
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1]).expand(idx.shape[0], -1)
+        packed = (pos.diff(dim=-1) != 1) if pos.shape[1] > 1 else pos
+        h = self.emb(idx)
+        if packed.any() or (h[:, -1] == 0).all():
+            h = h * 2
+        return self.head(h)
+
+
+def test_a_branch_on_all_or_any_traces_on_real_tensors(tmp_path):
+    model = tracer.trace(PackedCheck(), torch.randint(0, 50, (3, 7)))
+    # bool() of a meta tensor cannot run: the trace went on real tensors, and the checks are
+    # bool reductions of the graph (their value went to Python: no op for it)
+    assert model.path == "real"
+    (check,) = ops_of(model, "all")
+    (eq,) = ops_of(model, "eq")
+    assert check["inputs"] == eq["outputs"]
+    # any() of the positions (made without reading the graph) is not part of it
+    assert "any" not in kinds(model)
+    estimate_both(model, 3, tmp_path)

@@ -507,6 +507,10 @@ def _where(tr, args, kwargs, out):
 
 # ---------------------------------------------------------------- reductions
 
+def _host_value(tr, args, kwargs, out):
+    """.item() / bool() of a tensor (aten._local_scalar_dense): a Python number, no tensor; on
+    meta tensors it cannot run, and the trace goes on real ones."""
+
 def _reduce(kind):
     def h(tr, args, kwargs, out):
         x = args[0]
@@ -719,6 +723,14 @@ HANDLERS = {
     "sum.dim_IntList": _reduce("sum"),
     "mean.default": _reduce("mean"),
     "mean.dim": _reduce("mean"),
+    # The checks models branch on (`if mask.all():`): a bool, then a Python value.
+    "all.default": _reduce("all"),
+    "all.dim": _reduce("all"),
+    "all.dims": _reduce("all"),
+    "any.default": _reduce("any"),
+    "any.dim": _reduce("any"),
+    "any.dims": _reduce("any"),
+    "_local_scalar_dense.default": _host_value,
     "nll_loss_forward.default": _nll_loss,
     "nll_loss2d_forward.default": _nll_loss,
     "mse_loss.default": _mse_loss,
