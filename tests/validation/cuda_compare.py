@@ -28,7 +28,7 @@ PHASES = {"DATA": "PHASE_DATA", "FORWARD": "PHASE_FORWARD", "LOSS": "PHASE_LOSS"
 
 def estimate_flags(rec, trace):
     flags = ["estimate", "--local", "--json", "--no-advice", "--model", trace,
-             "--precision", rec["precision"],
+             "--batch", str(rec["batch"]), "--precision", rec["precision"],
              "--device", DEVICES.get(rec.get("device_name"), "h100-80gb")]
     if rec["mode"] == "training":
         return flags + ["--optimizer", rec["optimizer"], "--optimizer-impl", "foreach",
