@@ -123,6 +123,11 @@ std::vector<BadInput> EnumRows() {
        Undefined([](C* c, int v) {
          c->set_cuda_module_loading(static_cast<v1::CudaModuleLoading>(v));
        })},
+      {"GpusPerNodeNegative", Gpt2("parallelism { data: 2 data_parallel: DATA_PARALLEL_DDP gpus_per_node: -8 }"),
+       kInvalid, "config.parallelism.gpus_per_node"},
+      {"GpusPerNodePastTheLimit", Gpt2("parallelism { data: 2 data_parallel: DATA_PARALLEL_DDP gpus_per_node: " +
+                                       kInt64Max + " }"),
+       kInvalid, "config.parallelism.gpus_per_node"},
       {"DataParallelNegative", Gpt2("parallelism { data: -4 }"), kInvalid,
        "config.parallelism.data"},
       {"DataParallelPastTheLimit", Gpt2("parallelism { data: 1048577 }"), kInvalid,
