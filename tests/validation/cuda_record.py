@@ -280,7 +280,8 @@ def main(argv=None):
                         help="measure only (the traces made elsewhere, with the same torch and transformers)")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--mode", help=argparse.SUPPRESS)
-    parser.add_argument("--timeout", type=int, default=120)
+    parser.add_argument("--timeout", type=int, default=300,
+                        help="seconds per case and mode (a trace on real tensors takes minutes)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.case:
