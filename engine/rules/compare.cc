@@ -129,6 +129,26 @@ void CumsumMemory(const OpCall& c, OpMemory* m) {
   m->backward_temps.push_back(Alloc{2 * BytesOf(x), "cumsum backward: flip, cumsum"});
 }
 
+// all / any(x; dim, keepdim): a bool of the reduced shape, not differentiable (the checks
+// Hugging Face's mask code branches on, as `if (mask[:, -1] == 0).all():`).
+StatusOr<std::vector<OutputSpec>> InferAllAny(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(std::vector<OutputSpec> out, InferReduce(c));
+  out[0].dtype = DType::kBool;
+  return out;
+}
+
+// On the CPU the input is cast to bool first unless it is bool (or uint8) already
+// (get_allany_iter: make_reduction_from_out_ty, 1.13 and 2.x; a tensor of one element is
+// copied with .to(kBool) the same way); CUDA's kernel casts as it reads.
+void AllAnyMemory(const OpCall& c, OpMemory* m) {
+  m->grad_flow.assign(c.inputs.size(), GradFlow::kNone);
+  const Tensor& x = c.in(0);
+  if (c.runtime == Runtime::kCpuTorch113 && x.dtype != DType::kBool && x.dtype != DType::kUInt8 &&
+      Numel(x.shape) > 0) {
+    m->forward_temps.push_back(AllocOf(x.shape, DType::kBool, "all/any: the input cast to bool"));
+  }
+}
+
 }  // namespace
 
 void RegisterCompareRules(std::vector<OpRule>* r) {
@@ -140,6 +160,8 @@ void RegisterCompareRules(std::vector<OpRule>* r) {
   r->push_back({"maximum", 2, 2, InferExtremum, ExtremumMemory});
   r->push_back({"minimum", 2, 2, InferExtremum, ExtremumMemory});
   r->push_back({"cumsum", 1, 1, InferCumsum, CumsumMemory});
+  r->push_back({"all", 1, 1, InferAllAny, AllAnyMemory});
+  r->push_back({"any", 1, 1, InferAllAny, AllAnyMemory});
 }
 
 }  // namespace rules

@@ -26,6 +26,9 @@ void RegisterSelectRules(std::vector<OpRule>* rules);
 void RegisterDetectionRules(std::vector<OpRule>* rules);
 void RegisterParallelRules(std::vector<OpRule>* rules);
 
+// sum / mean(x; dim, keepdim)'s output: the reduced shape, floating or int64 (shape.cc).
+StatusOr<std::vector<OutputSpec>> InferReduce(const OpCall& c);
+
 // embedding(weight, indices)'s outputs, and its backward's scratch on CUDA (shape.cc).
 StatusOr<std::vector<OutputSpec>> InferEmbedding(const OpCall& c);
 void EmbeddingBackwardScratch(const OpCall& c, OpMemory* m);

@@ -297,6 +297,8 @@ StatusOr<std::vector<OutputSpec>> InferCat(const OpCall& c) {
   return std::vector<OutputSpec>{{out, dtype}};
 }
 
+}  // namespace
+
 StatusOr<std::vector<OutputSpec>> InferReduce(const OpCall& c) {
   MEMEST_ASSIGN_OR_RETURN(int64_t keepdim, IntAttr(c.op.attrs, "keepdim", 0, c.field));
   const Shape& x = c.in(0).shape;
@@ -322,6 +324,8 @@ StatusOr<std::vector<OutputSpec>> InferReduce(const OpCall& c) {
   }
   return std::vector<OutputSpec>{{out, d}};
 }
+
+namespace {
 
 void EmbeddingMemory(const OpCall& c, OpMemory* m) {
   if (!c.needs_grad(0)) return;
@@ -377,26 +381,6 @@ bool ExpandedGradView(const Op& op, const Tensor& in, const Tensor& out, const S
   return true;
 }
 
-// all / any(x; dim, keepdim): a bool of the reduced shape, not differentiable (the checks
-// Hugging Face's mask code branches on, as `if (mask[:, -1] == 0).all():`).
-StatusOr<std::vector<OutputSpec>> InferAllAny(const OpCall& c) {
-  MEMEST_ASSIGN_OR_RETURN(std::vector<OutputSpec> out, InferReduce(c));
-  out[0].dtype = DType::kBool;
-  return out;
-}
-
-// On the CPU the input is cast to bool first unless it is bool (or uint8) already
-// (get_allany_iter: make_reduction_from_out_ty, 1.13 and 2.x; a tensor of one element is
-// copied with .to(kBool) the same way); CUDA's kernel casts as it reads.
-void AllAnyMemory(const OpCall& c, OpMemory* m) {
-  m->grad_flow.assign(c.inputs.size(), GradFlow::kNone);
-  const Tensor& x = c.in(0);
-  if (c.runtime == Runtime::kCpuTorch113 && x.dtype != DType::kBool && x.dtype != DType::kUInt8 &&
-      Numel(x.shape) > 0) {
-    m->forward_temps.push_back(AllocOf(x.shape, DType::kBool, "all/any: the input cast to bool"));
-  }
-}
-
 // An op whose backward hands each input its own view of the gradient.
 OpRule ViewBackward(OpRule rule, decltype(OpRule::grad_view) grad_view) {
   rule.grad_view = grad_view;
@@ -421,8 +405,6 @@ void RegisterShapeRules(std::vector<OpRule>* r) {
   r->push_back(ViewBackward({"cat", 1, -1, InferCat, PassThrough}, nullptr));  // slices
   r->push_back(ViewBackward({"sum", 1, 1, InferReduce, SumMemory}, ExpandedGradView));
   r->push_back({"mean", 1, 1, InferReduce, MeanMemory});
-  r->push_back({"all", 1, 1, InferAllAny, AllAnyMemory});
-  r->push_back({"any", 1, 1, InferAllAny, AllAnyMemory});
   r->push_back({"embedding", 2, 2, InferEmbedding, EmbeddingMemory});
 }
 
