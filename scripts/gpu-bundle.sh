@@ -36,9 +36,9 @@ cat > "${stage}/bin/env.sh" <<'EOF'
 # Sourced by the wrappers: this bundle's libraries, then CUDA's and cuDNN's where they are.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cuda_dirs=""
+nvidia_wheels="$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)"
 for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9; do
-  for root in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-              "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null)"; do
+  for root in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib "${nvidia_wheels}"; do
     found="$(find "${root}" -name "${lib}" 2>/dev/null | head -1)"
     if [[ -n "${found}" ]]; then cuda_dirs="${cuda_dirs}:$(dirname "${found}")"; break; fi
   done

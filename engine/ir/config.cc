@@ -43,6 +43,19 @@ Status ValidateMegatron(const RunConfig& c) {
   return Status::Ok();
 }
 
+}  // namespace
+
+Status ValidateGpusPerNode(int64_t gpus_per_node) {
+  if (gpus_per_node < 1 || gpus_per_node > kMaxGpusPerNode) {
+    return InvalidArgument("config.parallelism.gpus_per_node: must be in [1, " +
+                           std::to_string(kMaxGpusPerNode) + "], got " +
+                           std::to_string(gpus_per_node));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
 Status ValidateParallelism(const ParallelismConfig& p) {
   if (p.data < 1 || p.data > kMaxDataParallel) {
     return InvalidArgument("config.parallelism.data: must be in [1, " +
@@ -119,11 +132,7 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            std::to_string(kMaxTensorParallel) + "] ranks, got " +
                            std::to_string(p.context));
   }
-  if (p.gpus_per_node < 1 || p.gpus_per_node > kMaxGpusPerNode) {
-    return InvalidArgument("config.parallelism.gpus_per_node: must be in [1, " +
-                           std::to_string(kMaxGpusPerNode) + "], got " +
-                           std::to_string(p.gpus_per_node));
-  }
+  MEMEST_RETURN_IF_ERROR(ValidateGpusPerNode(p.gpus_per_node));
   if (p.tensor_plan.size() > kMaxTensorPlanEntries) {
     return InvalidArgument("config.parallelism.tensor_plan: at most " +
                            std::to_string(kMaxTensorPlanEntries) + " entries, got " +

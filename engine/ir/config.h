@@ -235,7 +235,7 @@ struct RunConfig {
   Runtime runtime = Runtime::kCuda;
   CpuIsa cpu_isa = CpuIsa::kAvx512;  // the CPU runtime only
   // The CPU runtime only: the per-core caches oneDNN sizes convolution blocks by (0: its
-  // defaults, kDefaultCpuL1Bytes and kDefaultCpuL2Bytes; engine/rules/cpu_conv_kernels.h).
+  // defaults, 32 KiB and 512 KiB, CpuConvProblem's; engine/rules/cpu_conv_kernels.h).
   int64_t cpu_l1_bytes = 0;
   int64_t cpu_l2_bytes = 0;
   // Training: the loop keeps the model's outputs in a variable, as `outputs = model(**batch);
@@ -260,6 +260,10 @@ constexpr int64_t kMaxGenerateTokens = int64_t{1} << 24;
 // Validates field ranges, then ValidateSettingsApply; errors name the field as
 // "config.<field>".
 Status ValidateRunConfig(const RunConfig& config);
+
+// config.parallelism.gpus_per_node within [1, kMaxGpusPerNode] (ValidateRunConfig's check, for
+// engine/ir/nccl.h too).
+Status ValidateGpusPerNode(int64_t gpus_per_node);
 
 // Refuses a setting that does not apply to the mode, policy or runtime it comes with, where
 // the estimate would ignore it or PyTorch would refuse it: generate_tokens in training;

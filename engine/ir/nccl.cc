@@ -68,11 +68,7 @@ int64_t CommunicatorBytes(const NcclCommunicator& c, const DeviceInfo& device) {
 }  // namespace
 
 StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& device) {
-  if (p.gpus_per_node < 1 || p.gpus_per_node > kMaxGpusPerNode) {
-    return InvalidArgument("config.parallelism.gpus_per_node: must be in [1, " +
-                           std::to_string(kMaxGpusPerNode) + "], got " +
-                           std::to_string(p.gpus_per_node));
-  }
+  MEMEST_RETURN_IF_ERROR(ValidateGpusPerNode(p.gpus_per_node));
   NcclMemory out;
   // Megatron-LM's rank order: tensor fastest, then context, data, pipeline.
   struct Group {

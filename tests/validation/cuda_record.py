@@ -36,12 +36,12 @@ import pickle
 import subprocess
 import sys
 import time
-import traceback
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-ALLOCATOR_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG")
+sys.path.insert(0, HERE)
+from three_way import ALLOCATOR_ENV  # noqa: E402  (environment that changes what is allocated)
 
 
 def import_tracer():

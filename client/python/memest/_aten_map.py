@@ -511,6 +511,7 @@ def _host_value(tr, args, kwargs, out):
     """.item() / bool() of a tensor (aten._local_scalar_dense): a Python number, no tensor; on
     meta tensors it cannot run, and the trace goes on real ones."""
 
+
 def _reduce(kind):
     def h(tr, args, kwargs, out):
         x = args[0]
