@@ -251,6 +251,7 @@ StatusOr<std::vector<Advice>> MakeAdvice(const ModelSpec& model, const Graph& gr
         const int64_t L = static_cast<int64_t>(graph.blocks.size());
         const int64_t k = p == CheckpointPolicy::kEveryBlock
                               ? 1 : std::max<int64_t>(1, std::llround(std::sqrt(double(L))));
+        if (p == CheckpointPolicy::kSqrtBlocks && k == 1) continue;  // every block: said above
         measure(EstimateGraph(graph, alt, quiet),
                 {"checkpoint",
                  "checkpoint every " + (k == 1 ? std::string("block") : std::to_string(k) + " blocks") +

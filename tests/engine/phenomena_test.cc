@@ -1,6 +1,7 @@
 // The phenomena of the write-ups memest grew from (../shared/seeds), each as a test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/estimator.h"
@@ -273,6 +274,21 @@ TEST(AdviceTest, NamesTheLargestMicroBatchThatFits) {
       << max_batch->message;
   EXPECT_TRUE(fits(m));
   EXPECT_FALSE(fits(m + 1));
+}
+
+// Two blocks: checkpointing every sqrt(2) ~ 1 block is checkpointing every block, advised once.
+TEST(AdviceTest, EachCheckpointChoiceIsAdvisedOnce) {
+  const ModelSpec gpt2{PresetSpec{"gpt2-small", {{"layers", 2}, {"seq", 256}}}};
+  RunConfig c;
+  c.batch_size = 4;
+  const Report r = Estimate(gpt2, c).value();
+  std::vector<std::string> seen;
+  for (const Advice& a : r.advice) {
+    if (a.kind != "checkpoint") continue;
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), a.message), 0) << a.message;
+    seen.push_back(a.message);
+  }
+  EXPECT_EQ(seen.size(), 1u);
 }
 
 }  // namespace
