@@ -86,6 +86,7 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
   out.sequence_parallel = p.sequence_parallel();
   out.context = p.context() == 0 ? 1 : p.context();  // the engine refuses a negative count
   out.gpus_per_node = p.gpus_per_node() == 0 ? 8 : p.gpus_per_node();  // refused when negative
+  out.data_shard = p.data_shard();  // the engine checks it against data and the strategy
   if (p.tensor_plan_size() > static_cast<int>(kMaxTensorPlanEntries)) {
     return InvalidArgument("config.parallelism.tensor_plan: at most " +
                            std::to_string(kMaxTensorPlanEntries) + " entries, got " +

@@ -67,6 +67,11 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                 "reduce_dtype=float32) over a float32 model (with --precision bf16-pure or "
                 "fp16-pure)")
       ->group(group);
+  app->add_option("--dp-shard", f->data_shard,
+                  "hybrid sharding (FSDP1 HYBRID_SHARD, FSDP2 over a replicate x shard mesh): "
+                  "shard within groups of N data ranks, replicate across --data-parallel / N "
+                  "of them")
+      ->group(group)->type_name("N");
   app->add_option("--pipeline", f->pipeline,
                   "pipeline stages: the model's blocks split evenly over them, --grad-accum "
                   "micro-batches; every stage is estimated, the report is the one that needs "
@@ -115,7 +120,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
       !f.no_reshard_after_forward &&
       !f.fsdp_mixed_precision && !f.pipeline && f.pipeline_schedule.empty() &&
       !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && !f.context &&
-      !f.virtual_stages && !f.gpus_per_node) {
+      !f.virtual_stages && !f.gpus_per_node && !f.data_shard) {
     return Status::Ok();
   }
   v1::Parallelism* p = config->mutable_parallelism();
@@ -141,6 +146,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (f.tensor) p->set_tensor(*f.tensor);
   if (f.context) p->set_context(*f.context);
   if (f.gpus_per_node) p->set_gpus_per_node(*f.gpus_per_node);
+  if (f.data_shard) p->set_data_shard(*f.data_shard);
   if (f.virtual_stages) p->set_pipeline_virtual_stages(*f.virtual_stages);
   p->set_sequence_parallel(f.sequence_parallel);
   for (const std::string& entry : f.tensor_plan) {

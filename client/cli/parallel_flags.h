@@ -32,6 +32,7 @@ struct ParallelismFlags {
   std::vector<std::string> tensor_plan;       // MODULE=colwise|rowwise
   std::optional<int64_t> context;             // context-parallel ranks
   std::optional<int64_t> gpus_per_node;       // which groups NCCL connects within a node
+  std::optional<int64_t> data_shard;          // HSDP: ranks per shard group
   std::optional<int64_t> virtual_stages;      // interleaved 1F1B model chunks per stage
 };
 

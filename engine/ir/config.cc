@@ -159,6 +159,18 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            ": a DistributedDataParallel setting; FSDP2 reduce-scatters each "
                            "block's gradients itself");
   }
+  if (p.data_shard != 0) {
+    const std::string field = "config.parallelism.data_shard";
+    if (!fsdp) {
+      return InvalidArgument(field + ": hybrid sharding (HSDP) is an FSDP setting, and the "
+                             "strategy is " + DataShardingName(p.sharding));
+    }
+    if (p.data_shard < 1 || p.data_shard > p.data || p.data % p.data_shard != 0) {
+      return InvalidArgument(field + ": the ranks each shard group holds must divide "
+                             "config.parallelism.data (" + std::to_string(p.data) + "), got " +
+                             std::to_string(p.data_shard));
+    }
+  }
   if (p.sharding == DataSharding::kNone && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
     return InvalidArgument(std::string("config.parallelism.") +
                            (p.bucket_cap_bytes != 0 ? "bucket_cap_mb" : "gradient_as_bucket_view") +

@@ -172,6 +172,11 @@ struct ParallelismConfig {
   // precision>, reduce_dtype=float32) over a float32 model: the shards, their gradients and the
   // optimizer state are float32; the gathered parameters and the compute are 16-bit.
   bool fsdp_mixed_precision = false;
+  // FSDP1 HYBRID_SHARD / FSDP2 HSDP (fully_shard over a 2-D mesh, replicate x shard): the
+  // parameters, gradients and optimizer state are sharded within groups of this many data ranks
+  // and replicated across the data / data_shard groups, whose sharded gradients are then
+  // all-reduced in place. 0: sharded over every data rank (FULL_SHARD, a 1-D mesh).
+  int64_t data_shard = 0;
   // Pipeline stages: the model's blocks split evenly over them; grad_accum_steps is the number
   // of micro-batches. 1: no pipeline.
   int64_t pipeline = 1;
@@ -260,6 +265,11 @@ constexpr int64_t kMaxGenerateTokens = int64_t{1} << 24;
 // Validates field ranges, then ValidateSettingsApply; errors name the field as
 // "config.<field>".
 Status ValidateRunConfig(const RunConfig& config);
+
+// The ranks FSDP shards over: data_shard under HSDP, else every data rank.
+inline int64_t ShardRanks(const ParallelismConfig& p) {
+  return p.data_shard > 0 ? p.data_shard : p.data;
+}
 
 // config.parallelism.gpus_per_node within [1, kMaxGpusPerNode] (ValidateRunConfig's check, for
 // engine/ir/nccl.h too).

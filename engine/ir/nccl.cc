@@ -81,7 +81,10 @@ StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& 
       {"tensor", p.tensor, 0, true},
       // Ring attention passes keys and values to the next rank and gradients back.
       {"context", p.context, std::min<int64_t>(2, p.context - 1), true},
-      {"data", p.data, 0, true},
+      // HSDP: the shard group within the replicas' group (FSDP2's DeviceMesh (replicate,
+      // shard), FSDP1 HYBRID_SHARD's intra- and inter-node groups); else one data group.
+      {p.data_shard > 0 ? "data shard" : "data", ShardRanks(p), 0, true},
+      {"data replicate", p.data / ShardRanks(p), 0, true},
       // A stage sends activations on and gradients back: two neighbours but at the ends (the
       // worst stage is counted; interleaving connects the last stage to the first too).
       {"pipeline", p.pipeline, std::min<int64_t>(2, p.pipeline - 1), false},

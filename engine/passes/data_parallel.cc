@@ -192,21 +192,26 @@ void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
     for (size_t k = 0; k + 1 < f->units.size(); ++k) {
       largest = std::max(largest, f->units[k].full_bytes);
     }
+    // FSDP1's names: HYBRID_SHARD and _HYBRID_SHARD_ZERO2 are FULL_SHARD and SHARD_GRAD_OP
+    // within each shard group.
+    const bool hybrid = p.data_shard > 0;
+    const std::string strategy =
+        p.reshard_after_forward
+            ? std::string(hybrid ? "HYBRID_SHARD" : "FULL_SHARD") +
+                  ": a block's full parameters are freed after its forward and gathered again "
+                  "for its backward"
+            : std::string(hybrid ? "_HYBRID_SHARD_ZERO2" : "SHARD_GRAD_OP") +
+                  ": a block's full parameters stay from its forward to its backward";
     r->notes.push_back(
-        "FSDP1 over " + std::to_string(view.world) + " ranks, rank 0 estimated: "
+        "FSDP1 " + FsdpRanksText(p) + "; rank 0 estimated: "
         "FullyShardedDataParallel auto-wrapped by block, use_orig_params=False (each unit's "
-        "parameters one flat shard, stepped as one tensor); " +
-        std::string(p.reshard_after_forward ? "FULL_SHARD: a block's full parameters are "
-                                              "freed after its forward and gathered again for "
-                                              "its backward"
-                                            : "SHARD_GRAD_OP: a block's full parameters stay "
-                                              "from its forward to its backward") +
+        "parameters one flat shard, stepped as one tensor); " + strategy +
         "; the largest block gathers " + FormatBytes(largest) + ", the root " +
         FormatBytes(f->units.back().full_bytes) + " (kept to the end of backward); "
         "BACKWARD_PRE prefetching holds two blocks in backward; a unit's gradients are "
         "concatenated into one flat gradient and reduce-scattered");
     r->notes.push_back(
-        "not counted: NCCL's own buffers; FSDP1's record_stream frees (the CUDA caching "
+        "not counted: FSDP1's record_stream frees (the CUDA caching "
         "allocator reuses a freed all-gather or gradient block only once the GPU has passed "
         "it, so the reserved memory can be higher; limit_all_gathers bounds it)");
     return;
@@ -254,9 +259,6 @@ void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
         " of " + std::to_string(total) + " parameter elements (the least loaded rank " +
         std::to_string(least) + "); parameters and gradients stay whole on every rank");
   }
-  if (c.runtime == Runtime::kCuda) {
-    r->notes.push_back("NCCL's own buffers (outside PyTorch's allocator) are not counted");
-  }
 }
 
 int64_t CommunicatedBytesPerStep(const Graph& g, const RunConfig& c) {
@@ -292,8 +294,12 @@ int64_t CommunicatedBytesPerStep(const Graph& g, const RunConfig& c) {
       break;
     case DataSharding::kFsdp1:
     case DataSharding::kFsdp2: {
+      // All-gathers (forward and backward) and the reduce-scatter within the shard group; under
+      // HSDP each sharded gradient is all-reduced across the replicas as well.
       const double reduce = p.fsdp_mixed_precision ? 2 : 1;  // float32 over 16-bit gradients
-      total += m * share * (2 * params + reduce * grads);
+      const double s = static_cast<double>(ShardRanks(p)), r = d / s;
+      total += m * (s - 1) / s * (2 * params + reduce * grads);
+      total += m * 2 * (r - 1) / r * reduce * grads / s;
       break;
     }
   }

@@ -153,7 +153,6 @@ void AddDeepSpeedZeroNotes(const RunConfig& c, const DeepSpeedZero& z, Report* r
   s += "; its fused optimizer has no per-parameter scratch (config.optimizer.impl does not "
        "apply)";
   r->notes.push_back(s);
-  r->notes.push_back("NCCL's own buffers (outside PyTorch's allocator) are not counted");
 }
 
 }  // namespace memest

@@ -77,7 +77,7 @@ void GroupByBlocks(const Graph& g, bool reshard_after_forward, std::vector<FsdpG
 
 StatusOr<Fsdp2View> PlanFsdp2(const Graph& g, const RunConfig& c) {
   const ParallelismConfig& p = c.parallelism;
-  const int64_t world = p.data;
+  const int64_t world = ShardRanks(p);  // HSDP: the shard group; replicas hold the same
   Fsdp2View v;
   GroupByBlocks(g, p.reshard_after_forward, &v.groups, &v.group_of);
   v.shards.resize(g.tensors.size());
@@ -113,6 +113,16 @@ StatusOr<Fsdp2View> PlanFsdp2(const Graph& g, const RunConfig& c) {
   return v;
 }
 
+std::string FsdpRanksText(const ParallelismConfig& p) {
+  std::string out = "over " + std::to_string(p.data) + " ranks";
+  if (p.data_shard > 0) {
+    out += ", HSDP: sharded within groups of " + std::to_string(p.data_shard) +
+           ", replicated " + std::to_string(p.data / p.data_shard) +
+           " times (the sharded gradients all-reduced across the replicas, in place)";
+  }
+  return out;
+}
+
 void AddFsdp2Notes(const RunConfig& c, const Fsdp2View& v, Report* r) {
   const FsdpGroup& root = v.groups.back();
   int64_t largest = 0;
@@ -124,7 +134,7 @@ void AddFsdp2Notes(const RunConfig& c, const Fsdp2View& v, Report* r) {
   }
   const ParallelismConfig& p = c.parallelism;
   r->notes.push_back(
-      "FSDP2 over " + std::to_string(p.data) + " ranks, rank 0 estimated (torch.chunk gives it "
+      "FSDP2 " + FsdpRanksText(p) + "; rank 0 estimated (torch.chunk gives it "
       "the largest shards): fully_shard on " + std::to_string(blocks) + " blocks and the root; "
       "parameters, gradients and optimizer state are kept as dim-0 shards in " +
       std::string(DTypeName(v.sharded_dtype)) + ", gradients reduce-scattered in " +
@@ -135,9 +145,9 @@ void AddFsdp2Notes(const RunConfig& c, const Fsdp2View& v, Report* r) {
       (p.reshard_after_forward ? "" : "; reshard_after_forward=False: every block stays "
                                       "gathered from its forward to its backward"));
   r->notes.push_back(
-      "not counted: NCCL's own buffers (outside PyTorch's allocator); FSDP2 allocates its "
-      "all-gather and reduce-scatter buffers on their own CUDA streams, whose cached blocks the "
-      "compute stream does not reuse: the reserved memory can be higher than estimated here");
+      "not counted: FSDP2 allocates its all-gather and reduce-scatter buffers on their own CUDA "
+      "streams, whose cached blocks the compute stream does not reuse: the reserved memory can "
+      "be higher than estimated here");
 }
 
 }  // namespace memest

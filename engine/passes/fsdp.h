@@ -69,6 +69,10 @@ void GroupByBlocks(const Graph& graph, bool reshard_after_forward,
 // The FSDP2 view of `graph` under config.parallelism (sharding kFsdp2).
 StatusOr<Fsdp2View> PlanFsdp2(const Graph& graph, const RunConfig& config);
 
+// "over N ranks", or under HSDP "over N ranks, HSDP: sharded within groups of S, replicated R
+// times (the sharded gradients all-reduced across the replicas, in place)".
+std::string FsdpRanksText(const ParallelismConfig& p);
+
 // The report's notes on an FSDP2 rank: what it keeps, what it gathers, what is left out.
 void AddFsdp2Notes(const RunConfig& config, const Fsdp2View& view, Report* report);
 

@@ -20,7 +20,7 @@ StatusOr<int64_t> Times(int64_t elements, DType dtype, const char* what) {
 
 StatusOr<Fsdp1View> PlanFsdp1(const Graph& g, const RunConfig& c) {
   const ParallelismConfig& p = c.parallelism;
-  const int64_t world = p.data;
+  const int64_t world = ShardRanks(p);  // HSDP: the shard group; replicas hold the same
   std::vector<FsdpGroup> groups;
   Fsdp1View v;
   GroupByBlocks(g, p.reshard_after_forward, &groups, &v.unit_of);

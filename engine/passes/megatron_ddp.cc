@@ -60,7 +60,6 @@ void AddMegatronDdpNotes(const RunConfig& c, const MegatronDdp& m, Report* r) {
            : std::string("the mixed-precision optimizer over every parameter: ")) +
       "float32 master " + FormatBytes(m.master_bytes) + ", state " + FormatBytes(m.state_bytes) +
       " (fused: no per-parameter scratch)");
-  r->notes.push_back("NCCL's own buffers (outside PyTorch's allocator) are not counted");
 }
 
 }  // namespace memest

@@ -228,7 +228,7 @@ Status CheckQuery(const PlanQuery& q) {
   }
   if (q.run.checkpoint.policy != CheckpointPolicy::kNone ||
       q.run.parallelism.data != 1 || q.run.parallelism.pipeline != 1 ||
-      q.run.parallelism.tensor != 1 ||
+      q.run.parallelism.tensor != 1 || q.run.parallelism.data_shard != 0 ||
       q.run.parallelism.sharding != DataSharding::kNone) {
     return InvalidArgument(std::string("config.") +
                            (q.run.checkpoint.policy != CheckpointPolicy::kNone ? "checkpoint"

@@ -152,7 +152,11 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   const v1::Parallelism zero = BuildEstimateRequest(flags)->config().parallelism();
   EXPECT_EQ(zero.data_parallel(), v1::DATA_PARALLEL_DEEPSPEED_ZERO1);
   EXPECT_TRUE(zero.offload_optimizer());
+  EXPECT_EQ(zero.data_shard(), 0);
   flags.parallel.offload_optimizer = false;
+  flags.parallel.strategy = "fsdp2";
+  flags.parallel.data_shard = 4;
+  EXPECT_EQ(BuildEstimateRequest(flags)->config().parallelism().data_shard(), 4);
   flags.parallel.strategy = "fsdp3";
   EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--dp-strategy"),
             std::string::npos);

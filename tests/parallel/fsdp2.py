@@ -57,9 +57,10 @@ DIMS = {"vocab": 256, "t": 16, "d": 128, "heads": 4, "layers": 3, "batch": 4}
 
 # id -> (world size, parameters). Case 1 fp32; 2 blocks not resharded after forward; 3 bf16
 # parameters with fp32 reduction (torchtitan's default); 4 two micro-batches; 5 a vocabulary of
-# 255 rows (embedding and head dim 0 not divisible by the world size: padding); fused AdamW.
+# 255 rows (embedding and head dim 0 not divisible by the world size: padding); fused AdamW;
+# HSDP: 4 ranks as 2 replicas of 2 shards (a 2-D mesh, replicate x shard).
 BASE = {"reshard_after_forward": True, "param_dtype": None, "reduce_dtype": None, "microbatches": 1,
-        "vocab": 256, "optimizer": "adamw-foreach"}
+        "vocab": 256, "optimizer": "adamw-foreach", "shard": None}
 VARIANTS = {
     "fp32": {},
     "no-reshard": {"reshard_after_forward": False},
@@ -67,9 +68,11 @@ VARIANTS = {
     "accum2": {"microbatches": 2},
     "pad": {"vocab": 255},
     "fused": {"optimizer": "adamw-fused"},
+    "hsdp": {"shard": 2},
 }
+ONLY = {"fused": 2, "hsdp": 4}  # variants run at one world size
 CASES = {f"fsdp2/{v}/w{w}": (w, {**BASE, **p}) for v, p in VARIANTS.items() for w in (2, 4)
-         if not (v == "fused" and w == 4)}
+         if ONLY.get(v, w) == w}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +168,8 @@ def build(p, mesh):
     return model
 
 
-def run_case(rank, world, cid, p, mesh):
+def run_case(rank, world, cid, p, meshes):
+    mesh = meshes[p["shard"] or world]
     trace = fsdp2_trace.LabelledTrace()
     PROBES.trace = trace
     gen = torch.Generator().manual_seed(1000 + rank)
@@ -264,9 +268,14 @@ def result(trace, ends, saved, p, steps=STEPS):
 
 # ---------------------------------------------------------------------------------------------
 def setup(world):
-    """What every case of a world size shares (fsdp2.py: the 1-D DeviceMesh over the ranks)."""
+    """What every case of a world size shares (fsdp2.py: the DeviceMeshes, by the ranks a shard
+    group holds: the 1-D mesh over every rank, and at 4 ranks the HSDP mesh of 2 replicas of 2
+    shards, made before any case's trace)."""
     from torch.distributed.device_mesh import init_device_mesh
-    return init_device_mesh("cpu", (world,))
+    meshes = {world: init_device_mesh("cpu", (world,))}
+    if world == 4:
+        meshes[2] = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    return meshes
 
 
 def worker(rank, world, cids, outdir, initfile, driver="fsdp2"):

@@ -8,7 +8,7 @@ no PyTorch (it reads the expected files):
 Prints `ok N figures RULE` per rule (MISS and the first failures when a figure disagrees) and
 exits 1 on a miss; --tables prints the document's tables.
 
-Notation (per case, rank r): W the world size; for every FSDP2 group g (root = embeddings,
+Notation (per case, rank r): W the world size (HSDP: the shard group's size); for every FSDP2 group g (root = embeddings,
 final LayerNorm and head; h.0..h.2 the blocks) n_g = sum over its parameters of
 ceil(dim0 / W) * (numel / dim0), the padded shard, m_g = its parameters' numel, l_g(r) the
 rows rank r really holds times the rest; b_p the bytes of the parameter dtype (2 for bf16,
@@ -40,9 +40,16 @@ def param_shapes(dims, vocab):
     return out
 
 
+def shard_ranks(doc):
+    """W of the formulas: the ranks a parameter is sharded over (HSDP: the shard group's)."""
+    return doc["config"].get("shard") or doc["world_size"]
+
+
 def sizes(doc, rank):
-    """{group: (n_g, m_g, l_g(rank), #params)} for the case's model and world size."""
-    W = doc["world_size"]
+    """{group: (n_g, m_g, l_g(rank), #params)} for the case's model and world size; under HSDP
+    rank r holds shard r mod W (the mesh is replicate x shard)."""
+    W = shard_ranks(doc)
+    rank %= W
     out = {}
     for g, shapes in param_shapes(doc["dims"], doc["config"]["vocab"]).items():
         n = m = loc = 0
@@ -78,7 +85,7 @@ def kind(name):
 
 def account(docs, rules):
     for cid, d in docs.items():
-        cfg, W = d["config"], d["world_size"]
+        cfg, W = d["config"], shard_ranks(d)
         bp = 2 if cfg["param_dtype"] == "bfloat16" else 4
         br = 4
         for r, rk in enumerate(d["ranks"]):

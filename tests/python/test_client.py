@@ -137,6 +137,13 @@ def test_data_parallel_strategies_shard_what_they_say(client):
     ckpt = client.estimate(preset="gpt2-small", seq=128, batch_size=2, checkpoint="every-block",
                            advice=False)
     assert 0.5 < ckpt.recompute_fraction < 1
+    # HSDP over 4 ranks as 2 replicas of 2 shards: the model states of FSDP2 over 2.
+    hybrid = client.estimate(dp_strategy="fsdp2", data_shard=2, **base)
+    pair = client.estimate(dp_strategy="fsdp2", **{**base, "data_parallel": 2})
+    assert hybrid.end_of_step.gradients == pair.end_of_step.gradients
+    assert any("HSDP: sharded within groups of 2, replicated 2 times" in n for n in hybrid.notes)
+    with pytest.raises(memest.InvalidArgument, match="data_shard"):
+        client.estimate(dp_strategy="fsdp2", data_shard=3, **base)
     with pytest.raises(memest.InvalidArgument, match="reshard_after_forward"):
         client.estimate(dp_strategy="ddp", reshard_after_forward=False, **base)
     with pytest.raises(memest.InvalidArgument, match="dp_strategy"):

@@ -123,6 +123,12 @@ std::vector<BadInput> EnumRows() {
        Undefined([](C* c, int v) {
          c->set_cuda_module_loading(static_cast<v1::CudaModuleLoading>(v));
        })},
+      {"DataShardWithDdp", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_DDP data_shard: 4 }"),
+       kInvalid, "config.parallelism.data_shard"},
+      {"DataShardNotDividing", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_FSDP2 data_shard: 3 }"),
+       kInvalid, "config.parallelism.data_shard"},
+      {"DataShardNegative", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_FSDP1 data_shard: -4 }"),
+       kInvalid, "config.parallelism.data_shard"},
       {"GpusPerNodeNegative", Gpt2("parallelism { data: 2 data_parallel: DATA_PARALLEL_DDP gpus_per_node: -8 }"),
        kInvalid, "config.parallelism.gpus_per_node"},
       {"GpusPerNodePastTheLimit", Gpt2("parallelism { data: 2 data_parallel: DATA_PARALLEL_DDP gpus_per_node: " +

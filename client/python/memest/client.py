@@ -59,7 +59,9 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             offload_optimizer device cpu: Estimate.data_parallel.host_bytes is the host
             memory it takes), reshard_after_forward (FSDP2's, for the blocks;
             unset: True), fsdp_mixed_precision (FSDP2's MixedPrecisionPolicy with float32
-            shards, with precision bf16-pure or fp16-pure): the estimate is the rank that
+            shards, with precision bf16-pure or fp16-pure), data_shard (HSDP: FSDP shards
+            within groups of this many data ranks, replicated across the groups): the
+            estimate is the rank that
             holds the most, Estimate.data_parallel says which,
           pipeline (stages; grad_accum_steps micro-batches), pipeline_schedule: 1f1b | gpipe,
             pipeline_virtual_stages (Megatron's interleaved 1F1B: model chunks per stage),

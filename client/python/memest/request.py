@@ -173,7 +173,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
                   tensor_parallel=None, sequence_parallel=False, tensor_plan=None,
                   context_parallel=None, pipeline_virtual_stages=None, gpus_per_node=None,
-                  advice=True):
+                  data_shard=None, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
     config = request.config
@@ -265,6 +265,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
         _assign(config.parallelism, "context", context_parallel, "context_parallel")
     if gpus_per_node is not None:
         _assign(config.parallelism, "gpus_per_node", gpus_per_node, "gpus_per_node")
+    if data_shard is not None:
+        _assign(config.parallelism, "data_shard", data_shard, "data_shard")
     for module, style in (tensor_plan or {}).items():
         entry = config.parallelism.tensor_plan.add()
         _assign(entry, "module", module, "tensor_plan")
