@@ -26,6 +26,9 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
     case v1::DATA_PARALLEL_DEEPSPEED_ZERO1:
       out.sharding = DataSharding::kDeepSpeedZero1;
       break;
+    case v1::DATA_PARALLEL_DEEPSPEED_ZERO3:
+      out.sharding = DataSharding::kDeepSpeedZero3;
+      break;
     case v1::DATA_PARALLEL_FSDP1:
       out.sharding = DataSharding::kFsdp1;
       break;
@@ -87,6 +90,19 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
   out.context = p.context() == 0 ? 1 : p.context();  // the engine refuses a negative count
   out.gpus_per_node = p.gpus_per_node() == 0 ? 8 : p.gpus_per_node();  // refused when negative
   out.data_shard = p.data_shard();  // the engine checks it against data and the strategy
+  // The engine checks these too (range, and that the strategy is ZeRO-3).
+  if (p.has_stage3_prefetch_bucket_size()) {
+    out.stage3_prefetch_bucket_size = p.stage3_prefetch_bucket_size();
+  }
+  if (p.has_stage3_max_live_parameters()) {
+    out.stage3_max_live_parameters = p.stage3_max_live_parameters();
+  }
+  if (p.has_stage3_max_reuse_distance()) {
+    out.stage3_max_reuse_distance = p.stage3_max_reuse_distance();
+  }
+  if (p.has_stage3_param_persistence_threshold()) {
+    out.stage3_param_persistence_threshold = p.stage3_param_persistence_threshold();
+  }
   if (p.tensor_plan_size() > static_cast<int>(kMaxTensorPlanEntries)) {
     return InvalidArgument("config.parallelism.tensor_plan: at most " +
                            std::to_string(kMaxTensorPlanEntries) + " entries, got " +

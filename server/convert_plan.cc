@@ -16,6 +16,7 @@ v1::DataParallel StrategyToProto(DataSharding s) {
     case DataSharding::kZero1: return v1::DATA_PARALLEL_ZERO1;
     case DataSharding::kDeepSpeedZero2: return v1::DATA_PARALLEL_DEEPSPEED_ZERO2;
     case DataSharding::kDeepSpeedZero1: return v1::DATA_PARALLEL_DEEPSPEED_ZERO1;
+    case DataSharding::kDeepSpeedZero3: return v1::DATA_PARALLEL_DEEPSPEED_ZERO3;
     case DataSharding::kFsdp1: return v1::DATA_PARALLEL_FSDP1;
     case DataSharding::kFsdp2: return v1::DATA_PARALLEL_FSDP2;
     case DataSharding::kMegatronDdp: return v1::DATA_PARALLEL_MEGATRON_DDP;

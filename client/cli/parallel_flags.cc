@@ -10,6 +10,7 @@ const Word<v1::DataParallel> kStrategies[] = {
     {"zero1", v1::DATA_PARALLEL_ZERO1},
     {"deepspeed-zero2", v1::DATA_PARALLEL_DEEPSPEED_ZERO2},
     {"deepspeed-zero1", v1::DATA_PARALLEL_DEEPSPEED_ZERO1},
+    {"deepspeed-zero3", v1::DATA_PARALLEL_DEEPSPEED_ZERO3},
     {"fsdp1", v1::DATA_PARALLEL_FSDP1},
     {"fsdp2", v1::DATA_PARALLEL_FSDP2},
     {"megatron-ddp", v1::DATA_PARALLEL_MEGATRON_DDP},
@@ -72,6 +73,19 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                   "shard within groups of N data ranks, replicate across --data-parallel / N "
                   "of them")
       ->group(group)->type_name("N");
+  app->add_option("--stage3-prefetch-bucket-size", f->stage3_prefetch,
+                  "DeepSpeed ZeRO-3's stage3_prefetch_bucket_size (elements, default 5e7)")
+      ->group(group)->type_name("N");
+  app->add_option("--stage3-max-live-parameters", f->stage3_max_live,
+                  "DeepSpeed ZeRO-3's stage3_max_live_parameters (elements, default 1e9)")
+      ->group(group)->type_name("N");
+  app->add_option("--stage3-max-reuse-distance", f->stage3_max_reuse,
+                  "DeepSpeed ZeRO-3's stage3_max_reuse_distance (elements, default 1e9)")
+      ->group(group)->type_name("N");
+  app->add_option("--stage3-param-persistence-threshold", f->stage3_persistence,
+                  "DeepSpeed ZeRO-3's stage3_param_persistence_threshold (elements, default "
+                  "1e5)")
+      ->group(group)->type_name("N");
   app->add_option("--pipeline", f->pipeline,
                   "pipeline stages: the model's blocks split evenly over them, --grad-accum "
                   "micro-batches; every stage is estimated, the report is the one that needs "
@@ -120,7 +134,8 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
       !f.no_reshard_after_forward &&
       !f.fsdp_mixed_precision && !f.pipeline && f.pipeline_schedule.empty() &&
       !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && !f.context &&
-      !f.virtual_stages && !f.gpus_per_node && !f.data_shard) {
+      !f.virtual_stages && !f.gpus_per_node && !f.data_shard && !f.stage3_prefetch &&
+      !f.stage3_max_live && !f.stage3_max_reuse && !f.stage3_persistence) {
     return Status::Ok();
   }
   v1::Parallelism* p = config->mutable_parallelism();
@@ -147,6 +162,10 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (f.context) p->set_context(*f.context);
   if (f.gpus_per_node) p->set_gpus_per_node(*f.gpus_per_node);
   if (f.data_shard) p->set_data_shard(*f.data_shard);
+  if (f.stage3_prefetch) p->set_stage3_prefetch_bucket_size(*f.stage3_prefetch);
+  if (f.stage3_max_live) p->set_stage3_max_live_parameters(*f.stage3_max_live);
+  if (f.stage3_max_reuse) p->set_stage3_max_reuse_distance(*f.stage3_max_reuse);
+  if (f.stage3_persistence) p->set_stage3_param_persistence_threshold(*f.stage3_persistence);
   if (f.virtual_stages) p->set_pipeline_virtual_stages(*f.virtual_stages);
   p->set_sequence_parallel(f.sequence_parallel);
   for (const std::string& entry : f.tensor_plan) {

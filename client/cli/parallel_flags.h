@@ -33,6 +33,10 @@ struct ParallelismFlags {
   std::optional<int64_t> context;             // context-parallel ranks
   std::optional<int64_t> gpus_per_node;       // which groups NCCL connects within a node
   std::optional<int64_t> data_shard;          // HSDP: ranks per shard group
+  std::optional<int64_t> stage3_prefetch;     // DeepSpeed ZeRO-3's stage3_* settings
+  std::optional<int64_t> stage3_max_live;
+  std::optional<int64_t> stage3_max_reuse;
+  std::optional<int64_t> stage3_persistence;
   std::optional<int64_t> virtual_stages;      // interleaved 1F1B model chunks per stage
 };
 

@@ -73,14 +73,42 @@ Status ValidateParallelism(const ParallelismConfig& p) {
     return InvalidArgument("config.parallelism.reduce_bucket_size: must be positive and at most "
                            "2^40 elements, got " + std::to_string(p.reduce_bucket_elements));
   }
-  const bool deepspeed = IsDeepSpeedZero(p.sharding);
+  const bool deepspeed = IsDeepSpeed(p.sharding);
   if (!deepspeed && (p.reduce_bucket_elements != 0 || p.overlap_comm || p.offload_optimizer)) {
     return InvalidArgument(std::string("config.parallelism.") +
                            (p.offload_optimizer ? "offload_optimizer"
                             : p.overlap_comm    ? "overlap_comm"
                                                 : "reduce_bucket_size") +
-                           ": a DeepSpeed ZeRO setting (deepspeed-zero1, deepspeed-zero2), and "
+                           ": a DeepSpeed ZeRO setting (deepspeed-zero1, -zero2, -zero3), and "
                            "the strategy is " + DataShardingName(p.sharding));
+  }
+  const ParallelismConfig defaults;
+  const struct {
+    const char* name;
+    int64_t value, fallback;
+  } stage3[] = {
+      {"stage3_prefetch_bucket_size", p.stage3_prefetch_bucket_size,
+       defaults.stage3_prefetch_bucket_size},
+      {"stage3_max_live_parameters", p.stage3_max_live_parameters,
+       defaults.stage3_max_live_parameters},
+      {"stage3_max_reuse_distance", p.stage3_max_reuse_distance,
+       defaults.stage3_max_reuse_distance},
+      {"stage3_param_persistence_threshold", p.stage3_param_persistence_threshold,
+       defaults.stage3_param_persistence_threshold},
+  };
+  for (const auto& s : stage3) {
+    const std::string field = std::string("config.parallelism.") + s.name;
+    if (s.value < 0 || s.value > (int64_t{1} << 50)) {
+      return InvalidArgument(field + ": elements, in [0, 2^50], got " + std::to_string(s.value));
+    }
+    if (s.value != s.fallback && p.sharding != DataSharding::kDeepSpeedZero3) {
+      return InvalidArgument(field + ": a DeepSpeed ZeRO-3 setting, and the strategy is " +
+                             DataShardingName(p.sharding));
+    }
+  }
+  if (p.sharding == DataSharding::kDeepSpeedZero3 && p.offload_optimizer) {
+    return InvalidArgument("config.parallelism.offload_optimizer: ZeRO-Offload is modelled for "
+                           "ZeRO-1 and -2; under ZeRO-3 it is not yet");
   }
   if (deepspeed && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
     return InvalidArgument(std::string("config.parallelism.") +
@@ -266,7 +294,7 @@ Status ValidateSettingsApply(const RunConfig& c) {
         "config.step: the first step is the one that creates the optimizer state, which "
         "inference does not have; leave it unset");
   }
-  const bool deepspeed = IsDeepSpeedZero(c.parallelism.sharding);
+  const bool deepspeed = IsDeepSpeed(c.parallelism.sharding);
   if (deepspeed && IsAutocast(c.precision)) {
     return InvalidArgument(std::string("config.precision: ") + PrecisionName(c.precision) +
                            " is torch.autocast; DeepSpeed keeps the model in 16 bits itself "
@@ -487,6 +515,7 @@ const char* DataShardingName(DataSharding s) {
     case DataSharding::kZero1: return "zero1";
     case DataSharding::kDeepSpeedZero2: return "deepspeed-zero2";
     case DataSharding::kDeepSpeedZero1: return "deepspeed-zero1";
+    case DataSharding::kDeepSpeedZero3: return "deepspeed-zero3";
     case DataSharding::kFsdp1: return "fsdp1";
     case DataSharding::kFsdp2: return "fsdp2";
     case DataSharding::kMegatronDdp: return "megatron-ddp";

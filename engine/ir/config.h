@@ -127,6 +127,9 @@ enum class DataSharding {
   kFsdp2,  // FSDP2 (fully_shard on each block and the root, PyTorch 2.x): parameters, gradients
            // and optimizer state sharded on dim 0; a block's parameters are all-gathered
            // around its forward and again around its backward (engine/passes/fsdp.h)
+  kDeepSpeedZero3,  // DeepSpeed ZeRO stage 3 (stage3.py): every parameter partitioned 1/N per
+                    // rank, gathered per module around its forward and backward by the
+                    // partitioned-parameter coordinator (engine/passes/deepspeed_zero3.h)
 };
 
 // The order a pipeline stage runs its micro-batches in (engine/passes/pipeline.h).
@@ -177,6 +180,14 @@ struct ParallelismConfig {
   // and replicated across the data / data_shard groups, whose sharded gradients are then
   // all-reduced in place. 0: sharded over every data rank (FULL_SHARD, a 1-D mesh).
   int64_t data_shard = 0;
+  // DeepSpeed ZeRO-3's zero_optimization.stage3_* settings, in elements, DeepSpeed's defaults:
+  // how far ahead the coordinator gathers, how many gathered elements it lets prefetching
+  // reach, how near a parameter's next use must be for it to stay gathered, and the size up
+  // to which a parameter is persistent (kept whole on every rank).
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  int64_t stage3_max_live_parameters = 1'000'000'000;
+  int64_t stage3_max_reuse_distance = 1'000'000'000;
+  int64_t stage3_param_persistence_threshold = 100'000;
   // Pipeline stages: the model's blocks split evenly over them; grad_accum_steps is the number
   // of micro-batches. 1: no pipeline.
   int64_t pipeline = 1;
@@ -311,6 +322,10 @@ const char* DataShardingName(DataSharding s);
 // DeepSpeed's ZeRO stage 1 or 2 (DeepSpeedZeroOptimizer, stage_1_and_2.py).
 inline bool IsDeepSpeedZero(DataSharding s) {
   return s == DataSharding::kDeepSpeedZero1 || s == DataSharding::kDeepSpeedZero2;
+}
+// Any DeepSpeed ZeRO stage (1, 2 or 3).
+inline bool IsDeepSpeed(DataSharding s) {
+  return IsDeepSpeedZero(s) || s == DataSharding::kDeepSpeedZero3;
 }
 
 }  // namespace memest

@@ -121,6 +121,11 @@ StatusOr<RankView> PlanDataParallel(const Graph& g, const RunConfig& c) {
     view.optimizer_owns.assign(g.tensors.size(), 0);  // the flat partition is stepped instead
     return view;
   }
+  if (p.sharding == DataSharding::kDeepSpeedZero3) {  // every rank alike (rank 0's partitions)
+    MEMEST_ASSIGN_OR_RETURN(view.zero3, PlanDeepSpeedZero3(g, c));
+    view.optimizer_owns.assign(g.tensors.size(), 0);  // the fp32 partitions are stepped
+    return view;
+  }
   if (p.sharding == DataSharding::kFsdp1) {  // rank 0 holds full shards, the last the padding
     MEMEST_ASSIGN_OR_RETURN(view.fsdp1, PlanFsdp1(g, c));
     return view;
@@ -224,6 +229,10 @@ void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
     AddDeepSpeedZeroNotes(c, *z, r);
     return;
   }
+  if (const auto& z = view.zero3) {
+    AddDeepSpeedZero3Notes(c, *z, r);
+    return;
+  }
   std::string ddp = "DistributedDataParallel over " + std::to_string(view.world) +
                     " ranks: " + std::to_string(view.buckets.size()) + " gradient buckets (" +
                     FormatBytes(view.BucketBytes()) + "), made with DDP and kept";
@@ -288,6 +297,9 @@ int64_t CommunicatedBytesPerStep(const Graph& g, const RunConfig& c) {
     case DataSharding::kZero1: total += 2 * share * grads + share * params; break;
     case DataSharding::kDeepSpeedZero2: total += m * share * grads + share * params; break;
     case DataSharding::kDeepSpeedZero1: total += share * grads + share * params; break;
+    case DataSharding::kDeepSpeedZero3:  // parameters gathered in forward and backward, 16-bit
+      total += m * share * (2 * params + grads);  // gradients reduce-scattered
+      break;
     case DataSharding::kMegatronDdp: total += 2 * share * grads32; break;
     case DataSharding::kMegatronDistOpt:  // float32 gradients scattered, parameters gathered
       total += share * grads32 + share * params;

@@ -26,6 +26,7 @@
 #include "engine/ir/graph.h"
 #include "engine/ir/status.h"
 #include "engine/passes/deepspeed_zero.h"
+#include "engine/passes/deepspeed_zero3.h"
 #include "engine/passes/fsdp.h"
 #include "engine/passes/fsdp1.h"
 #include "engine/passes/megatron_ddp.h"
@@ -51,6 +52,7 @@ struct RankView {
   // Per rank (ZeRO-1): the elements of the parameters its optimizer steps.
   std::vector<int64_t> owned_elements;
   std::optional<DeepSpeedZero> deepspeed;  // DeepSpeed ZeRO-1/2; its optimizer owns no parameter
+  std::optional<DeepSpeedZero3> zero3;      // DeepSpeed ZeRO-3
   std::optional<Fsdp1View> fsdp1;       // FSDP1 (FullyShardedDataParallel)
   std::optional<Fsdp2View> fsdp2;       // FSDP2
   std::optional<MegatronDdp> megatron;  // Megatron-LM's DDP (with the distributed optimizer)

@@ -69,6 +69,7 @@ int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t
       whole = s.params + (half ? 2 : 1) * s.grads + (half ? 3 : 1) * s.state;
       break;
     case DataSharding::kDeepSpeedZero2: whole = s.params; sharded = s.grads + s.state; break;
+    case DataSharding::kDeepSpeedZero3:
     case DataSharding::kFsdp1:
     case DataSharding::kFsdp2: whole = 0; sharded = s.total(); break;
   }

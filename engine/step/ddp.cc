@@ -47,6 +47,7 @@ std::unique_ptr<RankHooks> MakeRankHooks(const RankView* view, const Graph& grap
                                          const RunConfig& config) {
   if (view == nullptr) return std::make_unique<RankHooks>();
   if (view->deepspeed) return MakeDeepSpeedZeroHooks(*view, graph, config);
+  if (view->zero3) return MakeDeepSpeedZero3Hooks(*view, graph, config);
   if (view->fsdp1) return MakeFsdp1Hooks(*view, graph);
   if (view->fsdp2) return MakeFsdp2Hooks(*view, graph);
   if (view->megatron) return MakeMegatronDdpHooks(*view, config);

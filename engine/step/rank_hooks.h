@@ -85,6 +85,8 @@ std::unique_ptr<RankHooks> MakeRankHooks(const RankView* view, const Graph& grap
 std::unique_ptr<RankHooks> MakeDdpHooks(const RankView& view);                     // ddp.cc
 std::unique_ptr<RankHooks> MakeDeepSpeedZeroHooks(const RankView& view, const Graph& graph,
                                                   const RunConfig& config);  // deepspeed_zero.cc
+std::unique_ptr<RankHooks> MakeDeepSpeedZero3Hooks(const RankView& view, const Graph& graph,
+                                                   const RunConfig& config);  // deepspeed_zero3.cc
 std::unique_ptr<RankHooks> MakeFsdp1Hooks(const RankView& view, const Graph& graph);  // fsdp1.cc
 std::unique_ptr<RankHooks> MakeFsdp2Hooks(const RankView& view, const Graph& graph);  // fsdp2.cc
 std::unique_ptr<RankHooks> MakeMegatronDdpHooks(const RankView& view,

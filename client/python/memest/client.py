@@ -52,10 +52,13 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             flash; unset: sdpa on CUDA, eager on cpu-1.13),
           cuda_module_loading: lazy | eager (CUDA_MODULE_LOADING; unset: lazy),
           data_parallel (ranks; batch_size stays per rank), dp_strategy: ddp | zero1 |
-            deepspeed-zero1 | deepspeed-zero2 | fsdp1 | fsdp2 | megatron-ddp |
+            deepspeed-zero1 | deepspeed-zero2 | deepspeed-zero3 | fsdp1 | fsdp2 | megatron-ddp |
             megatron-distopt (unset: ddp with more than one rank), bucket_cap_mb,
             gradient_as_bucket_view (DistributedDataParallel's), reduce_bucket_size,
-            overlap_comm (DeepSpeed ZeRO's), offload_optimizer (DeepSpeed ZeRO-1/2's
+            overlap_comm (DeepSpeed ZeRO's), stage3_prefetch_bucket_size,
+            stage3_max_live_parameters, stage3_max_reuse_distance,
+            stage3_param_persistence_threshold (DeepSpeed ZeRO-3's, in elements),
+            offload_optimizer (DeepSpeed ZeRO-1/2's
             offload_optimizer device cpu: Estimate.data_parallel.host_bytes is the host
             memory it takes), reshard_after_forward (FSDP2's, for the blocks;
             unset: True), fsdp_mixed_precision (FSDP2's MixedPrecisionPolicy with float32

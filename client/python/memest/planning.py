@@ -11,6 +11,7 @@ STRATEGIES = {v1.DATA_PARALLEL_UNSPECIFIED: "none", v1.DATA_PARALLEL_DDP: "ddp",
               v1.DATA_PARALLEL_ZERO1: "zero1",
               v1.DATA_PARALLEL_DEEPSPEED_ZERO2: "deepspeed-zero2",
               v1.DATA_PARALLEL_DEEPSPEED_ZERO1: "deepspeed-zero1",
+              v1.DATA_PARALLEL_DEEPSPEED_ZERO3: "deepspeed-zero3",
               v1.DATA_PARALLEL_FSDP1: "fsdp1", v1.DATA_PARALLEL_FSDP2: "fsdp2",
               v1.DATA_PARALLEL_MEGATRON_DDP: "megatron-ddp",
               v1.DATA_PARALLEL_MEGATRON_DISTOPT: "megatron-distopt"}

@@ -51,6 +51,7 @@ TENSOR_STYLES = {"colwise": v1.TENSOR_SHARD_STYLE_COLWISE, "rowwise": v1.TENSOR_
 DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1,
                  "deepspeed-zero2": v1.DATA_PARALLEL_DEEPSPEED_ZERO2,
                  "deepspeed-zero1": v1.DATA_PARALLEL_DEEPSPEED_ZERO1,
+                 "deepspeed-zero3": v1.DATA_PARALLEL_DEEPSPEED_ZERO3,
                  "fsdp1": v1.DATA_PARALLEL_FSDP1, "fsdp2": v1.DATA_PARALLEL_FSDP2,
                  "megatron-ddp": v1.DATA_PARALLEL_MEGATRON_DDP,
                  "megatron-distopt": v1.DATA_PARALLEL_MEGATRON_DISTOPT}
@@ -173,7 +174,9 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
                   tensor_parallel=None, sequence_parallel=False, tensor_plan=None,
                   context_parallel=None, pipeline_virtual_stages=None, gpus_per_node=None,
-                  data_shard=None, advice=True):
+                  data_shard=None, stage3_prefetch_bucket_size=None,
+                  stage3_max_live_parameters=None, stage3_max_reuse_distance=None,
+                  stage3_param_persistence_threshold=None, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
     config = request.config
@@ -267,6 +270,12 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
         _assign(config.parallelism, "gpus_per_node", gpus_per_node, "gpus_per_node")
     if data_shard is not None:
         _assign(config.parallelism, "data_shard", data_shard, "data_shard")
+    for name, value in (("stage3_prefetch_bucket_size", stage3_prefetch_bucket_size),
+                        ("stage3_max_live_parameters", stage3_max_live_parameters),
+                        ("stage3_max_reuse_distance", stage3_max_reuse_distance),
+                        ("stage3_param_persistence_threshold", stage3_param_persistence_threshold)):
+        if value is not None:
+            _assign(config.parallelism, name, value, name)
     for module, style in (tensor_plan or {}).items():
         entry = config.parallelism.tensor_plan.add()
         _assign(entry, "module", module, "tensor_plan")

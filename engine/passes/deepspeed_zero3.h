@@ -1,0 +1,86 @@
+// DeepSpeed ZeRO stage 3 as one rank sees it (docs/parallelism.md), read from DeepSpeed v0.16.0
+// (e5570b10): deepspeed/runtime/zero/stage3.py (DeepSpeedZeroOptimizer_Stage3),
+// partition_parameters.py, partitioned_param_coordinator.py, parameter_offload.py. The hooks that
+// place these buffers in the step are engine/step/deepspeed_zero3.cc.
+//
+// The model is built outside zero.Init and handed to deepspeed.initialize (HF Trainer's and
+// accelerate's path), bf16 / fp16 or fp32, DeepSpeed's FusedAdam, no offload:
+// - Every parameter keeps a partition of ceil(numel / N) elements in the model's dtype (the
+//   trainable ones moved into one flat buffer, lp_param_buffer); param.data is empty between
+//   uses. The optimizer keeps an fp32 master copy of the trainable partitions, its state
+//   (made at the first step), a gradient-partition buffer in the model's dtype (made at
+//   initialisation, kept) and the ipg bucket of reduce_bucket_size elements (5e8 by default,
+//   made at initialisation whatever the model's size, kept).
+// - Modules: each module's own parameters are gathered by its forward pre-hook and released
+//   by its post-hook, and again around its backward. A gather of several parameters makes one
+//   flat buffer of N partitions each, and on wait a contiguous copy per parameter; the flat
+//   buffer lives until every parameter of the call has been taken by its module. A gather of
+//   one parameter leaves the parameter a view of its N-partition buffer.
+// - The first forward and backward record the module trace: nothing is prefetched and every
+//   module's parameters are released after use. From the second on (a steady step), after each
+//   fetch the coordinator prefetches up to min(stage3_prefetch_bucket_size, max_live_parameters
+//   - gathered) elements along the trace, and after a module it keeps each parameter that the
+//   prefetcher has already scanned past or whose next use comes within max_reuse_distance
+//   elements of the trace; parameters of at most stage3_param_persistence_threshold elements
+//   are persistent: gathered whole after every step and released only by the next one.
+// - Backward: each gradient is copied into the ipg bucket and autograd's tensor goes; a bucket
+//   that would overflow, and the last one at the end of backward, is reduce-scattered through a
+//   new buffer of N partitions per parameter (reduce_scatter_coalesced's torch.cat) into the
+//   gradient partitions.
+// - step(): every gathered parameter is released; fp16 checks the gradient partitions for
+//   inf/NaN; the norm takes a float64 copy of each partition in turn; per sub-group the
+//   gradients are flattened (a model-dtype copy) and cast to float32, stepped, and dropped;
+//   the persistent parameters are gathered again.
+#ifndef MEMEST_ENGINE_PASSES_DEEPSPEED_ZERO3_H_
+#define MEMEST_ENGINE_PASSES_DEEPSPEED_ZERO3_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+#include "engine/ir/status.h"
+#include "engine/report/report.h"
+
+namespace memest {
+
+// A module with parameters of its own: the forward ops of one scope that read parameters.
+struct Zero3Module {
+  std::string scope;
+  int first_op = -1;         // its forward pre-hook runs before this op
+  int last_op = -1;          // its post-hook after this one (the last op within its scope)
+  std::vector<int> params;   // tensor ids, first read first
+};
+
+struct DeepSpeedZero3 {
+  int64_t world = 1;
+  int64_t element_bytes = 2;          // the model's dtype
+  std::vector<Zero3Module> modules;   // in forward order (by first_op)
+  // Per tensor id (parameters; 0 elsewhere): numel, the partition's ceil(numel / N), and
+  // whether it is persistent.
+  std::vector<int64_t> numel, partition;
+  std::vector<char> persistent;
+  int64_t trainable_partition_elements = 0;  // S: the flat lp_param_buffer and the masters
+  int64_t largest_sub_group = 0;             // the largest sub-group's partition elements
+  int64_t largest_partition = 0;             // the largest trainable partition (the norm)
+  int64_t prefetch_elements = 0, max_live_elements = 0, max_reuse_elements = 0;
+  int64_t ipg_elements = 0;
+
+  int64_t master_bytes = 0;          // fp32 master partitions
+  int64_t state_bytes = 0;           // the optimizer's state over them (first step on)
+  int64_t grad_partition_bytes = 0;  // grad_partitions_flat_buffer, the model's dtype
+  int64_t ipg_bytes = 0;             // __ipg_bucket_flat_buffer
+  int64_t persistent_bytes = 0;      // the persistent parameters, gathered (N partitions each)
+};
+
+// The plan of `graph`'s rank under config.parallelism (deepspeed-zero3). Every rank holds the
+// same sizes (the last ones' partitions are padded); rank 0 is estimated.
+StatusOr<DeepSpeedZero3> PlanDeepSpeedZero3(const Graph& graph, const RunConfig& config);
+
+// The notes that say what the estimate counts and leaves out.
+void AddDeepSpeedZero3Notes(const RunConfig& config, const DeepSpeedZero3& z, Report* report);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_PASSES_DEEPSPEED_ZERO3_H_

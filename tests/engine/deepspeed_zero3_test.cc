@@ -1,0 +1,167 @@
+// DeepSpeed ZeRO-3 on one rank (engine/passes/deepspeed_zero3.h, engine/step/deepspeed_zero3.cc):
+// the partitions and the optimizer's buffers, the coordinator's gathering (recorded first step,
+// prefetch, reuse distance, persistent parameters), the settings that make no sense. Exact
+// accounting, so every byte below is a sum of the tensors named in its comment.
+#include "engine/passes/deepspeed_zero3.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/estimator.h"
+#include "engine/passes/data_parallel.h"
+#include "tests/engine/test_graphs.h"
+
+namespace memest {
+namespace {
+
+using enginetest::AtEnd;
+using enginetest::Cat;
+using enginetest::FsdpStack;
+using enginetest::PhasePeak;
+using enginetest::PlainTraining;
+using enginetest::WalkRank;
+
+// FsdpStack's parameters (float32) and their partitions over 4 ranks: in.weight 4,096 -> 1,024;
+// per block fc1.weight 4,032 -> 1,008, fc1.bias 63 -> 16, fc2.weight 4,032 -> 1,008; out.weight
+// 512 -> 128.
+constexpr int64_t kNumel = 4096 + 3 * (4032 + 63 + 4032) + 512;  // 28,989
+constexpr int64_t kPartitions = 1024 + 3 * (1008 + 16 + 1008) + 128;  // 7,248
+constexpr int64_t kBucket = 10'000;
+
+RunConfig Zero3(StepKind step = StepKind::kSteadyState) {
+  RunConfig c = PlainTraining();
+  c.optimizer.kind = OptimizerKind::kAdamW;
+  c.step = step;
+  c.parallelism.data = 4;
+  c.parallelism.sharding = DataSharding::kDeepSpeedZero3;
+  c.parallelism.reduce_bucket_elements = kBucket;
+  c.parallelism.stage3_param_persistence_threshold = 0;  // no persistent parameters
+  return c;
+}
+
+TEST(DeepSpeedZero3Test, ModulesArePartitionedAndGatheredByScope) {
+  const DeepSpeedZero3 z = PlanDeepSpeedZero3(FsdpStack(), Zero3()).value();
+  ASSERT_EQ(z.modules.size(), 8u);  // in, 3 x (fc1, fc2), out
+  EXPECT_EQ(z.modules[0].scope, "in");
+  EXPECT_EQ(z.modules[1].scope, "blocks.0.fc1");
+  EXPECT_EQ(z.modules[1].params.size(), 2u);
+  EXPECT_EQ(z.modules.back().scope, "out");
+  EXPECT_EQ(z.trainable_partition_elements, kPartitions);
+  EXPECT_EQ(z.master_bytes, 4 * kPartitions);
+  EXPECT_EQ(z.state_bytes, 8 * kPartitions);          // AdamW's exp_avg and exp_avg_sq
+  EXPECT_EQ(z.grad_partition_bytes, 4 * kPartitions);  // the model's dtype
+  EXPECT_EQ(z.ipg_bytes, 4 * kBucket);
+}
+
+// The step ends with what ZeRO-3 keeps: partitions, fp32 masters, state, gradient partitions,
+// the ipg bucket; no gathered parameter, no gradient of autograd's.
+TEST(DeepSpeedZero3Test, StepEndsWithThePartitionedStates) {
+  const Liveness l = WalkRank(FsdpStack(), Zero3());
+  EXPECT_EQ(AtEnd(l, Category::kParameters), 4 * kPartitions);
+  EXPECT_EQ(AtEnd(l, Category::kGradients), 4 * kPartitions);
+  EXPECT_EQ(AtEnd(l, Category::kMasterAndCasts), 4 * kPartitions);
+  EXPECT_EQ(AtEnd(l, Category::kOptimizerState), 8 * kPartitions);
+  EXPECT_EQ(AtEnd(l, Category::kCommunication), 4 * kBucket);
+}
+
+// The first step records the trace: every module's parameters go after its forward, so the
+// loss runs beside the partitions alone. A steady step prefetches the whole (small) model and
+// keeps it: its next use, in backward, is within the reuse distance.
+TEST(DeepSpeedZero3Test, ASteadyStepKeepsASmallModelGathered) {
+  const Graph g = FsdpStack();
+  const Liveness first = WalkRank(g, Zero3(StepKind::kFirstStep));
+  EXPECT_EQ(Cat(PhasePeak(first, Phase::kLoss), Category::kParameters), 4 * kPartitions);
+  const Liveness steady = WalkRank(g, Zero3());
+  EXPECT_EQ(Cat(PhasePeak(steady, Phase::kLoss), Category::kParameters),
+            4 * (kPartitions + kNumel));
+  // The first step's forward peaks in a fc1's gather: its flat buffer of 4 partitions (weight
+  // and bias, 4 x 1,024 elements) beside the two copies (4,095), one module at a time.
+  EXPECT_EQ(Cat(PhasePeak(first, Phase::kForward), Category::kParameters) +
+                Cat(PhasePeak(first, Phase::kForward), Category::kCommunication),
+            4 * (kPartitions + 4096 + 4095) + 4 * kBucket);
+}
+
+// Without prefetch, the reuse distance decides alone: 9,000 elements keep `out` (used again at
+// once) and blocks.2.fc2 (out's 512 twice before it), not blocks.2.fc1 (fc2 and out twice:
+// 9,088).
+TEST(DeepSpeedZero3Test, TheReuseDistanceKeepsTheLastModules) {
+  RunConfig c = Zero3();
+  c.parallelism.stage3_prefetch_bucket_size = 0;
+  c.parallelism.stage3_max_reuse_distance = 9'000;
+  const Liveness l = WalkRank(FsdpStack(), c);
+  EXPECT_EQ(Cat(PhasePeak(l, Phase::kLoss), Category::kParameters),
+            4 * (kPartitions + 512 + 4032));
+  c.parallelism.stage3_max_reuse_distance = 1'000'000'000;
+  EXPECT_EQ(Cat(PhasePeak(WalkRank(FsdpStack(), c), Phase::kLoss), Category::kParameters),
+            4 * (kPartitions + kNumel));
+}
+
+// Persistent parameters (here all, at most 1e5 elements each) are gathered by the previous
+// step's end and stay: N padded partitions each.
+TEST(DeepSpeedZero3Test, PersistentParametersStayGathered) {
+  RunConfig c = Zero3();
+  c.parallelism.stage3_param_persistence_threshold = 100'000;
+  const DeepSpeedZero3 z = PlanDeepSpeedZero3(FsdpStack(), c).value();
+  EXPECT_EQ(z.persistent_bytes, 4 * 4 * kPartitions);
+  const Liveness l = WalkRank(FsdpStack(), c);
+  EXPECT_EQ(AtEnd(l, Category::kParameters), 4 * kPartitions + z.persistent_bytes);
+  EXPECT_EQ(Cat(PhasePeak(l, Phase::kLoss), Category::kParameters),
+            4 * kPartitions + z.persistent_bytes);
+}
+
+// Backward's gradients pass through the ipg bucket: at its peak the bucket and no gradient of
+// autograd's beyond the one being copied.
+TEST(DeepSpeedZero3Test, GradientsLeaveThroughTheBucket) {
+  const Liveness l = WalkRank(FsdpStack(), Zero3());
+  const PeakPoint& bwd = PhasePeak(l, Phase::kBackward);
+  EXPECT_GE(Cat(bwd, Category::kCommunication), 4 * kBucket);
+  EXPECT_LE(Cat(bwd, Category::kGradients), 4 * kPartitions + 4 * 4096);
+}
+
+TEST(DeepSpeedZero3Test, SettingsThatMakeNoSenseAreRefused) {
+  RunConfig c = Zero3();
+  c.runtime = Runtime::kCuda;
+  EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c).message();
+  RunConfig ddp = c;
+  ddp.parallelism.sharding = DataSharding::kDdp;
+  ddp.parallelism.reduce_bucket_elements = 0;
+  ddp.parallelism.stage3_param_persistence_threshold = 100'000;  // the default: fine
+  EXPECT_TRUE(ValidateRunConfig(ddp).ok()) << ValidateRunConfig(ddp).message();
+  ddp.parallelism.stage3_max_reuse_distance = 5;
+  EXPECT_NE(ValidateRunConfig(ddp).message().find("config.parallelism.stage3_max_reuse_distance"),
+            std::string::npos);
+  RunConfig negative = c;
+  negative.parallelism.stage3_prefetch_bucket_size = -1;
+  EXPECT_NE(ValidateRunConfig(negative).message().find("stage3_prefetch_bucket_size"),
+            std::string::npos);
+  RunConfig offload = c;
+  offload.parallelism.offload_optimizer = true;
+  EXPECT_NE(ValidateRunConfig(offload).message().find("config.parallelism.offload_optimizer"),
+            std::string::npos);
+  RunConfig cpu = c;
+  cpu.runtime = Runtime::kCpuTorch113;
+  EXPECT_NE(ValidateRunConfig(cpu).message().find("CUDA"), std::string::npos);
+}
+
+// A preset: ZeRO-3 keeps less between steps than ZeRO-2 (the 16-bit parameters partitioned
+// too) and says what it counts.
+TEST(DeepSpeedZero3Test, EstimateOfAPresetPartitionsTheParameters) {
+  ModelSpec model;
+  model.source = PresetSpec{"gpt2-small", {{"layers", 4}, {"seq", 128}}};
+  RunConfig c;
+  c.batch_size = 2;
+  c.precision = Precision::kBf16Pure;
+  c.parallelism.data = 8;
+  c.parallelism.sharding = DataSharding::kDeepSpeedZero3;
+  const Report z3 = Estimate(model, c).value();
+  RunConfig z2c = c;
+  z2c.parallelism.sharding = DataSharding::kDeepSpeedZero2;
+  const Report z2 = Estimate(model, z2c).value();
+  EXPECT_LT(z3.end_of_step[static_cast<int>(Category::kParameters)],
+            z2.end_of_step[static_cast<int>(Category::kParameters)] / 4);
+  bool noted = false;
+  for (const std::string& n : z3.notes) noted |= n.rfind("DeepSpeed ZeRO-3 over 8 ranks", 0) == 0;
+  EXPECT_TRUE(noted);
+}
+
+}  // namespace
+}  // namespace memest
