@@ -57,6 +57,7 @@ void StepSimulator::Backward() {
     const int r = region_of_[i];
     if (r >= 0) {
       if (regions_[r].second == i) {
+        hooks_->BackwardRecomputes(memory(), regions_[r].first, regions_[r].second);
         RecomputeAndBackward(r);
         i = regions_[r].first;
       }

@@ -111,6 +111,17 @@ class DeepSpeedZero3Hooks : public RankHooks {
     while (pre_ < modules && z_.modules[by_last_[pre_]].last_op >= op) Fetch(m, by_last_[pre_++]);
   }
 
+  // The recomputed forward gathers the region's modules (their next use, the region's
+  // backward, is near: they stay, as the trace's reuse distance keeps them); each is released
+  // once backward has passed its first op. (While the first step records, the recomputation
+  // releases each module after its forward and backward gathers it again: less at once.)
+  void BackwardRecomputes(RankMemory& m, int first_op, int /*last_op*/) override {
+    const int modules = static_cast<int>(z_.modules.size());
+    while (pre_ < modules && z_.modules[by_last_[pre_]].last_op >= first_op) {
+      Fetch(m, by_last_[pre_++]);
+    }
+  }
+
   // reduce_independent_p_g_buckets_and_remove_grads: a bucket that would overflow is reduced
   // first; the gradient is copied into the ipg bucket and autograd's tensor goes (one larger
   // than the bucket keeps its own until its reduction).

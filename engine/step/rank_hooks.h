@@ -10,6 +10,9 @@
 //   ForwardOpStarts / ForwardOpEnds            around each forward op (not recomputation)
 //   BackwardStarts                             before loss.backward()'s first op
 //   BackwardReaches                            the backward walk is at op i (descending)
+//   BackwardRecomputes                         it reached a checkpointed region [first, last]:
+//                                              recomputed and back-propagated whole, with no
+//                                              BackwardReaches inside it
 //   GradReady                                  after a parameter's AccumulateGrad
 //   BackwardEnds                               loss.backward() has returned
 //   OptimizerStepStarts                        before the optimizer's per-parameter work
@@ -72,6 +75,7 @@ class RankHooks {
   virtual void ForwardOpEnds(RankMemory& /*m*/, int /*op*/) {}
   virtual void BackwardStarts(RankMemory& /*m*/) {}
   virtual void BackwardReaches(RankMemory& /*m*/, int /*op*/) {}
+  virtual void BackwardRecomputes(RankMemory& /*m*/, int /*first_op*/, int /*last_op*/) {}
   virtual void GradReady(RankMemory& /*m*/, int /*t*/) {}
   virtual void BackwardEnds(RankMemory& /*m*/) {}
   virtual void OptimizerStepStarts(RankMemory& /*m*/) {}

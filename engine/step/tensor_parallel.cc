@@ -44,6 +44,9 @@ class TensorParallelHooks : public RankHooks {
   void ForwardOpEnds(RankMemory& m, int op) override { inner_->ForwardOpEnds(m, op); }
   void BackwardStarts(RankMemory& m) override { inner_->BackwardStarts(m); }
   void BackwardReaches(RankMemory& m, int op) override { inner_->BackwardReaches(m, op); }
+  void BackwardRecomputes(RankMemory& m, int first_op, int last_op) override {
+    inner_->BackwardRecomputes(m, first_op, last_op);
+  }
   void GradReady(RankMemory& m, int t) override { inner_->GradReady(m, t); }
   void BackwardEnds(RankMemory& m) override {
     inner_->BackwardEnds(m);
