@@ -3,8 +3,8 @@
 // partition_parameters.py, partitioned_param_coordinator.py, parameter_offload.py. The hooks that
 // place these buffers in the step are engine/step/deepspeed_zero3.cc.
 //
-// The model is built outside zero.Init and handed to deepspeed.initialize (HF Trainer's and
-// accelerate's path), bf16 / fp16 or fp32, DeepSpeed's FusedAdam, no offload:
+// The step, bf16 / fp16 or fp32, DeepSpeed's FusedAdam, no offload (the same whether the model
+// was built under zero.Init or partitioned by deepspeed.initialize):
 // - Every parameter keeps a partition of ceil(numel / N) elements in the model's dtype (the
 //   trainable ones moved into one flat buffer, lp_param_buffer); param.data is empty between
 //   uses. The optimizer keeps an fp32 master copy of the trainable partitions, its state

@@ -157,6 +157,13 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   flags.parallel.strategy = "fsdp2";
   flags.parallel.data_shard = 4;
   EXPECT_EQ(BuildEstimateRequest(flags)->config().parallelism().data_shard(), 4);
+  flags.parallel.strategy = "deepspeed-zero3";
+  flags.parallel.stage3_max_reuse = 1000;
+  const v1::Parallelism z3 = BuildEstimateRequest(flags)->config().parallelism();
+  EXPECT_EQ(z3.data_parallel(), v1::DATA_PARALLEL_DEEPSPEED_ZERO3);
+  EXPECT_EQ(z3.stage3_max_reuse_distance(), 1000);
+  EXPECT_FALSE(z3.has_stage3_prefetch_bucket_size());
+  flags.parallel.stage3_max_reuse.reset();
   flags.parallel.strategy = "fsdp3";
   EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--dp-strategy"),
             std::string::npos);

@@ -169,6 +169,27 @@ def test_deepspeed_offload_reports_host_bytes(client):
         client.estimate(dp_strategy="fsdp2", offload_optimizer=True, **base)
 
 
+def test_deepspeed_zero3_partitions_parameters_and_takes_its_settings(client):
+    base = dict(preset="gpt2-small", seq=128, batch_size=2, precision="bf16-pure",
+                data_parallel=8, advice=False)
+    zero2 = client.estimate(dp_strategy="deepspeed-zero2", **base)
+    zero3 = client.estimate(dp_strategy="deepspeed-zero3", **base)
+    # 16-bit parameter partitions: an eighth of the parameters ZeRO-2 keeps whole (GPT-2's
+    # causal-mask buffers, 12 MiB, are not partitioned); the 16-bit gradient partitions too.
+    assert zero3.end_of_step.parameters < zero2.end_of_step.parameters // 5
+    eighth = 2 * zero3.trainable_parameter_count // 8  # bf16, each parameter padded to 8
+    assert eighth <= zero3.end_of_step.gradients < eighth + 2 * 8 * 200
+    assert any(n.startswith("DeepSpeed ZeRO-3 over 8 ranks") for n in zero3.notes)
+    # Without prefetch and with a short reuse distance fewer parameters stay gathered in forward.
+    def at_loss(estimate):
+        return next(p for p in estimate.phases if p.phase == "loss").by_category.parameters
+    short = client.estimate(dp_strategy="deepspeed-zero3", stage3_prefetch_bucket_size=0,
+                            stage3_max_reuse_distance=1000, **base)
+    assert at_loss(short) < at_loss(zero3)
+    with pytest.raises(memest.InvalidArgument, match="stage3_max_reuse_distance"):
+        client.estimate(dp_strategy="deepspeed-zero2", stage3_max_reuse_distance=1000, **base)
+
+
 def test_pipeline_stages_are_each_estimated(client):
     base = dict(preset="gpt2-small", seq=128, batch_size=8, grad_accum_steps=8, pipeline=4,
                 advice=False)

@@ -123,6 +123,12 @@ std::vector<BadInput> EnumRows() {
        Undefined([](C* c, int v) {
          c->set_cuda_module_loading(static_cast<v1::CudaModuleLoading>(v));
        })},
+      {"Stage3SettingWithZero2", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_DEEPSPEED_ZERO2 stage3_max_reuse_distance: 5 }"),
+       kInvalid, "config.parallelism.stage3_max_reuse_distance"},
+      {"Stage3PrefetchNegative", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_DEEPSPEED_ZERO3 stage3_prefetch_bucket_size: -1 }"),
+       kInvalid, "config.parallelism.stage3_prefetch_bucket_size"},
+      {"Zero3WithOffload", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_DEEPSPEED_ZERO3 offload_optimizer: true }"),
+       kInvalid, "config.parallelism.offload_optimizer"},
       {"DataShardWithDdp", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_DDP data_shard: 4 }"),
        kInvalid, "config.parallelism.data_shard"},
       {"DataShardNotDividing", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_FSDP2 data_shard: 3 }"),
