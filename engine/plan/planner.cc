@@ -69,7 +69,10 @@ int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t
       whole = s.params + (half ? 2 : 1) * s.grads + (half ? 3 : 1) * s.state;
       break;
     case DataSharding::kDeepSpeedZero2: whole = s.params; sharded = s.grads + s.state; break;
-    case DataSharding::kDeepSpeedZero3:
+    case DataSharding::kDeepSpeedZero3:  // 16-bit partitions; float32 masters and state
+      whole = 0;
+      sharded = s.params + s.grads + (half ? 3 : 1) * s.state;
+      break;
     case DataSharding::kFsdp1:
     case DataSharding::kFsdp2: whole = 0; sharded = s.total(); break;
   }
@@ -271,6 +274,7 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
   const bool half = DTypeSize(ParameterDType(q.run.precision)) == 2;
   const std::vector<DataSharding> strategies = {DataSharding::kDdp, DataSharding::kZero1,
                                                 DataSharding::kDeepSpeedZero2,
+                                                DataSharding::kDeepSpeedZero3,
                                                 DataSharding::kFsdp1, DataSharding::kFsdp2,
                                                 DataSharding::kMegatronDistOpt};
   int64_t found = 0;
