@@ -137,6 +137,11 @@ DS_NAMES = (
 )
 
 
+# Ranges around the whole forward and backward: what is made under them alone is the model's
+# (activations, autograd's temporaries), not DeepSpeed's.
+OUTER = {"DeepSpeedEngine.forward", "DeepSpeedEngine.backward", "DeepSpeedZeroOptimizer_Stage3.backward"}
+
+
 class ZeroTrace(fsdp2_trace.LabelledTrace):
     def name(self, j):
         if self.alloc_label.get(j):
@@ -144,7 +149,7 @@ class ZeroTrace(fsdp2_trace.LabelledTrace):
         op = self._ev[j][3]
         if "gloo:" in op or "c10d::" in op:
             return fsdp2_trace.gloo_name(op, self.coll_group.get(j, "?"))
-        ds = [q[4:] for q in op.split(" > ") if q.startswith("DS::")]
+        ds = [q[4:] for q in op.split(" > ") if q.startswith("DS::") and q[4:] not in OUTER]
         ph = (self.alloc_phase.get(j) or "?").split(".")[-1]
         if ds:
             inner = ds[-1]
