@@ -50,6 +50,10 @@ done
 # stages against each stage (docs/parallelism.md, "Checked").
 section "parallel"
 /usr/bin/python3 tests/parallel/run.py --memest "${BUILD_DIR:-build}/bin/memest" || failed+=("parallel")
+# memest's DeepSpeed ZeRO-3 against DeepSpeed 0.16.0 measured by hand on the CPU
+# (tests/parallel/zero3.py; the expected files are read, no PyTorch is needed).
+/usr/bin/python3 tests/parallel/zero3_compare.py --check --memest "${BUILD_DIR:-build}/bin/memest" \
+    || failed+=("parallel zero3")
 
 # The Python client (client/python): installed into a venv that sees Debian's grpcio,
 # protobuf, pandas and matplotlib (no network), then pytest against a real memest-server on

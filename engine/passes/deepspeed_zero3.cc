@@ -14,35 +14,67 @@ namespace {
 // optimizer, whose own default is 1e12).
 constexpr int64_t kSubGroupElements = 1'000'000'000;
 
-// The modules that own parameters: an op's scope is its module; a module's forward ends with
-// the last op within its scope (its children's included). The root's parameters (scope "")
-// are gathered before the first op and released after the last op of the forward.
+// The module path a parameter's name gives ("h.0.attn.weight" -> "h.0.attn"); a bare name (a
+// model file's "wte") stands for a module of its own.
+std::string OwnerOf(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
+
+// Every module the forward runs, as the coordinator's trace sees them: the root (the model,
+// before its first op and after the last op of the forward), the modules that own parameters
+// and the containers above them (a block: its hooks gather nothing but prefetch), in the order
+// their forward starts, parents before children. A parameter belongs to the module its name
+// says when the reading op's scope holds that module (a graph whose scopes stop at the
+// blocks), else to the op's scope (a tied weight read by another module). A module's forward
+// spans the ops within its scope, and at least its parameters' reads.
 std::vector<Zero3Module> ModulesOf(const Graph& g) {
-  std::vector<Zero3Module> modules;
-  std::unordered_map<std::string, int> index;
   const int forward_end =
       (g.loss_begin > 0 ? g.loss_begin : static_cast<int>(g.ops.size())) - 1;
-  for (int i = 0; i < static_cast<int>(g.ops.size()); ++i) {
-    const Op& op = g.ops[i];
-    for (int t : op.inputs) {
-      if (g.tensors[t].role != TensorRole::kParameter) continue;
-      auto [it, added] = index.try_emplace(op.scope, static_cast<int>(modules.size()));
-      if (added) modules.push_back({op.scope, op.scope.empty() ? 0 : i, i, {}});
-      std::vector<int>& params = modules[it->second].params;
-      if (std::find(params.begin(), params.end(), t) == params.end()) params.push_back(t);
-    }
-    // This op ends every module whose scope holds it (walk up the scope's prefixes).
-    std::string scope = op.scope;
+  std::vector<Zero3Module> modules = {{"", 0, std::max(forward_end, 0), {}, {}}};
+  std::unordered_map<std::string, int> index = {{"", 0}};
+  auto touch = [&](const std::string& scope, int i) -> Zero3Module& {
+    auto [at, added] = index.try_emplace(scope, static_cast<int>(modules.size()));
+    if (added) modules.push_back({scope, i, i, {}, {}});
+    Zero3Module& m = modules[at->second];
+    m.first_op = std::min(m.first_op, i);
+    m.last_op = std::max(m.last_op, i);
+    return m;
+  };
+  // The scope and every scope above it (not the root).
+  auto prefixes = [](std::string scope) {
+    std::vector<std::string> out;
     while (!scope.empty()) {
-      auto it = index.find(scope);
-      if (it != index.end()) modules[it->second].last_op = i;
+      out.push_back(scope);
       const size_t dot = scope.rfind('.');
       scope = dot == std::string::npos ? "" : scope.substr(0, dot);
     }
+    return out;
+  };
+  for (int i = 0; i <= forward_end; ++i) {
+    const Op& op = g.ops[i];
+    const std::vector<std::string> scopes = prefixes(op.scope);
+    for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) touch(*it, i);
+    for (size_t k = 0; k < op.inputs.size(); ++k) {
+      const int t = op.inputs[k];
+      if (g.tensors[t].role != TensorRole::kParameter) continue;
+      const std::string owner = OwnerOf(g.tensors[t].name);
+      const std::string key = ScopeWithin(owner, op.scope) ? owner : op.scope;
+      const std::vector<std::string> above = prefixes(key);
+      for (auto it = above.rbegin(); it != above.rend(); ++it) touch(*it, i);
+      Zero3Module& own = key.empty() ? modules[0] : modules[index.at(key)];
+      if (std::find(own.params.begin(), own.params.end(), t) == own.params.end()) {
+        own.params.push_back(t);
+      }
+      // F.linear computes with weight.t(): autograd saves that view (for the input's
+      // gradient), which keeps the gathered storage after DeepSpeed empties param.data.
+      if (op.kind == "linear" && k == 1 && g.tensors[op.inputs[0]].requires_grad) {
+        own.saved_weights.push_back({t, i});
+      }
+    }
   }
-  for (Zero3Module& m : modules) {
-    if (m.scope.empty()) m.last_op = std::max(forward_end, m.first_op);
-  }
+  modules[0].first_op = 0;
+  modules[0].last_op = std::max(forward_end, 0);
   std::stable_sort(modules.begin(), modules.end(),
                    [](const Zero3Module& a, const Zero3Module& b) { return a.first_op < b.first_op; });
   return modules;
@@ -98,12 +130,13 @@ StatusOr<DeepSpeedZero3> PlanDeepSpeedZero3(const Graph& g, const RunConfig& c) 
 }
 
 void AddDeepSpeedZero3Notes(const RunConfig& c, const DeepSpeedZero3& z, Report* r) {
-  int64_t persistent = 0;
+  int64_t persistent = 0, owners = 0;
   for (char k : z.persistent) persistent += k;
+  for (const Zero3Module& m : z.modules) owners += m.params.empty() ? 0 : 1;
   r->notes.push_back(
       "DeepSpeed ZeRO-3 over " + std::to_string(z.world) + " ranks, rank 0 estimated: each "
       "parameter a 1/" + std::to_string(z.world) + " partition, gathered by " +
-      std::to_string(z.modules.size()) + " modules around their forward and backward; fp32 "
+      std::to_string(owners) + " modules around their forward and backward; fp32 "
       "master " + FormatBytes(z.master_bytes) + ", optimizer state " + FormatBytes(z.state_bytes) +
       ", gradient partitions " + FormatBytes(z.grad_partition_bytes) + ", and an ipg bucket of " +
       std::to_string(z.ipg_elements) + " elements (" + FormatBytes(z.ipg_bytes) +

@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/ir/config.h"
@@ -45,12 +46,15 @@
 
 namespace memest {
 
-// A module with parameters of its own: the forward ops of one scope that read parameters.
+// A module the forward runs (the root, a container, a leaf with parameters of its own).
 struct Zero3Module {
   std::string scope;
   int first_op = -1;         // its forward pre-hook runs before this op
   int last_op = -1;          // its post-hook after this one (the last op within its scope)
-  std::vector<int> params;   // tensor ids, first read first
+  std::vector<int> params;   // its own parameters (tensor ids), first read first
+  // (parameter, op): a linear of the module whose autograd node keeps the gathered weight
+  // (a view of it) until that op's backward.
+  std::vector<std::pair<int, int>> saved_weights;
 };
 
 struct DeepSpeedZero3 {

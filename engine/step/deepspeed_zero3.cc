@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/ir/shape.h"
+#include "engine/passes/checkpoint.h"
 #include "engine/step/rank_hooks.h"
 
 namespace memest {
@@ -68,6 +69,15 @@ class DeepSpeedZero3Hooks : public RankHooks {
       traversed_before_[s + 1] = traversed_before_[s] + numel;
     }
     queued_.assign(n, 0);
+    // Ops whose saved tensors are recomputed in backward, not kept from forward.
+    recomputed_.assign(g.ops.size(), 0);
+    CheckpointRegions regions = g.checkpoints;
+    if (StatusOr<CheckpointRegions> policy = PlanCheckpoints(g, c.checkpoint); policy.ok()) {
+      regions.insert(regions.end(), policy->begin(), policy->end());
+    }
+    for (const auto& [first, last] : regions) {
+      for (int i = first; i <= last && i < static_cast<int>(g.ops.size()); ++i) recomputed_[i] = 1;
+    }
   }
 
   // The rank keeps each parameter's partition (trainable ones in lp_param_buffer).
@@ -98,15 +108,16 @@ class DeepSpeedZero3Hooks : public RankHooks {
   }
 
   void ForwardOpEnds(RankMemory& m, int op) override {
-    for (int k : release_at_[op]) Release(m, k);
+    for (int k : release_at_[op]) Release(m, k, /*forward=*/true);
   }
 
   void BackwardStarts(RankMemory& /*m*/) override { pre_ = post_ = 0; }
 
   void BackwardReaches(RankMemory& m, int op) override {
+    FreeSavedAbove(m, op);
     const int modules = static_cast<int>(z_.modules.size());
     while (post_ < modules && z_.modules[by_first_[post_]].first_op > op) {
-      Release(m, by_first_[post_++]);
+      Release(m, by_first_[post_++], /*forward=*/false);
     }
     while (pre_ < modules && z_.modules[by_last_[pre_]].last_op >= op) Fetch(m, by_last_[pre_++]);
   }
@@ -135,8 +146,9 @@ class DeepSpeedZero3Hooks : public RankHooks {
 
   // The last modules' post-backward hooks, then the epilogue's reduction of the last bucket.
   void BackwardEnds(RankMemory& m) override {
+    FreeSavedAbove(m, -1);
     const int modules = static_cast<int>(z_.modules.size());
-    while (post_ < modules) Release(m, by_first_[post_++]);
+    while (post_ < modules) Release(m, by_first_[post_++], /*forward=*/false);
     Reduce(m);
   }
 
@@ -153,20 +165,21 @@ class DeepSpeedZero3Hooks : public RankHooks {
       Transient(m, s);  // has_overflow: isinf(...) then isnan(...), each a bool per element
     }
     Transient(m, 8 * z_.largest_partition);  // the norm: g.double() of each partition in turn
+    // _prepare_fp32_grad_for_sub_group: flatten (a model-dtype copy), .to(float32); the update;
+    // the fp32 gradient goes (the largest sub-group's are the step's peak).
+    // The first step's FusedAdam makes its state inside optimizer.step(), once the flatten
+    // has gone (fp32: the flatten is the fp32 gradient).
+    const int64_t sg = z_.largest_sub_group;
+    int grad = m.Allocate(sg * z_.element_bytes, Category::kTemporaries);
+    if (z_.element_bytes != 4) {
+      const int fp32 = m.Allocate(4 * sg, Category::kTemporaries);
+      m.Deallocate(grad);
+      grad = fp32;
+    }
     if (c_.step == StepKind::kFirstStep && z_.state_bytes > 0) {
       m.Allocate(z_.state_bytes, Category::kOptimizerState);
     }
-    // _prepare_fp32_grad_for_sub_group: flatten (a model-dtype copy), .to(float32); the update;
-    // the fp32 gradient goes (the largest sub-group's are the step's peak).
-    const int64_t sg = z_.largest_sub_group;
-    const int flat = m.Allocate(sg * z_.element_bytes, Category::kTemporaries);
-    if (z_.element_bytes != 4) {
-      const int fp32 = m.Allocate(4 * sg, Category::kTemporaries);
-      m.Deallocate(flat);
-      m.Deallocate(fp32);
-    } else {
-      m.Deallocate(flat);
-    }
+    m.Deallocate(grad);
     GatherPersistent(m, /*transient=*/true);  // _post_step
   }
 
@@ -299,8 +312,10 @@ class DeepSpeedZero3Hooks : public RankHooks {
 
   // release_sub_module: in a complete trace, __params_to_release keeps persistent parameters,
   // those the prefetcher has scanned a later use of, and those used again within the reuse
-  // distance; while recording, every parameter goes.
-  void Release(RankMemory& m, int k) {
+  // distance; while recording, every parameter goes. A weight that a linear of the module
+  // saved in forward (outside a checkpointed region) keeps its storage until that op's
+  // backward: the parameter is released (DeepSpeed gathers it again), its memory is not.
+  void Release(RankMemory& m, int k, bool forward) {
     const Zero3Module& mod = z_.modules[k];
     std::vector<int> release;
     for (int t : mod.params) {
@@ -312,11 +327,28 @@ class DeepSpeedZero3Hooks : public RankHooks {
     for (int t : release) {
       if (status_[t] != Status3::kAvailable || active_[t] > 0) continue;
       Pop(m, t);
-      m.Deallocate(gathered_[t]);
+      int saver = -1;
+      if (forward) {
+        for (const auto& [p, op] : mod.saved_weights) {
+          if (p == t && !recomputed_[op]) saver = std::max(saver, op);
+        }
+      }
+      if (saver >= 0) saved_.push_back({saver, gathered_[t]});
+      else m.Deallocate(gathered_[t]);
       gathered_[t] = -1;
       status_[t] = Status3::kNotAvailable;
       n_available_ -= z_.numel[t];
     }
+  }
+
+  // Autograd's saved weights whose op's backward has run (the walk is at `op`, below them).
+  void FreeSavedAbove(RankMemory& m, int op) {
+    auto keep = std::remove_if(saved_.begin(), saved_.end(), [&](const SavedWeight& s) {
+      if (s.op <= op) return false;
+      m.Deallocate(s.buffer);
+      return true;
+    });
+    saved_.erase(keep, saved_.end());
   }
 
   // The trace walk of __params_to_release: from the current step on, a module's parameters
@@ -351,6 +383,10 @@ class DeepSpeedZero3Hooks : public RankHooks {
     int param;
     int step;
   };
+  struct SavedWeight {
+    int op;      // the linear whose backward frees it
+    int buffer;
+  };
 
   const DeepSpeedZero3& z_;
   const Graph& g_;
@@ -369,6 +405,8 @@ class DeepSpeedZero3Hooks : public RankHooks {
   std::vector<int64_t> traversed_before_;  // per trace step
   std::vector<std::vector<int>> uses_;     // per tensor: its trace steps
   std::vector<char> queued_;               // per tensor: in the prefetch being assembled
+  std::vector<char> recomputed_;           // per op: inside a checkpointed region
+  std::vector<SavedWeight> saved_;         // gathered storage autograd keeps
   int64_t n_available_ = 0;
   int step_id_ = 0;
   int micro_batch_ = 0;
