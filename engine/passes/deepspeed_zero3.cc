@@ -30,9 +30,11 @@ std::string OwnerOf(const std::string& name) {
 // spans the ops within its scope, and at least its parameters' reads.
 std::vector<Zero3Module> ModulesOf(const Graph& g) {
   const int forward_end =
-      (g.loss_begin > 0 ? g.loss_begin : static_cast<int>(g.ops.size())) - 1;
-  std::vector<Zero3Module> modules = {{"", 0, std::max(forward_end, 0), {}, {}}};
+      (g.loss_begin >= 0 ? g.loss_begin : static_cast<int>(g.ops.size())) - 1;
+  if (forward_end < 0) return {};  // no forward op: nothing is gathered
+  std::vector<Zero3Module> modules = {{"", 0, forward_end, {}, {}}};
   std::unordered_map<std::string, int> index = {{"", 0}};
+  std::unordered_map<int64_t, int> slot;  // (module, parameter) -> its index in params
   auto touch = [&](const std::string& scope, int i) -> Zero3Module& {
     auto [at, added] = index.try_emplace(scope, static_cast<int>(modules.size()));
     if (added) modules.push_back({scope, i, i, {}, {}});
@@ -51,30 +53,56 @@ std::vector<Zero3Module> ModulesOf(const Graph& g) {
     }
     return out;
   };
+  // Per tensor: the parameter it is a view of (t, transpose, view... of one), or -1.
+  std::vector<int> view_of(g.tensors.size(), -1);
+  for (int t = 0; t < static_cast<int>(g.tensors.size()); ++t) {
+    if (g.tensors[t].role == TensorRole::kParameter) view_of[t] = t;
+  }
+  static const char* const kViews[] = {"transpose", "permute", "view", "reshape", "expand",
+                                       "slice"};
+  static const char* const kMatmuls[] = {"linear", "matmul", "bmm", "addmm", "baddbmm"};
+  auto is = [](const std::string& kind, const auto& kinds) {
+    return std::find(std::begin(kinds), std::end(kinds), kind) != std::end(kinds);
+  };
   for (int i = 0; i <= forward_end; ++i) {
     const Op& op = g.ops[i];
     const std::vector<std::string> scopes = prefixes(op.scope);
     for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) touch(*it, i);
+    if (is(op.kind, kViews) && !op.inputs.empty() && view_of[op.inputs[0]] >= 0) {
+      for (int out : op.outputs) view_of[out] = view_of[op.inputs[0]];
+    }
     for (size_t k = 0; k < op.inputs.size(); ++k) {
-      const int t = op.inputs[k];
-      if (g.tensors[t].role != TensorRole::kParameter) continue;
+      const int in = op.inputs[k];
+      const int t = view_of[in];
+      if (t < 0 || (in == t && g.tensors[t].role != TensorRole::kParameter)) continue;
+      if (in != t && is(op.kind, kViews)) continue;  // a view of a view: its reader decides
       const std::string owner = OwnerOf(g.tensors[t].name);
       const std::string key = ScopeWithin(owner, op.scope) ? owner : op.scope;
       const std::vector<std::string> above = prefixes(key);
       for (auto it = above.rbegin(); it != above.rend(); ++it) touch(*it, i);
-      Zero3Module& own = key.empty() ? modules[0] : modules[index.at(key)];
-      if (std::find(own.params.begin(), own.params.end(), t) == own.params.end()) {
+      const int mi = key.empty() ? 0 : index.at(key);
+      Zero3Module& own = modules[mi];
+      auto [at, added] = slot.try_emplace((int64_t{mi} << 32) | t, static_cast<int>(own.params.size()));
+      if (added) {
         own.params.push_back(t);
+        own.saver.push_back(-1);
       }
-      // F.linear computes with weight.t(): autograd saves that view (for the input's
-      // gradient), which keeps the gathered storage after DeepSpeed empties param.data.
-      if (op.kind == "linear" && k == 1 && g.tensors[op.inputs[0]].requires_grad) {
-        own.saved_weights.push_back({t, i});
+      // Autograd saves what a matmul reads for the other operand's gradient. A parameter
+      // itself is saved as the leaf, whose data DeepSpeed swaps for an empty tensor; a view
+      // of it (F.linear's weight.t(), a model's W.t()) keeps the gathered storage.
+      bool other_needs_grad = false;
+      for (size_t j = 0; j < op.inputs.size(); ++j) {
+        if (j != k && view_of[op.inputs[j]] < 0 && g.tensors[op.inputs[j]].requires_grad) {
+          other_needs_grad = true;
+        }
+      }
+      const bool as_view = op.kind == "linear" ? k == 1 : in != t;
+      if (is(op.kind, kMatmuls) && as_view && other_needs_grad) {
+        int& saver = own.saver[at->second];
+        saver = saver < 0 ? i : std::min(saver, i);  // freed by the earliest one's backward
       }
     }
   }
-  modules[0].first_op = 0;
-  modules[0].last_op = std::max(forward_end, 0);
   std::stable_sort(modules.begin(), modules.end(),
                    [](const Zero3Module& a, const Zero3Module& b) { return a.first_op < b.first_op; });
   return modules;
@@ -96,23 +124,26 @@ StatusOr<DeepSpeedZero3> PlanDeepSpeedZero3(const Graph& g, const RunConfig& c) 
   z.numel.assign(g.tensors.size(), 0);
   z.partition.assign(g.tensors.size(), 0);
   z.persistent.assign(g.tensors.size(), 0);
+  z.bytes.assign(g.tensors.size(), 0);
   int64_t sub_group = 0;
-  const std::string field = "model: a ZeRO-3 partition";
+  bool first_trainable = true;
   for (size_t t = 0; t < g.tensors.size(); ++t) {
     const Tensor& ten = g.tensors[t];
     if (ten.role != TensorRole::kParameter) continue;
-    z.element_bytes = DTypeSize(ten.dtype);  // the model's own dtype
-    const int64_t n = Numel(ten.shape);      // below 2^62: the builder checked its bytes
+    const int64_t n = Numel(ten.shape);  // below 2^62 in all: the builder checked the bytes
     z.numel[t] = n;
+    z.bytes[t] = DTypeSize(ten.dtype);
     z.partition[t] = (n + z.world - 1) / z.world;
     // mark_persistent_parameters: ds_numel (the whole parameter) at most the threshold.
     z.persistent[t] = n <= p.stage3_param_persistence_threshold;
     if (z.persistent[t]) {
-      MEMEST_ASSIGN_OR_RETURN(const int64_t whole,
-                              CheckedMul(z.partition[t] * z.world, z.element_bytes));
+      MEMEST_ASSIGN_OR_RETURN(const int64_t padded, CheckedMul(z.partition[t], z.world));
+      MEMEST_ASSIGN_OR_RETURN(const int64_t whole, CheckedMul(padded, z.bytes[t]));
       MEMEST_ASSIGN_OR_RETURN(z.persistent_bytes, CheckedAdd(z.persistent_bytes, whole));
     }
     if (!ten.requires_grad) continue;
+    if (first_trainable) z.element_bytes = z.bytes[t];  // the model's dtype
+    first_trainable = false;
     z.trainable_partition_elements += z.partition[t];
     z.largest_partition = std::max(z.largest_partition, z.partition[t]);
     // _create_fp16_sub_groups: a sub-group closes once it reaches sub_group_size.

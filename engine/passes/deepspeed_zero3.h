@@ -36,7 +36,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "engine/ir/config.h"
@@ -52,18 +51,18 @@ struct Zero3Module {
   int first_op = -1;         // its forward pre-hook runs before this op
   int last_op = -1;          // its post-hook after this one (the last op within its scope)
   std::vector<int> params;   // its own parameters (tensor ids), first read first
-  // (parameter, op): a linear of the module whose autograd node keeps the gathered weight
-  // (a view of it) until that op's backward.
-  std::vector<std::pair<int, int>> saved_weights;
+  // Per parameter (aligned with params): the earliest op of the module whose autograd node
+  // keeps a view of the gathered weight until that op's backward (-1: none does).
+  std::vector<int> saver;
 };
 
 struct DeepSpeedZero3 {
   int64_t world = 1;
-  int64_t element_bytes = 2;          // the model's dtype
+  int64_t element_bytes = 2;          // the trainable parameters' dtype (gradients, flatten)
   std::vector<Zero3Module> modules;   // in forward order (by first_op)
   // Per tensor id (parameters; 0 elsewhere): numel, the partition's ceil(numel / N), and
   // whether it is persistent.
-  std::vector<int64_t> numel, partition;
+  std::vector<int64_t> numel, partition, bytes;  // bytes: of one element, the tensor's dtype
   std::vector<char> persistent;
   int64_t trainable_partition_elements = 0;  // S: the flat lp_param_buffer and the masters
   int64_t largest_sub_group = 0;             // the largest sub-group's partition elements

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <queue>
 #include <vector>
 
 #include "engine/ir/shape.h"
@@ -61,14 +62,15 @@ class DeepSpeedZero3Hooks : public RankHooks {
     traversed_before_.assign(order_.size() + 1, 0);
     uses_.assign(n, {});
     for (size_t s = 0; s < order_.size(); ++s) {
-      int64_t numel = 0;
+      int64_t numel = 0;  // saturated: a parameter shared by modules counts at each
       for (int t : z.modules[order_[s]].params) {
-        numel += z.numel[t];  // parameters' elements: below 2^62 in all
+        numel = Sum(numel, z.numel[t]);
         uses_[t].push_back(static_cast<int>(s));
       }
-      traversed_before_[s + 1] = traversed_before_[s] + numel;
+      traversed_before_[s + 1] = Sum(traversed_before_[s], numel);
     }
     queued_.assign(n, 0);
+    saver_of_.assign(n, -1);
     // Ops whose saved tensors are recomputed in backward, not kept from forward.
     recomputed_.assign(g.ops.size(), 0);
     CheckpointRegions regions = g.checkpoints;
@@ -83,7 +85,7 @@ class DeepSpeedZero3Hooks : public RankHooks {
   // The rank keeps each parameter's partition (trainable ones in lp_param_buffer).
   int64_t ParameterBytes(int t, int64_t whole) const override {
     if (g_.tensors[t].role != TensorRole::kParameter) return whole;
-    return z_.partition[t] * z_.element_bytes;  // at most the parameter's own bytes
+    return Bytes(t, z_.partition[t]);  // at most the parameter's own bytes and a padding
   }
 
   // The optimizer steps the fp32 partitions; no parameter has state of its own.
@@ -103,7 +105,10 @@ class DeepSpeedZero3Hooks : public RankHooks {
   }
 
   void ForwardOpStarts(RankMemory& m, int op) override {
-    if (op == 0) ResetStep();
+    if (op == 0) {
+      DropInflight(m);
+      ResetStep();
+    }
     for (int k : fetch_at_[op]) Fetch(m, k);
   }
 
@@ -154,6 +159,7 @@ class DeepSpeedZero3Hooks : public RankHooks {
 
   void OptimizerStepStarts(RankMemory& m) override {
     // _partition_all_parameters: release_and_reset_all.
+    DropInflight(m);
     for (size_t t = 0; t < gathered_.size(); ++t) {
       if (gathered_[t] >= 0) m.Deallocate(gathered_[t]);
       gathered_[t] = -1;
@@ -164,15 +170,15 @@ class DeepSpeedZero3Hooks : public RankHooks {
     if (z_.element_bytes == 2 && ParameterDType(c_.precision) == DType::kFloat16) {
       Transient(m, s);  // has_overflow: isinf(...) then isnan(...), each a bool per element
     }
-    Transient(m, 8 * z_.largest_partition);  // the norm: g.double() of each partition in turn
+    Transient(m, Times(z_.largest_partition, 8));  // the norm: g.double() of each partition
     // _prepare_fp32_grad_for_sub_group: flatten (a model-dtype copy), .to(float32); the update;
     // the fp32 gradient goes (the largest sub-group's are the step's peak).
     // The first step's FusedAdam makes its state inside optimizer.step(), once the flatten
     // has gone (fp32: the flatten is the fp32 gradient).
     const int64_t sg = z_.largest_sub_group;
-    int grad = m.Allocate(sg * z_.element_bytes, Category::kTemporaries);
+    int grad = m.Allocate(Times(sg, z_.element_bytes), Category::kTemporaries);
     if (z_.element_bytes != 4) {
-      const int fp32 = m.Allocate(4 * sg, Category::kTemporaries);
+      const int fp32 = m.Allocate(Times(sg, 4), Category::kTemporaries);
       m.Deallocate(grad);
       grad = fp32;
     }
@@ -184,7 +190,20 @@ class DeepSpeedZero3Hooks : public RankHooks {
   }
 
  private:
-  int64_t Bytes(int64_t elements) const { return elements * z_.element_bytes; }
+  // Bytes of `elements` of tensor t's dtype, saturated (an allocation that large fails the
+  // estimate as too large rather than wrapping).
+  int64_t Bytes(int t, int64_t elements) const {
+    return elements > kMaxBytes / z_.bytes[t] ? kMaxBytes : elements * z_.bytes[t];
+  }
+  // Bytes of N partitions of tensor t (a gather's, a reduce-scatter's share).
+  int64_t Gathered(int t) const {
+    return z_.partition[t] > kMaxBytes / z_.world ? kMaxBytes
+                                                  : Bytes(t, z_.partition[t] * z_.world);
+  }
+  static int64_t Sum(int64_t a, int64_t b) { return AddBytes(&a, b) ? a : kMaxBytes; }
+  static int64_t Times(int64_t elements, int64_t bytes) {
+    return elements > kMaxBytes / bytes ? kMaxBytes : elements * bytes;
+  }
   void Transient(RankMemory& m, int64_t bytes) {
     if (bytes > 0) m.Deallocate(m.Allocate(bytes, Category::kTemporaries));
   }
@@ -212,11 +231,12 @@ class DeepSpeedZero3Hooks : public RankHooks {
     for (size_t t = 0; t < z_.persistent.size(); ++t) {
       if (z_.persistent[t]) ps.push_back(static_cast<int>(t));
     }
+    if (z_.world == 1) return;  // one rank: parameters view their partitions, nothing is made
     for (int t : ps) {
-      const int64_t full = Bytes(z_.partition[t] * z_.world);
+      const int64_t full = Gathered(t);
       if (ps.size() == 1) {
         const int flat = transient ? m.Allocate(full, Category::kCommunication) : -1;
-        gathered_[t] = m.Allocate(Bytes(z_.numel[t]), Category::kParameters);
+        gathered_[t] = m.Allocate(Bytes(t, z_.numel[t]), Category::kParameters);
         if (flat >= 0) m.Deallocate(flat);
       } else {
         gathered_[t] = m.Allocate(full, Category::kParameters);
@@ -225,24 +245,29 @@ class DeepSpeedZero3Hooks : public RankHooks {
     }
   }
 
-  // __all_gather_params: one call over the parameters not yet available.
+  // __all_gather_params: one call over the parameters not yet available. With one rank
+  // DeepSpeed points each parameter at its partition (_no_gather_coalesced): nothing is made.
   void AllGather(RankMemory& m, const std::vector<int>& params) {
     std::vector<int> todo;
-    int64_t partitions = 0;
+    int64_t flat = 0;
     for (int t : params) {
       if (status_[t] != Status3::kNotAvailable) continue;
       todo.push_back(t);
       n_available_ += z_.numel[t];
-      partitions += z_.partition[t];
+      flat = Sum(flat, Gathered(t));
     }
     if (todo.empty()) return;
+    if (z_.world == 1) {
+      for (int t : todo) status_[t] = Status3::kAvailable;
+      return;
+    }
     Handle h;
     h.params = todo;
     h.in_registry = static_cast<int>(todo.size());
     if (todo.size() == 1) {
-      gathered_[todo[0]] = m.Allocate(Bytes(partitions * z_.world), Category::kParameters);
+      gathered_[todo[0]] = m.Allocate(flat, Category::kParameters);
     } else {
-      h.flat = m.Allocate(Bytes(partitions * z_.world), Category::kCommunication);
+      h.flat = m.Allocate(flat, Category::kCommunication);
     }
     const int id = static_cast<int>(handles_.size());
     for (int t : todo) {
@@ -262,7 +287,7 @@ class DeepSpeedZero3Hooks : public RankHooks {
       h.waited = true;
       for (int p : h.params) {
         if (h.flat >= 0 && status_[p] == Status3::kInflight) {
-          gathered_[p] = m.Allocate(Bytes(z_.numel[p]), Category::kParameters);
+          gathered_[p] = m.Allocate(Bytes(p, z_.numel[p]), Category::kParameters);
         }
         if (status_[p] == Status3::kInflight) status_[p] = Status3::kAvailable;
       }
@@ -324,17 +349,19 @@ class DeepSpeedZero3Hooks : public RankHooks {
       }
     }
     for (int t : mod.params) --active_[t];
+    for (size_t j = 0; j < mod.params.size(); ++j) {
+      const int op = mod.saver[j];
+      saver_of_[mod.params[j]] = op >= 0 && !recomputed_[op] ? op : -1;
+    }
     for (int t : release) {
       if (status_[t] != Status3::kAvailable || active_[t] > 0) continue;
       Pop(m, t);
-      int saver = -1;
-      if (forward) {
-        for (const auto& [p, op] : mod.saved_weights) {
-          if (p == t && !recomputed_[op]) saver = std::max(saver, op);
-        }
+      const int saver = forward ? saver_of_[t] : -1;
+      if (saver >= 0 && gathered_[t] >= 0) {
+        saved_.push({saver, gathered_[t]});
+      } else if (gathered_[t] >= 0) {
+        m.Deallocate(gathered_[t]);
       }
-      if (saver >= 0) saved_.push_back({saver, gathered_[t]});
-      else m.Deallocate(gathered_[t]);
       gathered_[t] = -1;
       status_[t] = Status3::kNotAvailable;
       n_available_ -= z_.numel[t];
@@ -343,12 +370,22 @@ class DeepSpeedZero3Hooks : public RankHooks {
 
   // Autograd's saved weights whose op's backward has run (the walk is at `op`, below them).
   void FreeSavedAbove(RankMemory& m, int op) {
-    auto keep = std::remove_if(saved_.begin(), saved_.end(), [&](const SavedWeight& s) {
-      if (s.op <= op) return false;
-      m.Deallocate(s.buffer);
-      return true;
-    });
-    saved_.erase(keep, saved_.end());
+    while (!saved_.empty() && saved_.top().op > op) {
+      m.Deallocate(saved_.top().buffer);
+      saved_.pop();
+    }
+  }
+
+  // What no module took (an invariant of the trace, kept safe): the inflight registry's flat
+  // buffers go with it (release_and_reset_all, _clean_inflight_param_registry).
+  void DropInflight(RankMemory& m) {
+    for (Handle& h : handles_) {
+      if (h.flat >= 0) m.Deallocate(h.flat);
+      h.flat = -1;
+      h.in_registry = 0;
+    }
+    handles_.clear();
+    std::fill(handle_of_.begin(), handle_of_.end(), -1);
   }
 
   // The trace walk of __params_to_release: from the current step on, a module's parameters
@@ -366,11 +403,10 @@ class DeepSpeedZero3Hooks : public RankHooks {
   // gradients go.
   void Reduce(RankMemory& m) {
     if (bucket_.empty()) return;
-    int64_t partitions = 0;
-    for (int t : bucket_) partitions += z_.partition[t];
+    int64_t bytes = 0;
+    for (int t : bucket_) bytes = Sum(bytes, Gathered(t));
     const bool in_place = bucket_.size() == 1 && z_.numel[bucket_[0]] % z_.world == 0;
-    const int cat = in_place ? -1 : m.Allocate(Bytes(partitions * z_.world),
-                                               Category::kCommunication);
+    const int cat = in_place ? -1 : m.Allocate(bytes, Category::kCommunication);
     for (int t : bucket_) {
       if (m.HasOwnGrad(t)) m.ReleaseGrad(t, false);
     }
@@ -384,8 +420,9 @@ class DeepSpeedZero3Hooks : public RankHooks {
     int step;
   };
   struct SavedWeight {
-    int op;      // the linear whose backward frees it
+    int op;      // the matmul whose backward frees it
     int buffer;
+    bool operator<(const SavedWeight& o) const { return op < o.op; }  // a max-heap by op
   };
 
   const DeepSpeedZero3& z_;
@@ -406,7 +443,8 @@ class DeepSpeedZero3Hooks : public RankHooks {
   std::vector<std::vector<int>> uses_;     // per tensor: its trace steps
   std::vector<char> queued_;               // per tensor: in the prefetch being assembled
   std::vector<char> recomputed_;           // per op: inside a checkpointed region
-  std::vector<SavedWeight> saved_;         // gathered storage autograd keeps
+  std::priority_queue<SavedWeight> saved_;  // gathered storage autograd keeps
+  std::vector<int> saver_of_;               // per tensor: the releasing module's saver op
   int64_t n_available_ = 0;
   int step_id_ = 0;
   int micro_batch_ = 0;
