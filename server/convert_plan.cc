@@ -65,7 +65,11 @@ void PlanToProto(const Plan& p, v1::ParallelPlan* out) {
     par->set_pipeline_schedule(p.parallelism.pipeline_schedule == PipelineSchedule::kGPipe
                                    ? v1::PIPELINE_SCHEDULE_GPIPE
                                    : v1::PIPELINE_SCHEDULE_1F1B);
+    if (p.parallelism.pipeline_virtual_stages > 1) {
+      par->set_pipeline_virtual_stages(p.parallelism.pipeline_virtual_stages);
+    }
   }
+  par->set_gpus_per_node(p.parallelism.gpus_per_node);  // the layout its NCCL figure assumes
   out->set_micro_batch(p.micro_batch);
   out->set_grad_accum_steps(p.grad_accum_steps);
   out->set_checkpoint(CheckpointToProto(p.checkpoint));

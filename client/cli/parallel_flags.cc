@@ -74,17 +74,17 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                   "of them")
       ->group(group)->type_name("N");
   app->add_option("--stage3-prefetch-bucket-size", f->stage3_prefetch,
-                  "DeepSpeed ZeRO-3's stage3_prefetch_bucket_size (elements, default 5e7)")
+                  "DeepSpeed ZeRO-3's stage3_prefetch_bucket_size (elements, default 50000000)")
       ->group(group)->type_name("N");
   app->add_option("--stage3-max-live-parameters", f->stage3_max_live,
-                  "DeepSpeed ZeRO-3's stage3_max_live_parameters (elements, default 1e9)")
+                  "DeepSpeed ZeRO-3's stage3_max_live_parameters (elements, default 1000000000)")
       ->group(group)->type_name("N");
   app->add_option("--stage3-max-reuse-distance", f->stage3_max_reuse,
-                  "DeepSpeed ZeRO-3's stage3_max_reuse_distance (elements, default 1e9)")
+                  "DeepSpeed ZeRO-3's stage3_max_reuse_distance (elements, default 1000000000)")
       ->group(group)->type_name("N");
   app->add_option("--stage3-param-persistence-threshold", f->stage3_persistence,
                   "DeepSpeed ZeRO-3's stage3_param_persistence_threshold (elements, default "
-                  "1e5)")
+                  "100000)")
       ->group(group)->type_name("N");
   app->add_option("--pipeline", f->pipeline,
                   "pipeline stages: the model's blocks split evenly over them, --grad-accum "

@@ -79,9 +79,13 @@ void RenderPlan(const v1::ParallelPlan& p, std::ostream& out) {
   const v1::Parallelism& par = p.parallelism();
   const int64_t pipeline = par.pipeline() == 0 ? 1 : par.pipeline();
   const int64_t tensor = par.tensor() == 0 ? 1 : par.tensor();
+  // Interleaved 1F1B: "2v2" is 2 stages of 2 model chunks each.
+  const std::string chunks = par.pipeline_virtual_stages() > 1
+                                 ? "v" + std::to_string(par.pipeline_virtual_stages())
+                                 : "";
   PrintLine(out, {std::to_string(p.gpus()), p.device(),
                   std::to_string(par.data()) + " x " + std::to_string(tensor) + " x " +
-                      std::to_string(pipeline),
+                      std::to_string(pipeline) + chunks,
                   Strategy(par),
                   std::to_string(p.micro_batch()) + " x " + std::to_string(p.grad_accum_steps()),
                   p.checkpoint() == v1::CHECKPOINT_POLICY_EVERY_BLOCK ? "every-block" : "none",
@@ -99,7 +103,8 @@ void RenderPlanSummary(const v1::PlanSummary& s, std::ostream& out) {
         << " (GPU type, count) pairs ruled out by the model states alone";
   }
   out << ". micro-batch is micro-batch x accumulation (a pipeline's micro-batches) per "
-         "data-parallel rank; tp runs Megatron's linears with sequence parallelism; needs is the "
+         "data-parallel rank; tp runs Megatron's linears with sequence parallelism; pp \"4v2\" is "
+         "4 stages of 2 model chunks (interleaved 1F1B); needs is the "
          "worst rank's reserved memory, CUDA context and NCCL buffers.\n";
 }
 

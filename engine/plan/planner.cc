@@ -85,6 +85,7 @@ struct Split {
   int64_t data, tensor, pipeline;
   DataSharding sharding;
   CheckpointPolicy checkpoint;
+  int64_t virtual_stages = 1;  // Megatron's interleaved 1F1B: model chunks per stage
 };
 
 class Planner {
@@ -105,6 +106,7 @@ class Planner {
     c.parallelism.data = s.data;
     c.parallelism.sharding = s.sharding;
     c.parallelism.pipeline = s.pipeline;
+    c.parallelism.pipeline_virtual_stages = s.virtual_stages;
     c.parallelism.tensor = s.tensor;
     c.parallelism.sequence_parallel = s.tensor > 1;
     if (!ValidateRunConfig(c).ok()) return std::optional<Plan>();
@@ -190,9 +192,10 @@ class Planner {
     p.capacity_bytes = r.fit->capacity_bytes;
     p.headroom_bytes = r.fit->headroom_bytes;
     p.recompute_fraction = r.recompute_fraction;
-    if (s.pipeline > 1) {
-      const int64_t m = c.grad_accum_steps;
-      p.bubble_fraction = static_cast<double>(s.pipeline - 1) / static_cast<double>(m + s.pipeline - 1);
+    if (s.pipeline > 1) {  // idle time (p - 1) / v of a micro-batch's, against m of work
+      const double m = static_cast<double>(c.grad_accum_steps);
+      const double idle = static_cast<double>(s.pipeline - 1) / static_cast<double>(s.virtual_stages);
+      p.bubble_fraction = idle / (m + idle);
     }
     p.communicated_bytes = r.communicated_bytes_per_step;
     return p;
@@ -205,6 +208,10 @@ class Planner {
   bool tensor_ok_ = false;
   std::map<std::pair<std::string, int64_t>, Graph> graphs_;  // by device and micro-batch
 };
+
+// A 1F1B plan whose bubble is at least this is tried interleaved as well (the estimates of a
+// pipeline's interleaved schedule are the planner's costliest).
+constexpr double kInterleaveBubble = 0.10;
 
 bool Before(const Plan& a, const Plan& b) {
   const bool ra = a.recompute_fraction > 0, rb = b.recompute_fraction > 0;
@@ -331,6 +338,33 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
             if (!best) break;
             fits.push_back(*best);
             limit = lo;
+            // Interleaved 1F1B (two model chunks a stage) shrinks the bubble and holds more
+            // micro-batches' activations on the first stage: its micro-batch is at most this
+            // one, the largest that fits found by bisection again. Megatron interleaves when
+            // the micro-batches divide by the stages.
+            if (p > 1 && planner.blocks() % (2 * p) == 0 &&
+                best->bubble_fraction >= kInterleaveBubble) {
+              Split v = s;
+              v.virtual_stages = 2;
+              std::vector<int64_t> cands;
+              for (size_t k = 0; k < lo; ++k) {
+                if ((q.run.batch_size / data / mbs[k]) % p == 0) cands.push_back(mbs[k]);
+              }
+              std::optional<Plan> inter;
+              size_t a = 0, b = cands.size();
+              while (a < b) {
+                const size_t mid = (a + b) / 2;
+                StatusOr<std::optional<Plan>> tried = planner.Try(v, cands[mid]);
+                if (!tried.ok()) return tried.status();
+                if (*tried) {
+                  inter = *tried;
+                  a = mid + 1;
+                } else {
+                  b = mid;
+                }
+              }
+              if (inter) fits.push_back(*inter);
+            }
           }
         }
       }

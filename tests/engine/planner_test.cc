@@ -70,6 +70,34 @@ TEST(PlannerTest, PlansFitAndAreTheirEstimates) {
   EXPECT_TRUE(tensor);  // Megatron's split is among the plans
 }
 
+// A 1F1B pipeline with a large bubble is also tried interleaved (Megatron's virtual stages, two
+// model chunks a stage, the micro-batches a multiple of the stages): its bubble is (p - 1) / v
+// of a micro-batch's time against m of work, and it is what Estimate says.
+TEST(PlannerTest, BigBubblesAreTriedInterleaved) {
+  PlanQuery q = Llama7b("a100-40gb", 2);
+  q.run.batch_size = 32;
+  q.max_plans = 100;
+  const Plan* inter = nullptr;
+  const std::vector<Plan> plans = Plans(q);
+  for (const Plan& p : plans) {
+    if (p.parallelism.pipeline_virtual_stages == 2) inter = &p;
+  }
+  ASSERT_NE(inter, nullptr);
+  const int64_t stages = inter->parallelism.pipeline;
+  const double m = static_cast<double>(inter->grad_accum_steps);
+  EXPECT_EQ(inter->grad_accum_steps % stages, 0);
+  EXPECT_DOUBLE_EQ(inter->bubble_fraction, (stages - 1) / 2.0 / (m + (stages - 1) / 2.0));
+  RunConfig c;
+  c.batch_size = 32 / inter->parallelism.data;
+  c.grad_accum_steps = inter->grad_accum_steps;
+  c.precision = Precision::kBf16Pure;
+  c.device = inter->device;
+  c.checkpoint.policy = inter->checkpoint;
+  c.parallelism = inter->parallelism;
+  const Report r = Estimate(q.model, c, {1'000'000, false}).value();
+  EXPECT_EQ(r.fit->required_bytes, inter->required_bytes);
+}
+
 // Tensor-parallel groups stay within a node: with 2 GPUs per node no plan splits over 4 or 8, and
 // the plans' figures count the NCCL buffers of their groups as laid out on such nodes.
 TEST(PlannerTest, TensorGroupsStayWithinANode) {

@@ -49,7 +49,8 @@ def plan_request(preset=None, model=None, *, devices=None, max_gpus=None, max_pl
 class Plan:
     """One way to run the job that fits: `gpus` of `device` as `data` data-parallel ranks
     (`strategy`) x `tensor` tensor-parallel ranks (Megatron's linears, with
-    `sequence_parallel`) x `pipeline` stages, micro-batches of `micro_batch` with `grad_accum_steps` of
+    `sequence_parallel`) x `pipeline` stages (of `virtual_stages` model chunks each: Megatron's
+    interleaved 1F1B), micro-batches of `micro_batch` with `grad_accum_steps` of
     them per rank, `checkpoint`; `required_bytes` of the worst rank out of `capacity_bytes`;
     and its costs: `recompute_fraction` (forward ops run again), `bubble_fraction` (a
     pipeline's idle share), `communicated_bytes_per_step` (what one rank sends)."""
@@ -70,6 +71,7 @@ class Plan:
     communicated_bytes_per_step: int
     tensor: int = 1
     sequence_parallel: bool = False
+    virtual_stages: int = 1
 
     @classmethod
     def from_proto(cls, p):
@@ -82,12 +84,15 @@ class Plan:
                    headroom_bytes=p.headroom_bytes, recompute_fraction=p.recompute_fraction,
                    bubble_fraction=p.bubble_fraction,
                    communicated_bytes_per_step=p.communicated_bytes_per_step,
-                   tensor=par.tensor or 1, sequence_parallel=par.sequence_parallel)
+                   tensor=par.tensor or 1, sequence_parallel=par.sequence_parallel,
+                   virtual_stages=par.pipeline_virtual_stages or 1)
 
     def __str__(self):
-        return ("%d x %s: %d data (%s) x %d tensor x %d stages, micro-batch %d x %d, checkpoint "
+        stages = "%d stages" % self.pipeline + (
+            " of %d chunks" % self.virtual_stages if self.virtual_stages > 1 else "")
+        return ("%d x %s: %d data (%s) x %d tensor x %s, micro-batch %d x %d, checkpoint "
                 "%s, needs %s (headroom %s)" % (self.gpus, self.device, self.data, self.strategy,
-                                      self.tensor, self.pipeline, self.micro_batch,
+                                      self.tensor, stages, self.micro_batch,
                                       self.grad_accum_steps,
                                       self.checkpoint, format_bytes(self.required_bytes),
                                       format_bytes(self.headroom_bytes)))
