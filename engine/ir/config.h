@@ -282,6 +282,11 @@ inline int64_t ShardRanks(const ParallelismConfig& p) {
   return p.data_shard > 0 ? p.data_shard : p.data;
 }
 
+// config.parallelism's degrees, strategy and the settings that belong to it; Megatron-LM's
+// data parallelism's demands on the rest of the run (config_parallel.cc, for ValidateRunConfig).
+Status ValidateParallelism(const ParallelismConfig& parallelism);
+Status ValidateMegatron(const RunConfig& config);
+
 // config.parallelism.gpus_per_node within [1, kMaxGpusPerNode] (ValidateRunConfig's check, for
 // engine/ir/nccl.h too).
 Status ValidateGpusPerNode(int64_t gpus_per_node);
