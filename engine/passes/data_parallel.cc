@@ -297,9 +297,31 @@ int64_t CommunicatedBytesPerStep(const Graph& g, const RunConfig& c) {
     case DataSharding::kZero1: total += 2 * share * grads + share * params; break;
     case DataSharding::kDeepSpeedZero2: total += m * share * grads + share * params; break;
     case DataSharding::kDeepSpeedZero1: total += share * grads + share * params; break;
-    case DataSharding::kDeepSpeedZero3:  // parameters gathered in forward and backward, 16-bit
-      total += m * share * (2 * params + grads);  // gradients reduce-scattered
+    case DataSharding::kDeepSpeedZero3: {
+      // Forward gathers every parameter but the persistent ones (gathered once, after the
+      // step); a steady step keeps about the last max_reuse_distance / 2 elements gathered into
+      // backward and gathers the rest again, the first (recording) step all of them; the
+      // 16-bit gradients are reduce-scattered.
+      double persistent = 0, gathered = 0, elements = 0;
+      for (const Tensor& t : g.tensors) {
+        if (t.role != TensorRole::kParameter) continue;
+        const double n = static_cast<double>(Numel(t.shape));
+        const double bytes = static_cast<double>(Bytes(t.shape, t.dtype));
+        if (n <= static_cast<double>(p.stage3_param_persistence_threshold)) {
+          persistent += bytes;
+        } else {
+          gathered += bytes;
+          elements += n;
+        }
+      }
+      double again = 1;
+      if (c.step == StepKind::kSteadyState && elements > 0) {
+        again = std::max(0.0, elements - static_cast<double>(p.stage3_max_reuse_distance) / 2) /
+                elements;
+      }
+      total += m * share * (gathered * (1 + again) + grads) + share * persistent;
       break;
+    }
     case DataSharding::kMegatronDdp: total += 2 * share * grads32; break;
     case DataSharding::kMegatronDistOpt:  // float32 gradients scattered, parameters gathered
       total += share * grads32 + share * params;

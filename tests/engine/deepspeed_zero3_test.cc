@@ -179,6 +179,23 @@ TEST(DeepSpeedZero3Test, OnlyAViewOfTheWeightKeepsItsGather) {
             4 * 2 * 4096);
 }
 
+// Bytes sent per step: (N-1)/N of the parameters gathered in forward, again in backward when
+// released (the first step; a steady step keeps a model under half the reuse distance), and
+// of the gradients reduce-scattered; persistent parameters once, after the step.
+TEST(DeepSpeedZero3Test, CommunicatedBytesFollowTheGathers) {
+  const Graph g = FsdpStack();
+  const double p = 4.0 * kNumel, share = 3.0 / 4;
+  EXPECT_NEAR(static_cast<double>(CommunicatedBytesPerStep(g, Zero3())), share * 2 * p, 1.0);
+  EXPECT_NEAR(static_cast<double>(CommunicatedBytesPerStep(g, Zero3(StepKind::kFirstStep))),
+              share * 3 * p, 1.0);
+  RunConfig persistent = Zero3();
+  persistent.parallelism.stage3_param_persistence_threshold = 100'000;  // every parameter
+  EXPECT_NEAR(static_cast<double>(CommunicatedBytesPerStep(g, persistent)), share * 2 * p, 1.0);
+  persistent.grad_accum_steps = 2;
+  persistent.batch_size = 2;
+  EXPECT_NEAR(static_cast<double>(CommunicatedBytesPerStep(g, persistent)), share * 3 * p, 1.0);
+}
+
 TEST(DeepSpeedZero3Test, SettingsThatMakeNoSenseAreRefused) {
   RunConfig c = Zero3();
   c.runtime = Runtime::kCuda;
