@@ -31,8 +31,8 @@ gloo's worker (as fsdp2.py does: the trace then sees every free), so a gather st
 prefetch is complete when it is issued; what is allocated, and when it is freed, is DeepSpeed's.
 
 The numbers are compared with tests/parallel/expected/zero3_<case>.json to the byte (exit 1 on
-a change); --write-expected writes them. docs/parallelism-truth.md has no section yet; the
-comparison with memest is /work/briefs/out/zero3-truth.md.
+a change); --write-expected writes them. docs/parallelism-truth.md, section 11, accounts for
+them; tests/parallel/zero3_compare.py compares memest with them.
 """
 import gc
 import json
