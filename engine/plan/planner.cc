@@ -213,6 +213,28 @@ class Planner {
 // pipeline's interleaved schedule are the planner's costliest).
 constexpr double kInterleaveBubble = 0.10;
 
+// The largest of candidates[0, limit) at which split `s` fits, by bisection (a split that fits
+// at a micro-batch fits at every smaller one); *fitting: how many of them fit. An error is the
+// budget's or the deadline's.
+StatusOr<std::optional<Plan>> LargestThatFits(Planner& planner, const Split& s,
+                                              const std::vector<int64_t>& candidates,
+                                              size_t limit, size_t* fitting) {
+  std::optional<Plan> best;
+  size_t lo = 0, hi = limit;  // the answer's index is in [lo, hi); hi: none
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    MEMEST_ASSIGN_OR_RETURN(std::optional<Plan> at, planner.Try(s, candidates[mid]));
+    if (at) {
+      best = std::move(at);
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  *fitting = lo;
+  return best;
+}
+
 bool Before(const Plan& a, const Plan& b) {
   const bool ra = a.recompute_fraction > 0, rb = b.recompute_fraction > 0;
   return std::make_tuple(a.capacity_bytes, ra, a.bubble_fraction, a.parallelism.tensor,
@@ -287,6 +309,15 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
   int64_t found = 0;
   for (int64_t n : GpuCounts(q.max_gpus)) {
     std::vector<Plan> fits;
+    // The budget or the deadline ran out: what fits so far, then why it stopped.
+    auto stopped = [&](Status why) {
+      std::stable_sort(fits.begin(), fits.end(), Before);
+      for (const Plan& f : fits) {
+        ++stats->plans;
+        if (!emit(f) || ++found >= q.max_plans) break;
+      }
+      return why;
+    };
     for (size_t k = 0; k < devices.size(); ++k) {
       const DeviceInfo& d = devices[k];
       if (states[k].total() / n > d.capacity_bytes) {
@@ -310,60 +341,32 @@ Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(cons
           size_t limit = mbs.size();  // micro-batches [0, limit) may fit
           for (CheckpointPolicy ck : policies) {
             const Split s{&d, data, t, p, sh, ck};
-            // The largest micro-batch that fits, by bisection (the small ones, a pipeline's
-            // costliest estimates, only when the larger do not fit); none at all with every
-            // block checkpointed means none without checkpointing either, and without it
-            // the largest is no larger than with it.
-            std::optional<Plan> best;
-            size_t lo = 0, hi = limit;  // the answer's index is in [lo, hi); hi: none
-            while (lo < hi) {
-              const size_t mid = (lo + hi) / 2;
-              StatusOr<std::optional<Plan>> tried = planner.Try(s, mbs[mid]);
-              if (!tried.ok()) {  // the budget or the deadline: what fits so far, then why it stopped
-                std::stable_sort(fits.begin(), fits.end(), Before);
-                for (const Plan& f : fits) {
-                  ++stats->plans;
-                  if (!emit(f) || ++found >= q.max_plans) break;
-                }
-                return tried.status();
-              }
-              const std::optional<Plan>& at = *tried;
-              if (at) {
-                best = at;
-                lo = mid + 1;
-              } else {
-                hi = mid;
-              }
-            }
-            if (!best) break;
-            fits.push_back(*best);
-            limit = lo;
+            // The largest micro-batch that fits (the small ones, a pipeline's costliest
+            // estimates, only when the larger do not fit); none at all with every block
+            // checkpointed means none without checkpointing either, and without it the
+            // largest is no larger than with it.
+            size_t fitting = 0;
+            StatusOr<std::optional<Plan>> best = LargestThatFits(planner, s, mbs, limit, &fitting);
+            if (!best.ok()) return stopped(best.status());
+            if (!*best) break;
+            fits.push_back(**best);
+            limit = fitting;
             // Interleaved 1F1B (two model chunks a stage) shrinks the bubble and holds more
             // micro-batches' activations on the first stage: its micro-batch is at most this
-            // one, the largest that fits found by bisection again. Megatron interleaves when
-            // the micro-batches divide by the stages.
+            // one. Megatron interleaves when the micro-batches divide by the stages.
             if (p > 1 && planner.blocks() % (2 * p) == 0 &&
-                best->bubble_fraction >= kInterleaveBubble) {
+                (*best)->bubble_fraction >= kInterleaveBubble) {
               Split v = s;
               v.virtual_stages = 2;
               std::vector<int64_t> cands;
-              for (size_t k = 0; k < lo; ++k) {
-                if ((q.run.batch_size / data / mbs[k]) % p == 0) cands.push_back(mbs[k]);
+              for (size_t j = 0; j < fitting; ++j) {
+                if ((q.run.batch_size / data / mbs[j]) % p == 0) cands.push_back(mbs[j]);
               }
-              std::optional<Plan> inter;
-              size_t a = 0, b = cands.size();
-              while (a < b) {
-                const size_t mid = (a + b) / 2;
-                StatusOr<std::optional<Plan>> tried = planner.Try(v, cands[mid]);
-                if (!tried.ok()) return tried.status();
-                if (*tried) {
-                  inter = *tried;
-                  a = mid + 1;
-                } else {
-                  b = mid;
-                }
-              }
-              if (inter) fits.push_back(*inter);
+              size_t unused = 0;
+              StatusOr<std::optional<Plan>> inter =
+                  LargestThatFits(planner, v, cands, cands.size(), &unused);
+              if (!inter.ok()) return stopped(inter.status());
+              if (*inter) fits.push_back(**inter);
             }
           }
         }
