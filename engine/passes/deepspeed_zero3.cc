@@ -82,7 +82,8 @@ std::vector<Zero3Module> ModulesOf(const Graph& g) {
       for (auto it = above.rbegin(); it != above.rend(); ++it) touch(*it, i);
       const int mi = key.empty() ? 0 : index.at(key);
       Zero3Module& own = modules[mi];
-      auto [at, added] = slot.try_emplace((int64_t{mi} << 32) | t, static_cast<int>(own.params.size()));
+      auto [at, added] =
+          slot.try_emplace((int64_t{mi} << 32) | t, static_cast<int>(own.params.size()));
       if (added) {
         own.params.push_back(t);
         own.saver.push_back(-1);
@@ -103,8 +104,9 @@ std::vector<Zero3Module> ModulesOf(const Graph& g) {
       }
     }
   }
-  std::stable_sort(modules.begin(), modules.end(),
-                   [](const Zero3Module& a, const Zero3Module& b) { return a.first_op < b.first_op; });
+  std::stable_sort(modules.begin(), modules.end(), [](const Zero3Module& a, const Zero3Module& b) {
+    return a.first_op < b.first_op;
+  });
   return modules;
 }
 

@@ -194,7 +194,8 @@ class Planner {
     p.recompute_fraction = r.recompute_fraction;
     if (s.pipeline > 1) {  // idle time (p - 1) / v of a micro-batch's, against m of work
       const double m = static_cast<double>(c.grad_accum_steps);
-      const double idle = static_cast<double>(s.pipeline - 1) / static_cast<double>(s.virtual_stages);
+      const double idle =
+          static_cast<double>(s.pipeline - 1) / static_cast<double>(s.virtual_stages);
       p.bubble_fraction = idle / (m + idle);
     }
     p.communicated_bytes = r.communicated_bytes_per_step;

@@ -71,15 +71,16 @@ class DeepSpeedZero3Hooks : public RankHooks {
     if (z_.element_bytes == 2 && ParameterDType(c_.precision) == DType::kFloat16) {
       Transient(m, s);  // has_overflow: isinf(...) then isnan(...), each a bool per element
     }
-    Transient(m, Times(z_.largest_partition, 8));  // the norm: g.double() of each partition
+    // The norm: g.double() of each partition in turn.
+    Transient(m, SaturatedProduct(z_.largest_partition, 8));
     // _prepare_fp32_grad_for_sub_group: flatten (a model-dtype copy), .to(float32); the update;
     // the fp32 gradient goes (the largest sub-group's are the step's peak).
     // The first step's FusedAdam makes its state inside optimizer.step(), once the flatten
     // has gone (fp32: the flatten is the fp32 gradient).
     const int64_t sg = z_.largest_sub_group;
-    int grad = m.Allocate(Times(sg, z_.element_bytes), Category::kTemporaries);
+    int grad = m.Allocate(SaturatedProduct(sg, z_.element_bytes), Category::kTemporaries);
     if (z_.element_bytes != 4) {
-      const int fp32 = m.Allocate(Times(sg, 4), Category::kTemporaries);
+      const int fp32 = m.Allocate(SaturatedProduct(sg, 4), Category::kTemporaries);
       m.Deallocate(grad);
       grad = fp32;
     }
@@ -91,9 +92,6 @@ class DeepSpeedZero3Hooks : public RankHooks {
   }
 
  private:
-  static int64_t Times(int64_t elements, int64_t bytes) {
-    return elements > kMaxBytes / bytes ? kMaxBytes : elements * bytes;
-  }
   void Transient(RankMemory& m, int64_t bytes) {
     if (bytes > 0) m.Deallocate(m.Allocate(bytes, Category::kTemporaries));
   }

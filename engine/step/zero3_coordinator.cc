@@ -6,16 +6,19 @@
 
 namespace memest {
 
+int64_t SaturatedSum(int64_t a, int64_t b) { return AddBytes(&a, b) ? a : kMaxBytes; }
+
+int64_t SaturatedProduct(int64_t a, int64_t b) {
+  return b != 0 && a > kMaxBytes / b ? kMaxBytes : a * b;
+}
+
 int64_t Zero3Bytes(const DeepSpeedZero3& z, int t, int64_t elements) {
-  return elements > kMaxBytes / z.bytes[t] ? kMaxBytes : elements * z.bytes[t];
+  return SaturatedProduct(elements, z.bytes[t]);
 }
 
 int64_t Zero3Gathered(const DeepSpeedZero3& z, int t) {
-  return z.partition[t] > kMaxBytes / z.world ? kMaxBytes
-                                              : Zero3Bytes(z, t, z.partition[t] * z.world);
+  return Zero3Bytes(z, t, SaturatedProduct(z.partition[t], z.world));
 }
-
-int64_t SaturatedSum(int64_t a, int64_t b) { return AddBytes(&a, b) ? a : kMaxBytes; }
 
 Zero3Coordinator::Zero3Coordinator(const DeepSpeedZero3& z, const Graph& g, const RunConfig& c)
     : z_(z), g_(g), c_(c) {
@@ -57,7 +60,15 @@ Zero3Coordinator::Zero3Coordinator(const DeepSpeedZero3& z, const Graph& g, cons
     traversed_before_[s + 1] = SaturatedSum(traversed_before_[s], numel);
   }
   queued_.assign(n, 0);
-  saver_of_.assign(n, -1);
+  // record_parameters: each step's parameters by ds_id, the queue each forward starts from.
+  for (int k = 0; k < static_cast<int>(order_.size()); ++k) {
+    std::vector<int> params = z.modules[order_[k]].params;
+    std::sort(params.begin(), params.end());
+    for (int t : params) trace_.push_back({t, k});
+  }
+  for (size_t t = 0; t < z.persistent.size(); ++t) {
+    if (z.persistent[t]) persistent_.push_back(static_cast<int>(t));
+  }
   // Ops whose saved tensors are recomputed in backward, not kept from forward.
   recomputed_.assign(g.ops.size(), 0);
   CheckpointRegions regions = g.checkpoints;
@@ -107,12 +118,7 @@ void Zero3Coordinator::ResetStep() {
   ++micro_batch_;
   complete_ = !(c_.step == StepKind::kFirstStep && micro_batch_ == 1);
   step_id_ = 0;
-  queue_.clear();
-  for (int k = 0; k < static_cast<int>(order_.size()); ++k) {
-    std::vector<int> params = z_.modules[order_[k]].params;
-    std::sort(params.begin(), params.end());  // record_parameters: by ds_id
-    for (int t : params) queue_.push_back({t, k});
-  }
+  queue_.assign(trace_.begin(), trace_.end());
   most_recent_.assign(g_.tensors.size(), -1'000'000'000);
 }
 
@@ -120,14 +126,10 @@ void Zero3Coordinator::ResetStep() {
 // views (_allgather_params_coalesced); a lone one through _allgather_params (a flat buffer,
 // then a copy of the parameter's size).
 void Zero3Coordinator::GatherPersistent(RankMemory& m, bool transient) {
-  std::vector<int> ps;
-  for (size_t t = 0; t < z_.persistent.size(); ++t) {
-    if (z_.persistent[t]) ps.push_back(static_cast<int>(t));
-  }
   if (z_.world == 1) return;  // one rank: parameters view their partitions, nothing is made
-  for (int t : ps) {
+  for (int t : persistent_) {
     const int64_t full = Zero3Gathered(z_, t);
-    if (ps.size() == 1) {
+    if (persistent_.size() == 1) {
       const int flat = transient ? m.Allocate(full, Category::kCommunication) : -1;
       gathered_[t] = m.Allocate(Zero3Bytes(z_, t, z_.numel[t]), Category::kParameters);
       if (flat >= 0) m.Deallocate(flat);
@@ -235,21 +237,15 @@ void Zero3Coordinator::Fetch(RankMemory& m, int k) {
 // backward: the parameter is released (DeepSpeed gathers it again), its memory is not.
 void Zero3Coordinator::Release(RankMemory& m, int k, bool forward) {
   const Zero3Module& mod = z_.modules[k];
-  std::vector<int> release;
-  for (int t : mod.params) {
-    if (!complete_ || (!z_.persistent[t] && most_recent_[t] <= step_id_ && !ReusedSoon(t))) {
-      release.push_back(t);
-    }
-  }
   for (int t : mod.params) --active_[t];
   for (size_t j = 0; j < mod.params.size(); ++j) {
-    const int op = mod.saver[j];
-    saver_of_[mod.params[j]] = op >= 0 && !recomputed_[op] ? op : -1;
-  }
-  for (int t : release) {
-    if (status_[t] != Status3::kAvailable || active_[t] > 0) continue;
+    const int t = mod.params[j];
+    const bool goes =
+        !complete_ || (!z_.persistent[t] && most_recent_[t] <= step_id_ && !ReusedSoon(t));
+    if (!goes || status_[t] != Status3::kAvailable || active_[t] > 0) continue;
     Pop(m, t);
-    const int saver = forward ? saver_of_[t] : -1;
+    const int saver = forward && mod.saver[j] >= 0 && !recomputed_[mod.saver[j]] ? mod.saver[j]
+                                                                                 : -1;
     if (saver >= 0 && gathered_[t] >= 0) {
       saved_.push({saver, gathered_[t]});
     } else if (gathered_[t] >= 0) {
@@ -289,7 +285,6 @@ bool Zero3Coordinator::ReusedSoon(int t) const {
   return next != u.end() &&
          traversed_before_[*next] - traversed_before_[step_id_] < z_.max_reuse_elements;
 }
-
 
 void Zero3Coordinator::BackwardEnds(RankMemory& m) {
   FreeSavedAbove(m, -1);

@@ -24,6 +24,7 @@ namespace memest {
 int64_t Zero3Bytes(const DeepSpeedZero3& z, int t, int64_t elements);
 int64_t Zero3Gathered(const DeepSpeedZero3& z, int t);
 int64_t SaturatedSum(int64_t a, int64_t b);
+int64_t SaturatedProduct(int64_t a, int64_t b);  // a, b >= 0
 
 class Zero3Coordinator {
  public:
@@ -80,6 +81,8 @@ class Zero3Coordinator {
   std::vector<int> handle_of_;  // per tensor: its handle in the inflight registry
   std::vector<int> active_;     // per tensor: modules running that use it
   std::vector<Handle> handles_;
+  std::vector<Entry> trace_;      // the recorded parameter order: each step's, by tensor id
+  std::vector<int> persistent_;   // the persistent parameters
   std::deque<Entry> queue_;
   std::vector<int> most_recent_;
   std::vector<int64_t> traversed_before_;  // per trace step
@@ -87,7 +90,6 @@ class Zero3Coordinator {
   std::vector<char> queued_;               // per tensor: in the prefetch being assembled
   std::vector<char> recomputed_;           // per op: inside a checkpointed region
   std::priority_queue<SavedWeight> saved_;  // gathered storage autograd keeps
-  std::vector<int> saver_of_;               // per tensor: the releasing module's saver op
   int64_t n_available_ = 0;
   int step_id_ = 0;
   int micro_batch_ = 0;
