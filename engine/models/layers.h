@@ -51,6 +51,7 @@
 #define MEMEST_ENGINE_MODELS_LAYERS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -182,7 +183,17 @@ struct AttentionOptions {
   int additive_mask = -1;
   double attn_dropout = 0.0;
   double resid_dropout = 0.0;
-  bool bias = true;
+  bool bias = true;                // the q, k and v projections (and the output's, by default)
+  std::optional<bool> out_bias;    // the output projection's; unset: as `bias` (Qwen2: q, k, v
+                                   // biased, o_proj not)
+  int64_t head_dim = 0;            // 0: d_model / heads; set where a config says (Qwen3, Gemma)
+  // Qwen3: RMSNorm modules "q_norm" and "k_norm" over head_dim on q and k viewed as
+  // [N, T, heads, hd], before the transpose.
+  bool qk_norm = false;
+  // A mask SDPA takes as attn_mask with is_causal false (a sliding window shorter than the
+  // sequence, as HF builds it for sdpa); -1: none (causal by is_causal). Eager attention takes
+  // its mask as `additive_mask`.
+  int sdpa_mask = -1;
   AttentionScale scale = AttentionScale::kDivideScores;
   AttentionProjection projection = AttentionProjection::kSeparate;
   // Names of the projections for kSeparate: {q, k, v, out}.
@@ -217,13 +228,26 @@ struct BlockOptions {
   int64_t kv_heads = 0;  // 0: heads
   int64_t ffn = 0;       // 0: 4 * d_model
   bool causal = true;
-  double dropout = 0.0;  // GPT-2: attn_pdrop = resid_pdrop
+  double dropout = 0.0;        // GPT-2: resid_pdrop (the attention output's and the MLP's)
+  double attn_dropout = -1.0;  // GPT-2: attn_pdrop (the probabilities'); negative: as dropout
   int64_t mask_positions = 0;
   // Llama: rotary cos/sin [T, hd] and the additive causal mask; built when -1.
   int rotary_cos = -1;
   int rotary_sin = -1;
   int additive_mask = -1;
   int64_t kv_cache_len = 0;
+  // Llama-style variants (HF Mistral, Qwen2, Qwen3, Llama 3): an explicit head_dim (0:
+  // d_model / heads), biases of the q/k/v and o projections and of the MLP, Qwen3's q_norm and
+  // k_norm, and a mask for SDPA (AttentionOptions).
+  int64_t head_dim = 0;
+  bool qkv_bias = false;
+  bool out_bias = false;
+  bool mlp_bias = false;
+  bool qk_norm = false;
+  int sdpa_mask = -1;
+  // The MLP's activation (HF hidden_act / activation_function); unset: the style's own,
+  // gelu_new for GPT-2 and SiLU for Llama.
+  std::optional<Activation> mlp_activation;
 };
 int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
                      const BlockOptions& options);
@@ -238,6 +262,12 @@ int AdditiveCausalMask(GraphBuilder& b, const LayerContext& c, int64_t seq);
 // nn.Embedding: embedding(weight[num, dim], ids). `weight_out` (optional) receives the weight.
 int Embedding(GraphBuilder& b, const LayerContext& c, std::string_view name, int ids,
               int64_t num_embeddings, int64_t embedding_dim, int* weight_out = nullptr);
+
+// The loss of a classifier or language model: logits [.., C] and int64 targets "labels" shaped
+// like logits without the class dim, both reshaped to [N, C] / [N], then cross_entropy (mean),
+// as `loss_fct(logits.view(-1, C), labels.view(-1))`; `upcast` casts the logits to float32
+// first (HF's ForCausalLMLoss).
+void CrossEntropyLoss(GraphBuilder& b, int logits, bool upcast);
 
 // ---------------------------------------------------------------------------------------------
 // The layer-model front end: expands `spec` (a layer of the kinds listed above) applied to `x`

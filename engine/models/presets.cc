@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "engine/ir/text.h"
+#include "engine/models/decoders.h"
 #include "engine/models/layers.h"
 
 namespace memest {
@@ -36,116 +37,33 @@ Status ParamError(const std::string& name, const std::string& message) {
 LayerContext Layers(const BuildContext& ctx) { return LayerContextOf(ctx); }
 bool Training(const BuildContext& ctx) { return ctx.mode == Mode::kTraining; }
 
-// logits [.., C] and int64 targets shaped like logits without the class dim: reshape both to
-// [N, C] / [N] and cross_entropy (mean), as `loss_fct(logits.view(-1, C), labels.view(-1))`.
-void CrossEntropyLoss(GraphBuilder& b, int logits, bool upcast) {
-  if (!b.ok() || logits < 0) return;
-  const Shape shape = b.shape(logits);
-  Shape target_shape(shape.begin(), shape.end() - 1);
-  b.BeginLoss();
-  int labels = b.Target("labels", target_shape, DType::kInt64, 0);
-  if (upcast) logits = b.Add1("to", {logits}, {{"dtype", std::string("float32")}});
-  if (shape.size() != 2) {
-    logits = b.Add1("view", {logits}, {{"shape", AttrInts({-1, shape.back()})}});
-    labels = b.Add1("view", {labels}, {{"shape", AttrInts({-1})}});
-  }
-  b.SetLoss(b.Add1("cross_entropy", {logits, labels}));
-}
-
 // ---------------------------------------------------------------------------------------------
-// Decoders: GPT-2 (HF GPT2LMHeadModel) and Llama (HF LlamaForCausalLM).
+// Decoders (engine/models/decoders.h): GPT-2 and Llama-2.
 
-// The positions whose logits are computed: all of them in training; in inference only the
-// last one, as HF's generate() asks with logits_to_keep=1.
-int LogitsInput(GraphBuilder& b, const BuildContext& ctx, int h) {
-  if (Training(ctx) || !b.ok() || h < 0) return h;
-  const int64_t t = b.shape(h)[1];
-  return b.Add1("slice", {h},
-                {{"dim", AttrInt(1)}, {"start", AttrInt(t - 1)}, {"end", AttrInt(t)}});
-}
+std::string PresetField(const char* name) { return ParamField(name); }
 
 Status BuildGpt2(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
-  const int64_t seq = v.at("seq"), layers = v.at("layers"), d = v.at("d_model");
-  const int64_t heads = v.at("heads"), vocab = v.at("vocab");
-  if (d % heads != 0)
-    return ParamError("heads", "must divide d_model " + Str(d) + ", got " + Str(heads));
+  Gpt2Spec s;
+  s.seq = v.at("seq");
+  s.layers = v.at("layers");
+  s.d_model = v.at("d_model");
+  s.heads = v.at("heads");
+  s.vocab = v.at("vocab");
   // n_positions is 1024 for every GPT-2; a longer sequence grows the position table.
-  const int64_t positions = std::max<int64_t>(1024, seq);
-  const LayerContext c = Layers(ctx);
-  const int64_t n = ctx.micro_batch;
-  int ids = b.Input("input_ids", {n, seq}, DType::kInt64, 0);
-  int wte = -1;
-  int h = -1;
-  {
-    ScopeGuard transformer(b, "transformer");
-    h = Embedding(b, c, "wte", ids, vocab, d, &wte);
-    // position_ids = arange(T).unsqueeze(0); wpe(position_ids)
-    int pos = b.Add1("arange", {}, {{"end", AttrInt(seq)}});
-    pos = b.Add1("unsqueeze", {pos}, {{"dim", AttrInt(0)}});
-    int pe = Embedding(b, c, "wpe", pos, positions, d);
-    h = b.Add1("add", {h, pe});
-    h = Dropout(b, c, h, 0.1);  // embd_pdrop
-    BlockOptions o;
-    o.style = BlockStyle::kGpt2;
-    o.heads = heads;
-    o.dropout = 0.1;  // attn_pdrop = resid_pdrop = 0.1
-    o.mask_positions = positions;
-    o.kv_cache_len = Training(ctx) ? 0 : seq + ctx.generate_tokens;
-    for (int64_t i = 0; i < layers; ++i) {
-      ScopeGuard block(b, "h." + Str(i));
-      b.MarkBlock();
-      h = TransformerBlock(b, c, "", h, o);
-    }
-    h = LayerNorm(b, c, "ln_f", h);
-  }
-  int logits = TiedLinear(b, "lm_head", LogitsInput(b, ctx, h), wte);
-  // HF's ForCausalLMLoss: logits.float(), then cross_entropy over the (shifted) labels.
-  if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
-  return Status::Ok();
+  s.positions = std::max<int64_t>(1024, s.seq);
+  return BuildGpt2Model(b, ctx, s, PresetField);
 }
 
 Status BuildLlama(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
-  const int64_t seq = v.at("seq"), layers = v.at("layers"), d = v.at("d_model");
-  const int64_t heads = v.at("heads"), kv_heads = v.at("kv_heads"), ffn = v.at("ffn");
-  const int64_t vocab = v.at("vocab");
-  if (d % heads != 0)
-    return ParamError("heads", "must divide d_model " + Str(d) + ", got " + Str(heads));
-  if ((d / heads) % 2 != 0) {
-    return ParamError("heads",
-                      "must leave an even head_dim for rotary, got head_dim " + Str(d / heads));
-  }
-  if (heads % kv_heads != 0) {
-    return ParamError("kv_heads", "must divide heads " + Str(heads) + ", got " + Str(kv_heads));
-  }
-  const LayerContext c = Layers(ctx);
-  const int64_t n = ctx.micro_batch;
-  int ids = b.Input("input_ids", {n, seq}, DType::kInt64, 0);
-  int h = -1;
-  {
-    ScopeGuard model(b, "model");
-    h = Embedding(b, c, "embed_tokens", ids, vocab, d);
-    BlockOptions o;
-    o.style = BlockStyle::kLlama;
-    o.heads = heads;
-    o.kv_heads = kv_heads;
-    o.ffn = ffn;
-    o.kv_cache_len = Training(ctx) ? 0 : seq + ctx.generate_tokens;
-    {
-      ScopeGuard rotary(b, "rotary_emb");
-      RotaryBuffers(b, c, seq, d / heads, &o.rotary_cos, &o.rotary_sin);
-    }
-    // HF builds the 4-D additive causal mask for eager attention; SDPA and flash get is_causal.
-    if (c.attention == AttentionImpl::kEager) o.additive_mask = AdditiveCausalMask(b, c, seq);
-    for (int64_t i = 0; i < layers; ++i) {
-      ScopeGuard block(b, "layers." + Str(i));
-      b.MarkBlock();
-      h = TransformerBlock(b, c, "", h, o);
-    }
-    h = RmsNorm(b, c, "norm", h, true);
-  }
-  int logits = Linear(b, c, "lm_head", LogitsInput(b, ctx, h), vocab, /*bias=*/false);
-  if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
-  return Status::Ok();
+  LlamaSpec s;
+  s.seq = v.at("seq");
+  s.layers = v.at("layers");
+  s.d_model = v.at("d_model");
+  s.heads = v.at("heads");
+  s.kv_heads = v.at("kv_heads");
+  s.ffn = v.at("ffn");
+  s.vocab = v.at("vocab");
+  return BuildLlamaModel(b, ctx, s, PresetField);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,330 @@
+// Attention layers and the transformer blocks built from them: rotary embeddings, eager and
+// SDPA attention cores, GPT-2 and Llama-style blocks (declared in engine/models/layers.h).
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "engine/models/layers.h"
+#include "engine/models/layers_internal.h"
+#include "engine/rules/sdpa_select.h"
+
+namespace memest {
+
+using namespace layers_internal;  // NOLINT: the helpers every layer uses
+
+int ApplyRotary(GraphBuilder& b, int x, int cos, int sin) {
+  if (!b.ok() || x < 0) return -1;
+  const int64_t hd = LastDim(b, x);
+  const int rank = static_cast<int>(b.shape(x).size());
+  // (x * cos) + (rotate_half(x) * sin); rotate_half: cat((-x2, x1), dim=-1).
+  int a = b.Add1("mul", {x, cos});
+  int x1 = b.Add1("slice", {x}, {{"dim", Int(rank - 1)}, {"start", Int(0)}, {"end", Int(hd / 2)}});
+  int x2 = b.Add1("slice", {x}, {{"dim", Int(rank - 1)}, {"start", Int(hd / 2)}, {"end", Int(hd)}});
+  int neg = b.Add1("neg", {x2});
+  int rotated = b.Add1("cat", {neg, x1}, {{"dim", Int(rank - 1)}});
+  int bm = b.Add1("mul", {rotated, sin});
+  return b.Add1("add", {a, bm});
+}
+
+void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim, int* cos,
+                   int* sin) {
+  // HF's LlamaRotaryEmbedding returns cos/sin [1, T, head_dim] in the model dtype; the tables
+  // are small next to activations, so they stand as buffers here.
+  *cos = b.Buffer("cos_cached", {1, seq, head_dim}, c.param_dtype);
+  *sin = b.Buffer("sin_cached", {1, seq, head_dim}, c.param_dtype);
+}
+
+int AdditiveCausalMask(GraphBuilder& b, const LayerContext& c, int64_t seq) {
+  return b.Buffer("causal_mask", {1, 1, seq, seq}, c.param_dtype);
+}
+
+namespace {
+
+// [N, T, heads * hd] -> view [N, T, heads, hd] -> [RMSNorm `norm` over hd] -> transpose(1, 2):
+// [N, heads, T, hd].
+int SplitHeads(GraphBuilder& b, const LayerContext& c, int x, int64_t heads, int64_t hd,
+               const char* norm) {
+  if (!b.ok() || x < 0) return -1;
+  const Shape& s = b.shape(x);
+  int v = b.Add1("view", {x}, {{"shape", Ints({s[0], s[1], heads, hd})}});
+  if (norm != nullptr) v = RmsNorm(b, c, norm, v, /*upcast=*/true);
+  return b.Add1("transpose", {v}, {{"dim0", Int(1)}, {"dim1", Int(2)}});
+}
+
+// HF repeat_kv: x[:, :, None].expand(N, kvh, n_rep, T, hd).reshape(N, kvh * n_rep, T, hd).
+int RepeatKv(GraphBuilder& b, int x, int64_t n_rep) {
+  if (!b.ok() || x < 0 || n_rep == 1) return x;
+  const Shape s = b.shape(x);
+  int u = b.Add1("unsqueeze", {x}, {{"dim", Int(2)}});
+  int e = b.Add1("expand", {u}, {{"shape", Ints({s[0], s[1], n_rep, s[2], s[3]})}});
+  return b.Add1("reshape", {e}, {{"shape", Ints({s[0], s[1] * n_rep, s[2], s[3]})}});
+}
+
+}  // namespace
+
+namespace {
+
+// The tail every attention shares: heads merged (transpose(1, 2).contiguous().view(N, T, d)),
+// the output projection and the residual dropout.
+int MergeAndProject(GraphBuilder& b, const LayerContext& c, int context, int64_t n, int64_t t,
+                    int64_t d, const AttentionOptions& o) {
+  const int64_t width = context >= 0 && b.ok() ? b.shape(context)[1] * LastDim(b, context) : d;
+  int merged = b.Add1("transpose", {context}, {{"dim0", Int(1)}, {"dim1", Int(2)}});
+  merged = b.Add1("contiguous", {merged});
+  merged = b.Add1("view", {merged}, {{"shape", Ints({n, t, width})}});
+  int out = -1;
+  switch (o.projection) {
+    case AttentionProjection::kFusedHfConv1D:
+      out = HfConv1D(b, c, "c_proj", merged, d);
+      break;
+    case AttentionProjection::kFusedLinear:
+      out = Linear(b, c, "out_proj", merged, d, o.out_bias.value_or(o.bias));
+      break;
+    case AttentionProjection::kSeparate:
+      out = Linear(b, c, o.names[3], merged, d, o.out_bias.value_or(o.bias));
+      break;
+  }
+  return Dropout(b, c, out, o.resid_dropout);
+}
+
+struct AttentionDims {
+  int64_t n, t, d, heads, kv_heads, head_dim;
+};
+
+// The core as one F.scaled_dot_product_attention call (see Attention in layers.h).
+int SdpaAttention(GraphBuilder& b, const LayerContext& c, int q, int k, int v,
+                  const AttentionDims& dims, const AttentionOptions& o) {
+  if (!b.ok() || q < 0 || k < 0 || v < 0) return -1;
+  // GPT-2's module registers its causal-mask buffer whichever attention runs.
+  if (o.causal && o.additive_mask < 0 && o.projection == AttentionProjection::kFusedHfConv1D) {
+    const int64_t positions = o.mask_positions > 0 ? o.mask_positions : dims.t;
+    b.Buffer("bias", {1, 1, positions, positions}, DType::kBool);
+  }
+  SdpaParams p;
+  p.dtype = b.tensor(q).dtype;
+  if (c.autocast != DType::kFloat32 && p.dtype == DType::kFloat32) p.dtype = c.autocast;
+  p.batch = dims.n;
+  p.heads = dims.heads;
+  p.kv_heads = dims.kv_heads;
+  p.q_len = p.kv_len = dims.t;
+  p.head_dim_qk = p.head_dim_v = dims.head_dim;
+  p.has_mask = o.sdpa_mask >= 0;
+  p.is_causal = o.causal && !p.has_mask;
+  p.dropout = c.training() ? o.attn_dropout : 0.0;
+  p.requires_grad = c.training();
+  p.compute_capability = c.compute_capability;
+  StatusOr<SdpaBackend> backend = SelectSdpaBackend(p, c.attention);
+  if (!backend.ok()) {
+    b.Fail(backend.status());
+    return -1;
+  }
+  if (*backend == SdpaBackend::kMath) {  // math repeats k and v (repeat_interleave)
+    k = RepeatKv(b, k, dims.heads / dims.kv_heads);
+    v = RepeatKv(b, v, dims.heads / dims.kv_heads);
+  }
+  int context = -1;
+  {
+    ModuleScope core(b, "core");
+    Attrs attrs = {{"fused", Int(*backend == SdpaBackend::kMath ? 0 : 1)},
+                   {"is_causal", Int(p.is_causal ? 1 : 0)},
+                   {"backend", std::string(SdpaBackendName(*backend))}};
+    if (p.dropout > 0) attrs["dropout_p"] = Float(p.dropout);
+    std::vector<int> inputs = {q, k, v};
+    if (p.has_mask) inputs.push_back(o.sdpa_mask);
+    context = b.Add1("scaled_dot_product_attention", std::move(inputs), std::move(attrs));
+  }
+  return MergeAndProject(b, c, context, dims.n, dims.t, dims.d, o);
+}
+
+}  // namespace
+
+int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+              const AttentionOptions& o) {
+  if (!ExpectRank(b, x, 3, "attention")) return -1;
+  const Shape in_shape = b.shape(x);
+  const int64_t n = in_shape[0], t = in_shape[1], d = in_shape[2];
+  const int64_t heads = o.heads;
+  const int64_t kv_heads = o.kv_heads > 0 ? o.kv_heads : heads;
+  if (heads <= 0 || (o.head_dim <= 0 && d % heads != 0) || heads % kv_heads != 0) {
+    b.Fail(InvalidArgument("attention: d_model " + std::to_string(d) + " must divide into " +
+                           std::to_string(heads) + " heads, and heads into " +
+                           std::to_string(kv_heads) + " kv heads"));
+    return -1;
+  }
+  const int64_t hd = o.head_dim > 0 ? o.head_dim : d / heads;
+  ModuleScope scope(b, name);
+
+  int q = -1, k = -1, v = -1;
+  if (o.projection == AttentionProjection::kSeparate) {
+    q = Linear(b, c, o.names[0], x, heads * hd, o.bias);
+    k = Linear(b, c, o.names[1], x, kv_heads * hd, o.bias);
+    v = Linear(b, c, o.names[2], x, kv_heads * hd, o.bias);
+  } else {
+    int qkv = -1;
+    if (o.projection == AttentionProjection::kFusedHfConv1D) {
+      qkv = HfConv1D(b, c, "c_attn", x, 3 * d);
+    } else {
+      // nn.MultiheadAttention: in_proj_weight [3d, d] and in_proj_bias on the module itself.
+      std::vector<int> inputs = {x, b.Parameter("in_proj_weight", {3 * d, d}, c.param_dtype)};
+      if (o.bias) inputs.push_back(b.Parameter("in_proj_bias", {3 * d}, c.param_dtype));
+      qkv = b.Add1("linear", std::move(inputs));
+    }
+    std::vector<int> parts = b.Add("split", {qkv}, {{"dim", Int(2)}, {"sizes", Ints({d, d, d})}});
+    if (parts.size() != 3) return -1;
+    q = parts[0];
+    k = parts[1];
+    v = parts[2];
+  }
+  q = SplitHeads(b, c, q, heads, hd, o.qk_norm ? "q_norm" : nullptr);
+  k = SplitHeads(b, c, k, kv_heads, hd, o.qk_norm ? "k_norm" : nullptr);
+  v = SplitHeads(b, c, v, kv_heads, hd, nullptr);
+  if (o.rotary_cos >= 0 && o.rotary_sin >= 0) {
+    // apply_rotary_pos_emb: cos = cos.unsqueeze(1); sin = sin.unsqueeze(1)
+    int cos = b.Add1("unsqueeze", {o.rotary_cos}, {{"dim", Int(1)}});
+    int sin = b.Add1("unsqueeze", {o.rotary_sin}, {{"dim", Int(1)}});
+    q = ApplyRotary(b, q, cos, sin);
+    k = ApplyRotary(b, k, cos, sin);
+  }
+  if (!c.training() && o.kv_cache_len > 0) {
+    b.KvCache("k_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
+    b.KvCache("v_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
+  }
+  if (c.attention != AttentionImpl::kEager) {
+    return SdpaAttention(b, c, q, k, v, {n, t, d, heads, kv_heads, hd}, o);
+  }
+  k = RepeatKv(b, k, heads / kv_heads);
+  v = RepeatKv(b, v, heads / kv_heads);
+  int mask = -1;
+  if (o.causal && o.additive_mask < 0) {
+    const int64_t positions = o.mask_positions > 0 ? o.mask_positions : t;
+    mask = b.Buffer("bias", {1, 1, positions, positions}, DType::kBool);
+  }
+
+  int context = -1;
+  {
+    ModuleScope core(b, "core");
+    if (o.scale == AttentionScale::kScaleQK) {
+      const double s = std::pow(static_cast<double>(hd), -0.25);
+      q = b.Add1("mul", {q}, {{"scalar", Float(s)}});
+      k = b.Add1("mul", {k}, {{"scalar", Float(s)}});
+    }
+    int kt = b.Add1("transpose", {k}, {{"dim0", Int(-2)}, {"dim1", Int(-1)}});
+    int scores = b.Add1("matmul", {q, kt});
+    if (o.scale == AttentionScale::kDivideScores) {
+      scores = b.Add1("div", {scores}, {{"scalar", Float(std::sqrt(static_cast<double>(hd)))}});
+    } else if (o.scale == AttentionScale::kMultiplyScores) {
+      scores = b.Add1("mul", {scores}, {{"scalar", Float(1.0 / std::sqrt(double(hd)))}});
+    }
+    if (o.causal && o.additive_mask >= 0) {
+      scores = b.Add1("add", {scores, o.additive_mask});
+    } else if (o.causal) {
+      // self.bias[:, :, :T, :T] (the positions a query must not see), filled with finfo.min.
+      int m = b.Add1("slice", {mask}, {{"dim", Int(2)}, {"start", Int(0)}, {"end", Int(t)}});
+      m = b.Add1("slice", {m}, {{"dim", Int(3)}, {"start", Int(0)}, {"end", Int(t)}});
+      scores = b.Add1("masked_fill", {scores, m},
+                      {{"value", Float(std::numeric_limits<float>::lowest())}});
+    }
+    int probs = -1;
+    if (o.softmax_fp32) {
+      // softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype). ATen's softmax with a
+      // dtype runs _softmax(half_to_float=true) for float16 on CUDA and otherwise casts the
+      // input first (a float32 copy for bfloat16; a no-op view for float32).
+      const DType q_dtype = q >= 0 ? b.tensor(q).dtype : DType::kFloat32;
+      if (scores >= 0 && b.tensor(scores).dtype == DType::kFloat16) {
+        probs = b.Add1("softmax", {scores}, {{"dim", Int(-1)}, {"half_to_float", Int(1)}});
+      } else {
+        int up = b.Add1("to", {scores}, {{"dtype", std::string("float32")}});
+        probs = b.Add1("softmax", {up}, {{"dim", Int(-1)}});
+      }
+      probs = b.Add1("to", {probs}, {{"dtype", std::string(DTypeName(q_dtype))}});
+    } else {
+      probs = b.Add1("softmax", {scores}, {{"dim", Int(-1)}});
+      if (o.probs_to_value_dtype && probs >= 0 && v >= 0 &&
+          b.tensor(probs).dtype != b.tensor(v).dtype) {
+        probs = b.Add1("to", {probs}, {{"dtype", std::string(DTypeName(b.tensor(v).dtype))}});
+      }
+    }
+    probs = Dropout(b, c, probs, o.attn_dropout);
+    context = b.Add1("matmul", {probs, v});
+  }
+  return MergeAndProject(b, c, context, n, t, d, o);
+}
+
+int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+                     const BlockOptions& o) {
+  if (!ExpectRank(b, x, 3, "transformer_block")) return -1;
+  const int64_t t = b.shape(x)[1];
+  const int64_t d = b.shape(x)[2];
+  const int64_t ffn = o.ffn > 0 ? o.ffn : 4 * d;
+  ModuleScope scope(b, name);
+  AttentionOptions a;
+  a.heads = o.heads;
+  a.kv_heads = o.kv_heads;
+  a.causal = o.causal;
+  a.mask_positions = o.mask_positions;
+  a.kv_cache_len = o.kv_cache_len;
+  if (o.style == BlockStyle::kGpt2) {
+    a.projection = AttentionProjection::kFusedHfConv1D;
+    a.scale = AttentionScale::kDivideScores;
+    a.probs_to_value_dtype = true;
+    a.attn_dropout = o.attn_dropout >= 0 ? o.attn_dropout : o.dropout;
+    a.resid_dropout = o.dropout;
+    int residual = x;
+    int h = LayerNorm(b, c, "ln_1", x);
+    h = Attention(b, c, "attn", h, a);
+    x = b.Add1("add", {h, residual});
+    residual = x;
+    h = LayerNorm(b, c, "ln_2", x);
+    {
+      ModuleScope mlp(b, "mlp");
+      h = HfConv1D(b, c, "c_fc", h, ffn);
+      {
+        ModuleScope act(b, "act");
+        h = Activate(b, h, o.mlp_activation.value_or(Activation::kGeluNew));
+      }
+      h = HfConv1D(b, c, "c_proj", h, d);
+      h = Dropout(b, c, h, o.dropout);
+    }
+    return b.Add1("add", {residual, h});
+  }
+  // Llama.
+  a.projection = AttentionProjection::kSeparate;
+  a.scale = AttentionScale::kMultiplyScores;
+  a.bias = o.qkv_bias;
+  a.out_bias = o.out_bias;
+  a.head_dim = o.head_dim;
+  a.qk_norm = o.qk_norm;
+  a.sdpa_mask = o.sdpa_mask;
+  a.softmax_fp32 = true;
+  a.rotary_cos = o.rotary_cos;
+  a.rotary_sin = o.rotary_sin;
+  a.additive_mask = o.additive_mask;
+  if (a.rotary_cos < 0 && o.heads > 0) {
+    RotaryBuffers(b, c, t, o.head_dim > 0 ? o.head_dim : d / o.heads, &a.rotary_cos,
+                  &a.rotary_sin);
+  }
+  // HF builds the 4-D additive mask for eager attention only; SDPA and flash get is_causal.
+  if (a.additive_mask < 0 && o.causal && c.attention == AttentionImpl::kEager) {
+    a.additive_mask = AdditiveCausalMask(b, c, t);
+  }
+  int residual = x;
+  int h = RmsNorm(b, c, "input_layernorm", x, true);
+  h = Attention(b, c, "self_attn", h, a);
+  x = b.Add1("add", {residual, h});
+  residual = x;
+  h = RmsNorm(b, c, "post_attention_layernorm", x, true);
+  {
+    ModuleScope mlp(b, "mlp");
+    int gate = Linear(b, c, "gate_proj", h, ffn, o.mlp_bias);
+    {
+      ModuleScope act(b, "act_fn");
+      gate = Activate(b, gate, o.mlp_activation.value_or(Activation::kSilu));
+    }
+    int up = Linear(b, c, "up_proj", h, ffn, o.mlp_bias);
+    h = b.Add1("mul", {gate, up});
+    h = Linear(b, c, "down_proj", h, d, o.mlp_bias);
+  }
+  return b.Add1("add", {residual, h});
+}
+
+}  // namespace memest

@@ -1,0 +1,135 @@
+// GPT-2 and the Llama family as Hugging Face's modules run them (engine/models/decoders.h).
+#include "engine/models/decoders.h"
+
+#include <string>
+
+#include "engine/models/layers.h"
+
+namespace memest {
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+bool Training(const BuildContext& ctx) { return ctx.mode == Mode::kTraining; }
+
+Status FieldError(const FieldOf& field, const char* name, const std::string& message) {
+  return InvalidArgument(field(name) + ": " + message);
+}
+
+// The positions whose logits are computed: all of them in training; in inference only the
+// last one, as HF's generate() asks with logits_to_keep=1.
+int LogitsInput(GraphBuilder& b, const BuildContext& ctx, int h) {
+  if (Training(ctx) || !b.ok() || h < 0) return h;
+  const int64_t t = b.shape(h)[1];
+  return b.Add1("slice", {h},
+                {{"dim", AttrInt(1)}, {"start", AttrInt(t - 1)}, {"end", AttrInt(t)}});
+}
+
+}  // namespace
+
+Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& s,
+                      const FieldOf& field) {
+  if (s.d_model % s.heads != 0) {
+    return FieldError(field, "heads", "must divide d_model " + Str(s.d_model) + ", got " +
+                                          Str(s.heads));
+  }
+  if (s.seq > s.positions) {
+    return FieldError(field, "seq", "must be at most the " + Str(s.positions) +
+                                        " positions of the position table, got " + Str(s.seq));
+  }
+  const LayerContext c = LayerContextOf(ctx);
+  int ids = b.Input("input_ids", {ctx.micro_batch, s.seq}, DType::kInt64, 0);
+  int wte = -1;
+  int h = -1;
+  {
+    ScopeGuard transformer(b, "transformer");
+    h = Embedding(b, c, "wte", ids, s.vocab, s.d_model, &wte);
+    // position_ids = arange(T).unsqueeze(0); wpe(position_ids)
+    int pos = b.Add1("arange", {}, {{"end", AttrInt(s.seq)}});
+    pos = b.Add1("unsqueeze", {pos}, {{"dim", AttrInt(0)}});
+    int pe = Embedding(b, c, "wpe", pos, s.positions, s.d_model);
+    h = b.Add1("add", {h, pe});
+    h = Dropout(b, c, h, s.embd_dropout);
+    BlockOptions o;
+    o.style = BlockStyle::kGpt2;
+    o.heads = s.heads;
+    o.ffn = s.ffn;
+    o.dropout = s.resid_dropout;
+    o.attn_dropout = s.attn_dropout;
+    o.mlp_activation = s.activation;
+    o.mask_positions = s.positions;
+    o.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
+    for (int64_t i = 0; i < s.layers; ++i) {
+      ScopeGuard block(b, "h." + Str(i));
+      b.MarkBlock();
+      h = TransformerBlock(b, c, "", h, o);
+    }
+    h = LayerNorm(b, c, "ln_f", h);
+  }
+  int logits = TiedLinear(b, "lm_head", LogitsInput(b, ctx, h), wte);
+  // HF's ForCausalLMLoss: logits.float(), then cross_entropy over the (shifted) labels.
+  if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
+  return Status::Ok();
+}
+
+Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec& s,
+                       const FieldOf& field) {
+  if (s.head_dim == 0 && s.d_model % s.heads != 0) {
+    return FieldError(field, "heads", "must divide d_model " + Str(s.d_model) + ", got " +
+                                          Str(s.heads));
+  }
+  const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.d_model / s.heads;
+  if (head_dim % 2 != 0) {
+    return FieldError(field, s.head_dim > 0 ? "head_dim" : "heads",
+                      "must leave an even head_dim for rotary, got head_dim " + Str(head_dim));
+  }
+  if (s.heads % s.kv_heads != 0) {
+    return FieldError(field, "kv_heads", "must divide heads " + Str(s.heads) + ", got " +
+                                             Str(s.kv_heads));
+  }
+  const LayerContext c = LayerContextOf(ctx);
+  int ids = b.Input("input_ids", {ctx.micro_batch, s.seq}, DType::kInt64, 0);
+  int embed = -1;
+  int h = -1;
+  {
+    ScopeGuard model(b, "model");
+    h = Embedding(b, c, "embed_tokens", ids, s.vocab, s.d_model, &embed);
+    BlockOptions o;
+    o.style = BlockStyle::kLlama;
+    o.heads = s.heads;
+    o.kv_heads = s.kv_heads;
+    o.head_dim = s.head_dim;
+    o.ffn = s.ffn;
+    o.qkv_bias = s.qkv_bias;
+    o.out_bias = s.out_bias;
+    o.mlp_bias = s.mlp_bias;
+    o.qk_norm = s.qk_norm;
+    o.mlp_activation = s.activation;
+    o.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
+    {
+      ScopeGuard rotary(b, "rotary_emb");
+      RotaryBuffers(b, c, s.seq, head_dim, &o.rotary_cos, &o.rotary_sin);
+    }
+    const bool windowed = s.sliding_window > 0 && s.sliding_window < s.seq;
+    // HF builds the 4-D additive causal mask for eager attention; SDPA and flash get is_causal,
+    // unless a window shorter than the sequence makes SDPA take the mask.
+    if (c.attention == AttentionImpl::kEager) {
+      o.additive_mask = AdditiveCausalMask(b, c, s.seq);
+    } else if (windowed && c.attention != AttentionImpl::kFlash) {
+      o.sdpa_mask = AdditiveCausalMask(b, c, s.seq);
+    }
+    for (int64_t i = 0; i < s.layers; ++i) {
+      ScopeGuard block(b, "layers." + Str(i));
+      b.MarkBlock();
+      h = TransformerBlock(b, c, "", h, o);
+    }
+    h = RmsNorm(b, c, "norm", h, true);
+  }
+  h = LogitsInput(b, ctx, h);
+  const int logits = s.tie_embeddings ? TiedLinear(b, "lm_head", h, embed)
+                                      : Linear(b, c, "lm_head", h, s.vocab, /*bias=*/false);
+  if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
+  return Status::Ok();
+}
+
+}  // namespace memest

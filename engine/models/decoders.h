@@ -1,0 +1,70 @@
+// Decoder-only language models, built op by op as Hugging Face's modules run them: GPT-2
+// (GPT2LMHeadModel) and the Llama family (LlamaForCausalLM and the models written like it:
+// Mistral, Qwen2, Qwen3). The presets (engine/models/presets.cc) and the Hugging Face config
+// front end (engine/models/hf_config.cc) both fill these specs; neither builds a decoder itself.
+#ifndef MEMEST_ENGINE_MODELS_DECODERS_H_
+#define MEMEST_ENGINE_MODELS_DECODERS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "engine/ir/graph.h"
+#include "engine/models/layers.h"
+#include "engine/models/model.h"
+
+namespace memest {
+
+// Where a spec's value came from, for errors: Field("heads") is "model.preset.params.heads" for
+// a preset and "model.hf_config.config.num_attention_heads" for a config.
+using FieldOf = std::function<std::string(const char* spec_field)>;
+
+struct Gpt2Spec {
+  int64_t seq = 0;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  int64_t heads = 0;
+  int64_t vocab = 0;
+  int64_t positions = 1024;  // n_positions: the position table's rows (seq must fit)
+  int64_t ffn = 0;           // n_inner; 0: 4 * d_model
+  Activation activation = Activation::kGeluNew;
+  double embd_dropout = 0.1;
+  double attn_dropout = 0.1;
+  double resid_dropout = 0.1;
+};
+
+struct LlamaSpec {
+  int64_t seq = 0;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;  // 0: d_model / heads
+  int64_t ffn = 0;
+  int64_t vocab = 0;
+  bool tie_embeddings = false;  // lm_head uses embed_tokens' weight (Llama 3.2 1B, Qwen2.5 0.5B)
+  bool qkv_bias = false;        // Qwen2; Llama's attention_bias biases o_proj too
+  bool out_bias = false;
+  bool mlp_bias = false;
+  bool qk_norm = false;  // Qwen3
+  Activation activation = Activation::kSilu;
+  // Mistral: each query sees the last `sliding_window` keys; 0: all of them. Shorter than the
+  // sequence, HF gives SDPA an explicit [1, 1, T, T] mask (no is_causal, so no flash kernel);
+  // eager attention adds its additive mask either way, and flash-attn takes the window as an
+  // argument. The KV cache of inference keeps every position (HF's DynamicCache), which is an
+  // over-count for caches that keep the window only.
+  int64_t sliding_window = 0;
+};
+
+// The decoder's graph for ctx.micro_batch sequences of spec.seq tokens. Training ends in HF's
+// ForCausalLMLoss (logits upcast to float32, cross_entropy); inference keeps a KV cache of
+// seq + ctx.generate_tokens positions and computes the last position's logits. Errors name
+// `field(...)` of the spec field at fault.
+Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& spec,
+                      const FieldOf& field);
+Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec& spec,
+                       const FieldOf& field);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_MODELS_DECODERS_H_

@@ -1,0 +1,44 @@
+// Helpers the layer files share (layers.cc, attention_layers.cc): attribute values by type,
+// the last dim of a tensor, and a rank check that fails the builder.
+#ifndef MEMEST_ENGINE_MODELS_LAYERS_INTERNAL_H_
+#define MEMEST_ENGINE_MODELS_LAYERS_INTERNAL_H_
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "engine/models/layers.h"
+
+namespace memest {
+namespace layers_internal {
+
+
+inline constexpr double kPi = 3.14159265358979323846;
+
+using ModuleScope = ScopeGuard;  // an empty name adds nothing to the scope
+inline AttrValue Int(int64_t v) { return AttrInt(v); }
+inline AttrValue Float(double v) { return AttrFloat(v); }
+inline AttrValue Ints(std::vector<int64_t> v) { return AttrInts(std::move(v)); }
+
+inline int64_t LastDim(const GraphBuilder& b, int x) {
+  if (x < 0 || b.shape(x).empty()) return 0;
+  return b.shape(x).back();
+}
+
+// Fails the builder (and returns false) unless x has rank `rank`.
+inline bool ExpectRank(GraphBuilder& b, int x, size_t rank, std::string_view what) {
+  if (!b.ok() || x < 0) return false;
+  if (b.shape(x).size() != rank) {
+    b.Fail(InvalidArgument(std::string(what) + ": expects an input of rank " +
+                           std::to_string(rank) + ", got shape " + ShapeToString(b.shape(x))));
+    return false;
+  }
+  return true;
+}
+
+
+}  // namespace layers_internal
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_MODELS_LAYERS_INTERNAL_H_
