@@ -377,10 +377,15 @@ StatusOr<ModelSpec> ModelFromProto(const v1::Model& model) {
       MEMEST_ASSIGN_OR_RETURN(OpGraphSpec spec, OpGraphFromProto(model.ops()));
       return ModelSpec{std::move(spec)};
     }
+    case v1::Model::kHfConfig: {
+      MEMEST_ASSIGN_OR_RETURN(HfConfigSpec spec, HfConfigFromProto(model.hf_config()));
+      return ModelSpec{std::move(spec)};
+    }
     case v1::Model::SOURCE_NOT_SET:
       break;
   }
-  return InvalidArgument("model: no model source set (expected one of preset, layers, ops)");
+  return InvalidArgument(
+      "model: no model source set (expected one of preset, layers, ops, hf_config)");
 }
 
 StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
@@ -475,6 +480,7 @@ StatusOr<EstimateInput> EstimateInputFromProto(const v1::EstimateRequest& reques
   EstimateInput input;
   MEMEST_ASSIGN_OR_RETURN(input.model, ModelFromProto(request.model()));
   MEMEST_ASSIGN_OR_RETURN(input.config, RunConfigFromProto(request.config()));
+  MEMEST_RETURN_IF_ERROR(ApplyModelHints(input.model, request.config(), &input.config));
   input.options.max_ops = max_ops;
   input.options.advice = !request.skip_advice();
   return input;

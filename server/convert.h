@@ -34,6 +34,16 @@ namespace memest {
 // The model, or INVALID_ARGUMENT naming the field ("model: no model source set", ...).
 StatusOr<ModelSpec> ModelFromProto(const v1::Model& model);
 
+// model.hf_config (convert_hf.cc): the config.json's Struct as the engine reads it.
+StatusOr<HfConfigSpec> HfConfigFromProto(const v1::HfConfig& hf);
+
+// What a Hugging Face config says about running its model (engine/models/hf_config.h,
+// HfConfigRunHints), applied where the request leaves it unset, on the CUDA runtime: its
+// torch_dtype (or dtype) as the precision (bfloat16 -> BF16_PURE, float16 -> FP16_PURE, float32
+// -> FP32: what from_pretrained loads with dtype="auto", transformers 5's default), and its
+// attn_implementation. Nothing for other models or the CPU runtime.
+Status ApplyModelHints(const ModelSpec& model, const v1::RunConfig& proto, RunConfig* run);
+
 // The run configuration, or INVALID_ARGUMENT naming the field under "config.". Ranges (a
 // positive batch size, ...) and settings the engine can judge from values alone are left to
 // ValidateRunConfig, which Estimate() runs; CheckExplicitSettings runs here.

@@ -43,6 +43,7 @@ StatusOr<PlanQuery> PlanQueryFromProto(const v1::PlanRequest& request, int64_t m
   PlanQuery q;
   MEMEST_ASSIGN_OR_RETURN(q.model, ModelFromProto(request.model()));
   MEMEST_ASSIGN_OR_RETURN(q.run, RunConfigFromProto(request.config()));
+  MEMEST_RETURN_IF_ERROR(ApplyModelHints(q.model, request.config(), &q.run));
   for (const std::string& d : request.devices()) q.devices.push_back(d);
   q.max_gpus = request.max_gpus() == 0 ? kDefaultMaxGpus : request.max_gpus();
   q.max_plans = request.max_plans() == 0 ? kDefaultMaxPlans : request.max_plans();

@@ -20,6 +20,7 @@ StatusOr<ValidateInput> ValidateInputFromProto(const v1::ValidateRequest& reques
   ValidateInput in;
   MEMEST_ASSIGN_OR_RETURN(in.model, ModelFromProto(request.model()));
   MEMEST_ASSIGN_OR_RETURN(in.config, RunConfigFromProto(request.config()));
+  MEMEST_RETURN_IF_ERROR(ApplyModelHints(in.model, request.config(), &in.config));
   const int repeats = request.repeats() == 0 ? 3 : request.repeats();
   if (repeats < 1 || repeats > 100) {
     return InvalidArgument("repeats: must be 1 to 100 (0 means 3), got " +

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <string>
+#include <vector>
 #include <utility>
 
 #include "client/cli/capacity.h"
@@ -101,17 +103,28 @@ Status AddPresetParam(const std::string& text, v1::Preset* preset) {
 }
 
 Status FillModel(const EstimateFlags& flags, v1::Model* model) {
-  const bool has_preset = !flags.preset.empty();
-  const bool has_file = !flags.model_file.empty();
-  if (has_preset == has_file) {
-    return InvalidArgument(has_preset ? "--preset and --model: give one, not both"
-                                      : "--preset or --model: one is required");
+  std::vector<std::string> given;
+  if (!flags.preset.empty()) given.push_back("--preset");
+  if (!flags.model_file.empty()) given.push_back("--model");
+  if (!flags.hf_config.empty()) given.push_back("--hf-config");
+  if (given.empty()) return InvalidArgument("--preset, --model or --hf-config: one is required");
+  if (given.size() > 1) {
+    return InvalidArgument(given[0] + " and " + given[1] + ": give one model, not both");
   }
-  if (has_file) {
+  if (!flags.model_file.empty()) {
     if (!flags.params.empty() || flags.seq) {
-      return InvalidArgument("--param/--seq: only apply to --preset, not to --model");
+      return InvalidArgument("--param/--seq: only apply to --preset or --hf-config, not to --model");
     }
     MEMEST_ASSIGN_OR_RETURN(*model, ReadModelFile(flags.model_file));
+    return Status::Ok();
+  }
+  if (!flags.hf_config.empty()) {
+    if (!flags.params.empty()) {
+      return InvalidArgument("--param: only applies to --preset; edit the config.json instead");
+    }
+    v1::HfConfig* hf = model->mutable_hf_config();
+    MEMEST_ASSIGN_OR_RETURN(*hf->mutable_config(), ReadHfConfigFile(flags.hf_config));
+    if (flags.seq) hf->set_seq(*flags.seq);
     return Status::Ok();
   }
   v1::Preset* preset = model->mutable_preset();
@@ -221,9 +234,15 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(model);
   app->add_option("--param", f->params, "preset parameter NAME=INTEGER (repeatable)")
       ->group(model)->type_name("NAME=INT");
-  app->add_option("--seq", f->seq, "sequence length: shortcut for --param seq=N")->group(model);
+  app->add_option("--seq", f->seq,
+                  "sequence length: shortcut for --param seq=N; required with --hf-config")
+      ->group(model);
   app->add_option("--model", f->model_file,
                   "model file: the proto JSON mapping of memest.v1.Model, in JSON or (.yaml/.yml) YAML")
+      ->group(model)->type_name("FILE");
+  app->add_option("--hf-config", f->hf_config,
+                  "a Hugging Face config.json (llama, mistral, qwen2, qwen3, gpt2), built "
+                  "offline without weights; give --seq")
       ->group(model)->type_name("FILE");
 
   const char* run = "Run";
@@ -362,6 +381,21 @@ StatusOr<v1::ValidateRequest> BuildValidateRequest(const ValidateFlags& flags) {
   request.set_scale_batch_to_fit(flags.scale_batch_to_fit);
   request.set_repeats(flags.repeats);
   return request;
+}
+
+StatusOr<google::protobuf::Struct> ReadHfConfigFile(const std::string& path) {
+  const std::string flag = "--hf-config " + Escape(path, kMaxNameBytes);
+  std::ifstream in(path);
+  if (!in) return InvalidArgument(flag + ": cannot open the file");
+  std::stringstream text;
+  text << in.rdbuf();
+  google::protobuf::Struct config;
+  const auto status = google::protobuf::util::JsonStringToMessage(text.str(), &config);
+  if (!status.ok()) {
+    return InvalidArgument(flag + ": not a JSON object: " +
+                           BoundMessage(std::string(status.message()), kMaxNameBytes));
+  }
+  return config;
 }
 
 StatusOr<v1::Model> ReadModelFile(const std::string& path) {

@@ -30,11 +30,12 @@ struct ConnectionFlags {
 };
 
 struct EstimateFlags {
-  // The model: a preset (with parameters) or a model file.
+  // The model: a preset (with parameters), a model file or a Hugging Face config.
   std::string preset;
   std::vector<std::string> params;  // "k=v", repeated
   std::optional<int64_t> seq;       // shortcut for --param seq=N
   std::string model_file;           // JSON: the proto JSON mapping of memest.v1.Model
+  std::string hf_config;            // a Hugging Face config.json (model.hf_config)
 
   // The run.
   std::optional<int64_t> batch;
@@ -85,6 +86,9 @@ StatusOr<v1::EstimateRequest> BuildEstimateRequest(const EstimateFlags& flags);
 // Reads a model file: JSON in the proto JSON mapping of memest.v1.Model (field names in
 // lowerCamelCase or as in the .proto). Errors name the file.
 StatusOr<v1::Model> ReadModelFile(const std::string& path);
+
+// A Hugging Face config.json, for model.hf_config.config; errors name "--hf-config <path>".
+StatusOr<google::protobuf::Struct> ReadHfConfigFile(const std::string& path);
 
 }  // namespace memest::cli
 

@@ -1,5 +1,6 @@
 // Attention layers and the transformer blocks built from them: rotary embeddings, eager and
 // SDPA attention cores, GPT-2 and Llama-style blocks (declared in engine/models/layers.h).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -296,6 +297,7 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   a.qk_norm = o.qk_norm;
   a.sdpa_mask = o.sdpa_mask;
   a.softmax_fp32 = true;
+  a.attn_dropout = std::max(o.attn_dropout, 0.0);
   a.rotary_cos = o.rotary_cos;
   a.rotary_sin = o.rotary_sin;
   a.additive_mask = o.additive_mask;

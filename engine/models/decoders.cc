@@ -66,7 +66,9 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
     }
     h = LayerNorm(b, c, "ln_f", h);
   }
-  int logits = TiedLinear(b, "lm_head", LogitsInput(b, ctx, h), wte);
+  h = LogitsInput(b, ctx, h);
+  const int logits = s.tie_embeddings ? TiedLinear(b, "lm_head", h, wte)
+                                      : Linear(b, c, "lm_head", h, s.vocab, /*bias=*/false);
   // HF's ForCausalLMLoss: logits.float(), then cross_entropy over the (shifted) labels.
   if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
   return Status::Ok();
@@ -105,6 +107,7 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     o.mlp_bias = s.mlp_bias;
     o.qk_norm = s.qk_norm;
     o.mlp_activation = s.activation;
+    o.attn_dropout = s.attn_dropout;
     o.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
     {
       ScopeGuard rotary(b, "rotary_emb");

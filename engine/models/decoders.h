@@ -27,6 +27,7 @@ struct Gpt2Spec {
   int64_t vocab = 0;
   int64_t positions = 1024;  // n_positions: the position table's rows (seq must fit)
   int64_t ffn = 0;           // n_inner; 0: 4 * d_model
+  bool tie_embeddings = true;  // lm_head uses wte's weight (every GPT-2 checkpoint)
   Activation activation = Activation::kGeluNew;
   double embd_dropout = 0.1;
   double attn_dropout = 0.1;
@@ -48,6 +49,7 @@ struct LlamaSpec {
   bool mlp_bias = false;
   bool qk_norm = false;  // Qwen3
   Activation activation = Activation::kSilu;
+  double attn_dropout = 0.0;  // HF attention_dropout, on the probabilities (eager) or in SDPA
   // Mistral: each query sees the last `sliding_window` keys; 0: all of them. Shorter than the
   // sequence, HF gives SDPA an explicit [1, 1, T, T] mask (no is_causal, so no flash kernel);
   // eager attention adds its additive mask either way, and flash-attn takes the window as an

@@ -229,7 +229,9 @@ struct BlockOptions {
   int64_t ffn = 0;       // 0: 4 * d_model
   bool causal = true;
   double dropout = 0.0;        // GPT-2: resid_pdrop (the attention output's and the MLP's)
-  double attn_dropout = -1.0;  // GPT-2: attn_pdrop (the probabilities'); negative: as dropout
+  // The probabilities' dropout (GPT-2 attn_pdrop, HF attention_dropout); negative: GPT-2 uses
+  // `dropout`, Llama none.
+  double attn_dropout = -1.0;
   int64_t mask_positions = 0;
   // Llama: rotary cos/sin [T, hd] and the additive causal mask; built when -1.
   int rotary_cos = -1;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "engine/ir/text.h"
+#include "engine/models/hf_config.h"
 #include "engine/models/layers.h"
 #include "engine/models/op_graph_batch.h"
 #include "engine/models/presets.h"
@@ -77,6 +78,9 @@ StatusOr<Graph> BuildFrontEnd(const ModelSpec& model, const BuildContext& contex
   if (const auto* layers = std::get_if<LayerModelSpec>(&model.source)) {
     return BuildLayerModel(*layers, context);
   }
+  if (const auto* hf = std::get_if<HfConfigSpec>(&model.source)) {
+    return BuildHfConfig(*hf, context);
+  }
   return BuildOpGraph(std::get<OpGraphSpec>(model.source), context);
 }
 
@@ -108,7 +112,7 @@ StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) 
     if (!kv_cache) {
       return InvalidArgument(
           "config.generate_tokens: the model keeps no KV cache, so generated tokens change "
-          "nothing (the decoder presets, GPT-2 and Llama, keep one); leave it 0");
+          "nothing (the decoders, GPT-2 and the Llama family, keep one); leave it 0");
     }
   }
   return graph;

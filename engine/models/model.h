@@ -1,6 +1,6 @@
-// What a user describes: a preset with parameters, a sequential list of layers, or a graph
-// of ops. Each front end turns its description into a Graph (engine/ir/graph.h) for one
-// micro-batch.
+// What a user describes: a preset with parameters, a sequential list of layers, a graph of
+// ops, or a Hugging Face config. Each front end turns its description into a Graph
+// (engine/ir/graph.h) for one micro-batch.
 #ifndef MEMEST_ENGINE_MODELS_MODEL_H_
 #define MEMEST_ENGINE_MODELS_MODEL_H_
 
@@ -13,6 +13,7 @@
 #include "engine/ir/budget.h"
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
+#include "engine/ir/json.h"
 
 namespace memest {
 
@@ -91,8 +92,15 @@ struct OpGraphSpec {
   int64_t traced_batch = 0;
 };
 
+// A Hugging Face config.json (engine/models/hf_config.h): the model its model_type and fields
+// describe, for sequences of `seq` tokens.
+struct HfConfigSpec {
+  JsonValue config;
+  int64_t seq = 0;
+};
+
 struct ModelSpec {
-  std::variant<PresetSpec, LayerModelSpec, OpGraphSpec> source;
+  std::variant<PresetSpec, LayerModelSpec, OpGraphSpec, HfConfigSpec> source;
 };
 
 // What every front end needs to know to build the graph of one micro-batch.

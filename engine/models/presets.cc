@@ -13,6 +13,7 @@
 #include "engine/ir/text.h"
 #include "engine/models/decoders.h"
 #include "engine/models/layers.h"
+#include "engine/models/op_count.h"
 
 namespace memest {
 namespace {
@@ -502,35 +503,17 @@ StatusOr<Graph> Build(const Preset& preset, const BuildContext& context, const V
   return b.Finish(context.max_ops);
 }
 
-// Presets repeat one block `layers` times, so their op count is one + (layers - 1) * (two - one),
-// where one and two are the counts with one and two layers. A deep preset is refused by that
-// count before it is built, naming the parameter; shallower ones are simply built (the builder
-// stops at max_ops as well).
-constexpr int64_t kCountOpsAboveLayers = 64;
-
+// A deep preset is refused by its op count before it is built, naming the parameter.
 Status CheckOpCount(const Preset& preset, const BuildContext& context, const Values& values) {
   const auto layers = values.find("layers");
-  if (layers == values.end() || layers->second <= kCountOpsAboveLayers) return Status::Ok();
-  int64_t ops[2];
-  for (int n = 1; n <= 2; ++n) {
-    Values shallow = values;
-    shallow["layers"] = n;
-    BuildContext counting = context;
-    counting.max_ops = std::numeric_limits<int64_t>::max();
-    MEMEST_ASSIGN_OR_RETURN(Graph g, Build(preset, counting, shallow, {}));
-    ops[n - 1] = static_cast<int64_t>(g.ops.size());
-  }
-  const int64_t per_layer = ops[1] - ops[0];
-  const int64_t more = layers->second - 1;
-  if (ops[0] > context.max_ops ||
-      (per_layer > 0 && more > (context.max_ops - ops[0]) / per_layer)) {
-    // Both factors are at most 2^24 (kMaxParamValue and a block's few hundred ops): no overflow.
-    return ResourceExhausted(ParamField("layers") + ": " + preset.info.name + " with " +
-                             Str(layers->second) + " layers expands to " +
-                             Str(ops[0] + more * per_layer) + " ops, more than the limit of " +
-                             Str(context.max_ops));
-  }
-  return Status::Ok();
+  if (layers == values.end()) return Status::Ok();
+  return CheckLayeredOpCount(
+      layers->second, ParamField("layers"), preset.info.name, context,
+      [&](int64_t n, const BuildContext& counting) {
+        Values shallow = values;
+        shallow["layers"] = n;
+        return Build(preset, counting, shallow, {});
+      });
 }
 
 }  // namespace

@@ -267,13 +267,54 @@ INSTANTIATE_TEST_SUITE_P(
                      "config.device_name"},
         BadInputCase{"EmptyDevice", {"estimate", "--preset", "mlp", "--device", ""},
                      "config.device_name"},
-        BadInputCase{"NoModel", {"estimate", "--batch", "8"}, "--preset or --model"},
+        BadInputCase{"NoModel", {"estimate", "--batch", "8"}, "--preset, --model or --hf-config"},
         BadInputCase{"MissingModelFile",
                      {"estimate", "--model", "/nonexistent/model.json"}, "--model"},
+        BadInputCase{"HfConfigWithoutSeq",
+                     {"estimate", "--hf-config",
+                      kSourceDir + "/tests/data/hf_configs/llama-3.2-1b.json"},
+                     "model.hf_config.seq: required"},
+        BadInputCase{"HfConfigWithParam",
+                     {"estimate", "--hf-config",
+                      kSourceDir + "/tests/data/hf_configs/llama-3.2-1b.json", "--seq", "128",
+                      "--param", "layers=2"},
+                     "--param: only applies to --preset"},
+        BadInputCase{"PresetAndHfConfig",
+                     {"estimate", "--preset", "mlp", "--hf-config",
+                      kSourceDir + "/tests/data/hf_configs/gpt2.json"},
+                     "--preset and --hf-config: give one model"},
+        BadInputCase{"MissingHfConfig",
+                     {"estimate", "--hf-config", "/nonexistent/config.json", "--seq", "8"},
+                     "--hf-config /nonexistent/config.json: cannot open"},
         BadInputCase{"UnknownFlag", {"estimate", "--preset", "gpt2-small", "--frobnicate"},
                      "--frobnicate"},
         BadInputCase{"NoSubcommand", {}, "subcommand"}),
     [](const ::testing::TestParamInfo<BadInputCase>& info) { return info.param.name; });
+
+// A Hugging Face config describing a preset's model estimates as the preset does, to the byte:
+// the presets are names over the builders the configs use.
+TEST(CliTest, HfConfigsEstimateAsTheirPresets) {
+  auto estimate = [](std::vector<std::string> model) {
+    std::vector<std::string> args = {"estimate", "--local", "--batch", "2", "--precision",
+                                     "bf16", "--json", "--no-advice"};
+    args.insert(args.end(), model.begin(), model.end());
+    const RunResult r = Memest(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const std::string dir = kSourceDir + "/tests/data/hf_configs/";
+  EXPECT_EQ(estimate({"--hf-config", dir + "llama-2-7b.json", "--seq", "2048"}),
+            estimate({"--preset", "llama-7b", "--seq", "2048"}));
+  EXPECT_EQ(estimate({"--hf-config", dir + "gpt2.json", "--seq", "1024"}),
+            estimate({"--preset", "gpt2-small", "--seq", "1024"}));
+}
+
+TEST(CliTest, HfConfigThatIsNotJsonNamesTheFile) {
+  const std::string path = WriteTempFile("config.json", "{\"model_type\": \"llama\",");
+  const RunResult r = Memest({"estimate", "--local", "--hf-config", path, "--seq", "8"});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_THAT(r.err, HasSubstr("--hf-config " + path + ": not a JSON object"));
+}
 
 TEST(CliTest, BadModelFileNamesTheFile) {
   const std::string path =

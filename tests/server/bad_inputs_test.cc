@@ -118,6 +118,7 @@ std::vector<BadInput> AllRows() {
   std::vector<BadInput> rows = BadModelInputs();
   for (BadInput& row : BadConfigInputs()) rows.push_back(std::move(row));
   for (BadInput& row : BadSizeInputs()) rows.push_back(std::move(row));
+  for (BadInput& row : BadHfConfigInputs()) rows.push_back(std::move(row));
   return rows;
 }
 

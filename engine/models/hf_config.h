@@ -1,0 +1,49 @@
+// The Hugging Face front end: a config.json (HfConfigSpec in engine/models/model.h) built, offline
+// and without weights, into the same decoders the presets use (engine/models/decoders.h), as
+// AutoModelForCausalLM.from_config would build it. Fields are read as the model's transformers
+// Config class reads them: a field left out takes that class's default, except the sizes that
+// make the model (hidden size, layers, heads, MLP size, vocabulary), which must be given.
+//
+// model_type    module                  what the config decides
+//   llama       LlamaForCausalLM        Llama 1, 2, 3, 3.1, 3.2: GQA, head_dim, attention_bias
+//                                       (q, k, v, o), mlp_bias, tie_word_embeddings, rope_scaling
+//   mistral     MistralForCausalLM      sliding_window (4096 when left out), head_dim
+//   qwen2       Qwen2ForCausalLM        q, k, v biased (o_proj not); use_sliding_window refused
+//   qwen3       Qwen3ForCausalLM        head_dim (128 when left out), q_norm and k_norm
+//   gpt2        GPT2LMHeadModel         n_positions, n_inner, activation_function, the dropouts
+//
+// Errors are INVALID_ARGUMENT naming "model.hf_config.config.<field>" (a missing size, a value
+// of the wrong type or out of range, an unknown model_type or hidden_act, an architecture other
+// than the causal LM, a setting not modelled) or "model.hf_config.seq".
+#ifndef MEMEST_ENGINE_MODELS_HF_CONFIG_H_
+#define MEMEST_ENGINE_MODELS_HF_CONFIG_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/ir/config.h"
+#include "engine/ir/dtype.h"
+#include "engine/ir/graph.h"
+#include "engine/models/model.h"
+
+namespace memest {
+
+StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& context);
+
+// What a config says about running the model, for a request that leaves it unset: the dtype the
+// weights are stored in ("torch_dtype", or "dtype" since transformers 4.56) and the attention
+// implementation ("attn_implementation" / "_attn_implementation": eager, sdpa,
+// flash_attention_2). Errors name the field.
+struct HfRunHints {
+  std::optional<DType> dtype;
+  std::optional<AttentionImpl> attention;
+};
+StatusOr<HfRunHints> HfConfigRunHints(const JsonValue& config);
+
+// The model types BuildHfConfig builds, sorted.
+const std::vector<std::string>& HfModelTypes();
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_MODELS_HF_CONFIG_H_

@@ -1,0 +1,321 @@
+// The Hugging Face config front end (engine/models/hf_config.h): real configs build the models
+// transformers builds, to the parameter; variants show in the graph; bad configs are refused
+// naming the field.
+#include "engine/models/hf_config.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <limits>
+#include <set>
+#include <string>
+
+#include "tests/engine/test_graphs.h"
+
+namespace memest {
+namespace {
+
+JsonValue FromJson(const nlohmann::json& j) {
+  JsonValue v;
+  if (j.is_boolean()) {
+    v.kind = JsonValue::Kind::kBool;
+    v.boolean = j.get<bool>();
+  } else if (j.is_number()) {
+    v.kind = JsonValue::Kind::kNumber;
+    v.number = j.get<double>();
+  } else if (j.is_string()) {
+    v.kind = JsonValue::Kind::kString;
+    v.text = j.get<std::string>();
+  } else if (j.is_array()) {
+    v.kind = JsonValue::Kind::kList;
+    for (const auto& item : j) v.items.push_back(FromJson(item));
+  } else if (j.is_object()) {
+    v.kind = JsonValue::Kind::kObject;
+    for (const auto& [key, item] : j.items()) {
+      v.keys.push_back(key);
+      v.items.push_back(FromJson(item));
+    }
+  }
+  return v;
+}
+
+nlohmann::json ReadConfig(const std::string& name) {
+  std::ifstream in(std::string(MEMEST_SOURCE_DIR) + "/tests/data/hf_configs/" + name + ".json");
+  EXPECT_TRUE(in.good()) << name;
+  return nlohmann::json::parse(in);
+}
+
+StatusOr<Graph> Build(const nlohmann::json& config, int64_t seq = 16,
+                      const BuildContext& context = enginetest::MakeContext(1)) {
+  return BuildHfConfig(HfConfigSpec{FromJson(config), seq}, context);
+}
+
+// A small Llama-family config to vary.
+nlohmann::json Small(const std::string& model_type) {
+  return {{"model_type", model_type}, {"hidden_size", 64},      {"num_hidden_layers", 2},
+          {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"intermediate_size", 128},
+          {"vocab_size", 512}};
+}
+
+std::set<std::string> Names(const Graph& g, TensorRole role) {
+  std::set<std::string> names;
+  for (const Tensor& t : g.tensors) {
+    if (t.role == role) names.insert(t.name);
+  }
+  return names;
+}
+
+// The counts of sum(p.numel() for p in model.parameters()) of
+// AutoModelForCausalLM.from_config on the meta device, printed by
+// tests/data/hf_configs/count_params.py (transformers 4.47.1, and 5.17.0 for Qwen3), which
+// are the models' published counts.
+struct CountCase {
+  std::string file;
+  int64_t parameters;
+};
+
+class HfParameterCountTest : public testing::TestWithParam<CountCase> {};
+
+TEST_P(HfParameterCountTest, IsWhatTransformersBuilds) {
+  StatusOr<Graph> g = Build(ReadConfig(GetParam().file));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->ParameterCount(), GetParam().parameters);
+  EXPECT_EQ(g->TrainableParameterCount(), GetParam().parameters);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, HfParameterCountTest,
+    testing::Values(CountCase{"gpt2", 124'439'808}, CountCase{"gpt2-xl", 1'557'611'200},
+                    CountCase{"llama-2-7b", 6'738'415'616},
+                    CountCase{"llama-3-8b", 8'030'261'248},
+                    CountCase{"llama-3.1-8b", 8'030'261'248},
+                    CountCase{"llama-3.2-1b", 1'235'814'400},
+                    CountCase{"mistral-7b-v0.1", 7'241'732'096},
+                    CountCase{"qwen2.5-0.5b", 494'032'768},
+                    CountCase{"qwen2.5-7b", 7'615'616'512},
+                    CountCase{"qwen3-0.6b", 596'049'920},
+                    CountCase{"qwen3-8b", 8'190'735'360}),
+    [](const testing::TestParamInfo<CountCase>& info) {
+      std::string name;
+      for (char ch : info.param.file) name += std::isalnum(ch) ? ch : '_';
+      return name;
+    });
+
+TEST(HfConfigTest, Qwen2BiasesQkvButNotTheOutput) {
+  StatusOr<Graph> g = Build(Small("qwen2"));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const std::set<std::string> params = Names(*g, TensorRole::kParameter);
+  EXPECT_TRUE(params.count("model.layers.0.self_attn.q_proj.bias"));
+  EXPECT_TRUE(params.count("model.layers.0.self_attn.v_proj.bias"));
+  EXPECT_FALSE(params.count("model.layers.0.self_attn.o_proj.bias"));
+  EXPECT_FALSE(params.count("model.layers.0.mlp.up_proj.bias"));
+}
+
+TEST(HfConfigTest, LlamaAttentionBiasBiasesAllFourAndMlpBiasTheMlp) {
+  nlohmann::json config = Small("llama");
+  config["attention_bias"] = true;
+  config["mlp_bias"] = true;
+  StatusOr<Graph> g = Build(config);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const std::set<std::string> params = Names(*g, TensorRole::kParameter);
+  EXPECT_TRUE(params.count("model.layers.1.self_attn.o_proj.bias"));
+  EXPECT_TRUE(params.count("model.layers.1.self_attn.k_proj.bias"));
+  EXPECT_TRUE(params.count("model.layers.1.mlp.down_proj.bias"));
+}
+
+TEST(HfConfigTest, Qwen3NormsQueriesAndKeysOverAnExplicitHeadDim) {
+  nlohmann::json config = Small("qwen3");
+  config["head_dim"] = 32;  // 4 heads of 32: q_proj is 64 -> 128
+  StatusOr<Graph> g = Build(config);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  bool q_norm = false;
+  for (const Tensor& t : g->tensors) {
+    if (t.name == "model.layers.0.self_attn.q_norm.weight") q_norm = t.shape == Shape{32};
+    if (t.name == "model.layers.0.self_attn.q_proj.weight") EXPECT_EQ(t.shape, (Shape{128, 64}));
+    if (t.name == "model.layers.0.self_attn.o_proj.weight") EXPECT_EQ(t.shape, (Shape{64, 128}));
+  }
+  EXPECT_TRUE(q_norm);
+}
+
+TEST(HfConfigTest, TiedEmbeddingsHaveNoLmHeadWeight) {
+  nlohmann::json config = Small("llama");
+  config["tie_word_embeddings"] = true;
+  StatusOr<Graph> tied = Build(config);
+  config["tie_word_embeddings"] = false;
+  StatusOr<Graph> untied = Build(config);
+  ASSERT_TRUE(tied.ok() && untied.ok());
+  EXPECT_FALSE(Names(*tied, TensorRole::kParameter).count("lm_head.weight"));
+  EXPECT_TRUE(Names(*untied, TensorRole::kParameter).count("lm_head.weight"));
+  EXPECT_EQ(untied->ParameterCount() - tied->ParameterCount(), 512 * 64);
+}
+
+// The inputs of the graph's first scaled_dot_product_attention, and its backend.
+std::pair<size_t, std::string> Sdpa(const Graph& g) {
+  for (const Op& op : g.ops) {
+    if (op.kind == "scaled_dot_product_attention") {
+      return {op.inputs.size(), std::get<std::string>(op.attrs.at("backend"))};
+    }
+  }
+  return {0, ""};
+}
+
+TEST(HfConfigTest, MistralWindowShorterThanTheSequenceGivesSdpaAMask) {
+  nlohmann::json config = Small("mistral");
+  config["sliding_window"] = 8;
+  BuildContext c = enginetest::MakeContext(1, Mode::kTraining, DType::kBFloat16);
+  c.attention = AttentionImpl::kSdpa;
+  StatusOr<Graph> longer = Build(config, 16, c);
+  StatusOr<Graph> within = Build(config, 8, c);
+  ASSERT_TRUE(longer.ok() && within.ok()) << longer.status().ToString();
+  EXPECT_EQ(Sdpa(*longer).first, 4u);  // q, k, v and the mask: no flash kernel
+  EXPECT_NE(Sdpa(*longer).second, "flash");
+  EXPECT_EQ(Sdpa(*within).first, 3u);
+  EXPECT_EQ(Sdpa(*within).second, "flash");
+  // flash-attn takes the window as an argument.
+  c.attention = AttentionImpl::kFlash;
+  StatusOr<Graph> flash = Build(config, 16, c);
+  ASSERT_TRUE(flash.ok()) << flash.status().ToString();
+  EXPECT_EQ(Sdpa(*flash).first, 3u);
+  // "sliding_window": null is full attention; left out, MistralConfig's 4096.
+  config["sliding_window"] = nullptr;
+  c.attention = AttentionImpl::kSdpa;
+  StatusOr<Graph> full = Build(config, 16, c);
+  ASSERT_TRUE(full.ok());
+  EXPECT_EQ(Sdpa(*full).first, 3u);
+}
+
+TEST(HfConfigTest, Gpt2FollowsItsConfig) {
+  nlohmann::json config = {{"model_type", "gpt2"}, {"n_embd", 64}, {"n_layer", 2},
+                           {"n_head", 4},          {"vocab_size", 512}, {"n_positions", 32},
+                           {"n_inner", 100},       {"activation_function", "relu"}};
+  StatusOr<Graph> g = Build(config, 32);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  bool relu = false;
+  for (const Op& op : g->ops) relu = relu || op.kind == "relu";
+  EXPECT_TRUE(relu);
+  for (const Tensor& t : g->tensors) {
+    if (t.name == "transformer.h.0.mlp.c_fc.weight") EXPECT_EQ(t.shape, (Shape{64, 100}));
+    if (t.name == "transformer.wpe.weight") EXPECT_EQ(t.shape, (Shape{32, 64}));
+  }
+  StatusOr<Graph> longer = Build(config, 33);
+  EXPECT_EQ(longer.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(longer.status().message().find("model.hf_config.seq: must be at most the 32"),
+            std::string::npos)
+      << longer.status().message();
+}
+
+struct BadCase {
+  std::string name;
+  nlohmann::json patch;  // merged into Small("llama"); null values remove the key
+  std::string message;
+};
+
+class HfBadConfigTest : public testing::TestWithParam<BadCase> {};
+
+TEST_P(HfBadConfigTest, IsRefusedNamingTheField) {
+  nlohmann::json config = Small("llama");
+  for (const auto& [key, value] : GetParam().patch.items()) {
+    if (value.is_null()) {
+      config.erase(key);
+    } else {
+      config[key] = value;
+    }
+  }
+  StatusOr<Graph> g = Build(config);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(g.status().message().find(GetParam().message), std::string::npos)
+      << g.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, HfBadConfigTest,
+    testing::Values(
+        BadCase{"UnknownType", {{"model_type", "llama9"}},
+                "model.hf_config.config.model_type: 'llama9' is not supported; supported: gpt2, "
+                "llama, mistral, qwen2, qwen3"},
+        BadCase{"NoType", {{"model_type", nullptr}}, "model.hf_config.config.model_type: missing"},
+        BadCase{"MissingSize", {{"hidden_size", nullptr}},
+                "model.hf_config.config.hidden_size: missing; a llama config must give it"},
+        BadCase{"SizeAsText", {{"intermediate_size", "128"}},
+                "model.hf_config.config.intermediate_size: must be a positive integer, got a "
+                "string"},
+        BadCase{"FractionalSize", {{"vocab_size", 512.5}},
+                "model.hf_config.config.vocab_size: must be an integer from 1 to 16777216, got "
+                "512.5"},
+        BadCase{"NegativeSize", {{"num_hidden_layers", -2}},
+                "model.hf_config.config.num_hidden_layers: must be an integer from 1"},
+        BadCase{"KvHeadsNotDividing", {{"num_key_value_heads", 3}},
+                "model.hf_config.config.num_key_value_heads: must divide heads 4, got 3"},
+        BadCase{"OddHeadDim", {{"head_dim", 7}}, "model.hf_config.config.head_dim: must leave an "
+                                                  "even head_dim"},
+        BadCase{"OtherArchitecture", {{"architectures", {"LlamaForSequenceClassification"}}},
+                "model.hf_config.config.architectures[0]: 'LlamaForSequenceClassification' is "
+                "not built; a config of this model_type builds LlamaForCausalLM"},
+        BadCase{"UnknownActivation", {{"hidden_act", "quick_gelu"}},
+                "model.hf_config.config.hidden_act: unknown activation 'quick_gelu'"},
+        BadCase{"UnknownRope", {{"rope_scaling", {{"rope_type", "spiral"}, {"factor", 2}}}},
+                "model.hf_config.config.rope_scaling.rope_type: unknown 'spiral'"},
+        BadCase{"DropoutOfOne", {{"attention_dropout", 1.0}},
+                "model.hf_config.config.attention_dropout: must be a probability in [0, 1)"},
+        BadCase{"BiasAsNumber", {{"attention_bias", 1}},
+                "model.hf_config.config.attention_bias: must be true or false, got a number"}),
+    [](const testing::TestParamInfo<BadCase>& info) { return info.param.name; });
+
+TEST(HfConfigTest, SeqIsRequiredAndBounded) {
+  StatusOr<Graph> none = Build(Small("llama"), 0);
+  EXPECT_NE(none.status().message().find("model.hf_config.seq: required"), std::string::npos);
+  StatusOr<Graph> negative = Build(Small("llama"), -5);
+  EXPECT_NE(negative.status().message().find("model.hf_config.seq: must be from 1"),
+            std::string::npos);
+}
+
+TEST(HfConfigTest, QwenSlidingWindowLayersAreRefused) {
+  nlohmann::json config = Small("qwen2");
+  config["use_sliding_window"] = true;
+  StatusOr<Graph> g = Build(config);
+  EXPECT_NE(g.status().message().find("model.hf_config.config.use_sliding_window: true is not "
+                                      "modelled"),
+            std::string::npos)
+      << g.status().message();
+}
+
+TEST(HfConfigTest, NotAnObjectIsRefused) {
+  StatusOr<Graph> g = Build(nlohmann::json::array({1, 2}));
+  EXPECT_NE(g.status().message().find("model.hf_config.config: must be the object of a "
+                                      "config.json, got a list"),
+            std::string::npos);
+}
+
+// A deep config is refused by its op count before it is built.
+TEST(HfConfigTest, DeepConfigIsRefusedBeforeItIsBuilt) {
+  nlohmann::json config = Small("llama");
+  config["num_hidden_layers"] = 16'000'000;
+  StatusOr<Graph> g = Build(config);
+  EXPECT_EQ(g.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(g.status().message().find("model.hf_config.config.num_hidden_layers: a llama config "
+                                      "with 16000000 layers expands to"),
+            std::string::npos)
+      << g.status().message();
+}
+
+TEST(HfConfigTest, RunHintsReadTheDtypeAndAttention) {
+  nlohmann::json config = Small("llama");
+  config["torch_dtype"] = "bfloat16";
+  config["_attn_implementation"] = "flash_attention_2";
+  StatusOr<HfRunHints> hints = HfConfigRunHints(FromJson(config));
+  ASSERT_TRUE(hints.ok());
+  EXPECT_EQ(hints->dtype, DType::kBFloat16);
+  EXPECT_EQ(hints->attention, AttentionImpl::kFlash);
+  config["dtype"] = "float16";  // transformers >= 4.56 writes dtype, which wins
+  EXPECT_EQ(HfConfigRunHints(FromJson(config))->dtype, DType::kFloat16);
+  config["torch_dtype"] = "int8";
+  config.erase("dtype");
+  EXPECT_NE(HfConfigRunHints(FromJson(config)).status().message().find(
+                "model.hf_config.config.torch_dtype: unknown 'int8'"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace memest
