@@ -205,9 +205,11 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
   MEMEST_ASSIGN_OR_RETURN(s.heads, f.Size("num_attention_heads"));
   MEMEST_ASSIGN_OR_RETURN(s.ffn, f.Size("intermediate_size"));
   MEMEST_ASSIGN_OR_RETURN(s.vocab, f.Size("vocab_size"));
-  // LlamaConfig: num_key_value_heads None -> num_attention_heads; Mistral's default is 8,
-  // Qwen2's and Qwen3's 32.
-  const int64_t kv_default = type == "llama" ? s.heads : type == "mistral" ? 8 : 32;
+  // num_key_value_heads null is num_attention_heads in every Config class; left out, it is
+  // that for Llama, 8 for Mistral and 32 for Qwen2 and Qwen3 (their classes' defaults).
+  const int64_t kv_default = type == "llama" || f.Present("num_key_value_heads") ? s.heads
+                             : type == "mistral"                                ? 8
+                                                                                : 32;
   MEMEST_ASSIGN_OR_RETURN(s.kv_heads, f.Size("num_key_value_heads", kv_default));
   MEMEST_ASSIGN_OR_RETURN(s.head_dim, f.Size("head_dim", type == "qwen3" ? 128 : 0));
   MEMEST_ASSIGN_OR_RETURN(s.tie_embeddings, f.Flag("tie_word_embeddings", false));

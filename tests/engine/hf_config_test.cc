@@ -263,6 +263,32 @@ INSTANTIATE_TEST_SUITE_P(
                 "model.hf_config.config.attention_bias: must be true or false, got a number"}),
     [](const testing::TestParamInfo<BadCase>& info) { return info.param.name; });
 
+// num_key_value_heads: null is the heads' count; left out, the Config class's default.
+TEST(HfConfigTest, KvHeadsDefaultAsTheConfigClassesDo) {
+  auto kv_width = [](const std::string& type, const nlohmann::json& kv) {
+    nlohmann::json config = Small(type);
+    config["num_attention_heads"] = 32;
+    config["hidden_size"] = 256;
+    if (kv.is_string()) {
+      config.erase("num_key_value_heads");
+    } else {
+      config["num_key_value_heads"] = kv;
+    }
+    StatusOr<Graph> g = Build(config);
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    for (const Tensor& t : g->tensors) {
+      if (t.name == "model.layers.0.self_attn.k_proj.weight") return t.shape[0];
+    }
+    return int64_t{-1};
+  };
+  // head_dim 8: k_proj's rows are kv_heads * 8.
+  EXPECT_EQ(kv_width("llama", "absent"), 32 * 8);
+  EXPECT_EQ(kv_width("mistral", "absent"), 8 * 8);
+  EXPECT_EQ(kv_width("qwen2", "absent"), 32 * 8);
+  EXPECT_EQ(kv_width("mistral", nullptr), 32 * 8);
+  EXPECT_EQ(kv_width("qwen2", 4), 4 * 8);
+}
+
 TEST(HfConfigTest, SeqIsRequiredAndBounded) {
   StatusOr<Graph> none = Build(Small("llama"), 0);
   EXPECT_NE(none.status().message().find("model.hf_config.seq: required"), std::string::npos);

@@ -314,7 +314,7 @@ def test_unknown_preset_and_device_are_not_found(client):
 def test_client_side_refusals_name_the_argument(client, tmp_path):
     with pytest.raises(memest.InvalidArgument, match='precision: unknown value "fp8"'):
         client.estimate(preset="gpt2-small", precision="fp8")
-    with pytest.raises(memest.InvalidArgument, match="preset or model: one is required"):
+    with pytest.raises(memest.InvalidArgument, match="preset, model or hf_config: one is required"):
         client.estimate()
     with pytest.raises(memest.InvalidArgument, match="give one, not both"):
         client.estimate(preset="mlp", device="a100", capacity_bytes=1 << 30)

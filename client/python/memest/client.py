@@ -26,9 +26,12 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
 
         The model: `preset` (a name from presets(), with `params` {name: int} overrides and
-        `seq` as a shortcut for params["seq"]) or `model` (a dict in the proto JSON mapping of
+        `seq` as a shortcut for params["seq"]), `model` (a dict in the proto JSON mapping of
         memest.v1.Model, e.g. {"layers": {...}} as in examples/mlp.json, a path to such a JSON
-        file, or a memest.v1.Model).
+        file, or a memest.v1.Model), or `hf_config` with `seq` (a Hugging Face config.json's
+        path, its dict, or a transformers PretrainedConfig: model_type llama, mistral, qwen2,
+        qwen3 or gpt2, built without weights; its torch_dtype is the precision when none is
+        given).
 
         The run, in the `memest estimate` command's words:
           batch_size (samples per optimizer step, default 1), grad_accum_steps,
@@ -119,6 +122,10 @@ def request_label(request):
         name = model.preset.name + (" " + params if params else "")
     elif source == "layers":
         name = "layers model (%d layers)" % len(model.layers.layers)
+    elif source == "hf_config":
+        fields = model.hf_config.config.fields
+        kind = fields["model_type"].string_value if "model_type" in fields else "?"
+        name = "%s config seq=%d" % (kind, model.hf_config.seq)
     else:
         name = "op graph (%d ops)" % len(model.ops.ops)
     return "%s, batch %d" % (name, request.config.batch_size)

@@ -112,11 +112,25 @@ def parse_capacity(value):
     return int(float(match.group(1)) * unit)
 
 
-def build_model(preset=None, model=None, params=None, seq=None):
-    """A memest.v1.Model from a preset name (with params) or a model description."""
-    if (preset is None) == (model is None):
-        raise InvalidArgument("preset or model: give one, not both" if preset is not None
-                              else "preset or model: one is required")
+def build_model(preset=None, model=None, params=None, seq=None, hf_config=None):
+    """A memest.v1.Model from a preset name (with params), a model description, or a Hugging Face
+    config (with seq)."""
+    given = [name for name, value in (("preset", preset), ("model", model),
+                                       ("hf_config", hf_config)) if value is not None]
+    if len(given) != 1:
+        raise InvalidArgument("%s and %s: give one, not both" % tuple(given[:2]) if given
+                              else "preset, model or hf_config: one is required")
+    if hf_config is not None:
+        if params:
+            raise InvalidArgument("params: only apply to a preset; edit the config instead")
+        message = v1.Model()
+        try:
+            message.hf_config.config.update(_hf_config_dict(hf_config))
+        except (TypeError, ValueError) as error:
+            raise InvalidArgument("hf_config: not a JSON object: %s" % (error,)) from None
+        if seq is not None:
+            _assign(message.hf_config, "seq", seq, "seq")
+        return message
     if preset is not None:
         message = v1.Model()
         _assign(message.preset, "name", preset, "preset")
@@ -139,6 +153,30 @@ def build_model(preset=None, model=None, params=None, seq=None):
                           "file or a memest.v1.Model, got %s" % type(model).__name__)
 
 
+def _hf_config_dict(hf_config):
+    """The config.json's object: from a path, a dict, or a transformers PretrainedConfig (all of
+    its fields, defaults included)."""
+    if isinstance(hf_config, (str, os.PathLike)):
+        try:
+            with open(hf_config, encoding="utf-8") as f:
+                data = json.load(f)
+        except OSError as error:
+            raise InvalidArgument("hf_config %s: cannot open the file: %s"
+                                  % (hf_config, error.strerror)) from None
+        except ValueError as error:
+            raise InvalidArgument("hf_config %s: not JSON: %s" % (hf_config, error)) from None
+    elif isinstance(hf_config, dict):
+        data = hf_config
+    elif callable(getattr(hf_config, "to_json_string", None)):
+        data = json.loads(hf_config.to_json_string(use_diff=False))
+    else:
+        raise InvalidArgument("hf_config: expected a path to config.json, a dict or a "
+                              "transformers PretrainedConfig, got %s" % type(hf_config).__name__)
+    if not isinstance(data, dict):
+        raise InvalidArgument("hf_config: expected a JSON object, got %s" % type(data).__name__)
+    return data
+
+
 def _parse_model_dict(data, where):
     try:
         return json_format.ParseDict(data, v1.Model())
@@ -159,7 +197,7 @@ def read_model_file(path):
     return _parse_model_dict(data, "model %s" % (path,))
 
 
-def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=1,
+def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=None, batch_size=1,
                   grad_accum_steps=None, mode=None, precision=None, optimizer=None,
                   optimizer_impl=None, weight_decay=None, keep_grads=False, checkpoint=None,
                   checkpoint_k=None, checkpoint_scopes=(), checkpoint_non_reentrant=False,
@@ -178,7 +216,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, batch_size=
                   stage3_max_live_parameters=None, stage3_max_reuse_distance=None,
                   stage3_param_persistence_threshold=None, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
-    request = v1.EstimateRequest(model=build_model(preset, model, params, seq))
+    request = v1.EstimateRequest(model=build_model(preset, model, params, seq, hf_config))
     config = request.config
     _assign(config, "batch_size", batch_size, "batch_size")
     if grad_accum_steps is not None:
