@@ -10,6 +10,7 @@
 
 #include "client/cli/text_table.h"
 #include "client/cli/units.h"
+#include "engine/ir/text.h"
 
 namespace memest::cli {
 namespace {
@@ -93,6 +94,14 @@ std::string DescribeModel(const v1::Model& model) {
       return "layer model (" + std::to_string(model.layers().layers_size()) + " layers)";
     case v1::Model::kOps:
       return "op graph (" + std::to_string(model.ops().ops_size()) + " ops)";
+    case v1::Model::kHfConfig: {
+      const auto& fields = model.hf_config().config().fields();
+      const auto type = fields.find("model_type");
+      const std::string name = type != fields.end() && type->second.has_string_value()
+                                   ? Escape(type->second.string_value())
+                                   : "hf";
+      return name + " config seq=" + std::to_string(model.hf_config().seq());
+    }
     default:
       return "model";
   }
