@@ -335,6 +335,11 @@ void GraphBuilder::MarkBlock() {
   if (graph_.blocks.empty() || graph_.blocks.back() != scope_) graph_.blocks.push_back(scope_);
 }
 
+void GraphBuilder::HoldUntilLastOp(int tensor) {
+  if (!ok() || tensor < 0 || graph_.ops.empty()) return;
+  graph_.held.push_back({tensor, static_cast<int>(graph_.ops.size()) - 1});
+}
+
 void GraphBuilder::BeginLoss() { graph_.loss_begin = static_cast<int>(graph_.ops.size()); }
 
 void GraphBuilder::SetLoss(int tensor) {

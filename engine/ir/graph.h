@@ -160,6 +160,10 @@ class GraphBuilder {
   const std::string& scope() const { return scope_; }
   // Marks the current scope as one of the model's repeated blocks (see Graph::blocks).
   void MarkBlock();
+  // The model's Python code keeps `tensor` referenced until the last op added so far has run (a
+  // local of a function that returns after that op): Graph::held. Nothing once failed, for a
+  // negative id, or before any op.
+  void HoldUntilLastOp(int tensor);
   // Ops added from now on compute the loss.
   void BeginLoss();
   void SetLoss(int tensor);

@@ -191,7 +191,11 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     b.KvCache("v_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
   }
   if (c.attention != AttentionImpl::kEager) {
-    return SdpaAttention(b, c, q, k, v, {n, t, d, heads, kv_heads, hd}, o);
+    const int out = SdpaAttention(b, c, q, k, v, {n, t, d, heads, kv_heads, hd}, o);
+    if (o.hold_locals) {
+      for (int local : {x, q, k, v}) b.HoldUntilLastOp(local);
+    }
+    return out;
   }
   k = RepeatKv(b, k, heads / kv_heads);
   v = RepeatKv(b, v, heads / kv_heads);
@@ -202,6 +206,7 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
   }
 
   int context = -1;
+  int weights = -1;  // the probabilities, which HF's eager attention returns with its output
   {
     ModuleScope core(b, "core");
     if (o.scale == AttentionScale::kScaleQK) {
@@ -246,9 +251,14 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
       }
     }
     probs = Dropout(b, c, probs, o.attn_dropout);
+    weights = probs;
     context = b.Add1("matmul", {probs, v});
   }
-  return MergeAndProject(b, c, context, n, t, d, o);
+  const int out = MergeAndProject(b, c, context, n, t, d, o);
+  if (o.hold_locals) {
+    for (int local : {x, q, k, v, weights}) b.HoldUntilLastOp(local);
+  }
+  return out;
 }
 
 int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
@@ -264,6 +274,8 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   a.causal = o.causal;
   a.mask_positions = o.mask_positions;
   a.kv_cache_len = o.kv_cache_len;
+  a.hold_locals = o.hold_locals;
+  const int input = x;
   if (o.style == BlockStyle::kGpt2) {
     a.projection = AttentionProjection::kFusedHfConv1D;
     a.scale = AttentionScale::kDivideScores;
@@ -276,6 +288,7 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
     x = b.Add1("add", {h, residual});
     residual = x;
     h = LayerNorm(b, c, "ln_2", x);
+    const int mlp_input = h;
     {
       ModuleScope mlp(b, "mlp");
       h = HfConv1D(b, c, "c_fc", h, ffn);
@@ -286,7 +299,10 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
       h = HfConv1D(b, c, "c_proj", h, d);
       h = Dropout(b, c, h, o.dropout);
     }
-    return b.Add1("add", {residual, h});
+    if (o.hold_locals) b.HoldUntilLastOp(mlp_input);
+    const int out = b.Add1("add", {residual, h});
+    if (o.hold_locals) b.HoldUntilLastOp(input);
+    return out;
   }
   // Llama.
   a.projection = AttentionProjection::kSeparate;
@@ -309,12 +325,17 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   if (a.additive_mask < 0 && o.causal && c.attention == AttentionImpl::kEager) {
     a.additive_mask = AdditiveCausalMask(b, c, t);
   }
+  auto norm = [&](std::string_view norm_name, int input) {
+    return o.gemma_norm ? GemmaRmsNorm(b, c, norm_name, input)
+                        : RmsNorm(b, c, norm_name, input, true);
+  };
   int residual = x;
-  int h = RmsNorm(b, c, "input_layernorm", x, true);
+  int h = norm("input_layernorm", x);
   h = Attention(b, c, "self_attn", h, a);
   x = b.Add1("add", {residual, h});
   residual = x;
-  h = RmsNorm(b, c, "post_attention_layernorm", x, true);
+  h = norm("post_attention_layernorm", x);
+  const int mlp_input = h;
   {
     ModuleScope mlp(b, "mlp");
     int gate = Linear(b, c, "gate_proj", h, ffn, o.mlp_bias);
@@ -326,7 +347,10 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
     h = b.Add1("mul", {gate, up});
     h = Linear(b, c, "down_proj", h, d, o.mlp_bias);
   }
-  return b.Add1("add", {residual, h});
+  if (o.hold_locals) b.HoldUntilLastOp(mlp_input);
+  const int out = b.Add1("add", {residual, h});
+  if (o.hold_locals) b.HoldUntilLastOp(input);
+  return out;
 }
 
 }  // namespace memest

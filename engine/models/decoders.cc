@@ -1,6 +1,7 @@
 // GPT-2 and the Llama family as Hugging Face's modules run them (engine/models/decoders.h).
 #include "engine/models/decoders.h"
 
+#include <cmath>
 #include <string>
 
 #include "engine/models/layers.h"
@@ -43,12 +44,12 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
   int h = -1;
   {
     ScopeGuard transformer(b, "transformer");
-    h = Embedding(b, c, "wte", ids, s.vocab, s.d_model, &wte);
+    const int inputs_embeds = Embedding(b, c, "wte", ids, s.vocab, s.d_model, &wte);
     // position_ids = arange(T).unsqueeze(0); wpe(position_ids)
     int pos = b.Add1("arange", {}, {{"end", AttrInt(s.seq)}});
     pos = b.Add1("unsqueeze", {pos}, {{"dim", AttrInt(0)}});
-    int pe = Embedding(b, c, "wpe", pos, s.positions, s.d_model);
-    h = b.Add1("add", {h, pe});
+    const int position_embeds = Embedding(b, c, "wpe", pos, s.positions, s.d_model);
+    h = b.Add1("add", {inputs_embeds, position_embeds});
     h = Dropout(b, c, h, s.embd_dropout);
     BlockOptions o;
     o.style = BlockStyle::kGpt2;
@@ -58,6 +59,7 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
     o.attn_dropout = s.attn_dropout;
     o.mlp_activation = s.activation;
     o.mask_positions = s.positions;
+    o.hold_locals = true;
     o.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
     for (int64_t i = 0; i < s.layers; ++i) {
       ScopeGuard block(b, "h." + Str(i));
@@ -65,12 +67,16 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
       h = TransformerBlock(b, c, "", h, o);
     }
     h = LayerNorm(b, c, "ln_f", h);
+    // GPT2Model.forward's locals, until it returns.
+    for (int local : {inputs_embeds, position_embeds, pos}) b.HoldUntilLastOp(local);
   }
+  const int last_hidden_state = h;
   h = LogitsInput(b, ctx, h);
   const int logits = s.tie_embeddings ? TiedLinear(b, "lm_head", h, wte)
                                       : Linear(b, c, "lm_head", h, s.vocab, /*bias=*/false);
   // HF's ForCausalLMLoss: logits.float(), then cross_entropy over the (shifted) labels.
   if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
+  b.HoldUntilLastOp(last_hidden_state);  // the model's output, until the LM's forward returns
   return Status::Ok();
 }
 
@@ -95,7 +101,12 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
   int h = -1;
   {
     ScopeGuard model(b, "model");
-    h = Embedding(b, c, "embed_tokens", ids, s.vocab, s.d_model, &embed);
+    const int inputs_embeds = Embedding(b, c, "embed_tokens", ids, s.vocab, s.d_model, &embed);
+    h = inputs_embeds;
+    if (s.gemma) {
+      // hidden_states * torch.tensor(hidden_size ** 0.5, dtype=hidden_states.dtype)
+      h = b.Add1("mul", {h}, {{"scalar", AttrFloat(std::sqrt(static_cast<double>(s.d_model)))}});
+    }
     BlockOptions o;
     o.style = BlockStyle::kLlama;
     o.heads = s.heads;
@@ -106,6 +117,8 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     o.out_bias = s.out_bias;
     o.mlp_bias = s.mlp_bias;
     o.qk_norm = s.qk_norm;
+    o.gemma_norm = s.gemma;
+    o.hold_locals = true;
     o.mlp_activation = s.activation;
     o.attn_dropout = s.attn_dropout;
     o.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
@@ -126,12 +139,15 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
       b.MarkBlock();
       h = TransformerBlock(b, c, "", h, o);
     }
-    h = RmsNorm(b, c, "norm", h, true);
+    h = s.gemma ? GemmaRmsNorm(b, c, "norm", h) : RmsNorm(b, c, "norm", h, true);
+    b.HoldUntilLastOp(inputs_embeds);  // LlamaModel.forward's local, until it returns
   }
+  const int last_hidden_state = h;
   h = LogitsInput(b, ctx, h);
   const int logits = s.tie_embeddings ? TiedLinear(b, "lm_head", h, embed)
                                       : Linear(b, c, "lm_head", h, s.vocab, /*bias=*/false);
   if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
+  b.HoldUntilLastOp(last_hidden_state);  // the model's output, until the LM's forward returns
   return Status::Ok();
 }
 

@@ -1,6 +1,6 @@
 // Decoder-only language models, built op by op as Hugging Face's modules run them: GPT-2
 // (GPT2LMHeadModel) and the Llama family (LlamaForCausalLM and the models written like it:
-// Mistral, Qwen2, Qwen3). The presets (engine/models/presets.cc) and the Hugging Face config
+// Mistral, Qwen2, Qwen3, Gemma). The presets (engine/models/presets.cc) and the Hugging Face config
 // front end (engine/models/hf_config.cc) both fill these specs; neither builds a decoder itself.
 #ifndef MEMEST_ENGINE_MODELS_DECODERS_H_
 #define MEMEST_ENGINE_MODELS_DECODERS_H_
@@ -48,6 +48,9 @@ struct LlamaSpec {
   bool out_bias = false;
   bool mlp_bias = false;
   bool qk_norm = false;  // Qwen3
+  // Gemma: the embeddings scaled by sqrt(d_model), and GemmaRMSNorm (float32, 1 + weight) for
+  // every norm.
+  bool gemma = false;
   Activation activation = Activation::kSilu;
   double attn_dropout = 0.0;  // HF attention_dropout, on the probabilities (eager) or in SDPA
   // Mistral: each query sees the last `sliding_window` keys; 0: all of them. Shorter than the

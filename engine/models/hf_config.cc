@@ -209,11 +209,15 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
   // that for Llama, 8 for Mistral and 32 for Qwen2 and Qwen3 (their classes' defaults).
   const int64_t kv_default = type == "llama" || f.Present("num_key_value_heads") ? s.heads
                              : type == "mistral"                                ? 8
+                             : type == "gemma"                                  ? 16
                                                                                 : 32;
   MEMEST_ASSIGN_OR_RETURN(s.kv_heads, f.Size("num_key_value_heads", kv_default));
-  MEMEST_ASSIGN_OR_RETURN(s.head_dim, f.Size("head_dim", type == "qwen3" ? 128 : 0));
-  MEMEST_ASSIGN_OR_RETURN(s.tie_embeddings, f.Flag("tie_word_embeddings", false));
-  MEMEST_ASSIGN_OR_RETURN(s.activation, ActivationOf(f, "hidden_act", "silu"));
+  const bool gemma = type == "gemma";
+  MEMEST_ASSIGN_OR_RETURN(s.head_dim, f.Size("head_dim", type == "qwen3" ? 128 : gemma ? 256 : 0));
+  MEMEST_ASSIGN_OR_RETURN(s.tie_embeddings, f.Flag("tie_word_embeddings", gemma));
+  MEMEST_ASSIGN_OR_RETURN(s.activation,
+                          ActivationOf(f, "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu"));
+  s.gemma = gemma;
   MEMEST_ASSIGN_OR_RETURN(s.attn_dropout, f.Probability("attention_dropout", 0.0));
   MEMEST_RETURN_IF_ERROR(CheckRopeScaling(f));
   if (type == "qwen2") {
@@ -268,7 +272,7 @@ StatusOr<Gpt2Spec> ReadGpt2(const Fields& f, int64_t seq) {
 }
 
 constexpr Family kFamilies[] = {
-    {"gpt2", "GPT2LMHeadModel"},     {"llama", "LlamaForCausalLM"},
+    {"gemma", "GemmaForCausalLM"},   {"gpt2", "GPT2LMHeadModel"},     {"llama", "LlamaForCausalLM"},
     {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
     {"qwen3", "Qwen3ForCausalLM"},
 };

@@ -10,6 +10,8 @@
 //   mistral     MistralForCausalLM      sliding_window (4096 when left out), head_dim
 //   qwen2       Qwen2ForCausalLM        q, k, v biased (o_proj not); use_sliding_window refused
 //   qwen3       Qwen3ForCausalLM        head_dim (128 when left out), q_norm and k_norm
+//   gemma       GemmaForCausalLM        Gemma 1: head_dim (256), embeddings scaled by
+//                                       sqrt(hidden_size), GemmaRMSNorm, tied by default
 //   gpt2        GPT2LMHeadModel         n_positions, n_inner, activation_function, the dropouts
 //
 // Errors are INVALID_ARGUMENT naming "model.hf_config.config.<field>" (a missing size, a value

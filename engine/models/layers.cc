@@ -94,6 +94,24 @@ int RmsNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x
   return b.Add1("rms_norm", {x, weight}, {{"upcast", Int(upcast ? 1 : 0)}});
 }
 
+int GemmaRmsNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x) {
+  if (!b.ok() || x < 0) return -1;
+  const int64_t dim = LastDim(b, x);
+  const std::string dtype(DTypeName(b.tensor(x).dtype));
+  ModuleScope scope(b, name);
+  int weight = b.Parameter("weight", {dim}, c.param_dtype);
+  // output = self._norm(x.float()); output * (1.0 + self.weight.float()); .type_as(x), with
+  // _norm(x) = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps).
+  int xf = b.Add1("to", {x}, {{"dtype", std::string("float32")}});
+  int sq = b.Add1("pow", {xf}, {{"exponent", Float(2.0)}});
+  int mean = b.Add1("mean", {sq}, {{"dim", Ints({-1})}, {"keepdim", Int(1)}});
+  int rstd = b.Add1("rsqrt", {b.Add1("add", {mean}, {{"scalar", Float(1e-6)}})});
+  int normed = b.Add1("mul", {xf, rstd});
+  int wf = b.Add1("to", {weight}, {{"dtype", std::string("float32")}});
+  int scaled = b.Add1("mul", {normed, b.Add1("add", {wf}, {{"scalar", Float(1.0)}})});
+  return b.Add1("to", {scaled}, {{"dtype", dtype}});
+}
+
 int BatchNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, bool affine) {
   if (!b.ok() || x < 0) return -1;
   const Shape& s = b.shape(x);

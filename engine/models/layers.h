@@ -113,6 +113,9 @@ int LayerNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int
               bool affine = true);
 int RmsNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
             bool upcast = true);
+// HF's GemmaRMSNorm: computed in float32 and scaled by (1 + weight) before the cast back, made
+// of the ops it runs (to, pow, mean, add, rsqrt, mul).
+int GemmaRmsNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x);
 int BatchNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
               bool affine = true);
 int GroupNorm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
@@ -206,6 +209,10 @@ struct AttentionOptions {
   // HF GPT-2: softmax(scores).type(value.dtype): under autocast softmax returns float32 and
   // the probabilities are cast back to the values' dtype before dropout.
   bool probs_to_value_dtype = false;
+  // Hugging Face's attention functions keep their input and q, k, v (after rotary) referenced
+  // until they return, and the eager one returns its probabilities with its output: held
+  // (Graph::held) until the output projection has run.
+  bool hold_locals = false;
   // Inference: allocate "<scope>.k_cache" / "<scope>.v_cache" [N, kv_heads, kv_cache_len,
   // head_dim] with GraphBuilder::KvCache (0: no cache).
   int64_t kv_cache_len = 0;
@@ -247,6 +254,10 @@ struct BlockOptions {
   bool mlp_bias = false;
   bool qk_norm = false;
   int sdpa_mask = -1;
+  bool gemma_norm = false;  // GemmaRMSNorm for input_layernorm and post_attention_layernorm
+  // Hugging Face's references (AttentionOptions::hold_locals, and the block's input and the
+  // MLP's input held until the block's and the MLP's last op).
+  bool hold_locals = false;
   // The MLP's activation (HF hidden_act / activation_function); unset: the style's own,
   // gelu_new for GPT-2 and SiLU for Llama.
   std::optional<Activation> mlp_activation;

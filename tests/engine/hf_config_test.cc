@@ -86,7 +86,8 @@ TEST_P(HfParameterCountTest, IsWhatTransformersBuilds) {
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, HfParameterCountTest,
-    testing::Values(CountCase{"gpt2", 124'439'808}, CountCase{"gpt2-xl", 1'557'611'200},
+    testing::Values(CountCase{"gemma-2b", 2'506'172'416}, CountCase{"gpt2", 124'439'808},
+                    CountCase{"gpt2-xl", 1'557'611'200},
                     CountCase{"llama-2-7b", 6'738'415'616},
                     CountCase{"llama-3-8b", 8'030'261'248},
                     CountCase{"llama-3.1-8b", 8'030'261'248},
@@ -136,6 +137,58 @@ TEST(HfConfigTest, Qwen3NormsQueriesAndKeysOverAnExplicitHeadDim) {
     if (t.name == "model.layers.0.self_attn.o_proj.weight") EXPECT_EQ(t.shape, (Shape{64, 128}));
   }
   EXPECT_TRUE(q_norm);
+}
+
+// Gemma scales its embeddings by sqrt(d_model) and normalises in float32 with (1 + weight).
+TEST(HfConfigTest, GemmaScalesEmbeddingsAndNormsInFloat32) {
+  nlohmann::json config = Small("gemma");
+  config.erase("num_key_value_heads");  // GemmaConfig: 16, more than the 4 heads here
+  config["num_key_value_heads"] = 1;
+  config["head_dim"] = 32;
+  StatusOr<Graph> g = Build(config, 16, enginetest::MakeContext(1, Mode::kTraining,
+                                                                DType::kBFloat16));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_FALSE(Names(*g, TensorRole::kParameter).count("lm_head.weight"));  // tied by default
+  const Op& scale = g->ops[1];  // after the embedding
+  EXPECT_EQ(scale.kind, "mul");
+  EXPECT_DOUBLE_EQ(std::get<double>(scale.attrs.at("scalar")), 8.0);
+  int rsqrt_fp32 = 0;
+  for (const Op& op : g->ops) {
+    if (op.kind == "rsqrt" && op.scope.find("input_layernorm") != std::string::npos &&
+        g->tensors[op.inputs[0]].dtype == DType::kFloat32) {
+      ++rsqrt_fp32;
+    }
+  }
+  EXPECT_EQ(rsqrt_fp32, 2);  // one per layer
+}
+
+// What Hugging Face's Python code keeps referenced past its last use in the graph: the MLP's
+// input until down_proj has run (LlamaMLP.forward's `x`), a layer's input until the layer's
+// last op (the decoder loop's variable), the embeddings until the final norm.
+TEST(HfConfigTest, HuggingFaceLocalsAreHeld) {
+  StatusOr<Graph> g = Build(Small("llama"), 16, enginetest::MakeContext(1, Mode::kInference));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto op_in = [&](const std::string& scope, const std::string& kind) {
+    for (size_t i = 0; i < g->ops.size(); ++i) {
+      if (g->ops[i].scope == scope && g->ops[i].kind == kind) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  auto held_until = [&](int op) {
+    const int tensor = g->ops[op].outputs[0];
+    int until = -1;
+    for (const HeldTensor& h : g->held) {
+      if (h.tensor == tensor) until = std::max(until, h.until_op);
+    }
+    return until;
+  };
+  const int norm = op_in("model.layers.0.post_attention_layernorm", "rms_norm");
+  const int down = op_in("model.layers.0.mlp.down_proj", "linear");
+  ASSERT_GE(norm, 0);
+  ASSERT_GE(down, 0);
+  EXPECT_EQ(held_until(norm), down);
+  const int embed = op_in("model.embed_tokens", "embedding");
+  EXPECT_EQ(held_until(embed), op_in("model.norm", "rms_norm"));
 }
 
 TEST(HfConfigTest, TiedEmbeddingsHaveNoLmHeadWeight) {
@@ -233,8 +286,8 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, HfBadConfigTest,
     testing::Values(
         BadCase{"UnknownType", {{"model_type", "llama9"}},
-                "model.hf_config.config.model_type: 'llama9' is not supported; supported: gpt2, "
-                "llama, mistral, qwen2, qwen3"},
+                "model.hf_config.config.model_type: 'llama9' is not supported; supported: gemma, "
+                "gpt2, llama, mistral, qwen2, qwen3"},
         BadCase{"NoType", {{"model_type", nullptr}}, "model.hf_config.config.model_type: missing"},
         BadCase{"MissingSize", {{"hidden_size", nullptr}},
                 "model.hf_config.config.hidden_size: missing; a llama config must give it"},

@@ -58,6 +58,7 @@ SMALL = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_
     ("LlamaForCausalLM", "LlamaConfig", dict(SMALL, attention_bias=True, tie_word_embeddings=True)),
     ("MistralForCausalLM", "MistralConfig", dict(SMALL, sliding_window=8)),
     ("Qwen2ForCausalLM", "Qwen2Config", SMALL),
+    ("GemmaForCausalLM", "GemmaConfig", dict(SMALL, head_dim=32)),
     ("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=512, n_embd=64, n_layer=2, n_head=4,
                                              n_positions=64, n_inner=96)),
 ])
