@@ -4,6 +4,7 @@
 //   build/bin/memest-fuzz-seeds [--examples DIR] OUT_DIR
 //
 // The models: the example model files (examples/*.json, *.yaml), every preset with few blocks,
+// Hugging Face configs of tests/data/hf_configs cut to two layers,
 // every preset's graph again as an op graph (what the tracer sends), and layer models that use
 // each layer kind. The configs: the defaults, then one variant each of mode, precision,
 // optimizer, checkpointing, step, device, runtime, accumulation and advice, on two models; and a
@@ -308,6 +309,23 @@ std::vector<Seed> MakeSeeds(const fs::path& examples) {
     }
   }
   for (const auto& [name, model] : LayerModels()) add(name, model);
+
+  // Hugging Face configs (tests/data/hf_configs), cut to two layers and 32 tokens.
+  const fs::path configs = examples / ".." / "tests" / "data" / "hf_configs";
+  for (const char* name : {"gpt2", "llama-3.2-1b", "mistral-7b-v0.1", "qwen3-0.6b", "gemma-2b"}) {
+    StatusOr<google::protobuf::Struct> config =
+        cli::ReadHfConfigFile((configs / (std::string(name) + ".json")).string());
+    if (!config.ok()) {
+      std::cerr << "skipped " << name << ": " << config.status().message() << "\n";
+      continue;
+    }
+    v1::Model model;
+    *model.mutable_hf_config()->mutable_config() = *config;
+    model.mutable_hf_config()->set_seq(32);
+    auto& fields = *model.mutable_hf_config()->mutable_config()->mutable_fields();
+    fields[fields.count("n_layer") ? "n_layer" : "num_hidden_layers"].set_number_value(2);
+    add(std::string("hf-") + name, model, 2);
+  }
 
   // The variants on a decoder preset and on a convolutional layer model.
   v1::Model gpt2 = SmallPreset(ListPresets().front());

@@ -480,7 +480,8 @@ StatusOr<EstimateInput> EstimateInputFromProto(const v1::EstimateRequest& reques
   EstimateInput input;
   MEMEST_ASSIGN_OR_RETURN(input.model, ModelFromProto(request.model()));
   MEMEST_ASSIGN_OR_RETURN(input.config, RunConfigFromProto(request.config()));
-  MEMEST_RETURN_IF_ERROR(ApplyModelHints(input.model, request.config(), &input.config));
+  MEMEST_RETURN_IF_ERROR(
+      ApplyModelHints(input.model, request.config(), &input.config, &input.notes));
   input.options.max_ops = max_ops;
   input.options.advice = !request.skip_advice();
   return input;

@@ -41,8 +41,10 @@ StatusOr<HfConfigSpec> HfConfigFromProto(const v1::HfConfig& hf);
 // HfConfigRunHints), applied where the request leaves it unset, on the CUDA runtime: its
 // torch_dtype (or dtype) as the precision (bfloat16 -> BF16_PURE, float16 -> FP16_PURE, float32
 // -> FP32: what from_pretrained loads with dtype="auto", transformers 5's default), and its
-// attn_implementation. Nothing for other models or the CPU runtime.
-Status ApplyModelHints(const ModelSpec& model, const v1::RunConfig& proto, RunConfig* run);
+// attn_implementation. Nothing for other models or the CPU runtime. Each setting applied is said
+// in `notes` (when not null), for the reply.
+Status ApplyModelHints(const ModelSpec& model, const v1::RunConfig& proto, RunConfig* run,
+                       std::vector<std::string>* notes = nullptr);
 
 // The run configuration, or INVALID_ARGUMENT naming the field under "config.". Ranges (a
 // positive batch size, ...) and settings the engine can judge from values alone are left to
@@ -66,6 +68,7 @@ struct EstimateInput {
   ModelSpec model;
   RunConfig config;
   EstimateOptions options;
+  std::vector<std::string> notes;  // for the reply: what the conversion decided (ApplyModelHints)
 };
 
 // ModelFromProto and RunConfigFromProto together; options.advice = !skip_advice and

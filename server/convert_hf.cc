@@ -76,11 +76,14 @@ StatusOr<HfConfigSpec> HfConfigFromProto(const v1::HfConfig& hf) {
   return spec;
 }
 
-Status ApplyModelHints(const ModelSpec& model, const v1::RunConfig& proto, RunConfig* run) {
+Status ApplyModelHints(const ModelSpec& model, const v1::RunConfig& proto, RunConfig* run,
+                       std::vector<std::string>* notes) {
   const auto* hf = std::get_if<HfConfigSpec>(&model.source);
   if (hf == nullptr || run->runtime != Runtime::kCuda) return Status::Ok();
-  MEMEST_ASSIGN_OR_RETURN(HfRunHints hints, HfConfigRunHints(hf->config));
-  if (proto.precision() == v1::PRECISION_UNSPECIFIED && hints.dtype) {
+  const bool precision = proto.precision() == v1::PRECISION_UNSPECIFIED;
+  const bool attention = !proto.has_attention();
+  MEMEST_ASSIGN_OR_RETURN(HfRunHints hints, HfConfigRunHints(hf->config, precision, attention));
+  if (precision && hints.dtype) {
     switch (*hints.dtype) {
       case DType::kBFloat16:
         run->precision = Precision::kBf16Pure;
@@ -92,8 +95,20 @@ Status ApplyModelHints(const ModelSpec& model, const v1::RunConfig& proto, RunCo
         run->precision = Precision::kFp32;
         break;
     }
+    if (notes != nullptr) {
+      notes->push_back(std::string("precision ") + PrecisionName(run->precision) +
+                       " from the config's torch_dtype " + std::string(DTypeName(*hints.dtype)) +
+                       " (the weights as from_pretrained loads them); set the precision to "
+                       "choose another");
+    }
   }
-  if (!proto.has_attention() && hints.attention) run->attention = *hints.attention;
+  if (attention && hints.attention) {
+    run->attention = *hints.attention;
+    if (notes != nullptr) {
+      notes->push_back(std::string("attention ") + AttentionImplName(run->attention) +
+                       " from the config's attn_implementation");
+    }
+  }
   return Status::Ok();
 }
 

@@ -81,6 +81,7 @@ Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& 
   MEMEST_ASSIGN_OR_RETURN(Report report,
                           memest::Estimate(input.model, input.config, input.options));
   ReportToProto(report, response);
+  for (const std::string& note : input.notes) response->add_notes(note);
   return Status::Ok();
 }
 
@@ -92,6 +93,13 @@ std::string DescribeModel(const v1::Model& model) {
       return "layers:" + std::to_string(model.layers().layers_size());
     case v1::Model::kOps:
       return "ops:" + std::to_string(model.ops().ops_size());
+    case v1::Model::kHfConfig: {
+      const auto& fields = model.hf_config().config().fields();
+      const auto type = fields.find("model_type");
+      return "hf_config:" + (type != fields.end() && type->second.has_string_value()
+                                 ? Escape(type->second.string_value())
+                                 : std::string("?"));
+    }
     case v1::Model::SOURCE_NOT_SET:
       break;
   }

@@ -113,7 +113,8 @@ Status FillModel(const EstimateFlags& flags, v1::Model* model) {
   }
   if (!flags.model_file.empty()) {
     if (!flags.params.empty() || flags.seq) {
-      return InvalidArgument("--param/--seq: only apply to --preset or --hf-config, not to --model");
+      return InvalidArgument(
+          "--param/--seq: only apply to --preset or --hf-config, not to --model");
     }
     MEMEST_ASSIGN_OR_RETURN(*model, ReadModelFile(flags.model_file));
     return Status::Ok();
@@ -255,7 +256,8 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
   app->add_option("--mode", f->mode, "training | inference (default training)")->group(run);
   app->add_option("--precision", f->precision,
                   "fp32 | fp16 | bf16 | bf16-pure | fp16-pure (fp16/bf16: autocast with fp32 "
-                  "master weights; default fp32)")
+                  "master weights; default fp32, or an --hf-config's torch_dtype as the pure "
+                  "precision on CUDA)")
       ->group(run);
   app->add_option("--optimizer", f->optimizer,
                   "sgd | momentum | adam | adamw | adagrad | rmsprop | lion | adafactor | "
@@ -314,7 +316,8 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(run);
   app->add_option("--attention", f->attention,
                   "how attention layers run: eager, sdpa (the kernel PyTorch 2.x picks; the "
-                  "default on CUDA), flash, mem-efficient, cudnn; HF's flash_attention_2 = flash")
+                  "default on CUDA, unless an --hf-config names its attn_implementation), flash, "
+                  "mem-efficient, cudnn; HF's flash_attention_2 = flash")
       ->group(run);
   app->add_option("--cuda-module-loading", f->cuda_module_loading,
                   "CUDA_MODULE_LOADING: lazy (default since PyTorch 1.13 / CUDA 11.7) or eager "

@@ -140,7 +140,8 @@ int SdpaAttention(GraphBuilder& b, const LayerContext& c, int q, int k, int v,
 }  // namespace
 
 int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
-              const AttentionOptions& o) {
+              const AttentionOptions& o, int* weights_out) {
+  if (weights_out != nullptr) *weights_out = -1;
   if (!ExpectRank(b, x, 3, "attention")) return -1;
   const Shape in_shape = b.shape(x);
   const int64_t n = in_shape[0], t = in_shape[1], d = in_shape[2];
@@ -256,8 +257,9 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
   }
   const int out = MergeAndProject(b, c, context, n, t, d, o);
   if (o.hold_locals) {
-    for (int local : {x, q, k, v, weights}) b.HoldUntilLastOp(local);
+    for (int local : {x, q, k, v}) b.HoldUntilLastOp(local);
   }
+  if (weights_out != nullptr) *weights_out = weights;
   return out;
 }
 
@@ -276,6 +278,7 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   a.kv_cache_len = o.kv_cache_len;
   a.hold_locals = o.hold_locals;
   const int input = x;
+  int weights = -1;  // the eager probabilities, which the block keeps (`attn_output, _ = ...`)
   if (o.style == BlockStyle::kGpt2) {
     a.projection = AttentionProjection::kFusedHfConv1D;
     a.scale = AttentionScale::kDivideScores;
@@ -284,7 +287,7 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
     a.resid_dropout = o.dropout;
     int residual = x;
     int h = LayerNorm(b, c, "ln_1", x);
-    h = Attention(b, c, "attn", h, a);
+    h = Attention(b, c, "attn", h, a, &weights);
     x = b.Add1("add", {h, residual});
     residual = x;
     h = LayerNorm(b, c, "ln_2", x);
@@ -331,7 +334,7 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   };
   int residual = x;
   int h = norm("input_layernorm", x);
-  h = Attention(b, c, "self_attn", h, a);
+  h = Attention(b, c, "self_attn", h, a, &weights);
   x = b.Add1("add", {residual, h});
   residual = x;
   h = norm("post_attention_layernorm", x);

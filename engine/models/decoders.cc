@@ -126,9 +126,11 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
       ScopeGuard rotary(b, "rotary_emb");
       RotaryBuffers(b, c, s.seq, head_dim, &o.rotary_cos, &o.rotary_sin);
     }
-    const bool windowed = s.sliding_window > 0 && s.sliding_window < s.seq;
     // HF builds the 4-D additive causal mask for eager attention; SDPA and flash get is_causal,
-    // unless a window shorter than the sequence makes SDPA take the mask.
+    // unless a window makes SDPA take the mask: transformers builds it once the keys reach the
+    // window (kv_length >= sliding_window; 4.47 modeling_attn_mask_utils.py, 5.x
+    // masking_utils.py), at seq == sliding_window too.
+    const bool windowed = s.sliding_window > 0 && s.sliding_window <= s.seq;
     if (c.attention == AttentionImpl::kEager) {
       o.additive_mask = AdditiveCausalMask(b, c, s.seq);
     } else if (windowed && c.attention != AttentionImpl::kFlash) {

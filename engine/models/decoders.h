@@ -53,8 +53,8 @@ struct LlamaSpec {
   bool gemma = false;
   Activation activation = Activation::kSilu;
   double attn_dropout = 0.0;  // HF attention_dropout, on the probabilities (eager) or in SDPA
-  // Mistral: each query sees the last `sliding_window` keys; 0: all of them. Shorter than the
-  // sequence, HF gives SDPA an explicit [1, 1, T, T] mask (no is_causal, so no flash kernel);
+  // Mistral: each query sees the last `sliding_window` keys; 0: all of them. Once the sequence
+  // reaches it, HF gives SDPA an explicit [1, 1, T, T] mask (no is_causal, so no flash kernel);
   // eager attention adds its additive mask either way, and flash-attn takes the window as an
   // argument. The KV cache of inference keeps every position (transformers 4's DynamicCache),
   // an over-count for caches that keep the window only (transformers 5's, servers').

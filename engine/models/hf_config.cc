@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -98,10 +99,9 @@ class Fields {
 
   static std::string JsonNumber(double x) {
     if (!std::isfinite(x)) return "a non-finite number";
-    std::string s = std::to_string(x);
-    s.erase(s.find_last_not_of('0') + 1);
-    if (!s.empty() && s.back() == '.') s.pop_back();
-    return s;
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.17g", x);
+    return text;
   }
 
  private:
@@ -140,28 +140,31 @@ Status CheckArchitecture(const Fields& f, const std::string& causal_lm) {
   return Status::Ok();
 }
 
-// rope_scaling changes how the rotary tables are computed, not their size: any type
-// transformers knows is accepted, an unknown one refused.
-Status CheckRopeScaling(const Fields& f) {
-  const JsonValue* scaling = f.Get("rope_scaling");
+// rope_scaling (rope_parameters since transformers 5) changes how the rotary tables are
+// computed, not their size: any type transformers knows is accepted, an unknown one refused.
+// As transformers 4.x reads it, "type" wins over "rope_type" (configuration_llama.py copies it).
+Status CheckRope(const Fields& f, const char* field) {
+  const JsonValue* scaling = f.Get(field);
   if (scaling == nullptr) return Status::Ok();
-  if (scaling->kind != Kind::kObject) return WrongKind("rope_scaling", "an object", *scaling);
-  const JsonValue* type = scaling->Find("rope_type");
-  const char* key = "rope_scaling.rope_type";
+  if (scaling->kind != Kind::kObject) return WrongKind(field, "an object", *scaling);
+  std::string key = std::string(field) + ".type";
+  const JsonValue* type = scaling->Find("type");
   if (type == nullptr || type->kind == Kind::kNull) {
-    type = scaling->Find("type");
-    key = "rope_scaling.type";
+    type = scaling->Find("rope_type");
+    key = std::string(field) + ".rope_type";
   }
-  if (type == nullptr || type->kind != Kind::kString) {
-    return InvalidArgument(Field("rope_scaling") + ": must name its rope_type");
+  if (type == nullptr || type->kind == Kind::kNull) {
+    return InvalidArgument(Field(field) + ": must name its rope_type");
   }
-  static const char* const kKnown[] = {"default", "linear", "dynamic", "yarn", "longrope",
-                                       "llama3", "su"};
+  if (type->kind != Kind::kString) return WrongKind(key, "a string", *type);
+  static const char* const kKnown[] = {"default", "linear",  "dynamic",      "yarn",
+                                       "longrope", "llama3", "proportional", "su"};
   for (const char* known : kKnown) {
     if (type->text == known) return Status::Ok();
   }
   return InvalidArgument(Field(key) + ": unknown " + Quote(type->text) +
-                         "; known: default, dynamic, linear, llama3, longrope, su, yarn");
+                         "; known: default, dynamic, linear, llama3, longrope, proportional, "
+                         "su, yarn");
 }
 
 // A setting that changes the model in a way not modelled: refused when true.
@@ -205,21 +208,32 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
   MEMEST_ASSIGN_OR_RETURN(s.heads, f.Size("num_attention_heads"));
   MEMEST_ASSIGN_OR_RETURN(s.ffn, f.Size("intermediate_size"));
   MEMEST_ASSIGN_OR_RETURN(s.vocab, f.Size("vocab_size"));
-  // num_key_value_heads null is num_attention_heads in every Config class; left out, it is
-  // that for Llama, 8 for Mistral and 32 for Qwen2 and Qwen3 (their classes' defaults).
+  // num_key_value_heads null is the heads' count in the Llama, Mistral and Qwen Config classes
+  // (GemmaConfig keeps the null, which its model cannot build: refused below); left out, it is
+  // that for Llama, 8 for Mistral, 16 for Gemma and 32 for Qwen2 and Qwen3 (their defaults).
   const int64_t kv_default = type == "llama" || f.Present("num_key_value_heads") ? s.heads
                              : type == "mistral"                                ? 8
                              : type == "gemma"                                  ? 16
                                                                                 : 32;
   MEMEST_ASSIGN_OR_RETURN(s.kv_heads, f.Size("num_key_value_heads", kv_default));
   const bool gemma = type == "gemma";
+  if (gemma && f.Present("num_key_value_heads") && f.Get("num_key_value_heads") == nullptr) {
+    return InvalidArgument(Field("num_key_value_heads") +
+                           ": null is not a count: GemmaConfig keeps it, and GemmaAttention "
+                           "cannot be built with it");
+  }
   MEMEST_ASSIGN_OR_RETURN(s.head_dim, f.Size("head_dim", type == "qwen3" ? 128 : gemma ? 256 : 0));
   MEMEST_ASSIGN_OR_RETURN(s.tie_embeddings, f.Flag("tie_word_embeddings", gemma));
   MEMEST_ASSIGN_OR_RETURN(s.activation,
                           ActivationOf(f, "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu"));
   s.gemma = gemma;
+  if (gemma) {
+    MEMEST_RETURN_IF_ERROR(RefuseIfSet(f, "use_bidirectional_attention",
+                                       "attention without the causal mask (transformers 5)"));
+  }
   MEMEST_ASSIGN_OR_RETURN(s.attn_dropout, f.Probability("attention_dropout", 0.0));
-  MEMEST_RETURN_IF_ERROR(CheckRopeScaling(f));
+  MEMEST_RETURN_IF_ERROR(CheckRope(f, "rope_scaling"));
+  MEMEST_RETURN_IF_ERROR(CheckRope(f, "rope_parameters"));
   if (type == "qwen2") {
     s.qkv_bias = true;  // Qwen2Attention: q_proj, k_proj, v_proj bias=True; o_proj bias=False
   } else if (type != "mistral") {
@@ -334,6 +348,11 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
   MEMEST_ASSIGN_OR_RETURN(const Family* family, FamilyOf(spec.config));
   const Fields f(spec.config, family->model_type);
   MEMEST_RETURN_IF_ERROR(CheckArchitecture(f, family->causal_lm));
+  if (f.Get("quantization_config") != nullptr) {
+    return InvalidArgument(Field("quantization_config") +
+                           ": quantized weights (bitsandbytes, GPTQ, AWQ, fp8) are not modelled "
+                           "yet; without it the config estimates the unquantized model");
+  }
   if (spec.seq <= 0 || spec.seq > kMaxSize) {
     return InvalidArgument("model.hf_config.seq: " +
                            (spec.seq == 0 ? std::string("required: the tokens per sequence")
@@ -354,11 +373,12 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
   return BuildFamily(*family, f, spec.seq, 0, context);
 }
 
-StatusOr<HfRunHints> HfConfigRunHints(const JsonValue& config) {
+StatusOr<HfRunHints> HfConfigRunHints(const JsonValue& config, bool dtype, bool attention) {
   HfRunHints hints;
   if (config.kind != Kind::kObject) return hints;
   const Fields f(config, "");
   for (const char* key : {"dtype", "torch_dtype"}) {
+    if (!dtype) break;
     MEMEST_ASSIGN_OR_RETURN(std::string name, f.Text(key, ""));
     if (name.empty() || hints.dtype) continue;
     if (name == "float32") hints.dtype = DType::kFloat32;
@@ -368,6 +388,7 @@ StatusOr<HfRunHints> HfConfigRunHints(const JsonValue& config) {
                                 "; known: bfloat16, float16, float32");
   }
   for (const char* key : {"attn_implementation", "_attn_implementation"}) {
+    if (!attention) break;
     MEMEST_ASSIGN_OR_RETURN(std::string name, f.Text(key, ""));
     if (name.empty() || hints.attention) continue;
     if (name == "eager") hints.attention = AttentionImpl::kEager;

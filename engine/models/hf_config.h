@@ -16,7 +16,8 @@
 //
 // Errors are INVALID_ARGUMENT naming "model.hf_config.config.<field>" (a missing size, a value
 // of the wrong type or out of range, an unknown model_type or hidden_act, an architecture other
-// than the causal LM, a setting not modelled) or "model.hf_config.seq".
+// than the causal LM, a setting not modelled such as a quantization_config) or
+// "model.hf_config.seq".
 #ifndef MEMEST_ENGINE_MODELS_HF_CONFIG_H_
 #define MEMEST_ENGINE_MODELS_HF_CONFIG_H_
 
@@ -36,12 +37,13 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
 // What a config says about running the model, for a request that leaves it unset: the dtype the
 // weights are stored in ("torch_dtype", or "dtype" since transformers 4.56) and the attention
 // implementation ("attn_implementation" / "_attn_implementation": eager, sdpa,
-// flash_attention_2). Errors name the field.
+// flash_attention_2). Only what `dtype` and `attention` ask for is read (a request that sets
+// the precision does not care what the config's torch_dtype holds). Errors name the field.
 struct HfRunHints {
   std::optional<DType> dtype;
   std::optional<AttentionImpl> attention;
 };
-StatusOr<HfRunHints> HfConfigRunHints(const JsonValue& config);
+StatusOr<HfRunHints> HfConfigRunHints(const JsonValue& config, bool dtype, bool attention);
 
 // The model types BuildHfConfig builds, sorted.
 const std::vector<std::string>& HfModelTypes();

@@ -193,9 +193,9 @@ struct AttentionOptions {
   // Qwen3: RMSNorm modules "q_norm" and "k_norm" over head_dim on q and k viewed as
   // [N, T, heads, hd], before the transpose.
   bool qk_norm = false;
-  // A mask SDPA takes as attn_mask with is_causal false (a sliding window shorter than the
-  // sequence, as HF builds it for sdpa); -1: none (causal by is_causal). Eager attention takes
-  // its mask as `additive_mask`.
+  // A mask SDPA takes as attn_mask with is_causal false (a sliding window the sequence reaches,
+  // as HF builds it for sdpa); -1: none (causal by is_causal). Eager attention takes its mask
+  // as `additive_mask`.
   int sdpa_mask = -1;
   AttentionScale scale = AttentionScale::kDivideScores;
   AttentionProjection projection = AttentionProjection::kSeparate;
@@ -210,15 +210,16 @@ struct AttentionOptions {
   // the probabilities are cast back to the values' dtype before dropout.
   bool probs_to_value_dtype = false;
   // Hugging Face's attention functions keep their input and q, k, v (after rotary) referenced
-  // until they return, and the eager one returns its probabilities with its output: held
-  // (Graph::held) until the output projection has run.
+  // until they return: held (Graph::held) until the output projection has run.
   bool hold_locals = false;
   // Inference: allocate "<scope>.k_cache" / "<scope>.v_cache" [N, kv_heads, kv_cache_len,
   // head_dim] with GraphBuilder::KvCache (0: no cache).
   int64_t kv_cache_len = 0;
 };
+// `weights` (optional) receives the eager probabilities HF's attention returns with its output
+// (-1 for SDPA, which returns none).
 int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
-              const AttentionOptions& options);
+              const AttentionOptions& options, int* weights = nullptr);
 
 // HF Llama's rotary embedding on x [N, H, T, hd]: x * cos + rotate_half(x) * sin with
 // rotate_half(x) = cat(-x[..., hd/2:], x[..., :hd/2]); cos and sin are [T, hd].
@@ -255,8 +256,9 @@ struct BlockOptions {
   bool qk_norm = false;
   int sdpa_mask = -1;
   bool gemma_norm = false;  // GemmaRMSNorm for input_layernorm and post_attention_layernorm
-  // Hugging Face's references (AttentionOptions::hold_locals, and the block's input and the
-  // MLP's input held until the block's and the MLP's last op).
+  // Hugging Face's references (AttentionOptions::hold_locals; the block's input and the eager
+  // probabilities the attention returns, `hidden_states, _ = self.self_attn(...)` in
+  // transformers 5, until the block's last op; the MLP's input until the MLP's).
   bool hold_locals = false;
   // The MLP's activation (HF hidden_act / activation_function); unset: the style's own,
   // gelu_new for GPT-2 and SiLU for Llama.

@@ -133,8 +133,12 @@ TEST(HfConfigTest, Qwen3NormsQueriesAndKeysOverAnExplicitHeadDim) {
   bool q_norm = false;
   for (const Tensor& t : g->tensors) {
     if (t.name == "model.layers.0.self_attn.q_norm.weight") q_norm = t.shape == Shape{32};
-    if (t.name == "model.layers.0.self_attn.q_proj.weight") EXPECT_EQ(t.shape, (Shape{128, 64}));
-    if (t.name == "model.layers.0.self_attn.o_proj.weight") EXPECT_EQ(t.shape, (Shape{64, 128}));
+    if (t.name == "model.layers.0.self_attn.q_proj.weight") {
+      EXPECT_EQ(t.shape, (Shape{128, 64}));
+    }
+    if (t.name == "model.layers.0.self_attn.o_proj.weight") {
+      EXPECT_EQ(t.shape, (Shape{64, 128}));
+    }
   }
   EXPECT_TRUE(q_norm);
 }
@@ -213,13 +217,16 @@ std::pair<size_t, std::string> Sdpa(const Graph& g) {
   return {0, ""};
 }
 
-TEST(HfConfigTest, MistralWindowShorterThanTheSequenceGivesSdpaAMask) {
+TEST(HfConfigTest, MistralWindowTheSequenceReachesGivesSdpaAMask) {
   nlohmann::json config = Small("mistral");
   config["sliding_window"] = 8;
   BuildContext c = enginetest::MakeContext(1, Mode::kTraining, DType::kBFloat16);
   c.attention = AttentionImpl::kSdpa;
   StatusOr<Graph> longer = Build(config, 16, c);
-  StatusOr<Graph> within = Build(config, 8, c);
+  StatusOr<Graph> within = Build(config, 7, c);
+  StatusOr<Graph> reaching = Build(config, 8, c);  // kv_length >= sliding_window: the mask
+  ASSERT_TRUE(reaching.ok()) << reaching.status().ToString();
+  EXPECT_EQ(Sdpa(*reaching).first, 4u);
   ASSERT_TRUE(longer.ok() && within.ok()) << longer.status().ToString();
   EXPECT_EQ(Sdpa(*longer).first, 4u);  // q, k, v and the mask: no flash kernel
   EXPECT_NE(Sdpa(*longer).second, "flash");
@@ -248,8 +255,12 @@ TEST(HfConfigTest, Gpt2FollowsItsConfig) {
   for (const Op& op : g->ops) relu = relu || op.kind == "relu";
   EXPECT_TRUE(relu);
   for (const Tensor& t : g->tensors) {
-    if (t.name == "transformer.h.0.mlp.c_fc.weight") EXPECT_EQ(t.shape, (Shape{64, 100}));
-    if (t.name == "transformer.wpe.weight") EXPECT_EQ(t.shape, (Shape{32, 64}));
+    if (t.name == "transformer.h.0.mlp.c_fc.weight") {
+      EXPECT_EQ(t.shape, (Shape{64, 100}));
+    }
+    if (t.name == "transformer.wpe.weight") {
+      EXPECT_EQ(t.shape, (Shape{32, 64}));
+    }
   }
   StatusOr<Graph> longer = Build(config, 33);
   EXPECT_EQ(longer.status().code(), StatusCode::kInvalidArgument);
@@ -312,6 +323,13 @@ INSTANTIATE_TEST_SUITE_P(
                 "model.hf_config.config.rope_scaling.rope_type: unknown 'spiral'"},
         BadCase{"DropoutOfOne", {{"attention_dropout", 1.0}},
                 "model.hf_config.config.attention_dropout: must be a probability in [0, 1)"},
+        BadCase{"Quantized", {{"quantization_config", {{"load_in_4bit", true}}}},
+                "model.hf_config.config.quantization_config: quantized weights"},
+        BadCase{"RopeTypeWins", {{"rope_scaling", {{"type", "spiral"}, {"rope_type", "linear"}}}},
+                "model.hf_config.config.rope_scaling.type: unknown 'spiral'"},
+        BadCase{"TinySize", {{"hidden_size", 1e-7}},
+                "model.hf_config.config.hidden_size: must be an integer from 1 to 16777216, got "
+                "9.9999999999999995e-08"},
         BadCase{"BiasAsNumber", {{"attention_bias", 1}},
                 "model.hf_config.config.attention_bias: must be true or false, got a number"}),
     [](const testing::TestParamInfo<BadCase>& info) { return info.param.name; });
@@ -383,17 +401,19 @@ TEST(HfConfigTest, RunHintsReadTheDtypeAndAttention) {
   nlohmann::json config = Small("llama");
   config["torch_dtype"] = "bfloat16";
   config["_attn_implementation"] = "flash_attention_2";
-  StatusOr<HfRunHints> hints = HfConfigRunHints(FromJson(config));
+  StatusOr<HfRunHints> hints = HfConfigRunHints(FromJson(config), true, true);
   ASSERT_TRUE(hints.ok());
   EXPECT_EQ(hints->dtype, DType::kBFloat16);
   EXPECT_EQ(hints->attention, AttentionImpl::kFlash);
   config["dtype"] = "float16";  // transformers >= 4.56 writes dtype, which wins
-  EXPECT_EQ(HfConfigRunHints(FromJson(config))->dtype, DType::kFloat16);
+  EXPECT_EQ(HfConfigRunHints(FromJson(config), true, true)->dtype, DType::kFloat16);
   config["torch_dtype"] = "int8";
   config.erase("dtype");
-  EXPECT_NE(HfConfigRunHints(FromJson(config)).status().message().find(
+  EXPECT_NE(HfConfigRunHints(FromJson(config), true, true).status().message().find(
                 "model.hf_config.config.torch_dtype: unknown 'int8'"),
             std::string::npos);
+  // A request that sets the precision does not read torch_dtype.
+  EXPECT_TRUE(HfConfigRunHints(FromJson(config), false, true).ok());
 }
 
 }  // namespace

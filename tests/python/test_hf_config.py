@@ -29,6 +29,9 @@ def test_torch_dtype_is_the_precision_unless_one_is_given(client):
     # bfloat16 weights take half the float32 ones' bytes (each allocation rounded to 512 B).
     assert abs(2 * stored.end_of_step.parameters / fp32.end_of_step.parameters - 1) < 1e-4
     assert stored.label == "qwen2 config seq=128, batch 1"
+    assert any("from the config's torch_dtype bfloat16" in note
+               for note in stored.notes)
+    assert not any("torch_dtype" in note for note in fp32.notes)
 
 
 def test_bad_configs_are_refused_naming_the_field(client, tmp_path):
@@ -70,3 +73,16 @@ def test_a_transformers_config_has_the_models_parameters(client, cls, config, kw
     real = sum(p.numel() for p in model.parameters())
     result = client.estimate(hf_config=cfg, seq=16, advice=False)
     assert result.parameter_count == real
+
+
+def test_a_transformers_config_keeps_its_attention(client):
+    transformers = pytest.importorskip("transformers")
+    small = dict(SMALL)
+    eager = client.estimate(hf_config=transformers.LlamaConfig(attn_implementation="eager",
+                                                               **small),
+                            seq=16, mode="inference", advice=False)
+    sdpa = client.estimate(hf_config=transformers.LlamaConfig(**small), seq=16,
+                           mode="inference", advice=False)
+    # Eager attention builds the [T, T] causal mask buffer; SDPA runs is_causal without one.
+    assert eager.end_of_step.parameters > sdpa.end_of_step.parameters
+

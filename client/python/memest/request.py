@@ -169,6 +169,11 @@ def _hf_config_dict(hf_config):
         data = hf_config
     elif callable(getattr(hf_config, "to_json_string", None)):
         data = json.loads(hf_config.to_json_string(use_diff=False))
+        # The JSON leaves out the attention the config was made with (attn_implementation=...):
+        # transformers keeps it in _attn_implementation_internal (None when not chosen).
+        chosen = vars(hf_config).get("_attn_implementation_internal")
+        if isinstance(chosen, str):
+            data["attn_implementation"] = chosen
     else:
         raise InvalidArgument("hf_config: expected a path to config.json, a dict or a "
                               "transformers PretrainedConfig, got %s" % type(hf_config).__name__)
