@@ -27,6 +27,24 @@ int ApplyRotary(GraphBuilder& b, int x, int cos, int sin) {
   return b.Add1("add", {a, bm});
 }
 
+namespace {
+
+// q_embed = cat([rotary(q[..., :rotary_dim]), q[..., rotary_dim:]], dim=-1).
+int ApplyPartialRotary(GraphBuilder& b, int x, int cos, int sin, int64_t rotary_dim) {
+  if (!b.ok() || x < 0) return -1;
+  const int64_t hd = LastDim(b, x);
+  const int last = static_cast<int>(b.shape(x).size()) - 1;
+  int rot = b.Add1("slice", {x}, {{"dim", Int(last)}, {"start", Int(0)}, {"end", Int(rotary_dim)}});
+  std::vector<int> parts = {ApplyRotary(b, rot, cos, sin)};
+  if (rotary_dim < hd) {
+    parts.push_back(
+        b.Add1("slice", {x}, {{"dim", Int(last)}, {"start", Int(rotary_dim)}, {"end", Int(hd)}}));
+  }
+  return b.Add1("cat", std::move(parts), {{"dim", Int(last)}});
+}
+
+}  // namespace
+
 void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim, int* cos,
                    int* sin) {
   // HF's LlamaRotaryEmbedding returns cos/sin [1, T, head_dim] in the model dtype; the tables
@@ -82,6 +100,7 @@ int MergeAndProject(GraphBuilder& b, const LayerContext& c, int context, int64_t
       out = Linear(b, c, "out_proj", merged, d, o.out_bias.value_or(o.bias));
       break;
     case AttentionProjection::kSeparate:
+    case AttentionProjection::kFusedQkv:
       out = Linear(b, c, o.names[3], merged, d, o.out_bias.value_or(o.bias));
       break;
   }
@@ -165,13 +184,18 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     int qkv = -1;
     if (o.projection == AttentionProjection::kFusedHfConv1D) {
       qkv = HfConv1D(b, c, "c_attn", x, 3 * d);
-    } else {
+    } else if (o.projection == AttentionProjection::kFusedLinear) {
       // nn.MultiheadAttention: in_proj_weight [3d, d] and in_proj_bias on the module itself.
       std::vector<int> inputs = {x, b.Parameter("in_proj_weight", {3 * d, d}, c.param_dtype)};
       if (o.bias) inputs.push_back(b.Parameter("in_proj_bias", {3 * d}, c.param_dtype));
       qkv = b.Add1("linear", std::move(inputs));
     }
-    std::vector<int> parts = b.Add("split", {qkv}, {{"dim", Int(2)}, {"sizes", Ints({d, d, d})}});
+    std::vector<int64_t> sizes = {d, d, d};
+    if (o.projection == AttentionProjection::kFusedQkv) {
+      sizes = {heads * hd, kv_heads * hd, kv_heads * hd};
+      qkv = Linear(b, c, "qkv_proj", x, sizes[0] + sizes[1] + sizes[2], o.bias);
+    }
+    std::vector<int> parts = b.Add("split", {qkv}, {{"dim", Int(2)}, {"sizes", Ints(sizes)}});
     if (parts.size() != 3) return -1;
     q = parts[0];
     k = parts[1];
@@ -184,8 +208,13 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     // apply_rotary_pos_emb: cos = cos.unsqueeze(1); sin = sin.unsqueeze(1)
     int cos = b.Add1("unsqueeze", {o.rotary_cos}, {{"dim", Int(1)}});
     int sin = b.Add1("unsqueeze", {o.rotary_sin}, {{"dim", Int(1)}});
-    q = ApplyRotary(b, q, cos, sin);
-    k = ApplyRotary(b, k, cos, sin);
+    if (o.rotary_dim > 0) {
+      q = ApplyPartialRotary(b, q, cos, sin, o.rotary_dim);
+      k = ApplyPartialRotary(b, k, cos, sin, o.rotary_dim);
+    } else {
+      q = ApplyRotary(b, q, cos, sin);
+      k = ApplyRotary(b, k, cos, sin);
+    }
   }
   if (!c.training() && o.kv_cache_len > 0) {
     b.KvCache("k_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
@@ -308,7 +337,10 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
     return out;
   }
   // Llama.
-  a.projection = AttentionProjection::kSeparate;
+  a.projection = o.fused_projections ? AttentionProjection::kFusedQkv
+                                     : AttentionProjection::kSeparate;
+  a.rotary_dim = o.rotary_dim;
+  a.resid_dropout = o.resid_dropout;
   a.scale = AttentionScale::kMultiplyScores;
   a.bias = o.qkv_bias;
   a.out_bias = o.out_bias;
@@ -321,7 +353,8 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   a.rotary_sin = o.rotary_sin;
   a.additive_mask = o.additive_mask;
   if (a.rotary_cos < 0 && o.heads > 0) {
-    RotaryBuffers(b, c, t, o.head_dim > 0 ? o.head_dim : d / o.heads, &a.rotary_cos,
+    const int64_t head_dim = o.head_dim > 0 ? o.head_dim : d / o.heads;
+    RotaryBuffers(b, c, t, o.rotary_dim > 0 ? o.rotary_dim : head_dim, &a.rotary_cos,
                   &a.rotary_sin);
   }
   // HF builds the 4-D additive mask for eager attention only; SDPA and flash get is_causal.
@@ -341,14 +374,29 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   const int mlp_input = h;
   {
     ModuleScope mlp(b, "mlp");
-    int gate = Linear(b, c, "gate_proj", h, ffn, o.mlp_bias);
-    {
-      ModuleScope act(b, "act_fn");
-      gate = Activate(b, gate, o.mlp_activation.value_or(Activation::kSilu));
+    const Activation act = o.mlp_activation.value_or(Activation::kSilu);
+    if (o.fused_projections) {
+      // Phi3MLP: gate, up = gate_up_proj(x).chunk(2, dim=-1); down_proj(up * act(gate))
+      int both = Linear(b, c, "gate_up_proj", h, 2 * ffn, o.mlp_bias);
+      std::vector<int> parts = b.Add("split", {both}, {{"dim", Int(2)}, {"sizes", Ints({ffn, ffn})}});
+      if (parts.size() != 2) return -1;
+      int gate = -1;
+      {
+        ModuleScope act_scope(b, "activation_fn");
+        gate = Activate(b, parts[0], act);
+      }
+      h = b.Add1("mul", {parts[1], gate});
+    } else {
+      int gate = Linear(b, c, "gate_proj", h, ffn, o.mlp_bias);
+      {
+        ModuleScope act_scope(b, "act_fn");
+        gate = Activate(b, gate, act);
+      }
+      int up = Linear(b, c, "up_proj", h, ffn, o.mlp_bias);
+      h = b.Add1("mul", {gate, up});
     }
-    int up = Linear(b, c, "up_proj", h, ffn, o.mlp_bias);
-    h = b.Add1("mul", {gate, up});
     h = Linear(b, c, "down_proj", h, d, o.mlp_bias);
+    h = Dropout(b, c, h, o.resid_dropout);
   }
   if (o.hold_locals) b.HoldUntilLastOp(mlp_input);
   const int out = b.Add1("add", {residual, h});

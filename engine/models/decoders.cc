@@ -91,6 +91,11 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     return FieldError(field, s.head_dim > 0 ? "head_dim" : "heads",
                       "must leave an even head_dim for rotary, got head_dim " + Str(head_dim));
   }
+  if (s.phi3 && (s.rotary_dim <= 0 || s.rotary_dim > head_dim || s.rotary_dim % 2 != 0)) {
+    return FieldError(field, "partial_rotary_factor",
+                      "must rotate an even number of the head's " + Str(head_dim) +
+                          " dims, got " + Str(s.rotary_dim));
+  }
   if (s.heads % s.kv_heads != 0) {
     return FieldError(field, "kv_heads", "must divide heads " + Str(s.heads) + ", got " +
                                              Str(s.kv_heads));
@@ -118,13 +123,17 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     o.mlp_bias = s.mlp_bias;
     o.qk_norm = s.qk_norm;
     o.gemma_norm = s.gemma;
+    o.fused_projections = s.phi3;
+    o.rotary_dim = s.phi3 ? s.rotary_dim : 0;
+    o.resid_dropout = s.resid_dropout;
     o.hold_locals = true;
     o.mlp_activation = s.activation;
     o.attn_dropout = s.attn_dropout;
     o.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
     {
       ScopeGuard rotary(b, "rotary_emb");
-      RotaryBuffers(b, c, s.seq, head_dim, &o.rotary_cos, &o.rotary_sin);
+      RotaryBuffers(b, c, s.seq, o.rotary_dim > 0 ? o.rotary_dim : head_dim, &o.rotary_cos,
+                    &o.rotary_sin);
     }
     // HF builds the 4-D additive causal mask for eager attention; SDPA and flash get is_causal,
     // unless a window makes SDPA take the mask: transformers builds it once the keys reach the

@@ -1,6 +1,6 @@
 // Decoder-only language models, built op by op as Hugging Face's modules run them: GPT-2
 // (GPT2LMHeadModel) and the Llama family (LlamaForCausalLM and the models written like it:
-// Mistral, Qwen2, Qwen3, Gemma). The presets (engine/models/presets.cc) and the Hugging Face config
+// Mistral, Qwen2, Qwen3, Gemma, Phi-3). The presets (engine/models/presets.cc) and the Hugging Face config
 // front end (engine/models/hf_config.cc) both fill these specs; neither builds a decoder itself.
 #ifndef MEMEST_ENGINE_MODELS_DECODERS_H_
 #define MEMEST_ENGINE_MODELS_DECODERS_H_
@@ -51,6 +51,11 @@ struct LlamaSpec {
   // Gemma: the embeddings scaled by sqrt(d_model), and GemmaRMSNorm (float32, 1 + weight) for
   // every norm.
   bool gemma = false;
+  // Phi-3: qkv_proj and gate_up_proj fused; rotary on the first `rotary_dim` dims of each head
+  // (head_dim * partial_rotary_factor) and cat with the rest; dropout on both residual branches.
+  bool phi3 = false;
+  int64_t rotary_dim = 0;
+  double resid_dropout = 0.0;
   Activation activation = Activation::kSilu;
   double attn_dropout = 0.0;  // HF attention_dropout, on the probabilities (eager) or in SDPA
   // Mistral: each query sees the last `sliding_window` keys; 0: all of them. Once the sequence

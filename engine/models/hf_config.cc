@@ -1,6 +1,6 @@
 // Hugging Face config.json into the decoders (engine/models/hf_config.h). Defaults are those of
 // transformers' Config classes (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
-// GPT2Config; docs/hf-config.md cites them).
+// GemmaConfig, Phi3Config, GPT2Config; docs/hf-config.md cites them).
 #include "engine/models/hf_config.h"
 
 #include <algorithm>
@@ -78,6 +78,16 @@ class Fields {
     if (v == nullptr) return fallback;
     if (v->kind != Kind::kBool) return WrongKind(key, "true or false", *v);
     return v->boolean;
+  }
+  // A fraction in (0, 1].
+  StatusOr<double> Fraction(std::string_view key, double fallback) const {
+    const JsonValue* v = Get(key);
+    if (v == nullptr) return fallback;
+    if (v->kind != Kind::kNumber) return WrongKind(key, "a fraction", *v);
+    if (!(v->number > 0 && v->number <= 1)) {
+      return InvalidArgument(Field(key) + ": must be in (0, 1], got " + JsonNumber(v->number));
+    }
+    return v->number;
   }
   // A dropout probability in [0, 1).
   StatusOr<double> Probability(std::string_view key, double fallback) const {
@@ -210,8 +220,10 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
   MEMEST_ASSIGN_OR_RETURN(s.vocab, f.Size("vocab_size"));
   // num_key_value_heads null is the heads' count in the Llama, Mistral and Qwen Config classes
   // (GemmaConfig keeps the null, which its model cannot build: refused below); left out, it is
-  // that for Llama, 8 for Mistral, 16 for Gemma and 32 for Qwen2 and Qwen3 (their defaults).
-  const int64_t kv_default = type == "llama" || f.Present("num_key_value_heads") ? s.heads
+  // that for Llama and Phi-3, 8 for Mistral, 16 for Gemma and 32 for Qwen2 and Qwen3 (their
+  // classes' defaults).
+  const bool heads_default = type == "llama" || type == "phi3";
+  const int64_t kv_default = heads_default || f.Present("num_key_value_heads") ? s.heads
                              : type == "mistral"                                ? 8
                              : type == "gemma"                                  ? 16
                                                                                 : 32;
@@ -243,12 +255,32 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
   if (type == "llama") {
     MEMEST_ASSIGN_OR_RETURN(s.mlp_bias, f.Flag("mlp_bias", false));
   }
+  if (type == "phi3") {
+    // Phi3Attention: qkv_proj and o_proj without bias whatever attention_bias says.
+    s.qkv_bias = s.out_bias = false;
+    s.phi3 = true;
+    MEMEST_ASSIGN_OR_RETURN(s.resid_dropout, f.Probability("resid_pdrop", 0.0));
+    double factor = 1.0;
+    const JsonValue* rope = f.Get("rope_parameters");
+    const JsonValue* in_rope = rope != nullptr ? rope->Find("partial_rotary_factor") : nullptr;
+    if (in_rope != nullptr && in_rope->kind == Kind::kNumber) {
+      factor = in_rope->number;
+    } else {
+      MEMEST_ASSIGN_OR_RETURN(factor, f.Fraction("partial_rotary_factor", 1.0));
+    }
+    const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.d_model / s.heads;
+    // Phi3RotaryEmbedding: dim = int(head_dim * partial_rotary_factor)
+    s.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim) * factor);
+  }
   s.qk_norm = type == "qwen3";
   if (type == "mistral") {
     // MistralConfig's default is 4096; "sliding_window": null is full attention (Mistral v0.2
     // and later).
     MEMEST_ASSIGN_OR_RETURN(s.sliding_window,
                             f.Size("sliding_window", f.Present("sliding_window") ? 0 : 4096));
+  } else if (type == "phi3") {
+    // Phi3Config: sliding_window None (full attention) unless the config gives one.
+    MEMEST_ASSIGN_OR_RETURN(s.sliding_window, f.Size("sliding_window", 0));
   } else if (type == "qwen2" || type == "qwen3") {
     MEMEST_RETURN_IF_ERROR(RefuseIfSet(
         f, "use_sliding_window",
@@ -286,8 +318,9 @@ StatusOr<Gpt2Spec> ReadGpt2(const Fields& f, int64_t seq) {
 }
 
 constexpr Family kFamilies[] = {
-    {"gemma", "GemmaForCausalLM"},   {"gpt2", "GPT2LMHeadModel"},     {"llama", "LlamaForCausalLM"},
-    {"mistral", "MistralForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"},
+    {"gemma", "GemmaForCausalLM"},     {"gpt2", "GPT2LMHeadModel"},
+    {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},
+    {"phi3", "Phi3ForCausalLM"},       {"qwen2", "Qwen2ForCausalLM"},
     {"qwen3", "Qwen3ForCausalLM"},
 };
 

@@ -12,6 +12,8 @@
 //   qwen3       Qwen3ForCausalLM        head_dim (128 when left out), q_norm and k_norm
 //   gemma       GemmaForCausalLM        Gemma 1: head_dim (256), embeddings scaled by
 //                                       sqrt(hidden_size), GemmaRMSNorm, tied by default
+//   phi3        Phi3ForCausalLM         qkv_proj and gate_up_proj fused, partial_rotary_factor,
+//                                       resid_pdrop, sliding_window (none when left out)
 //   gpt2        GPT2LMHeadModel         n_positions, n_inner, activation_function, the dropouts
 //
 // Errors are INVALID_ARGUMENT naming "model.hf_config.config.<field>" (a missing size, a value

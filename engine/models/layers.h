@@ -174,6 +174,7 @@ enum class AttentionProjection {
   kFusedHfConv1D,  // GPT-2: c_attn (HF Conv1D to 3*d) then split; c_proj Conv1D
   kFusedLinear,    // torchvision/nn.MultiheadAttention: in_proj Linear to 3*d then split
   kSeparate,       // q_proj, k_proj, v_proj, o_proj (Llama) / query, key, value (BERT)
+  kFusedQkv,       // Phi-3: qkv_proj Linear to (heads + 2 kv_heads) * head_dim, sliced; o_proj
 };
 struct AttentionOptions {
   int64_t heads = 0;
@@ -204,6 +205,9 @@ struct AttentionOptions {
   // Rotary embedding (Llama): cos and sin tensors [T, head_dim] (-1: none).
   int rotary_cos = -1;
   int rotary_sin = -1;
+  // Phi-3's apply_rotary_pos_emb: the first `rotary_dim` dims of q and k rotated (cos and sin
+  // are [T, rotary_dim]) and cat with the rest, a copy even when no dim is left; 0: Llama's.
+  int64_t rotary_dim = 0;
   // HF Llama: softmax(scores, dtype=float32).to(q.dtype).
   bool softmax_fp32 = false;
   // HF GPT-2: softmax(scores).type(value.dtype): under autocast softmax returns float32 and
@@ -256,6 +260,11 @@ struct BlockOptions {
   bool qk_norm = false;
   int sdpa_mask = -1;
   bool gemma_norm = false;  // GemmaRMSNorm for input_layernorm and post_attention_layernorm
+  // Phi-3: qkv_proj (AttentionProjection::kFusedQkv), the MLP's gate_up_proj chunked in two,
+  // the partial rotary form (AttentionOptions::rotary_dim), dropout on both residual branches.
+  bool fused_projections = false;
+  int64_t rotary_dim = 0;
+  double resid_dropout = 0.0;
   // Hugging Face's references (AttentionOptions::hold_locals; the block's input and the eager
   // probabilities the attention returns, `hidden_states, _ = self.self_attn(...)` in
   // transformers 5, until the block's last op; the MLP's input until the MLP's).

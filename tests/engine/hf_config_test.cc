@@ -93,6 +93,7 @@ INSTANTIATE_TEST_SUITE_P(
                     CountCase{"llama-3.1-8b", 8'030'261'248},
                     CountCase{"llama-3.2-1b", 1'235'814'400},
                     CountCase{"mistral-7b-v0.1", 7'241'732'096},
+                    CountCase{"phi-3-mini-4k", 3'821'079'552},
                     CountCase{"qwen2.5-0.5b", 494'032'768},
                     CountCase{"qwen2.5-7b", 7'615'616'512},
                     CountCase{"qwen3-0.6b", 596'049'920},
@@ -193,6 +194,39 @@ TEST(HfConfigTest, HuggingFaceLocalsAreHeld) {
   EXPECT_EQ(held_until(norm), down);
   const int embed = op_in("model.embed_tokens", "embedding");
   EXPECT_EQ(held_until(embed), op_in("model.norm", "rms_norm"));
+}
+
+// Phi-3 fuses q, k, v into qkv_proj and gate and up into gate_up_proj, and rotates the first
+// head_dim * partial_rotary_factor dims of each head, then cats the rest back.
+TEST(HfConfigTest, Phi3FusesItsProjectionsAndRotatesPartOfEachHead) {
+  nlohmann::json config = Small("phi3");
+  config["partial_rotary_factor"] = 0.5;  // 8 of the 16 dims
+  StatusOr<Graph> g = Build(config);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const std::set<std::string> params = Names(*g, TensorRole::kParameter);
+  EXPECT_TRUE(params.count("model.layers.0.self_attn.qkv_proj.weight"));
+  EXPECT_TRUE(params.count("model.layers.0.mlp.gate_up_proj.weight"));
+  EXPECT_FALSE(params.count("model.layers.0.self_attn.q_proj.weight"));
+  for (const Tensor& t : g->tensors) {
+    if (t.name == "model.layers.0.self_attn.qkv_proj.weight") {
+      EXPECT_EQ(t.shape, (Shape{(4 + 2 * 2) * 16, 64}));
+    }
+    if (t.name == "model.rotary_emb.cos_cached") {
+      EXPECT_EQ(t.shape, (Shape{1, 16, 8}));
+    }
+  }
+  int cats = 0;
+  for (const Op& op : g->ops) {
+    if (op.kind == "cat" && op.scope == "model.layers.0.self_attn" && op.inputs.size() == 2 &&
+        g->tensors[op.inputs[1]].shape.back() == 8) {
+      ++cats;  // q and k: rotated half, then the half left as it was
+    }
+  }
+  EXPECT_EQ(cats, 2);
+  config["partial_rotary_factor"] = 1.5;
+  EXPECT_NE(Build(config).status().message().find(
+                "model.hf_config.config.partial_rotary_factor: must be in (0, 1]"),
+            std::string::npos);
 }
 
 TEST(HfConfigTest, TiedEmbeddingsHaveNoLmHeadWeight) {
@@ -298,7 +332,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(
         BadCase{"UnknownType", {{"model_type", "llama9"}},
                 "model.hf_config.config.model_type: 'llama9' is not supported; supported: gemma, "
-                "gpt2, llama, mistral, qwen2, qwen3"},
+                "gpt2, llama, mistral, phi3, qwen2, qwen3"},
         BadCase{"NoType", {{"model_type", nullptr}}, "model.hf_config.config.model_type: missing"},
         BadCase{"MissingSize", {{"hidden_size", nullptr}},
                 "model.hf_config.config.hidden_size: missing; a llama config must give it"},
