@@ -242,8 +242,8 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
                   "model file: the proto JSON mapping of memest.v1.Model, in JSON or (.yaml/.yml) YAML")
       ->group(model)->type_name("FILE");
   app->add_option("--hf-config", f->hf_config,
-                  "a Hugging Face config.json (llama, mistral, qwen2, qwen3, gemma, phi3, gpt2), built "
-                  "offline without weights; give --seq")
+                  "a Hugging Face config.json (llama, mistral, qwen2, qwen3, gemma, phi3, "
+                  "gpt_neox, gpt2), built offline without weights; give --seq")
       ->group(model)->type_name("FILE");
 
   const char* run = "Run";

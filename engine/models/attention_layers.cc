@@ -101,6 +101,7 @@ int MergeAndProject(GraphBuilder& b, const LayerContext& c, int context, int64_t
       break;
     case AttentionProjection::kSeparate:
     case AttentionProjection::kFusedQkv:
+    case AttentionProjection::kFusedPerHead:
       out = Linear(b, c, o.names[3], merged, d, o.out_bias.value_or(o.bias));
       break;
   }
@@ -180,7 +181,7 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     q = Linear(b, c, o.names[0], x, heads * hd, o.bias);
     k = Linear(b, c, o.names[1], x, kv_heads * hd, o.bias);
     v = Linear(b, c, o.names[2], x, kv_heads * hd, o.bias);
-  } else {
+  } else if (o.projection != AttentionProjection::kFusedPerHead) {
     int qkv = -1;
     if (o.projection == AttentionProjection::kFusedHfConv1D) {
       qkv = HfConv1D(b, c, "c_attn", x, 3 * d);
@@ -201,9 +202,22 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     k = parts[1];
     v = parts[2];
   }
-  q = SplitHeads(b, c, q, heads, hd, o.qk_norm ? "q_norm" : nullptr);
-  k = SplitHeads(b, c, k, kv_heads, hd, o.qk_norm ? "k_norm" : nullptr);
-  v = SplitHeads(b, c, v, kv_heads, hd, nullptr);
+  if (o.projection == AttentionProjection::kFusedPerHead) {
+    // qkv.view(N, T, heads, 3 * hd).transpose(1, 2).chunk(3, dim=-1): already [N, H, T, hd].
+    int qkv = Linear(b, c, "query_key_value", x, 3 * heads * hd, o.bias);
+    qkv = b.Add1("view", {qkv}, {{"shape", Ints({n, t, heads, 3 * hd})}});
+    qkv = b.Add1("transpose", {qkv}, {{"dim0", Int(1)}, {"dim1", Int(2)}});
+    std::vector<int> parts =
+        b.Add("split", {qkv}, {{"dim", Int(3)}, {"sizes", Ints({hd, hd, hd})}});
+    if (parts.size() != 3) return -1;
+    q = parts[0];
+    k = parts[1];
+    v = parts[2];
+  } else {
+    q = SplitHeads(b, c, q, heads, hd, o.qk_norm ? "q_norm" : nullptr);
+    k = SplitHeads(b, c, k, kv_heads, hd, o.qk_norm ? "k_norm" : nullptr);
+    v = SplitHeads(b, c, v, kv_heads, hd, nullptr);
+  }
   if (o.rotary_cos >= 0 && o.rotary_sin >= 0) {
     // apply_rotary_pos_emb: cos = cos.unsqueeze(1); sin = sin.unsqueeze(1)
     int cos = b.Add1("unsqueeze", {o.rotary_cos}, {{"dim", Int(1)}});
@@ -378,7 +392,8 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
     if (o.fused_projections) {
       // Phi3MLP: gate, up = gate_up_proj(x).chunk(2, dim=-1); down_proj(up * act(gate))
       int both = Linear(b, c, "gate_up_proj", h, 2 * ffn, o.mlp_bias);
-      std::vector<int> parts = b.Add("split", {both}, {{"dim", Int(2)}, {"sizes", Ints({ffn, ffn})}});
+      std::vector<int> parts =
+          b.Add("split", {both}, {{"dim", Int(2)}, {"sizes", Ints({ffn, ffn})}});
       if (parts.size() != 2) return -1;
       int gate = -1;
       {

@@ -162,4 +162,99 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
   return Status::Ok();
 }
 
+namespace {
+
+// GPTNeoXLayer.forward (transformers 5).
+int NeoxLayer(GraphBuilder& b, const LayerContext& c, int x, const NeoxSpec& s,
+              const AttentionOptions& a) {
+  const int input = x;
+  if (s.mask_positions > 0) {
+    ScopeGuard attention(b, "attention");
+    b.Buffer("bias", {1, 1, s.mask_positions, s.mask_positions}, DType::kBool);
+    b.Buffer("masked_bias", {}, DType::kFloat32);
+  }
+  int weights = -1;
+  int attn = Attention(b, c, "attention", LayerNorm(b, c, "input_layernorm", x), a, &weights);
+  auto mlp = [&](int h) {  // GPTNeoXMLP, then post_mlp_dropout
+    ScopeGuard scope(b, "mlp");
+    h = Linear(b, c, "dense_h_to_4h", h, s.ffn);
+    {
+      ScopeGuard act(b, "act");
+      h = Activate(b, h, s.activation);
+    }
+    h = Linear(b, c, "dense_4h_to_h", h, s.d_model);
+    return Dropout(b, c, h, s.hidden_dropout);
+  };
+  int out = -1;
+  if (s.parallel_residual) {
+    // mlp_output + attn_output + hidden_states
+    const int m = mlp(LayerNorm(b, c, "post_attention_layernorm", x));
+    out = b.Add1("add", {b.Add1("add", {m, attn}), x});
+  } else {
+    attn = b.Add1("add", {attn, x});
+    const int m = mlp(LayerNorm(b, c, "post_attention_layernorm", attn));
+    out = b.Add1("add", {m, attn});
+  }
+  // The layer's input (the model's loop variable) and `attn_output, _ = self.attention(...)`.
+  for (int local : {input, weights}) b.HoldUntilLastOp(local);
+  return out;
+}
+
+}  // namespace
+
+Status BuildNeoxModel(GraphBuilder& b, const BuildContext& ctx, const NeoxSpec& s,
+                      const FieldOf& field) {
+  if (s.d_model % s.heads != 0) {
+    return FieldError(field, "heads", "must divide the hidden size " + Str(s.d_model) +
+                                          ", got " + Str(s.heads));
+  }
+  const int64_t head_dim = s.d_model / s.heads;
+  if (s.rotary_dim <= 0 || s.rotary_dim > head_dim || s.rotary_dim % 2 != 0) {
+    return FieldError(field, "rotary_dim",
+                      "must rotate an even number of the head's " + Str(head_dim) +
+                          " dims, got " + Str(s.rotary_dim));
+  }
+  const LayerContext c = LayerContextOf(ctx);
+  int ids = b.Input("input_ids", {ctx.micro_batch, s.seq}, DType::kInt64, 0);
+  int embed = -1;
+  int h = -1;
+  {
+    ScopeGuard model(b, "gpt_neox");
+    const int inputs_embeds = Embedding(b, c, "embed_in", ids, s.vocab, s.d_model, &embed);
+    h = Dropout(b, c, inputs_embeds, s.hidden_dropout);
+    AttentionOptions a;
+    a.heads = s.heads;
+    a.causal = true;
+    a.projection = AttentionProjection::kFusedPerHead;
+    a.names = {"", "", "", "dense"};
+    a.bias = s.attention_bias;
+    a.scale = AttentionScale::kMultiplyScores;
+    a.softmax_fp32 = true;
+    a.attn_dropout = s.attn_dropout;
+    a.resid_dropout = s.hidden_dropout;  // post_attention_dropout
+    a.rotary_dim = s.rotary_dim;
+    a.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
+    a.hold_locals = true;
+    {
+      ScopeGuard rotary(b, "rotary_emb");
+      RotaryBuffers(b, c, s.seq, s.rotary_dim, &a.rotary_cos, &a.rotary_sin);
+    }
+    if (c.attention == AttentionImpl::kEager) a.additive_mask = AdditiveCausalMask(b, c, s.seq);
+    for (int64_t i = 0; i < s.layers; ++i) {
+      ScopeGuard block(b, "layers." + Str(i));
+      b.MarkBlock();
+      h = NeoxLayer(b, c, h, s, a);
+    }
+    h = LayerNorm(b, c, "final_layer_norm", h);
+    b.HoldUntilLastOp(inputs_embeds);  // GPTNeoXModel.forward's local, until it returns
+  }
+  const int last_hidden_state = h;
+  h = LogitsInput(b, ctx, h);
+  const int logits = s.tie_embeddings ? TiedLinear(b, "embed_out", h, embed)
+                                      : Linear(b, c, "embed_out", h, s.vocab, /*bias=*/false);
+  if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
+  b.HoldUntilLastOp(last_hidden_state);
+  return Status::Ok();
+}
+
 }  // namespace memest

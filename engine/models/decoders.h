@@ -1,7 +1,8 @@
 // Decoder-only language models, built op by op as Hugging Face's modules run them: GPT-2
-// (GPT2LMHeadModel) and the Llama family (LlamaForCausalLM and the models written like it:
-// Mistral, Qwen2, Qwen3, Gemma, Phi-3). The presets (engine/models/presets.cc) and the Hugging Face config
-// front end (engine/models/hf_config.cc) both fill these specs; neither builds a decoder itself.
+// (GPT2LMHeadModel), the Llama family (LlamaForCausalLM and the models written like it:
+// Mistral, Qwen2, Qwen3, Gemma, Phi-3) and GPT-NeoX. The presets (engine/models/presets.cc) and
+// the Hugging Face config front end (engine/models/hf_config.cc) both fill these specs; neither
+// builds a decoder itself.
 #ifndef MEMEST_ENGINE_MODELS_DECODERS_H_
 #define MEMEST_ENGINE_MODELS_DECODERS_H_
 
@@ -66,6 +67,29 @@ struct LlamaSpec {
   int64_t sliding_window = 0;
 };
 
+// GPT-NeoX (GPTNeoXForCausalLM: Pythia, GPT-NeoX-20B): LayerNorm, query_key_value fused per
+// head, the rotary on the first rotary_dim dims of each head, and the attention and the MLP in
+// parallel on the layer's input (use_parallel_residual) or one after the other.
+struct NeoxSpec {
+  int64_t seq = 0;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  int64_t heads = 0;
+  int64_t ffn = 0;
+  int64_t vocab = 0;
+  int64_t rotary_dim = 0;  // head_dim * rotary_pct (partial_rotary_factor)
+  bool parallel_residual = true;
+  bool attention_bias = true;  // query_key_value and dense
+  bool tie_embeddings = false;
+  Activation activation = Activation::kGelu;
+  double attn_dropout = 0.0;
+  double hidden_dropout = 0.0;  // the embeddings', and both branches' before the residual
+  // transformers 4.x registers in every attention a causal-mask buffer "bias" [1, 1, P, P]
+  // (bool, P = max_position_embeddings) and a 0-dim "masked_bias"; transformers 5 has neither,
+  // and there they are an over-count (P^2 bytes a layer). 0: none.
+  int64_t mask_positions = 0;
+};
+
 // The decoder's graph for ctx.micro_batch sequences of spec.seq tokens. Training ends in HF's
 // ForCausalLMLoss (logits upcast to float32, cross_entropy); inference keeps a KV cache of
 // seq + ctx.generate_tokens positions and computes the last position's logits. Errors name
@@ -74,6 +98,8 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
                       const FieldOf& field);
 Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec& spec,
                        const FieldOf& field);
+Status BuildNeoxModel(GraphBuilder& b, const BuildContext& ctx, const NeoxSpec& spec,
+                      const FieldOf& field);
 
 }  // namespace memest
 

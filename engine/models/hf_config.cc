@@ -11,178 +11,15 @@
 
 #include "engine/ir/text.h"
 #include "engine/models/decoders.h"
+#include "engine/models/hf_fields.h"
 #include "engine/models/op_count.h"
 
 namespace memest {
 namespace {
 
-using Kind = JsonValue::Kind;
-
-// The largest size a config may give: far beyond any real model's, and small enough that
-// products of a few sizes cannot overflow (as kMaxParamValue for the presets).
-constexpr int64_t kMaxSize = int64_t{1} << 24;
+using namespace hf;  // NOLINT: the config readers (engine/models/hf_fields.h)
 
 std::string Str(int64_t v) { return std::to_string(v); }
-std::string Field(std::string_view key) { return "model.hf_config.config." + std::string(key); }
-
-const char* KindName(Kind kind) {
-  switch (kind) {
-    case Kind::kNull: return "null";
-    case Kind::kBool: return "a boolean";
-    case Kind::kNumber: return "a number";
-    case Kind::kString: return "a string";
-    case Kind::kList: return "a list";
-    case Kind::kObject: return "an object";
-  }
-  return "a value";
-}
-
-Status WrongKind(std::string_view key, const char* expected, const JsonValue& got) {
-  return InvalidArgument(Field(key) + ": must be " + expected + ", got " + KindName(got.kind));
-}
-
-// Reads a config's fields; a field absent or null takes the caller's fallback.
-class Fields {
- public:
-  Fields(const JsonValue& config, std::string model_type)
-      : config_(config), model_type_(std::move(model_type)) {}
-
-  bool Present(std::string_view key) const { return config_.Find(key) != nullptr; }
-
-  const JsonValue* Get(std::string_view key) const {
-    const JsonValue* v = config_.Find(key);
-    return v == nullptr || v->kind == Kind::kNull ? nullptr : v;
-  }
-
-  // A positive integer of at most kMaxSize, which the config must give.
-  StatusOr<int64_t> Size(std::string_view key) const {
-    if (Get(key) == nullptr) {
-      return InvalidArgument(Field(key) + ": missing; a " + model_type_ +
-                             " config must give it");
-    }
-    return Size(key, 0);
-  }
-  StatusOr<int64_t> Size(std::string_view key, int64_t fallback) const {
-    const JsonValue* v = Get(key);
-    if (v == nullptr) return fallback;
-    if (v->kind != Kind::kNumber) return WrongKind(key, "a positive integer", *v);
-    if (!(v->number >= 1 && v->number <= static_cast<double>(kMaxSize)) ||
-        v->number != std::floor(v->number)) {
-      return InvalidArgument(Field(key) + ": must be an integer from 1 to " + Str(kMaxSize) +
-                             ", got " + JsonNumber(v->number));
-    }
-    return static_cast<int64_t>(v->number);
-  }
-  StatusOr<bool> Flag(std::string_view key, bool fallback) const {
-    const JsonValue* v = Get(key);
-    if (v == nullptr) return fallback;
-    if (v->kind != Kind::kBool) return WrongKind(key, "true or false", *v);
-    return v->boolean;
-  }
-  // A fraction in (0, 1].
-  StatusOr<double> Fraction(std::string_view key, double fallback) const {
-    const JsonValue* v = Get(key);
-    if (v == nullptr) return fallback;
-    if (v->kind != Kind::kNumber) return WrongKind(key, "a fraction", *v);
-    if (!(v->number > 0 && v->number <= 1)) {
-      return InvalidArgument(Field(key) + ": must be in (0, 1], got " + JsonNumber(v->number));
-    }
-    return v->number;
-  }
-  // A dropout probability in [0, 1).
-  StatusOr<double> Probability(std::string_view key, double fallback) const {
-    const JsonValue* v = Get(key);
-    if (v == nullptr) return fallback;
-    if (v->kind != Kind::kNumber) return WrongKind(key, "a probability", *v);
-    if (!(v->number >= 0 && v->number < 1)) {
-      return InvalidArgument(Field(key) + ": must be a probability in [0, 1), got " +
-                             JsonNumber(v->number));
-    }
-    return v->number;
-  }
-  StatusOr<std::string> Text(std::string_view key, const std::string& fallback) const {
-    const JsonValue* v = Get(key);
-    if (v == nullptr) return fallback;
-    if (v->kind != Kind::kString) return WrongKind(key, "a string", *v);
-    return v->text;
-  }
-
-  static std::string JsonNumber(double x) {
-    if (!std::isfinite(x)) return "a non-finite number";
-    char text[32];
-    std::snprintf(text, sizeof(text), "%.17g", x);
-    return text;
-  }
-
- private:
-  const JsonValue& config_;
-  std::string model_type_;
-};
-
-// HF's ACT2FN names of the activations the decoders run.
-StatusOr<Activation> ActivationOf(const Fields& f, std::string_view key,
-                                  const std::string& fallback) {
-  MEMEST_ASSIGN_OR_RETURN(std::string name, f.Text(key, fallback));
-  if (name == "silu" || name == "swish") return Activation::kSilu;
-  if (name == "gelu") return Activation::kGelu;
-  if (name == "gelu_new") return Activation::kGeluNew;
-  if (name == "gelu_pytorch_tanh") return Activation::kGeluTanh;
-  if (name == "relu") return Activation::kRelu;
-  return InvalidArgument(Field(key) + ": unknown activation " + Quote(name) +
-                         "; known: gelu, gelu_new, gelu_pytorch_tanh, relu, silu, swish");
-}
-
-// The causal-LM class a model type builds; a config naming another architecture (a
-// classification head, an encoder) is refused rather than built as something else.
-Status CheckArchitecture(const Fields& f, const std::string& causal_lm) {
-  const JsonValue* list = f.Get("architectures");
-  if (list == nullptr) return Status::Ok();
-  if (list->kind != Kind::kList) return WrongKind("architectures", "a list of class names", *list);
-  for (size_t i = 0; i < list->items.size(); ++i) {
-    const JsonValue& name = list->items[i];
-    const std::string field = "architectures[" + Str(static_cast<int64_t>(i)) + "]";
-    if (name.kind != Kind::kString) return WrongKind(field, "a class name", name);
-    if (name.text != causal_lm) {
-      return InvalidArgument(Field(field) + ": " + Quote(name.text) +
-                             " is not built; a config of this model_type builds " + causal_lm);
-    }
-  }
-  return Status::Ok();
-}
-
-// rope_scaling (rope_parameters since transformers 5) changes how the rotary tables are
-// computed, not their size: any type transformers knows is accepted, an unknown one refused.
-// As transformers 4.x reads it, "type" wins over "rope_type" (configuration_llama.py copies it).
-Status CheckRope(const Fields& f, const char* field) {
-  const JsonValue* scaling = f.Get(field);
-  if (scaling == nullptr) return Status::Ok();
-  if (scaling->kind != Kind::kObject) return WrongKind(field, "an object", *scaling);
-  std::string key = std::string(field) + ".type";
-  const JsonValue* type = scaling->Find("type");
-  if (type == nullptr || type->kind == Kind::kNull) {
-    type = scaling->Find("rope_type");
-    key = std::string(field) + ".rope_type";
-  }
-  if (type == nullptr || type->kind == Kind::kNull) {
-    return InvalidArgument(Field(field) + ": must name its rope_type");
-  }
-  if (type->kind != Kind::kString) return WrongKind(key, "a string", *type);
-  static const char* const kKnown[] = {"default", "linear",  "dynamic",      "yarn",
-                                       "longrope", "llama3", "proportional", "su"};
-  for (const char* known : kKnown) {
-    if (type->text == known) return Status::Ok();
-  }
-  return InvalidArgument(Field(key) + ": unknown " + Quote(type->text) +
-                         "; known: default, dynamic, linear, llama3, longrope, proportional, "
-                         "su, yarn");
-}
-
-// A setting that changes the model in a way not modelled: refused when true.
-Status RefuseIfSet(const Fields& f, std::string_view key, const char* why) {
-  MEMEST_ASSIGN_OR_RETURN(bool set, f.Flag(key, false));
-  if (set) return InvalidArgument(Field(key) + ": true is not modelled: " + why);
-  return Status::Ok();
-}
 
 // What `spec` fields are called in a config, for the decoders' errors.
 FieldOf LlamaFields() {
@@ -191,6 +28,7 @@ FieldOf LlamaFields() {
     if (n == "seq") return std::string("model.hf_config.seq");
     if (n == "heads") return Field("num_attention_heads");
     if (n == "kv_heads") return Field("num_key_value_heads");
+    if (n == "rotary_dim") return Field("rotary_pct");
     return Field(n);
   };
 }
@@ -208,6 +46,24 @@ struct Family {
   const char* model_type;
   const char* causal_lm;
 };
+
+// The rotary share of each head: partial_rotary_factor in rope_parameters (transformers 5) or at
+// the top, else rotary_pct (GPT-NeoX's own name), else `fallback`.
+StatusOr<double> RotaryShare(const Fields& f, double fallback) {
+  const JsonValue* rope = f.Get("rope_parameters");
+  const JsonValue* in_rope = rope != nullptr ? rope->Find("partial_rotary_factor") : nullptr;
+  if (in_rope != nullptr && in_rope->kind == Kind::kNumber) {
+    if (!(in_rope->number > 0 && in_rope->number <= 1)) {
+      return InvalidArgument(Field("rope_parameters.partial_rotary_factor") +
+                             ": must be in (0, 1], got " + Fields::JsonNumber(in_rope->number));
+    }
+    return in_rope->number;
+  }
+  if (f.Get("partial_rotary_factor") != nullptr) {
+    return f.Fraction("partial_rotary_factor", fallback);
+  }
+  return f.Fraction("rotary_pct", fallback);
+}
 
 // The Llama family: which defaults and variants a model type has.
 StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t seq) {
@@ -260,14 +116,7 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
     s.qkv_bias = s.out_bias = false;
     s.phi3 = true;
     MEMEST_ASSIGN_OR_RETURN(s.resid_dropout, f.Probability("resid_pdrop", 0.0));
-    double factor = 1.0;
-    const JsonValue* rope = f.Get("rope_parameters");
-    const JsonValue* in_rope = rope != nullptr ? rope->Find("partial_rotary_factor") : nullptr;
-    if (in_rope != nullptr && in_rope->kind == Kind::kNumber) {
-      factor = in_rope->number;
-    } else {
-      MEMEST_ASSIGN_OR_RETURN(factor, f.Fraction("partial_rotary_factor", 1.0));
-    }
+    MEMEST_ASSIGN_OR_RETURN(double factor, RotaryShare(f, 1.0));
     const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.d_model / s.heads;
     // Phi3RotaryEmbedding: dim = int(head_dim * partial_rotary_factor)
     s.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim) * factor);
@@ -286,6 +135,31 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
         f, "use_sliding_window",
         "the windowed layers above max_window_layers; leave it false for full attention in "
         "every layer, which holds at least as much"));
+  }
+  return s;
+}
+
+StatusOr<NeoxSpec> ReadNeox(const Fields& f, int64_t seq) {
+  NeoxSpec s;
+  s.seq = seq;
+  MEMEST_ASSIGN_OR_RETURN(s.d_model, f.Size("hidden_size"));
+  MEMEST_ASSIGN_OR_RETURN(s.layers, f.Size("num_hidden_layers"));
+  MEMEST_ASSIGN_OR_RETURN(s.heads, f.Size("num_attention_heads"));
+  MEMEST_ASSIGN_OR_RETURN(s.ffn, f.Size("intermediate_size"));
+  MEMEST_ASSIGN_OR_RETURN(s.vocab, f.Size("vocab_size"));
+  MEMEST_ASSIGN_OR_RETURN(s.parallel_residual, f.Flag("use_parallel_residual", true));
+  MEMEST_ASSIGN_OR_RETURN(s.attention_bias, f.Flag("attention_bias", true));
+  MEMEST_ASSIGN_OR_RETURN(s.tie_embeddings, f.Flag("tie_word_embeddings", false));
+  MEMEST_ASSIGN_OR_RETURN(s.activation, ActivationOf(f, "hidden_act", "gelu"));
+  MEMEST_ASSIGN_OR_RETURN(s.attn_dropout, f.Probability("attention_dropout", 0.0));
+  MEMEST_ASSIGN_OR_RETURN(s.hidden_dropout, f.Probability("hidden_dropout", 0.0));
+  MEMEST_ASSIGN_OR_RETURN(s.mask_positions, f.Size("max_position_embeddings", 2048));
+  MEMEST_RETURN_IF_ERROR(CheckRope(f, "rope_scaling"));
+  MEMEST_RETURN_IF_ERROR(CheckRope(f, "rope_parameters"));
+  MEMEST_ASSIGN_OR_RETURN(double share, RotaryShare(f, 0.25));
+  if (s.d_model % s.heads == 0) {
+    // GPTNeoXRotaryEmbedding: dim = int(head_size * partial_rotary_factor)
+    s.rotary_dim = static_cast<int64_t>(static_cast<double>(s.d_model / s.heads) * share);
   }
   return s;
 }
@@ -319,6 +193,7 @@ StatusOr<Gpt2Spec> ReadGpt2(const Fields& f, int64_t seq) {
 
 constexpr Family kFamilies[] = {
     {"gemma", "GemmaForCausalLM"},     {"gpt2", "GPT2LMHeadModel"},
+    {"gpt_neox", "GPTNeoXForCausalLM"},
     {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},
     {"phi3", "Phi3ForCausalLM"},       {"qwen2", "Qwen2ForCausalLM"},
     {"qwen3", "Qwen3ForCausalLM"},
@@ -338,6 +213,10 @@ StatusOr<Graph> BuildFamily(const Family& family, const Fields& f, int64_t seq, 
     MEMEST_ASSIGN_OR_RETURN(Gpt2Spec s, ReadGpt2(f, seq));
     if (layers > 0) s.layers = layers;
     MEMEST_RETURN_IF_ERROR(BuildGpt2Model(b, context, s, Gpt2Fields()));
+  } else if (type == "gpt_neox") {
+    MEMEST_ASSIGN_OR_RETURN(NeoxSpec s, ReadNeox(f, seq));
+    if (layers > 0) s.layers = layers;
+    MEMEST_RETURN_IF_ERROR(BuildNeoxModel(b, context, s, LlamaFields()));
   } else {
     MEMEST_ASSIGN_OR_RETURN(LlamaSpec s, ReadLlama(f, type, seq));
     if (layers > 0) s.layers = layers;
@@ -393,13 +272,11 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
                                                 Str(spec.seq)));
   }
   MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
-  MEMEST_ASSIGN_OR_RETURN(
-      int64_t layers,
-      f.Size(std::string(family->model_type) == "gpt2" ? "n_layer" : "num_hidden_layers"));
+  const char* layers_field =
+      std::string(family->model_type) == "gpt2" ? "n_layer" : "num_hidden_layers";
+  MEMEST_ASSIGN_OR_RETURN(int64_t layers, f.Size(layers_field));
   MEMEST_RETURN_IF_ERROR(CheckLayeredOpCount(
-      layers,
-      Field(std::string(family->model_type) == "gpt2" ? "n_layer" : "num_hidden_layers"),
-      std::string("a ") + family->model_type + " config", context,
+      layers, Field(layers_field), std::string("a ") + family->model_type + " config", context,
       [&](int64_t n, const BuildContext& counting) {
         return BuildFamily(*family, f, spec.seq, n, counting);
       }));

@@ -14,6 +14,8 @@
 //                                       sqrt(hidden_size), GemmaRMSNorm, tied by default
 //   phi3        Phi3ForCausalLM         qkv_proj and gate_up_proj fused, partial_rotary_factor,
 //                                       resid_pdrop, sliding_window (none when left out)
+//   gpt_neox    GPTNeoXForCausalLM      Pythia, GPT-NeoX-20B: use_parallel_residual, rotary_pct,
+//                                       attention_bias, hidden_dropout
 //   gpt2        GPT2LMHeadModel         n_positions, n_inner, activation_function, the dropouts
 //
 // Errors are INVALID_ARGUMENT naming "model.hf_config.config.<field>" (a missing size, a value

@@ -175,6 +175,8 @@ enum class AttentionProjection {
   kFusedLinear,    // torchvision/nn.MultiheadAttention: in_proj Linear to 3*d then split
   kSeparate,       // q_proj, k_proj, v_proj, o_proj (Llama) / query, key, value (BERT)
   kFusedQkv,       // Phi-3: qkv_proj Linear to (heads + 2 kv_heads) * head_dim, sliced; o_proj
+  kFusedPerHead,   // GPT-NeoX: query_key_value Linear to 3 * d viewed [N, T, heads, 3 * hd],
+                   // transposed, chunked into q, k, v along the last dim; dense (names[3])
 };
 struct AttentionOptions {
   int64_t heads = 0;

@@ -41,7 +41,7 @@ warnings.filterwarnings("ignore")
 os.environ.setdefault("GLOG_minloglevel", "2")
 
 # model_types memest's --hf-config builds that transformers 4.47.1 has (qwen3 came in 4.51).
-SUPPORTED = ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt2")
+SUPPORTED = ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox", "gpt2")
 STEPS = {"training": [("first", True), ("steady", False)], "inference": [("inference", False)]}
 
 

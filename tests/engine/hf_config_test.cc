@@ -94,6 +94,7 @@ INSTANTIATE_TEST_SUITE_P(
                     CountCase{"llama-3.2-1b", 1'235'814'400},
                     CountCase{"mistral-7b-v0.1", 7'241'732'096},
                     CountCase{"phi-3-mini-4k", 3'821'079'552},
+                    CountCase{"pythia-1b", 1'011'781'632},
                     CountCase{"qwen2.5-0.5b", 494'032'768},
                     CountCase{"qwen2.5-7b", 7'615'616'512},
                     CountCase{"qwen3-0.6b", 596'049'920},
@@ -229,6 +230,40 @@ TEST(HfConfigTest, Phi3FusesItsProjectionsAndRotatesPartOfEachHead) {
             std::string::npos);
 }
 
+// GPT-NeoX runs the attention and the MLP on the layer's input and adds both to it
+// (use_parallel_residual), or one after the other; its rotary covers rotary_pct of each head.
+TEST(HfConfigTest, GptNeoxAddsItsParallelBranches) {
+  nlohmann::json config = {{"model_type", "gpt_neox"},   {"hidden_size", 64},
+                           {"num_hidden_layers", 2},     {"num_attention_heads", 4},
+                           {"intermediate_size", 128},   {"vocab_size", 512},
+                           {"max_position_embeddings", 32}};
+  auto adds_in_layer = [](const Graph& g) {
+    int adds = 0;
+    for (const Op& op : g.ops) adds += op.kind == "add" && op.scope == "gpt_neox.layers.0";
+    return adds;
+  };
+  StatusOr<Graph> parallel = Build(config);
+  ASSERT_TRUE(parallel.ok()) << parallel.status().ToString();
+  EXPECT_EQ(adds_in_layer(*parallel), 2);  // (mlp + attn) + x
+  for (const Tensor& t : parallel->tensors) {
+    if (t.name == "gpt_neox.rotary_emb.cos_cached") {
+      EXPECT_EQ(t.shape, (Shape{1, 16, 4}));  // 16-dim heads, rotary_pct 0.25
+    }
+    if (t.name == "gpt_neox.layers.0.attention.bias") {
+      EXPECT_EQ(t.shape, (Shape{1, 1, 32, 32}));  // transformers 4.x's mask buffer
+    }
+  }
+  config["use_parallel_residual"] = false;
+  StatusOr<Graph> sequential = Build(config);
+  ASSERT_TRUE(sequential.ok()) << sequential.status().ToString();
+  EXPECT_EQ(adds_in_layer(*sequential), 2);  // attn + x, then mlp + that
+  EXPECT_EQ(sequential->ParameterCount(), parallel->ParameterCount());
+  config["rotary_pct"] = 0.1;  // 1.6 dims: int() makes 1, odd
+  EXPECT_NE(Build(config).status().message().find("model.hf_config.config.rotary_pct: must "
+                                                  "rotate an even number"),
+            std::string::npos);
+}
+
 TEST(HfConfigTest, TiedEmbeddingsHaveNoLmHeadWeight) {
   nlohmann::json config = Small("llama");
   config["tie_word_embeddings"] = true;
@@ -332,7 +367,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(
         BadCase{"UnknownType", {{"model_type", "llama9"}},
                 "model.hf_config.config.model_type: 'llama9' is not supported; supported: gemma, "
-                "gpt2, llama, mistral, phi3, qwen2, qwen3"},
+                "gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3"},
         BadCase{"NoType", {{"model_type", nullptr}}, "model.hf_config.config.model_type: missing"},
         BadCase{"MissingSize", {{"hidden_size", nullptr}},
                 "model.hf_config.config.hidden_size: missing; a llama config must give it"},

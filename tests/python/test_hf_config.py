@@ -63,6 +63,9 @@ SMALL = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_
     ("Qwen2ForCausalLM", "Qwen2Config", SMALL),
     ("GemmaForCausalLM", "GemmaConfig", dict(SMALL, head_dim=32)),
     ("Phi3ForCausalLM", "Phi3Config", dict(SMALL, pad_token_id=0)),
+    ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(vocab_size=512, hidden_size=64,
+                                                 num_hidden_layers=2, num_attention_heads=4,
+                                                 intermediate_size=128)),
     ("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=512, n_embd=64, n_layer=2, n_head=4,
                                              n_positions=64, n_inner=96)),
 ])
