@@ -26,6 +26,29 @@ int LogitsInput(GraphBuilder& b, const BuildContext& ctx, int h) {
                 {{"dim", AttrInt(1)}, {"start", AttrInt(t - 1)}, {"end", AttrInt(t)}});
 }
 
+// The LM head over the model's last hidden state: lm_head (tied to `embed` or its own weight)
+// on the positions LogitsInput keeps, and in training HF's ForCausalLMLoss (logits.float(),
+// then cross_entropy over the shifted labels); the model's output is held until the LM's
+// forward returns.
+void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerContext& c,
+                       const char* name, int last_hidden_state, int embed, bool tied,
+                       int64_t vocab) {
+  const int h = LogitsInput(b, ctx, last_hidden_state);
+  const int logits = tied ? TiedLinear(b, name, h, embed)
+                          : Linear(b, c, name, h, vocab, /*bias=*/false);
+  if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
+  b.HoldUntilLastOp(last_hidden_state);
+}
+
+// A partial rotary's dims: even, and within the head.
+Status CheckRotaryDim(const FieldOf& field, const char* name, int64_t rotary_dim,
+                      int64_t head_dim) {
+  if (rotary_dim > 0 && rotary_dim <= head_dim && rotary_dim % 2 == 0) return Status::Ok();
+  return FieldError(field, name,
+                    "must rotate an even number of the head's " + Str(head_dim) +
+                        " dims, got " + Str(rotary_dim));
+}
+
 }  // namespace
 
 Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& s,
@@ -70,13 +93,7 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
     // GPT2Model.forward's locals, until it returns.
     for (int local : {inputs_embeds, position_embeds, pos}) b.HoldUntilLastOp(local);
   }
-  const int last_hidden_state = h;
-  h = LogitsInput(b, ctx, h);
-  const int logits = s.tie_embeddings ? TiedLinear(b, "lm_head", h, wte)
-                                      : Linear(b, c, "lm_head", h, s.vocab, /*bias=*/false);
-  // HF's ForCausalLMLoss: logits.float(), then cross_entropy over the (shifted) labels.
-  if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
-  b.HoldUntilLastOp(last_hidden_state);  // the model's output, until the LM's forward returns
+  LanguageModelHead(b, ctx, c, "lm_head", h, wte, s.tie_embeddings, s.vocab);
   return Status::Ok();
 }
 
@@ -91,10 +108,8 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     return FieldError(field, s.head_dim > 0 ? "head_dim" : "heads",
                       "must leave an even head_dim for rotary, got head_dim " + Str(head_dim));
   }
-  if (s.phi3 && (s.rotary_dim <= 0 || s.rotary_dim > head_dim || s.rotary_dim % 2 != 0)) {
-    return FieldError(field, "partial_rotary_factor",
-                      "must rotate an even number of the head's " + Str(head_dim) +
-                          " dims, got " + Str(s.rotary_dim));
+  if (s.phi3) {
+    MEMEST_RETURN_IF_ERROR(CheckRotaryDim(field, "partial_rotary_factor", s.rotary_dim, head_dim));
   }
   if (s.heads % s.kv_heads != 0) {
     return FieldError(field, "kv_heads", "must divide heads " + Str(s.heads) + ", got " +
@@ -153,12 +168,7 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     h = s.gemma ? GemmaRmsNorm(b, c, "norm", h) : RmsNorm(b, c, "norm", h, true);
     b.HoldUntilLastOp(inputs_embeds);  // LlamaModel.forward's local, until it returns
   }
-  const int last_hidden_state = h;
-  h = LogitsInput(b, ctx, h);
-  const int logits = s.tie_embeddings ? TiedLinear(b, "lm_head", h, embed)
-                                      : Linear(b, c, "lm_head", h, s.vocab, /*bias=*/false);
-  if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
-  b.HoldUntilLastOp(last_hidden_state);  // the model's output, until the LM's forward returns
+  LanguageModelHead(b, ctx, c, "lm_head", h, embed, s.tie_embeddings, s.vocab);
   return Status::Ok();
 }
 
@@ -208,12 +218,7 @@ Status BuildNeoxModel(GraphBuilder& b, const BuildContext& ctx, const NeoxSpec& 
     return FieldError(field, "heads", "must divide the hidden size " + Str(s.d_model) +
                                           ", got " + Str(s.heads));
   }
-  const int64_t head_dim = s.d_model / s.heads;
-  if (s.rotary_dim <= 0 || s.rotary_dim > head_dim || s.rotary_dim % 2 != 0) {
-    return FieldError(field, "rotary_dim",
-                      "must rotate an even number of the head's " + Str(head_dim) +
-                          " dims, got " + Str(s.rotary_dim));
-  }
+  MEMEST_RETURN_IF_ERROR(CheckRotaryDim(field, "rotary_dim", s.rotary_dim, s.d_model / s.heads));
   const LayerContext c = LayerContextOf(ctx);
   int ids = b.Input("input_ids", {ctx.micro_batch, s.seq}, DType::kInt64, 0);
   int embed = -1;
@@ -248,12 +253,7 @@ Status BuildNeoxModel(GraphBuilder& b, const BuildContext& ctx, const NeoxSpec& 
     h = LayerNorm(b, c, "final_layer_norm", h);
     b.HoldUntilLastOp(inputs_embeds);  // GPTNeoXModel.forward's local, until it returns
   }
-  const int last_hidden_state = h;
-  h = LogitsInput(b, ctx, h);
-  const int logits = s.tie_embeddings ? TiedLinear(b, "embed_out", h, embed)
-                                      : Linear(b, c, "embed_out", h, s.vocab, /*bias=*/false);
-  if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
-  b.HoldUntilLastOp(last_hidden_state);
+  LanguageModelHead(b, ctx, c, "embed_out", h, embed, s.tie_embeddings, s.vocab);
   return Status::Ok();
 }
 

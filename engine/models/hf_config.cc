@@ -65,15 +65,22 @@ StatusOr<double> RotaryShare(const Fields& f, double fallback) {
   return f.Fraction("rotary_pct", fallback);
 }
 
+// The sizes every family but GPT-2 names alike, which the config must give.
+template <typename Spec>
+Status ReadSizes(const Fields& f, Spec* s) {
+  MEMEST_ASSIGN_OR_RETURN(s->d_model, f.Size("hidden_size"));
+  MEMEST_ASSIGN_OR_RETURN(s->layers, f.Size("num_hidden_layers"));
+  MEMEST_ASSIGN_OR_RETURN(s->heads, f.Size("num_attention_heads"));
+  MEMEST_ASSIGN_OR_RETURN(s->ffn, f.Size("intermediate_size"));
+  MEMEST_ASSIGN_OR_RETURN(s->vocab, f.Size("vocab_size"));
+  return Status::Ok();
+}
+
 // The Llama family: which defaults and variants a model type has.
 StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t seq) {
   LlamaSpec s;
   s.seq = seq;
-  MEMEST_ASSIGN_OR_RETURN(s.d_model, f.Size("hidden_size"));
-  MEMEST_ASSIGN_OR_RETURN(s.layers, f.Size("num_hidden_layers"));
-  MEMEST_ASSIGN_OR_RETURN(s.heads, f.Size("num_attention_heads"));
-  MEMEST_ASSIGN_OR_RETURN(s.ffn, f.Size("intermediate_size"));
-  MEMEST_ASSIGN_OR_RETURN(s.vocab, f.Size("vocab_size"));
+  MEMEST_RETURN_IF_ERROR(ReadSizes(f, &s));
   // num_key_value_heads null is the heads' count in the Llama, Mistral and Qwen Config classes
   // (GemmaConfig keeps the null, which its model cannot build: refused below); left out, it is
   // that for Llama and Phi-3, 8 for Mistral, 16 for Gemma and 32 for Qwen2 and Qwen3 (their
@@ -142,11 +149,7 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
 StatusOr<NeoxSpec> ReadNeox(const Fields& f, int64_t seq) {
   NeoxSpec s;
   s.seq = seq;
-  MEMEST_ASSIGN_OR_RETURN(s.d_model, f.Size("hidden_size"));
-  MEMEST_ASSIGN_OR_RETURN(s.layers, f.Size("num_hidden_layers"));
-  MEMEST_ASSIGN_OR_RETURN(s.heads, f.Size("num_attention_heads"));
-  MEMEST_ASSIGN_OR_RETURN(s.ffn, f.Size("intermediate_size"));
-  MEMEST_ASSIGN_OR_RETURN(s.vocab, f.Size("vocab_size"));
+  MEMEST_RETURN_IF_ERROR(ReadSizes(f, &s));
   MEMEST_ASSIGN_OR_RETURN(s.parallel_residual, f.Flag("use_parallel_residual", true));
   MEMEST_ASSIGN_OR_RETURN(s.attention_bias, f.Flag("attention_bias", true));
   MEMEST_ASSIGN_OR_RETURN(s.tie_embeddings, f.Flag("tie_word_embeddings", false));
