@@ -67,21 +67,8 @@ def write_config(cfg_cls, kw, path):
 def hf_estimate(memest, config_path, seq, batch, cfg, first_step):
     """`memest estimate --hf-config` with the flags run.estimate gives a model file."""
     import run as suite
-    cmd = [memest, "estimate", "--local", "--hf-config", config_path, "--seq", str(seq),
-           "--batch", str(batch * cfg.accum),
-           "--mode", cfg.mode, "--precision", "fp32", "--runtime", "cpu-1.13",
-           "--cpu-isa", suite.CPU_ISA, "--json", "--no-advice"] + suite.CPU_CACHE_FLAGS
-    if cfg.training:
-        cmd += ["--optimizer", cfg.optimizer, "--optimizer-impl", cfg.impl]
-        if cfg.accum > 1:
-            cmd += ["--grad-accum", str(cfg.accum)]
-        if cfg.weight_decay:
-            cmd += ["--weight-decay", repr(cfg.weight_decay)]
-        if cfg.keep_grads:
-            cmd += ["--keep-grads"]
-        if first_step:
-            cmd += ["--first-step"]
-        cmd += ["--hold-outputs" if cfg.hold_outputs else "--no-hold-outputs"]
+    cmd = [memest, "estimate", "--local", "--hf-config", config_path, "--seq", str(seq)]
+    cmd += suite.step_flags(batch, cfg, first_step)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         raise RuntimeError(f"memest exited {p.returncode}: {p.stderr.strip() or p.stdout.strip()}"

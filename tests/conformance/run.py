@@ -128,9 +128,24 @@ def estimate(memest, model, batch, cfg, first_step):
     # A traced graph without tracedBatch (the module does not run at batch B + 1) is valid at
     # the batch it was traced at only: memest takes that batch itself (and refuses another).
     own_batch = "ops" in model and not model["ops"].get("tracedBatch")
-    cmd = [memest, "estimate", "--local", "--model", path]
-    if not own_batch:
-        cmd += ["--batch", str(batch * cfg.accum)]
+    # A traced model carries its own checkpoint regions (memest refuses a policy on top).
+    own_checkpoints = bool(model.get("ops", {}).get("checkpoints"))
+    cmd = [memest, "estimate", "--local", "--model", path] + step_flags(
+        None if own_batch else batch, cfg, first_step, own_checkpoints)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(path)
+    if p.returncode != 0:
+        raise RuntimeError(f"memest exited {p.returncode}: {p.stderr.strip() or p.stdout.strip()}"
+                           f"\n  command: {' '.join(cmd)}")
+    return json.loads(p.stdout)
+
+
+def step_flags(batch, cfg, first_step, own_checkpoints=False):
+    """`memest estimate`'s flags for one step of `cfg` at `batch` (None: the model's own) on the
+    runtime and CPU the suite measures."""
+    cmd = [] if batch is None else ["--batch", str(batch * cfg.accum)]
     cmd += ["--mode", cfg.mode, "--precision", "fp32", "--runtime", "cpu-1.13",
             "--cpu-isa", CPU_ISA, "--json", "--no-advice"] + CPU_CACHE_FLAGS
     if cfg.training:
@@ -144,21 +159,13 @@ def estimate(memest, model, batch, cfg, first_step):
         if first_step:
             cmd += ["--first-step"]
         cmd += ["--hold-outputs" if cfg.hold_outputs else "--no-hold-outputs"]
-        # A traced model carries its own checkpoint regions (memest refuses a policy on top).
-        if cfg.checkpoint != "none" and not model.get("ops", {}).get("checkpoints"):
+        if cfg.checkpoint != "none" and not own_checkpoints:
             cmd += ["--checkpoint", cfg.checkpoint]
             if cfg.checkpoint == "every-k":
                 cmd += ["--checkpoint-k", str(cfg.checkpoint_k)]
             if cfg.non_reentrant:
                 cmd += ["--non-reentrant"]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    finally:
-        os.unlink(path)
-    if p.returncode != 0:
-        raise RuntimeError(f"memest exited {p.returncode}: {p.stderr.strip() or p.stdout.strip()}"
-                           f"\n  command: {' '.join(cmd)}")
-    return json.loads(p.stdout)
+    return cmd
 
 
 def _int(v):
