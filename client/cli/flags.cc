@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -243,8 +244,9 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(model)->type_name("FILE");
   app->add_option("--hf-config", f->hf_config,
                   "a Hugging Face config.json (llama, mistral, qwen2, qwen3, gemma, phi3, "
-                  "gpt_neox, gpt2), built offline without weights; give --seq")
-      ->group(model)->type_name("FILE");
+                  "gpt_neox, gpt2) or a model directory holding one, built offline without "
+                  "weights; give --seq")
+      ->group(model)->type_name("FILE|DIR");
 
   const char* run = "Run";
   app->add_option("--batch", f->batch,
@@ -386,10 +388,18 @@ StatusOr<v1::ValidateRequest> BuildValidateRequest(const ValidateFlags& flags) {
   return request;
 }
 
-StatusOr<google::protobuf::Struct> ReadHfConfigFile(const std::string& path) {
-  const std::string flag = "--hf-config " + Escape(path, kMaxNameBytes);
+StatusOr<google::protobuf::Struct> ReadHfConfigFile(const std::string& given) {
+  const std::string flag = "--hf-config " + Escape(given, kMaxNameBytes);
+  // A model's directory (a snapshot from the hub) holds its config.json.
+  std::error_code error;
+  const bool directory = std::filesystem::is_directory(given, error);
+  const std::string path = directory ? (std::filesystem::path(given) / "config.json").string()
+                                     : given;
   std::ifstream in(path);
-  if (!in) return InvalidArgument(flag + ": cannot open the file");
+  if (!in) {
+    return InvalidArgument(flag + (directory ? ": the directory has no config.json"
+                                             : ": cannot open the file"));
+  }
   std::stringstream text;
   text << in.rdbuf();
   google::protobuf::Struct config;

@@ -87,7 +87,8 @@ StatusOr<v1::EstimateRequest> BuildEstimateRequest(const EstimateFlags& flags);
 // lowerCamelCase or as in the .proto). Errors name the file.
 StatusOr<v1::Model> ReadModelFile(const std::string& path);
 
-// A Hugging Face config.json, for model.hf_config.config; errors name "--hf-config <path>".
+// A Hugging Face config.json (or a model directory's), for model.hf_config.config; errors name
+// "--hf-config <path>".
 StatusOr<google::protobuf::Struct> ReadHfConfigFile(const std::string& path);
 
 }  // namespace memest::cli

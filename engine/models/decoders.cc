@@ -13,6 +13,12 @@ std::string Str(int64_t v) { return std::to_string(v); }
 
 bool Training(const BuildContext& ctx) { return ctx.mode == Mode::kTraining; }
 
+// A spec field's own name where it came from: "d_model" for a preset, "hidden_size" for a config.
+std::string Name(const FieldOf& field, const char* name) {
+  const std::string path = field(name);
+  return path.substr(path.rfind('.') + 1);
+}
+
 Status FieldError(const FieldOf& field, const char* name, const std::string& message) {
   return InvalidArgument(field(name) + ": " + message);
 }
@@ -54,7 +60,7 @@ Status CheckRotaryDim(const FieldOf& field, const char* name, int64_t rotary_dim
 Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& s,
                       const FieldOf& field) {
   if (s.d_model % s.heads != 0) {
-    return FieldError(field, "heads", "must divide d_model " + Str(s.d_model) + ", got " +
+    return FieldError(field, "heads", "must divide " + Name(field, "d_model") + " " + Str(s.d_model) + ", got " +
                                           Str(s.heads));
   }
   if (s.seq > s.positions) {
@@ -100,7 +106,7 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
 Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec& s,
                        const FieldOf& field) {
   if (s.head_dim == 0 && s.d_model % s.heads != 0) {
-    return FieldError(field, "heads", "must divide d_model " + Str(s.d_model) + ", got " +
+    return FieldError(field, "heads", "must divide " + Name(field, "d_model") + " " + Str(s.d_model) + ", got " +
                                           Str(s.heads));
   }
   const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.d_model / s.heads;
@@ -215,8 +221,8 @@ int NeoxLayer(GraphBuilder& b, const LayerContext& c, int x, const NeoxSpec& s,
 Status BuildNeoxModel(GraphBuilder& b, const BuildContext& ctx, const NeoxSpec& s,
                       const FieldOf& field) {
   if (s.d_model % s.heads != 0) {
-    return FieldError(field, "heads", "must divide the hidden size " + Str(s.d_model) +
-                                          ", got " + Str(s.heads));
+    return FieldError(field, "heads", "must divide " + Name(field, "d_model") + " " +
+                                          Str(s.d_model) + ", got " + Str(s.heads));
   }
   MEMEST_RETURN_IF_ERROR(CheckRotaryDim(field, "rotary_dim", s.rotary_dim, s.d_model / s.heads));
   const LayerContext c = LayerContextOf(ctx);

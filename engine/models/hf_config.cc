@@ -29,6 +29,7 @@ FieldOf LlamaFields() {
     if (n == "heads") return Field("num_attention_heads");
     if (n == "kv_heads") return Field("num_key_value_heads");
     if (n == "rotary_dim") return Field("rotary_pct");
+    if (n == "d_model") return Field("hidden_size");
     return Field(n);
   };
 }
@@ -38,6 +39,7 @@ FieldOf Gpt2Fields() {
     const std::string n = name;
     if (n == "seq") return std::string("model.hf_config.seq");
     if (n == "heads") return Field("n_head");
+    if (n == "d_model") return Field("n_embd");
     return Field(n);
   };
 }

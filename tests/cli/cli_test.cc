@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -307,6 +308,22 @@ TEST(CliTest, HfConfigsEstimateAsTheirPresets) {
             estimate({"--preset", "llama-7b", "--seq", "2048"}));
   EXPECT_EQ(estimate({"--hf-config", dir + "gpt2.json", "--seq", "1024"}),
             estimate({"--preset", "gpt2-small", "--seq", "1024"}));
+}
+
+// A model's directory is read through its config.json.
+TEST(CliTest, HfConfigDirectoryReadsItsConfigJson) {
+  const std::string dir = kSourceDir + "/tests/data/hf_configs";
+  const std::string model_dir = ::testing::TempDir() + "/hf-model";
+  std::filesystem::create_directories(model_dir);
+  std::filesystem::copy_file(dir + "/gpt2.json", model_dir + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  const RunResult r = Memest({"estimate", "--local", "--hf-config", model_dir, "--seq", "64",
+                              "--json", "--no-advice"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("parameterCount"), "124439808");
+  const RunResult empty = Memest({"estimate", "--local", "--hf-config", dir, "--seq", "64"});
+  EXPECT_EQ(empty.exit_code, 3);
+  EXPECT_THAT(empty.err, HasSubstr("the directory has no config.json"));
 }
 
 TEST(CliTest, HfConfigThatIsNotJsonNamesTheFile) {

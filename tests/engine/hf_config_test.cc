@@ -379,6 +379,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "512.5"},
         BadCase{"NegativeSize", {{"num_hidden_layers", -2}},
                 "model.hf_config.config.num_hidden_layers: must be an integer from 1"},
+        BadCase{"HeadsNotDividing", {{"num_attention_heads", 3}},
+                "model.hf_config.config.num_attention_heads: must divide hidden_size 64, got 3"},
         BadCase{"KvHeadsNotDividing", {{"num_key_value_heads", 3}},
                 "model.hf_config.config.num_key_value_heads: must divide heads 4, got 3"},
         BadCase{"OddHeadDim", {{"head_dim", 7}}, "model.hf_config.config.head_dim: must leave an "

@@ -21,6 +21,12 @@ def test_a_config_path_and_its_dict_agree(client):
     assert from_path.response == from_dict.response
 
 
+def test_a_model_directory_is_read_through_its_config_json(client, tmp_path):
+    (tmp_path / "config.json").write_text((CONFIGS / "qwen3-0.6b.json").read_text())
+    result = client.estimate(hf_config=str(tmp_path), seq=64, mode="inference", advice=False)
+    assert result.parameter_count == 596_049_920
+
+
 def test_torch_dtype_is_the_precision_unless_one_is_given(client):
     path = str(CONFIGS / "qwen2.5-0.5b.json")  # torch_dtype bfloat16
     stored = client.estimate(hf_config=path, seq=128, mode="inference", advice=False)

@@ -157,6 +157,8 @@ def _hf_config_dict(hf_config):
     """The config.json's object: from a path, a dict, or a transformers PretrainedConfig (all of
     its fields, defaults included)."""
     if isinstance(hf_config, (str, os.PathLike)):
+        if os.path.isdir(hf_config):  # a model's directory (a hub snapshot) holds config.json
+            hf_config = os.path.join(hf_config, "config.json")
         try:
             with open(hf_config, encoding="utf-8") as f:
                 data = json.load(f)
