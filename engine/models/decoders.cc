@@ -1,7 +1,9 @@
-// GPT-2 and the Llama family as Hugging Face's modules run them (engine/models/decoders.h).
+// GPT-2, the Llama family and GPT-NeoX as Hugging Face's modules run them
+// (engine/models/decoders.h).
 #include "engine/models/decoders.h"
 
 #include <cmath>
+#include <functional>
 #include <string>
 
 #include "engine/models/layers.h"
@@ -46,6 +48,25 @@ void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerCont
   b.HoldUntilLastOp(last_hidden_state);
 }
 
+// Whole heads: the hidden size splits into `heads` of the same width.
+Status CheckHeadsDivide(const FieldOf& field, int64_t d_model, int64_t heads) {
+  if (d_model % heads == 0) return Status::Ok();
+  return FieldError(field, "heads", "must divide " + Name(field, "d_model") + " " +
+                                        Str(d_model) + ", got " + Str(heads));
+}
+
+// `layers` repeated blocks under "<prefix><i>", each marked a block (a checkpoint unit); returns
+// the last block's output.
+int RepeatBlocks(GraphBuilder& b, const std::string& prefix, int64_t layers, int h,
+                 const std::function<int(int)>& block) {
+  for (int64_t i = 0; i < layers; ++i) {
+    ScopeGuard scope(b, prefix + Str(i));
+    b.MarkBlock();
+    h = block(h);
+  }
+  return h;
+}
+
 // A partial rotary's dims: even, and within the head.
 Status CheckRotaryDim(const FieldOf& field, const char* name, int64_t rotary_dim,
                       int64_t head_dim) {
@@ -55,14 +76,48 @@ Status CheckRotaryDim(const FieldOf& field, const char* name, int64_t rotary_dim
                         " dims, got " + Str(rotary_dim));
 }
 
+// GPTNeoXLayer.forward (transformers 5).
+int NeoxLayer(GraphBuilder& b, const LayerContext& c, int x, const NeoxSpec& s,
+              const AttentionOptions& a) {
+  const int input = x;
+  if (s.mask_positions > 0) {
+    ScopeGuard attention(b, "attention");
+    b.Buffer("bias", {1, 1, s.mask_positions, s.mask_positions}, DType::kBool);
+    b.Buffer("masked_bias", {}, DType::kFloat32);
+  }
+  int weights = -1;
+  int attn = Attention(b, c, "attention", LayerNorm(b, c, "input_layernorm", x), a, &weights);
+  auto mlp = [&](int h) {  // GPTNeoXMLP, then post_mlp_dropout
+    ScopeGuard scope(b, "mlp");
+    h = Linear(b, c, "dense_h_to_4h", h, s.ffn);
+    {
+      ScopeGuard act(b, "act");
+      h = Activate(b, h, s.activation);
+    }
+    h = Linear(b, c, "dense_4h_to_h", h, s.d_model);
+    return Dropout(b, c, h, s.hidden_dropout);
+  };
+  int out = -1;
+  if (s.parallel_residual) {
+    // mlp_output + attn_output + hidden_states
+    const int m = mlp(LayerNorm(b, c, "post_attention_layernorm", x));
+    out = b.Add1("add", {b.Add1("add", {m, attn}), x});
+  } else {
+    attn = b.Add1("add", {attn, x});
+    const int m = mlp(LayerNorm(b, c, "post_attention_layernorm", attn));
+    out = b.Add1("add", {m, attn});
+  }
+  // The layer's input (the model's loop variable) and `attn_output, _ = self.attention(...)`.
+  for (int local : {input, weights}) b.HoldUntilLastOp(local);
+  return out;
+}
+
+
 }  // namespace
 
 Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& s,
                       const FieldOf& field) {
-  if (s.d_model % s.heads != 0) {
-    return FieldError(field, "heads", "must divide " + Name(field, "d_model") + " " + Str(s.d_model) + ", got " +
-                                          Str(s.heads));
-  }
+  MEMEST_RETURN_IF_ERROR(CheckHeadsDivide(field, s.d_model, s.heads));
   if (s.seq > s.positions) {
     return FieldError(field, "seq", "must be at most the " + Str(s.positions) +
                                         " positions of the position table, got " + Str(s.seq));
@@ -90,11 +145,7 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
     o.mask_positions = s.positions;
     o.hold_locals = true;
     o.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
-    for (int64_t i = 0; i < s.layers; ++i) {
-      ScopeGuard block(b, "h." + Str(i));
-      b.MarkBlock();
-      h = TransformerBlock(b, c, "", h, o);
-    }
+    h = RepeatBlocks(b, "h.", s.layers, h, [&](int x) { return TransformerBlock(b, c, "", x, o); });
     h = LayerNorm(b, c, "ln_f", h);
     // GPT2Model.forward's locals, until it returns.
     for (int local : {inputs_embeds, position_embeds, pos}) b.HoldUntilLastOp(local);
@@ -105,17 +156,15 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
 
 Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec& s,
                        const FieldOf& field) {
-  if (s.head_dim == 0 && s.d_model % s.heads != 0) {
-    return FieldError(field, "heads", "must divide " + Name(field, "d_model") + " " + Str(s.d_model) + ", got " +
-                                          Str(s.heads));
-  }
+  if (s.head_dim == 0) MEMEST_RETURN_IF_ERROR(CheckHeadsDivide(field, s.d_model, s.heads));
   const int64_t head_dim = s.head_dim > 0 ? s.head_dim : s.d_model / s.heads;
   if (head_dim % 2 != 0) {
     return FieldError(field, s.head_dim > 0 ? "head_dim" : "heads",
                       "must leave an even head_dim for rotary, got head_dim " + Str(head_dim));
   }
   if (s.phi3) {
-    MEMEST_RETURN_IF_ERROR(CheckRotaryDim(field, "partial_rotary_factor", s.rotary_dim, head_dim));
+    MEMEST_RETURN_IF_ERROR(
+        CheckRotaryDim(field, "partial_rotary_factor", s.rotary_dim, head_dim));
   }
   if (s.heads % s.kv_heads != 0) {
     return FieldError(field, "kv_heads", "must divide heads " + Str(s.heads) + ", got " +
@@ -166,11 +215,8 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     } else if (windowed && c.attention != AttentionImpl::kFlash) {
       o.sdpa_mask = AdditiveCausalMask(b, c, s.seq);
     }
-    for (int64_t i = 0; i < s.layers; ++i) {
-      ScopeGuard block(b, "layers." + Str(i));
-      b.MarkBlock();
-      h = TransformerBlock(b, c, "", h, o);
-    }
+    h = RepeatBlocks(b, "layers.", s.layers, h,
+                     [&](int x) { return TransformerBlock(b, c, "", x, o); });
     h = s.gemma ? GemmaRmsNorm(b, c, "norm", h) : RmsNorm(b, c, "norm", h, true);
     b.HoldUntilLastOp(inputs_embeds);  // LlamaModel.forward's local, until it returns
   }
@@ -178,53 +224,11 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
   return Status::Ok();
 }
 
-namespace {
-
-// GPTNeoXLayer.forward (transformers 5).
-int NeoxLayer(GraphBuilder& b, const LayerContext& c, int x, const NeoxSpec& s,
-              const AttentionOptions& a) {
-  const int input = x;
-  if (s.mask_positions > 0) {
-    ScopeGuard attention(b, "attention");
-    b.Buffer("bias", {1, 1, s.mask_positions, s.mask_positions}, DType::kBool);
-    b.Buffer("masked_bias", {}, DType::kFloat32);
-  }
-  int weights = -1;
-  int attn = Attention(b, c, "attention", LayerNorm(b, c, "input_layernorm", x), a, &weights);
-  auto mlp = [&](int h) {  // GPTNeoXMLP, then post_mlp_dropout
-    ScopeGuard scope(b, "mlp");
-    h = Linear(b, c, "dense_h_to_4h", h, s.ffn);
-    {
-      ScopeGuard act(b, "act");
-      h = Activate(b, h, s.activation);
-    }
-    h = Linear(b, c, "dense_4h_to_h", h, s.d_model);
-    return Dropout(b, c, h, s.hidden_dropout);
-  };
-  int out = -1;
-  if (s.parallel_residual) {
-    // mlp_output + attn_output + hidden_states
-    const int m = mlp(LayerNorm(b, c, "post_attention_layernorm", x));
-    out = b.Add1("add", {b.Add1("add", {m, attn}), x});
-  } else {
-    attn = b.Add1("add", {attn, x});
-    const int m = mlp(LayerNorm(b, c, "post_attention_layernorm", attn));
-    out = b.Add1("add", {m, attn});
-  }
-  // The layer's input (the model's loop variable) and `attn_output, _ = self.attention(...)`.
-  for (int local : {input, weights}) b.HoldUntilLastOp(local);
-  return out;
-}
-
-}  // namespace
-
 Status BuildNeoxModel(GraphBuilder& b, const BuildContext& ctx, const NeoxSpec& s,
                       const FieldOf& field) {
-  if (s.d_model % s.heads != 0) {
-    return FieldError(field, "heads", "must divide " + Name(field, "d_model") + " " +
-                                          Str(s.d_model) + ", got " + Str(s.heads));
-  }
-  MEMEST_RETURN_IF_ERROR(CheckRotaryDim(field, "rotary_dim", s.rotary_dim, s.d_model / s.heads));
+  MEMEST_RETURN_IF_ERROR(CheckHeadsDivide(field, s.d_model, s.heads));
+  MEMEST_RETURN_IF_ERROR(
+      CheckRotaryDim(field, "rotary_dim", s.rotary_dim, s.d_model / s.heads));
   const LayerContext c = LayerContextOf(ctx);
   int ids = b.Input("input_ids", {ctx.micro_batch, s.seq}, DType::kInt64, 0);
   int embed = -1;
@@ -251,11 +255,7 @@ Status BuildNeoxModel(GraphBuilder& b, const BuildContext& ctx, const NeoxSpec& 
       RotaryBuffers(b, c, s.seq, s.rotary_dim, &a.rotary_cos, &a.rotary_sin);
     }
     if (c.attention == AttentionImpl::kEager) a.additive_mask = AdditiveCausalMask(b, c, s.seq);
-    for (int64_t i = 0; i < s.layers; ++i) {
-      ScopeGuard block(b, "layers." + Str(i));
-      b.MarkBlock();
-      h = NeoxLayer(b, c, h, s, a);
-    }
+    h = RepeatBlocks(b, "layers.", s.layers, h, [&](int x) { return NeoxLayer(b, c, x, s, a); });
     h = LayerNorm(b, c, "final_layer_norm", h);
     b.HoldUntilLastOp(inputs_embeds);  // GPTNeoXModel.forward's local, until it returns
   }

@@ -4,6 +4,8 @@
 #include "engine/models/hf_config.h"
 
 #include <algorithm>
+#include <initializer_list>
+#include <optional>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -249,6 +251,30 @@ StatusOr<const Family*> FamilyOf(const JsonValue& config) {
                          " is not supported; supported: " + known);
 }
 
+template <typename T>
+struct Named {
+  const char* name;
+  T value;
+};
+
+// The value `table` names for the first of `keys` the config sets (a later key is not read);
+// none when it sets neither; an unknown name is refused, listing the table's.
+template <typename T, size_t N>
+StatusOr<std::optional<T>> FirstNamed(const Fields& f, std::initializer_list<const char*> keys,
+                                      const Named<T> (&table)[N]) {
+  for (const char* key : keys) {
+    MEMEST_ASSIGN_OR_RETURN(std::string name, f.Text(key, ""));
+    if (name.empty()) continue;
+    std::string known;
+    for (const Named<T>& entry : table) {
+      if (name == entry.name) return std::optional<T>(entry.value);
+      known += (known.empty() ? "" : ", ") + std::string(entry.name);
+    }
+    return InvalidArgument(Field(key) + ": unknown " + Quote(name) + "; known: " + known);
+  }
+  return std::optional<T>();
+}
+
 }  // namespace
 
 const std::vector<std::string>& HfModelTypes() {
@@ -292,25 +318,19 @@ StatusOr<HfRunHints> HfConfigRunHints(const JsonValue& config, bool dtype, bool 
   HfRunHints hints;
   if (config.kind != Kind::kObject) return hints;
   const Fields f(config, "");
-  for (const char* key : {"dtype", "torch_dtype"}) {
-    if (!dtype) break;
-    MEMEST_ASSIGN_OR_RETURN(std::string name, f.Text(key, ""));
-    if (name.empty() || hints.dtype) continue;
-    if (name == "float32") hints.dtype = DType::kFloat32;
-    else if (name == "bfloat16") hints.dtype = DType::kBFloat16;
-    else if (name == "float16") hints.dtype = DType::kFloat16;
-    else return InvalidArgument(Field(key) + ": unknown " + Quote(name) +
-                                "; known: bfloat16, float16, float32");
+  static constexpr Named<DType> kDTypes[] = {
+      {"bfloat16", DType::kBFloat16}, {"float16", DType::kFloat16}, {"float32", DType::kFloat32}};
+  static constexpr Named<AttentionImpl> kAttentions[] = {
+      {"eager", AttentionImpl::kEager},
+      {"flash_attention_2", AttentionImpl::kFlash},
+      {"sdpa", AttentionImpl::kSdpa}};
+  if (dtype) {
+    MEMEST_ASSIGN_OR_RETURN(hints.dtype, FirstNamed(f, {"dtype", "torch_dtype"}, kDTypes));
   }
-  for (const char* key : {"attn_implementation", "_attn_implementation"}) {
-    if (!attention) break;
-    MEMEST_ASSIGN_OR_RETURN(std::string name, f.Text(key, ""));
-    if (name.empty() || hints.attention) continue;
-    if (name == "eager") hints.attention = AttentionImpl::kEager;
-    else if (name == "sdpa") hints.attention = AttentionImpl::kSdpa;
-    else if (name == "flash_attention_2") hints.attention = AttentionImpl::kFlash;
-    else return InvalidArgument(Field(key) + ": unknown " + Quote(name) +
-                                "; known: eager, flash_attention_2, sdpa");
+  if (attention) {
+    MEMEST_ASSIGN_OR_RETURN(
+        hints.attention,
+        FirstNamed(f, {"attn_implementation", "_attn_implementation"}, kAttentions));
   }
   return hints;
 }

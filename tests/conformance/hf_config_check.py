@@ -200,25 +200,16 @@ def print_result(res, layers=False):
 
 
 def run_child(name, args, isa):
-    with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as f:
-        path = f.name
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--out", path, "--isa", isa,
+    from child import run_json_child
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--isa", isa,
            "--memest", args.memest]
     if args.dump:
         cmd += ["--dump", args.dump]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        with open(path) as f:
-            text = f.read()
-        if p.returncode != 0 or not text:
-            tail = (p.stderr or p.stdout).strip().splitlines()[-5:]
-            raise RuntimeError(f"the child process exited {p.returncode}: {' | '.join(tail)}")
-        return json.loads(text)
+        return run_json_child(cmd, args.timeout, tail=5)
     except Exception as e:
         return {"name": name, "batch": "?", "seq": "?",
                 "modes": [{"mode": "-", "config": "-", "steps": [], "error": str(e)[:600]}]}
-    finally:
-        os.unlink(path)
 
 
 def main():

@@ -28,7 +28,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -147,27 +146,18 @@ def print_result(res, verbose=True, known=None):
 
 
 def run_child(name, args, isa):
-    with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as f:
-        path = f.name
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--out", path, "--isa", isa]
+    from child import run_json_child
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--isa", isa]
     if args.memest:
         cmd += ["--memest", args.memest]
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        with open(path) as f:
-            text = f.read()
-        if p.returncode != 0 or not text:
-            tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
-            raise RuntimeError(f"the child process exited {p.returncode}: {' | '.join(tail)}")
-        res = json.loads(text)
+        res = run_json_child(cmd, args.timeout)
     except subprocess.TimeoutExpired:
         res = {"modes": [{"mode": "-", "status": "ERROR", "steps": [],
                           "error": f"did not finish in {args.timeout} s"}]}
     except Exception as e:
         res = {"modes": [{"mode": "-", "status": "ERROR", "steps": [], "error": str(e)[:400]}]}
-    finally:
-        os.unlink(path)
     res["seconds"] = round(time.time() - t0, 1)
     return res
 
