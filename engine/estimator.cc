@@ -6,6 +6,7 @@
 #include "engine/ir/devices.h"
 #include "engine/passes/checkpoint.h"
 #include "engine/passes/context_parallel.h"
+#include "engine/passes/lora.h"
 #include "engine/passes/pipeline.h"
 #include "engine/passes/passes.h"
 #include "engine/passes/rnn_expand.h"
@@ -122,6 +123,7 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
       r->notes.push_back("fp16 autocast: GradScaler's scalars are negligible and not listed");
     }
   }
+  if (config.lora.rank > 0) r->notes.push_back(LoraNote(graph, config.lora));
   if (!graph.held.empty()) {
     r->notes.push_back(std::to_string(graph.held.size()) +
                        " tensors stay referenced by the model's code past their last use "
@@ -399,7 +401,9 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   ctx.attention = ResolveAttention(config);
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
   ctx.compute_capability = device ? AttentionCapability(*device) : 90;
-  return BuildGraph(model, ctx);
+  MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));
+  if (config.lora.rank == 0) return graph;
+  return ApplyLora(graph, config.lora, max_ops);
 }
 
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,

@@ -215,6 +215,7 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
         ParseWord("--cuda-module-loading", flags.cuda_module_loading, kModuleLoadings));
     config->set_cuda_module_loading(m);
   }
+  MEMEST_RETURN_IF_ERROR(ApplyLoraFlags(flags.lora, config));
   return ApplyParallelismFlags(flags.parallel, config);
 }
 
@@ -327,6 +328,7 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(run);
   app->add_flag("--no-advice", f->no_advice, "skip the advice (faster)")->group(run);
   AddParallelismFlags(app, &f->parallel);
+  AddLoraFlags(app, &f->lora);
 
   const char* device = "Device";
   app->add_option("--device", f->device, "GPU from the catalog (see `memest devices`)")
@@ -389,16 +391,22 @@ StatusOr<v1::ValidateRequest> BuildValidateRequest(const ValidateFlags& flags) {
 }
 
 StatusOr<google::protobuf::Struct> ReadHfConfigFile(const std::string& given) {
-  const std::string flag = "--hf-config " + Escape(given, kMaxNameBytes);
   // A model's directory (a snapshot from the hub) holds its config.json.
+  return ReadJsonObjectFile(given, "--hf-config", "config.json");
+}
+
+StatusOr<google::protobuf::Struct> ReadJsonObjectFile(const std::string& given,
+                                                      const std::string& flag_name,
+                                                      const std::string& file_in_directory) {
+  const std::string flag = flag_name + " " + Escape(given, kMaxNameBytes);
   std::error_code error;
   const bool directory = std::filesystem::is_directory(given, error);
-  const std::string path = directory ? (std::filesystem::path(given) / "config.json").string()
-                                     : given;
+  const std::string path =
+      directory ? (std::filesystem::path(given) / file_in_directory).string() : given;
   std::ifstream in(path);
   if (!in) {
-    return InvalidArgument(flag + (directory ? ": the directory has no config.json"
-                                             : ": cannot open the file"));
+    return InvalidArgument(flag + (directory ? ": the directory has no " + file_in_directory
+                                             : std::string(": cannot open the file")));
   }
   std::stringstream text;
   text << in.rdbuf();

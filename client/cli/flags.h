@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "client/cli/lora_flags.h"
 #include "client/cli/parallel_flags.h"
 #include "engine/ir/status.h"
 #include "memest/v1/memest.pb.h"
@@ -64,6 +65,7 @@ struct EstimateFlags {
   std::string attention;            // eager | sdpa | flash | mem-efficient | cudnn (HF names too)
   std::string cuda_module_loading;  // lazy | eager
   ParallelismFlags parallel;
+  LoraFlags lora;
   bool no_advice = false;
 };
 
@@ -90,6 +92,12 @@ StatusOr<v1::Model> ReadModelFile(const std::string& path);
 // A Hugging Face config.json (or a model directory's), for model.hf_config.config; errors name
 // "--hf-config <path>".
 StatusOr<google::protobuf::Struct> ReadHfConfigFile(const std::string& path);
+
+// A file holding one JSON object, or a directory's `file_in_directory`; errors name
+// "<flag_name> <path>".
+StatusOr<google::protobuf::Struct> ReadJsonObjectFile(const std::string& path,
+                                                      const std::string& flag_name,
+                                                      const std::string& file_in_directory);
 
 }  // namespace memest::cli
 

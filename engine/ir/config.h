@@ -139,6 +139,35 @@ enum class PipelineSchedule {
   kGPipe,  // all forwards, then all backwards (ScheduleGPipe)
 };
 
+// PEFT's LoRA: get_peft_model(model, LoraConfig(...)) (engine/passes/lora.h). Every parameter
+// of the model is frozen; each target module (a torch.nn.Linear or Hugging Face Conv1D) keeps
+// its frozen base and adds lora_B(lora_A(dropout(x))) * scaling, whose two low-rank weights
+// train; each module of modules_to_save trains a whole copy of itself beside its frozen
+// original. rank 0: no adapters.
+struct LoraConfig {
+  int64_t rank = 0;  // LoraConfig.r
+  // lora_alpha: the adapter's output is scaled by alpha / rank, a multiply that is counted
+  // whatever its value.
+  double alpha = 8;
+  double dropout = 0;  // lora_dropout: 0 (PEFT's default) is nn.Identity, no copy of the input
+  // target_modules, matched as PEFT matches a list: a module whose whole name is an entry, or
+  // whose name ends in "." + an entry; {"all-linear"}: every Linear and Conv1D but the output
+  // layer (the last linear before the loss, PEFT's get_output_embeddings()).
+  std::vector<std::string> target_modules;
+  // modules_to_save: a module whose name ends with an entry (PEFT's plain endswith) trains a
+  // copy of its parameters; the original stays, frozen.
+  std::vector<std::string> modules_to_save;
+  // get_peft_model(autocast_adapter_dtype=True), PEFT's default: the adapters of a float16 or
+  // bfloat16 model are float32, and each adapted module's input is cast to float32 for them.
+  // false: the adapters take the base weight's dtype.
+  bool autocast_adapter_dtype = true;
+};
+
+// LoRA's limits: a rank beyond any layer's width, and name lists beyond any model's modules.
+constexpr int64_t kMaxLoraRank = int64_t{1} << 20;
+constexpr size_t kMaxLoraModules = 1024;
+inline constexpr char kLoraAllLinear[] = "all-linear";
+
 // The step as one rank of a multi-GPU job runs it. batch_size stays per rank.
 // How a tensor-parallel plan shards a module's parameters (DTensor's ColwiseParallel and
 // RowwiseParallel, Megatron's ColumnParallelLinear and RowParallelLinear): a linear's output
@@ -265,6 +294,7 @@ struct RunConfig {
   AttentionImpl attention = AttentionImpl::kDefault;
   ModuleLoading module_loading = ModuleLoading::kLazy;  // the CUDA runtime only
   ParallelismConfig parallelism;  // training only
+  LoraConfig lora;
 
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };
@@ -290,6 +320,11 @@ Status ValidateMegatron(const RunConfig& config);
 // config.parallelism.gpus_per_node within [1, kMaxGpusPerNode] (ValidateRunConfig's check, for
 // engine/ir/nccl.h too).
 Status ValidateGpusPerNode(int64_t gpus_per_node);
+
+// config.lora's fields (config_lora.cc, for ValidateRunConfig): a rank in [0, kMaxLoraRank],
+// alpha finite, dropout in [0, 1], target modules given (and only with a rank), names non-empty
+// and bounded, "all-linear" alone; no tensor or context parallelism (not modelled).
+Status ValidateLora(const RunConfig& config);
 
 // Refuses a setting that does not apply to the mode, policy or runtime it comes with, where
 // the estimate would ignore it or PyTorch would refuse it: generate_tokens in training;

@@ -27,7 +27,8 @@ CastPolicy PolicyOf(std::string_view kind) {
   return CastPolicy::kNone;
 }
 
-// The names of op's outputs, empty when none is named (the common case: no allocation).
+}  // namespace
+
 std::vector<std::string> OutputNames(const Graph& g, const Op& op) {
   std::vector<std::string> names;
   for (size_t k = 0; k < op.outputs.size(); ++k) {
@@ -38,8 +39,6 @@ std::vector<std::string> OutputNames(const Graph& g, const Op& op) {
   }
   return names;
 }
-
-}  // namespace
 
 StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional<DType> autocast,
                             ReplayMap* replay) {

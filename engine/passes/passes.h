@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -30,6 +31,10 @@ struct ReplayMap {
 StatusOr<Graph> ReplayGraph(const Graph& graph, const OpEmitter& emit,
                             std::optional<DType> autocast = std::nullopt,
                             ReplayMap* replay = nullptr);
+
+// The names of op's outputs in `graph`, for a replay that adds the op itself (Add's
+// output_names); empty when none is named (the common case: no allocation).
+std::vector<std::string> OutputNames(const Graph& graph, const Op& op);
 
 // Rewrites `graph` as torch.autocast(device_type="cuda", dtype=half) runs it: the inputs of
 // ops on CUDA autocast's lower-precision list (linear, addmm, matmul, bmm, einsum, conv,

@@ -171,9 +171,11 @@ void RmsNormMemory(const OpCall& c, OpMemory* m) {
     m->saved_extras.push_back(Alloc{n * DTypeSize(compute), "rms_norm x^2 (kept by 1.13's mean)"});
   }
   if (weighted) {
-    // weight * xhat keeps xhat (in x's dtype); with upcast the float32 xhat is a local that
-    // lives until the module returns.
-    m->saved_extras.push_back(Alloc{n * DTypeSize(x.dtype), "rms_norm normalised x"});
+    // weight * xhat keeps xhat (in x's dtype) for the weight's gradient: a frozen weight (a
+    // LoRA base) needs none, and xhat is gone once the product exists. With upcast the float32
+    // xhat is a local that lives until the module returns.
+    Alloc xhat{n * DTypeSize(x.dtype), "rms_norm normalised x"};
+    (c.needs_grad(1) ? m->saved_extras : m->forward_temps).push_back(xhat);
     if (upcast) m->forward_temps.push_back(Alloc{n * 4, "rms_norm float32 x*rstd"});
   }
   // The backward of those ops holds two input-sized products at its peak; 1.13, which kept x^2,

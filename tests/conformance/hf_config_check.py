@@ -21,6 +21,11 @@ and percent, marked `!!` outside the suite's bounds (saved and end-of-step bytes
 within 1%), `UNDER` where it is below the measurement and out of bounds, `under (within bounds)`
 where it is below but within them.
 
+--lora JSON wraps each model in PEFT's get_peft_model(model, LoraConfig(**JSON)) (peft 0.13.2
+with torch 1.13; e.g. '{"r": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.1}')
+before it is traced and measured, and gives memest the LoraConfig's to_dict() as its
+adapter_config.json (--lora-config).
+
 --dump DIR keeps the config.json and both estimates' JSON replies per model, mode and step;
 --layers prints, per mode, the per-layer rows (memest's `layers`) where the hf-config estimate
 and the traced one differ, and each estimate's peak op and scope.
@@ -64,11 +69,21 @@ def write_config(cfg_cls, kw, path):
     return config
 
 
-def hf_estimate(memest, config_path, seq, batch, cfg, first_step):
+def write_adapter_config(lora, path):
+    """PEFT's adapter_config.json of LoraConfig(**lora), as save_pretrained writes it (sets as
+    lists)."""
+    import peft
+    d = peft.LoraConfig(**lora).to_dict()
+    d = {k: sorted(v) if isinstance(v, set) else v for k, v in d.items()}
+    with open(path, "w") as f:
+        json.dump(d, f, indent=1, default=str)
+
+
+def hf_estimate(memest, config_path, seq, batch, cfg, first_step, extra=()):
     """`memest estimate --hf-config` with the flags run.estimate gives a model file."""
     import run as suite
     cmd = [memest, "estimate", "--local", "--hf-config", config_path, "--seq", str(seq)]
-    cmd += suite.step_flags(batch, cfg, first_step)
+    cmd += suite.step_flags(batch, cfg, first_step) + list(extra)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         raise RuntimeError(f"memest exited {p.returncode}: {p.stderr.strip() or p.stdout.strip()}"
@@ -78,7 +93,7 @@ def hf_estimate(memest, config_path, seq, batch, cfg, first_step):
 
 # ------------------------------------------------------------------ one model (child process)
 
-def run_one(name, memest_bin, isa, dump):
+def run_one(name, memest_bin, isa, dump, lora=None):
     import torch
     import memest
     import run as suite
@@ -95,6 +110,11 @@ def run_one(name, memest_bin, isa, dump):
     os.makedirs(workdir, exist_ok=True)
     config_path = os.path.join(workdir, f"{name}.config.json")
     write_config(cfg_cls, kw, config_path)
+    extra = []
+    if lora:
+        adapter_path = os.path.join(workdir, f"{name}.adapter_config.json")
+        write_adapter_config(lora, adapter_path)
+        extra = ["--lora-config", adapter_path]
     out = {"name": name, "config": config_path, "batch": entry.batch, "seq": zoo_models.HF_SEQ,
            "modes": []}
     for mode in entry.modes:
@@ -102,6 +122,12 @@ def run_one(name, memest_bin, isa, dump):
         res = {"mode": mode, "config": cfg.label(), "steps": []}
         out["modes"].append(res)
         run = ModuleRun(entry, cfg)
+        if lora:
+            import peft
+            from zoo_measure import _Store
+            run.module = peft.get_peft_model(run.module, peft.LoraConfig(**lora))
+            run.module.train(cfg.training)
+            run.store = _Store(run.module)
         inputs, tgt = run.example()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -109,7 +135,8 @@ def run_one(name, memest_bin, isa, dump):
                                   loss=entry.loss if cfg.training else None, training=cfg.training)
         hf, tr = [], []
         for step, first in STEPS[mode]:
-            h, cmd = hf_estimate(memest_bin, config_path, zoo_models.HF_SEQ, entry.batch, cfg, first)
+            h, cmd = hf_estimate(memest_bin, config_path, zoo_models.HF_SEQ, entry.batch, cfg, first,
+                                 extra)
             t = suite.estimate(memest_bin, dict(traced), entry.batch, cfg, first)
             hf.append(h)
             tr.append(t)
@@ -205,6 +232,8 @@ def run_child(name, args, isa):
            "--memest", args.memest]
     if args.dump:
         cmd += ["--dump", args.dump]
+    if args.lora:
+        cmd += ["--lora", args.lora]
     try:
         return run_json_child(cmd, args.timeout, tail=5)
     except Exception as e:
@@ -219,6 +248,7 @@ def main():
     ap.add_argument("--dump", help="keep each config.json and both estimates' JSON replies here")
     ap.add_argument("--layers", action="store_true", help="print the per-layer rows where the estimates differ")
     ap.add_argument("--report", help="write the results as JSON here")
+    ap.add_argument("--lora", help="LoraConfig kwargs as JSON: each model is wrapped by PEFT's get_peft_model")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per model (default 1200)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -230,7 +260,8 @@ def main():
     if args.dump:
         args.dump = os.path.abspath(args.dump)
     if args.one:
-        res = run_one(args.one, args.memest, args.isa, args.dump)
+        res = run_one(args.one, args.memest, args.isa, args.dump,
+                      json.loads(args.lora) if args.lora else None)
         with open(args.out, "w") as f:
             json.dump(res, f)
         return 0

@@ -1,0 +1,191 @@
+#include "client/cli/lora_flags.h"
+
+#include <cmath>
+#include <utility>
+
+#include "client/cli/flags.h"
+#include "engine/ir/config.h"
+#include "engine/ir/text.h"
+
+namespace memest::cli {
+namespace {
+
+using google::protobuf::Value;
+
+// A list of names: a JSON list of strings, or one string.
+Status AddNames(const Value& v, const std::string& field, bool allow_one,
+                google::protobuf::RepeatedPtrField<std::string>* out) {
+  if (v.kind_case() == Value::kNullValue) return Status::Ok();
+  if (allow_one && v.kind_case() == Value::kStringValue) {
+    *out->Add() = v.string_value();
+    return Status::Ok();
+  }
+  if (v.kind_case() != Value::kListValue) {
+    return InvalidArgument(field + ": a list of module names");
+  }
+  for (int i = 0; i < v.list_value().values_size(); ++i) {
+    const Value& name = v.list_value().values(i);
+    if (name.kind_case() != Value::kStringValue) {
+      return InvalidArgument(field + "[" + std::to_string(i) + "]: a module name (a string)");
+    }
+    *out->Add() = name.string_value();
+  }
+  return Status::Ok();
+}
+
+bool Set(const google::protobuf::Struct& s, const char* key) {
+  auto it = s.fields().find(key);
+  if (it == s.fields().end()) return false;
+  const Value& v = it->second;
+  switch (v.kind_case()) {
+    case Value::kNullValue: return false;
+    case Value::kBoolValue: return v.bool_value();
+    case Value::kStringValue: return !v.string_value().empty();
+    case Value::kListValue: return v.list_value().values_size() > 0;
+    case Value::kStructValue: return v.struct_value().fields_size() > 0;
+    default: return true;
+  }
+}
+
+// The names of a comma-separated, repeatable flag.
+std::vector<std::string> SplitCommas(const std::vector<std::string>& given) {
+  std::vector<std::string> names;
+  for (const std::string& g : given) {
+    size_t start = 0;
+    for (size_t comma = g.find(','); ; comma = g.find(',', start)) {
+      names.push_back(g.substr(start, comma == std::string::npos ? std::string::npos
+                                                                   : comma - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  return names;
+}
+
+}  // namespace
+
+Status LoraFromAdapterConfig(const google::protobuf::Struct& adapter, const std::string& context,
+                             v1::Lora* lora) {
+  const auto& f = adapter.fields();
+  auto it = f.find("peft_type");
+  if (it != f.end() && it->second.kind_case() == Value::kStringValue &&
+      it->second.string_value() != "LORA") {
+    return InvalidArgument(context + "peft_type: " + Quote(it->second.string_value()) +
+                           "; memest models LoRA adapters (\"LORA\")");
+  }
+  for (const char* key : {"use_dora", "rank_pattern", "layers_to_transform"}) {
+    if (Set(adapter, key)) {
+      return InvalidArgument(context + key + ": set, and memest models plain LoRA (one rank on "
+                             "every target module of every layer)");
+    }
+  }
+  it = f.find("bias");
+  if (it != f.end() && it->second.kind_case() == Value::kStringValue &&
+      it->second.string_value() != "none") {
+    return InvalidArgument(context + "bias: " + Quote(it->second.string_value()) +
+                           " trains the base model's biases, which memest does not model "
+                           "(\"none\" does not)");
+  }
+  it = f.find("r");
+  if (it == f.end() || it->second.kind_case() != Value::kNumberValue) {
+    return InvalidArgument(context + "r: the adapters' rank (a number) is required");
+  }
+  const double r = it->second.number_value();
+  if (!(r >= 1 && r <= 1 << 20) || r != std::floor(r)) {
+    return InvalidArgument(context + "r: an integer in [1, 2^20], got " + std::to_string(r));
+  }
+  lora->set_rank(static_cast<int64_t>(r));
+  for (const auto& [key, is_alpha] : {std::pair<const char*, bool>{"lora_alpha", true},
+                                      {"lora_dropout", false}}) {
+    it = f.find(key);
+    if (it == f.end() || it->second.kind_case() == Value::kNullValue) continue;
+    if (it->second.kind_case() != Value::kNumberValue) {
+      return InvalidArgument(context + key + ": a number");
+    }
+    if (is_alpha) lora->set_alpha(it->second.number_value());
+    else lora->set_dropout(it->second.number_value());
+  }
+  it = f.find("target_modules");
+  if (it != f.end() && it->second.kind_case() == Value::kStringValue &&
+      it->second.string_value() != kLoraAllLinear) {
+    return InvalidArgument(context + "target_modules: " + Quote(it->second.string_value()) +
+                           " is a regular expression to PEFT; memest takes a list of names or "
+                           "\"all-linear\"");
+  }
+  if (it != f.end()) {
+    MEMEST_RETURN_IF_ERROR(AddNames(it->second, context + "target_modules", true,
+                                    lora->mutable_target_modules()));
+  }
+  it = f.find("modules_to_save");
+  if (it != f.end()) {
+    MEMEST_RETURN_IF_ERROR(AddNames(it->second, context + "modules_to_save", false,
+                                    lora->mutable_modules_to_save()));
+  }
+  return Status::Ok();
+}
+
+void AddLoraFlags(CLI::App* app, LoraFlags* f) {
+  const char* group = "LoRA (PEFT's get_peft_model)";
+  app->add_option("--lora-config", f->config,
+                  "PEFT's adapter_config.json (or the adapter's directory): r, lora_alpha, "
+                  "lora_dropout, target_modules, modules_to_save; the flags below override it")
+      ->group(group)->type_name("FILE|DIR");
+  app->add_option("--lora-rank", f->rank, "LoRA adapters of this rank (LoraConfig.r)")
+      ->group(group)->type_name("R");
+  app->add_option("--lora-alpha", f->alpha, "lora_alpha (default 8; no memory of its own)")
+      ->group(group)->type_name("A");
+  app->add_option("--lora-dropout", f->dropout,
+                  "lora_dropout on the adapters' input (default 0: none, no copy)")
+      ->group(group)->type_name("P");
+  app->add_option("--lora-targets", f->targets,
+                  "target_modules: module names (q_proj,v_proj; a module matches by its whole "
+                  "name or its end after a '.'), or all-linear (every Linear but the output "
+                  "layer)")
+      ->group(group)->type_name("NAMES");
+  app->add_option("--lora-modules-to-save", f->modules_to_save,
+                  "modules_to_save: modules trained whole, as a copy beside the frozen "
+                  "original (lm_head)")
+      ->group(group)->type_name("NAMES");
+  app->add_flag("--lora-keep-adapter-dtype", f->keep_adapter_dtype,
+                "get_peft_model(autocast_adapter_dtype=False): a bf16 or fp16 model's adapters "
+                "keep its dtype (PEFT's default makes them float32)")
+      ->group(group);
+}
+
+Status ApplyLoraFlags(const LoraFlags& f, v1::RunConfig* config) {
+  if (f.config.empty() && !f.rank && !f.alpha && !f.dropout && f.targets.empty() &&
+      f.modules_to_save.empty() && !f.keep_adapter_dtype) {
+    return Status::Ok();
+  }
+  v1::Lora* lora = config->mutable_lora();
+  if (!f.config.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(google::protobuf::Struct adapter,
+                            ReadJsonObjectFile(f.config, "--lora-config", "adapter_config.json"));
+    MEMEST_RETURN_IF_ERROR(LoraFromAdapterConfig(
+        adapter, "--lora-config " + Escape(f.config, kMaxNameBytes) + ": ", lora));
+  }
+  if (f.rank) lora->set_rank(*f.rank);
+  if (f.alpha) lora->set_alpha(*f.alpha);
+  if (f.dropout) lora->set_dropout(*f.dropout);
+  if (!f.targets.empty()) {
+    lora->clear_target_modules();
+    for (std::string& name : SplitCommas(f.targets)) *lora->add_target_modules() = std::move(name);
+  }
+  if (!f.modules_to_save.empty()) {
+    lora->clear_modules_to_save();
+    for (std::string& name : SplitCommas(f.modules_to_save)) {
+      *lora->add_modules_to_save() = std::move(name);
+    }
+  }
+  lora->set_keep_adapter_dtype(f.keep_adapter_dtype);
+  if (lora->rank() == 0) {
+    return InvalidArgument("--lora-rank: required with the other --lora flags");
+  }
+  if (lora->target_modules_size() == 0) {
+    return InvalidArgument("--lora-targets: the modules to adapt are required (names, or "
+                           "all-linear)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace memest::cli

@@ -1,0 +1,45 @@
+// The flags of a LoRA fine-tune (`--lora-rank 16 --lora-targets q_proj,v_proj`, or PEFT's own
+// adapter_config.json with `--lora-config`): config.lora.
+#ifndef MEMEST_CLIENT_CLI_LORA_FLAGS_H_
+#define MEMEST_CLIENT_CLI_LORA_FLAGS_H_
+
+#include <CLI/CLI.hpp>
+#include <google/protobuf/struct.pb.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/ir/status.h"
+#include "memest/v1/memest.pb.h"
+
+namespace memest::cli {
+
+struct LoraFlags {
+  std::string config;  // PEFT's adapter_config.json, or the adapter's directory
+  std::optional<int64_t> rank;
+  std::optional<double> alpha;
+  std::optional<double> dropout;
+  std::vector<std::string> targets;          // comma-separated or repeated
+  std::vector<std::string> modules_to_save;  // comma-separated or repeated
+  bool keep_adapter_dtype = false;
+};
+
+void AddLoraFlags(CLI::App* app, LoraFlags* flags);
+
+// Sets config.lora from --lora-config's file and then the flags given (which override the
+// file's fields); none: left unset. Errors name the flag, or the file's field
+// ("--lora-config F: target_modules: ...").
+Status ApplyLoraFlags(const LoraFlags& flags, v1::RunConfig* config);
+
+// PEFT's adapter_config.json (a LoraConfig's to_dict()) as config.lora. Refused, naming the
+// field: another peft_type, use_dora, a bias other than "none", rank_pattern,
+// layers_to_transform, and a target_modules string other than "all-linear" (PEFT's regular
+// expression: list the names instead). `context` prefixes the errors.
+Status LoraFromAdapterConfig(const google::protobuf::Struct& adapter, const std::string& context,
+                             v1::Lora* lora);
+
+}  // namespace memest::cli
+
+#endif  // MEMEST_CLIENT_CLI_LORA_FLAGS_H_

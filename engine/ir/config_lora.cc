@@ -1,0 +1,71 @@
+// config.lora's checks (engine/ir/config.h, ValidateLora).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/ir/config.h"
+#include "engine/ir/text.h"
+
+namespace memest {
+namespace {
+
+Status CheckNames(const std::vector<std::string>& names, const std::string& field) {
+  if (names.size() > kMaxLoraModules) {
+    return InvalidArgument(field + ": at most " + std::to_string(kMaxLoraModules) +
+                           " names, got " + std::to_string(names.size()));
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string entry = field + "[" + std::to_string(i) + "]";
+    if (names[i].empty()) return InvalidArgument(entry + ": must name a module, got an empty name");
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(names[i], entry));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateLora(const RunConfig& c) {
+  const LoraConfig& l = c.lora;
+  if (l.rank < 0 || l.rank > kMaxLoraRank) {
+    return InvalidArgument("config.lora.rank: must be in [1, " + std::to_string(kMaxLoraRank) +
+                           "], got " + std::to_string(l.rank));
+  }
+  if (l.rank == 0) {
+    if (!l.target_modules.empty() || !l.modules_to_save.empty()) {
+      return InvalidArgument(std::string("config.lora.") +
+                             (l.target_modules.empty() ? "modules_to_save" : "target_modules") +
+                             ": a LoRA setting, and config.lora.rank is not set");
+    }
+    return Status::Ok();
+  }
+  if (!std::isfinite(l.alpha)) {
+    return InvalidArgument("config.lora.alpha: must be finite, got " + std::to_string(l.alpha));
+  }
+  if (!(l.dropout >= 0 && l.dropout <= 1)) {
+    return InvalidArgument("config.lora.dropout: must be in [0, 1], got " +
+                           std::to_string(l.dropout));
+  }
+  if (l.target_modules.empty()) {
+    return InvalidArgument("config.lora.target_modules: name the modules to adapt (their names, "
+                           "as PEFT's target_modules, or \"all-linear\")");
+  }
+  MEMEST_RETURN_IF_ERROR(CheckNames(l.target_modules, "config.lora.target_modules"));
+  MEMEST_RETURN_IF_ERROR(CheckNames(l.modules_to_save, "config.lora.modules_to_save"));
+  for (size_t i = 0; i < l.target_modules.size(); ++i) {
+    if (l.target_modules[i] == kLoraAllLinear && l.target_modules.size() > 1) {
+      return InvalidArgument("config.lora.target_modules[" + std::to_string(i) +
+                             "]: \"all-linear\" stands alone (PEFT takes it as the whole "
+                             "target_modules), and " + std::to_string(l.target_modules.size()) +
+                             " entries are given");
+    }
+  }
+  const ParallelismConfig& p = c.parallelism;
+  if (p.tensor > 1 || p.context > 1) {
+    return InvalidArgument(std::string("config.lora: LoRA under ") +
+                           (p.tensor > 1 ? "tensor" : "context") +
+                           " parallelism is not modelled (data parallelism and pipelines are)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace memest
