@@ -339,6 +339,22 @@ std::vector<Seed> MakeSeeds(const fs::path& examples) {
   scopes->mutable_config()->mutable_checkpoint()->set_policy(v1::CHECKPOINT_POLICY_SCOPES);
   scopes->mutable_config()->mutable_checkpoint()->add_scopes("transformer.h.1");
   scopes->set_skip_advice(true);
+  // LoRA (config.lora): adapters with dropout and a saved head on GPT-2's Conv1D, all-linear in
+  // bf16 on a Llama-family config.
+  v1::Lora* lora = add("gpt2.lora", gpt2)->mutable_config()->mutable_lora();
+  lora->set_rank(8);
+  lora->set_dropout(0.1);
+  lora->add_target_modules("c_attn");
+  lora->add_modules_to_save("lm_head");
+  const auto llama = std::find_if(seeds.begin(), seeds.end(),
+                                  [](const Seed& s) { return s.name == "hf-llama-3.2-1b"; });
+  if (llama != seeds.end()) {
+    const v1::Model model = llama->request.model();  // add() may move the seeds
+    v1::EstimateRequest* all = add("hf-llama-3.2-1b.lora-all-linear", model, 2);
+    all->mutable_config()->set_precision(v1::PRECISION_BF16_PURE);
+    all->mutable_config()->mutable_lora()->set_rank(4);
+    all->mutable_config()->mutable_lora()->add_target_modules("all-linear");
+  }
 
   // Refusals: the fuzzer finds many more, these show it the shape of a few.
   add("refused.batch-0", gpt2, 0);

@@ -61,10 +61,14 @@ section "parallel"
 section "python"
 pyenv="${BUILD_DIR:-build}/pyenv"
 # The model zoo also needs Hugging Face transformers, from PyPI: 4.47.1 is the last release
-# whose models run on PyTorch 1.13 (4.48 requires torch >= 2.0); it pulls no torch.
+# whose models run on PyTorch 1.13 (4.48 requires torch >= 2.0); it pulls no torch. PEFT 0.13.2
+# (with accelerate 1.1.1, which it needs) is the truth for LoRA (tests/python/test_lora.py):
+# without their dependencies, which transformers' cover, since Debian's torch calls itself
+# 1.13.0a0, below their torch>=1.13, and pip would fetch a CUDA torch 2.x of gigabytes.
 if /usr/bin/python3 -m venv --system-site-packages "${pyenv}" &&
     "${pyenv}/bin/pip" install --quiet --no-build-isolation --no-deps ./client/python &&
-    "${pyenv}/bin/pip" install --quiet "transformers==4.47.1"; then
+    "${pyenv}/bin/pip" install --quiet "transformers==4.47.1" &&
+    "${pyenv}/bin/pip" install --quiet --no-deps "peft==0.13.2" "accelerate==1.1.1"; then
   MEMEST_SERVER="${BUILD_DIR:-build}/bin/memest-server" \
     "${pyenv}/bin/python" -m pytest tests/python -q || failed+=("python")
   # The conformance cases again, each traced by memest.trace instead of written by hand.

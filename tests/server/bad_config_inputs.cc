@@ -304,12 +304,52 @@ std::vector<BadInput> GenerationAndRuntimeRows() {
   };
 }
 
+// config.lora: PEFT's LoraConfig on gpt2-small (modules c_attn, c_proj, c_fc, lm_head).
+std::vector<BadInput> LoraRows() {
+  return {
+      {"LoraRankUnset", Gpt2("lora { target_modules: \"c_attn\" }"), kInvalid,
+       "config.lora.rank"},
+      {"LoraRankNegative", Gpt2("lora { rank: -8 target_modules: \"c_attn\" }"), kInvalid,
+       "config.lora.rank"},
+      {"LoraRankPastTheLimit", Gpt2("lora { rank: " + kInt64Max + " target_modules: \"c_attn\" }"),
+       kInvalid, "config.lora.rank"},
+      {"LoraTargetsMissing", Gpt2("lora { rank: 8 }"), kInvalid, "config.lora.target_modules"},
+      {"LoraTargetEmpty", Gpt2("lora { rank: 8 target_modules: \"\" }"), kInvalid,
+       "config.lora.target_modules[0]"},
+      {"LoraTargetUnknown", Gpt2("lora { rank: 8 target_modules: \"q_proj\" }"), kInvalid,
+       "config.lora.target_modules"},
+      {"LoraTargetNotLinear", Gpt2("lora { rank: 8 target_modules: \"mlp\" }"), kInvalid,
+       "config.lora.target_modules[0]"},
+      {"LoraAllLinearWithOthers",
+       Gpt2("lora { rank: 8 target_modules: \"c_attn\" target_modules: \"all-linear\" }"),
+       kInvalid, "config.lora.target_modules[1]"},
+      {"LoraModuleToSaveUnknown",
+       Gpt2("lora { rank: 8 target_modules: \"c_attn\" modules_to_save: \"score\" }"),
+       kInvalid, "config.lora.modules_to_save[0]"},
+      {"LoraDropoutAboveOne", Gpt2("lora { rank: 8 target_modules: \"c_attn\" dropout: 2 }"),
+       kInvalid, "config.lora.dropout"},
+      {"LoraDropoutNan", Gpt2("lora { rank: 8 target_modules: \"c_attn\" dropout: nan }"),
+       kInvalid, "config.lora.dropout"},
+      {"LoraAlphaInfinite", Gpt2("lora { rank: 8 target_modules: \"c_attn\" alpha: inf }"),
+       kInvalid, "config.lora.alpha"},
+      {"LoraTargetName4MiB", Gpt2(""), kInvalid, "config.lora.target_modules[0]",
+       [](v1::EstimateRequest* r) {
+         r->mutable_config()->mutable_lora()->set_rank(8);
+         r->mutable_config()->mutable_lora()->add_target_modules(std::string(4 << 20, 'q'));
+       }},
+      {"LoraWithTensorParallelism",
+       Gpt2("lora { rank: 8 target_modules: \"c_attn\" } parallelism { tensor: 2 }"), kInvalid,
+       "config.lora"},
+  };
+}
+
 }  // namespace
 
 std::vector<BadInput> BadConfigInputs() {
   std::vector<BadInput> rows = NumberRows();
   for (std::vector<BadInput> part :
-       {EnumRows(), OptimizerAndCheckpointRows(), InferenceRows(), GenerationAndRuntimeRows()}) {
+       {EnumRows(), OptimizerAndCheckpointRows(), InferenceRows(), GenerationAndRuntimeRows(),
+        LoraRows()}) {
     for (BadInput& row : part) rows.push_back(std::move(row));
   }
   return rows;

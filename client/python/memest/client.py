@@ -77,6 +77,10 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             "rowwise"}; default: the presets' Hugging Face names): Megatron-LM's column- and
             row-parallel linears, the estimate is one rank of the group,
           context_parallel (ranks): each holds its share of every sequence (ring attention),
+          lora: LoRA adapters as PEFT's get_peft_model adds them, from a peft LoraConfig, a dict
+            of its fields (r, lora_alpha, lora_dropout, target_modules, modules_to_save; and
+            autocast_adapter_dtype, get_peft_model's) or a path to adapter_config.json (or the
+            adapter's directory): the base frozen, the adapters trained,
           gpus_per_node (default 8): which process groups NCCL connects within a node, for
             NCCL's memory (Estimate.breakdown.nccl),
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),

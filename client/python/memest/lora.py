@@ -1,0 +1,82 @@
+"""config.lora from what a PEFT user has: a LoraConfig, its kwargs as a dict, or the
+adapter_config.json that save_pretrained writes (a path to it or to the adapter's directory).
+
+The fields read are PEFT's: r, lora_alpha, lora_dropout, target_modules (a list of names, or
+"all-linear"), modules_to_save; and get_peft_model's autocast_adapter_dtype (True, PEFT's
+default: a bf16 or fp16 model's adapters are float32). What memest does not model is refused,
+naming the field, as `memest estimate --lora-config` refuses it.
+"""
+import json
+import os
+
+from memest.errors import InvalidArgument
+
+_PLAIN_ONLY = ("use_dora", "rank_pattern", "layers_to_transform")
+
+
+def _lora_dict(lora):
+    if isinstance(lora, (str, os.PathLike)):
+        path = os.path.join(lora, "adapter_config.json") if os.path.isdir(lora) else lora
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except OSError as error:
+            raise InvalidArgument("lora %s: cannot open the file: %s" % (path, error.strerror)) from None
+        except ValueError as error:
+            raise InvalidArgument("lora %s: not JSON: %s" % (path, error)) from None
+    if isinstance(lora, dict):
+        return dict(lora)
+    if callable(getattr(lora, "to_dict", None)):  # peft.LoraConfig
+        return lora.to_dict()
+    raise InvalidArgument("lora: expected a peft LoraConfig, a dict of its fields or a path to "
+                          "adapter_config.json, got %s" % type(lora).__name__)
+
+
+def _names(value, field):
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    try:
+        names = list(value)
+    except TypeError:
+        raise InvalidArgument("lora.%s: a list of module names" % field) from None
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            raise InvalidArgument("lora.%s[%d]: a module name (a string)" % (field, i))
+    return sorted(names) if isinstance(value, (set, frozenset)) else names
+
+
+def apply_lora(config, lora):
+    """Sets config.lora (a memest.v1.RunConfig's) from `lora` (see the module's docstring)."""
+    data = _lora_dict(lora)
+    peft_type = data.get("peft_type")
+    if peft_type is not None and str(getattr(peft_type, "value", peft_type)) != "LORA":
+        raise InvalidArgument("lora.peft_type: %r; memest models LoRA adapters" % (peft_type,))
+    for key in _PLAIN_ONLY:
+        if data.get(key):
+            raise InvalidArgument("lora.%s: set, and memest models plain LoRA (one rank on every "
+                                  "target module of every layer)" % key)
+    if data.get("bias", "none") != "none":
+        raise InvalidArgument("lora.bias: %r trains the base model's biases, which memest does "
+                              "not model" % data["bias"])
+    rank = data.get("r")
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        raise InvalidArgument("lora.r: the adapters' rank (an integer) is required")
+    targets = data.get("target_modules")
+    if isinstance(targets, str) and targets != "all-linear":
+        raise InvalidArgument("lora.target_modules: %r is a regular expression to PEFT; memest "
+                              "takes a list of names or \"all-linear\"" % targets)
+    out = config.lora
+    try:
+        out.rank = rank
+        if data.get("lora_alpha") is not None:
+            out.alpha = float(data["lora_alpha"])
+        if data.get("lora_dropout") is not None:
+            out.dropout = float(data["lora_dropout"])
+    except (TypeError, ValueError) as error:
+        raise InvalidArgument("lora: %s" % error) from None
+    out.target_modules.extend(_names(targets, "target_modules"))
+    out.modules_to_save.extend(_names(data.get("modules_to_save"), "modules_to_save"))
+    if data.get("autocast_adapter_dtype") is False:
+        out.keep_adapter_dtype = True

@@ -1,0 +1,8 @@
+
+$
+"
+
+gpt2-small
+
+layers
+seq€!ªš™™™™™¹?"c_attn*lm_head

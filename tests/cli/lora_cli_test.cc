@@ -1,0 +1,96 @@
+// `memest estimate` with LoRA: the --lora-* flags and PEFT's own adapter_config.json
+// (--lora-config, a file or the adapter's directory) ask the same question; what the file says
+// that memest does not model is refused naming the file's field.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "tests/cli/subprocess.h"
+
+namespace memest {
+namespace {
+
+using ::memest::testing::Run;
+using ::memest::testing::RunResult;
+using ::testing::HasSubstr;
+
+const std::string kMemest = MEMEST_CLI_PATH;
+const std::string kLlama = std::string(MEMEST_SOURCE_DIR) + "/tests/data/hf_configs/llama-2-7b.json";
+
+RunResult Estimate(std::vector<std::string> lora) {
+  std::vector<std::string> args = {kMemest, "estimate", "--local", "--hf-config", kLlama,
+                                   "--seq", "256", "--precision", "bf16-pure", "--json",
+                                   "--no-advice"};
+  args.insert(args.end(), lora.begin(), lora.end());
+  return Run(args);
+}
+
+std::string AdapterDir(const std::string& name, const nlohmann::json& config) {
+  const std::string dir = ::testing::TempDir() + "/" + name;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/adapter_config.json") << config.dump(1);
+  return dir;
+}
+
+// What save_pretrained writes for LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05,
+// target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM") (peft 0.13.2), trimmed of
+// fields memest does not read.
+nlohmann::json PeftAdapterConfig() {
+  return {{"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"r", 16}, {"lora_alpha", 32},
+          {"lora_dropout", 0.05}, {"target_modules", {"v_proj", "q_proj"}},
+          {"modules_to_save", nullptr}, {"bias", "none"}, {"use_dora", false},
+          {"rank_pattern", nlohmann::json::object()}, {"layers_to_transform", nullptr},
+          {"fan_in_fan_out", false}, {"init_lora_weights", true}};
+}
+
+TEST(LoraCliTest, FlagsAndAdapterConfigAgree) {
+  const RunResult flags = Estimate({"--lora-rank", "16", "--lora-alpha", "32", "--lora-dropout",
+                                    "0.05", "--lora-targets", "v_proj,q_proj"});
+  ASSERT_EQ(flags.exit_code, 0) << flags.err;
+  const RunResult file = Estimate({"--lora-config", AdapterDir("adapter", PeftAdapterConfig())});
+  ASSERT_EQ(file.exit_code, 0) << file.err;
+  EXPECT_EQ(nlohmann::json::parse(flags.out), nlohmann::json::parse(file.out));
+  const nlohmann::json reply = nlohmann::json::parse(file.out);
+  EXPECT_EQ(reply.at("trainableParameterCount"), "8388608");
+  // A flag overrides the file's field.
+  const RunResult rank8 = Estimate({"--lora-config", AdapterDir("adapter", PeftAdapterConfig()),
+                                    "--lora-rank", "8"});
+  ASSERT_EQ(rank8.exit_code, 0) << rank8.err;
+  EXPECT_EQ(nlohmann::json::parse(rank8.out).at("trainableParameterCount"), "4194304");
+}
+
+TEST(LoraCliTest, RefusesWhatItDoesNotModelNamingTheField) {
+  struct Case {
+    const char* field;
+    nlohmann::json value;
+    const char* message;
+  } cases[] = {
+      {"use_dora", true, "use_dora: set, and memest models plain LoRA"},
+      {"bias", "all", "bias: 'all' trains the base model's biases"},
+      {"target_modules", ".*q_proj", "target_modules: '.*q_proj' is a regular expression"},
+      {"peft_type", "IA3", "peft_type: 'IA3'; memest models LoRA adapters"},
+      {"r", "sixteen", "r: the adapters' rank (a number) is required"},
+      {"rank_pattern", {{"q_proj", 4}}, "rank_pattern: set"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json config = PeftAdapterConfig();
+    config[c.field] = c.value;
+    const RunResult r = Estimate({"--lora-config", AdapterDir(c.field, config)});
+    EXPECT_EQ(r.exit_code, 3) << c.field;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << r.err;
+  }
+  const RunResult no_rank = Estimate({"--lora-targets", "q_proj"});
+  EXPECT_EQ(no_rank.exit_code, 3);
+  EXPECT_THAT(no_rank.err, HasSubstr("--lora-rank: required"));
+  const RunResult no_file = Estimate({"--lora-config", ::testing::TempDir()});
+  EXPECT_EQ(no_file.exit_code, 3);
+  EXPECT_THAT(no_file.err, HasSubstr("the directory has no adapter_config.json"));
+}
+
+}  // namespace
+}  // namespace memest
