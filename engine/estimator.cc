@@ -403,7 +403,11 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   ctx.compute_capability = device ? AttentionCapability(*device) : 90;
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));
   if (config.lora.rank == 0) return graph;
-  return ApplyLora(graph, config.lora, max_ops);
+  LoraConfig lora = config.lora;
+  // DeepSpeed's engine casts the whole module to its bf16 or fp16 dtype
+  // (_configure_distributed_model: module.bfloat16() / half()), PEFT's float32 adapters too.
+  if (IsDeepSpeed(config.parallelism.sharding)) lora.autocast_adapter_dtype = false;
+  return ApplyLora(graph, lora, max_ops, budget);
 }
 
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,

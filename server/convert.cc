@@ -472,20 +472,7 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
     MEMEST_ASSIGN_OR_RETURN(out.parallelism, ParallelismFromProto(config.parallelism()));
   }
   if (config.has_lora()) {
-    const v1::Lora& lora = config.lora();
-    out.lora.rank = lora.rank();
-    if (lora.rank() == 0) {
-      return InvalidArgument("config.lora.rank: required when config.lora is set (1 to " +
-                             std::to_string(kMaxLoraRank) + ")");
-    }
-    if (lora.has_alpha()) out.lora.alpha = lora.alpha();
-    if (!std::isfinite(lora.dropout())) return NotFinite("config.lora.dropout", lora.dropout());
-    out.lora.dropout = lora.dropout();
-    MEMEST_RETURN_IF_ERROR(CheckNamesSize(lora.target_modules(), "config.lora.target_modules"));
-    MEMEST_RETURN_IF_ERROR(CheckNamesSize(lora.modules_to_save(), "config.lora.modules_to_save"));
-    out.lora.target_modules.assign(lora.target_modules().begin(), lora.target_modules().end());
-    out.lora.modules_to_save.assign(lora.modules_to_save().begin(), lora.modules_to_save().end());
-    out.lora.autocast_adapter_dtype = !lora.keep_adapter_dtype();
+    MEMEST_ASSIGN_OR_RETURN(out.lora, LoraFromProto(config.lora()));
   }
   MEMEST_RETURN_IF_ERROR(CheckExplicitSettings(config));
   return out;

@@ -54,6 +54,8 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config);
 // config.parallelism: DATA_PARALLEL_UNSPECIFIED is DDP with more than one rank (or with a DDP
 // setting), none otherwise; bucket_cap_mb becomes bytes as DDP computes them.
 StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& parallelism);
+// config.lora (convert_lora.cc): a set message needs a rank; the ranges are ValidateLora's.
+StatusOr<LoraConfig> LoraFromProto(const v1::Lora& lora);
 void DataParallelToProto(const DataParallelReport& report, v1::DataParallelRanks* out);
 void PipelineToProto(const PipelineReport& report, v1::PipelineStages* out);
 

@@ -1,5 +1,6 @@
 #include "client/cli/lora_flags.h"
 
+#include <cctype>
 #include <cmath>
 #include <utility>
 
@@ -73,7 +74,8 @@ Status LoraFromAdapterConfig(const google::protobuf::Struct& adapter, const std:
     return InvalidArgument(context + "peft_type: " + Quote(it->second.string_value()) +
                            "; memest models LoRA adapters (\"LORA\")");
   }
-  for (const char* key : {"use_dora", "rank_pattern", "layers_to_transform"}) {
+  for (const char* key : {"use_dora", "rank_pattern", "layers_to_transform", "layer_replication",
+                          "lora_bias", "exclude_modules"}) {
     if (Set(adapter, key)) {
       return InvalidArgument(context + key + ": set, and memest models plain LoRA (one rank on "
                              "every target module of every layer)");
@@ -91,8 +93,9 @@ Status LoraFromAdapterConfig(const google::protobuf::Struct& adapter, const std:
     return InvalidArgument(context + "r: the adapters' rank (a number) is required");
   }
   const double r = it->second.number_value();
-  if (!(r >= 1 && r <= 1 << 20) || r != std::floor(r)) {
-    return InvalidArgument(context + "r: an integer in [1, 2^20], got " + std::to_string(r));
+  if (!(r >= 1 && r <= static_cast<double>(kMaxLoraRank)) || r != std::floor(r)) {
+    return InvalidArgument(context + "r: an integer in [1, " + std::to_string(kMaxLoraRank) +
+                           "], got " + std::to_string(r));
   }
   lora->set_rank(static_cast<int64_t>(r));
   for (const auto& [key, is_alpha] : {std::pair<const char*, bool>{"lora_alpha", true},
@@ -106,13 +109,17 @@ Status LoraFromAdapterConfig(const google::protobuf::Struct& adapter, const std:
     else lora->set_dropout(it->second.number_value());
   }
   it = f.find("target_modules");
-  if (it != f.end() && it->second.kind_case() == Value::kStringValue &&
-      it->second.string_value() != kLoraAllLinear) {
-    return InvalidArgument(context + "target_modules: " + Quote(it->second.string_value()) +
-                           " is a regular expression to PEFT; memest takes a list of names or "
-                           "\"all-linear\"");
-  }
-  if (it != f.end()) {
+  if (it != f.end() && it->second.kind_case() == Value::kStringValue) {
+    // A string is a regular expression to PEFT, unless it is "all-linear" in any case.
+    std::string lower = it->second.string_value();
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (lower != kLoraAllLinear) {
+      return InvalidArgument(context + "target_modules: " + Quote(it->second.string_value()) +
+                             " is a regular expression to PEFT; memest takes a list of names "
+                             "or \"all-linear\"");
+    }
+    *lora->add_target_modules() = kLoraAllLinear;
+  } else if (it != f.end()) {
     MEMEST_RETURN_IF_ERROR(AddNames(it->second, context + "target_modules", true,
                                     lora->mutable_target_modules()));
   }

@@ -139,6 +139,29 @@ enum class PipelineSchedule {
   kGPipe,  // all forwards, then all backwards (ScheduleGPipe)
 };
 
+// How the model's Linear weights are stored (engine/passes/quantize.h).
+enum class WeightFormat {
+  kDense,    // as the precision says
+  kBnbNf4,   // bitsandbytes Linear4bit, NF4 (BitsAndBytesConfig(load_in_4bit=True,
+             // bnb_4bit_quant_type="nf4"))
+  kBnbFp4,   // the same with bnb_4bit_quant_type="fp4", transformers' default
+};
+
+// transformers' BitsAndBytesConfig for load_in_4bit: every nn.Linear but the skipped ones
+// becomes a frozen bitsandbytes Linear4bit; the rest of the model keeps the precision's dtype.
+struct QuantizationConfig {
+  WeightFormat format = WeightFormat::kDense;
+  // bnb_4bit_use_double_quant: the per-block absmax constants are themselves quantized.
+  bool double_quant = false;
+  // bnb_4bit_compute_dtype: the dtype the weight is dequantized to and the matmul runs in
+  // (transformers' default float32).
+  DType compute_dtype = DType::kFloat32;
+  // llm_int8_skip_modules: modules left unquantized, matched as transformers matches them (a
+  // name that is a component run of the module's path); empty: transformers'
+  // get_keys_to_not_convert, the output layer.
+  std::vector<std::string> skip_modules;
+};
+
 // PEFT's LoRA: get_peft_model(model, LoraConfig(...)) (engine/passes/lora.h). Every parameter
 // of the model is frozen; each target module (a torch.nn.Linear or Hugging Face Conv1D) keeps
 // its frozen base and adds lora_B(lora_A(dropout(x))) * scaling, whose two low-rank weights
@@ -295,6 +318,7 @@ struct RunConfig {
   ModuleLoading module_loading = ModuleLoading::kLazy;  // the CUDA runtime only
   ParallelismConfig parallelism;  // training only
   LoraConfig lora;
+  QuantizationConfig quantization;
 
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };

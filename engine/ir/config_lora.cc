@@ -65,6 +65,12 @@ Status ValidateLora(const RunConfig& c) {
                            (p.tensor > 1 ? "tensor" : "context") +
                            " parallelism is not modelled (data parallelism and pipelines are)");
   }
+  if (p.sharding == DataSharding::kFsdp1) {
+    // FSDP1's flat parameters (use_orig_params=False) take one requires_grad per unit; PEFT's
+    // recipes wrap the adapters in units of their own (fsdp_auto_wrap_policy), not modelled.
+    return InvalidArgument("config.lora: LoRA under FSDP1 is not modelled (a flat parameter "
+                           "cannot mix frozen and trained parameters); FSDP2, ZeRO and DDP are");
+  }
   return Status::Ok();
 }
 

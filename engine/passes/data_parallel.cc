@@ -291,12 +291,15 @@ int64_t CommunicatedBytesPerStep(const Graph& g, const RunConfig& c) {
   double total = m * (sent + received);  // activations on, their gradients back
   const double d = static_cast<double>(p.data);
   const double share = (d - 1) / d;
+  // The sharded optimizers gather the parameters they updated: the trainable ones, whose bytes
+  // are the gradients' (a frozen base, under LoRA, never changes).
+  const double updated = grads;
   switch (p.sharding) {
     case DataSharding::kNone: break;
     case DataSharding::kDdp: total += 2 * share * grads; break;
-    case DataSharding::kZero1: total += 2 * share * grads + share * params; break;
-    case DataSharding::kDeepSpeedZero2: total += m * share * grads + share * params; break;
-    case DataSharding::kDeepSpeedZero1: total += share * grads + share * params; break;
+    case DataSharding::kZero1: total += 2 * share * grads + share * updated; break;
+    case DataSharding::kDeepSpeedZero2: total += m * share * grads + share * updated; break;
+    case DataSharding::kDeepSpeedZero1: total += share * grads + share * updated; break;
     case DataSharding::kDeepSpeedZero3: {
       // Forward gathers every parameter but the persistent ones (gathered once, after the
       // step); a steady step keeps about the last max_reuse_distance / 2 elements gathered into
@@ -324,7 +327,7 @@ int64_t CommunicatedBytesPerStep(const Graph& g, const RunConfig& c) {
     }
     case DataSharding::kMegatronDdp: total += 2 * share * grads32; break;
     case DataSharding::kMegatronDistOpt:  // float32 gradients scattered, parameters gathered
-      total += share * grads32 + share * params;
+      total += share * grads32 + share * updated;
       break;
     case DataSharding::kFsdp1:
     case DataSharding::kFsdp2: {

@@ -7,38 +7,18 @@
 #include <utility>
 
 #include "engine/ir/text.h"
+#include "engine/passes/linear_modules.h"
 #include "engine/passes/passes.h"
 
 namespace memest {
 namespace {
 
-// The data input of a module's one weighted op: linear(x, W) reads x first; HF Conv1D's
-// addmm(bias, x, W) second. -1: not such an op.
-int DataInputOf(const Graph& g, const Op& op) {
-  if (op.kind == "linear" && op.inputs.size() >= 2) return 0;
-  if (op.kind == "addmm" && op.inputs.size() == 3 &&
-      g.tensors[op.inputs[2]].role == TensorRole::kParameter) {
-    return 1;
-  }
-  return -1;
-}
-
-// Ops a Linear or Conv1D module runs besides its weighted op: autocast's casts and Conv1D's
-// views.
-bool Plumbing(std::string_view kind) {
-  return kind == "to" || kind == "view" || kind == "reshape" || kind == "contiguous";
-}
-
-bool EndsWithModule(std::string_view name, std::string_view entry) {
-  if (name == entry) return true;
-  return name.size() > entry.size() && name.substr(name.size() - entry.size()) == entry &&
-         name[name.size() - entry.size() - 1] == '.';
-}
+using NameSet = std::set<std::string, std::less<>>;
 
 // Every module name of `g` in forward order: each op's scope and the scopes around it.
 std::vector<std::string> ModuleNames(const Graph& g) {
   std::vector<std::string> names;
-  std::set<std::string, std::less<>> seen;
+  NameSet seen;
   for (const Op& op : g.ops) {
     if (op.scope.empty() || seen.count(op.scope) > 0) continue;
     for (size_t dot = op.scope.find('.'); dot != std::string::npos;
@@ -52,41 +32,107 @@ std::vector<std::string> ModuleNames(const Graph& g) {
   return names;
 }
 
-// The module names config.lora.target_modules selects (all-linear expanded as PEFT's
-// _maybe_include_all_linear_layers does), or the error naming the entry at fault.
-StatusOr<std::set<std::string, std::less<>>> Targets(const Graph& g, const LoraConfig& lora,
-                                                     const std::vector<std::string>& linear) {
-  std::vector<std::string> entries = lora.target_modules;
-  if (entries.size() == 1 && entries[0] == kLoraAllLinear) {
-    // Base names of every Linear and Conv1D, less the output layer's name: the module of the
-    // last weighted op before the loss.
-    std::string output;
-    const size_t end = g.loss_begin >= 0 ? static_cast<size_t>(g.loss_begin) : g.ops.size();
-    for (size_t i = 0; i < end; ++i) {
-      if (DataInputOf(g, g.ops[i]) >= 0) output = g.ops[i].scope;
+// The index of the entry `name` ends with (PEFT's plain key.endswith(entry), as
+// modules_to_save matches), -1 for none: one lookup per distinct entry length.
+class SuffixIndex {
+ public:
+  explicit SuffixIndex(const std::vector<std::string>& entries) {
+    for (size_t k = 0; k < entries.size(); ++k) by_length_[entries[k].size()].emplace(entries[k], k);
+  }
+  int Find(std::string_view name) const {
+    for (const auto& [length, entries] : by_length_) {
+      if (length > name.size()) break;
+      auto it = entries.find(name.substr(name.size() - length));
+      if (it != entries.end()) return static_cast<int>(it->second);
     }
-    std::set<std::string, std::less<>> base;
+    return -1;
+  }
+
+ private:
+  std::map<size_t, std::map<std::string, size_t, std::less<>>> by_length_;
+};
+
+// The index of the entry that selects module `name` as PEFT's check_target_module_exists does
+// for a list (the whole name, or its end after a '.'), -1 for none.
+int TargetEntry(std::string_view name, const std::map<std::string, size_t, std::less<>>& entries) {
+  for (size_t from = 0;;) {
+    auto it = entries.find(name.substr(from));
+    if (it != entries.end()) return static_cast<int>(it->second);
+    const size_t dot = name.find('.', from);
+    if (dot == std::string_view::npos) return -1;
+    from = dot + 1;
+  }
+}
+
+// The outermost module of `saved` that `scope` is or lies in ("" for none).
+std::string_view OutermostSaved(std::string_view scope, const NameSet& saved) {
+  for (size_t dot = scope.find('.'); dot != std::string_view::npos; dot = scope.find('.', dot + 1)) {
+    if (saved.count(scope.substr(0, dot)) > 0) return scope.substr(0, dot);
+  }
+  return saved.count(scope) > 0 ? scope : std::string_view();
+}
+
+// The modules modules_to_save wraps (each module whose name ends with an entry), or the error
+// naming an entry that matches no module.
+StatusOr<NameSet> SavedModules(const std::vector<std::string>& names, const LoraConfig& lora) {
+  const SuffixIndex index(lora.modules_to_save);
+  std::vector<bool> used(lora.modules_to_save.size(), false);
+  NameSet saved;
+  for (const std::string& m : names) {
+    const int k = index.Find(m);
+    if (k < 0) continue;
+    used[k] = true;
+    saved.insert(m);
+  }
+  for (size_t k = 0; k < used.size(); ++k) {
+    if (!used[k]) {
+      return InvalidArgument("config.lora.modules_to_save[" + std::to_string(k) + "]: " +
+                             Quote(lora.modules_to_save[k]) + " matches no module of the model");
+    }
+  }
+  return saved;
+}
+
+// The module names config.lora.target_modules selects (all-linear expanded as PEFT's
+// _maybe_include_all_linear_layers does), less the modules modules_to_save wraps (PEFT's
+// inject_adapter wraps those instead), or the error naming the entry at fault.
+StatusOr<NameSet> Targets(const Graph& g, const LoraConfig& lora,
+                          const std::vector<std::string>& names, const NameSet& saved) {
+  const std::vector<std::string> linear = LinearModules(g);
+  std::vector<std::string> entries = lora.target_modules;
+  const bool expanded = entries.size() == 1 && entries[0] == kLoraAllLinear;
+  if (expanded) {
+    // Base names of every Linear and Conv1D, less the output layer's name.
+    NameSet base;
     for (const std::string& m : linear) base.insert(m.substr(m.rfind('.') + 1));
-    base.erase(output);
+    base.erase(OutputLayer(g));
     entries.assign(base.begin(), base.end());
   }
-  const std::set<std::string, std::less<>> is_linear(linear.begin(), linear.end());
-  std::set<std::string, std::less<>> targets;
+  auto field = [&](size_t k) {
+    return "config.lora.target_modules" + (expanded ? " (all-linear: " + Quote(entries[k]) + ")"
+                                                    : "[" + std::to_string(k) + "]");
+  };
+  std::map<std::string, size_t, std::less<>> index;
+  for (size_t k = 0; k < entries.size(); ++k) index.emplace(entries[k], k);
+  const NameSet is_linear(linear.begin(), linear.end());
+  NameSet targets;
   std::vector<bool> used(entries.size(), false);
-  for (const std::string& m : ModuleNames(g)) {
-    for (size_t k = 0; k < entries.size(); ++k) {
-      if (!EndsWithModule(m, entries[k])) continue;
-      if (is_linear.count(m) == 0) {
-        return InvalidArgument(
-            "config.lora.target_modules" +
-            (lora.target_modules.size() == entries.size() ? "[" + std::to_string(k) + "]"
-                                                           : std::string()) +
-            ": " + Quote(entries[k]) + " matches the module " + Quote(m) +
-            ", which is not a Linear or Conv1D (the layers memest adapts with LoRA)");
-      }
-      used[k] = true;
-      targets.insert(m);
+  for (const std::string& m : names) {
+    const int k = TargetEntry(m, index);
+    if (k < 0) continue;
+    used[k] = true;
+    if (saved.count(m) > 0) continue;
+    if (const std::string_view outer = OutermostSaved(m, saved); !outer.empty()) {
+      return InvalidArgument(field(k) + ": " + Quote(entries[k]) + " matches the module " +
+                             Quote(m) + " inside " + Quote(outer) +
+                             ", which modules_to_save trains whole (PEFT fails on it)");
     }
+    if (is_linear.count(m) == 0) {
+      return InvalidArgument(field(k) + ": " + Quote(entries[k]) + " matches the module " +
+                             Quote(m) + ", which is not a Linear or Conv1D (the layers memest "
+                             "adapts with LoRA)");
+    }
+    targets.insert(m);
   }
   if (targets.empty()) {
     return InvalidArgument("config.lora.target_modules: no module of the model matches " +
@@ -96,68 +142,30 @@ StatusOr<std::set<std::string, std::less<>>> Targets(const Graph& g, const LoraC
                            "; its Linear modules are named like " +
                            (linear.empty() ? std::string("(none)") : Quote(linear[0])));
   }
-  for (size_t k = 0; k < entries.size() && lora.target_modules.size() == entries.size(); ++k) {
+  for (size_t k = 0; k < entries.size() && !expanded; ++k) {
     if (!used[k]) {
-      return InvalidArgument("config.lora.target_modules[" + std::to_string(k) + "]: " +
-                             Quote(entries[k]) + " matches no module of the model");
+      return InvalidArgument(field(k) + ": " + Quote(entries[k]) +
+                             " matches no module of the model");
     }
   }
   return targets;
 }
 
-// For each op, the outermost module of modules_to_save it runs in ("" for none), or the error
-// naming an entry that matches no module.
-StatusOr<std::vector<std::string>> SavedModuleOfOps(const Graph& g, const LoraConfig& lora) {
-  std::vector<std::string> saved;
-  const std::vector<std::string> names = ModuleNames(g);
-  for (size_t k = 0; k < lora.modules_to_save.size(); ++k) {
-    bool found = false;
-    for (const std::string& m : names) {
-      if (m.size() < lora.modules_to_save[k].size() ||
-          m.compare(m.size() - lora.modules_to_save[k].size(), std::string::npos,
-                    lora.modules_to_save[k]) != 0) {
-        continue;  // PEFT's _set_trainable: key.endswith(entry)
-      }
-      found = true;
-      saved.push_back(m);
-    }
-    if (!found) {
-      return InvalidArgument("config.lora.modules_to_save[" + std::to_string(k) + "]: " +
-                             Quote(lora.modules_to_save[k]) + " matches no module of the model");
-    }
-  }
-  std::vector<std::string> of(g.ops.size());
-  for (size_t i = 0; i < g.ops.size(); ++i) {
-    for (const std::string& m : saved) {
-      if (ScopeWithin(g.ops[i].scope, m) && (of[i].empty() || m.size() < of[i].size())) of[i] = m;
-    }
-  }
-  return of;
-}
-
 }  // namespace
 
-std::vector<std::string> LinearModules(const Graph& g) {
-  std::map<std::string, int, std::less<>> weighted;  // scope -> weighted ops; -1: other ops too
-  std::vector<std::string> order;
-  for (const Op& op : g.ops) {
-    auto [it, fresh] = weighted.try_emplace(op.scope, 0);
-    if (fresh) order.push_back(op.scope);
-    if (it->second < 0) continue;
-    if (DataInputOf(g, op) >= 0) ++it->second;
-    else if (!Plumbing(op.kind)) it->second = -1;
+StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t max_ops,
+                          Budget* budget) {
+  const std::vector<std::string> names = ModuleNames(graph);
+  MEMEST_ASSIGN_OR_RETURN(NameSet saved, SavedModules(names, lora));
+  MEMEST_ASSIGN_OR_RETURN(NameSet targets, Targets(graph, lora, names, saved));
+  std::map<std::string_view, std::string_view> saved_of_scope;  // per distinct scope
+  std::vector<std::string> saved_module(graph.ops.size());
+  for (size_t i = 0; i < graph.ops.size() && !saved.empty(); ++i) {
+    const std::string& scope = graph.ops[i].scope;
+    auto [it, fresh] = saved_of_scope.try_emplace(scope);
+    if (fresh) it->second = OutermostSaved(scope, saved);
+    saved_module[i] = std::string(it->second);
   }
-  std::vector<std::string> linear;
-  for (const std::string& s : order) {
-    if (!s.empty() && weighted[s] == 1) linear.push_back(s);
-  }
-  return linear;
-}
-
-StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t max_ops) {
-  const std::vector<std::string> linear = LinearModules(graph);
-  MEMEST_ASSIGN_OR_RETURN(auto targets, Targets(graph, lora, linear));
-  MEMEST_ASSIGN_OR_RETURN(std::vector<std::string> saved_module, SavedModuleOfOps(graph, lora));
 
   // The adapted runs: the last op of each run of a target module's ops, and the module's input.
   const size_t n = graph.ops.size();
@@ -167,19 +175,19 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
     while (last + 1 < n && graph.ops[last + 1].scope == graph.ops[first].scope) ++last;
     if (targets.count(graph.ops[first].scope) > 0) {
       for (size_t i = first; i <= last; ++i) {
-        const int in = DataInputOf(graph, graph.ops[i]);
+        const int in = LinearDataInput(graph, graph.ops[i]);
         if (in < 0) continue;
         // The module's input and weight, back through its own casts and views.
         auto outside = [&](int t) {
           for (int p = graph.tensors[t].producer;
-               p >= static_cast<int>(first) && Plumbing(graph.ops[p].kind);
+               p >= static_cast<int>(first) && LinearPlumbing(graph.ops[p].kind);
                p = graph.tensors[t].producer) {
             t = graph.ops[p].inputs[0];
           }
           return t;
         };
         adapter_input[last] = outside(graph.ops[i].inputs[in]);
-        base_weight[last] = outside(graph.ops[i].inputs[in == 0 ? 1 : 2]);
+        base_weight[last] = outside(graph.ops[i].inputs[LinearWeightInput(in)]);
       }
     }
     first = last + 1;
@@ -198,6 +206,13 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
     const std::string& module = saved_module[i];
     const bool cast = op.kind == "to" && HasAttr(op.attrs, "autocast_weight");
     if (module.empty() && !cast && adapter_input[i] < 0) return false;
+    if (cast && module.empty()) {
+      // autocast caches the casts of leaves that require grad only: each op that reads a frozen
+      // weight casts it anew (AutocastInputs, as the readers are replayed), and keeps its own
+      // cast where it saves it.
+      map[op.outputs[0]] = map[op.inputs[0]];
+      return true;
+    }
     std::vector<int> inputs;
     for (int t : op.inputs) {
       const Tensor& leaf = frozen.tensors[t];
@@ -212,18 +227,14 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
         const std::string_view rest = ScopeWithin(leaf.name, module)
                                           ? std::string_view(leaf.name).substr(module.size() + 1)
                                           : std::string_view(leaf.name).substr(leaf.name.rfind('.') + 1);
-        copy.name = module + ".modules_to_save.default." + std::string(rest);
+        copy.name = Escape(module, kMaxNameBytes) + ".modules_to_save.default." +
+                    Escape(rest, kMaxNameBytes);
         copy.requires_grad = true;
         it->second = b.CopyLeaf(copy);
       }
       inputs.push_back(it->second);
     }
-    Attrs attrs = op.attrs;
-    // autocast caches the casts of leaves that require grad only: a frozen weight is cast anew
-    // for each op and freed after it.
-    if (cast && !b.tensor(inputs[0]).requires_grad) attrs.erase("autocast_weight");
-    std::vector<int> outs = b.Add(op.kind, std::move(inputs), std::move(attrs),
-                                  OutputNames(frozen, op));
+    std::vector<int> outs = b.Add(op.kind, std::move(inputs), op.attrs, OutputNames(frozen, op));
     for (size_t k = 0; k < outs.size(); ++k) map[op.outputs[k]] = outs[k];
     if (adapter_input[i] < 0 || outs.empty() || !b.ok()) return true;
 
@@ -245,7 +256,10 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
       it->second.second = b.Parameter("weight", {out, lora.rank}, dtype);
     }
     b.SetScope(op.scope);
-    if (b.tensor(x).dtype != dtype) x = b.Add1("to", {x}, {{"dtype", std::string(DTypeName(dtype))}});
+    int cast_input = -1;  // `x = x.to(...)`: a local of forward, alive until it returns
+    if (b.tensor(x).dtype != dtype) {
+      x = cast_input = b.Add1("to", {x}, {{"dtype", std::string(DTypeName(dtype))}});
+    }
     if (lora.dropout > 0) {
       b.SetScope(op.scope + ".lora_dropout.default");
       x = b.Add1("dropout", {x}, {{"p", lora.dropout}});
@@ -260,10 +274,11 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
     if (b.ok() && b.tensor(sum).dtype != base) {
       sum = b.Add1("to", {sum}, {{"dtype", std::string(DTypeName(base))}});
     }
+    b.HoldUntilLastOp(cast_input);
     map[op.outputs[0]] = sum;
     return true;
   };
-  StatusOr<Graph> out = ReplayGraph(frozen, emit);
+  StatusOr<Graph> out = ReplayGraph(frozen, emit, std::nullopt, nullptr, budget);
   if (!out.ok()) return out.status().Prefixed("config.lora: ");
   if (static_cast<int64_t>(out->ops.size()) > max_ops) {
     return ResourceExhausted("config.lora: the model with its adapters has " +

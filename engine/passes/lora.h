@@ -23,24 +23,22 @@
 #include <string>
 #include <vector>
 
+#include "engine/ir/budget.h"
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
 #include "engine/ir/status.h"
 
 namespace memest {
 
-// The modules of `graph` that PEFT's LoRA can adapt: a scope whose ops hold exactly one linear
-// (a torch.nn.Linear), or one addmm whose weight is a parameter (Hugging Face's Conv1D), in
-// forward order, each once.
-std::vector<std::string> LinearModules(const Graph& graph);
-
 // `graph` with config.lora's adapters (see above): lora_A and lora_B of module M are the
 // parameters "M.lora_A.default.weight" and "M.lora_B.default.weight", a saved module's copies
 // "M.modules_to_save.default.<name>", as PEFT names them.
 // Refuses (INVALID_ARGUMENT, naming config.lora's field) a target that matches no module or a
 // module that is not a Linear or Conv1D, a modules_to_save entry that matches no module, and
-// (RESOURCE_EXHAUSTED) a result of more than `max_ops` ops.
-StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t max_ops);
+// (RESOURCE_EXHAUSTED) a result of more than `max_ops` ops; `budget` (null: none) can stop the
+// rebuild at its deadline or cancellation.
+StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t max_ops,
+                          Budget* budget = nullptr);
 
 // The report's note on the adapters in `graph` (ApplyLora's result under `lora`): how many
 // modules, of what rank and dtype, and what trains.

@@ -41,8 +41,9 @@ std::vector<std::string> OutputNames(const Graph& g, const Op& op) {
 }
 
 StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional<DType> autocast,
-                            ReplayMap* replay) {
+                            ReplayMap* replay, Budget* budget) {
   GraphBuilder b;
+  b.SetBudget(budget);
   const DType half = autocast.value_or(g.autocast);
   if (half != DType::kFloat32) b.EnableAutocast(half);
   std::vector<int> map(g.tensors.size(), -1);

@@ -18,8 +18,10 @@ namespace memest {
 // return true, or return false to have op i copied as it is. `map` takes old tensor ids to new
 // ones; a tensor left unmapped (-1) must not be read by a later op. Leaves, blocks, the loss,
 // the model's checkpoint regions, held tensors (until the last op op i became) and outputs
-// carry over; held tensors and outputs left unmapped are dropped. The new graph is built under `autocast` (by default as `graph` was: replaying an
-// autocast graph under autocast adds no casts, its inputs are already cast).
+// carry over; held tensors and outputs left unmapped are dropped. `budget` (null: none) can stop
+// the replay at its deadline or cancellation. The new graph is built under `autocast` (by
+// default as `graph` was: replaying an autocast graph under autocast adds no casts, its inputs
+// are already cast).
 using OpEmitter = std::function<bool(int op, GraphBuilder& b, std::vector<int>& map)>;
 // Where a replay put the old graph's tensors and ops (-1: dropped): op i became ops
 // [first_op[i], last_op[i]] of the new graph.
@@ -30,7 +32,7 @@ struct ReplayMap {
 };
 StatusOr<Graph> ReplayGraph(const Graph& graph, const OpEmitter& emit,
                             std::optional<DType> autocast = std::nullopt,
-                            ReplayMap* replay = nullptr);
+                            ReplayMap* replay = nullptr, Budget* budget = nullptr);
 
 // The names of op's outputs in `graph`, for a replay that adds the op itself (Add's
 // output_names); empty when none is named (the common case: no allocation).

@@ -92,7 +92,10 @@ StatusOr<Graph> Slice(const Graph& g, int lo, int hi, bool last) {
         s.loss = id[t];
       }
     }
-    if (s.loss < 0) return Refuse("a stage sends no activation that needs a gradient");
+    if (s.loss < 0) {
+      return Refuse("a stage sends no activation that needs a gradient (its blocks and every "
+                    "block before them train nothing: frozen, or LoRA adapters only later)");
+    }
   }
   for (size_t k = 0; k < g.checkpoints.size(); ++k) {
     const auto [first, end] = g.checkpoints[k];

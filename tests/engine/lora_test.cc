@@ -126,6 +126,67 @@ TEST(LoraTest, AutocastCachesOnlyTheAdaptersCasts) {
   EXPECT_EQ(cached, 2);  // lora_A and lora_B of the one q_proj
 }
 
+// Every cast of a frozen weight has one reader: each op casts it anew.
+TEST(LoraTest, EachReaderOfAFrozenWeightCastsItAnew) {
+  StatusOr<Graph> g = BuildStepGraph(Preset("gpt2-small", {{"seq", 64}, {"layers", 2}}),
+                                     Lora(8, {"c_attn"}, Precision::kFp16Amp));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  std::vector<int> readers(g->tensors.size(), 0);
+  for (const Op& op : g->ops) {
+    for (int t : op.inputs) ++readers[t];
+  }
+  int frozen_casts = 0;
+  for (const Op& op : g->ops) {
+    if (op.kind != "to" || g->tensors[op.inputs[0]].role != TensorRole::kParameter ||
+        g->tensors[op.inputs[0]].requires_grad) {
+      continue;
+    }
+    ++frozen_casts;
+    EXPECT_EQ(readers[op.outputs[0]], 1) << g->tensors[op.inputs[0]].name;
+  }
+  EXPECT_GT(frozen_casts, 0);
+}
+
+// HF Conv1D under autocast reads its weight through autocast's cast: still a module LoRA adapts.
+TEST(LoraTest, AdaptsConv1DUnderAutocast) {
+  const ModelSpec gpt2 = Preset("gpt2-small", {{"seq", 64}, {"layers", 2}});
+  for (Precision p : {Precision::kBf16Amp, Precision::kFp16Amp}) {
+    EXPECT_EQ(TrainableOf(gpt2, Lora(8, {"c_attn"}, p)), 2 * 8 * (768 + 2304));
+    EXPECT_EQ(TrainableOf(gpt2, Lora(8, {"all-linear"}, p)),
+              2 * 8 * ((768 + 2304) + (768 + 768) + (768 + 3072) + (3072 + 768)));
+  }
+}
+
+// PEFT's inject_adapter wraps a module of modules_to_save instead of adapting it, and fails on a
+// target inside one.
+TEST(LoraTest, AModuleToSaveIsNotAdapted) {
+  const ModelSpec gpt2 = Preset("gpt2-small", {{"seq", 64}, {"layers", 1}});
+  RunConfig c = Lora(8, {"c_attn", "c_proj"});
+  c.lora.modules_to_save = {"c_attn"};
+  StatusOr<Graph> g = BuildStepGraph(gpt2, c);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(Named(*g, "transformer.h.0.attn.c_attn.lora_A.default.weight"), nullptr);
+  EXPECT_NE(Named(*g, "transformer.h.0.attn.c_attn.modules_to_save.default.weight"), nullptr);
+  EXPECT_NE(Named(*g, "transformer.h.0.attn.c_proj.lora_A.default.weight"), nullptr);
+  c.lora.modules_to_save = {"attn"};
+  g = BuildStepGraph(gpt2, c);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("inside 'transformer.h.0.attn', which modules_to_save"),
+            std::string::npos)
+      << g.status().message();
+}
+
+// DeepSpeed casts the whole module to bf16, PEFT's float32 adapters too.
+TEST(LoraTest, DeepSpeedCastsTheAdaptersToItsDtype) {
+  RunConfig c = Lora(8, {"q_proj"}, Precision::kBf16Pure);
+  c.parallelism.data = 2;
+  c.parallelism.sharding = DataSharding::kDeepSpeedZero2;
+  StatusOr<Graph> g = BuildStepGraph(Preset("llama-7b", {{"seq", 64}, {"layers", 1}}), c);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(Named(*g, "model.layers.0.self_attn.q_proj.lora_A.default.weight")->dtype,
+            DType::kBFloat16);
+}
+
 // modules_to_save: a trainable copy beside the frozen original; GPT-2's tied lm_head gets a
 // weight of its own, as PEFT's deepcopy makes.
 TEST(LoraTest, ModulesToSaveTrainACopy) {
@@ -216,6 +277,10 @@ TEST(LoraTest, RefusesSettingsThatMakeNoSense) {
   c = Lora(8, {"q_proj"});
   c.parallelism.tensor = 2;
   cases.push_back({c, "config.lora: LoRA under tensor parallelism is not modelled"});
+  c = Lora(8, {"q_proj"});
+  c.parallelism.data = 2;
+  c.parallelism.sharding = DataSharding::kFsdp1;
+  cases.push_back({c, "config.lora: LoRA under FSDP1 is not modelled"});
   c = Lora(8, {std::string(2000, 'q')});
   cases.push_back({c, "config.lora.target_modules[0]: 2000 bytes"});
   for (const Case& k : cases) {

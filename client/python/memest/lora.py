@@ -11,7 +11,8 @@ import os
 
 from memest.errors import InvalidArgument
 
-_PLAIN_ONLY = ("use_dora", "rank_pattern", "layers_to_transform")
+_PLAIN_ONLY = ("use_dora", "rank_pattern", "layers_to_transform", "layer_replication",
+               "lora_bias", "exclude_modules")
 
 
 def _lora_dict(lora):
@@ -64,9 +65,11 @@ def apply_lora(config, lora):
     if not isinstance(rank, int) or isinstance(rank, bool):
         raise InvalidArgument("lora.r: the adapters' rank (an integer) is required")
     targets = data.get("target_modules")
-    if isinstance(targets, str) and targets != "all-linear":
-        raise InvalidArgument("lora.target_modules: %r is a regular expression to PEFT; memest "
-                              "takes a list of names or \"all-linear\"" % targets)
+    if isinstance(targets, str):  # a regular expression to PEFT, unless "all-linear" in any case
+        if targets.lower() != "all-linear":
+            raise InvalidArgument("lora.target_modules: %r is a regular expression to PEFT; "
+                                  "memest takes a list of names or \"all-linear\"" % targets)
+        targets = "all-linear"
     out = config.lora
     try:
         out.rank = rank
