@@ -8,6 +8,7 @@
 #include "engine/passes/context_parallel.h"
 #include "engine/passes/lora.h"
 #include "engine/passes/pipeline.h"
+#include "engine/passes/quantize.h"
 #include "engine/passes/passes.h"
 #include "engine/passes/rnn_expand.h"
 #include "engine/passes/tensor_parallel.h"
@@ -122,6 +123,9 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
     if (config.precision == Precision::kFp16Amp) {
       r->notes.push_back("fp16 autocast: GradScaler's scalars are negligible and not listed");
     }
+  }
+  if (config.quantization.format != WeightFormat::kDense) {
+    r->notes.push_back(QuantizationNote(graph, config.quantization));
   }
   if (config.lora.rank > 0) r->notes.push_back(LoraNote(graph, config.lora));
   if (!graph.held.empty()) {
@@ -402,6 +406,9 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
   ctx.compute_capability = device ? AttentionCapability(*device) : 90;
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));
+  if (config.quantization.format != WeightFormat::kDense) {
+    MEMEST_ASSIGN_OR_RETURN(graph, ApplyQuantization(graph, config.quantization, budget));
+  }
   if (config.lora.rank == 0) return graph;
   LoraConfig lora = config.lora;
   // DeepSpeed's engine casts the whole module to its bf16 or fp16 dtype

@@ -354,6 +354,13 @@ std::vector<Seed> MakeSeeds(const fs::path& examples) {
     all->mutable_config()->set_precision(v1::PRECISION_BF16_PURE);
     all->mutable_config()->mutable_lora()->set_rank(4);
     all->mutable_config()->mutable_lora()->add_target_modules("all-linear");
+    v1::EstimateRequest* qlora = add("hf-llama-3.2-1b.qlora-nf4", model, 2);
+    qlora->mutable_config()->set_precision(v1::PRECISION_BF16_PURE);
+    qlora->mutable_config()->mutable_lora()->set_rank(8);
+    qlora->mutable_config()->mutable_lora()->add_target_modules("q_proj");
+    qlora->mutable_config()->mutable_quantization()->set_format(v1::WEIGHT_FORMAT_BNB_NF4);
+    qlora->mutable_config()->mutable_quantization()->set_double_quant(true);
+    qlora->mutable_config()->mutable_quantization()->set_compute_dtype("bfloat16");
   }
 
   // Refusals: the fuzzer finds many more, these show it the shape of a few.

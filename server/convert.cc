@@ -474,6 +474,9 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
   if (config.has_lora()) {
     MEMEST_ASSIGN_OR_RETURN(out.lora, LoraFromProto(config.lora()));
   }
+  if (config.has_quantization()) {
+    MEMEST_ASSIGN_OR_RETURN(out.quantization, QuantizationFromProto(config.quantization()));
+  }
   MEMEST_RETURN_IF_ERROR(CheckExplicitSettings(config));
   return out;
 }

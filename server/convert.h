@@ -56,6 +56,8 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config);
 StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& parallelism);
 // config.lora (convert_lora.cc): a set message needs a rank; the ranges are ValidateLora's.
 StatusOr<LoraConfig> LoraFromProto(const v1::Lora& lora);
+// config.quantization (convert_lora.cc): a set message needs a format.
+StatusOr<QuantizationConfig> QuantizationFromProto(const v1::Quantization& quantization);
 void DataParallelToProto(const DataParallelReport& report, v1::DataParallelRanks* out);
 void PipelineToProto(const PipelineReport& report, v1::PipelineStages* out);
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "client/cli/flags.h"
+#include "client/cli/words.h"
 #include "engine/ir/config.h"
 #include "engine/ir/text.h"
 
@@ -153,13 +154,58 @@ void AddLoraFlags(CLI::App* app, LoraFlags* f) {
                   "modules_to_save: modules trained whole, as a copy beside the frozen "
                   "original (lm_head)")
       ->group(group)->type_name("NAMES");
+  const char* quant = "4-bit base (bitsandbytes, as QLoRA loads it)";
+  app->add_option("--quantize", f->quantize,
+                  "bnb-nf4 or bnb-fp4: every Linear but the output layer a frozen bitsandbytes "
+                  "Linear4bit (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=...))")
+      ->group(quant);
+  app->add_flag("--bnb-double-quant", f->double_quant, "bnb_4bit_use_double_quant")->group(quant);
+  app->add_option("--bnb-compute-dtype", f->compute_dtype,
+                  "bnb_4bit_compute_dtype: float32 (default), bfloat16, float16")
+      ->group(quant);
+  app->add_option("--bnb-skip-modules", f->skip_modules,
+                  "llm_int8_skip_modules: modules left dense (default: the output layer)")
+      ->group(quant)->type_name("NAMES");
+  app->add_flag("--no-kbit-preparation", f->no_kbit_preparation,
+                "skip PEFT's prepare_model_for_kbit_training (which casts the float16/bfloat16 "
+                "parameters that are not 4-bit to float32)")
+      ->group(quant);
   app->add_flag("--lora-keep-adapter-dtype", f->keep_adapter_dtype,
                 "get_peft_model(autocast_adapter_dtype=False): a bf16 or fp16 model's adapters "
                 "keep its dtype (PEFT's default makes them float32)")
       ->group(group);
 }
 
+namespace {
+
+const Word<v1::WeightFormat> kFormats[] = {
+    {"bnb-nf4", v1::WEIGHT_FORMAT_BNB_NF4},
+    {"bnb-fp4", v1::WEIGHT_FORMAT_BNB_FP4},
+};
+
+Status ApplyQuantizationFlags(const LoraFlags& f, v1::RunConfig* config) {
+  if (f.quantize.empty()) {
+    if (f.double_quant || !f.compute_dtype.empty() || !f.skip_modules.empty() ||
+        f.no_kbit_preparation) {
+      return InvalidArgument("--quantize: required with the --bnb-* and --no-kbit-preparation "
+                             "flags");
+    }
+    return Status::Ok();
+  }
+  v1::Quantization* q = config->mutable_quantization();
+  MEMEST_ASSIGN_OR_RETURN(v1::WeightFormat format, ParseWord("--quantize", f.quantize, kFormats));
+  q->set_format(format);
+  q->set_double_quant(f.double_quant);
+  q->set_compute_dtype(f.compute_dtype);
+  for (std::string& name : SplitCommas(f.skip_modules)) *q->add_skip_modules() = std::move(name);
+  if (f.no_kbit_preparation) q->set_prepare_model_for_kbit_training(false);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ApplyLoraFlags(const LoraFlags& f, v1::RunConfig* config) {
+  MEMEST_RETURN_IF_ERROR(ApplyQuantizationFlags(f, config));
   if (f.config.empty() && !f.rank && !f.alpha && !f.dropout && f.targets.empty() &&
       f.modules_to_save.empty() && !f.keep_adapter_dtype) {
     return Status::Ok();

@@ -24,12 +24,18 @@ struct LoraFlags {
   std::vector<std::string> targets;          // comma-separated or repeated
   std::vector<std::string> modules_to_save;  // comma-separated or repeated
   bool keep_adapter_dtype = false;
+  // QLoRA's base: transformers' BitsAndBytesConfig(load_in_4bit=True, ...).
+  std::string quantize;  // bnb-nf4 | bnb-fp4
+  bool double_quant = false;
+  std::string compute_dtype;
+  std::vector<std::string> skip_modules;  // comma-separated or repeated
+  bool no_kbit_preparation = false;
 };
 
 void AddLoraFlags(CLI::App* app, LoraFlags* flags);
 
 // Sets config.lora from --lora-config's file and then the flags given (which override the
-// file's fields); none: left unset. Errors name the flag, or the file's field
+// file's fields), and config.quantization from --quantize and its flags; none: left unset. Errors name the flag, or the file's field
 // ("--lora-config F: target_modules: ...").
 Status ApplyLoraFlags(const LoraFlags& flags, v1::RunConfig* config);
 

@@ -72,6 +72,7 @@ Status ValidateRunConfig(const RunConfig& c) {
   }
   MEMEST_RETURN_IF_ERROR(ValidateParallelism(c.parallelism));
   MEMEST_RETURN_IF_ERROR(ValidateLora(c));
+  MEMEST_RETURN_IF_ERROR(ValidateQuantization(c));
   MEMEST_RETURN_IF_ERROR(ValidateSettingsApply(c));
   return Status::Ok();
 }

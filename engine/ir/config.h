@@ -160,6 +160,10 @@ struct QuantizationConfig {
   // name that is a component run of the module's path); empty: transformers'
   // get_keys_to_not_convert, the output layer.
   std::vector<std::string> skip_modules;
+  // PEFT's prepare_model_for_kbit_training: every parameter frozen, every float16 or bfloat16
+  // one that is not 4-bit cast to float32 (the QLoRA recipes', and TRL's SFTTrainer's for a
+  // 4-bit model with a peft_config).
+  bool prepare_for_kbit_training = true;
 };
 
 // PEFT's LoRA: get_peft_model(model, LoraConfig(...)) (engine/passes/lora.h). Every parameter
@@ -188,7 +192,7 @@ struct LoraConfig {
 
 // LoRA's limits: a rank beyond any layer's width, and name lists beyond any model's modules.
 constexpr int64_t kMaxLoraRank = int64_t{1} << 20;
-constexpr size_t kMaxLoraModules = 1024;
+constexpr size_t kMaxLoraModules = 1024;  // also for config.quantization.skip_modules
 inline constexpr char kLoraAllLinear[] = "all-linear";
 
 // The step as one rank of a multi-GPU job runs it. batch_size stays per rank.
@@ -344,6 +348,11 @@ Status ValidateMegatron(const RunConfig& config);
 // config.parallelism.gpus_per_node within [1, kMaxGpusPerNode] (ValidateRunConfig's check, for
 // engine/ir/nccl.h too).
 Status ValidateGpusPerNode(int64_t gpus_per_node);
+
+// config.quantization's fields (config_quantization.cc, for ValidateRunConfig): a floating
+// compute dtype, the other fields only with a 4-bit format, skip names non-empty and bounded;
+// the CUDA runtime (bitsandbytes' kernels are CUDA's), and no parallelism but DDP and ZeRO-1/2.
+Status ValidateQuantization(const RunConfig& config);
 
 // config.lora's fields (config_lora.cc, for ValidateRunConfig): a rank in [0, kMaxLoraRank],
 // alpha finite, dropout in [0, 1], target modules given (and only with a rank), names non-empty

@@ -12,7 +12,7 @@ namespace memest {
 int64_t Graph::ParameterCount() const {
   int64_t n = 0;
   for (const Tensor& t : tensors) {
-    if (t.role == TensorRole::kParameter) n += Numel(t.shape);
+    if (t.role == TensorRole::kParameter) n += t.values_per_element * Numel(t.shape);
   }
   return n;
 }

@@ -48,6 +48,9 @@ struct Tensor {
   int alias_of = -1;           // tensor whose storage this one shares (views, in-place results)
   int batch_dim = -1;          // for inputs: the dim that scales with the batch (-1: none)
   bool kv_cache = false;       // a buffer that is an inference KV cache
+  // Model parameters each stored element holds: 2 for a 4-bit weight packed two to a uint8
+  // (bitsandbytes' Params4bit), counted so in Graph::ParameterCount.
+  uint8_t values_per_element = 1;
 };
 
 // A tensor the model's Python code keeps referenced past its last use in the graph (a local

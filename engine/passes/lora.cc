@@ -170,6 +170,7 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
   // The adapted runs: the last op of each run of a target module's ops, and the module's input.
   const size_t n = graph.ops.size();
   std::vector<int> adapter_input(n, -1), base_weight(n, -1);
+  std::vector<bool> four_bit(n, false);  // the base is bitsandbytes' Linear4bit
   for (size_t first = 0; first < n;) {
     size_t last = first;
     while (last + 1 < n && graph.ops[last + 1].scope == graph.ops[first].scope) ++last;
@@ -187,6 +188,7 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
           return t;
         };
         adapter_input[last] = outside(graph.ops[i].inputs[in]);
+        four_bit[last] = graph.ops[i].kind == "linear_4bit";
         base_weight[last] = outside(graph.ops[i].inputs[LinearWeightInput(in)]);
       }
     }
@@ -244,7 +246,10 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
     const int64_t in = b.shape(x).empty() ? 0 : b.shape(x).back();
     const int64_t out = b.shape(result).empty() ? 0 : b.shape(result).back();
     const DType base = b.tensor(result).dtype;
-    DType dtype = frozen.tensors[base_weight[i]].dtype;  // _move_adapter_to_device_of_base_layer
+    // _move_adapter_to_device_of_base_layer: the base weight's dtype where it is a float (a
+    // packed 4-bit weight is not: the adapters stay as nn.Linear makes them, float32).
+    DType dtype = frozen.tensors[base_weight[i]].dtype;
+    if (!IsFloating(dtype)) dtype = DType::kFloat32;
     if (lora.autocast_adapter_dtype && (dtype == DType::kFloat16 || dtype == DType::kBFloat16)) {
       dtype = DType::kFloat32;
     }
@@ -256,8 +261,14 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
       it->second.second = b.Parameter("weight", {out, lora.rank}, dtype);
     }
     b.SetScope(op.scope);
+    // peft/tuners/lora/bnb.py, Linear4bit.forward: the base's result is cloned ("defensively"),
+    // and the casts happen only outside autocast, the adapters' output cast before the sum.
+    const bool bnb = four_bit[i];
+    const bool autocast = frozen.autocast != DType::kFloat32;
+    int base_result = result;
+    if (bnb) base_result = b.Add1("clone", {result});
     int cast_input = -1;  // `x = x.to(...)`: a local of forward, alive until it returns
-    if (b.tensor(x).dtype != dtype) {
+    if (b.tensor(x).dtype != dtype && !(bnb && autocast)) {
       x = cast_input = b.Add1("to", {x}, {{"dtype", std::string(DTypeName(dtype))}});
     }
     if (lora.dropout > 0) {
@@ -269,9 +280,12 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
     b.SetScope(op.scope + ".lora_B.default");
     const int up = b.Add1("linear", {low, it->second.second});
     b.SetScope(op.scope);
-    const int scaled = b.Add1("mul", {up}, {{"scalar", scaling}});
-    int sum = b.Add1("add", {result, scaled});
-    if (b.ok() && b.tensor(sum).dtype != base) {
+    int scaled = b.Add1("mul", {up}, {{"scalar", scaling}});
+    if (bnb && !autocast && b.ok() && b.tensor(scaled).dtype != base) {
+      scaled = b.Add1("to", {scaled}, {{"dtype", std::string(DTypeName(base))}});
+    }
+    int sum = b.Add1("add", {base_result, scaled});
+    if (!bnb && b.ok() && b.tensor(sum).dtype != base) {
       sum = b.Add1("to", {sum}, {{"dtype", std::string(DTypeName(base))}});
     }
     b.HoldUntilLastOp(cast_input);

@@ -86,6 +86,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterSelectRules(t);
     rules::RegisterDetectionRules(t);
     rules::RegisterParallelRules(t);
+    rules::RegisterQuantizedRules(t);
     std::sort(t->begin(), t->end(),
               [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
     return t;

@@ -35,7 +35,7 @@ namespace memest {
 // Whether an op of this kind calls cuBLAS (and so needs the cuBLAS workspace).
 inline bool UsesCublas(const std::string& kind) {
   return kind == "linear" || kind == "matmul" || kind == "bmm" || kind == "addmm" ||
-         kind == "einsum" || kind == "scaled_dot_product_attention";
+         kind == "einsum" || kind == "scaled_dot_product_attention" || kind == "linear_4bit";
 }
 
 class StepSimulator : private RankMemory {

@@ -92,5 +92,27 @@ TEST(LoraCliTest, RefusesWhatItDoesNotModelNamingTheField) {
   EXPECT_THAT(no_file.err, HasSubstr("the directory has no adapter_config.json"));
 }
 
+// QLoRA: the 4-bit base under the adapters; the --bnb-* flags need --quantize.
+TEST(LoraCliTest, QuantizeFlagsStoreTheBaseIn4Bits) {
+  const RunResult dense = Estimate({"--lora-rank", "16", "--lora-targets", "q_proj,v_proj"});
+  const RunResult nf4 = Estimate({"--lora-rank", "16", "--lora-targets", "q_proj,v_proj",
+                                  "--quantize", "bnb-nf4", "--bnb-double-quant",
+                                  "--bnb-compute-dtype", "bfloat16"});
+  ASSERT_EQ(dense.exit_code, 0) << dense.err;
+  ASSERT_EQ(nf4.exit_code, 0) << nf4.err;
+  const auto parameters = [](const RunResult& r) {
+    return std::stoll(nlohmann::json::parse(r.out).at("endOfStep").at("parameters").get<std::string>());
+  };
+  EXPECT_LT(parameters(nf4), parameters(dense) / 2);
+  EXPECT_EQ(nlohmann::json::parse(nf4.out).at("parameterCount"),
+            nlohmann::json::parse(dense.out).at("parameterCount"));
+  const RunResult alone = Estimate({"--bnb-double-quant"});
+  EXPECT_EQ(alone.exit_code, 3);
+  EXPECT_THAT(alone.err, HasSubstr("--quantize: required"));
+  const RunResult unknown = Estimate({"--quantize", "gptq"});
+  EXPECT_EQ(unknown.exit_code, 3);
+  EXPECT_THAT(unknown.err, HasSubstr("--quantize: unknown value \"gptq\""));
+}
+
 }  // namespace
 }  // namespace memest

@@ -100,3 +100,46 @@ def test_lora_adds_what_peft_adds(name, lora):
             assert moved == 0, (key, offset, base[key])
         else:
             assert abs(moved) <= suite.PEAK_TOLERANCE * measured, (key, offset, base[key])
+
+
+# ------------------------------------------------------------------ QLoRA's 4-bit base
+
+class _BitsAndBytesConfig:
+    """What transformers 4.47's BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+    bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16).to_dict() returns
+    (the class itself wants bitsandbytes installed, which needs CUDA)."""
+
+    def to_dict(self):
+        return {"quant_method": "bitsandbytes", "_load_in_8bit": False, "_load_in_4bit": True,
+                "llm_int8_threshold": 6.0, "llm_int8_skip_modules": None,
+                "llm_int8_enable_fp32_cpu_offload": False, "llm_int8_has_fp16_weight": False,
+                "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                "bnb_4bit_compute_dtype": "bfloat16", "bnb_4bit_quant_storage": "uint8",
+                "load_in_4bit": True, "load_in_8bit": False}
+
+
+def test_a_bits_and_bytes_config_and_its_dict_agree(client):
+    config = _BitsAndBytesConfig()
+    kwargs = dict(hf_config=str(CONFIGS / "llama-3-8b.json"), seq=1024, precision="bf16-pure",
+                  lora={"r": 16, "target_modules": "all-linear"}, advice=False)
+    a = client.estimate(quantization=config, **kwargs)
+    b = client.estimate(quantization={"load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+                                      "bnb_4bit_use_double_quant": True,
+                                      "bnb_4bit_compute_dtype": "bfloat16"}, **kwargs)
+    assert a.response == b.response
+    # Llama-3-8B (two 4-bit values per byte) and its adapters.
+    assert a.parameter_count == 8_030_261_248 + 41_943_040
+    assert a.trainable_parameter_count == 41_943_040
+    assert any("NF4, double quantization" in note for note in a.notes)
+
+
+@pytest.mark.parametrize("quantization, message", [
+    ({"load_in_8bit": True}, "quantization.load_in_8bit"),
+    ({"load_in_4bit": True, "bnb_4bit_quant_type": "int4"}, "quantization.bnb_4bit_quant_type"),
+    ({"load_in_4bit": True, "llm_int8_skip_modules": ["score"]},
+     r"config\.quantization\.skip_modules\[0\]: 'score' matches no"),
+])
+def test_quantization_refusals_name_the_field(client, quantization, message):
+    with pytest.raises(memest.InvalidArgument, match=message):
+        client.estimate(hf_config=LLAMA, seq=128, precision="bf16-pure", quantization=quantization,
+                        advice=False)

@@ -304,7 +304,8 @@ std::vector<BadInput> GenerationAndRuntimeRows() {
   };
 }
 
-// config.lora: PEFT's LoraConfig on gpt2-small (modules c_attn, c_proj, c_fc, lm_head).
+// config.lora: PEFT's LoraConfig on gpt2-small (modules c_attn, c_proj, c_fc, lm_head); and
+// config.quantization, its 4-bit base.
 std::vector<BadInput> LoraRows() {
   return {
       {"LoraRankUnset", Gpt2("lora { target_modules: \"c_attn\" }"), kInvalid,
@@ -337,6 +338,28 @@ std::vector<BadInput> LoraRows() {
          r->mutable_config()->mutable_lora()->set_rank(8);
          r->mutable_config()->mutable_lora()->add_target_modules(std::string(4 << 20, 'q'));
        }},
+      {"QuantizationFormatUnset", Gpt2("quantization { double_quant: true }"), kInvalid,
+       "config.quantization.format"},
+      {"QuantizationFormatUndefined", Gpt2(""), kInvalid, "config.quantization.format",
+       [](v1::EstimateRequest* r) {
+         r->mutable_config()->mutable_quantization()->set_format(static_cast<v1::WeightFormat>(99));
+       }},
+      {"QuantizationComputeDtypeUnknown",
+       Gpt2("quantization { format: WEIGHT_FORMAT_BNB_NF4 compute_dtype: \"fp3\" }"), kInvalid,
+       "config.quantization.compute_dtype"},
+      {"QuantizationComputeDtypeInteger",
+       Gpt2("quantization { format: WEIGHT_FORMAT_BNB_NF4 compute_dtype: \"int8\" }"), kInvalid,
+       "config.quantization.compute_dtype"},
+      {"QuantizationSkipUnknown",
+       Gpt2("quantization { format: WEIGHT_FORMAT_BNB_NF4 skip_modules: \"score\" }"), kInvalid,
+       "config.quantization.skip_modules[0]"},
+      {"QuantizationOnCpu",
+       Gpt2("quantization { format: WEIGHT_FORMAT_BNB_NF4 } runtime: RUNTIME_CPU_TORCH_1_13"),
+       kInvalid, "config.quantization"},
+      {"QuantizationWithFsdp2",
+       Gpt2("quantization { format: WEIGHT_FORMAT_BNB_FP4 } parallelism { data: 2 data_parallel: "
+            "DATA_PARALLEL_FSDP2 }"),
+       kInvalid, "config.quantization"},
       {"LoraWithTensorParallelism",
        Gpt2("lora { rank: 8 target_modules: \"c_attn\" } parallelism { tensor: 2 }"), kInvalid,
        "config.lora"},

@@ -81,6 +81,10 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             of its fields (r, lora_alpha, lora_dropout, target_modules, modules_to_save; and
             autocast_adapter_dtype, get_peft_model's) or a path to adapter_config.json (or the
             adapter's directory): the base frozen, the adapters trained,
+          quantization: QLoRA's 4-bit base, from a transformers BitsAndBytesConfig or a dict of
+            its fields (load_in_4bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant,
+            bnb_4bit_compute_dtype, llm_int8_skip_modules; and prepare_model_for_kbit_training,
+            PEFT's, default True),
           gpus_per_node (default 8): which process groups NCCL connects within a node, for
             NCCL's memory (Estimate.breakdown.nccl),
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),

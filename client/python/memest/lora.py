@@ -1,4 +1,6 @@
-"""config.lora from what a PEFT user has: a LoraConfig, its kwargs as a dict, or the
+"""config.lora and config.quantization (QLoRA's 4-bit base) from what a PEFT user has.
+
+config.lora from a LoraConfig, its kwargs as a dict, or the
 adapter_config.json that save_pretrained writes (a path to it or to the adapter's directory).
 
 The fields read are PEFT's: r, lora_alpha, lora_dropout, target_modules (a list of names, or
@@ -83,3 +85,38 @@ def apply_lora(config, lora):
     out.modules_to_save.extend(_names(data.get("modules_to_save"), "modules_to_save"))
     if data.get("autocast_adapter_dtype") is False:
         out.keep_adapter_dtype = True
+
+
+_FORMATS = {"nf4": "WEIGHT_FORMAT_BNB_NF4", "fp4": "WEIGHT_FORMAT_BNB_FP4"}
+
+
+def apply_quantization(config, quantization):
+    """Sets config.quantization from a transformers BitsAndBytesConfig or a dict of its fields
+    (load_in_4bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
+    llm_int8_skip_modules), plus prepare_model_for_kbit_training (PEFT's, default True)."""
+    if callable(getattr(quantization, "to_dict", None)):
+        data = quantization.to_dict()
+    elif isinstance(quantization, dict):
+        data = dict(quantization)
+    else:
+        raise InvalidArgument("quantization: expected a transformers BitsAndBytesConfig or a "
+                              "dict of its fields, got %s" % type(quantization).__name__)
+    if data.get("load_in_8bit"):
+        raise InvalidArgument("quantization.load_in_8bit: LLM.int8 weights are not modelled yet; "
+                              "memest takes load_in_4bit")
+    if not data.get("load_in_4bit"):
+        raise InvalidArgument("quantization.load_in_4bit: required (memest models bitsandbytes' "
+                              "4-bit weights)")
+    kind = data.get("bnb_4bit_quant_type", "fp4")
+    if kind not in _FORMATS:
+        raise InvalidArgument("quantization.bnb_4bit_quant_type: %r; expected nf4 or fp4" % (kind,))
+    from memest import v1
+    out = config.quantization
+    out.format = getattr(v1, _FORMATS[kind])
+    out.double_quant = bool(data.get("bnb_4bit_use_double_quant", False))
+    dtype = data.get("bnb_4bit_compute_dtype")
+    if dtype is not None:
+        out.compute_dtype = str(dtype).replace("torch.", "")
+    out.skip_modules.extend(_names(data.get("llm_int8_skip_modules"), "llm_int8_skip_modules"))
+    if "prepare_model_for_kbit_training" in data:
+        out.prepare_model_for_kbit_training = bool(data["prepare_model_for_kbit_training"])

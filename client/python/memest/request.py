@@ -13,7 +13,7 @@ from google.protobuf import json_format
 
 from memest import v1
 from memest.errors import InvalidArgument
-from memest.lora import apply_lora
+from memest.lora import apply_lora, apply_quantization
 
 MODES = {"training": v1.MODE_TRAINING, "inference": v1.MODE_INFERENCE}
 RUNTIMES = {"cuda": v1.RUNTIME_CUDA, "cpu-1.13": v1.RUNTIME_CPU_TORCH_1_13}
@@ -222,7 +222,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                   context_parallel=None, pipeline_virtual_stages=None, gpus_per_node=None,
                   data_shard=None, stage3_prefetch_bucket_size=None,
                   stage3_max_live_parameters=None, stage3_max_reuse_distance=None,
-                  stage3_param_persistence_threshold=None, lora=None, advice=True):
+                  stage3_param_persistence_threshold=None, lora=None, quantization=None,
+                  advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq, hf_config))
     config = request.config
@@ -328,5 +329,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
         entry.style = _word("tensor_plan[%r]" % module, style, TENSOR_STYLES)
     if lora is not None:
         apply_lora(config, lora)
+    if quantization is not None:
+        apply_quantization(config, quantization)
     request.skip_advice = not advice
     return request

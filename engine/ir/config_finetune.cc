@@ -1,4 +1,5 @@
-// config.lora's checks (engine/ir/config.h, ValidateLora).
+// config.lora's and config.quantization's checks (engine/ir/config.h, ValidateLora and
+// ValidateQuantization).
 #include <cmath>
 #include <string>
 #include <vector>
@@ -70,6 +71,38 @@ Status ValidateLora(const RunConfig& c) {
     // recipes wrap the adapters in units of their own (fsdp_auto_wrap_policy), not modelled.
     return InvalidArgument("config.lora: LoRA under FSDP1 is not modelled (a flat parameter "
                            "cannot mix frozen and trained parameters); FSDP2, ZeRO and DDP are");
+  }
+  return Status::Ok();
+}
+
+Status ValidateQuantization(const RunConfig& c) {
+  const QuantizationConfig& q = c.quantization;
+  if (q.format == WeightFormat::kDense) {
+    if (q.double_quant || !q.skip_modules.empty() || q.compute_dtype != DType::kFloat32 ||
+        !q.prepare_for_kbit_training) {
+      return InvalidArgument("config.quantization: a 4-bit setting, and no 4-bit format is set");
+    }
+    return Status::Ok();
+  }
+  if (!IsFloating(q.compute_dtype) || q.compute_dtype == DType::kFloat64) {
+    return InvalidArgument("config.quantization.compute_dtype: float32, float16 or bfloat16, got " +
+                           std::string(DTypeName(q.compute_dtype)));
+  }
+  MEMEST_RETURN_IF_ERROR(CheckNames(q.skip_modules, "config.quantization.skip_modules"));
+  if (c.runtime != Runtime::kCuda) {
+    return InvalidArgument(std::string("config.quantization: bitsandbytes' 4-bit layers run on "
+                                       "CUDA; the step runs on ") + RuntimeName(c.runtime));
+  }
+  const ParallelismConfig& p = c.parallelism;
+  const bool sharded = p.sharding != DataSharding::kNone && p.sharding != DataSharding::kDdp &&
+                       !IsDeepSpeedZero(p.sharding);
+  if (p.tensor > 1 || p.context > 1 || p.pipeline > 1 || sharded) {
+    return InvalidArgument("config.quantization: 4-bit weights are modelled on one GPU and under "
+                           "DDP or DeepSpeed ZeRO-1/2, not with " +
+                           std::string(p.tensor > 1     ? "tensor parallelism"
+                                       : p.context > 1  ? "context parallelism"
+                                       : p.pipeline > 1 ? "pipeline parallelism"
+                                                        : DataShardingName(p.sharding)));
   }
   return Status::Ok();
 }

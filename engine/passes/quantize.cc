@@ -1,0 +1,224 @@
+#include "engine/passes/quantize.h"
+
+#include <cstdio>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/ir/text.h"
+#include "engine/passes/linear_modules.h"
+#include "engine/passes/passes.h"
+#include "engine/report/report.h"
+
+namespace memest {
+namespace {
+
+constexpr int64_t kBlock = 64;         // bitsandbytes' 4-bit blocksize
+constexpr int64_t kNestedBlock = 256;  // the double quantization's blocksize
+
+int64_t Blocks(int64_t n, int64_t block) { return (n + block - 1) / block; }
+
+// The QuantState's tensors of a weight of `n` values, as (name, shape, dtype).
+struct StateTensor {
+  const char* name;
+  int64_t elements;
+  DType dtype;
+};
+std::vector<StateTensor> QuantStateTensors(int64_t n, bool double_quant) {
+  std::vector<StateTensor> state;
+  if (double_quant) {
+    state.push_back({"absmax", Blocks(n, kBlock), DType::kUInt8});
+    state.push_back({"nested_absmax", Blocks(Blocks(n, kBlock), kNestedBlock), DType::kFloat32});
+    state.push_back({"offset", 1, DType::kFloat32});
+    state.push_back({"nested_code", 256, DType::kFloat32});
+  } else {
+    state.push_back({"absmax", Blocks(n, kBlock), DType::kFloat32});
+  }
+  state.push_back({"code", 16, DType::kFloat32});
+  return state;
+}
+
+// transformers' _replace_with_bnb_linear leaves a module alone when its attribute name is an
+// entry, when its path is one, or when an entry followed by '.' occurs in its path.
+bool Skipped(std::string_view module, const std::vector<std::string>& skip) {
+  const std::string_view last = module.substr(module.rfind('.') + 1);
+  for (const std::string& key : skip) {
+    if (key == last || key == module || module.find(key + ".") != std::string_view::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// One Linear module's call: its ops [first, last], its input, weight and bias leaves.
+struct Call {
+  int first = -1;
+  int input = -1;
+  int weight = -1;
+  int bias = -1;  // -1: none
+};
+
+// Back through the module's own casts and views (ops from `first` on) to what it was given.
+int Outside(const Graph& g, int t, int first) {
+  for (int p = g.tensors[t].producer; p >= first && LinearPlumbing(g.ops[p].kind);
+       p = g.tensors[t].producer) {
+    t = g.ops[p].inputs[0];
+  }
+  return t;
+}
+
+// The kernel PyTorch picks for attention whose inputs the float32 upcast reached: flash and
+// cuDNN take float16 and bfloat16 only, the memory-efficient kernel takes float32 (sdp_utils'
+// check_tensor_dtype). The builders chose the kernel for the dtype they built in.
+bool ReselectForFloat32(const Op& op, GraphBuilder& b, std::vector<int>& map, const Graph& g) {
+  StatusOr<std::string> backend = StringAttr(op.attrs, "backend", "", "");
+  if (!backend.ok() || (*backend != "flash" && *backend != "cudnn") ||
+      b.tensor(map[op.inputs[0]]).dtype != DType::kFloat32) {
+    return false;
+  }
+  Attrs attrs = op.attrs;
+  attrs["backend"] = std::string("efficient");
+  std::vector<int> inputs;
+  for (int t : op.inputs) inputs.push_back(map[t]);
+  std::vector<int> outs = b.Add(op.kind, std::move(inputs), std::move(attrs), OutputNames(g, op));
+  for (size_t k = 0; k < outs.size(); ++k) map[op.outputs[k]] = outs[k];
+  return true;
+}
+
+}  // namespace
+
+int64_t Bnb4bitWeightBytes(int64_t n, bool double_quant) {
+  int64_t bytes = (n + 1) / 2;
+  for (const StateTensor& s : QuantStateTensors(n, double_quant)) {
+    bytes += s.elements * DTypeSize(s.dtype);
+  }
+  return bytes;
+}
+
+StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& q,
+                                  Budget* budget) {
+  const std::vector<std::string> linear = LinearModules(graph);
+  const std::vector<std::string> skip =
+      q.skip_modules.empty() ? std::vector<std::string>{OutputLayer(graph)} : q.skip_modules;
+  for (size_t k = 0; k < q.skip_modules.size(); ++k) {
+    bool found = false;
+    for (const std::string& m : linear) found = found || Skipped(m, {q.skip_modules[k]});
+    if (!found) {
+      return InvalidArgument("config.quantization.skip_modules[" + std::to_string(k) + "]: " +
+                             Quote(q.skip_modules[k]) + " matches no Linear module of the model");
+    }
+  }
+  std::set<std::string, std::less<>> quantized;
+  for (const std::string& m : linear) {
+    if (!Skipped(m, skip)) quantized.insert(m);
+  }
+  if (quantized.empty()) {
+    return InvalidArgument("config.quantization: the model has no Linear module to quantize "
+                           "beside the skipped ones");
+  }
+
+  // Each quantized module's calls, by the last op of the call; the dense weights to pack.
+  Graph dense = graph;
+  const int n_ops = static_cast<int>(graph.ops.size());
+  std::vector<Call> calls(n_ops);
+  std::vector<bool> packed(graph.tensors.size(), false);
+  for (int first = 0; first < n_ops;) {
+    int last = first;
+    while (last + 1 < n_ops && graph.ops[last + 1].scope == graph.ops[first].scope) ++last;
+    if (quantized.count(graph.ops[first].scope) > 0) {
+      for (int i = first; i <= last; ++i) {
+        const Op& op = graph.ops[i];
+        const int in = LinearDataInput(graph, op);
+        if (in < 0) continue;
+        Call& call = calls[last];
+        call.first = first;
+        call.input = Outside(graph, op.inputs[in], first);
+        call.weight = Outside(graph, op.inputs[LinearWeightInput(in)], first);
+        const int bias = in == 0 ? (op.inputs.size() > 2 ? 2 : -1) : 0;
+        if (bias >= 0) call.bias = Outside(graph, op.inputs[bias], first);
+        packed[call.weight] = true;
+      }
+    }
+    first = last + 1;
+  }
+  for (size_t t = 0; t < dense.tensors.size(); ++t) {
+    Tensor& leaf = dense.tensors[t];
+    if (leaf.role != TensorRole::kParameter) continue;
+    if (packed[t]) {  // Params4bit: frozen, the packed storage in place of the dense weight
+      const int64_t n = Numel(leaf.shape);
+      leaf.shape = {(n + 1) / 2, 1};
+      leaf.dtype = DType::kUInt8;
+      leaf.strides = {1, 1};
+      leaf.values_per_element = 2;
+      leaf.requires_grad = false;
+    } else if (q.prepare_for_kbit_training) {
+      leaf.requires_grad = false;
+      if (leaf.dtype == DType::kFloat16 || leaf.dtype == DType::kBFloat16) leaf.dtype = DType::kFloat32;
+    }
+  }
+  std::vector<DType> quantized_from(graph.tensors.size(), DType::kFloat32);
+  for (size_t t = 0; t < graph.tensors.size(); ++t) quantized_from[t] = graph.tensors[t].dtype;
+
+  auto emit = [&](int i, GraphBuilder& b, std::vector<int>& map) {
+    const Op& op = dense.ops[i];
+    if (op.kind == "scaled_dot_product_attention" && graph.autocast == DType::kFloat32) {
+      return ReselectForFloat32(op, b, map, dense);
+    }
+    if (quantized.count(op.scope) == 0) return false;
+    const Call& call = calls[i];
+    if (call.first < 0) return true;  // inside a call: its last op stands for it
+    // Linear4bit.forward: x.to(compute_dtype), matmul_4bit, .to(the input's dtype).
+    const int64_t n = Numel(graph.tensors[call.weight].shape);
+    for (const StateTensor& s : QuantStateTensors(n, q.double_quant)) {
+      b.Buffer(std::string("weight.quant_state.") + s.name, {s.elements}, s.dtype);
+    }
+    int x = map[call.input];
+    const DType input = b.tensor(x).dtype;
+    if (input != q.compute_dtype) {
+      x = b.Add1("to", {x}, {{"dtype", std::string(DTypeName(q.compute_dtype))}});
+    }
+    std::vector<int> inputs = {x, map[call.weight]};
+    if (call.bias >= 0) inputs.push_back(map[call.bias]);
+    const Shape& module_out = graph.tensors[op.outputs[0]].shape;
+    const int64_t out = module_out.empty() ? 0 : module_out.back();
+    int y = b.Add1("linear_4bit", std::move(inputs),
+                   {{"out_features", out},
+                    {"weight_dtype", std::string(DTypeName(quantized_from[call.weight]))},
+                    {"double_quant", int64_t{q.double_quant ? 1 : 0}}});
+    if (b.ok() && input != q.compute_dtype) {
+      y = b.Add1("to", {y}, {{"dtype", std::string(DTypeName(input))}});
+    }
+    map[op.outputs[0]] = y;
+    return true;
+  };
+  StatusOr<Graph> out = ReplayGraph(dense, emit, std::nullopt, nullptr, budget);
+  if (!out.ok()) return out.status().Prefixed("config.quantization: ");
+  return out;
+}
+
+std::string QuantizationNote(const Graph& graph, const QuantizationConfig& q) {
+  int64_t modules = 0, bytes = 0, values = 0;
+  for (const Tensor& t : graph.tensors) {
+    if (t.role != TensorRole::kParameter || t.values_per_element != 2) continue;
+    ++modules;
+    const int64_t n = 2 * Numel(t.shape);
+    values += n;
+    bytes += Bnb4bitWeightBytes(n, q.double_quant);  // within the graph's leaf bytes
+  }
+  const double per_value = values > 0 ? static_cast<double>(bytes) / static_cast<double>(values) : 0;
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.3f", per_value);
+  return std::string("4-bit weights as bitsandbytes stores them (") +
+         (q.format == WeightFormat::kBnbNf4 ? "NF4" : "FP4") +
+         (q.double_quant ? ", double quantization" : "") + "): " + std::to_string(modules) +
+         " Linear modules, " + FormatBytes(bytes) + " (" + ratio + " bytes per value), each "
+         "dequantized to [out, in] around its matmul in forward and again in backward, compute "
+         "in " + std::string(DTypeName(q.compute_dtype)) +
+         (q.prepare_for_kbit_training
+              ? "; prepare_model_for_kbit_training: every parameter frozen, the float16/bfloat16 "
+                "ones that are not 4-bit in float32"
+              : "");
+}
+
+}  // namespace memest

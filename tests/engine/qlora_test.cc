@@ -1,0 +1,159 @@
+// bitsandbytes' 4-bit weights (engine/passes/quantize.h) and LoRA over them: the storage to the
+// byte, the dequantized weight around each use, PEFT's float32 upcast of what is not 4-bit, and
+// the requests refused. The facts are read from bitsandbytes, transformers and PEFT (docs/qlora.md).
+#include "engine/passes/quantize.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/estimator.h"
+
+namespace memest {
+namespace {
+
+ModelSpec Llama(int64_t layers, int64_t seq = 256) {
+  return ModelSpec{PresetSpec{"llama-7b", {{"seq", seq}, {"layers", layers}}}};
+}
+
+RunConfig Qlora(Precision precision = Precision::kBf16Pure) {
+  RunConfig c;
+  c.batch_size = 1;
+  c.precision = precision;
+  c.quantization.format = WeightFormat::kBnbNf4;
+  c.quantization.double_quant = true;
+  c.quantization.compute_dtype = DType::kBFloat16;
+  c.lora.rank = 16;
+  c.lora.target_modules = {"all-linear"};
+  return c;
+}
+
+const Tensor* Named(const Graph& g, const std::string& name) {
+  for (const Tensor& t : g.tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+int64_t BytesNamedWithin(const Graph& g, const std::string& prefix) {
+  int64_t bytes = 0;
+  for (const Tensor& t : g.tensors) {
+    if (t.producer < 0 && t.name.rfind(prefix, 0) == 0) bytes += Bytes(t.shape, t.dtype);
+  }
+  return bytes;
+}
+
+// quantize_4bit with blocksize 64: n/2 packed bytes and a float32 absmax per block, or with
+// double quantization a uint8 absmax per block, a float32 absmax per 256 blocks, a float32
+// offset and the 256-value float32 map; and the 16-value float32 code.
+TEST(QloraTest, StorageIsBitsandbytesToTheByte) {
+  const int64_t n = 4096 * 4096;
+  EXPECT_EQ(Bnb4bitWeightBytes(n, false), n / 2 + 4 * (n / 64) + 64);
+  EXPECT_EQ(Bnb4bitWeightBytes(n, true), n / 2 + n / 64 + 4 * (n / 64 / 256) + 4 + 1024 + 64);
+  EXPECT_EQ(Bnb4bitWeightBytes(n, true), 8'655'940);
+
+  StatusOr<Graph> g = BuildStepGraph(Llama(1), Qlora());
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(BytesNamedWithin(*g, "model.layers.0.self_attn.q_proj.weight"), 8'655'940);
+  const Tensor* packed = Named(*g, "model.layers.0.self_attn.q_proj.weight");
+  ASSERT_NE(packed, nullptr);
+  EXPECT_EQ(packed->dtype, DType::kUInt8);
+  EXPECT_FALSE(packed->requires_grad);
+  // The count is the model's: two values per packed byte. The output layer stays dense.
+  StatusOr<Graph> dense = BuildStepGraph(Llama(1), RunConfig{});
+  ASSERT_TRUE(dense.ok());
+  RunConfig no_lora = Qlora();
+  no_lora.lora = {};
+  StatusOr<Graph> quantized = BuildStepGraph(Llama(1), no_lora);
+  ASSERT_TRUE(quantized.ok());
+  EXPECT_EQ(quantized->ParameterCount(), dense->ParameterCount());
+  EXPECT_EQ(Named(*quantized, "lm_head.weight")->shape, (Shape{32000, 4096}));
+}
+
+// The dequantized weight exists while the op runs, in forward and again in backward; nothing
+// of the input is saved for the frozen weight.
+TEST(QloraTest, EachLinearDequantizesItsWeightAroundTheOp) {
+  StatusOr<Report> r = Estimate(Llama(2), Qlora(), {.advice = false});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  bool found = false;
+  for (const LayerRow& row : r->layers) {
+    if (row.scope != "model.layers.1.mlp.down_proj") continue;
+    found = true;
+    // [4096, 11008] in bf16, and the float32 absmax rebuilt from its 8-bit form.
+    EXPECT_GE(row.temporary_bytes, 4096 * 11008 * 2 + 4 * (4096 * 11008 / 64));
+    EXPECT_EQ(row.saved_bytes, 0);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(r->trainable_parameter_count, 2 * 16 * (4 * (4096 + 4096) + 3 * (4096 + 11008)));
+}
+
+// prepare_model_for_kbit_training casts what is not 4-bit to float32 (the embeddings, norms and
+// the lm_head), and the activations follow: attention then runs in float32, which flash cannot.
+TEST(QloraTest, KbitPreparationUpcastsWhatIsNot4bit) {
+  StatusOr<Graph> prepared = BuildStepGraph(Llama(1), Qlora());
+  ASSERT_TRUE(prepared.ok());
+  EXPECT_EQ(Named(*prepared, "model.embed_tokens.weight")->dtype, DType::kFloat32);
+  EXPECT_EQ(Named(*prepared, "lm_head.weight")->dtype, DType::kFloat32);
+  StatusOr<Report> r = Estimate(Llama(1), Qlora(), {.advice = false});
+  ASSERT_TRUE(r.ok());
+  bool efficient = false;
+  for (const std::string& n : r->notes) efficient |= n.find("1 efficient") != std::string::npos;
+  EXPECT_TRUE(efficient);
+
+  RunConfig kept = Qlora();
+  kept.quantization.prepare_for_kbit_training = false;
+  StatusOr<Graph> as_loaded = BuildStepGraph(Llama(1), kept);
+  ASSERT_TRUE(as_loaded.ok());
+  EXPECT_EQ(Named(*as_loaded, "model.embed_tokens.weight")->dtype, DType::kBFloat16);
+}
+
+// PEFT's LoRA over a Linear4bit clones the base's result (peft/tuners/lora/bnb.py).
+TEST(QloraTest, LoraOverA4bitBaseClonesItsResult) {
+  StatusOr<Graph> g = BuildStepGraph(Llama(1), Qlora());
+  ASSERT_TRUE(g.ok());
+  int clones = 0;
+  for (const Op& op : g->ops) {
+    clones += op.kind == "clone" && op.scope == "model.layers.0.self_attn.q_proj";
+  }
+  EXPECT_EQ(clones, 1);
+  EXPECT_EQ(Named(*g, "model.layers.0.self_attn.q_proj.lora_A.default.weight")->dtype,
+            DType::kFloat32);
+}
+
+TEST(QloraTest, RefusesWhatIsNotModelled) {
+  struct Case {
+    RunConfig config;
+    std::string message;
+  };
+  std::vector<Case> cases;
+  RunConfig c = Qlora();
+  c.runtime = Runtime::kCpuTorch113;
+  c.precision = Precision::kFp32;
+  c.lora = {};
+  cases.push_back({c, "config.quantization: bitsandbytes' 4-bit layers run on CUDA"});
+  c = Qlora();
+  c.parallelism.data = 2;
+  c.parallelism.sharding = DataSharding::kFsdp2;
+  cases.push_back({c, "config.quantization: 4-bit weights are modelled on one GPU"});
+  c = Qlora();
+  c.quantization.compute_dtype = DType::kInt8;
+  cases.push_back({c, "config.quantization.compute_dtype: float32, float16 or bfloat16"});
+  c = RunConfig{};
+  c.quantization.double_quant = true;
+  cases.push_back({c, "config.quantization: a 4-bit setting, and no 4-bit format is set"});
+  for (const Case& k : cases) {
+    Status s = ValidateRunConfig(k.config);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << k.message;
+    EXPECT_NE(s.message().find(k.message), std::string::npos) << s.message();
+  }
+  c = Qlora();
+  c.quantization.skip_modules = {"score"};
+  StatusOr<Graph> g = BuildStepGraph(Llama(1), c);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("config.quantization.skip_modules[0]: 'score' matches no"),
+            std::string::npos)
+      << g.status().message();
+}
+
+}  // namespace
+}  // namespace memest
