@@ -90,12 +90,23 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
     r->notes.push_back("cuDNN convolution workspace is chosen at run time and not included");
   }
   if (config.mode == Mode::kTraining) {
+    const bool bnb = IsBitsandbytes(config.optimizer.kind);
     r->notes.push_back(std::string("optimizer: ") + OptimizerKindName(config.optimizer.kind) + " (" +
-                       OptimizerImplName(config.optimizer.impl) + "), " +
+                       (bnb ? "one kernel per parameter, no scratch"
+                            : OptimizerImplName(config.optimizer.impl)) +
+                       "), " +
                        (config.step == StepKind::kFirstStep ? "first step: state created inside it"
                                                             : "steady state: state exists") +
                        (config.zero_grad_set_to_none ? "; zero_grad(set_to_none=True)"
                                                      : "; zero_grad(set_to_none=False) keeps grads"));
+    if (config.optimizer.kind == OptimizerKind::kBnbPagedAdamW8bit ||
+        config.optimizer.kind == OptimizerKind::kBnbPagedAdamW32bit) {
+      r->notes.push_back("paged optimizer: the states of parameters of 100,000 elements or more "
+                         "are cudaMallocManaged, outside PyTorch's allocator "
+                         "(torch.cuda.memory_allocated does not show them); counted here as "
+                         "resident, which they are while the step runs, though the driver can "
+                         "evict them to host memory under pressure");
+    }
     int non_reentrant = 0;
     for (bool b : graph.checkpoint_non_reentrant) non_reentrant += b;
     if (!graph.checkpoints.empty()) {

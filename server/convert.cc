@@ -228,6 +228,12 @@ StatusOr<OptimizerKind> OptimizerKindFromProto(int value, const std::string& fie
       return OptimizerKind::kHfAdamW;
     case v1::OPTIMIZER_KIND_HF_ADAFACTOR:
       return OptimizerKind::kHfAdafactor;
+    case v1::OPTIMIZER_KIND_BNB_ADAMW_8BIT:
+      return OptimizerKind::kBnbAdamW8bit;
+    case v1::OPTIMIZER_KIND_BNB_PAGED_ADAMW_8BIT:
+      return OptimizerKind::kBnbPagedAdamW8bit;
+    case v1::OPTIMIZER_KIND_BNB_PAGED_ADAMW_32BIT:
+      return OptimizerKind::kBnbPagedAdamW32bit;
   }
   return Unknown(field, value);
 }

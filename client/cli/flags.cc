@@ -48,6 +48,9 @@ const Word<v1::OptimizerKind> kOptimizers[] = {
     {"adagrad", v1::OPTIMIZER_KIND_ADAGRAD}, {"rmsprop", v1::OPTIMIZER_KIND_RMSPROP},
     {"lion", v1::OPTIMIZER_KIND_LION},       {"adafactor", v1::OPTIMIZER_KIND_ADAFACTOR},
     {"hf-adamw", v1::OPTIMIZER_KIND_HF_ADAMW}, {"hf-adafactor", v1::OPTIMIZER_KIND_HF_ADAFACTOR},
+    {"adamw-bnb-8bit", v1::OPTIMIZER_KIND_BNB_ADAMW_8BIT},
+    {"paged-adamw-8bit", v1::OPTIMIZER_KIND_BNB_PAGED_ADAMW_8BIT},
+    {"paged-adamw-32bit", v1::OPTIMIZER_KIND_BNB_PAGED_ADAMW_32BIT},
 };
 
 // memest's names and Hugging Face's attn_implementation names.
@@ -264,7 +267,8 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(run);
   app->add_option("--optimizer", f->optimizer,
                   "sgd | momentum | adam | adamw | adagrad | rmsprop | lion | adafactor | "
-                  "hf-adamw | hf-adafactor (transformers' own) (default adamw)")
+                  "hf-adamw | hf-adafactor (transformers' own) | adamw-bnb-8bit | "
+                  "paged-adamw-8bit | paged-adamw-32bit (bitsandbytes') (default adamw)")
       ->group(run);
   app->add_option("--optimizer-impl", f->optimizer_impl,
                   "for-loop | foreach | fused (default foreach)")

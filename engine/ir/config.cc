@@ -64,6 +64,11 @@ Status ValidateRunConfig(const RunConfig& c) {
     return InvalidArgument(std::string("config.optimizer.impl: torch.optim has no fused ") +
                            OptimizerKindName(c.optimizer.kind));
   }
+  if (IsBitsandbytes(c.optimizer.kind) && c.runtime != Runtime::kCuda) {
+    return InvalidArgument(std::string("config.optimizer.kind: ") +
+                           OptimizerKindName(c.optimizer.kind) +
+                           " runs on CUDA; the step runs on " + RuntimeName(c.runtime));
+  }
   for (size_t i = 0; i < c.checkpoint.scopes.size(); ++i) {
     if (c.checkpoint.scopes[i].empty()) {
       return InvalidArgument("config.checkpoint.scopes[" + std::to_string(i) +
@@ -247,6 +252,9 @@ const char* OptimizerKindName(OptimizerKind k) {
     case OptimizerKind::kAdafactor: return "Adafactor";
     case OptimizerKind::kHfAdamW: return "transformers AdamW";
     case OptimizerKind::kHfAdafactor: return "transformers Adafactor";
+    case OptimizerKind::kBnbAdamW8bit: return "bitsandbytes AdamW8bit";
+    case OptimizerKind::kBnbPagedAdamW8bit: return "bitsandbytes PagedAdamW8bit";
+    case OptimizerKind::kBnbPagedAdamW32bit: return "bitsandbytes PagedAdamW (32-bit)";
   }
   return "?";
 }

@@ -46,7 +46,16 @@ enum class OptimizerKind {
   kAdafactor,    // torch.optim.Adafactor (PyTorch 2.5+)
   kHfAdamW,      // transformers.AdamW (deprecated; optim="adamw_hf"): a Python loop
   kHfAdafactor,  // transformers.Adafactor (optim="adafactor"): a Python loop, float32 math
+  // bitsandbytes (engine/step/optimizers.h): one fused kernel per parameter, no scratch.
+  kBnbAdamW8bit,        // AdamW8bit (optim="adamw_bnb_8bit"): 8-bit blockwise state
+  kBnbPagedAdamW8bit,   // PagedAdamW8bit (optim="paged_adamw_8bit")
+  kBnbPagedAdamW32bit,  // PagedAdamW (optim="paged_adamw_32bit"): float32 state
 };
+// One of bitsandbytes' optimizers.
+inline bool IsBitsandbytes(OptimizerKind k) {
+  return k == OptimizerKind::kBnbAdamW8bit || k == OptimizerKind::kBnbPagedAdamW8bit ||
+         k == OptimizerKind::kBnbPagedAdamW32bit;
+}
 // How torch.optim runs the update: one parameter at a time, _foreach_ ops over all
 // parameters at once (PyTorch's default on CUDA), or one fused kernel.
 enum class OptimizerImpl { kForLoop, kForeach, kFused };

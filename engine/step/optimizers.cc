@@ -42,6 +42,12 @@ OptimizerCosts CostsOf(const OptimizerConfig& o, Runtime runtime) {
       c = {0, 2, 2};
       c.float32_scratch = true;
       break;
+    // bitsandbytes' Optimizer2State: the state is ExtraStateBytes's; `step` a Python int; each
+    // parameter one fused kernel that allocates nothing.
+    case OptimizerKind::kBnbAdamW8bit:
+    case OptimizerKind::kBnbPagedAdamW8bit:
+    case OptimizerKind::kBnbPagedAdamW32bit:
+      return c;
   }
   // The for-loop's `denom` (the quotient) is a local of the loop body in _single_tensor_adam
   // and _single_tensor_adamw, 1.13 and 2.x alike: the previous parameter's lives until the next
@@ -68,6 +74,7 @@ OptimizerCosts CostsOf(const OptimizerConfig& o, Runtime runtime) {
 }
 
 OptimizerImpl EffectiveImpl(const OptimizerConfig& o) {
+  if (IsBitsandbytes(o.kind)) return OptimizerImpl::kFused;
   if (o.kind == OptimizerKind::kHfAdamW || o.kind == OptimizerKind::kHfAdafactor) {
     return OptimizerImpl::kForLoop;
   }
@@ -76,6 +83,17 @@ OptimizerImpl EffectiveImpl(const OptimizerConfig& o) {
 
 std::vector<int64_t> ExtraStateBytes(const OptimizerConfig& o, const Tensor& p) {
   const Shape& s = p.shape;
+  if (IsBitsandbytes(o.kind)) {
+    // Optimizer8bit.init_state (bitsandbytes/optim/optimizer.py): 8-bit for parameters of
+    // min_8bit_size = 4096 elements or more, uint8 state1 and state2 with a float32 absmax per
+    // 256-element block each; float32 state1 and state2 otherwise, and for the 32-bit kind.
+    const int64_t n = Numel(s);
+    if (o.kind != OptimizerKind::kBnbPagedAdamW32bit && n >= kBnbMin8bitSize) {
+      const int64_t absmax = 4 * ((n + kBnbStateBlock - 1) / kBnbStateBlock);
+      return {n, n, absmax, absmax};
+    }
+    return {4 * n, 4 * n};
+  }
   if (o.kind == OptimizerKind::kAdafactor) {
     const int64_t es = DTypeSize(p.dtype);
     if (s.size() < 2) return {Numel(s) * es};

@@ -35,7 +35,14 @@ OptimizerCosts CostsOf(const OptimizerConfig& o, Runtime runtime);
 // parameters, whatever config.optimizer.impl says; torch.optim's follow it.
 OptimizerImpl EffectiveImpl(const OptimizerConfig& o);
 
+// bitsandbytes' 8-bit optimizers: parameters below this many elements keep float32 state
+// (min_8bit_size), and the 8-bit state's blocks (one float32 absmax each).
+constexpr int64_t kBnbMin8bitSize = 4096;
+constexpr int64_t kBnbStateBlock = 256;
+
 // The state kept beyond CostsOf().state parameter-sized tensors, one entry per tensor:
+//   bitsandbytes' AdamW: state1 and state2, uint8 with their float32 absmax [n / 256] from
+//     4096 elements (8-bit kinds), float32 otherwise;
 //   Adafactor (torch.optim, 2.5+): row_var [.., rows, 1] and col_var [.., 1, cols] in the
 //     parameter's dtype for a matrix, one variance like it for a vector;
 //   transformers' Adafactor: exp_avg_sq_row [.., rows] and exp_avg_sq_col [.., cols] in float32

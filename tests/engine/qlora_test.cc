@@ -120,6 +120,36 @@ TEST(QloraTest, LoraOverA4bitBaseClonesItsResult) {
             DType::kFloat32);
 }
 
+// bitsandbytes' AdamW8bit: two uint8 states and their float32 absmax per 256 values for a
+// parameter of 4096 elements or more, two float32 states below; each allocation rounded to
+// 512 bytes by the caching allocator. The 32-bit paged kind keeps 8 bytes per value.
+TEST(QloraTest, Bitsandbytes8bitAdamWKeepsByteStates) {
+  auto rounded = [](int64_t bytes) { return (bytes + 511) / 512 * 512; };
+  for (OptimizerKind kind : {OptimizerKind::kBnbAdamW8bit, OptimizerKind::kBnbPagedAdamW32bit}) {
+    RunConfig c = Qlora();
+    c.optimizer.kind = kind;
+    StatusOr<Graph> g = BuildStepGraph(Llama(1), c);
+    ASSERT_TRUE(g.ok());
+    int64_t expected = 0;
+    for (const Tensor& t : g->tensors) {
+      if (t.role != TensorRole::kParameter || !t.requires_grad) continue;
+      const int64_t n = Numel(t.shape);
+      expected += kind == OptimizerKind::kBnbAdamW8bit && n >= 4096
+                      ? 2 * rounded(n) + 2 * rounded(4 * ((n + 255) / 256))
+                      : 2 * rounded(4 * n);
+    }
+    StatusOr<Report> r = Estimate(Llama(1), c, {.advice = false});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->end_of_step[static_cast<int>(Category::kOptimizerState)], expected);
+  }
+  RunConfig cpu;
+  cpu.runtime = Runtime::kCpuTorch113;
+  cpu.optimizer.kind = OptimizerKind::kBnbAdamW8bit;
+  EXPECT_NE(ValidateRunConfig(cpu).message().find("config.optimizer.kind: bitsandbytes AdamW8bit "
+                                                  "runs on CUDA"),
+            std::string::npos);
+}
+
 TEST(QloraTest, RefusesWhatIsNotModelled) {
   struct Case {
     RunConfig config;

@@ -143,3 +143,15 @@ def test_quantization_refusals_name_the_field(client, quantization, message):
     with pytest.raises(memest.InvalidArgument, match=message):
         client.estimate(hf_config=LLAMA, seq=128, precision="bf16-pure", quantization=quantization,
                         advice=False)
+
+
+def test_bitsandbytes_optimizers_keep_8bit_state(client):
+    kwargs = dict(hf_config=LLAMA, seq=256, precision="bf16-pure", advice=False,
+                  lora={"r": 16, "target_modules": ["q_proj", "v_proj"]})
+    fp32 = client.estimate(optimizer="adamw", **kwargs)
+    paged = client.estimate(optimizer="paged-adamw-8bit", **kwargs)
+    # 8,388,608 adapter values (all of 65,536 or more): 2 bytes and 2 float32 per 256 each,
+    # against AdamW's two float32 states.
+    assert fp32.end_of_step.optimizer_state == 8 * 8_388_608
+    assert paged.end_of_step.optimizer_state == 2 * 8_388_608 + 8 * 8_388_608 // 256
+    assert any(note.startswith("paged optimizer") for note in paged.notes)

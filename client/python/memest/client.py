@@ -38,7 +38,8 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           mode: training | inference,
           precision: fp32 | fp16 | bf16 | bf16-pure | fp16-pure (fp16/bf16: autocast),
           optimizer: sgd | momentum | adam | adamw | adagrad | rmsprop | lion | adafactor |
-            hf-adamw | hf-adafactor (transformers' own),
+            hf-adamw | hf-adafactor (transformers' own) | adamw-bnb-8bit | paged-adamw-8bit |
+            paged-adamw-32bit (bitsandbytes'),
           optimizer_impl: for-loop | foreach | fused, weight_decay, keep_grads,
           checkpoint: none | every-block | every-k | sqrt | attention | scopes,
           checkpoint_k, checkpoint_scopes, checkpoint_non_reentrant (use_reentrant=False),

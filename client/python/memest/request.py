@@ -36,6 +36,9 @@ OPTIMIZERS = {
     "adafactor": v1.OPTIMIZER_KIND_ADAFACTOR,
     "hf-adamw": v1.OPTIMIZER_KIND_HF_ADAMW,
     "hf-adafactor": v1.OPTIMIZER_KIND_HF_ADAFACTOR,
+    "adamw-bnb-8bit": v1.OPTIMIZER_KIND_BNB_ADAMW_8BIT,
+    "paged-adamw-8bit": v1.OPTIMIZER_KIND_BNB_PAGED_ADAMW_8BIT,
+    "paged-adamw-32bit": v1.OPTIMIZER_KIND_BNB_PAGED_ADAMW_32BIT,
 }
 # memest's names and Hugging Face's attn_implementation names.
 ATTENTIONS = {
