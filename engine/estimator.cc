@@ -420,7 +420,19 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   if (config.quantization.format != WeightFormat::kDense) {
     MEMEST_ASSIGN_OR_RETURN(graph, ApplyQuantization(graph, config.quantization, budget));
   }
-  if (config.lora.rank == 0) return graph;
+  if (config.lora.rank == 0) {
+    if (config.quantization.format != WeightFormat::kDense && config.mode == Mode::kTraining &&
+        graph.TrainableParameterCount() == 0) {
+      // loss.backward() would raise: nothing requires grad.
+      return InvalidArgument("config.quantization: in training, the 4-bit model has no "
+                             "parameter left to train (its Linears are frozen" +
+                             std::string(config.quantization.prepare_for_kbit_training
+                                             ? ", prepare_model_for_kbit_training froze the rest"
+                                             : "") +
+                             "); add adapters (config.lora), or estimate inference");
+    }
+    return graph;
+  }
   LoraConfig lora = config.lora;
   // DeepSpeed's engine casts the whole module to its bf16 or fp16 dtype
   // (_configure_distributed_model: module.bfloat16() / half()), PEFT's float32 adapters too.

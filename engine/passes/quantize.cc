@@ -142,6 +142,17 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
     }
     first = last + 1;
   }
+  // A weight another module reads too (a tied lm_head's, the embedding's) cannot be packed.
+  for (const Op& op : graph.ops) {
+    if (quantized.count(op.scope) > 0) continue;
+    for (int t : op.inputs) {
+      const int w = Outside(graph, t, 0);
+      if (!packed[t] && !packed[w]) continue;
+      return InvalidArgument("config.quantization.skip_modules: the weight " +
+                             Quote(graph.tensors[packed[t] ? t : w].name) + " is also read in " +
+                             Quote(op.scope) + " (tied); leave its Linear dense (skip it)");
+    }
+  }
   for (size_t t = 0; t < dense.tensors.size(); ++t) {
     Tensor& leaf = dense.tensors[t];
     if (leaf.role != TensorRole::kParameter) continue;

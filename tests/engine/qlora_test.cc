@@ -64,6 +64,7 @@ TEST(QloraTest, StorageIsBitsandbytesToTheByte) {
   ASSERT_TRUE(dense.ok());
   RunConfig no_lora = Qlora();
   no_lora.lora = {};
+  no_lora.mode = Mode::kInference;
   StatusOr<Graph> quantized = BuildStepGraph(Llama(1), no_lora);
   ASSERT_TRUE(quantized.ok());
   EXPECT_EQ(quantized->ParameterCount(), dense->ParameterCount());
@@ -176,6 +177,20 @@ TEST(QloraTest, RefusesWhatIsNotModelled) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << k.message;
     EXPECT_NE(s.message().find(k.message), std::string::npos) << s.message();
   }
+  c = Qlora();
+  c.lora = {};
+  StatusOr<Graph> untrained = BuildStepGraph(Llama(1), c);
+  ASSERT_FALSE(untrained.ok());
+  EXPECT_NE(untrained.status().message().find("has no parameter left to train"), std::string::npos);
+  c.mode = Mode::kInference;
+  EXPECT_TRUE(BuildStepGraph(Llama(1), c).ok());
+  // A tied lm_head shares the embedding's weight: it cannot be packed.
+  c = Qlora();
+  c.quantization.skip_modules = {"c_fc"};
+  StatusOr<Graph> tied = BuildStepGraph(ModelSpec{PresetSpec{"gpt2-small", {{"seq", 64}, {"layers", 1}}}}, c);
+  ASSERT_FALSE(tied.ok());
+  EXPECT_NE(tied.status().message().find("'transformer.wte.weight' is also read"), std::string::npos)
+      << tied.status().message();
   c = Qlora();
   c.quantization.skip_modules = {"score"};
   StatusOr<Graph> g = BuildStepGraph(Llama(1), c);
