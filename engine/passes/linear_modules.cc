@@ -22,6 +22,14 @@ int LinearDataInput(const Graph& g, const Op& op) {
   return -1;
 }
 
+int BeforePlumbing(const Graph& g, int t, int first) {
+  for (int p = g.tensors[t].producer; p >= first && LinearPlumbing(g.ops[p].kind);
+       p = g.tensors[t].producer) {
+    t = g.ops[p].inputs[0];
+  }
+  return t;
+}
+
 bool LinearPlumbing(std::string_view kind) {
   return kind == "to" || kind == "view" || kind == "reshape" || kind == "contiguous";
 }

@@ -27,10 +27,51 @@ bool LinearPlumbing(std::string_view kind);
 // order, each once.
 std::vector<std::string> LinearModules(const Graph& graph);
 
+// One call of a Linear module: ops [first, last], one run of its scope; its weighted op; and
+// the tensors it was given (its input, weight and bias, -1: none), found back through the
+// module's own casts and views.
+struct LinearCall {
+  int first = -1;
+  int last = -1;
+  int op = -1;
+  int input = -1;
+  int weight = -1;
+  int bias = -1;
+};
+// The calls of the modules whose scopes `is_module` accepts, in forward order.
+template <typename Accept>
+std::vector<LinearCall> LinearCalls(const Graph& graph, const Accept& is_module);
+
+// `t` back through the casts and views ops from `first` on made of it (LinearPlumbing): what
+// a module whose ops start at `first` was given.
+int BeforePlumbing(const Graph& graph, int t, int first = 0);
+
 // The output layer: the module of the last weighted op before the loss (the whole graph
 // without one); "" when there is none. transformers' get_output_embeddings() for a causal LM,
 // the lm_head, which PEFT's all-linear and transformers' bitsandbytes loading leave alone.
 std::string OutputLayer(const Graph& graph);
+
+template <typename Accept>
+std::vector<LinearCall> LinearCalls(const Graph& g, const Accept& is_module) {
+  std::vector<LinearCall> calls;
+  const int n = static_cast<int>(g.ops.size());
+  for (int first = 0; first < n;) {
+    int last = first;
+    while (last + 1 < n && g.ops[last + 1].scope == g.ops[first].scope) ++last;
+    for (int i = first; i <= last && is_module(g.ops[first].scope); ++i) {
+      const Op& op = g.ops[i];
+      const int in = LinearDataInput(g, op);
+      if (in < 0) continue;
+      LinearCall call{first, last, i, BeforePlumbing(g, op.inputs[in], first),
+                      BeforePlumbing(g, op.inputs[LinearWeightInput(in)], first), -1};
+      const int bias = in == 0 ? (op.inputs.size() > 2 ? 2 : -1) : 0;
+      if (bias >= 0) call.bias = BeforePlumbing(g, op.inputs[bias], first);
+      calls.push_back(call);
+    }
+    first = last + 1;
+  }
+  return calls;
+}
 
 }  // namespace memest
 

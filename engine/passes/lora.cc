@@ -167,32 +167,15 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
     saved_module[i] = std::string(it->second);
   }
 
-  // The adapted runs: the last op of each run of a target module's ops, and the module's input.
+  // The adapted calls, by their last op: the adapter runs after it.
   const size_t n = graph.ops.size();
   std::vector<int> adapter_input(n, -1), base_weight(n, -1);
   std::vector<bool> four_bit(n, false);  // the base is bitsandbytes' Linear4bit
-  for (size_t first = 0; first < n;) {
-    size_t last = first;
-    while (last + 1 < n && graph.ops[last + 1].scope == graph.ops[first].scope) ++last;
-    if (targets.count(graph.ops[first].scope) > 0) {
-      for (size_t i = first; i <= last; ++i) {
-        const int in = LinearDataInput(graph, graph.ops[i]);
-        if (in < 0) continue;
-        // The module's input and weight, back through its own casts and views.
-        auto outside = [&](int t) {
-          for (int p = graph.tensors[t].producer;
-               p >= static_cast<int>(first) && LinearPlumbing(graph.ops[p].kind);
-               p = graph.tensors[t].producer) {
-            t = graph.ops[p].inputs[0];
-          }
-          return t;
-        };
-        adapter_input[last] = outside(graph.ops[i].inputs[in]);
-        four_bit[last] = graph.ops[i].kind == "linear_4bit";
-        base_weight[last] = outside(graph.ops[i].inputs[LinearWeightInput(in)]);
-      }
-    }
-    first = last + 1;
+  for (const LinearCall& call :
+       LinearCalls(graph, [&](const std::string& s) { return targets.count(s) > 0; })) {
+    adapter_input[call.last] = call.input;
+    base_weight[call.last] = call.weight;
+    four_bit[call.last] = graph.ops[call.op].kind == "linear_4bit";
   }
 
   Graph frozen = graph;  // PEFT's _mark_only_adapters_as_trainable
@@ -236,8 +219,7 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
       }
       inputs.push_back(it->second);
     }
-    std::vector<int> outs = b.Add(op.kind, std::move(inputs), op.attrs, OutputNames(frozen, op));
-    for (size_t k = 0; k < outs.size(); ++k) map[op.outputs[k]] = outs[k];
+    const std::vector<int> outs = ReplayOp(frozen, op, std::move(inputs), op.attrs, b, map);
     if (adapter_input[i] < 0 || outs.empty() || !b.ok()) return true;
 
     // PEFT's lora.Linear.forward after its base layer.

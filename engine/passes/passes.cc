@@ -27,8 +27,7 @@ CastPolicy PolicyOf(std::string_view kind) {
   return CastPolicy::kNone;
 }
 
-}  // namespace
-
+// The names of op's outputs, empty when none is named (the common case: no allocation).
 std::vector<std::string> OutputNames(const Graph& g, const Op& op) {
   std::vector<std::string> names;
   for (size_t k = 0; k < op.outputs.size(); ++k) {
@@ -38,6 +37,15 @@ std::vector<std::string> OutputNames(const Graph& g, const Op& op) {
     names[k] = n;
   }
   return names;
+}
+
+}  // namespace
+
+std::vector<int> ReplayOp(const Graph& g, const Op& op, std::vector<int> inputs, Attrs attrs,
+                          GraphBuilder& b, std::vector<int>& map) {
+  std::vector<int> outs = b.Add(op.kind, std::move(inputs), std::move(attrs), OutputNames(g, op));
+  for (size_t k = 0; k < outs.size(); ++k) map[op.outputs[k]] = outs[k];
+  return outs;
 }
 
 StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional<DType> autocast,
@@ -62,8 +70,7 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional
         if (map[t] < 0) return Internal("replay: op " + std::to_string(i) + " reads a dropped tensor");
         inputs.push_back(map[t]);
       }
-      std::vector<int> outs = b.Add(op.kind, std::move(inputs), op.attrs, OutputNames(g, op));
-      for (size_t k = 0; k < outs.size(); ++k) map[op.outputs[k]] = outs[k];
+      ReplayOp(g, op, std::move(inputs), op.attrs, b, map);
     }
     if (!b.ok()) return b.status();
     last_op[i] = b.num_ops() - 1;

@@ -34,9 +34,11 @@ StatusOr<Graph> ReplayGraph(const Graph& graph, const OpEmitter& emit,
                             std::optional<DType> autocast = std::nullopt,
                             ReplayMap* replay = nullptr, Budget* budget = nullptr);
 
-// The names of op's outputs in `graph`, for a replay that adds the op itself (Add's
-// output_names); empty when none is named (the common case: no allocation).
-std::vector<std::string> OutputNames(const Graph& graph, const Op& op);
+// For an emitter that adds op `op` of `graph` itself: adds it to `b` with `inputs` (tensor ids in
+// `b`) and `attrs`, its outputs named as in `graph`, and maps its outputs in `map`; returns them
+// (empty on a builder error).
+std::vector<int> ReplayOp(const Graph& graph, const Op& op, std::vector<int> inputs, Attrs attrs,
+                          GraphBuilder& b, std::vector<int>& map);
 
 // Rewrites `graph` as torch.autocast(device_type="cuda", dtype=half) runs it: the inputs of
 // ops on CUDA autocast's lower-precision list (linear, addmm, matmul, bmm, einsum, conv,

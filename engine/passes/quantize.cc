@@ -51,23 +51,6 @@ bool Skipped(std::string_view module, const std::vector<std::string>& skip) {
   return false;
 }
 
-// One Linear module's call: its ops [first, last], its input, weight and bias leaves.
-struct Call {
-  int first = -1;
-  int input = -1;
-  int weight = -1;
-  int bias = -1;  // -1: none
-};
-
-// Back through the module's own casts and views (ops from `first` on) to what it was given.
-int Outside(const Graph& g, int t, int first) {
-  for (int p = g.tensors[t].producer; p >= first && LinearPlumbing(g.ops[p].kind);
-       p = g.tensors[t].producer) {
-    t = g.ops[p].inputs[0];
-  }
-  return t;
-}
-
 // The kernel PyTorch picks for attention whose inputs the float32 upcast reached: flash and
 // cuDNN take float16 and bfloat16 only, the memory-efficient kernel takes float32 (sdp_utils'
 // check_tensor_dtype). The builders chose the kernel for the dtype they built in.
@@ -81,8 +64,7 @@ bool ReselectForFloat32(const Op& op, GraphBuilder& b, std::vector<int>& map, co
   attrs["backend"] = std::string("efficient");
   std::vector<int> inputs;
   for (int t : op.inputs) inputs.push_back(map[t]);
-  std::vector<int> outs = b.Add(op.kind, std::move(inputs), std::move(attrs), OutputNames(g, op));
-  for (size_t k = 0; k < outs.size(); ++k) map[op.outputs[k]] = outs[k];
+  ReplayOp(g, op, std::move(inputs), std::move(attrs), b, map);
   return true;
 }
 
@@ -120,33 +102,18 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
 
   // Each quantized module's calls, by the last op of the call; the dense weights to pack.
   Graph dense = graph;
-  const int n_ops = static_cast<int>(graph.ops.size());
-  std::vector<Call> calls(n_ops);
+  std::vector<LinearCall> calls(graph.ops.size());  // by the call's last op
   std::vector<bool> packed(graph.tensors.size(), false);
-  for (int first = 0; first < n_ops;) {
-    int last = first;
-    while (last + 1 < n_ops && graph.ops[last + 1].scope == graph.ops[first].scope) ++last;
-    if (quantized.count(graph.ops[first].scope) > 0) {
-      for (int i = first; i <= last; ++i) {
-        const Op& op = graph.ops[i];
-        const int in = LinearDataInput(graph, op);
-        if (in < 0) continue;
-        Call& call = calls[last];
-        call.first = first;
-        call.input = Outside(graph, op.inputs[in], first);
-        call.weight = Outside(graph, op.inputs[LinearWeightInput(in)], first);
-        const int bias = in == 0 ? (op.inputs.size() > 2 ? 2 : -1) : 0;
-        if (bias >= 0) call.bias = Outside(graph, op.inputs[bias], first);
-        packed[call.weight] = true;
-      }
-    }
-    first = last + 1;
+  for (const LinearCall& call :
+       LinearCalls(graph, [&](const std::string& s) { return quantized.count(s) > 0; })) {
+    calls[call.last] = call;
+    packed[call.weight] = true;
   }
   // A weight another module reads too (a tied lm_head's, the embedding's) cannot be packed.
   for (const Op& op : graph.ops) {
     if (quantized.count(op.scope) > 0) continue;
     for (int t : op.inputs) {
-      const int w = Outside(graph, t, 0);
+      const int w = BeforePlumbing(graph, t);
       if (!packed[t] && !packed[w]) continue;
       return InvalidArgument("config.quantization.skip_modules: the weight " +
                              Quote(graph.tensors[packed[t] ? t : w].name) + " is also read in " +
@@ -168,16 +135,13 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
       if (leaf.dtype == DType::kFloat16 || leaf.dtype == DType::kBFloat16) leaf.dtype = DType::kFloat32;
     }
   }
-  std::vector<DType> quantized_from(graph.tensors.size(), DType::kFloat32);
-  for (size_t t = 0; t < graph.tensors.size(); ++t) quantized_from[t] = graph.tensors[t].dtype;
-
   auto emit = [&](int i, GraphBuilder& b, std::vector<int>& map) {
     const Op& op = dense.ops[i];
     if (op.kind == "scaled_dot_product_attention" && graph.autocast == DType::kFloat32) {
       return ReselectForFloat32(op, b, map, dense);
     }
     if (quantized.count(op.scope) == 0) return false;
-    const Call& call = calls[i];
+    const LinearCall& call = calls[i];
     if (call.first < 0) return true;  // inside a call: its last op stands for it
     // Linear4bit.forward: x.to(compute_dtype), matmul_4bit, .to(the input's dtype).
     const int64_t n = Numel(graph.tensors[call.weight].shape);
@@ -195,7 +159,8 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
     const int64_t out = module_out.empty() ? 0 : module_out.back();
     int y = b.Add1("linear_4bit", std::move(inputs),
                    {{"out_features", out},
-                    {"weight_dtype", std::string(DTypeName(quantized_from[call.weight]))},
+                    // QuantState.dtype: the dense weight's, before the packing
+                    {"weight_dtype", std::string(DTypeName(graph.tensors[call.weight].dtype))},
                     {"double_quant", int64_t{q.double_quant ? 1 : 0}}});
     if (b.ok() && input != q.compute_dtype) {
       y = b.Add1("to", {y}, {{"dtype", std::string(DTypeName(input))}});
