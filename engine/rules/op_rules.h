@@ -36,11 +36,13 @@
 //       include_last_offset=0)
 //   index(x, idx...; dim=0)   x[:, ..., idx1, idx2, ..] with integer index tensors (broadcast)
 //   index_put_(x, idx, values; dim=0, accumulate=0) in place: x[:, ..., idx] = values
+//   index_add_(x, idx, source; dim=0) in place: x.index_add_(dim, idx, source)
+//   scatter_(x, idx; dim, value) in place   one_hot(ids; num_classes) -> int64 [..., num_classes]
 //   nonzero(x; count) -> int64 [count, rank]   (count: the data's, as traced)
 //   topk(x; k, dim=-1, largest=1, sorted=1) -> (values, indices)   sort(x; dim=-1, descending=0)
-//   max(x) -> 0-dim
+//   max(x) / min(x) -> 0-dim
 //   add / sub / mul / div(a, b)   tensors, broadcasting       (a; scalar=<float>) with a scalar
-//   add_ / mul_ (a, b) in place on a
+//   add_ / mul_ / div_ (a, b) in place on a
 //   masked_fill(x, mask; value)  where(cond, a, b)
 //   eq / ne / lt / le / gt / ge(a, b) or (a; scalar) -> bool, not differentiable
 //   bitwise_and / bitwise_or(a, b) integer or bool, not differentiable

@@ -306,6 +306,21 @@ void InplaceMulMemory(const OpCall& c, OpMemory* m) {
   }
 }
 
+// a.div_(b) (Tensor divisor; a Python number is `div` with attrs.scalar): b is kept for a's
+// gradient, and when b needs its own, -grad * a / b / b, the original a too, which autograd
+// clones before the write (measured on 1.13's CPU: b and an a-sized copy saved). Backward as
+// div's.
+void InplaceDivMemory(const OpCall& c, OpMemory* m) {
+  if (c.inputs.size() == 1) return;
+  SaveInputIf(m, c.needs_grad(0) || c.needs_grad(1), 1);
+  if (c.needs_grad(1)) {
+    m->saved_extras.push_back(Alloc{BytesOf(c.in(0)), "clone of the original self"});
+    m->backward_temps.push_back(Alloc{(c.needs_grad(0) ? 2 : 3) * BytesOf(c.out(0)),
+                                      "div backward: -grad*a/b/b"});
+  }
+  BroadcastProducts(c, m);
+}
+
 StatusOr<std::vector<OutputSpec>> InferMaskedFill(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "value", 0, c.field).status());
   StatusOr<Shape> out = BroadcastShapes(c.in(0).shape, c.in(1).shape);
@@ -372,6 +387,7 @@ void RegisterPointwiseRules(std::vector<OpRule>* r) {
   r->push_back({"div", 1, 2, InferBinary, DivMemory});
   r->push_back({"add_", 1, 2, InferInplaceBinary, InplaceAddMemory});
   r->push_back({"mul_", 1, 2, InferInplaceBinary, InplaceMulMemory});
+  r->push_back({"div_", 1, 2, InferInplaceBinary, InplaceDivMemory});
   r->push_back({"masked_fill", 2, 2, InferMaskedFill, SaveMask});
   r->push_back({"where", 3, 3, InferWhere, WhereMemory});
   r->push_back({"to", 1, 1, InferTo, SaveNothing});

@@ -76,10 +76,10 @@ void SelectMemory(const OpCall& c, OpMemory* m) {
   if (c.needs_grad(0)) m->saved_outputs.push_back(1);
 }
 
-// max(x): the largest element, 0-dim.
+// max(x) / min(x): the largest / smallest element, 0-dim.
 StatusOr<std::vector<OutputSpec>> InferMaxAll(const OpCall& c) {
   if (Numel(c.in(0).shape) == 0) {
-    return InvalidArgument(InputField(c, 0) + ": max of an empty tensor " +
+    return InvalidArgument(InputField(c, 0) + ": " + c.op.kind + " of an empty tensor " +
                            ShapeToString(c.in(0).shape));
   }
   return std::vector<OutputSpec>{{{}, c.in(0).dtype}};
@@ -148,6 +148,7 @@ void RegisterSelectRules(std::vector<OpRule>* r) {
   r->push_back({"topk", 1, 1, InferTopk, SelectMemory});
   r->push_back({"sort", 1, 1, InferSort, SelectMemory});
   r->push_back({"max", 1, 1, InferMaxAll, MaxAllMemory});
+  r->push_back({"min", 1, 1, InferMaxAll, MaxAllMemory});
   r->push_back({"index_put_", 3, 3, InferIndexPut, IndexPutMemory});
 }
 

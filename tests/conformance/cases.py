@@ -1113,3 +1113,5 @@ case("optim", "adam_for_loop_keeps_previous_denom", batch=4,
 
 # The ops of detection models (nonzero, index_put_, topk, sort, nms, roi_align, ...).
 import cases_detection  # noqa: E402,F401  (registers its cases here)
+# Mixture-of-experts routing (one_hot, div_, index_add_).
+import cases_moe  # noqa: E402,F401

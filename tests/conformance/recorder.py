@@ -616,6 +616,15 @@ class Recorder:
         return self._op("index_put_", [x, idx, values], {"dim": dim if dim else None},
                         lambda t, i, v: torch.ops.aten.index_put_(t, [None] * dim + [i], v))
 
+    def index_add_(self, x, idx, source, dim=0):
+        """x.index_add_(dim, idx, source), in place (MoE layers gather their experts' outputs)."""
+        return self._op("index_add_", [x, idx, source], {"dim": dim if dim else None},
+                        lambda t, i, v: t.index_add_(dim, i, v))
+
+    def one_hot(self, ids, num_classes):
+        return self._op("one_hot", [ids], {"num_classes": num_classes},
+                        lambda t: F.one_hot(t, num_classes))
+
     def nonzero(self, x):
         """x.nonzero(): int64 [count, rank]; the count is the data's (read off x here)."""
         return self._op("nonzero", [x], {"count": int((self._t(x) != 0).sum())}, torch.nonzero)
@@ -687,6 +696,9 @@ class Recorder:
 
     def mul_(self, a, b):
         return self._op("mul_", [a, b], {}, lambda x, y: x.mul_(y))
+
+    def div_(self, a, b):
+        return self._op("div_", [a, b], {}, lambda x, y: x.div_(y))
 
     def masked_fill(self, x, mask, value):
         return self._op("masked_fill", [x, mask], {"value": float(value)},

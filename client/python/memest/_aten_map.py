@@ -717,6 +717,7 @@ HANDLERS = {
     "add_.Scalar": _inplace_binary("add_"),
     "mul_.Tensor": _inplace_binary("mul_"),
     "mul_.Scalar": _inplace_binary("mul_"),
+    "div_.Tensor": _inplace_binary("div_"),
     "masked_fill.Scalar": _masked_fill,
     "masked_fill.Tensor": _masked_fill,
     "where.self": _where,

@@ -1,5 +1,6 @@
 """Handlers (see _aten_map.py) for indexing and selection: index and index_put_ (integer index
-tensors for consecutive dims, or one 1-D bool mask), nonzero, topk, sort, max, and torchvision's
+tensors for consecutive dims, or one 1-D bool mask), index_add_, scatter_, nonzero, topk, sort,
+max, min, and torchvision's
 nms and roi_align, with the element-wise ops detection models run on boxes (log2, floor,
 bitwise_and / bitwise_or).
 
@@ -102,6 +103,26 @@ def _max(tr, args, kwargs, out):
     tr.emit("max", [args[0]], [out], {})
 
 
+def _min(tr, args, kwargs, out):
+    tr.emit("min", [args[0]], [out], {})
+
+
+def _index_add_(tr, args, kwargs, out):
+    # x.index_add_(dim, index, source, alpha=1) (MoE layers gather their experts' outputs so)
+    x, dim, index, source = args[0], int(args[1]), args[2], args[3]
+    if _arg(args, kwargs, 4, "alpha", 1) != 1:
+        tr.unsupported("index_add_ with alpha")
+    tr.emit("index_add_", [x, index, source], [out], {"dim": dim} if dim else {})
+
+
+def _scatter_value(tr, args, kwargs, out):
+    # x.scatter_(dim, index, value) with a number
+    x, dim, index = args[0], int(args[1]), args[2]
+    if _arg(args, kwargs, 4, "reduce") is not None:
+        tr.unsupported("scatter_ with reduce")
+    tr.emit("scatter_", [x, index], [out], {"dim": dim, "value": float(args[3])})
+
+
 def _unary(kind):
     def h(tr, args, kwargs, out):
         tr.emit(kind, [args[0]], [out], {})
@@ -142,6 +163,9 @@ HANDLERS = {
     "sort.default": _sort,
     "sort.stable": _sort,
     "max.default": _max,
+    "min.default": _min,
+    "index_add_.default": _index_add_,
+    "scatter_.value": _scatter_value,
     "log2.default": _unary("log2"),
     "floor.default": _unary("floor"),
     "bitwise_and.Tensor": _bitwise("bitwise_and"),

@@ -44,6 +44,33 @@ def sdpa_as_one_op(tracer):
         functional.scaled_dot_product_attention = original
 
 
+@contextlib.contextmanager
+def one_hot_as_one_op(tracer):
+    """While recording, F.one_hot is recorded as one one_hot op: a composite of zeros and
+    scatter_, and on the CPU of the ids' min() and max() checks first (.item(), which the graph
+    has no op for), which the engine's one_hot rule accounts for by runtime."""
+    functional = torch.nn.functional
+    original = functional.one_hot
+
+    def one_hot(tensor, num_classes=-1):
+        tracer.paused += 1
+        try:
+            out = original(tensor, num_classes)
+        finally:
+            tracer.paused -= 1
+        tracer._current = "one_hot"
+        tracer.life.watch(tensor)
+        tracer.life.watch(out)
+        tracer.emit("one_hot", [tensor], [out], {"num_classes": int(out.shape[-1])})
+        return out
+
+    functional.one_hot = one_hot
+    try:
+        yield
+    finally:
+        functional.one_hot = original
+
+
 def _is_tensor_list(v):
     return isinstance(v, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in v)
 

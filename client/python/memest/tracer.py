@@ -631,7 +631,8 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
             hooks.__enter__()
         try:
             with _Recording(tracer), _trace_fused.sdpa_as_one_op(tracer), \
-                    _trace_fused.recurrent_as_one_op(tracer), _checkpoints_as_regions(tracer), \
+                    _trace_fused.recurrent_as_one_op(tracer), _trace_fused.one_hot_as_one_op(tracer), \
+                    _checkpoints_as_regions(tracer), \
                     _trace_clones.user_clones(tracer), _trace_linear.bias_added_in_place(tracer), \
                     _trace_static.tensors_made_in_forward(tracer):
                 out = m(*args)
