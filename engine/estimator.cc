@@ -414,6 +414,7 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   ctx.budget = budget;
   if (IsAutocast(config.precision)) ctx.autocast = ComputeDType(config.precision);
   ctx.attention = ResolveAttention(config);
+  ctx.expert_load = config.expert_load;
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
   ctx.compute_capability = device ? AttentionCapability(*device) : 90;
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));

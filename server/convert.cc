@@ -321,6 +321,18 @@ StatusOr<ModuleLoading> ModuleLoadingFromProto(int value, const std::string& fie
   return Unknown(field, value);
 }
 
+StatusOr<ExpertLoad> ExpertLoadFromProto(int value, const std::string& field) {
+  switch (value) {
+    case v1::EXPERT_LOAD_UNSPECIFIED:
+      return ExpertLoad::kDefault;
+    case v1::EXPERT_LOAD_WORST:
+      return ExpertLoad::kWorst;
+    case v1::EXPERT_LOAD_BALANCED:
+      return ExpertLoad::kBalanced;
+  }
+  return Unknown(field, value);
+}
+
 StatusOr<CpuIsa> CpuIsaFromProto(int value, const std::string& field) {
   switch (value) {
     case v1::CPU_ISA_UNSPECIFIED:
@@ -477,6 +489,8 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
   if (config.has_parallelism()) {
     MEMEST_ASSIGN_OR_RETURN(out.parallelism, ParallelismFromProto(config.parallelism()));
   }
+  MEMEST_ASSIGN_OR_RETURN(out.expert_load,
+                          ExpertLoadFromProto(config.expert_load(), "config.expert_load"));
   if (config.has_lora()) {
     MEMEST_ASSIGN_OR_RETURN(out.lora, LoraFromProto(config.lora()));
   }

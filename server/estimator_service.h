@@ -30,7 +30,7 @@ namespace memest {
 struct ServiceOptions {
   // The most ops (OpGraph.ops) or layers (LayerModel.layers) one request may declare, and the
   // most ops the engine may expand any model into. Larger requests get RESOURCE_EXHAUSTED.
-  int64_t max_ops = 100'000;
+  int64_t max_ops = 300'000;
   // The most op steps (one op simulated once: forward, backward or recomputed) one Estimate may
   // spend, its advice's re-estimates included: 1.3-2.8 us each on one core of the 2-vCPU VM,
   // so 3-6 s at most (docs/reliability.md). A request whose estimate alone needs more is

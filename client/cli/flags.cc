@@ -68,6 +68,11 @@ const Word<v1::CudaModuleLoading> kModuleLoadings[] = {
     {"eager", v1::CUDA_MODULE_LOADING_EAGER},
 };
 
+const Word<v1::ExpertLoad> kExpertLoads[] = {
+    {"worst", v1::EXPERT_LOAD_WORST},
+    {"balanced", v1::EXPERT_LOAD_BALANCED},
+};
+
 const Word<v1::OptimizerImpl> kOptimizerImpls[] = {
     {"for-loop", v1::OPTIMIZER_IMPL_FOR_LOOP},
     {"foreach", v1::OPTIMIZER_IMPL_FOREACH},
@@ -218,6 +223,11 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
         ParseWord("--cuda-module-loading", flags.cuda_module_loading, kModuleLoadings));
     config->set_cuda_module_loading(m);
   }
+  if (!flags.expert_load.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::ExpertLoad l,
+                            ParseWord("--expert-load", flags.expert_load, kExpertLoads));
+    config->set_expert_load(l);
+  }
   MEMEST_RETURN_IF_ERROR(ApplyLoraFlags(flags.lora, config));
   return ApplyParallelismFlags(flags.parallel, config);
 }
@@ -247,9 +257,9 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
                   "model file: the proto JSON mapping of memest.v1.Model, in JSON or (.yaml/.yml) YAML")
       ->group(model)->type_name("FILE");
   app->add_option("--hf-config", f->hf_config,
-                  "a Hugging Face config.json (llama, mistral, qwen2, qwen3, gemma, phi3, "
-                  "gpt_neox, gpt2) or a model directory holding one, built offline without "
-                  "weights; give --seq")
+                  "a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, "
+                  "qwen3_moe, gemma, phi3, gpt_neox, gpt2) or a model directory holding one, "
+                  "built offline without weights; give --seq")
       ->group(model)->type_name("FILE|DIR");
 
   const char* run = "Run";
@@ -329,6 +339,11 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
   app->add_option("--cuda-module-loading", f->cuda_module_loading,
                   "CUDA_MODULE_LOADING: lazy (default since PyTorch 1.13 / CUDA 11.7) or eager "
                   "(a larger CUDA context)")
+      ->group(run);
+  app->add_option("--expert-load", f->expert_load,
+                  "how a mixture-of-experts router spreads the tokens: worst (default: every "
+                  "token to the same top-k experts, the most one expert can hold) or balanced "
+                  "(tokens x top-k spread evenly)")
       ->group(run);
   app->add_flag("--no-advice", f->no_advice, "skip the advice (faster)")->group(run);
   AddParallelismFlags(app, &f->parallel);

@@ -113,6 +113,12 @@ enum class AttentionImpl {
 // (engine/ir/devices.h, CudaContextBytes).
 enum class ModuleLoading { kLazy, kEager };
 
+// How a mixture-of-experts router spreads a micro-batch's tokens over its experts
+// (config.expert_load; docs/moe.md): every token to the same top-k experts, the last ones of the
+// experts' loop (the largest working set one expert can have, held longest), or evenly.
+// kDefault is kWorst, and is the only value a model without experts takes.
+enum class ExpertLoad { kDefault, kWorst, kBalanced };
+
 // How data-parallel ranks hold the model states (docs/parallelism.md).
 enum class DataSharding {
   kNone,   // one process, no data parallelism (parallelism.data must be 1)
@@ -332,6 +338,7 @@ struct RunConfig {
   ParallelismConfig parallelism;  // training only
   LoraConfig lora;
   QuantizationConfig quantization;
+  ExpertLoad expert_load = ExpertLoad::kDefault;
 
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };

@@ -386,7 +386,11 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   residual = x;
   h = norm("post_attention_layernorm", x);
   const int mlp_input = h;
-  {
+  int router_logits = -1;
+  if (o.moe.experts > 0) {
+    h = SparseMoe(b, c, o.moe_name, h, o.moe, &router_logits);
+    if (o.router_logits != nullptr) o.router_logits->push_back(router_logits);
+  } else {
     ModuleScope mlp(b, "mlp");
     const Activation act = o.mlp_activation.value_or(Activation::kSilu);
     if (o.fused_projections) {
@@ -416,6 +420,7 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   if (o.hold_locals) b.HoldUntilLastOp(mlp_input);
   const int out = b.Add1("add", {residual, h});
   if (o.hold_locals) b.HoldUntilLastOp(input);
+  if (router_logits >= 0 && o.router_logits == nullptr) b.HoldUntilLastOp(router_logits);
   return out;
 }
 

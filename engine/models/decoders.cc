@@ -40,11 +40,14 @@ int LogitsInput(GraphBuilder& b, const BuildContext& ctx, int h) {
 // forward returns.
 void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerContext& c,
                        const char* name, int last_hidden_state, int embed, bool tied,
-                       int64_t vocab) {
+                       int64_t vocab, const std::function<int(int)>& aux_loss = nullptr) {
   const int h = LogitsInput(b, ctx, last_hidden_state);
   const int logits = tied ? TiedLinear(b, name, h, embed)
                           : Linear(b, c, name, h, vocab, /*bias=*/false);
-  if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/true);
+  if (Training(ctx)) {
+    const int loss = CrossEntropyLoss(b, logits, /*upcast=*/true);
+    if (aux_loss) b.SetLoss(aux_loss(loss));
+  }
   b.HoldUntilLastOp(last_hidden_state);
 }
 
@@ -74,6 +77,31 @@ Status CheckRotaryDim(const FieldOf& field, const char* name, int64_t rotary_dim
   return FieldError(field, name,
                     "must rotate an even number of the head's " + Str(head_dim) +
                         " dims, got " + Str(rotary_dim));
+}
+
+// Whether layer i of a Llama-family model has the sparse MoE MLP (Qwen2MoeDecoderLayer: not in
+// mlp_only_layers, and (i + 1) % decoder_sparse_step == 0).
+bool SparseLayer(const LlamaSpec& s, int64_t i) {
+  if (s.moe.experts <= 0) return false;
+  for (int64_t dense : s.dense_layers) {
+    if (dense == i) return false;
+  }
+  return (i + 1) % s.moe_every == 0;
+}
+
+Status CheckMoe(const FieldOf& field, const LlamaSpec& s) {
+  if (s.moe.experts <= 0) return Status::Ok();
+  if (s.moe.top_k <= 0 || s.moe.top_k > s.moe.experts) {
+    return FieldError(field, "top_k", "must be from 1 to the " + Str(s.moe.experts) +
+                                          " experts, got " + Str(s.moe.top_k));
+  }
+  if (s.moe.expert_ffn <= 0) {
+    return FieldError(field, "expert_ffn", "must be positive, got " + Str(s.moe.expert_ffn));
+  }
+  if (s.moe_every <= 0) {
+    return FieldError(field, "moe_every", "must be positive, got " + Str(s.moe_every));
+  }
+  return Status::Ok();
 }
 
 // GPTNeoXLayer.forward (transformers 5).
@@ -170,10 +198,12 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     return FieldError(field, "kv_heads", "must divide heads " + Str(s.heads) + ", got " +
                                              Str(s.kv_heads));
   }
+  MEMEST_RETURN_IF_ERROR(CheckMoe(field, s));
   const LayerContext c = LayerContextOf(ctx);
   int ids = b.Input("input_ids", {ctx.micro_batch, s.seq}, DType::kInt64, 0);
   int embed = -1;
   int h = -1;
+  std::function<int(int)> aux_loss;
   {
     ScopeGuard model(b, "model");
     const int inputs_embeds = Embedding(b, c, "embed_tokens", ids, s.vocab, s.d_model, &embed);
@@ -215,12 +245,26 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     } else if (windowed && c.attention != AttentionImpl::kFlash) {
       o.sdpa_mask = AdditiveCausalMask(b, c, s.seq);
     }
-    h = RepeatBlocks(b, "layers.", s.layers, h,
-                     [&](int x) { return TransformerBlock(b, c, "", x, o); });
+    o.moe = s.moe;
+    o.moe.load = ctx.expert_load;
+    o.moe_name = s.moe_name;
+    std::vector<int> router_logits;  // MixtralModel's all_router_logits
+    if (s.router_aux_loss && Training(ctx)) o.router_logits = &router_logits;
+    int64_t layer = 0;
+    h = RepeatBlocks(b, "layers.", s.layers, h, [&](int x) {
+      BlockOptions layer_o = o;
+      if (!SparseLayer(s, layer++)) layer_o.moe.experts = 0;
+      return TransformerBlock(b, c, "", x, layer_o);
+    });
     h = s.gemma ? GemmaRmsNorm(b, c, "norm", h) : RmsNorm(b, c, "norm", h, true);
     b.HoldUntilLastOp(inputs_embeds);  // LlamaModel.forward's local, until it returns
+    if (!router_logits.empty()) {
+      aux_loss = [&, router_logits](int loss) {
+        return RouterAuxLoss(b, router_logits, s.moe, s.router_aux_loss_coef, loss);
+      };
+    }
   }
-  LanguageModelHead(b, ctx, c, "lm_head", h, embed, s.tie_embeddings, s.vocab);
+  LanguageModelHead(b, ctx, c, "lm_head", h, embed, s.tie_embeddings, s.vocab, aux_loss);
   return Status::Ok();
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "engine/ir/graph.h"
 #include "engine/models/layers.h"
@@ -65,6 +66,18 @@ struct LlamaSpec {
   // argument. The KV cache of inference keeps every position (transformers 4's DynamicCache),
   // an over-count for caches that keep the window only (transformers 5's, servers').
   int64_t sliding_window = 0;
+  // Mixtral, Qwen2-MoE, Qwen3-MoE: a sparse mixture-of-experts MLP (moe.experts > 0) under
+  // `moe_name` in the layers where (i + 1) % moe_every == 0 and i is not in dense_layers
+  // (Qwen's decoder_sparse_step and mlp_only_layers); the others keep the dense MLP of `ffn`.
+  MoeOptions moe;
+  std::string moe_name = "mlp";
+  int64_t moe_every = 1;
+  std::vector<int64_t> dense_layers;
+  // HF's output_router_logits: in training the loss adds router_aux_loss_coef times
+  // load_balancing_loss_func over every MoE layer's router logits, which the model keeps until
+  // then.
+  bool router_aux_loss = false;
+  double router_aux_loss_coef = 0.001;
 };
 
 // GPT-NeoX (GPTNeoXForCausalLM: Pythia, GPT-NeoX-20B): LayerNorm, query_key_value fused per

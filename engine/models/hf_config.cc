@@ -1,6 +1,7 @@
 // Hugging Face config.json into the decoders (engine/models/hf_config.h). Defaults are those of
 // transformers' Config classes (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
-// GemmaConfig, Phi3Config, GPT2Config; docs/hf-config.md cites them).
+// GemmaConfig, Phi3Config, GPT2Config, and the MoE ones in hf_moe.cc; docs/hf-config.md cites
+// them).
 #include "engine/models/hf_config.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "engine/ir/text.h"
 #include "engine/models/decoders.h"
 #include "engine/models/hf_fields.h"
+#include "engine/models/hf_moe.h"
 #include "engine/models/op_count.h"
 
 namespace memest {
@@ -32,6 +34,9 @@ FieldOf LlamaFields() {
     if (n == "kv_heads") return Field("num_key_value_heads");
     if (n == "rotary_dim") return Field("rotary_pct");
     if (n == "d_model") return Field("hidden_size");
+    if (n == "top_k") return Field("num_experts_per_tok");
+    if (n == "expert_ffn") return Field("moe_intermediate_size");
+    if (n == "moe_every") return Field("decoder_sparse_step");
     return Field(n);
   };
 }
@@ -91,8 +96,9 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
   // classes' defaults).
   const bool heads_default = type == "llama" || type == "phi3";
   const int64_t kv_default = heads_default || f.Present("num_key_value_heads") ? s.heads
-                             : type == "mistral"                                ? 8
-                             : type == "gemma"                                  ? 16
+                             : type == "mistral" || type == "mixtral"           ? 8
+                             : type == "gemma" || type == "qwen2_moe"           ? 16
+                             : type == "qwen3_moe"                              ? 4
                                                                                 : 32;
   MEMEST_ASSIGN_OR_RETURN(s.kv_heads, f.Size("num_key_value_heads", kv_default));
   const bool gemma = type == "gemma";
@@ -113,9 +119,9 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
   MEMEST_ASSIGN_OR_RETURN(s.attn_dropout, f.Probability("attention_dropout", 0.0));
   MEMEST_RETURN_IF_ERROR(CheckRope(f, "rope_scaling"));
   MEMEST_RETURN_IF_ERROR(CheckRope(f, "rope_parameters"));
-  if (type == "qwen2") {
+  if (type == "qwen2" || type == "qwen2_moe") {
     s.qkv_bias = true;  // Qwen2Attention: q_proj, k_proj, v_proj bias=True; o_proj bias=False
-  } else if (type != "mistral") {
+  } else if (type != "mistral" && type != "mixtral") {
     MEMEST_ASSIGN_OR_RETURN(bool bias, f.Flag("attention_bias", false));
     s.qkv_bias = s.out_bias = bias;
   }
@@ -132,8 +138,10 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
     // Phi3RotaryEmbedding: dim = int(head_dim * partial_rotary_factor)
     s.rotary_dim = static_cast<int64_t>(static_cast<double>(head_dim) * factor);
   }
-  s.qk_norm = type == "qwen3";
-  if (type == "mistral") {
+  s.qk_norm = type == "qwen3" || type == "qwen3_moe";
+  if (type == "mixtral") {
+    MEMEST_ASSIGN_OR_RETURN(s.sliding_window, f.Size("sliding_window", 0));  // None: full
+  } else if (type == "mistral") {
     // MistralConfig's default is 4096; "sliding_window": null is full attention (Mistral v0.2
     // and later).
     MEMEST_ASSIGN_OR_RETURN(s.sliding_window,
@@ -141,12 +149,13 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
   } else if (type == "phi3") {
     // Phi3Config: sliding_window None (full attention) unless the config gives one.
     MEMEST_ASSIGN_OR_RETURN(s.sliding_window, f.Size("sliding_window", 0));
-  } else if (type == "qwen2" || type == "qwen3") {
+  } else if (type == "qwen2" || type == "qwen3" || type == "qwen2_moe" || type == "qwen3_moe") {
     MEMEST_RETURN_IF_ERROR(RefuseIfSet(
         f, "use_sliding_window",
         "the windowed layers above max_window_layers; leave it false for full attention in "
         "every layer, which holds at least as much"));
   }
+  MEMEST_RETURN_IF_ERROR(ReadMoe(f, type, &s));
   return s;
 }
 
@@ -202,8 +211,9 @@ constexpr Family kFamilies[] = {
     {"gemma", "GemmaForCausalLM"},     {"gpt2", "GPT2LMHeadModel"},
     {"gpt_neox", "GPTNeoXForCausalLM"},
     {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},
-    {"phi3", "Phi3ForCausalLM"},       {"qwen2", "Qwen2ForCausalLM"},
-    {"qwen3", "Qwen3ForCausalLM"},
+    {"mixtral", "MixtralForCausalLM"}, {"phi3", "Phi3ForCausalLM"},
+    {"qwen2", "Qwen2ForCausalLM"},     {"qwen2_moe", "Qwen2MoeForCausalLM"},
+    {"qwen3", "Qwen3ForCausalLM"},     {"qwen3_moe", "Qwen3MoeForCausalLM"},
 };
 
 // Builds the family's model with `layers` layers (0: the config's), errors and all.
@@ -312,6 +322,14 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
         return BuildFamily(*family, f, spec.seq, n, counting);
       }));
   return BuildFamily(*family, f, spec.seq, 0, context);
+}
+
+bool HfConfigRoutesExperts(const JsonValue& config) {
+  const JsonValue* type = config.Find("model_type");
+  if (type == nullptr || type->kind != Kind::kString || !IsMoeType(type->text)) return false;
+  const JsonValue* experts =
+      config.Find(type->text == "mixtral" ? "num_local_experts" : "num_experts");
+  return experts == nullptr || experts->kind != Kind::kNumber || experts->number > 0;
 }
 
 StatusOr<HfRunHints> HfConfigRunHints(const JsonValue& config, bool dtype, bool attention) {

@@ -38,6 +38,10 @@ namespace memest {
 
 StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& context);
 
+// Whether the config's model has sparse mixture-of-experts layers (mixtral, qwen2_moe,
+// qwen3_moe with experts), which config.expert_load applies to.
+bool HfConfigRoutesExperts(const JsonValue& config);
+
 // What a config says about running the model, for a request that leaves it unset: the dtype the
 // weights are stored in ("torch_dtype", or "dtype" since transformers 4.56) and the attention
 // implementation ("attn_implementation" / "_attn_implementation": eager, sdpa,

@@ -202,8 +202,8 @@ int Mlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, co
   return Dropout(b, c, h, o.dropout);
 }
 
-void CrossEntropyLoss(GraphBuilder& b, int logits, bool upcast) {
-  if (!b.ok() || logits < 0) return;
+int CrossEntropyLoss(GraphBuilder& b, int logits, bool upcast) {
+  if (!b.ok() || logits < 0) return -1;
   const Shape shape = b.shape(logits);
   Shape target_shape(shape.begin(), shape.end() - 1);
   b.BeginLoss();
@@ -213,7 +213,9 @@ void CrossEntropyLoss(GraphBuilder& b, int logits, bool upcast) {
     logits = b.Add1("view", {logits}, {{"shape", AttrInts({-1, shape.back()})}});
     labels = b.Add1("view", {labels}, {{"shape", AttrInts({-1})}});
   }
-  b.SetLoss(b.Add1("cross_entropy", {logits, labels}));
+  const int loss = b.Add1("cross_entropy", {logits, labels});
+  b.SetLoss(loss);
+  return loss;
 }
 
 int Embedding(GraphBuilder& b, const LayerContext& c, std::string_view name, int ids,

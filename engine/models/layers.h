@@ -231,6 +231,44 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
 // rotate_half(x) = cat(-x[..., hd/2:], x[..., :hd/2]); cos and sin are [T, hd].
 int ApplyRotary(GraphBuilder& b, int x, int cos, int sin);
 
+// A sparse mixture-of-experts MLP as Hugging Face's MixtralSparseMoeBlock and
+// Qwen2MoeSparseMoeBlock run it (transformers 4.4x), on x [N, T, d]: the router `gate` (Linear to
+// the experts, no bias) on the tokens as [N*T, d]; softmax in float32; top-k (renormalised when
+// norm_topk_prob) cast back to x's dtype; a zeros output; one_hot of the choices permuted to
+// [experts, k, N*T]; then, for every expert in order, torch.where of its mask (nonzero, then
+// the two columns), its tokens gathered (index), its MLP (`names`: first and second Linear to
+// expert_ffn, the activation of the first times the second, the out Linear), times its routing
+// weights, and index_add_ into the output. Qwen2-MoE adds a shared expert on every token, scaled
+// by sigmoid(shared_expert_gate(x)). How many tokens each expert gets is the data's: `load`
+// (kWorst, kDefault: the last k experts of the loop get every token, so that each computes on
+// all of them and the loop's last locals, held until the block returns, are the largest;
+// kBalanced: N*T*k spread evenly).
+// `router_logits` (optional) receives the router's output, which the decoder layer returns.
+struct MoeOptions {
+  int64_t experts = 0;
+  int64_t top_k = 0;
+  int64_t expert_ffn = 0;
+  bool norm_topk_prob = true;
+  int64_t shared_expert_ffn = 0;  // 0: no shared expert
+  Activation activation = Activation::kSilu;
+  ExpertLoad load = ExpertLoad::kDefault;
+  // The expert MLP's Linear modules: Mixtral's {"w1", "w3", "w2"}, Qwen's {"gate_proj",
+  // "up_proj", "down_proj"}.
+  std::vector<std::string> names = {"gate_proj", "up_proj", "down_proj"};
+};
+int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+              const MoeOptions& options, int* router_logits = nullptr);
+
+// In training with HF's output_router_logits: `loss` += coef * load_balancing_loss_func over
+// the MoE layers' `router_logits` (cat, softmax, top-k, one_hot, the means), in place; returns
+// the loss.
+int RouterAuxLoss(GraphBuilder& b, const std::vector<int>& router_logits, const MoeOptions& o,
+                  double coef, int loss);
+
+// The tokens each of `experts` experts computes on when `tokens` tokens each choose `top_k`
+// of them, as `load` spreads them (MoeOptions).
+std::vector<int64_t> ExpertTokens(int64_t tokens, int64_t experts, int64_t top_k, ExpertLoad load);
+
 // A transformer block. kGpt2: HF GPT2Block (pre-LN; ln_1, attn, +, ln_2, mlp with gelu_new,
 // +; HF Conv1D projections; attention and residual dropout). kLlama: HF LlamaDecoderLayer
 // (input_layernorm RMSNorm, self_attn with rotary and GQA, +, post_attention_layernorm,
@@ -274,6 +312,13 @@ struct BlockOptions {
   // The MLP's activation (HF hidden_act / activation_function); unset: the style's own,
   // gelu_new for GPT-2 and SiLU for Llama.
   std::optional<Activation> mlp_activation;
+  // Llama style: a sparse mixture-of-experts MLP in place of the dense one when moe.experts > 0
+  // (the module `moe_name`: Mixtral's "block_sparse_moe", Qwen's "mlp"); its router's logits
+  // are held until the block returns, or, with `router_logits` set, handed out there (HF's
+  // output_router_logits) and kept by the caller.
+  MoeOptions moe;
+  std::string moe_name = "mlp";
+  std::vector<int>* router_logits = nullptr;
 };
 int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
                      const BlockOptions& options);
@@ -292,8 +337,8 @@ int Embedding(GraphBuilder& b, const LayerContext& c, std::string_view name, int
 // The loss of a classifier or language model: logits [.., C] and int64 targets "labels" shaped
 // like logits without the class dim, both reshaped to [N, C] / [N], then cross_entropy (mean),
 // as `loss_fct(logits.view(-1, C), labels.view(-1))`; `upcast` casts the logits to float32
-// first (HF's ForCausalLMLoss).
-void CrossEntropyLoss(GraphBuilder& b, int logits, bool upcast);
+// first (HF's ForCausalLMLoss). Returns the loss.
+int CrossEntropyLoss(GraphBuilder& b, int logits, bool upcast);
 
 // ---------------------------------------------------------------------------------------------
 // The layer-model front end: expands `spec` (a layer of the kinds listed above) applied to `x`

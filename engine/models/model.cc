@@ -105,6 +105,14 @@ StatusOr<Graph> BuildAttributed(const ModelSpec& model, const BuildContext& cont
 
 StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) {
   MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
+  if (context.expert_load != ExpertLoad::kDefault) {
+    const auto* hf = std::get_if<HfConfigSpec>(&model.source);
+    if (hf == nullptr || !HfConfigRoutesExperts(hf->config)) {
+      return InvalidArgument(
+          "config.expert_load: the model has no mixture-of-experts layer for it to apply to "
+          "(Hugging Face configs of mixtral, qwen2_moe and qwen3_moe have them); leave it unset");
+    }
+  }
   StatusOr<Graph> graph = BuildAttributed(model, context);
   if (graph.ok() && context.mode == Mode::kInference && context.generate_tokens > 0) {
     bool kv_cache = false;

@@ -120,6 +120,9 @@ struct BuildContext {
   // and the generation of the device that picks the SDPA kernel (10 * major + minor).
   AttentionImpl attention = AttentionImpl::kEager;
   int compute_capability = 90;
+  // How mixture-of-experts layers' routers spread the tokens (config.expert_load): the tokens
+  // each expert computes on.
+  ExpertLoad expert_load = ExpertLoad::kDefault;
 };
 
 // The LayerContext (engine/models/layers.h) a front end builds its layers with.

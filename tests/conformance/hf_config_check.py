@@ -46,7 +46,8 @@ warnings.filterwarnings("ignore")
 os.environ.setdefault("GLOG_minloglevel", "2")
 
 # model_types memest's --hf-config builds that transformers 4.47.1 has (qwen3 came in 4.51).
-SUPPORTED = ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox", "gpt2")
+SUPPORTED = ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox", "gpt2", "mixtral",
+             "qwen2_moe")
 STEPS = {"training": [("first", True), ("steady", False)], "inference": [("inference", False)]}
 
 
@@ -111,10 +112,12 @@ def run_one(name, memest_bin, isa, dump, lora=None):
     config_path = os.path.join(workdir, f"{name}.config.json")
     write_config(cfg_cls, kw, config_path)
     extra = []
+    if name in zoo_models.HF_ROUTES:  # the zoo's routers route as this load assumes
+        extra = ["--expert-load", zoo_models.HF_ROUTES[name]]
     if lora:
         adapter_path = os.path.join(workdir, f"{name}.adapter_config.json")
         write_adapter_config(lora, adapter_path)
-        extra = ["--lora-config", adapter_path]
+        extra += ["--lora-config", adapter_path]
     out = {"name": name, "config": config_path, "batch": entry.batch, "seq": zoo_models.HF_SEQ,
            "modes": []}
     for mode in entry.modes:

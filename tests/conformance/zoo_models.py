@@ -319,13 +319,46 @@ class HFSeq2Seq(nn.Module):
         return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits
 
 
-def _hf(cls_name, cfg_name, seq2seq=False, **cfg):
+def route_experts(model, load):
+    """Makes the routers of a Hugging Face MoE model (Mixtral, Qwen2-MoE) route as memest's
+    config.expert_load `load` assumes, whatever the data: a forward hook on every router (`gate`)
+    rewrites its logits in place under no_grad, with fill_ on views, so that nothing is allocated
+    and autograd keeps what it keeps for a real router (the router's backward needs its input
+    and weight, not its output). "worst": every token's largest logits are the last k experts;
+    "balanced": token i's are the k experts of group i % (E / k), each expert taking N * k / E
+    tokens (E a multiple of k, N a multiple of E / k)."""
+    import torch
+
+    def hook(block):
+        e, k = block.num_experts, block.top_k
+
+        def rewrite(module, args, out):
+            with torch.no_grad():
+                out.zero_()
+                if load == "worst":
+                    out[:, e - k:].fill_(1.0)
+                else:
+                    groups = e // k
+                    grouped = out.view(out.shape[0] // groups, groups, e)
+                    for g in range(groups):
+                        grouped[:, g, g * k:(g + 1) * k].fill_(1.0)
+        return rewrite
+
+    blocks = [m for m in model.modules() if type(m).__name__.endswith("SparseMoeBlock")]
+    for block in blocks:
+        block.gate.register_forward_hook(hook(block))
+    return model
+
+
+def _hf(cls_name, cfg_name, seq2seq=False, route=None, **cfg):
     def make():
         import transformers
         transformers.logging.set_verbosity_error()
         config = getattr(transformers, cfg_name)(**cfg)
         config.use_cache = False  # training and a single forward: no KV cache
         model = getattr(transformers, cls_name)(config)
+        if route:
+            route_experts(model, route)
         return HFSeq2Seq(model) if seq2seq else model
     return make
 
@@ -370,6 +403,15 @@ HF = [
     ("gpt_neox", "GPTNeoXForCausalLM", "GPTNeoXConfig",
      dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
           max_position_embeddings=64), False),
+    ("mixtral", "MixtralForCausalLM", "MixtralConfig",
+     dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+          intermediate_size=96, max_position_embeddings=64, num_local_experts=4,
+          num_experts_per_tok=2), False),
+    ("qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig",
+     dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+          intermediate_size=128, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
+          moe_intermediate_size=48, shared_expert_intermediate_size=96, norm_topk_prob=True),
+     False),
     ("phi", "PhiForCausalLM", "PhiConfig",
      dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
           max_position_embeddings=64), False),
@@ -383,12 +425,15 @@ HF_SEQ2SEQ = [
           max_position_embeddings=64), False),
 ]
 HF_SEQ = 16
+# How the zoo's MoE models route (route_experts), and memest's matching --expert-load.
+HF_ROUTES = {"mixtral": "worst", "qwen2_moe": "balanced"}
 
 
 def _hugging_face():
     for name, cls, cfg, kw, ci in HF:
         masked = name in HF_MASKED
-        add(f"hf_{name}", "Hugging Face transformers", _hf(cls, cfg, **HF_SMALL, **kw),
+        add(f"hf_{name}", "Hugging Face transformers",
+            _hf(cls, cfg, route=HF_ROUTES.get(name), **HF_SMALL, **kw),
             tokens_and_mask(HF_VOCAB, HF_SEQ) if masked else tokens(HF_VOCAB, HF_SEQ),
             target=classes(HF_VOCAB, (HF_SEQ,)), ci=ci,
             note=f"{cls}, vocab {HF_VOCAB}, {', '.join(f'{k}={v}' for k, v in kw.items())}, sequence {HF_SEQ}"

@@ -11,40 +11,14 @@
 #include <set>
 #include <string>
 
+#include "tests/engine/hf_json.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {
 namespace {
 
-JsonValue FromJson(const nlohmann::json& j) {
-  JsonValue v;
-  if (j.is_boolean()) {
-    v.kind = JsonValue::Kind::kBool;
-    v.boolean = j.get<bool>();
-  } else if (j.is_number()) {
-    v.kind = JsonValue::Kind::kNumber;
-    v.number = j.get<double>();
-  } else if (j.is_string()) {
-    v.kind = JsonValue::Kind::kString;
-    v.text = j.get<std::string>();
-  } else if (j.is_array()) {
-    v.kind = JsonValue::Kind::kList;
-    for (const auto& item : j) v.items.push_back(FromJson(item));
-  } else if (j.is_object()) {
-    v.kind = JsonValue::Kind::kObject;
-    for (const auto& [key, item] : j.items()) {
-      v.keys.push_back(key);
-      v.items.push_back(FromJson(item));
-    }
-  }
-  return v;
-}
-
-nlohmann::json ReadConfig(const std::string& name) {
-  std::ifstream in(std::string(MEMEST_SOURCE_DIR) + "/tests/data/hf_configs/" + name + ".json");
-  EXPECT_TRUE(in.good()) << name;
-  return nlohmann::json::parse(in);
-}
+using enginetest::FromJson;
+using enginetest::ReadConfig;
 
 StatusOr<Graph> Build(const nlohmann::json& config, int64_t seq = 16,
                       const BuildContext& context = enginetest::MakeContext(1)) {
@@ -68,7 +42,7 @@ std::set<std::string> Names(const Graph& g, TensorRole role) {
 
 // The counts of sum(p.numel() for p in model.parameters()) of
 // AutoModelForCausalLM.from_config on the meta device, printed by
-// tests/data/hf_configs/count_params.py (transformers 4.47.1, and 5.17.0 for Qwen3), which
+// tests/data/hf_configs/count_params.py (transformers 4.47.1, and 5.17.0 for Qwen3 and Qwen3-MoE), which
 // are the models' published counts.
 struct CountCase {
   std::string file;
@@ -98,6 +72,9 @@ INSTANTIATE_TEST_SUITE_P(
                     CountCase{"qwen2.5-0.5b", 494'032'768},
                     CountCase{"qwen2.5-7b", 7'615'616'512},
                     CountCase{"qwen3-0.6b", 596'049'920},
+                    CountCase{"mixtral-8x7b", 46'702'792'704},
+                    CountCase{"qwen1.5-moe-a2.7b", 14'315'784'192},
+                    CountCase{"qwen3-30b-a3b", 30'532'122'624},
                     CountCase{"qwen3-8b", 8'190'735'360}),
     [](const testing::TestParamInfo<CountCase>& info) {
       std::string name;
@@ -367,7 +344,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(
         BadCase{"UnknownType", {{"model_type", "llama9"}},
                 "model.hf_config.config.model_type: 'llama9' is not supported; supported: gemma, "
-                "gpt2, gpt_neox, llama, mistral, phi3, qwen2, qwen3"},
+                "gpt2, gpt_neox, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe"},
         BadCase{"NoType", {{"model_type", nullptr}}, "model.hf_config.config.model_type: missing"},
         BadCase{"MissingSize", {{"hidden_size", nullptr}},
                 "model.hf_config.config.hidden_size: missing; a llama config must give it"},

@@ -55,6 +55,8 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           attention: eager | sdpa | flash | mem-efficient | cudnn (HF's flash_attention_2 is
             flash; unset: sdpa on CUDA, eager on cpu-1.13),
           cuda_module_loading: lazy | eager (CUDA_MODULE_LOADING; unset: lazy),
+          expert_load: worst | balanced, how a mixture-of-experts router spreads the tokens
+            (unset: worst, every token to the same top-k experts; balanced: evenly),
           data_parallel (ranks; batch_size stays per rank), dp_strategy: ddp | zero1 |
             deepspeed-zero1 | deepspeed-zero2 | deepspeed-zero3 | fsdp1 | fsdp2 | megatron-ddp |
             megatron-distopt (unset: ddp with more than one rank), bucket_cap_mb,

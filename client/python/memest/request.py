@@ -50,6 +50,7 @@ ATTENTIONS = {
     "cudnn": v1.ATTENTION_CUDNN,
 }
 MODULE_LOADINGS = {"lazy": v1.CUDA_MODULE_LOADING_LAZY, "eager": v1.CUDA_MODULE_LOADING_EAGER}
+EXPERT_LOADS = {"worst": v1.EXPERT_LOAD_WORST, "balanced": v1.EXPERT_LOAD_BALANCED}
 PIPELINE_SCHEDULES = {"1f1b": v1.PIPELINE_SCHEDULE_1F1B, "gpipe": v1.PIPELINE_SCHEDULE_GPIPE}
 TENSOR_STYLES = {"colwise": v1.TENSOR_SHARD_STYLE_COLWISE, "rowwise": v1.TENSOR_SHARD_STYLE_ROWWISE}
 DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1,
@@ -226,7 +227,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                   data_shard=None, stage3_prefetch_bucket_size=None,
                   stage3_max_live_parameters=None, stage3_max_reuse_distance=None,
                   stage3_param_persistence_threshold=None, lora=None, quantization=None,
-                  advice=True):
+                  expert_load=None, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq, hf_config))
     config = request.config
@@ -282,6 +283,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
     if cuda_module_loading is not None:
         config.cuda_module_loading = _word("cuda_module_loading", cuda_module_loading,
                                            MODULE_LOADINGS)
+    if expert_load is not None:
+        config.expert_load = _word("expert_load", expert_load, EXPERT_LOADS)
     if data_parallel is not None:
         _assign(config.parallelism, "data", data_parallel, "data_parallel")
     if dp_strategy is not None:

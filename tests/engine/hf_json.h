@@ -1,0 +1,50 @@
+// Hugging Face config.json test data (tests/data/hf_configs) as the engine's JsonValue, for the
+// tests of the config front end.
+#ifndef MEMEST_TESTS_ENGINE_HF_JSON_H_
+#define MEMEST_TESTS_ENGINE_HF_JSON_H_
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+
+#include "engine/ir/json.h"
+
+namespace memest {
+namespace enginetest {
+
+inline JsonValue FromJson(const nlohmann::json& j) {
+  JsonValue v;
+  if (j.is_boolean()) {
+    v.kind = JsonValue::Kind::kBool;
+    v.boolean = j.get<bool>();
+  } else if (j.is_number()) {
+    v.kind = JsonValue::Kind::kNumber;
+    v.number = j.get<double>();
+  } else if (j.is_string()) {
+    v.kind = JsonValue::Kind::kString;
+    v.text = j.get<std::string>();
+  } else if (j.is_array()) {
+    v.kind = JsonValue::Kind::kList;
+    for (const auto& item : j) v.items.push_back(FromJson(item));
+  } else if (j.is_object()) {
+    v.kind = JsonValue::Kind::kObject;
+    for (const auto& [key, item] : j.items()) {
+      v.keys.push_back(key);
+      v.items.push_back(FromJson(item));
+    }
+  }
+  return v;
+}
+
+inline nlohmann::json ReadConfig(const std::string& name) {
+  std::ifstream in(std::string(MEMEST_SOURCE_DIR) + "/tests/data/hf_configs/" + name + ".json");
+  EXPECT_TRUE(in.good()) << name;
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace enginetest
+}  // namespace memest
+
+#endif  // MEMEST_TESTS_ENGINE_HF_JSON_H_
