@@ -71,6 +71,31 @@ TEST(QloraTest, StorageIsBitsandbytesToTheByte) {
   EXPECT_EQ(Named(*quantized, "lm_head.weight")->shape, (Shape{32000, 4096}));
 }
 
+// The report's note counts the values of each weight exactly: a [5, 3] weight has 15, stored in
+// 8 packed bytes, 4 of absmax (one block) and the 64-byte code, 76 bytes: 5.067 per value (its
+// storage alone would say 16 values, 4.750).
+TEST(QloraTest, NoteCountsAnOddWeightsValuesExactly) {
+  LayerModelSpec spec;
+  spec.input_shape = {3};
+  spec.layers = {{"linear", "odd", {{"out_features", int64_t{5}}}},
+                 {"linear", "head", {{"out_features", int64_t{2}}}}};
+  RunConfig c;
+  c.batch_size = 1;
+  c.mode = Mode::kInference;
+  c.quantization.format = WeightFormat::kBnbNf4;
+  c.quantization.compute_dtype = DType::kFloat32;
+  EXPECT_EQ(Bnb4bitWeightBytes(15, false), 8 + 4 + 64);
+  StatusOr<Report> r = Estimate(ModelSpec{spec}, c, {.advice = false});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  bool found = false;
+  for (const std::string& n : r->notes) {
+    if (n.find("4-bit weights") == std::string::npos) continue;
+    found = true;
+    EXPECT_NE(n.find("1 Linear modules, 76 B (5.067 bytes per value)"), std::string::npos) << n;
+  }
+  EXPECT_TRUE(found);
+}
+
 // The dequantized weight exists while the op runs, in forward and again in backward; nothing
 // of the input is saved for the frozen weight.
 TEST(QloraTest, EachLinearDequantizesItsWeightAroundTheOp) {
