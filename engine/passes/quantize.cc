@@ -162,7 +162,9 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
                     // QuantState.dtype: the dense weight's, before the packing
                     {"weight_dtype", std::string(DTypeName(graph.tensors[call.weight].dtype))},
                     {"double_quant", int64_t{q.double_quant ? 1 : 0}}});
-    if (b.ok() && input != q.compute_dtype) {
+    // The result is in the compute dtype, or autocast's (its F.linear autocasts inside
+    // MatMul4Bit: the autocast pass tells the op, engine/passes/passes.h).
+    if (b.ok() && b.tensor(y).dtype != input) {
       y = b.Add1("to", {y}, {{"dtype", std::string(DTypeName(input))}});
     }
     map[op.outputs[0]] = y;

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 
 #include "engine/estimator.h"
+#include "engine/rules/op_rules.h"
 
 namespace memest {
 namespace {
@@ -111,6 +113,93 @@ TEST(QloraTest, EachLinearDequantizesItsWeightAroundTheOp) {
   }
   EXPECT_TRUE(found);
   EXPECT_EQ(r->trainable_parameter_count, 2 * 16 * (4 * (4096 + 4096) + 3 * (4096 + 11008)));
+}
+
+// bitsandbytes' MatMul4Bit has no custom_fwd: under torch.autocast its F.linear casts. With a
+// float32 compute dtype (--bnb-compute-dtype float32) in a bf16 autocast run, the input and the
+// dequantized weight get bfloat16 copies while linear runs, its result is bfloat16 and
+// Linear4bit casts it back; backward dequantizes to bfloat16 for the bfloat16 grad_output and
+// makes grad_input in bfloat16 before autograd casts it to float32. For down_proj, n = 4096 x
+// 11008 weight values and M = 64 tokens of 11008 inputs, on top of the float32 absmax and the
+// float32 dequantized weight (the weights load in float32 under bf16 autocast, as in fp32):
+//   forward  + 2n (weight, bf16) + 2 * 64 * 11008 (x, bf16)
+//   backward + 2n (weight cast to bf16) + 2 * 64 * 11008 (grad_input, bf16)
+// = 90,177,536 + 1,409,024 = 91,586,560 bytes more in either.
+TEST(QloraTest, AutocastCastsInsideMatMul4BitWhenTheComputeDtypeIsFloat32) {
+  auto down_proj_temps = [](Precision precision) -> int64_t {
+    RunConfig c = Qlora(precision);
+    c.quantization.compute_dtype = DType::kFloat32;
+    StatusOr<Report> r = Estimate(Llama(1, 64), c, {.advice = false});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return -1;
+    for (const LayerRow& row : r->layers) {
+      if (row.scope == "model.layers.0.mlp.down_proj") return row.temporary_bytes;
+    }
+    return -1;
+  };
+  const int64_t plain = down_proj_temps(Precision::kFp32);
+  const int64_t autocast = down_proj_temps(Precision::kBf16Amp);
+  // float32 absmax [4096 * 11008 / 64] and the float32 dequantized weight.
+  EXPECT_EQ(plain, 2'818'048 + 180'355'072);
+  EXPECT_EQ(autocast - plain, 91'586'560);
+
+  RunConfig c = Qlora(Precision::kBf16Amp);
+  c.quantization.compute_dtype = DType::kFloat32;
+  StatusOr<Graph> g = BuildStepGraph(Llama(1, 64), c);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  int calls = 0;
+  for (const Op& op : g->ops) {
+    if (op.kind != "linear_4bit" || op.scope != "model.layers.0.mlp.down_proj") continue;
+    ++calls;
+    EXPECT_EQ(g->tensors[op.inputs[0]].dtype, DType::kFloat32);
+    const Tensor& y = g->tensors[op.outputs[0]];
+    EXPECT_EQ(y.dtype, DType::kBFloat16);
+    // Linear4bit.forward's .to(inp_dtype) reads it.
+    bool cast_back = false;
+    for (const Op& next : g->ops) {
+      cast_back |= next.kind == "to" && next.inputs[0] == op.outputs[0] &&
+                   g->tensors[next.outputs[0]].dtype == DType::kFloat32;
+    }
+    EXPECT_TRUE(cast_back);
+  }
+  EXPECT_EQ(calls, 1);
+  // The op alone, [4, 6] -> 5 with a bias, weight float32 (n = 30), under bf16 autocast and
+  // without: forward the float32 dequantized weight (120 B), then autocast's bfloat16 x (48),
+  // weight (60) and bias (10); backward the float32 dequantized weight (120), its bfloat16 cast
+  // (60) and the bfloat16 grad_input (48).
+  auto memory = [](bool autocast) {
+    GraphBuilder b;
+    if (autocast) b.EnableAutocast(DType::kBFloat16);
+    const int x = b.Add1("mul", {b.Parameter("x", {4, 6}, DType::kFloat32)}, {{"scalar", 1.0}});
+    const int w = b.Buffer("w", {15, 1}, DType::kUInt8);
+    const int bias = b.Buffer("b", {5}, DType::kFloat32);
+    const int y = b.Add1("linear_4bit", {x, w, bias},
+                         {{"out_features", int64_t{5}}, {"weight_dtype", std::string("float32")}});
+    b.BeginLoss();
+    b.SetLoss(b.Add1("sum", {y}));
+    StatusOr<Graph> built = b.Finish();
+    EXPECT_TRUE(built.ok()) << built.status().ToString();
+    const Graph& g = *built;
+    const Op& op = g.ops[1];
+    EXPECT_EQ(g.tensors[op.outputs[0]].dtype, autocast ? DType::kBFloat16 : DType::kFloat32);
+    OpCall call{op, {}, {&g.tensors[op.outputs[0]]}, "", true};
+    for (int t : op.inputs) call.inputs.push_back(&g.tensors[t]);
+    const OpMemory m = OpMemoryOf(call);
+    int64_t forward = 0, backward = 0;
+    for (const Alloc& a : m.forward_temps) forward += a.bytes;
+    for (const Alloc& a : m.backward_temps) backward += a.bytes;
+    return std::pair<int64_t, int64_t>{forward, backward};
+  };
+  EXPECT_EQ(memory(false), (std::pair<int64_t, int64_t>{120, 120}));
+  EXPECT_EQ(memory(true), (std::pair<int64_t, int64_t>{120 + 48 + 60 + 10, 120 + 60 + 48}));
+  // A bfloat16 compute dtype under bf16 autocast: nothing for autocast to cast.
+  StatusOr<Report> bf16 = Estimate(Llama(1, 64), Qlora(Precision::kBf16Amp), {.advice = false});
+  ASSERT_TRUE(bf16.ok());
+  for (const LayerRow& row : bf16->layers) {
+    if (row.scope != "model.layers.0.mlp.down_proj") continue;
+    // absmax, the float32 dequantized weight and its bfloat16 copy (the compute dtype's).
+    EXPECT_EQ(row.temporary_bytes, 2'818'048 + 180'355'072 + 90'177'536);
+  }
 }
 
 // prepare_model_for_kbit_training casts what is not 4-bit to float32 (the embeddings, norms and
