@@ -6,7 +6,9 @@
 namespace memest {
 namespace {
 
-enum class CastPolicy { kNone, kLowerPrecision, kFloat32, kSoftmax, kCrossEntropy, kSum };
+enum class CastPolicy {
+  kNone, kLowerPrecision, kFloat32, kSoftmax, kCrossEntropy, kSum, kCastsInside
+};
 
 CastPolicy PolicyOf(std::string_view kind) {
   static constexpr std::string_view kLower[] = {"linear", "addmm", "matmul", "bmm", "einsum",
@@ -24,6 +26,9 @@ CastPolicy PolicyOf(std::string_view kind) {
   if (kind == "softmax" || kind == "log_softmax") return CastPolicy::kSoftmax;
   if (kind == "cross_entropy") return CastPolicy::kCrossEntropy;
   if (kind == "sum") return CastPolicy::kSum;  // fp32_set_opt_dtype: accumulates into float32
+  // bitsandbytes' MatMul4Bit (no custom_fwd) calls F.linear inside its forward, where autocast
+  // casts; the rule makes those casts itself (engine/rules/quantized.cc).
+  if (kind == "linear_4bit") return CastPolicy::kCastsInside;
   return CastPolicy::kNone;
 }
 
@@ -102,6 +107,10 @@ void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& in
   const DType half = b.graph_.autocast;
   const CastPolicy policy = PolicyOf(kind);
   if (policy == CastPolicy::kNone) return;
+  if (policy == CastPolicy::kCastsInside) {
+    attrs["autocast"] = std::string(DTypeName(half));
+    return;
+  }
   auto cast = [&](int t, DType to) {
     const Tensor& src = b.tensor(t);
     const bool weight = src.role == TensorRole::kParameter && src.requires_grad &&

@@ -46,15 +46,17 @@ std::vector<int> ReplayOp(const Graph& graph, const Op& op, std::vector<int> inp
 // (layer_norm, group_norm, mse_loss, exp, log1p, rsqrt, pow) are cast to float32; softmax and
 // log_softmax compute in float32 (float16 inputs directly, half_to_float; bfloat16 inputs
 // through a transient float32 copy); cross_entropy keeps half log-probabilities and nll_loss a
-// float32 copy of them (attrs.nll_float32). Each cast is an explicit `to` op. A parameter is cast once per
-// forward: the cast carries attrs.autocast_weight and autocast's cache holds it until the
-// autocast region (forward and loss) ends.
+// float32 copy of them (attrs.nll_float32); linear_4bit, whose F.linear autocast reaches inside
+// bitsandbytes' MatMul4Bit, is told the dtype (attrs.autocast) and casts there. Each other cast
+// is an explicit `to` op. A parameter is cast once per forward: the cast carries
+// attrs.autocast_weight and autocast's cache holds it until the autocast region (forward and
+// loss) ends.
 // Graphs built with GraphBuilder::EnableAutocast(half) already are; this replays others.
 StatusOr<Graph> ApplyAutocast(const Graph& graph, DType half);
 
 // The casts autocast makes before an op of `kind` runs on `inputs` (tensor ids in `b`): adds
 // `to` ops to `b`, replaces `inputs` with the casts and may set attrs (softmax's
-// half_to_float). Called by GraphBuilder::Add under EnableAutocast.
+// half_to_float, linear_4bit's autocast). Called by GraphBuilder::Add under EnableAutocast.
 void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& inputs, Attrs& attrs);
 
 }  // namespace memest

@@ -162,7 +162,9 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
                     // QuantState.dtype: the dense weight's, before the packing
                     {"weight_dtype", std::string(DTypeName(graph.tensors[call.weight].dtype))},
                     {"double_quant", int64_t{q.double_quant ? 1 : 0}}});
-    if (b.ok() && input != q.compute_dtype) {
+    // The result is in the compute dtype, or autocast's (its F.linear autocasts inside
+    // MatMul4Bit: the autocast pass tells the op, engine/passes/passes.h).
+    if (b.ok() && b.tensor(y).dtype != input) {
       y = b.Add1("to", {y}, {{"dtype", std::string(DTypeName(input))}});
     }
     map[op.outputs[0]] = y;
@@ -174,15 +176,30 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
 }
 
 std::string QuantizationNote(const Graph& graph, const QuantizationConfig& q) {
-  int64_t modules = 0, bytes = 0, values = 0;
-  for (const Tensor& t : graph.tensors) {
+  // Each packed weight's value count, out * in of the linear_4bit ops that read it (bounded by
+  // the rule's infer): its storage, [(n+1)/2, 1], cannot tell an odd n from n + 1.
+  std::vector<int64_t> values_of(graph.tensors.size(), -1);
+  for (const Op& op : graph.ops) {
+    if (op.kind != "linear_4bit" || op.inputs.size() < 2 || op.outputs.empty()) continue;
+    const Shape& x = graph.tensors[op.inputs[0]].shape;
+    const Shape& y = graph.tensors[op.outputs[0]].shape;
+    if (!x.empty() && !y.empty()) values_of[op.inputs[1]] = x.back() * y.back();
+  }
+  // The bytes are within the graph's leaf bytes (they are leaves), which stay within kMaxBytes;
+  // summed checked all the same, saturating as the report's other sums do. The value count (two
+  // per packed byte) may pass 2^62: it only divides, in floating point.
+  int64_t modules = 0, bytes = 0;
+  double values = 0;
+  for (size_t i = 0; i < graph.tensors.size(); ++i) {
+    const Tensor& t = graph.tensors[i];
     if (t.role != TensorRole::kParameter || t.values_per_element != 2) continue;
     ++modules;
-    const int64_t n = 2 * Numel(t.shape);
-    values += n;
-    bytes += Bnb4bitWeightBytes(n, q.double_quant);  // within the graph's leaf bytes
+    // A packed weight no op reads: two values per byte of its storage.
+    const int64_t n = values_of[i] >= 0 ? values_of[i] : 2 * Numel(t.shape);
+    if (!AddBytes(&bytes, Bnb4bitWeightBytes(n, q.double_quant))) bytes = kMaxBytes;
+    values += static_cast<double>(n);
   }
-  const double per_value = values > 0 ? static_cast<double>(bytes) / static_cast<double>(values) : 0;
+  const double per_value = values > 0 ? static_cast<double>(bytes) / values : 0;
   char ratio[32];
   std::snprintf(ratio, sizeof ratio, "%.3f", per_value);
   return std::string("4-bit weights as bitsandbytes stores them (") +

@@ -10,7 +10,8 @@
 // float32 map of that second quantization, per layer since bitsandbytes 0.46) and the
 // 16-value float32 code of the 4-bit type. Linear4bit.forward casts its input to the compute
 // dtype, runs linear_4bit (engine/rules/quantized.cc: the weight dequantized for the op and
-// again in backward, nothing saved), and casts the output back to the input's dtype.
+// again in backward, nothing saved; under autocast its F.linear casts to half where the compute
+// dtype is float32), and casts the output back to the input's dtype.
 //
 // With prepare_for_kbit_training, PEFT's prepare_model_for_kbit_training follows
 // (peft/utils/other.py): every parameter frozen, and every float16 or bfloat16 parameter that is

@@ -74,8 +74,8 @@
 //   tp_all_reduce(x; tp)  tp_reduce_scatter(x; tp, dim)  tp_scatter(x; tp, dim)
 //   vocab_parallel_embedding(weight, ids; tp)  vocab_parallel_cross_entropy(logits, target; tp)
 //   cp_attention(q, k, v; cp, is_causal=0)   (context parallelism: engine/passes/context_parallel.h)
-//   linear_4bit(x, weight, bias?; out_features, weight_dtype, double_quant=0): bitsandbytes'
-//     4-bit linear, added by engine/passes/quantize.h (engine/rules/quantized.cc)
+//   linear_4bit(x, weight, bias?; out_features, weight_dtype, double_quant=0, autocast=""):
+//     bitsandbytes' 4-bit linear, added by engine/passes/quantize.h (engine/rules/quantized.cc)
 #ifndef MEMEST_ENGINE_RULES_OP_RULES_H_
 #define MEMEST_ENGINE_RULES_OP_RULES_H_
 

@@ -14,6 +14,14 @@ int64_t Cols(const Shape& s) {
   return Numel(c);
 }
 
+// `count` values of `size` bytes, checked: a state tensor of a shape no graph tensor has (an
+// empty parameter's [rows, 1] variance may pass 2^62 bytes) saturates at kMaxBytes, which the
+// step simulator then refuses, naming the sum it entered.
+int64_t StateBytes(int64_t count, int64_t size) {
+  const StatusOr<int64_t> bytes = CheckedMul(count, size);
+  return bytes.ok() ? *bytes : kMaxBytes;
+}
+
 }  // namespace
 
 OptimizerCosts CostsOf(const OptimizerConfig& o, Runtime runtime) {
@@ -89,28 +97,28 @@ std::vector<int64_t> ExtraStateBytes(const OptimizerConfig& o, const Tensor& p) 
     // 256-element block each; float32 state1 and state2 otherwise, and for the 32-bit kind.
     const int64_t n = Numel(s);
     if (o.kind != OptimizerKind::kBnbPagedAdamW32bit && n >= kBnbMin8bitSize) {
-      const int64_t absmax = 4 * ((n + kBnbStateBlock - 1) / kBnbStateBlock);
+      const int64_t absmax = StateBytes((n + kBnbStateBlock - 1) / kBnbStateBlock, 4);
       return {n, n, absmax, absmax};
     }
-    return {4 * n, 4 * n};
+    return {StateBytes(n, 4), StateBytes(n, 4)};
   }
   if (o.kind == OptimizerKind::kAdafactor) {
     const int64_t es = DTypeSize(p.dtype);
-    if (s.size() < 2) return {Numel(s) * es};
-    return {Rows(s) * es, Cols(s) * es};
+    if (s.size() < 2) return {StateBytes(Numel(s), es)};
+    return {StateBytes(Rows(s), es), StateBytes(Cols(s), es)};
   }
   if (o.kind == OptimizerKind::kHfAdafactor) {
     // zeros of the (float32 when half) grad's shape; factored when len(shape) >= 2.
     const int64_t es = IsHalf(p.dtype) ? 4 : DTypeSize(p.dtype);
-    if (s.size() < 2) return {Numel(s) * es, 4};
-    return {Rows(s) * es, Cols(s) * es, 4};
+    if (s.size() < 2) return {StateBytes(Numel(s), es), 4};
+    return {StateBytes(Rows(s), es), StateBytes(Cols(s), es), 4};
   }
   return {};
 }
 
 std::vector<int64_t> LoopSideScratchBytes(const OptimizerConfig& o, const Tensor& p) {
   if (o.kind != OptimizerKind::kHfAdafactor || p.shape.size() < 2) return {};
-  return {Rows(p.shape) * 4, Cols(p.shape) * 4};
+  return {StateBytes(Rows(p.shape), 4), StateBytes(Cols(p.shape), 4)};
 }
 
 int64_t ScratchBytes(const OptimizerCosts& c, const Tensor& p) {

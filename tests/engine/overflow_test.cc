@@ -185,6 +185,27 @@ TEST(OverflowTest, EstimateOfAStepPastTheBoundIsAnErrorNotAWrappedNumber) {
       << r.status().message();
 }
 
+// An empty parameter [2^62, 0] holds no byte, but Adafactor's factored state of it does: row
+// variances [2^62, 1], 2^64 bytes in float32, which wrapped to 0 and let the estimate through.
+TEST(OverflowTest, OptimizerStateOfAnEmptyParameterIsCheckedNotWrapped) {
+  for (OptimizerKind kind : {OptimizerKind::kAdafactor, OptimizerKind::kHfAdafactor}) {
+    GraphBuilder b;
+    b.PushScope("head");
+    const int x = b.Input("x", {4}, DType::kFloat32);
+    const int w = b.Parameter("w", {int64_t{1} << 62, 0}, DType::kFloat32);
+    const int y = b.Add1("mul", {x, b.Add1("sum", {w})});
+    b.BeginLoss();
+    b.SetLoss(b.Add1("sum", {y}));
+    RunConfig c = enginetest::PlainTraining();
+    c.optimizer.kind = kind;
+    StatusOr<Report> r = EstimateGraph(b.Finish().value(), c);
+    ASSERT_FALSE(r.ok()) << OptimizerKindName(kind) << ": optimizer state "
+                         << r->end_of_step[static_cast<int>(Category::kOptimizerState)];
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(Contains(r.status(), "2^62")) << r.status().message();
+  }
+}
+
 // Op attributes and the scratch rules form from them: refused with the field, never wrapped.
 TEST(OverflowTest, RulesRefuseSizesTheyCannotRepresent) {
   auto refusal = [](auto build) {

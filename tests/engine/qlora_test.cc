@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/estimator.h"
+#include "engine/rules/op_rules.h"
 
 namespace memest {
 namespace {
@@ -71,6 +74,31 @@ TEST(QloraTest, StorageIsBitsandbytesToTheByte) {
   EXPECT_EQ(Named(*quantized, "lm_head.weight")->shape, (Shape{32000, 4096}));
 }
 
+// The report's note counts the values of each weight exactly: a [5, 3] weight has 15, stored in
+// 8 packed bytes, 4 of absmax (one block) and the 64-byte code, 76 bytes: 5.067 per value (its
+// storage alone would say 16 values, 4.750).
+TEST(QloraTest, NoteCountsAnOddWeightsValuesExactly) {
+  LayerModelSpec spec;
+  spec.input_shape = {3};
+  spec.layers = {{"linear", "odd", {{"out_features", int64_t{5}}}},
+                 {"linear", "head", {{"out_features", int64_t{2}}}}};
+  RunConfig c;
+  c.batch_size = 1;
+  c.mode = Mode::kInference;
+  c.quantization.format = WeightFormat::kBnbNf4;
+  c.quantization.compute_dtype = DType::kFloat32;
+  EXPECT_EQ(Bnb4bitWeightBytes(15, false), 8 + 4 + 64);
+  StatusOr<Report> r = Estimate(ModelSpec{spec}, c, {.advice = false});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  bool found = false;
+  for (const std::string& n : r->notes) {
+    if (n.find("4-bit weights") == std::string::npos) continue;
+    found = true;
+    EXPECT_NE(n.find("1 Linear modules, 76 B (5.067 bytes per value)"), std::string::npos) << n;
+  }
+  EXPECT_TRUE(found);
+}
+
 // The dequantized weight exists while the op runs, in forward and again in backward; nothing
 // of the input is saved for the frozen weight.
 TEST(QloraTest, EachLinearDequantizesItsWeightAroundTheOp) {
@@ -86,6 +114,93 @@ TEST(QloraTest, EachLinearDequantizesItsWeightAroundTheOp) {
   }
   EXPECT_TRUE(found);
   EXPECT_EQ(r->trainable_parameter_count, 2 * 16 * (4 * (4096 + 4096) + 3 * (4096 + 11008)));
+}
+
+// bitsandbytes' MatMul4Bit has no custom_fwd: under torch.autocast its F.linear casts. With a
+// float32 compute dtype (--bnb-compute-dtype float32) in a bf16 autocast run, the input and the
+// dequantized weight get bfloat16 copies while linear runs, its result is bfloat16 and
+// Linear4bit casts it back; backward dequantizes to bfloat16 for the bfloat16 grad_output and
+// makes grad_input in bfloat16 before autograd casts it to float32. For down_proj, n = 4096 x
+// 11008 weight values and M = 64 tokens of 11008 inputs, on top of the float32 absmax and the
+// float32 dequantized weight (the weights load in float32 under bf16 autocast, as in fp32):
+//   forward  + 2n (weight, bf16) + 2 * 64 * 11008 (x, bf16)
+//   backward + 2n (weight cast to bf16) + 2 * 64 * 11008 (grad_input, bf16)
+// = 90,177,536 + 1,409,024 = 91,586,560 bytes more in either.
+TEST(QloraTest, AutocastCastsInsideMatMul4BitWhenTheComputeDtypeIsFloat32) {
+  auto down_proj_temps = [](Precision precision) -> int64_t {
+    RunConfig c = Qlora(precision);
+    c.quantization.compute_dtype = DType::kFloat32;
+    StatusOr<Report> r = Estimate(Llama(1, 64), c, {.advice = false});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (!r.ok()) return -1;
+    for (const LayerRow& row : r->layers) {
+      if (row.scope == "model.layers.0.mlp.down_proj") return row.temporary_bytes;
+    }
+    return -1;
+  };
+  const int64_t plain = down_proj_temps(Precision::kFp32);
+  const int64_t autocast = down_proj_temps(Precision::kBf16Amp);
+  // float32 absmax [4096 * 11008 / 64] and the float32 dequantized weight.
+  EXPECT_EQ(plain, 2'818'048 + 180'355'072);
+  EXPECT_EQ(autocast - plain, 91'586'560);
+
+  RunConfig c = Qlora(Precision::kBf16Amp);
+  c.quantization.compute_dtype = DType::kFloat32;
+  StatusOr<Graph> g = BuildStepGraph(Llama(1, 64), c);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  int calls = 0;
+  for (const Op& op : g->ops) {
+    if (op.kind != "linear_4bit" || op.scope != "model.layers.0.mlp.down_proj") continue;
+    ++calls;
+    EXPECT_EQ(g->tensors[op.inputs[0]].dtype, DType::kFloat32);
+    const Tensor& y = g->tensors[op.outputs[0]];
+    EXPECT_EQ(y.dtype, DType::kBFloat16);
+    // Linear4bit.forward's .to(inp_dtype) reads it.
+    bool cast_back = false;
+    for (const Op& next : g->ops) {
+      cast_back |= next.kind == "to" && next.inputs[0] == op.outputs[0] &&
+                   g->tensors[next.outputs[0]].dtype == DType::kFloat32;
+    }
+    EXPECT_TRUE(cast_back);
+  }
+  EXPECT_EQ(calls, 1);
+  // The op alone, [4, 6] -> 5 with a bias, weight float32 (n = 30), under bf16 autocast and
+  // without: forward the float32 dequantized weight (120 B), then autocast's bfloat16 x (48),
+  // weight (60) and bias (10); backward the float32 dequantized weight (120), its bfloat16 cast
+  // (60) and the bfloat16 grad_input (48).
+  auto memory = [](bool autocast) {
+    GraphBuilder b;
+    if (autocast) b.EnableAutocast(DType::kBFloat16);
+    const int x = b.Add1("mul", {b.Parameter("x", {4, 6}, DType::kFloat32)}, {{"scalar", 1.0}});
+    const int w = b.Buffer("w", {15, 1}, DType::kUInt8);
+    const int bias = b.Buffer("b", {5}, DType::kFloat32);
+    const int y = b.Add1("linear_4bit", {x, w, bias},
+                         {{"out_features", int64_t{5}}, {"weight_dtype", std::string("float32")}});
+    b.BeginLoss();
+    b.SetLoss(b.Add1("sum", {y}));
+    StatusOr<Graph> built = b.Finish();
+    EXPECT_TRUE(built.ok()) << built.status().ToString();
+    const Graph& g = *built;
+    const Op& op = g.ops[1];
+    EXPECT_EQ(g.tensors[op.outputs[0]].dtype, autocast ? DType::kBFloat16 : DType::kFloat32);
+    OpCall call{op, {}, {&g.tensors[op.outputs[0]]}, "", true};
+    for (int t : op.inputs) call.inputs.push_back(&g.tensors[t]);
+    const OpMemory m = OpMemoryOf(call);
+    int64_t forward = 0, backward = 0;
+    for (const Alloc& a : m.forward_temps) forward += a.bytes;
+    for (const Alloc& a : m.backward_temps) backward += a.bytes;
+    return std::pair<int64_t, int64_t>{forward, backward};
+  };
+  EXPECT_EQ(memory(false), (std::pair<int64_t, int64_t>{120, 120}));
+  EXPECT_EQ(memory(true), (std::pair<int64_t, int64_t>{120 + 48 + 60 + 10, 120 + 60 + 48}));
+  // A bfloat16 compute dtype under bf16 autocast: nothing for autocast to cast.
+  StatusOr<Report> bf16 = Estimate(Llama(1, 64), Qlora(Precision::kBf16Amp), {.advice = false});
+  ASSERT_TRUE(bf16.ok());
+  for (const LayerRow& row : bf16->layers) {
+    if (row.scope != "model.layers.0.mlp.down_proj") continue;
+    // absmax, the float32 dequantized weight and its bfloat16 copy (the compute dtype's).
+    EXPECT_EQ(row.temporary_bytes, 2'818'048 + 180'355'072 + 90'177'536);
+  }
 }
 
 // prepare_model_for_kbit_training casts what is not 4-bit to float32 (the embeddings, norms and
@@ -121,34 +236,59 @@ TEST(QloraTest, LoraOverA4bitBaseClonesItsResult) {
             DType::kFloat32);
 }
 
-// bitsandbytes' AdamW8bit: two uint8 states and their float32 absmax per 256 values for a
-// parameter of 4096 elements or more, two float32 states below; each allocation rounded to
-// 512 bytes by the caching allocator. The 32-bit paged kind keeps 8 bytes per value.
+// bitsandbytes' optimizers on a small float32 model, 256 -> 16 -> 250 -> 400 Linears, every
+// parameter trainable. Optimizer8bit.init_state (bitsandbytes/optim/optimizer.py, 0.44+): a
+// parameter of n >= min_8bit_size = 4096 elements gets uint8 state1 and state2 [n] and float32
+// absmax1 and absmax2 [ceil(n / 256)]; a smaller one float32 state1 and state2 [n]; the 32-bit
+// kind float32 for all. Each tensor is rounded up to 512 bytes by the caching allocator, r().
+//   parameter       n   8-bit kinds                                  32-bit kind
+//   a.weight     4096   2 r(4096) + 2 r(4 * 16)   =   8192 + 1024 =   9216   2 r(16384)  =  32768
+//   a.bias         16   2 r(64)     (float32, < 4096)             =   1024   2 r(64)     =   1024
+//   b.weight     4000   2 r(16000)  (float32, < 4096)             =  32768   2 r(16000)  =  32768
+//   b.bias        250   2 r(1000)                                 =   2048   2 r(1000)   =   2048
+//   c.weight   100000   2 r(100000) + 2 r(4 * 391) = 200704 + 4096 = 204800   2 r(400000) = 800768
+//   c.bias        400   2 r(1600)                                 =   4096   2 r(1600)   =   4096
+//   total                                                           253952                 873472
+ModelSpec ThreeLinears() {
+  LayerModelSpec spec;
+  spec.input_shape = {256};
+  spec.layers = {{"linear", "a", {{"out_features", int64_t{16}}}},
+                 {"linear", "b", {{"out_features", int64_t{250}}}},
+                 {"linear", "c", {{"out_features", int64_t{400}}}}};
+  return ModelSpec{spec};
+}
+
+int64_t OptimizerStateOf(OptimizerKind kind, std::vector<std::string>* notes = nullptr) {
+  RunConfig c;
+  c.batch_size = 1;
+  c.optimizer.kind = kind;
+  StatusOr<Report> r = Estimate(ThreeLinears(), c, {.advice = false});
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  if (!r.ok()) return -1;
+  if (notes != nullptr) *notes = r->notes;
+  return r->end_of_step[static_cast<int>(Category::kOptimizerState)];
+}
+
 TEST(QloraTest, Bitsandbytes8bitAdamWKeepsByteStates) {
-  auto rounded = [](int64_t bytes) { return (bytes + 511) / 512 * 512; };
-  for (OptimizerKind kind : {OptimizerKind::kBnbAdamW8bit, OptimizerKind::kBnbPagedAdamW32bit}) {
-    RunConfig c = Qlora();
-    c.optimizer.kind = kind;
-    StatusOr<Graph> g = BuildStepGraph(Llama(1), c);
-    ASSERT_TRUE(g.ok());
-    int64_t expected = 0;
-    for (const Tensor& t : g->tensors) {
-      if (t.role != TensorRole::kParameter || !t.requires_grad) continue;
-      const int64_t n = Numel(t.shape);
-      expected += kind == OptimizerKind::kBnbAdamW8bit && n >= 4096
-                      ? 2 * rounded(n) + 2 * rounded(4 * ((n + 255) / 256))
-                      : 2 * rounded(4 * n);
-    }
-    StatusOr<Report> r = Estimate(Llama(1), c, {.advice = false});
-    ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_EQ(r->end_of_step[static_cast<int>(Category::kOptimizerState)], expected);
-  }
+  EXPECT_EQ(OptimizerStateOf(OptimizerKind::kBnbAdamW8bit), 253'952);
+  EXPECT_EQ(OptimizerStateOf(OptimizerKind::kBnbPagedAdamW32bit), 873'472);
   RunConfig cpu;
   cpu.runtime = Runtime::kCpuTorch113;
   cpu.optimizer.kind = OptimizerKind::kBnbAdamW8bit;
   EXPECT_NE(ValidateRunConfig(cpu).message().find("config.optimizer.kind: bitsandbytes AdamW8bit "
                                                   "runs on CUDA"),
             std::string::npos);
+}
+
+// PagedAdamW8bit keeps AdamW8bit's tensors; those of parameters of 100,000 elements or more
+// (c.weight's uint8 states, 2 r(100000) = 200,704 B) come from cudaMallocManaged, counted as
+// resident and said so in a note: the same 253,952 bytes.
+TEST(QloraTest, PagedAdamW8bitKeepsTheSameBytesAsResident) {
+  std::vector<std::string> notes;
+  EXPECT_EQ(OptimizerStateOf(OptimizerKind::kBnbPagedAdamW8bit, &notes), 253'952);
+  bool paged = false;
+  for (const std::string& n : notes) paged |= n.rfind("paged optimizer: ", 0) == 0;
+  EXPECT_TRUE(paged);
 }
 
 TEST(QloraTest, RefusesWhatIsNotModelled) {
