@@ -417,9 +417,19 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   ctx.expert_load = config.expert_load;
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
   ctx.compute_capability = device ? AttentionCapability(*device) : 90;
+  // prepare_model_for_kbit_training leaves every parameter that is not 4-bit in float32, and the
+  // activations follow: the model is built in float32, its 4-bit weights loaded in the
+  // precision's dtype (engine/passes/quantize.h).
+  std::optional<DType> loaded;
+  if (config.quantization.format != WeightFormat::kDense &&
+      config.quantization.prepare_for_kbit_training &&
+      (ctx.param_dtype == DType::kFloat16 || ctx.param_dtype == DType::kBFloat16)) {
+    loaded = ctx.param_dtype;
+    ctx.param_dtype = DType::kFloat32;
+  }
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));
   if (config.quantization.format != WeightFormat::kDense) {
-    MEMEST_ASSIGN_OR_RETURN(graph, ApplyQuantization(graph, config.quantization, budget));
+    MEMEST_ASSIGN_OR_RETURN(graph, ApplyQuantization(graph, config.quantization, budget, loaded));
   }
   if (config.lora.rank == 0) {
     if (config.quantization.format != WeightFormat::kDense && config.mode == Mode::kTraining &&

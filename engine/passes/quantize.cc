@@ -79,7 +79,7 @@ int64_t Bnb4bitWeightBytes(int64_t n, bool double_quant) {
 }
 
 StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& q,
-                                  Budget* budget) {
+                                  Budget* budget, std::optional<DType> loaded) {
   const std::vector<std::string> linear = LinearModules(graph);
   const std::vector<std::string> skip =
       q.skip_modules.empty() ? std::vector<std::string>{OutputLayer(graph)} : q.skip_modules;
@@ -160,7 +160,8 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
     int y = b.Add1("linear_4bit", std::move(inputs),
                    {{"out_features", out},
                     // QuantState.dtype: the dense weight's, before the packing
-                    {"weight_dtype", std::string(DTypeName(graph.tensors[call.weight].dtype))},
+                    {"weight_dtype",
+                     std::string(DTypeName(loaded.value_or(graph.tensors[call.weight].dtype)))},
                     {"double_quant", int64_t{q.double_quant ? 1 : 0}}});
     // The result is in the compute dtype, or autocast's (its F.linear autocasts inside
     // MatMul4Bit: the autocast pass tells the op, engine/passes/passes.h).

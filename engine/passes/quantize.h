@@ -21,6 +21,7 @@
 #define MEMEST_ENGINE_PASSES_QUANTIZE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "engine/ir/budget.h"
@@ -38,9 +39,14 @@ int64_t Bnb4bitWeightBytes(int64_t n, bool double_quant);
 // of module M is the parameter "M.weight", its QuantState buffers "M.weight.quant_state.*".
 // Refuses (INVALID_ARGUMENT, naming config.quantization's field) a skip_modules entry that
 // matches no module, and a model with no Linear left to quantize; `budget` (null: none) can
-// stop the rebuild.
+// stop the rebuild. `loaded` (unset: each weight's dtype in `graph`) is the dtype the dense
+// weights were loaded in, their QuantState's, where the graph was built in float32 because
+// prepare_model_for_kbit_training leaves every other parameter, and so every activation, in
+// float32 (BuildStepGraph does, so that the ops the builders fix a dtype for, a zeros or a
+// `.to(dtype)` of the hidden states' dtype, follow).
 StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& quantization,
-                                  Budget* budget = nullptr);
+                                  Budget* budget = nullptr,
+                                  std::optional<DType> loaded = std::nullopt);
 
 // The report's note on the 4-bit weights of `graph` (ApplyQuantization's result).
 std::string QuantizationNote(const Graph& graph, const QuantizationConfig& quantization);

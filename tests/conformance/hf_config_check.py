@@ -175,6 +175,19 @@ def run_one(name, memest_bin, isa, dump, lora=None):
     return out
 
 
+def offsets(result):
+    """{(mode, step, quantity): (hf-config estimate - measurement, measurement)} of a run_one
+    result (its modes must have run without error)."""
+    out = {}
+    for m in result["modes"]:
+        assert not m.get("error"), m["error"]
+        for st in m["steps"]:
+            for row in st["rows"]:
+                out[(m["mode"], st["step"], row["quantity"])] = (row["hf"] - row["measured"],
+                                                                 row["measured"])
+    return out
+
+
 def _peak_at(resp):
     p = resp.get("peak") or {}
     return f"{p.get('phase', '').replace('PHASE_', '')} {p.get('op', '')} in '{p.get('scope', '')}'"

@@ -223,6 +223,48 @@ TEST(QloraTest, KbitPreparationUpcastsWhatIsNot4bit) {
   EXPECT_EQ(Named(*as_loaded, "model.embed_tokens.weight")->dtype, DType::kBFloat16);
 }
 
+// After the upcast the hidden states are float32, so what the model makes in their dtype is
+// float32 too: the attention probabilities' `.to(query.dtype)`, a MoE block's zeros and its
+// routing weights (which index_add_ needs in one dtype with the experts' outputs). The 4-bit
+// weights keep the dtype they were loaded in (QuantState.dtype).
+TEST(QloraTest, KbitPreparationLeavesTheActivationsInFloat32) {
+  StatusOr<Graph> g = BuildStepGraph(Llama(1), Qlora());
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  for (const Op& op : g->ops) {
+    if (op.kind == "softmax") {
+      EXPECT_EQ(g->tensors[op.outputs[0]].dtype, DType::kFloat32) << op.scope;
+    }
+    if (op.kind == "linear_4bit") {
+      EXPECT_EQ(StringAttr(op.attrs, "weight_dtype", "", "").value(), "bfloat16");
+      EXPECT_EQ(g->tensors[op.inputs[0]].dtype, DType::kBFloat16);  // x.to(compute_dtype)
+    }
+  }
+  JsonValue mixtral;
+  mixtral.kind = JsonValue::Kind::kObject;
+  auto set = [&](const char* key, double v) {
+    JsonValue n;
+    n.kind = JsonValue::Kind::kNumber;
+    n.number = v;
+    mixtral.keys.push_back(key);
+    mixtral.items.push_back(n);
+  };
+  JsonValue type;
+  type.kind = JsonValue::Kind::kString;
+  type.text = "mixtral";
+  mixtral.keys.push_back("model_type");
+  mixtral.items.push_back(type);
+  set("hidden_size", 64);
+  set("num_hidden_layers", 2);
+  set("num_attention_heads", 4);
+  set("num_key_value_heads", 2);
+  set("intermediate_size", 96);
+  set("vocab_size", 512);
+  set("num_local_experts", 4);
+  StatusOr<Report> r = Estimate(ModelSpec{HfConfigSpec{mixtral, 64}}, Qlora(), {.advice = false});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_GT(r->trainable_parameter_count, 0);
+}
+
 // PEFT's LoRA over a Linear4bit clones the base's result (peft/tuners/lora/bnb.py).
 TEST(QloraTest, LoraOverA4bitBaseClonesItsResult) {
   StatusOr<Graph> g = BuildStepGraph(Llama(1), Qlora());

@@ -56,19 +56,6 @@ def test_a_target_that_matches_nothing_is_named(client):
 EXACT = ("saved_for_backward", "end_of_step.")
 
 
-def _offsets(result):
-    """{(mode, step, quantity): (estimate - measurement, measurement)} of hf_config_check's
-    run_one result."""
-    out = {}
-    for m in result["modes"]:
-        assert not m.get("error"), m["error"]
-        for st in m["steps"]:
-            for row in st["rows"]:
-                out[(m["mode"], st["step"], row["quantity"])] = (row["hf"] - row["measured"],
-                                                                 row["measured"])
-    return out
-
-
 @pytest.mark.parametrize("name, lora", [
     ("llama", {"r": 8, "target_modules": ["q_proj", "v_proj"]}),
     ("llama", {"r": 4, "target_modules": "all-linear", "lora_dropout": 0.1}),
@@ -91,8 +78,8 @@ def test_lora_adds_what_peft_adds(name, lora):
 
     memest_bin = suite.find_memest(None)
     isa = suite.onednn_isa()
-    base = _offsets(hf_config_check.run_one(name, memest_bin, isa, None))
-    adapted = _offsets(hf_config_check.run_one(name, memest_bin, isa, None, lora))
+    base = hf_config_check.offsets(hf_config_check.run_one(name, memest_bin, isa, None))
+    adapted = hf_config_check.offsets(hf_config_check.run_one(name, memest_bin, isa, None, lora))
     assert set(base) == set(adapted)
     for key, (offset, measured) in adapted.items():
         moved = offset - base[key][0]

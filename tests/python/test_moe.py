@@ -16,21 +16,17 @@ EXACT = ("saved_for_backward", "end_of_step.")
 
 
 def _run(name):
+    """hf_config_check's run_one for the zoo model `name`, and the suite's run module."""
     sys.path.insert(0, str(REPO / "tests" / "conformance"))
     import hf_config_check
     import run as suite
     return hf_config_check.run_one(name, suite.find_memest(None), suite.onednn_isa(), None), suite
 
 
-def _offsets(result):
-    out = {}
-    for m in result["modes"]:
-        assert not m.get("error"), m["error"]
-        for st in m["steps"]:
-            for row in st["rows"]:
-                out[(m["mode"], st["step"], row["quantity"])] = (row["hf"] - row["measured"],
-                                                                 row["measured"])
-    return out
+def _offsets(name):
+    import hf_config_check
+    result, suite = _run(name)
+    return hf_config_check.offsets(result), suite
 
 
 def test_qwen2_moe_is_off_by_what_dense_qwen2_is():
@@ -39,9 +35,8 @@ def test_qwen2_moe_is_off_by_what_dense_qwen2_is():
     transformers 5 memest follows, docs/hf-config.md), to the byte for saved and end-of-step
     bytes, and within the suite's peak tolerance: the MoE layers add nothing to it."""
     pytest.importorskip("transformers")
-    moe, suite = _run("qwen2_moe")
-    dense, _ = _run("qwen2")
-    moe, dense = _offsets(moe), _offsets(dense)
+    moe, suite = _offsets("qwen2_moe")
+    dense, _ = _offsets("qwen2")
     assert set(moe) == set(dense)
     for key, (offset, measured) in moe.items():
         if key[2].startswith(EXACT):
