@@ -136,7 +136,9 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
     }
   }
   if (config.quantization.format != WeightFormat::kDense) {
-    r->notes.push_back(QuantizationNote(graph, config.quantization));
+    QuantizationConfig q = config.quantization;
+    q.prepare_for_kbit_training = KbitPrepared(config);
+    r->notes.push_back(QuantizationNote(graph, q));
   }
   if (config.lora.rank > 0) r->notes.push_back(LoraNote(graph, config.lora));
   if (!graph.held.empty()) {
@@ -421,15 +423,16 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   // activations follow: the model is built in float32, its 4-bit weights loaded in the
   // precision's dtype (engine/passes/quantize.h).
   std::optional<DType> loaded;
-  if (config.quantization.format != WeightFormat::kDense &&
-      config.quantization.prepare_for_kbit_training &&
+  if (KbitPrepared(config) &&
       (ctx.param_dtype == DType::kFloat16 || ctx.param_dtype == DType::kBFloat16)) {
     loaded = ctx.param_dtype;
     ctx.param_dtype = DType::kFloat32;
   }
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));
   if (config.quantization.format != WeightFormat::kDense) {
-    MEMEST_ASSIGN_OR_RETURN(graph, ApplyQuantization(graph, config.quantization, budget, loaded));
+    QuantizationConfig q = config.quantization;
+    q.prepare_for_kbit_training = KbitPrepared(config);
+    MEMEST_ASSIGN_OR_RETURN(graph, ApplyQuantization(graph, q, budget, loaded));
   }
   if (config.lora.rank == 0) {
     if (config.quantization.format != WeightFormat::kDense && config.mode == Mode::kTraining &&
@@ -437,7 +440,7 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
       // loss.backward() would raise: nothing requires grad.
       return InvalidArgument("config.quantization: in training, the 4-bit model has no "
                              "parameter left to train (its Linears are frozen" +
-                             std::string(config.quantization.prepare_for_kbit_training
+                             std::string(KbitPrepared(config)
                                              ? ", prepare_model_for_kbit_training froze the rest"
                                              : "") +
                              "); add adapters (config.lora), or estimate inference");

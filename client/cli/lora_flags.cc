@@ -167,8 +167,8 @@ void AddLoraFlags(CLI::App* app, LoraFlags* f) {
                   "llm_int8_skip_modules: modules left dense (default: the output layer)")
       ->group(quant)->type_name("NAMES");
   app->add_flag("--no-kbit-preparation", f->no_kbit_preparation,
-                "skip PEFT's prepare_model_for_kbit_training (which casts the float16/bfloat16 "
-                "parameters that are not 4-bit to float32)")
+                "skip PEFT's prepare_model_for_kbit_training, which training runs by default "
+                "(it casts the float16/bfloat16 parameters that are not 4-bit to float32)")
       ->group(quant);
   app->add_flag("--lora-keep-adapter-dtype", f->keep_adapter_dtype,
                 "get_peft_model(autocast_adapter_dtype=False): a bf16 or fp16 model's adapters "

@@ -3,6 +3,7 @@
 #define MEMEST_ENGINE_IR_CONFIG_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -177,9 +178,14 @@ struct QuantizationConfig {
   std::vector<std::string> skip_modules;
   // PEFT's prepare_model_for_kbit_training: every parameter frozen, every float16 or bfloat16
   // one that is not 4-bit cast to float32 (the QLoRA recipes', and TRL's SFTTrainer's for a
-  // 4-bit model with a peft_config).
-  bool prepare_for_kbit_training = true;
+  // 4-bit model with a peft_config). Unset: in training only (KbitPrepared), a training recipe's
+  // step that a model loaded for inference does not take.
+  std::optional<bool> prepare_for_kbit_training;
 };
+
+struct RunConfig;
+// Whether config.quantization's 4-bit model went through prepare_model_for_kbit_training.
+bool KbitPrepared(const RunConfig& config);
 
 // PEFT's LoRA: get_peft_model(model, LoraConfig(...)) (engine/passes/lora.h). Every parameter
 // of the model is frozen; each target module (a torch.nn.Linear or Hugging Face Conv1D) keeps

@@ -75,11 +75,16 @@ Status ValidateLora(const RunConfig& c) {
   return Status::Ok();
 }
 
+bool KbitPrepared(const RunConfig& c) {
+  return c.quantization.format != WeightFormat::kDense &&
+         c.quantization.prepare_for_kbit_training.value_or(c.mode == Mode::kTraining);
+}
+
 Status ValidateQuantization(const RunConfig& c) {
   const QuantizationConfig& q = c.quantization;
   if (q.format == WeightFormat::kDense) {
     if (q.double_quant || !q.skip_modules.empty() || q.compute_dtype != DType::kFloat32 ||
-        !q.prepare_for_kbit_training) {
+        q.prepare_for_kbit_training.has_value()) {
       return InvalidArgument("config.quantization: a 4-bit setting, and no 4-bit format is set");
     }
     return Status::Ok();

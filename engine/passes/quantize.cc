@@ -130,7 +130,7 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
       leaf.strides = {1, 1};
       leaf.values_per_element = 2;
       leaf.requires_grad = false;
-    } else if (q.prepare_for_kbit_training) {
+    } else if (q.prepare_for_kbit_training.value_or(true)) {
       leaf.requires_grad = false;
       if (leaf.dtype == DType::kFloat16 || leaf.dtype == DType::kBFloat16) leaf.dtype = DType::kFloat32;
     }
@@ -209,7 +209,7 @@ std::string QuantizationNote(const Graph& graph, const QuantizationConfig& q) {
          " Linear modules, " + FormatBytes(bytes) + " (" + ratio + " bytes per value), each "
          "dequantized to [out, in] around its matmul in forward and again in backward, compute "
          "in " + std::string(DTypeName(q.compute_dtype)) +
-         (q.prepare_for_kbit_training
+         (q.prepare_for_kbit_training.value_or(true)
               ? "; prepare_model_for_kbit_training: every parameter frozen, the float16/bfloat16 "
                 "ones that are not 4-bit in float32"
               : "");

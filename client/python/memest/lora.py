@@ -93,7 +93,7 @@ _FORMATS = {"nf4": "WEIGHT_FORMAT_BNB_NF4", "fp4": "WEIGHT_FORMAT_BNB_FP4"}
 def apply_quantization(config, quantization):
     """Sets config.quantization from a transformers BitsAndBytesConfig or a dict of its fields
     (load_in_4bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
-    llm_int8_skip_modules), plus prepare_model_for_kbit_training (PEFT's, default True)."""
+    llm_int8_skip_modules), plus prepare_model_for_kbit_training (PEFT's; default: in training only)."""
     if callable(getattr(quantization, "to_dict", None)):
         data = quantization.to_dict()
     elif isinstance(quantization, dict):
