@@ -36,8 +36,10 @@ int LogitsInput(GraphBuilder& b, const BuildContext& ctx, int h) {
 
 // The LM head over the model's last hidden state: lm_head (tied to `embed` or its own weight)
 // on the positions LogitsInput keeps, and in training HF's ForCausalLMLoss (logits.float(),
-// then cross_entropy over the shifted labels); the model's output is held until the LM's
-// forward returns.
+// then cross_entropy over the shifted labels). The model's output and the logits are held until
+// the LM's forward returns, after the loss it computes: `logits` is its local (a bfloat16 model's
+// logits beside their float32 copy while cross_entropy runs, with the loop dropping its outputs
+// too).
 void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerContext& c,
                        const char* name, int last_hidden_state, int embed, bool tied,
                        int64_t vocab, const std::function<int(int)>& aux_loss = nullptr) {
@@ -49,6 +51,7 @@ void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerCont
     if (aux_loss) b.SetLoss(aux_loss(loss));
   }
   b.HoldUntilLastOp(last_hidden_state);
+  b.HoldUntilLastOp(logits);
 }
 
 // Whole heads: the hidden size splits into `heads` of the same width.
