@@ -266,7 +266,7 @@ int RouterAuxLoss(GraphBuilder& b, const std::vector<int>& router_logits, const 
                   double coef, int loss);
 
 // The tokens each of `experts` experts computes on when `tokens` tokens each choose `top_k`
-// of them, as `load` spreads them (MoeOptions).
+// of them, as `load` spreads them (MoeOptions); all zero when tokens * top_k overflows.
 std::vector<int64_t> ExpertTokens(int64_t tokens, int64_t experts, int64_t top_k, ExpertLoad load);
 
 // A transformer block. kGpt2: HF GPT2Block (pre-LN; ln_1, attn, +, ln_2, mlp with gelu_new,

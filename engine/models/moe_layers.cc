@@ -51,8 +51,11 @@ std::vector<int64_t> ExpertTokens(int64_t tokens, int64_t experts, int64_t top_k
   std::vector<int64_t> n(static_cast<size_t>(experts), 0);
   if (experts <= 0 || top_k <= 0 || top_k > experts) return n;
   if (load == ExpertLoad::kBalanced) {
-    // tokens * top_k choices; tokens and top_k are bounded sizes (< 2^31 each), so no overflow.
-    const int64_t choices = tokens * top_k;
+    // tokens * top_k choices (SparseMoe's one_hot of [tokens, top_k, experts] int64 already
+    // counts in bytes; checked all the same).
+    StatusOr<int64_t> product = CheckedMul(tokens, top_k);
+    if (!product.ok()) return n;
+    const int64_t choices = *product;
     for (int64_t e = 0; e < experts; ++e) n[e] = choices / experts + (e < choices % experts);
   } else {
     for (int64_t e = experts - top_k; e < experts; ++e) n[e] = tokens;
@@ -97,6 +100,7 @@ int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     if (locals.size() <= k) locals.resize(k + 1, -1);
     locals[k] = now;
   };
+  if (!b.ok()) return -1;
   const std::vector<int64_t> counts = ExpertTokens(tokens, o.experts, o.top_k, o.load);
   for (int64_t e = 0; e < o.experts && b.ok(); ++e) {
     // An expert no token chose still runs, on empty tensors: they allocate nothing, but its

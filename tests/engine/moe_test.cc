@@ -76,6 +76,9 @@ TEST(ExpertTokens, SpreadTheChoicesAsTheLoadSays) {
   EXPECT_EQ(ExpertTokens(10, 4, 3, ExpertLoad::kBalanced), (std::vector<int64_t>{8, 8, 7, 7}));
   EXPECT_EQ(ExpertTokens(10, 4, 3, ExpertLoad::kWorst), (std::vector<int64_t>{0, 10, 10, 10}));
   EXPECT_EQ(ExpertTokens(10, 4, 3, ExpertLoad::kDefault), ExpertTokens(10, 4, 3, ExpertLoad::kWorst));
+  // tokens * top_k past 2^63: no count rather than a wrapped one.
+  EXPECT_EQ(ExpertTokens(int64_t{1} << 62, 4, 3, ExpertLoad::kBalanced),
+            std::vector<int64_t>(4, 0));
 }
 
 TEST(Moe, EveryExpertRunsOnTheTokensTheLoadGivesIt) {
