@@ -312,7 +312,8 @@ std::vector<Seed> MakeSeeds(const fs::path& examples) {
 
   // Hugging Face configs (tests/data/hf_configs), cut to two layers and 32 tokens.
   const fs::path configs = examples / ".." / "tests" / "data" / "hf_configs";
-  for (const char* name : {"gpt2", "llama-3.2-1b", "mistral-7b-v0.1", "qwen3-0.6b", "gemma-2b"}) {
+  for (const char* name : {"gpt2", "llama-3.2-1b", "mistral-7b-v0.1", "qwen3-0.6b", "gemma-2b",
+                           "mixtral-8x7b", "qwen1.5-moe-a2.7b"}) {
     StatusOr<google::protobuf::Struct> config =
         cli::ReadHfConfigFile((configs / (std::string(name) + ".json")).string());
     if (!config.ok()) {
@@ -324,7 +325,11 @@ std::vector<Seed> MakeSeeds(const fs::path& examples) {
     model.mutable_hf_config()->set_seq(32);
     auto& fields = *model.mutable_hf_config()->mutable_config()->mutable_fields();
     fields[fields.count("n_layer") ? "n_layer" : "num_hidden_layers"].set_number_value(2);
-    add(std::string("hf-") + name, model, 2);
+    v1::EstimateRequest* seed = add(std::string("hf-") + name, model, 2);
+    // A mixture-of-experts model's routing load (config.expert_load).
+    if (fields.count("num_local_experts") || fields.count("num_experts")) {
+      seed->mutable_config()->set_expert_load(v1::EXPERT_LOAD_BALANCED);
+    }
   }
 
   // The variants on a decoder preset and on a convolutional layer model.
