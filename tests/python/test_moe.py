@@ -24,8 +24,8 @@ def _run(name):
 
 
 def _offsets(name):
+    result, suite = _run(name)  # puts tests/conformance on the path first
     import hf_config_check
-    result, suite = _run(name)
     return hf_config_check.offsets(result), suite
 
 
