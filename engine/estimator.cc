@@ -136,9 +136,7 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
     }
   }
   if (config.quantization.format != WeightFormat::kDense) {
-    QuantizationConfig q = config.quantization;
-    q.prepare_for_kbit_training = KbitPrepared(config);
-    r->notes.push_back(QuantizationNote(graph, q));
+    r->notes.push_back(QuantizationNote(graph, PreparedQuantization(config)));
   }
   if (config.lora.rank > 0) r->notes.push_back(LoraNote(graph, config.lora));
   if (!graph.held.empty()) {
@@ -430,9 +428,8 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   }
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));
   if (config.quantization.format != WeightFormat::kDense) {
-    QuantizationConfig q = config.quantization;
-    q.prepare_for_kbit_training = KbitPrepared(config);
-    MEMEST_ASSIGN_OR_RETURN(graph, ApplyQuantization(graph, q, budget, loaded));
+    MEMEST_ASSIGN_OR_RETURN(
+        graph, ApplyQuantization(graph, PreparedQuantization(config), budget, loaded));
   }
   if (config.lora.rank == 0) {
     if (config.quantization.format != WeightFormat::kDense && config.mode == Mode::kTraining &&

@@ -186,6 +186,8 @@ struct QuantizationConfig {
 struct RunConfig;
 // Whether config.quantization's 4-bit model went through prepare_model_for_kbit_training.
 bool KbitPrepared(const RunConfig& config);
+// config.quantization with prepare_for_kbit_training resolved (KbitPrepared).
+QuantizationConfig PreparedQuantization(const RunConfig& config);
 
 // PEFT's LoRA: get_peft_model(model, LoraConfig(...)) (engine/passes/lora.h). Every parameter
 // of the model is frozen; each target module (a torch.nn.Linear or Hugging Face Conv1D) keeps

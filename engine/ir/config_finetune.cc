@@ -80,6 +80,12 @@ bool KbitPrepared(const RunConfig& c) {
          c.quantization.prepare_for_kbit_training.value_or(c.mode == Mode::kTraining);
 }
 
+QuantizationConfig PreparedQuantization(const RunConfig& c) {
+  QuantizationConfig q = c.quantization;
+  q.prepare_for_kbit_training = KbitPrepared(c);
+  return q;
+}
+
 Status ValidateQuantization(const RunConfig& c) {
   const QuantizationConfig& q = c.quantization;
   if (q.format == WeightFormat::kDense) {

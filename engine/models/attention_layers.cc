@@ -276,16 +276,9 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     }
     int probs = -1;
     if (o.softmax_fp32) {
-      // softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype). ATen's softmax with a
-      // dtype runs _softmax(half_to_float=true) for float16 on CUDA and otherwise casts the
-      // input first (a float32 copy for bfloat16; a no-op view for float32).
+      // softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
       const DType q_dtype = q >= 0 ? b.tensor(q).dtype : DType::kFloat32;
-      if (scores >= 0 && b.tensor(scores).dtype == DType::kFloat16) {
-        probs = b.Add1("softmax", {scores}, {{"dim", Int(-1)}, {"half_to_float", Int(1)}});
-      } else {
-        int up = b.Add1("to", {scores}, {{"dtype", std::string("float32")}});
-        probs = b.Add1("softmax", {up}, {{"dim", Int(-1)}});
-      }
+      probs = SoftmaxFloat32(b, scores, -1);
       probs = b.Add1("to", {probs}, {{"dtype", std::string(DTypeName(q_dtype))}});
     } else {
       probs = b.Add1("softmax", {scores}, {{"dim", Int(-1)}});

@@ -327,8 +327,7 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
 bool HfConfigRoutesExperts(const JsonValue& config) {
   const JsonValue* type = config.Find("model_type");
   if (type == nullptr || type->kind != Kind::kString || !IsMoeType(type->text)) return false;
-  const JsonValue* experts =
-      config.Find(type->text == "mixtral" ? "num_local_experts" : "num_experts");
+  const JsonValue* experts = config.Find(ExpertsKey(type->text));
   return experts == nullptr || experts->kind != Kind::kNumber || experts->number > 0;
 }
 

@@ -11,6 +11,10 @@ bool IsMoeType(const std::string& type) {
   return type == "mixtral" || type == "qwen2_moe" || type == "qwen3_moe";
 }
 
+const char* ExpertsKey(const std::string& type) {
+  return type == "mixtral" ? "num_local_experts" : "num_experts";
+}
+
 namespace {
 
 // Qwen's mlp_only_layers: layer indices in [0, layers), each a dense MLP.
@@ -42,7 +46,7 @@ Status ReadMoe(const Fields& f, const std::string& type, LlamaSpec* s) {
   if (type == "mixtral") {
     // MixtralSparseMoeBlock: block_sparse_moe, experts.<e>.w1 / w3 / w2 of intermediate_size,
     // the top-k always renormalised.
-    MEMEST_ASSIGN_OR_RETURN(moe.experts, f.Size("num_local_experts", 8));
+    MEMEST_ASSIGN_OR_RETURN(moe.experts, f.Size(ExpertsKey(type), 8));
     MEMEST_ASSIGN_OR_RETURN(moe.top_k, f.Size("num_experts_per_tok", 2));
     moe.expert_ffn = s->ffn;
     moe.norm_topk_prob = true;
@@ -56,7 +60,7 @@ Status ReadMoe(const Fields& f, const std::string& type, LlamaSpec* s) {
     }
   } else {
     const bool qwen2 = type == "qwen2_moe";
-    MEMEST_ASSIGN_OR_RETURN(moe.experts, f.Size("num_experts", qwen2 ? 60 : 128));
+    MEMEST_ASSIGN_OR_RETURN(moe.experts, f.Size(ExpertsKey(type), qwen2 ? 60 : 128));
     MEMEST_ASSIGN_OR_RETURN(moe.top_k, f.Size("num_experts_per_tok", qwen2 ? 4 : 8));
     MEMEST_ASSIGN_OR_RETURN(moe.expert_ffn, f.Size("moe_intermediate_size", qwen2 ? 1408 : 768));
     MEMEST_ASSIGN_OR_RETURN(moe.norm_topk_prob, f.Flag("norm_topk_prob", false));

@@ -13,6 +13,9 @@ namespace memest::hf {
 
 // Whether `type` is a model type with sparse MoE layers.
 bool IsMoeType(const std::string& type);
+// The config key of such a type's experts count: Mixtral's num_local_experts, Qwen's
+// num_experts.
+const char* ExpertsKey(const std::string& type);
 
 // Fills spec->moe, moe_name, moe_every, dense_layers and the router's auxiliary loss from the
 // config (MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig defaults), for `layers` layers.

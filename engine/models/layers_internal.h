@@ -38,6 +38,17 @@ inline bool ExpectRank(GraphBuilder& b, int x, size_t rank, std::string_view wha
 }
 
 
+// F.softmax(x, dim, dtype=torch.float32) as ATen runs it: _softmax(half_to_float=true) for
+// float16, otherwise a cast first (a float32 copy of bfloat16, a no-op view of float32).
+inline int SoftmaxFloat32(GraphBuilder& b, int x, int64_t dim) {
+  if (!b.ok() || x < 0) return -1;
+  if (b.tensor(x).dtype == DType::kFloat16) {
+    return b.Add1("softmax", {x}, {{"dim", Int(dim)}, {"half_to_float", Int(1)}});
+  }
+  const int up = b.Add1("to", {x}, {{"dtype", std::string("float32")}});
+  return b.Add1("softmax", {up}, {{"dim", Int(dim)}});
+}
+
 }  // namespace layers_internal
 }  // namespace memest
 

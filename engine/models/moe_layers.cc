@@ -33,17 +33,6 @@ int ExpertMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int
   return Linear(b, c, o.names[2], b.Add1("mul", {gate, up}), d, /*bias=*/false);
 }
 
-// F.softmax(x, dim, dtype=torch.float32) as ATen runs it: _softmax(half_to_float) for float16,
-// else a cast first (a float32 copy of bfloat16, a view of float32).
-int SoftmaxFloat32(GraphBuilder& b, int x, int64_t dim) {
-  if (!b.ok() || x < 0) return -1;
-  if (b.tensor(x).dtype == DType::kFloat16) {
-    return b.Add1("softmax", {x}, {{"dim", Int(dim)}, {"half_to_float", Int(1)}});
-  }
-  const int up = b.Add1("to", {x}, {{"dtype", DTypeAttr(DType::kFloat32)}});
-  return b.Add1("softmax", {up}, {{"dim", Int(dim)}});
-}
-
 }  // namespace
 
 std::vector<int64_t> ExpertTokens(int64_t tokens, int64_t experts, int64_t top_k,

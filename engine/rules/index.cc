@@ -118,16 +118,10 @@ void IndexMemory(const OpCall& c, OpMemory* m) {
 // scatter_(x, idx; dim, value): x.scatter_(dim, idx, value), in place, idx x's rank and at most
 // x's size in every dim (F.one_hot's zeros(.., classes).scatter_(-1, ids.unsqueeze(-1), 1)).
 
-Status CheckIntegerIndex(const OpCall& c, int i) {
-  if (!IsFloating(c.in(i).dtype) && c.in(i).dtype != DType::kBool) return Status::Ok();
-  return InvalidArgument(InputField(c, i) + ": " + c.op.kind + " takes an integer index tensor, got " +
-                         std::string(DTypeName(c.in(i).dtype)));
-}
-
 StatusOr<std::vector<OutputSpec>> InferIndexAdd(const OpCall& c) {
   const Shape& x = c.in(0).shape;
   MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 1, static_cast<int>(kMaxRank)));
-  MEMEST_RETURN_IF_ERROR(CheckIntegerIndex(c, 1));
+  MEMEST_RETURN_IF_ERROR(RequireIntegerIndex(c, 1));
   MEMEST_ASSIGN_OR_RETURN(int64_t dim, IntAttr(c.op.attrs, "dim", 0, c.field));
   MEMEST_ASSIGN_OR_RETURN(int d, NormalizeDim(dim, static_cast<int>(x.size()), AttrField(c, "dim")));
   const Shape& source = c.in(2).shape;
@@ -162,7 +156,7 @@ void IndexAddMemory(const OpCall& c, OpMemory* m) {
 
 StatusOr<std::vector<OutputSpec>> InferScatter(const OpCall& c) {
   const Shape& x = c.in(0).shape;
-  MEMEST_RETURN_IF_ERROR(CheckIntegerIndex(c, 1));
+  MEMEST_RETURN_IF_ERROR(RequireIntegerIndex(c, 1));
   MEMEST_ASSIGN_OR_RETURN(int64_t dim, IntAttr(c.op.attrs, "dim", -1, c.field));
   MEMEST_RETURN_IF_ERROR(
       NormalizeDim(dim, static_cast<int>(x.size()), AttrField(c, "dim")).status());

@@ -67,6 +67,8 @@ inline Alloc AllocOf(const Shape& s, DType d, const char* what) { return Alloc{B
 Status RequireFloating(const OpCall& c, size_t i);
 // Requires input i to have rank in [lo, hi].
 Status RequireRank(const OpCall& c, size_t i, int lo, int hi);
+// Requires input i to be an integer index tensor (not floating, not bool).
+Status RequireIntegerIndex(const OpCall& c, size_t i);
 
 // Saves input i if `cond`.
 inline void SaveInputIf(OpMemory* m, bool cond, int i) {

@@ -16,6 +16,13 @@ Status RequireFloating(const OpCall& c, size_t i) {
   return Status::Ok();
 }
 
+Status RequireIntegerIndex(const OpCall& c, size_t i) {
+  if (!IsFloating(c.in(i).dtype) && c.in(i).dtype != DType::kBool) return Status::Ok();
+  return InvalidArgument(InputField(c, i) + ": " + c.op.kind +
+                         " takes an integer index tensor, got " +
+                         std::string(DTypeName(c.in(i).dtype)));
+}
+
 Status RequireRank(const OpCall& c, size_t i, int lo, int hi) {
   const int r = static_cast<int>(c.in(i).shape.size());
   if (r < lo || r > hi) {

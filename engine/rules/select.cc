@@ -104,10 +104,7 @@ void MaxAllMemory(const OpCall& c, OpMemory* m) {
 StatusOr<std::vector<OutputSpec>> InferIndexPut(const OpCall& c) {
   const Shape& x = c.in(0).shape;
   MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 1, static_cast<int>(kMaxRank)));
-  if (IsFloating(c.in(1).dtype) || c.in(1).dtype == DType::kBool) {
-    return InvalidArgument(InputField(c, 1) + ": index_put_ takes an integer index tensor, got " +
-                           std::string(DTypeName(c.in(1).dtype)));
-  }
+  MEMEST_RETURN_IF_ERROR(RequireIntegerIndex(c, 1));
   MEMEST_ASSIGN_OR_RETURN(int64_t dim, IntAttr(c.op.attrs, "dim", 0, c.field));
   MEMEST_ASSIGN_OR_RETURN(int d, NormalizeDim(dim, static_cast<int>(x.size()), AttrField(c, "dim")));
   MEMEST_ASSIGN_OR_RETURN(int64_t acc, IntAttr(c.op.attrs, "accumulate", 0, c.field));
