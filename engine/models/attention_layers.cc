@@ -2,6 +2,7 @@
 // engine/models/layers.h; the transformer blocks built from them are in block_layers.cc).
 #include <cmath>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "engine/models/layers.h"
@@ -52,8 +53,16 @@ void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t 
   *sin = b.Buffer("sin_cached", {1, seq, head_dim}, c.param_dtype);
 }
 
-int AdditiveCausalMask(GraphBuilder& b, const LayerContext& c, int64_t seq) {
-  return b.Buffer("causal_mask", {1, 1, seq, seq}, c.param_dtype);
+int AdditiveCausalMask(GraphBuilder& b, const LayerContext& c, int64_t seq,
+                       std::string_view name) {
+  return b.Buffer(std::string(name), {1, 1, seq, seq}, c.param_dtype);
+}
+
+int SoftCap(GraphBuilder& b, int x, double cap) {
+  if (!b.ok() || x < 0) return -1;
+  x = b.Add1("div", {x}, {{"scalar", Float(cap)}});
+  x = b.Add1("tanh", {x});
+  return b.Add1("mul", {x}, {{"scalar", Float(cap)}});
 }
 
 namespace {
@@ -213,9 +222,14 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     k = parts[1];
     v = parts[2];
   } else {
-    q = SplitHeads(b, c, q, heads, hd, o.qk_norm ? "q_norm" : nullptr);
-    k = SplitHeads(b, c, k, kv_heads, hd, o.qk_norm ? "k_norm" : nullptr);
+    const bool norm_first = o.qk_norm && !o.gemma_qk_norm;
+    q = SplitHeads(b, c, q, heads, hd, norm_first ? "q_norm" : nullptr);
+    k = SplitHeads(b, c, k, kv_heads, hd, norm_first ? "k_norm" : nullptr);
     v = SplitHeads(b, c, v, kv_heads, hd, nullptr);
+    if (o.qk_norm && o.gemma_qk_norm) {  // Gemma3Attention: self.q_norm(query_states), ...
+      q = GemmaRmsNorm(b, c, "q_norm", q);
+      k = GemmaRmsNorm(b, c, "k_norm", k);
+    }
   }
   if (o.rotary_cos >= 0 && o.rotary_sin >= 0) {
     // apply_rotary_pos_emb: cos = cos.unsqueeze(1); sin = sin.unsqueeze(1)
@@ -262,8 +276,10 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     if (o.scale == AttentionScale::kDivideScores) {
       scores = b.Add1("div", {scores}, {{"scalar", Float(std::sqrt(static_cast<double>(hd)))}});
     } else if (o.scale == AttentionScale::kMultiplyScores) {
-      scores = b.Add1("mul", {scores}, {{"scalar", Float(1.0 / std::sqrt(double(hd)))}});
+      const double s = o.scaling > 0 ? o.scaling : 1.0 / std::sqrt(double(hd));
+      scores = b.Add1("mul", {scores}, {{"scalar", Float(s)}});
     }
+    if (o.softcap > 0) scores = SoftCap(b, scores, o.softcap);
     if (o.causal && o.additive_mask >= 0) {
       scores = b.Add1("add", {scores, o.additive_mask});
     } else if (o.causal) {

@@ -65,6 +65,9 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   a.out_bias = o.out_bias;
   a.head_dim = o.head_dim;
   a.qk_norm = o.qk_norm;
+  a.gemma_qk_norm = o.qk_norm && o.gemma_norm;
+  a.scaling = o.attn_scaling;
+  a.softcap = o.attn_softcap;
   a.sdpa_mask = o.sdpa_mask;
   a.softmax_fp32 = true;
   a.attn_dropout = std::max(o.attn_dropout, 0.0);
@@ -87,9 +90,10 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   int residual = x;
   int h = norm("input_layernorm", x);
   h = Attention(b, c, "self_attn", h, a, &weights);
+  if (o.sandwich_norms) h = norm("post_attention_layernorm", h);
   x = b.Add1("add", {residual, h});
   residual = x;
-  h = norm("post_attention_layernorm", x);
+  h = norm(o.sandwich_norms ? "pre_feedforward_layernorm" : "post_attention_layernorm", x);
   const int mlp_input = h;
   int router_logits = -1;
   if (o.moe.experts > 0) {
@@ -123,6 +127,7 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
     h = Dropout(b, c, h, o.resid_dropout);
   }
   if (o.hold_locals) b.HoldUntilLastOp(mlp_input);
+  if (o.sandwich_norms) h = norm("post_feedforward_layernorm", h);
   const int out = b.Add1("add", {residual, h});
   if (o.hold_locals) b.HoldUntilLastOp(input);
   if (router_logits >= 0 && o.router_logits == nullptr) b.HoldUntilLastOp(router_logits);

@@ -194,13 +194,21 @@ struct AttentionOptions {
                                    // biased, o_proj not)
   int64_t head_dim = 0;            // 0: d_model / heads; set where a config says (Qwen3, Gemma)
   // Qwen3: RMSNorm modules "q_norm" and "k_norm" over head_dim on q and k viewed as
-  // [N, T, heads, hd], before the transpose.
+  // [N, T, heads, hd], before the transpose; with gemma_qk_norm (Gemma 3), GemmaRMSNorms on q
+  // and k after it, [N, heads, T, hd].
   bool qk_norm = false;
+  bool gemma_qk_norm = false;
   // A mask SDPA takes as attn_mask with is_causal false (a sliding window the sequence reaches,
   // as HF builds it for sdpa); -1: none (causal by is_causal). Eager attention takes its mask
   // as `additive_mask`.
   int sdpa_mask = -1;
   AttentionScale scale = AttentionScale::kDivideScores;
+  // kMultiplyScores' factor; 0: head_dim ** -0.5 (Gemma 2 and 3: query_pre_attn_scalar ** -0.5).
+  double scaling = 0.0;
+  // Eager attention: the scaled scores soft-capped (SoftCap) before the mask, as Gemma 2's
+  // eager_attention_forward does with attn_logit_softcapping; SDPA has no soft-capping (HF's
+  // sdpa_attention_forward drops it) and flash-attn applies it inside its kernel. 0: none.
+  double softcap = 0.0;
   AttentionProjection projection = AttentionProjection::kSeparate;
   // Names of the projections for kSeparate: {q, k, v, out}.
   std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "o_proj"};
@@ -226,6 +234,10 @@ struct AttentionOptions {
 // (-1 for SDPA, which returns none).
 int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
               const AttentionOptions& options, int* weights = nullptr);
+
+// Gemma 2's soft-capping of scores or logits, cap * tanh(x / cap), as the three ops HF writes
+// (`x / cap`, `torch.tanh`, `* cap`): tanh keeps its output for backward.
+int SoftCap(GraphBuilder& b, int x, double cap);
 
 // HF Llama's rotary embedding on x [N, H, T, hd]: x * cos + rotate_half(x) * sin with
 // rotate_half(x) = cat(-x[..., hd/2:], x[..., :hd/2]); cos and sin are [T, hd].
@@ -300,6 +312,13 @@ struct BlockOptions {
   bool qk_norm = false;
   int sdpa_mask = -1;
   bool gemma_norm = false;  // GemmaRMSNorm for input_layernorm and post_attention_layernorm
+  // Gemma 2 and 3: the attention's output normed by post_attention_layernorm before its residual
+  // add, the MLP's input by pre_feedforward_layernorm and its output by
+  // post_feedforward_layernorm before the second add; the scores scaled by attn_scaling and
+  // soft-capped by attn_softcap (AttentionOptions::scaling, softcap; 0: none).
+  bool sandwich_norms = false;
+  double attn_scaling = 0.0;
+  double attn_softcap = 0.0;
   // Phi-3: qkv_proj (AttentionProjection::kFusedQkv), the MLP's gate_up_proj chunked in two,
   // the partial rotary form (AttentionOptions::rotary_dim), dropout on both residual branches.
   bool fused_projections = false;
@@ -324,11 +343,12 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
                      const BlockOptions& options);
 
 // Llama helpers shared by blocks: rotary cos/sin buffers [seq, head_dim] ("<scope>.cos_cached",
-// "<scope>.sin_cached") and the additive causal mask buffer [1, 1, seq, seq] (HF builds it once
-// per forward in the model dtype and every layer adds it to its scores).
+// "<scope>.sin_cached") and the additive causal mask buffer [1, 1, seq, seq] `name` (HF builds it
+// once per forward in the model dtype and every layer adds it to its scores).
 void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim, int* cos,
                    int* sin);
-int AdditiveCausalMask(GraphBuilder& b, const LayerContext& c, int64_t seq);
+int AdditiveCausalMask(GraphBuilder& b, const LayerContext& c, int64_t seq,
+                       std::string_view name = "causal_mask");
 
 // nn.Embedding: embedding(weight[num, dim], ids). `weight_out` (optional) receives the weight.
 int Embedding(GraphBuilder& b, const LayerContext& c, std::string_view name, int ids,

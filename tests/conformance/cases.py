@@ -750,6 +750,21 @@ case("phenomena", "attention_scale_scores")(lambda r, b: _attention(r, b, False)
 case("phenomena", "attention_scale_qk")(lambda r, b: _attention(r, b, True))
 
 
+@case("phenomena", "attention_softcap")
+def _(r, b):
+    # Gemma 2's eager scores (attn_logit_softcapping): q @ k^T * scaling, / cap, tanh, * cap,
+    # softmax, @ v. tanh keeps its output; the division and products by a number keep nothing.
+    x = lift(r, r.input("x", [b, 2, 8, 16]), "lx")
+    with r.scope("attn"):
+        q = r.linear(x, r.param("q.w", [16, 16]))
+        k = r.linear(x, r.param("k.w", [16, 16]))
+        v = r.linear(x, r.param("v.w", [16, 16]))
+        scores = r.mul(r.matmul(q, r.transpose(k, -2, -1)), 144 ** -0.5)
+        scores = r.mul(r.tanh(r.div(scores, 50.0)), 50.0)
+        o = r.matmul(r.softmax(scores, -1), v)
+    return loss_of(r, o)
+
+
 @case("phenomena", "unet_down_path")
 def _(r, b):
     # A small diffusion-UNet-like down path: conv, group norm, SiLU, strided conv, twice.
