@@ -2,6 +2,7 @@
 // (engine/models/decoders.h).
 #include "engine/models/decoders.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -35,17 +36,19 @@ int LogitsInput(GraphBuilder& b, const BuildContext& ctx, int h) {
 }
 
 // The LM head over the model's last hidden state: lm_head (tied to `embed` or its own weight)
-// on the positions LogitsInput keeps, and in training HF's ForCausalLMLoss (logits.float(),
-// then cross_entropy over the shifted labels). The model's output and the logits are held until
+// on the positions LogitsInput keeps, soft-capped by `softcap` (Gemma 2's
+// final_logit_softcapping; 0: none), and in training HF's ForCausalLMLoss (logits.float(), then
+// cross_entropy over the shifted labels). The model's output and the logits are held until
 // the LM's forward returns, after the loss it computes: `logits` is its local (a bfloat16 model's
 // logits beside their float32 copy while cross_entropy runs, with the loop dropping its outputs
 // too).
 void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerContext& c,
                        const char* name, int last_hidden_state, int embed, bool tied,
-                       int64_t vocab, const std::function<int(int)>& aux_loss = nullptr) {
+                       int64_t vocab, double softcap = 0.0,
+                       const std::function<int(int)>& aux_loss = nullptr) {
   const int h = LogitsInput(b, ctx, last_hidden_state);
-  const int logits = tied ? TiedLinear(b, name, h, embed)
-                          : Linear(b, c, name, h, vocab, /*bias=*/false);
+  int logits = tied ? TiedLinear(b, name, h, embed) : Linear(b, c, name, h, vocab, /*bias=*/false);
+  if (softcap > 0) logits = SoftCap(b, logits, softcap);
   if (Training(ctx)) {
     const int loss = CrossEntropyLoss(b, logits, /*upcast=*/true);
     if (aux_loss) b.SetLoss(aux_loss(loss));
@@ -90,6 +93,40 @@ bool SparseLayer(const LlamaSpec& s, int64_t i) {
     if (dense == i) return false;
   }
   return (i + 1) % s.moe_every == 0;
+}
+
+// Gemma 2 and 3: whether layer i attends within the window, and whether any layer does
+// (`windowed`) or any does not.
+bool Windowed(const LlamaSpec& s, int64_t i) {
+  return i < static_cast<int64_t>(s.windowed_layers.size()) &&
+         s.windowed_layers[static_cast<size_t>(i)];
+}
+bool AnyLayer(const LlamaSpec& s, bool windowed) {
+  for (int64_t i = 0; i < s.layers; ++i) {
+    if (Windowed(s, i) == windowed) return true;
+  }
+  return false;
+}
+
+// The options of Gemma 2's and 3's windowed layers: the global layers' `o` with the windowed
+// layers' mask (eager: always, as transformers 5 builds it; SDPA: once the keys reach the
+// window, flash-attn none), Gemma 3's local rotary tables and a KV cache of the window
+// (LlamaSpec).
+BlockOptions WindowedLayerOptions(GraphBuilder& b, const LayerContext& c, const LlamaSpec& s,
+                                  int64_t rotary_dim, BlockOptions o) {
+  if (s.local_rotary && AnyLayer(s, true)) {
+    ScopeGuard rotary(b, "rotary_emb_local");
+    RotaryBuffers(b, c, s.seq, rotary_dim, &o.rotary_cos, &o.rotary_sin);
+  }
+  if (c.attention == AttentionImpl::kEager) {
+    o.additive_mask = AdditiveCausalMask(b, c, s.seq, "sliding_window_mask");
+  } else if (s.sliding_window <= s.seq && c.attention != AttentionImpl::kFlash) {
+    o.sdpa_mask = AdditiveCausalMask(b, c, s.seq, "sliding_window_mask");
+  }
+  if (o.kv_cache_len > 0) {
+    o.kv_cache_len = std::min(o.kv_cache_len, std::max(s.seq, s.sliding_window));
+  }
+  return o;
 }
 
 Status CheckMoe(const FieldOf& field, const LlamaSpec& s) {
@@ -233,16 +270,21 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     o.mlp_activation = s.activation;
     o.attn_dropout = s.attn_dropout;
     o.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
-    {
+    o.sandwich_norms = s.sandwich_norms;
+    o.attn_scaling = s.attn_scaling;
+    o.attn_softcap = s.attn_softcap;
+    const int64_t rotary_dim = o.rotary_dim > 0 ? o.rotary_dim : head_dim;
+    if (!s.local_rotary || AnyLayer(s, false)) {
       ScopeGuard rotary(b, "rotary_emb");
-      RotaryBuffers(b, c, s.seq, o.rotary_dim > 0 ? o.rotary_dim : head_dim, &o.rotary_cos,
-                    &o.rotary_sin);
+      RotaryBuffers(b, c, s.seq, rotary_dim, &o.rotary_cos, &o.rotary_sin);
     }
     // HF builds the 4-D additive causal mask for eager attention; SDPA and flash get is_causal,
     // unless a window makes SDPA take the mask: transformers builds it once the keys reach the
     // window (kv_length >= sliding_window; 4.47 modeling_attn_mask_utils.py, 5.x
-    // masking_utils.py), at seq == sliding_window too.
-    const bool windowed = s.sliding_window > 0 && s.sliding_window <= s.seq;
+    // masking_utils.py), at seq == sliding_window too. Gemma 2's and 3's global layers take no
+    // window (WindowedLayerOptions gives the windowed ones theirs).
+    const bool layered = !s.windowed_layers.empty();
+    const bool windowed = s.sliding_window > 0 && s.sliding_window <= s.seq && !layered;
     if (c.attention == AttentionImpl::kEager) {
       o.additive_mask = AdditiveCausalMask(b, c, s.seq);
     } else if (windowed && c.attention != AttentionImpl::kFlash) {
@@ -253,10 +295,12 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     o.moe_name = s.moe_name;
     std::vector<int> router_logits;  // MixtralModel's all_router_logits
     if (s.router_aux_loss && Training(ctx)) o.router_logits = &router_logits;
+    const BlockOptions windowed_o = layered ? WindowedLayerOptions(b, c, s, rotary_dim, o) : o;
     int64_t layer = 0;
     h = RepeatBlocks(b, "layers.", s.layers, h, [&](int x) {
-      BlockOptions layer_o = o;
-      if (!SparseLayer(s, layer++)) layer_o.moe.experts = 0;
+      const int64_t i = layer++;
+      BlockOptions layer_o = Windowed(s, i) ? windowed_o : o;
+      if (!SparseLayer(s, i)) layer_o.moe.experts = 0;
       return TransformerBlock(b, c, "", x, layer_o);
     });
     h = s.gemma ? GemmaRmsNorm(b, c, "norm", h) : RmsNorm(b, c, "norm", h, true);
@@ -267,7 +311,8 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
       };
     }
   }
-  LanguageModelHead(b, ctx, c, "lm_head", h, embed, s.tie_embeddings, s.vocab, aux_loss);
+  LanguageModelHead(b, ctx, c, "lm_head", h, embed, s.tie_embeddings, s.vocab, s.final_softcap,
+                    aux_loss);
   return Status::Ok();
 }
 

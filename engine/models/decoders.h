@@ -1,6 +1,6 @@
 // Decoder-only language models, built op by op as Hugging Face's modules run them: GPT-2
 // (GPT2LMHeadModel), the Llama family (LlamaForCausalLM and the models written like it:
-// Mistral, Qwen2, Qwen3, Gemma, Phi-3) and GPT-NeoX. The presets (engine/models/presets.cc) and
+// Mistral, Qwen2, Qwen3, Gemma 1, 2 and 3, Phi-3) and GPT-NeoX. The presets (engine/models/presets.cc) and
 // the Hugging Face config front end (engine/models/hf_config.cc) both fill these specs; neither
 // builds a decoder itself.
 #ifndef MEMEST_ENGINE_MODELS_DECODERS_H_
@@ -53,6 +53,24 @@ struct LlamaSpec {
   // Gemma: the embeddings scaled by sqrt(d_model), and GemmaRMSNorm (float32, 1 + weight) for
   // every norm.
   bool gemma = false;
+  // Gemma 2 and 3 (engine/models/hf_gemma.h): the sandwich norms (BlockOptions), the scores
+  // scaled by attn_scaling (0: head_dim ** -0.5) and soft-capped by attn_softcap in eager
+  // attention, the logits soft-capped by final_softcap before the loss (0: none); the layers
+  // `windowed_layers` marks attend within sliding_window, the others to every key (empty: every
+  // layer as sliding_window says, as Mistral's). Eager attention adds the windowed layers a mask
+  // of their own ("sliding_window_mask" beside "causal_mask", both built once as transformers 5
+  // builds them); SDPA gets it once the sequence reaches the window and the global layers run
+  // is_causal. In inference a windowed layer's KV cache keeps min(seq + generated, max(seq,
+  // sliding_window)) positions (transformers 5's DynamicSlidingWindowLayer keeps the window,
+  // and the prefill's keys until the first generated token). Gemma 3: the windowed layers take
+  // their own rotary tables (rope_local_base_freq, under "rotary_emb_local"), q_norm and k_norm
+  // are GemmaRMSNorms after the transpose.
+  bool sandwich_norms = false;
+  double attn_scaling = 0.0;
+  double attn_softcap = 0.0;
+  double final_softcap = 0.0;
+  std::vector<bool> windowed_layers;
+  bool local_rotary = false;
   // Phi-3: qkv_proj and gate_up_proj fused; rotary on the first `rotary_dim` dims of each head
   // (head_dim * partial_rotary_factor) and cat with the rest; dropout on both residual branches.
   bool phi3 = false;

@@ -1,7 +1,7 @@
 // Hugging Face config.json into the decoders (engine/models/hf_config.h). Defaults are those of
 // transformers' Config classes (LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config,
-// GemmaConfig, Phi3Config, GPT2Config, and the MoE ones in hf_moe.cc; docs/hf-config.md cites
-// them).
+// GemmaConfig, Phi3Config, GPT2Config, the MoE ones in hf_moe.cc and Gemma 2's and 3's in
+// hf_gemma.cc; docs/hf-config.md cites them).
 #include "engine/models/hf_config.h"
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "engine/ir/text.h"
 #include "engine/models/decoders.h"
 #include "engine/models/hf_fields.h"
+#include "engine/models/hf_gemma.h"
 #include "engine/models/hf_moe.h"
 #include "engine/models/op_count.h"
 
@@ -91,17 +92,17 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
   s.seq = seq;
   MEMEST_RETURN_IF_ERROR(ReadSizes(f, &s));
   // num_key_value_heads null is the heads' count in the Llama, Mistral and Qwen Config classes
-  // (GemmaConfig keeps the null, which its model cannot build: refused below); left out, it is
-  // that for Llama and Phi-3, 8 for Mistral, 16 for Gemma and 32 for Qwen2 and Qwen3 (their
-  // classes' defaults).
+  // (the Gemma classes keep the null, which their models cannot build: refused below); left
+  // out, it is that for Llama and Phi-3, 8 for Mistral, 16 for Gemma and Qwen2-MoE, 4 for Gemma 2
+  // and 3 and Qwen3-MoE, and 32 for Qwen2 and Qwen3 (their classes' defaults).
   const bool heads_default = type == "llama" || type == "phi3";
   const int64_t kv_default = heads_default || f.Present("num_key_value_heads") ? s.heads
                              : type == "mistral" || type == "mixtral"           ? 8
                              : type == "gemma" || type == "qwen2_moe"           ? 16
-                             : type == "qwen3_moe"                              ? 4
-                                                                                : 32;
+                             : type == "qwen2" || type == "qwen3"               ? 32
+                                                                                : 4;
   MEMEST_ASSIGN_OR_RETURN(s.kv_heads, f.Size("num_key_value_heads", kv_default));
-  const bool gemma = type == "gemma";
+  const bool gemma = IsGemmaType(type);
   if (gemma && f.Present("num_key_value_heads") && f.Get("num_key_value_heads") == nullptr) {
     return InvalidArgument(Field("num_key_value_heads") +
                            ": null is not a count: GemmaConfig keeps it, and GemmaAttention "
@@ -109,8 +110,11 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
   }
   MEMEST_ASSIGN_OR_RETURN(s.head_dim, f.Size("head_dim", type == "qwen3" ? 128 : gemma ? 256 : 0));
   MEMEST_ASSIGN_OR_RETURN(s.tie_embeddings, f.Flag("tie_word_embeddings", gemma));
-  MEMEST_ASSIGN_OR_RETURN(s.activation,
-                          ActivationOf(f, "hidden_act", gemma ? "gelu_pytorch_tanh" : "silu"));
+  // Gemma 2's and 3's MLPs read hidden_activation (Gemma 1's hidden_act in transformers 5).
+  MEMEST_ASSIGN_OR_RETURN(
+      s.activation,
+      ActivationOf(f, gemma && type != "gemma" ? "hidden_activation" : "hidden_act",
+                   gemma ? "gelu_pytorch_tanh" : "silu"));
   s.gemma = gemma;
   if (gemma) {
     MEMEST_RETURN_IF_ERROR(RefuseIfSet(f, "use_bidirectional_attention",
@@ -156,6 +160,7 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
         "every layer, which holds at least as much"));
   }
   MEMEST_RETURN_IF_ERROR(ReadMoe(f, type, &s));
+  MEMEST_RETURN_IF_ERROR(ReadGemma2(f, type, &s));
   return s;
 }
 
@@ -208,7 +213,8 @@ StatusOr<Gpt2Spec> ReadGpt2(const Fields& f, int64_t seq) {
 }
 
 constexpr Family kFamilies[] = {
-    {"gemma", "GemmaForCausalLM"},     {"gpt2", "GPT2LMHeadModel"},
+    {"gemma", "GemmaForCausalLM"},     {"gemma2", "Gemma2ForCausalLM"},
+    {"gemma3_text", "Gemma3ForCausalLM"}, {"gpt2", "GPT2LMHeadModel"},
     {"gpt_neox", "GPTNeoXForCausalLM"},
     {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},
     {"mixtral", "MixtralForCausalLM"}, {"phi3", "Phi3ForCausalLM"},
@@ -255,6 +261,7 @@ StatusOr<const Family*> FamilyOf(const JsonValue& config) {
   for (const Family& family : kFamilies) {
     if (type->text == family.model_type) return &family;
   }
+  if (type->text == "gemma3") return RefuseMultimodalGemma3();
   std::string known;
   for (const std::string& name : HfModelTypes()) known += (known.empty() ? "" : ", ") + name;
   return InvalidArgument(Field("model_type") + ": " + Quote(type->text) +

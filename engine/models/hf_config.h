@@ -12,6 +12,15 @@
 //   qwen3       Qwen3ForCausalLM        head_dim (128 when left out), q_norm and k_norm
 //   gemma       GemmaForCausalLM        Gemma 1: head_dim (256), embeddings scaled by
 //                                       sqrt(hidden_size), GemmaRMSNorm, tied by default
+//   gemma2      Gemma2ForCausalLM       as Gemma 1, and four norms a layer (post_attention,
+//                                       pre_ and post_feedforward), query_pre_attn_scalar,
+//                                       attn_logit_softcapping (eager), final_logit_softcapping,
+//                                       sliding_window on every other layer (layer_types),
+//                                       hidden_activation
+//   gemma3_text Gemma3ForCausalLM       as Gemma 2 without the scores' soft-capping, q_norm
+//                                       and k_norm, sliding_window_pattern (6), the windowed
+//                                       layers' own rotary tables; "gemma3" (the multimodal
+//                                       Gemma3ForConditionalGeneration) is refused
 //   phi3        Phi3ForCausalLM         qkv_proj and gate_up_proj fused, partial_rotary_factor,
 //                                       resid_pdrop, sliding_window (none when left out)
 //   gpt_neox    GPTNeoXForCausalLM      Pythia, GPT-NeoX-20B: use_parallel_residual, rotary_pct,

@@ -61,18 +61,16 @@ Status CheckArchitecture(const Fields& f, const std::string& causal_lm) {
   return Status::Ok();
 }
 
-// rope_scaling (rope_parameters since transformers 5) changes how the rotary tables are
-// computed, not their size: any type transformers knows is accepted, an unknown one refused.
-// As transformers 4.x reads it, "type" wins over "rope_type" (configuration_llama.py copies it).
-Status CheckRope(const Fields& f, const char* field) {
-  const JsonValue* scaling = f.Get(field);
-  if (scaling == nullptr) return Status::Ok();
-  if (scaling->kind != Kind::kObject) return WrongKind(field, "an object", *scaling);
-  std::string key = std::string(field) + ".type";
-  const JsonValue* type = scaling->Find("type");
+namespace {
+
+// One rope_scaling (or rope_parameters) object at `field`: a type transformers knows.
+Status CheckRopeObject(const JsonValue& scaling, const std::string& field) {
+  if (scaling.kind != Kind::kObject) return WrongKind(field, "an object", scaling);
+  std::string key = field + ".type";
+  const JsonValue* type = scaling.Find("type");
   if (type == nullptr || type->kind == Kind::kNull) {
-    type = scaling->Find("rope_type");
-    key = std::string(field) + ".rope_type";
+    type = scaling.Find("rope_type");
+    key = field + ".rope_type";
   }
   if (type == nullptr || type->kind == Kind::kNull) {
     return InvalidArgument(Field(field) + ": must name its rope_type");
@@ -86,6 +84,31 @@ Status CheckRope(const Fields& f, const char* field) {
   return InvalidArgument(Field(key) + ": unknown " + Quote(type->text) +
                          "; known: default, dynamic, linear, llama3, longrope, proportional, "
                          "su, yarn");
+}
+
+}  // namespace
+
+// rope_scaling (rope_parameters since transformers 5) changes how the rotary tables are
+// computed, not their size: any type transformers knows is accepted, an unknown one refused.
+// As transformers 4.x reads it, "type" wins over "rope_type" (configuration_llama.py copies it).
+// transformers 5 keys the parameters of a model with layer types by type (Gemma 3's
+// rope_parameters: {"full_attention": {...}, "sliding_attention": {...}}): each is checked.
+Status CheckRope(const Fields& f, const char* field) {
+  const JsonValue* scaling = f.Get(field);
+  if (scaling == nullptr) return Status::Ok();
+  if (scaling->kind == Kind::kObject && scaling->Find("type") == nullptr &&
+      scaling->Find("rope_type") == nullptr) {
+    bool per_type = false;
+    for (const char* layer_type : {"full_attention", "sliding_attention"}) {
+      const JsonValue* params = scaling->Find(layer_type);
+      if (params == nullptr || params->kind == Kind::kNull) continue;
+      per_type = true;
+      MEMEST_RETURN_IF_ERROR(
+          CheckRopeObject(*params, std::string(field) + "." + layer_type));
+    }
+    if (per_type) return Status::Ok();
+  }
+  return CheckRopeObject(*scaling, field);
 }
 
 // A setting that changes the model in a way not modelled: refused when true.

@@ -77,6 +77,17 @@ class Fields {
     }
     return v->number;
   }
+  // A finite number > 0 (Gemma's query_pre_attn_scalar, a soft-capping value).
+  StatusOr<double> Positive(std::string_view key, double fallback) const {
+    const JsonValue* v = Get(key);
+    if (v == nullptr) return fallback;
+    if (v->kind != Kind::kNumber) return WrongKind(key, "a positive number", *v);
+    if (!(v->number > 0 && std::isfinite(v->number))) {
+      return InvalidArgument(Field(key) + ": must be a finite number > 0, got " +
+                             JsonNumber(v->number));
+    }
+    return v->number;
+  }
   // A dropout probability in [0, 1).
   StatusOr<double> Probability(std::string_view key, double fallback) const {
     const JsonValue* v = Get(key);
@@ -114,7 +125,8 @@ StatusOr<Activation> ActivationOf(const Fields& f, std::string_view key,
 // The causal-LM class a model type builds; a config naming another architecture (a
 // classification head, an encoder) is refused rather than built as something else.
 Status CheckArchitecture(const Fields& f, const std::string& causal_lm);
-// rope_scaling or rope_parameters: a type transformers knows.
+// rope_scaling or rope_parameters: a type transformers knows; transformers 5's parameters per
+// layer type ({"full_attention": {...}, "sliding_attention": {...}}, Gemma 3) each.
 Status CheckRope(const Fields& f, const char* field);
 // A setting that changes the model in a way not modelled: refused when true.
 Status RefuseIfSet(const Fields& f, std::string_view key, const char* why);

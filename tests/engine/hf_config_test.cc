@@ -42,8 +42,8 @@ std::set<std::string> Names(const Graph& g, TensorRole role) {
 
 // The counts of sum(p.numel() for p in model.parameters()) of
 // AutoModelForCausalLM.from_config on the meta device, printed by
-// tests/data/hf_configs/count_params.py (transformers 4.47.1, and 5.17.0 for Qwen3 and Qwen3-MoE), which
-// are the models' published counts.
+// tests/data/hf_configs/count_params.py (transformers 4.47.1, and 5.17.0 for Qwen3, Qwen3-MoE and
+// Gemma 3), which are the models' published counts.
 struct CountCase {
   std::string file;
   int64_t parameters;
@@ -60,7 +60,12 @@ TEST_P(HfParameterCountTest, IsWhatTransformersBuilds) {
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, HfParameterCountTest,
-    testing::Values(CountCase{"gemma-2b", 2'506'172'416}, CountCase{"gpt2", 124'439'808},
+    testing::Values(CountCase{"gemma-2b", 2'506'172'416},
+                    CountCase{"gemma-2-2b", 2'614'341'888},
+                    CountCase{"gemma-2-9b", 9'241'705'984},
+                    CountCase{"gemma-2-27b", 27'227'128'320},
+                    CountCase{"gemma-3-1b-it", 999'885'952},
+                    CountCase{"gemma-3-4b-text", 3'880'263'168}, CountCase{"gpt2", 124'439'808},
                     CountCase{"gpt2-xl", 1'557'611'200},
                     CountCase{"llama-2-7b", 6'738'415'616},
                     CountCase{"llama-3-8b", 8'030'261'248},
@@ -344,7 +349,8 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(
         BadCase{"UnknownType", {{"model_type", "llama9"}},
                 "model.hf_config.config.model_type: 'llama9' is not supported; supported: gemma, "
-                "gpt2, gpt_neox, llama, mistral, mixtral, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe"},
+                "gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mixtral, phi3, qwen2, "
+                "qwen2_moe, qwen3, qwen3_moe"},
         BadCase{"NoType", {{"model_type", nullptr}}, "model.hf_config.config.model_type: missing"},
         BadCase{"MissingSize", {{"hidden_size", nullptr}},
                 "model.hf_config.config.hidden_size: missing; a llama config must give it"},
