@@ -109,6 +109,17 @@ Status ApplyModelHints(const ModelSpec& model, const v1::RunConfig& proto, RunCo
                        " from the config's attn_implementation");
     }
   }
+  const JsonValue* type = hf->config.Find("model_type");
+  const bool gemma2 = type != nullptr && type->kind == JsonValue::Kind::kString &&
+                      type->text == "gemma2";
+  if (gemma2 && notes != nullptr && run->mode == Mode::kTraining &&
+      ResolveAttention(*run) != AttentionImpl::kEager) {
+    notes->push_back(std::string("attention ") + AttentionImplName(ResolveAttention(*run)) +
+                     " for Gemma 2, which transformers recommends training with eager "
+                     "attention: SDPA drops the scores' attn_logit_softcapping, and transformers "
+                     "4.4x runs eager unless sdpa is asked for; --attention eager estimates "
+                     "that run ([T, T] scores, their tanh kept for backward)");
+  }
   return Status::Ok();
 }
 

@@ -310,6 +310,28 @@ TEST(CliTest, HfConfigsEstimateAsTheirPresets) {
             estimate({"--preset", "gpt2-small", "--seq", "1024"}));
 }
 
+// Training Gemma 2 under SDPA (the default on CUDA, as in transformers 5) says that transformers
+// recommends eager attention for it, and how to estimate that; eager or inference say nothing.
+TEST(CliTest, Gemma2TrainingUnderSdpaSaysEagerIsRecommended) {
+  const std::string config = kSourceDir + "/tests/data/hf_configs/gemma-2-2b.json";
+  auto recommends_eager = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"estimate", "--local", "--hf-config", config, "--seq",
+                                     "64",       "--json",  "--no-advice"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = Memest(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    for (const auto& note : nlohmann::json::parse(r.out).value("notes", nlohmann::json::array())) {
+      if (note.get<std::string>().find("recommends training with eager") != std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  };
+  EXPECT_TRUE(recommends_eager({}));
+  EXPECT_FALSE(recommends_eager({"--attention", "eager"}));
+  EXPECT_FALSE(recommends_eager({"--mode", "inference"}));
+}
+
 // A model's directory is read through its config.json.
 TEST(CliTest, HfConfigDirectoryReadsItsConfigJson) {
   const std::string dir = kSourceDir + "/tests/data/hf_configs";
