@@ -6,7 +6,8 @@ Usage (an interpreter with PyTorch 1.13, transformers and memest: build/pyenv/bi
       [--dump DIR] [--layers] [--report FILE]
 
 For each small config of zoo_models.HF whose model_type `memest estimate --hf-config` builds
-(llama, mistral, qwen2, gpt2; qwen3 is not in transformers 4.47.1) and each of its zoo modes
+(llama, mistral, qwen2, gemma, gemma2, phi3, gpt_neox, gpt2, mixtral, qwen2_moe; qwen3,
+qwen3_moe and gemma3_text are not in transformers 4.47.1) and each of its zoo modes
 (training: SGD, first step and steady state; inference), in a child process of its own:
   1. the config as the zoo makes it (transformers' Config class with the zoo's kwargs and vocab
      512, use_cache False) written as config.json (`config.to_dict()`);
@@ -45,9 +46,10 @@ sys.path.insert(0, HERE)
 warnings.filterwarnings("ignore")
 os.environ.setdefault("GLOG_minloglevel", "2")
 
-# model_types memest's --hf-config builds that transformers 4.47.1 has (qwen3 came in 4.51).
-SUPPORTED = ("llama", "mistral", "qwen2", "gemma", "phi3", "gpt_neox", "gpt2", "mixtral",
-             "qwen2_moe")
+# model_types memest's --hf-config builds that transformers 4.47.1 has (qwen3 came in 4.51,
+# gemma3_text in 4.50).
+SUPPORTED = ("llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt_neox", "gpt2",
+             "mixtral", "qwen2_moe")
 STEPS = {"training": [("first", True), ("steady", False)], "inference": [("inference", False)]}
 
 

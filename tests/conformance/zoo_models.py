@@ -49,6 +49,7 @@ KNOWN = {
     ("hf_gemma", TRAIN): "saved 4 bytes short: the embedding normalizer, a 0-dim "
                          "torch.tensor(hidden_size ** 0.5) made in forward, traces as a constant "
                          "that its multiplication's saved tensors do not count",
+    ("hf_gemma2", TRAIN): "saved 4 bytes short: the embedding normalizer, as hf_gemma's",
 }
 
 
@@ -397,6 +398,10 @@ HF = [
     ("gemma", "GemmaForCausalLM", "GemmaConfig",
      dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
           head_dim=16, intermediate_size=128, max_position_embeddings=64), False),
+    ("gemma2", "Gemma2ForCausalLM", "Gemma2Config",
+     dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+          head_dim=16, intermediate_size=128, max_position_embeddings=64, sliding_window=8),
+     False),
     ("phi3", "Phi3ForCausalLM", "Phi3Config",
      dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
           intermediate_size=128, max_position_embeddings=64, pad_token_id=0), False),
