@@ -13,6 +13,7 @@
 #include "engine/passes/rnn_expand.h"
 #include "engine/passes/tensor_parallel.h"
 #include "engine/report/advice.h"
+#include "engine/report/serving.h"
 #include "engine/step/liveness.h"
 #include "engine/step/python_refs.h"
 #include "engine/step/schedule.h"
@@ -20,20 +21,6 @@
 namespace memest {
 
 namespace {
-
-// The device the estimate is for: a catalog entry, a bare capacity, or (neither) a generic
-// device whose fixed costs are used without a fit verdict.
-StatusOr<std::optional<DeviceInfo>> ResolveDevice(const RunConfig& config) {
-  if (!config.device.empty()) {
-    StatusOr<DeviceInfo> d = FindDevice(config.device);
-    if (!d.ok()) return d.status().Prefixed("config.device_name: ");
-    return std::optional<DeviceInfo>(*d);
-  }
-  if (config.device_capacity_bytes > 0) {
-    return std::optional<DeviceInfo>(BareDevice(config.device_capacity_bytes));
-  }
-  return std::optional<DeviceInfo>();
-}
 
 void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegions& regions,
               bool has_device, Report* r) {
@@ -391,6 +378,18 @@ StatusOr<Report> EstimatePipeline(const Graph& built, const RunConfig& config, B
 
 }  // namespace
 
+StatusOr<std::optional<DeviceInfo>> ResolveDevice(const RunConfig& config) {
+  if (!config.device.empty()) {
+    StatusOr<DeviceInfo> d = FindDevice(config.device);
+    if (!d.ok()) return d.status().Prefixed("config.device_name: ");
+    return std::optional<DeviceInfo>(*d);
+  }
+  if (config.device_capacity_bytes > 0) {
+    return std::optional<DeviceInfo>(BareDevice(config.device_capacity_bytes));
+  }
+  return std::optional<DeviceInfo>();
+}
+
 StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
                                const EstimateOptions& options) {
   if (options.budget != nullptr) MEMEST_RETURN_IF_ERROR(options.budget->status());
@@ -415,8 +414,11 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   if (IsAutocast(config.precision)) ctx.autocast = ComputeDType(config.precision);
   ctx.attention = ResolveAttention(config);
   ctx.expert_load = config.expert_load;
+  ctx.serving = config.serving.enabled;
+  ctx.rotary_positions = config.serving.rotary_positions;
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
   ctx.compute_capability = device ? AttentionCapability(*device) : 90;
+  if (device) ctx.multiprocessors = device->multiprocessors;
   // prepare_model_for_kbit_training leaves every parameter that is not 4-bit in float32, and the
   // activations follow: the model is built in float32, its 4-bit weights loaded in the
   // precision's dtype (engine/passes/quantize.h).
@@ -454,6 +456,7 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
                           const EstimateOptions& options) {
   if (options.budget != nullptr) MEMEST_RETURN_IF_ERROR(options.budget->status());
+  if (config.serving.enabled) return EstimateServing(model, config, options);
   MEMEST_ASSIGN_OR_RETURN(Graph graph,
                           BuildStepGraph(model, config, options.max_ops, options.budget));
   Budget unlimited;

@@ -77,6 +77,11 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config,
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
                           const EstimateOptions& options = {});
 
+// The device the estimate is for: a catalog entry (config.device), a bare capacity
+// (config.device_capacity_bytes), or neither (nullopt: a generic device's fixed costs are used
+// without a fit verdict). An unknown name is NOT_FOUND naming config.device_name.
+StatusOr<std::optional<DeviceInfo>> ResolveDevice(const RunConfig& config);
+
 // The same for a graph already built (what advice and inverse queries re-run).
 StatusOr<Report> EstimateGraph(const Graph& graph, const RunConfig& config,
                                const EstimateOptions& options = {});

@@ -78,6 +78,7 @@ Status ValidateRunConfig(const RunConfig& c) {
   MEMEST_RETURN_IF_ERROR(ValidateParallelism(c.parallelism));
   MEMEST_RETURN_IF_ERROR(ValidateLora(c));
   MEMEST_RETURN_IF_ERROR(ValidateQuantization(c));
+  MEMEST_RETURN_IF_ERROR(ValidateServing(c));
   MEMEST_RETURN_IF_ERROR(ValidateSettingsApply(c));
   return Status::Ok();
 }
@@ -312,6 +313,15 @@ const char* ModuleLoadingName(ModuleLoading m) {
   switch (m) {
     case ModuleLoading::kLazy: return "lazy";
     case ModuleLoading::kEager: return "eager";
+  }
+  return "?";
+}
+
+const char* KvCacheDTypeName(KvCacheDType d) {
+  switch (d) {
+    case KvCacheDType::kAuto: return "auto";
+    case KvCacheDType::kFp8E4m3: return "fp8_e4m3";
+    case KvCacheDType::kFp8E5m2: return "fp8_e5m2";
   }
   return "?";
 }

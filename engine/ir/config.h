@@ -218,11 +218,43 @@ constexpr int64_t kMaxLoraRank = int64_t{1} << 20;
 constexpr size_t kMaxLoraModules = 1024;  // also for config.quantization.skip_modules
 inline constexpr char kLoraAllLinear[] = "all-linear";
 
+// The KV cache's element type in a server (vLLM's --kv-cache-dtype): kAuto is the model's dtype;
+// the fp8 formats store one byte per element (float8_e4m3fn, float8_e5m2).
+enum class KvCacheDType : uint8_t { kAuto, kFp8E4m3, kFp8E5m2 };
+
+// The model served by vLLM's engine (V1) on each GPU (docs/serving.md): its weights, the profile
+// run it starts with (one forward of max_num_batched_tokens tokens split over up to max_num_seqs
+// requests, then the sampler on each request's last token), and the paged KV cache it allocates
+// from what gpu_memory_utilization leaves. 0 in a size asks for vLLM's default.
+struct ServingConfig {
+  bool enabled = false;
+  double gpu_memory_utilization = 0.9;  // of the GPU's total memory, for this instance
+  int64_t block_size = 16;              // tokens per KV-cache page
+  int64_t max_num_seqs = 0;             // requests scheduled at once
+  int64_t max_num_batched_tokens = 0;   // tokens in one step (chunked prefill's chunk)
+  int64_t max_model_len = 0;            // the longest request (prompt + output) admitted
+  KvCacheDType kv_cache_dtype = KvCacheDType::kAuto;
+  // Questions a user asks of the KV cache: how many requests of request_tokens tokens run at
+  // once (0: max_model_len's), and the longest request when `concurrency` run at once (0: none).
+  int64_t request_tokens = 0;
+  int64_t concurrency = 0;
+  // Not a setting: the rows of vLLM's rotary cos_sin_cache, the model's context, which the
+  // profile run's graph is built with (EstimateServing sets it; 0: none).
+  int64_t rotary_positions = 0;
+};
+
+// Serving's limits: vLLM's block sizes, and counts beyond any server's.
+constexpr int64_t kMaxServingTokens = int64_t{1} << 24;  // max_model_len, batched tokens
+constexpr int64_t kMaxServingSeqs = int64_t{1} << 20;
+
 // The step as one rank of a multi-GPU job runs it. batch_size stays per rank.
 // How a tensor-parallel plan shards a module's parameters (DTensor's ColwiseParallel and
 // RowwiseParallel, Megatron's ColumnParallelLinear and RowParallelLinear): a linear's output
 // features, or its input features; an embedding's rows (the vocabulary) under kRowwise.
-enum class TensorShardStyle : uint8_t { kColwise, kRowwise };
+// kColwiseGathered: a column-parallel linear whose output is all-gathered whole on every rank
+// (Megatron's ColumnParallelLinear(gather_output=True); vLLM's ParallelLMHead, whose
+// LogitsProcessor all-gathers the logits).
+enum class TensorShardStyle : uint8_t { kColwise, kRowwise, kColwiseGathered };
 struct TensorPlanEntry {
   // A module path pattern: '*' matches any run of characters; a pattern matches a module whose
   // whole path it matches, or the part of the path after a '.' ("attn.c_proj" matches
@@ -286,6 +318,9 @@ struct ParallelismConfig {
   bool sequence_parallel = false;
   // Which modules are sharded, and how. Empty: the default plan for the presets' module names.
   std::vector<TensorPlanEntry> tensor_plan;
+  // The default plan's lm_head all-gathers its logits (kColwiseGathered), as vLLM's does: set by
+  // serving (engine/report/serving.h), not a request's setting.
+  bool gather_lm_head = false;
   // Context-parallel ranks (Megatron-LM's context_parallel_size, TransformerEngine's ring
   // attention): each holds 1/context of every sequence (engine/passes/context_parallel.h).
   int64_t context = 1;
@@ -347,6 +382,7 @@ struct RunConfig {
   LoraConfig lora;
   QuantizationConfig quantization;
   ExpertLoad expert_load = ExpertLoad::kDefault;
+  ServingConfig serving;  // inference only
 
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };
@@ -377,6 +413,12 @@ Status ValidateGpusPerNode(int64_t gpus_per_node);
 // compute dtype, the other fields only with a 4-bit format, skip names non-empty and bounded;
 // the CUDA runtime (bitsandbytes' kernels are CUDA's), and no parallelism but DDP and ZeRO-1/2.
 Status ValidateQuantization(const RunConfig& config);
+
+// config.serving's fields (config_serving.cc, for ValidateRunConfig): sizes in range, a block
+// size vLLM accepts, inference on CUDA with a device to divide, no setting vLLM's engine does not
+// take here (generated tokens, data or pipeline parallelism, adapters, 4-bit weights). The batch
+// size is EstimateServing's to check (engine/report/serving.h): its profile run has one.
+Status ValidateServing(const RunConfig& config);
 
 // config.lora's fields (config_lora.cc, for ValidateRunConfig): a rank in [0, kMaxLoraRank],
 // alpha finite, dropout in [0, 1], target modules given (and only with a rank), names non-empty
@@ -415,6 +457,7 @@ const char* RuntimeName(Runtime r);
 const char* CpuIsaName(CpuIsa isa);
 const char* AttentionImplName(AttentionImpl a);
 const char* ModuleLoadingName(ModuleLoading m);
+const char* KvCacheDTypeName(KvCacheDType d);  // "auto", "fp8_e4m3", "fp8_e5m2"
 const char* DataShardingName(DataSharding s);
 // DeepSpeed's ZeRO stage 1 or 2 (DeepSpeedZeroOptimizer, stage_1_and_2.py).
 inline bool IsDeepSpeedZero(DataSharding s) {

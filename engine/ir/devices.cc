@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <string_view>
 #include <utility>
 
 #include "engine/ir/text.h"
@@ -38,9 +39,25 @@ struct Alias {
   const char* name;
 };
 
+// Streaming multiprocessors (AMD: compute units), from each GPU's data sheet.
+int Multiprocessors(std::string_view name) {
+  static const std::pair<const char*, int> kCounts[] = {
+      {"a100-40gb", 108}, {"a100-80gb", 108}, {"h100-80gb", 132}, {"h100-pcie", 114},
+      {"h200-141gb", 132}, {"b200", 148}, {"l4", 58}, {"t4", 40},
+      {"a6000", 84}, {"rtx-6000-ada", 142}, {"rtx-4090", 128}, {"mi300x", 304},
+      {"h100-nvl", 132}, {"v100-32gb", 80}, {"a10g", 80}, {"l40", 142},
+      {"l40s", 142}, {"rtx-3090", 82},
+  };
+  for (const auto& [gpu, count] : kCounts) {
+    if (name == gpu) return count;
+  }
+  return kDatacenterMultiprocessors;
+}
+
 DeviceInfo Gpu(const char* name, const char* description, int64_t capacity, int64_t context,
                int cc, bool measured) {
   DeviceInfo d;
+  d.multiprocessors = Multiprocessors(name);
   d.name = name;
   d.description = description;
   d.capacity_bytes = capacity;
@@ -210,6 +227,7 @@ DeviceInfo BareDevice(int64_t capacity_bytes) {
   d.cuda_context_bytes = 500 * kMiB;
   d.cublas_workspace_bytes = kHopperWorkspace;
   d.compute_capability = 90;
+  d.multiprocessors = kDatacenterMultiprocessors;
   return d;
 }
 

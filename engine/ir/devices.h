@@ -23,6 +23,9 @@ struct DeviceInfo {
   int64_t cuda_context_bytes = 0;
   int64_t cublas_workspace_bytes = 0;  // per handle and stream, through the caching allocator
   int compute_capability = 0;        // 80 for sm_80; 0 for a GPU that does not run CUDA
+  // Streaming multiprocessors (compute units on AMD): what sizes per-program scratch, such as
+  // vLLM's Triton top-k/top-p buffer (engine/report/serving.h).
+  int multiprocessors = 0;
   // false for a GPU that PyTorch drives through ROCm/HIP (AMD Instinct): memest estimates with
   // its capacity, but Validate, which replays the step with CUDA, refuses it.
   bool cuda = true;
@@ -45,6 +48,9 @@ const std::vector<DeviceInfo>& ListDevices();
 // NOT_FOUND names the catalog ("unknown device 'x'; known: ..."; the caller prefixes its
 // field).
 StatusOr<DeviceInfo> FindDevice(std::string_view name);
+
+// A bare capacity's multiprocessors: an H100 SXM's.
+inline constexpr int kDatacenterMultiprocessors = 132;
 
 // A device of `capacity_bytes` with the fixed costs of a current datacenter GPU.
 DeviceInfo BareDevice(int64_t capacity_bytes);

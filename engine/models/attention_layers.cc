@@ -47,6 +47,16 @@ int ApplyPartialRotary(GraphBuilder& b, int x, int cos, int sin, int64_t rotary_
 
 void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim, int* cos,
                    int* sin) {
+  if (c.rotary_positions > 0) {
+    // vLLM's RotaryEmbedding: cat(cos, sin) of the rotary_dim / 2 frequencies for every position,
+    // [max_position, rotary_dim] in the model dtype (rotary_embedding.py, _compute_cos_sin_cache),
+    // which its kernel reads in place.
+    const int64_t rows = std::max(c.rotary_positions, seq);
+    int v = b.Buffer("cos_sin_cache", {rows, head_dim}, c.param_dtype);
+    v = b.Add1("slice", {v}, {{"dim", Int(0)}, {"start", Int(0)}, {"end", Int(seq)}});
+    *cos = *sin = b.Add1("unsqueeze", {v}, {{"dim", Int(0)}});
+    return;
+  }
   // HF's LlamaRotaryEmbedding returns cos/sin [1, T, head_dim] in the model dtype; the tables
   // are small next to activations, so they stand as buffers here.
   *cos = b.Buffer("cos_cached", {1, seq, head_dim}, c.param_dtype);

@@ -16,6 +16,12 @@ std::string Str(int64_t v) { return std::to_string(v); }
 
 bool Training(const BuildContext& ctx) { return ctx.mode == Mode::kTraining; }
 
+// The KV cache the graph holds: none in training, nor in vLLM's profile run (its paged pool comes
+// after); in inference the prompt's and the generated tokens'.
+int64_t KvCacheLength(const BuildContext& ctx, int64_t seq) {
+  return Training(ctx) || ctx.serving ? 0 : seq + ctx.generate_tokens;
+}
+
 // A spec field's own name where it came from: "d_model" for a preset, "hidden_size" for a config.
 std::string Name(const FieldOf& field, const char* name) {
   const std::string path = field(name);
@@ -35,6 +41,42 @@ int LogitsInput(GraphBuilder& b, const BuildContext& ctx, int h) {
                 {{"dim", AttrInt(1)}, {"start", AttrInt(t - 1)}, {"end", AttrInt(t)}});
 }
 
+// vLLM V1's Sampler on the logits of each request's last token (v1/sample/sampler.py, as the
+// profile run's _dummy_sampler_run drives it: temperature 0.5, top-k and top-p set, no
+// logprobs): logits.to(float32), the temperature divided in place, top-k/top-p masked in place,
+// probs = softmax(float32), q = empty_like(probs).exponential_(), probs.div_(q).argmax(-1). The
+// model-dtype logits stay alive throughout. Top-k/top-p (v1/sample/ops/topk_topp_triton.py,
+// vLLM 0.17-0.19) runs one Triton program per multiprocessor, each with a row of scratch:
+// logits.new_empty([min(SMs, requests), vocab]), cached for the process's life; below 8
+// requests PyTorch's path sorts the logits instead (its sort's values and indices counted).
+void VllmSampler(GraphBuilder& b, int logits, int multiprocessors) {
+  if (!b.ok() || logits < 0) return;
+  const Shape shape = b.shape(logits);
+  const std::string f32(DTypeName(DType::kFloat32));
+  int x = b.Add1("to", {logits}, {{"dtype", f32}});
+  const int upcast = x;
+  Shape temp_shape(shape.size(), 1);
+  temp_shape[0] = shape[0];
+  const int temperature = b.Add1("full", {}, {{"shape", AttrInts(temp_shape)}, {"dtype", f32}});
+  x = b.Add1("div_", {x, temperature});
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  int scratch = -1;
+  if (rows >= 8) {
+    const int64_t programs = std::min<int64_t>(rows, multiprocessors);
+    scratch = b.Add1("full", {}, {{"shape", AttrInts({programs, shape.back()})}, {"dtype", f32}});
+  } else {
+    b.Add("sort", {x}, {{"dim", AttrInt(-1)}});
+  }
+  const int probs = b.Add1("softmax", {x}, {{"dim", AttrInt(-1)}});
+  int q = b.Add1("full", {}, {{"shape", AttrInts(b.shape(probs))}, {"dtype", f32}});
+  q = b.Add1("exponential_", {q});
+  const int ratio = b.Add1("div_", {probs, q});
+  b.Add("max", {ratio}, {{"dim", AttrInt(-1)}});
+  b.HoldUntilLastOp(upcast);  // Sampler.forward's `logits`, while sample() runs
+  b.HoldUntilLastOp(scratch);  // _TRITON_BUFFER_CACHE
+}
+
 // The LM head over the model's last hidden state: lm_head (tied to `embed` or its own weight)
 // on the positions LogitsInput keeps, soft-capped by `softcap` (Gemma 2's
 // final_logit_softcapping; 0: none), and in training HF's ForCausalLMLoss (logits.float(), then
@@ -46,15 +88,26 @@ void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerCont
                        const char* name, int last_hidden_state, int embed, bool tied,
                        int64_t vocab, double softcap = 0.0,
                        const std::function<int(int)>& aux_loss = nullptr) {
-  const int h = LogitsInput(b, ctx, last_hidden_state);
+  int h = LogitsInput(b, ctx, last_hidden_state);
+  int gathered = -1;
+  if (ctx.serving && b.ok() && h >= 0) {
+    // vLLM's profile run: hidden_states[logit_indices] (a gathered copy, which profile_run
+    // keeps), then _dummy_sampler_run's torch.rand_like of it computes the logits.
+    gathered = b.Add1("contiguous", {h});
+    h = b.Add1("full", {}, {{"shape", AttrInts(b.shape(gathered))},
+                            {"dtype", std::string(DTypeName(b.tensor(gathered).dtype))}});
+  }
   int logits = tied ? TiedLinear(b, name, h, embed) : Linear(b, c, name, h, vocab, /*bias=*/false);
   if (softcap > 0) logits = SoftCap(b, logits, softcap);
   if (Training(ctx)) {
     const int loss = CrossEntropyLoss(b, logits, /*upcast=*/true);
     if (aux_loss) b.SetLoss(aux_loss(loss));
+  } else if (ctx.serving) {
+    VllmSampler(b, logits, ctx.multiprocessors);
   }
   b.HoldUntilLastOp(last_hidden_state);
   b.HoldUntilLastOp(logits);
+  b.HoldUntilLastOp(gathered);
 }
 
 // Whole heads: the hidden size splits into `heads` of the same width.
@@ -212,7 +265,7 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
     o.mlp_activation = s.activation;
     o.mask_positions = s.positions;
     o.hold_locals = true;
-    o.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
+    o.kv_cache_len = KvCacheLength(ctx, s.seq);
     h = RepeatBlocks(b, "h.", s.layers, h, [&](int x) { return TransformerBlock(b, c, "", x, o); });
     h = LayerNorm(b, c, "ln_f", h);
     // GPT2Model.forward's locals, until it returns.
@@ -269,7 +322,7 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     o.hold_locals = true;
     o.mlp_activation = s.activation;
     o.attn_dropout = s.attn_dropout;
-    o.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
+    o.kv_cache_len = KvCacheLength(ctx, s.seq);
     o.sandwich_norms = s.sandwich_norms;
     o.attn_scaling = s.attn_scaling;
     o.attn_softcap = s.attn_softcap;
@@ -340,14 +393,17 @@ Status BuildNeoxModel(GraphBuilder& b, const BuildContext& ctx, const NeoxSpec& 
     a.attn_dropout = s.attn_dropout;
     a.resid_dropout = s.hidden_dropout;  // post_attention_dropout
     a.rotary_dim = s.rotary_dim;
-    a.kv_cache_len = Training(ctx) ? 0 : s.seq + ctx.generate_tokens;
+    a.kv_cache_len = KvCacheLength(ctx, s.seq);
     a.hold_locals = true;
     {
       ScopeGuard rotary(b, "rotary_emb");
       RotaryBuffers(b, c, s.seq, s.rotary_dim, &a.rotary_cos, &a.rotary_sin);
     }
     if (c.attention == AttentionImpl::kEager) a.additive_mask = AdditiveCausalMask(b, c, s.seq);
-    h = RepeatBlocks(b, "layers.", s.layers, h, [&](int x) { return NeoxLayer(b, c, x, s, a); });
+    NeoxSpec layer = s;
+    if (ctx.serving) layer.mask_positions = 0;  // transformers 4's mask buffers; vLLM has none
+    h = RepeatBlocks(b, "layers.", s.layers, h,
+                     [&](int x) { return NeoxLayer(b, c, x, layer, a); });
     h = LayerNorm(b, c, "final_layer_norm", h);
     b.HoldUntilLastOp(inputs_embeds);  // GPTNeoXModel.forward's local, until it returns
   }

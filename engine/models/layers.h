@@ -76,6 +76,9 @@ struct LayerContext {
   AttentionImpl attention = AttentionImpl::kEager;
   int compute_capability = 90;
   DType autocast = DType::kFloat32;  // torch.autocast's dtype while building; float32: none
+  // vLLM's rotary embedding: one cos_sin_cache [rotary_positions, rotary_dim] in the model's
+  // dtype, read in place by its kernel. 0: Hugging Face's per-forward tables.
+  int64_t rotary_positions = 0;
   bool training() const { return mode == Mode::kTraining; }
 };
 
@@ -343,8 +346,10 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
                      const BlockOptions& options);
 
 // Llama helpers shared by blocks: rotary cos/sin buffers [seq, head_dim] ("<scope>.cos_cached",
-// "<scope>.sin_cached") and the additive causal mask buffer [1, 1, seq, seq] `name` (HF builds it
-// once per forward in the model dtype and every layer adds it to its scores).
+// "<scope>.sin_cached"; with c.rotary_positions, vLLM's one "<scope>.cos_sin_cache" [positions,
+// head_dim], both tables views of its first seq rows) and the additive causal mask buffer
+// [1, 1, seq, seq] `name` (HF builds it once per forward in the model dtype and every layer adds
+// it to its scores).
 void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim, int* cos,
                    int* sin);
 int AdditiveCausalMask(GraphBuilder& b, const LayerContext& c, int64_t seq,

@@ -38,6 +38,7 @@ LayerContext LayerContextOf(const BuildContext& context) {
                                                               : context.attention;
   c.compute_capability = context.compute_capability;
   c.autocast = context.autocast;
+  c.rotary_positions = context.serving ? context.rotary_positions : 0;
   return c;
 }
 

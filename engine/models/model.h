@@ -123,6 +123,13 @@ struct BuildContext {
   // How mixture-of-experts layers' routers spread the tokens (config.expert_load): the tokens
   // each expert computes on.
   ExpertLoad expert_load = ExpertLoad::kDefault;
+  // vLLM's profile run (config.serving, engine/report/serving.h): inference without a KV cache
+  // in the graph (the server's paged pool is allocated after it), vLLM's sampler on each
+  // sequence's last logits, and the rotary cos_sin_cache vLLM keeps for `rotary_positions`
+  // positions.
+  bool serving = false;
+  int64_t rotary_positions = 0;
+  int multiprocessors = 132;  // the device's, which size vLLM's top-k/top-p scratch
 };
 
 // The LayerContext (engine/models/layers.h) a front end builds its layers with.

@@ -73,7 +73,7 @@ StatusOr<int> PlanDim(const Graph& g, const Readers& readers, int p, TensorShard
   size_t k = 0;
   const int i = readers.ConsumerOf(g, p, &k);
   const std::string kind = i < 0 ? std::string() : g.ops[i].kind;
-  const bool col = style == TensorShardStyle::kColwise;
+  const bool col = style != TensorShardStyle::kRowwise;
   if (kind == "linear") return k == 1 ? (col ? 0 : 1) : (col ? 0 : -1);
   if (kind == "addmm") return k == 2 ? (col ? 1 : 0) : k == 0 ? (col ? 0 : -1) : -1;
   if (kind == "embedding" && k == 0 && !col) return 0;
@@ -210,25 +210,35 @@ bool PlanMatches(std::string_view pattern, std::string_view module) {
   return false;
 }
 
-const std::vector<TensorPlanEntry>& DefaultTensorPlan() {
-  static const std::vector<TensorPlanEntry> kPlan = [] {
-    std::vector<TensorPlanEntry> plan;
-    for (const char* m : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "c_attn", "c_fc",
-                          "lm_head", "query", "key", "value", "intermediate.dense"}) {
-      plan.push_back({m, TensorShardStyle::kColwise});
-    }
-    for (const char* m : {"o_proj", "down_proj", "c_proj", "output.dense", "wte", "embed_tokens"}) {
-      plan.push_back({m, TensorShardStyle::kRowwise});
-    }
-    return plan;
-  }();
-  return kPlan;
+namespace {
+
+std::vector<TensorPlanEntry> MakeDefaultPlan(TensorShardStyle head) {
+  std::vector<TensorPlanEntry> plan;
+  for (const char* m : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "c_attn", "c_fc",
+                        "lm_head", "query", "key", "value", "intermediate.dense"}) {
+    plan.push_back({m, std::string_view(m) == "lm_head" ? head : TensorShardStyle::kColwise});
+  }
+  for (const char* m : {"o_proj", "down_proj", "c_proj", "output.dense", "wte", "embed_tokens"}) {
+    plan.push_back({m, TensorShardStyle::kRowwise});
+  }
+  return plan;
+}
+
+}  // namespace
+
+const std::vector<TensorPlanEntry>& DefaultTensorPlan(bool gather_lm_head) {
+  static const auto* plain = new std::vector<TensorPlanEntry>(
+      MakeDefaultPlan(TensorShardStyle::kColwise));
+  static const auto* gathered = new std::vector<TensorPlanEntry>(
+      MakeDefaultPlan(TensorShardStyle::kColwiseGathered));
+  return gather_lm_head ? *gathered : *plain;
 }
 
 StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const ParallelismConfig& config) {
   const int64_t t = config.tensor;
   const bool given = !config.tensor_plan.empty();
-  const std::vector<TensorPlanEntry>& plan = given ? config.tensor_plan : DefaultTensorPlan();
+  const std::vector<TensorPlanEntry>& plan =
+      given ? config.tensor_plan : DefaultTensorPlan(config.gather_lm_head);
   TensorParallelView view;
   view.size = t;
   view.sequence_parallel = config.sequence_parallel;
@@ -261,7 +271,12 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
       }
       leaf.shape[d] /= t;
       leaf.strides = ContiguousStrides(leaf.shape);
-      split[p] = Split{d, false};
+      // A tied lm_head reads the embedding's vocabulary-split weight: with gather_lm_head its
+      // logits are gathered too.
+      const bool tied_head = config.gather_lm_head && !given &&
+                             plan[e].style == TensorShardStyle::kRowwise && d == 0;
+      split[p] = Split{d, false,
+                       plan[e].style == TensorShardStyle::kColwiseGathered || tied_head};
       ++view.sharded_params;
       break;
     }

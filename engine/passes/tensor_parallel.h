@@ -69,8 +69,9 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
 // transformer modules (Hugging Face's names): q_proj, k_proj, v_proj, gate_proj, up_proj,
 // c_attn, c_fc, lm_head, BERT's query, key, value and intermediate.dense colwise; o_proj,
 // down_proj, c_proj and BERT's output.dense rowwise; the token embeddings (wte, embed_tokens)
-// rowwise, by vocabulary.
-const std::vector<TensorPlanEntry>& DefaultTensorPlan();
+// rowwise, by vocabulary. gather_lm_head: lm_head kColwiseGathered (config.parallelism's
+// gather_lm_head, vLLM's gathered logits).
+const std::vector<TensorPlanEntry>& DefaultTensorPlan(bool gather_lm_head = false);
 
 // Whether `pattern` matches module path `module` (TensorPlanEntry::module).
 bool PlanMatches(std::string_view pattern, std::string_view module);

@@ -19,6 +19,9 @@ namespace tensor_parallel {
 struct Split {
   int dim = -1;
   bool sequence = false;
+  // A column-parallel weight whose linear's output is all-gathered whole (kColwiseGathered);
+  // not part of the split's identity.
+  bool gather = false;
   bool none() const { return dim < 0; }
   bool operator==(const Split& o) const { return dim == o.dim && sequence == o.sequence; }
   bool operator!=(const Split& o) const { return !(*this == o); }

@@ -57,8 +57,15 @@ Status Sharder::Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1
     } else {
       attrs["input_grad"] = std::string("all_reduce");
     }
-    return AddChecked(i, b, map, "megatron_linear", std::move(inputs), std::move(attrs),
-                      {Split{r - 1, false}});
+    MEMEST_RETURN_IF_ERROR(AddChecked(i, b, map, "megatron_linear", std::move(inputs),
+                                      std::move(attrs), {Split{r - 1, false}}));
+    if (w.gather) {
+      const int y = op.outputs[0];
+      map[y] = b.Add1("tp_all_gather", {map[y]}, {{"tp", t_}, {"dim", int64_t{r - 1}}});
+      split_[y] = Split{};
+      ++view_->collectives;
+    }
+    return b.status();
   }
   if (x != Split{r - 1, false}) {
     return Refuse(i, "a row-parallel linear reads input features that no column-parallel linear "

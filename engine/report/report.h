@@ -113,6 +113,45 @@ struct PipelineReport {
   std::vector<PipelineStageReport> per_stage;
 };
 
+// A model served by vLLM (config.serving; engine/report/serving.h): the settings it ran with,
+// its startup budget on this GPU and what the KV cache it allocates holds.
+struct ServingReport {
+  // vLLM's settings, its defaults filled in.
+  double gpu_memory_utilization = 0;
+  int64_t block_size = 0;
+  int64_t max_num_seqs = 0;
+  int64_t max_num_batched_tokens = 0;
+  int64_t max_model_len = 0;
+  std::string kv_cache_dtype;     // the element type its pages store: "bfloat16", "fp8_e4m3", ..
+  int64_t profile_requests = 0;   // the profile run's requests: min(max_num_seqs, batched tokens)
+  // The budget (gpu_worker.py, determine_available_memory): requested = total * utilization;
+  // the KV cache gets requested - weights - activation peak - non-torch.
+  int64_t requested_bytes = 0;
+  int64_t weights_bytes = 0;          // what load_model allocates: parameters and buffers
+  int64_t activation_peak_bytes = 0;  // the profile run's peak above the weights
+  int64_t non_torch_bytes = 0;        // memory outside PyTorch's allocator the profile adds
+  int64_t kv_cache_bytes = 0;         // "Available KV cache memory" (negative: none left)
+  // The pages: every layer's keys and values of block_size tokens on this GPU.
+  int64_t kv_bytes_per_token = 0;     // all layers on this GPU
+  int64_t kv_layers = 0;
+  int64_t num_blocks = 0;             // block 0 is vLLM's null block; the rest hold requests
+  int64_t kv_tokens = 0;              // "GPU KV cache size: N tokens" (num_blocks * block_size)
+  double max_concurrency = 0;         // "Maximum concurrency for max_model_len tokens per request"
+  // The questions: requests of request_tokens that fit at once (and run at once, within
+  // max_num_seqs), and the longest request when `concurrency` run at once (0: not asked).
+  int64_t request_tokens = 0;
+  int64_t concurrent_requests = 0;
+  int64_t concurrency = 0;
+  int64_t longest_request = 0;
+  // The longest request the cache holds alone (vLLM's "estimated maximum model length").
+  int64_t longest_single_request = 0;
+  // Before the budget: the CUDA context (and NCCL's communicators with tensor parallelism), which
+  // vLLM's startup check wants room for beside requested_bytes.
+  int64_t baseline_bytes = 0;
+  bool starts = false;
+  std::string refusal;  // vLLM's error when it does not start
+};
+
 struct Report {
   int64_t parameter_count = 0;
   int64_t trainable_parameter_count = 0;
@@ -138,6 +177,7 @@ struct Report {
   std::vector<std::string> notes;  // assumptions the estimate made
   std::optional<DataParallelReport> data_parallel;  // with config.parallelism
   std::optional<PipelineReport> pipeline;           // with config.parallelism.pipeline > 1
+  std::optional<ServingReport> serving;             // with config.serving
   // The share of forward ops checkpointing runs again in backward (ops in checkpointed regions
   // over all ops; 0 without checkpointing).
   double recompute_fraction = 0;

@@ -113,6 +113,8 @@ void RegisterCopyRules(std::vector<OpRule>* r) {
   r->push_back({"clone", 1, 1, InferClone, PassGrad});
   r->push_back({"copy_", 2, 2, InferCopyInto, CopyIntoMemory});
   r->push_back({"fill_", 1, 1, InferFill, NoSaves});
+  // exponential_(x): x filled in place with random draws (vLLM's sampler's q): as fill_.
+  r->push_back({"exponential_", 1, 1, InferFill, NoSaves});
   r->push_back({"pad", 1, 1, InferPad, NoSaves});
   r->push_back({"roll", 1, 1, InferRoll, RollMemory});
 }

@@ -67,11 +67,13 @@
 //                                    mask computed from constants and buffers): no gradient
 //   expand and full take batch_dim: the dim of `shape` that is the micro-batch (rescaled with it)
 //   pad(x; pad=[left, right, ...], value=0)   roll(x; shifts, dims)   clone(x)
-//   fill_(x; value=0) in place   norm(x; p=2, dim=[...], keepdim=0)   clamp(x; min?, max?)
+//   fill_(x; value=0) in place   exponential_(x) in place (random draws, as fill_)
+//   norm(x; p=2, dim=[...], keepdim=0)   clamp(x; min?, max?)
 //   copy_(dst, src) in place: src broadcast to dst and converted to its dtype
 //   Tensor parallelism's, added by engine/passes/tensor_parallel.h (engine/rules/parallel.cc):
 //   megatron_linear(x, weight, bias?; tp, gather_dim=-1, input_grad, weight_layout)
 //   tp_all_reduce(x; tp)  tp_reduce_scatter(x; tp, dim)  tp_scatter(x; tp, dim)
+//   tp_all_gather(x; tp, dim)   (a gathered column-parallel output: vLLM's logits)
 //   vocab_parallel_embedding(weight, ids; tp)  vocab_parallel_cross_entropy(logits, target; tp)
 //   cp_attention(q, k, v; cp, is_causal=0)   (context parallelism: engine/passes/context_parallel.h)
 //   linear_4bit(x, weight, bias?; out_features, weight_dtype, double_quant=0, autocast=""):

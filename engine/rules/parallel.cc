@@ -20,6 +20,10 @@
 //   tp_scatter(x; tp, dim)      scatter_to_sequence_parallel_region then clone (Megatron's
 //                               clone_scatter_output_in_embedding): this rank's chunk along dim as
 //                               a new tensor; backward all-gathers into a new tensor of x's shape
+//   tp_all_gather(x; tp, dim)   _GatherFromModelParallelRegion (ColumnParallelLinear with
+//                               gather_output, vLLM's LogitsProcessor._gather_logits): every
+//                               rank's shard along dim, a new tensor tp times x's size there;
+//                               backward keeps the rank's chunk of the gradient, a new tensor
 //   vocab_parallel_embedding(weight[V/tp, d], ids; tp)   VocabParallelEmbedding before its
 //                               reduction: the rank's rows looked up, the others' tokens zeroed
 //   vocab_parallel_cross_entropy(logits[.., V/tp], target[..]; tp)   _VocabParallelCrossEntropy:
@@ -128,6 +132,19 @@ StatusOr<std::vector<OutputSpec>> InferShard(const OpCall& c) {
   y[d] /= tp;
   return std::vector<OutputSpec>{{y, c.in(0).dtype}};
 }
+
+StatusOr<std::vector<OutputSpec>> InferGather(const OpCall& c) {
+  MEMEST_ASSIGN_OR_RETURN(int64_t tp, GroupSize(c));
+  MEMEST_ASSIGN_OR_RETURN(int d, ShardDim(c, 1));
+  Shape y = c.in(0).shape;
+  StatusOr<int64_t> whole = CheckedMul(y[d], tp);
+  if (!whole.ok()) return whole.status().Prefixed(AttrField(c, "tp") + ": ");
+  y[d] = *whole;
+  return std::vector<OutputSpec>{{y, c.in(0).dtype}};
+}
+
+// NCCL gathers into the new output: nothing else, and nothing saved.
+void GatherMemory(const OpCall&, OpMemory*) {}
 
 // The reduce-scatter reads `input_.contiguous()`: a copy of a strided input while it runs.
 void ReduceScatterMemory(const OpCall& c, OpMemory* m) {
@@ -288,6 +305,7 @@ void RegisterParallelRules(std::vector<OpRule>* rules) {
   rules->push_back({"tp_all_reduce", 1, 1, InferAllReduce, PassGradient});
   rules->push_back({"tp_reduce_scatter", 1, 1, InferShard, ReduceScatterMemory});
   rules->push_back({"tp_scatter", 1, 1, InferShard, ScatterMemory});
+  rules->push_back({"tp_all_gather", 1, 1, InferGather, GatherMemory});
   rules->push_back({"vocab_parallel_embedding", 2, 2, InferVocabEmbedding, VocabEmbeddingMemory});
   rules->push_back({"vocab_parallel_cross_entropy", 2, 2, InferVocabCrossEntropy,
                     VocabCrossEntropyMemory});

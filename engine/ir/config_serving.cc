@@ -1,0 +1,85 @@
+// config.serving's checks (engine/ir/config.h, ValidateServing).
+#include <cmath>
+#include <string>
+
+#include "engine/ir/config.h"
+
+namespace memest {
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+Status InRange(int64_t value, int64_t most, const char* field) {
+  if (value >= 0 && value <= most) return Status::Ok();
+  return InvalidArgument(std::string("config.serving.") + field + ": must be in [1, " +
+                         Str(most) + "] (0 or unset: vLLM's default), got " + Str(value));
+}
+
+}  // namespace
+
+Status ValidateServing(const RunConfig& c) {
+  const ServingConfig& s = c.serving;
+  if (!s.enabled) return Status::Ok();
+  if (!(s.gpu_memory_utilization > 0 && s.gpu_memory_utilization <= 1)) {
+    return InvalidArgument("config.serving.gpu_memory_utilization: must be in (0, 1], got " +
+                           std::to_string(s.gpu_memory_utilization));
+  }
+  // vLLM's CacheConfig.block_size: Literal[1, 8, 16, 32, 64, 128].
+  const int64_t b = s.block_size;
+  if (b != 1 && b != 8 && b != 16 && b != 32 && b != 64 && b != 128) {
+    return InvalidArgument("config.serving.block_size: must be 1, 8, 16, 32, 64 or 128 (vLLM's "
+                           "block sizes), got " + Str(b));
+  }
+  MEMEST_RETURN_IF_ERROR(InRange(s.max_num_seqs, kMaxServingSeqs, "max_num_seqs"));
+  MEMEST_RETURN_IF_ERROR(
+      InRange(s.max_num_batched_tokens, kMaxServingTokens, "max_num_batched_tokens"));
+  MEMEST_RETURN_IF_ERROR(InRange(s.max_model_len, kMaxServingTokens, "max_model_len"));
+  MEMEST_RETURN_IF_ERROR(InRange(s.request_tokens, kMaxServingTokens, "request_tokens"));
+  MEMEST_RETURN_IF_ERROR(InRange(s.concurrency, kMaxServingSeqs, "concurrency"));
+  if (s.max_num_seqs > 0 && s.max_num_batched_tokens > 0 &&
+      s.max_num_batched_tokens < s.max_num_seqs) {
+    // SchedulerConfig's check: every scheduled request takes at least one token of the step.
+    return InvalidArgument("config.serving.max_num_batched_tokens: must be at least max_num_seqs " +
+                           Str(s.max_num_seqs) + ", got " + Str(s.max_num_batched_tokens));
+  }
+  if (s.max_model_len > 0 && s.request_tokens > s.max_model_len) {
+    return InvalidArgument("config.serving.request_tokens: " + Str(s.request_tokens) +
+                           " is longer than max_model_len " + Str(s.max_model_len) +
+                           ", which the server refuses");
+  }
+  if (s.max_num_seqs > 0 && s.concurrency > s.max_num_seqs) {
+    return InvalidArgument("config.serving.concurrency: " + Str(s.concurrency) +
+                           " requests never run at once with max_num_seqs " +
+                           Str(s.max_num_seqs));
+  }
+  if (c.mode != Mode::kInference) {
+    return InvalidArgument("config.serving: a server runs inference; the mode is training");
+  }
+  if (c.runtime != Runtime::kCuda) {
+    return InvalidArgument("config.serving: vLLM's engine runs on CUDA, not the cpu-1.13 runtime");
+  }
+  if (c.device.empty() && c.device_capacity_bytes == 0) {
+    return InvalidArgument("config.serving: the KV cache takes what the GPU's memory leaves; name "
+                           "a device (config.device_name or config.device_capacity_bytes)");
+  }
+  if (c.generate_tokens > 0) {
+    return InvalidArgument("config.generate_tokens: a server's requests end as they will "
+                           "(config.serving.max_model_len bounds them); leave it unset");
+  }
+  if (c.parallelism.pipeline > 1 || c.parallelism.context > 1 || c.parallelism.data > 1 ||
+      c.parallelism.sharding != DataSharding::kNone) {
+    return InvalidArgument("config.parallelism: a served model is modelled with tensor "
+                           "parallelism only (vLLM's --tensor-parallel-size); data-parallel "
+                           "replicas are each their own estimate");
+  }
+  if (c.lora.rank > 0) {
+    return InvalidArgument("config.lora: vLLM's LoRA serving (its adapter slots) is not modelled");
+  }
+  if (c.quantization.format != WeightFormat::kDense) {
+    return InvalidArgument("config.quantization: vLLM's quantized kernels are not modelled; "
+                           "estimate the dense model");
+  }
+  return Status::Ok();
+}
+
+}  // namespace memest

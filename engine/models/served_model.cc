@@ -1,0 +1,130 @@
+// A served model's context length and its description at another sequence length
+// (engine/models/served_model.h).
+#include "engine/models/served_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "engine/models/hf_fields.h"
+#include "engine/models/presets.h"
+
+namespace memest {
+namespace {
+
+using hf::Field;
+using hf::Kind;
+using hf::WrongKind;
+
+Status NotServed(const char* what) {
+  return InvalidArgument(std::string("model: ") + what +
+                         " is not served here; serving takes a decoder language model: a GPT-2 "
+                         "or Llama preset, or a Hugging Face config (model.hf_config)");
+}
+
+const PresetInfo* FindPresetInfo(const std::string& name) {
+  for (const PresetInfo& p : ListPresets()) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+StatusOr<int64_t> PresetContext(const PresetSpec& spec) {
+  const PresetInfo* info = FindPresetInfo(spec.name);
+  if (info == nullptr) return NotFound("model.preset.name: unknown preset '" + spec.name + "'");
+  if (info->family != "gpt2" && info->family != "llama") return NotServed("this preset");
+  const auto given = spec.params.find("seq");
+  if (given != spec.params.end()) return given->second;
+  for (const PresetParam& p : info->params) {
+    if (p.name == "seq") return p.default_value;
+  }
+  return NotServed("this preset");
+}
+
+// The max_position_embeddings of a transformers Config class, for a config that leaves it out.
+int64_t ClassPositions(const std::string& type) {
+  if (type == "mistral" || type == "mixtral") return 4096 * 32;
+  if (type == "qwen2" || type == "qwen2_moe" || type == "qwen3" || type == "qwen3_moe") {
+    return 32768;
+  }
+  if (type == "gemma") return 8192;
+  if (type == "phi3") return 4096;
+  if (type == "gpt2") return 1024;  // n_positions
+  return 2048;                      // LlamaConfig, GPTNeoXConfig; vLLM's own fallback
+}
+
+StatusOr<double> Number(const JsonValue& scaling, const std::string& field, const char* key) {
+  const JsonValue* v = scaling.Find(key);
+  if (v == nullptr || v->kind == Kind::kNull) return 0.0;
+  if (v->kind != Kind::kNumber || !(v->number > 0) || !std::isfinite(v->number)) {
+    return InvalidArgument(Field(field + "." + key) + ": must be a positive number");
+  }
+  return v->number;
+}
+
+StatusOr<int64_t> ConfigContext(const HfConfigSpec& spec) {
+  const JsonValue& config = spec.config;
+  const JsonValue* type_value = config.Find("model_type");
+  const std::string type =
+      type_value != nullptr && type_value->kind == Kind::kString ? type_value->text : "";
+  static const char* const kKeys[] = {
+      "max_position_embeddings", "n_positions",         "max_seq_len",
+      "seq_length",              "model_max_length",    "max_target_positions",
+      "max_sequence_length",     "max_seq_length",      "seq_len"};
+  const hf::Fields f(config, type);
+  double derived = 0;
+  for (const char* key : kKeys) {
+    MEMEST_ASSIGN_OR_RETURN(int64_t v, f.Size(key, 0));
+    if (v > 0) derived = derived == 0 ? v : std::min<double>(derived, v);
+  }
+  if (derived == 0) derived = static_cast<double>(ClassPositions(type));
+  for (const char* field : {"rope_scaling", "rope_parameters"}) {
+    const JsonValue* scaling = f.Get(field);
+    if (scaling == nullptr) continue;
+    if (scaling->kind != Kind::kObject) return WrongKind(field, "an object", *scaling);
+    const JsonValue* rope = scaling->Find("rope_type");
+    if (rope == nullptr || rope->kind != Kind::kString) rope = scaling->Find("type");
+    const std::string rope_type = rope != nullptr && rope->kind == Kind::kString ? rope->text : "";
+    if (rope_type == "llama3" || rope_type == "longrope" || rope_type == "su") break;
+    MEMEST_ASSIGN_OR_RETURN(double factor, Number(*scaling, field, "factor"));
+    if (factor == 0) break;
+    if (rope_type == "yarn") {
+      MEMEST_ASSIGN_OR_RETURN(double original,
+                              Number(*scaling, field, "original_max_position_embeddings"));
+      if (original > 0) derived = original;
+    }
+    derived *= factor;
+    break;
+  }
+  if (!(derived >= 1 && derived <= static_cast<double>(kMaxServingTokens))) {
+    return InvalidArgument(Field("max_position_embeddings") + ": the context it gives (" +
+                           std::to_string(derived) + " tokens) is beyond " +
+                           std::to_string(kMaxServingTokens));
+  }
+  return static_cast<int64_t>(derived);
+}
+
+}  // namespace
+
+StatusOr<int64_t> ServedContextLength(const ModelSpec& model) {
+  if (const auto* preset = std::get_if<PresetSpec>(&model.source)) return PresetContext(*preset);
+  if (const auto* hf = std::get_if<HfConfigSpec>(&model.source)) return ConfigContext(*hf);
+  if (std::holds_alternative<LayerModelSpec>(model.source)) return NotServed("a layer list");
+  return NotServed("an op graph");
+}
+
+StatusOr<ModelSpec> WithSequence(const ModelSpec& model, int64_t seq) {
+  ModelSpec out = model;
+  if (auto* preset = std::get_if<PresetSpec>(&out.source)) {
+    MEMEST_RETURN_IF_ERROR(PresetContext(*preset).status());
+    preset->params["seq"] = seq;
+    return out;
+  }
+  if (auto* hf = std::get_if<HfConfigSpec>(&out.source)) {
+    hf->seq = seq;
+    return out;
+  }
+  return ServedContextLength(model).status();
+}
+
+}  // namespace memest

@@ -1,0 +1,249 @@
+// vLLM's startup on one GPU: the profile run, the KV-cache budget and its pages
+// (engine/report/serving.h).
+#include "engine/report/serving.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "engine/ir/devices.h"
+#include "engine/models/served_model.h"
+#include "engine/passes/tensor_parallel.h"
+
+namespace memest {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+std::string Gib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f", static_cast<double>(bytes) / kGiB);
+  return text;
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// What vLLM 0.19.0 allocated outside PyTorch between its startup snapshot and the end of its
+// profile run (the "non-torch forward increase"), and what its startup snapshot held beyond the
+// CUDA context (NCCL's communicators), on H100-80GB: 0.24-0.27 GiB on one GPU, 2.06-2.21 GiB
+// with tensor parallelism, and 1.02-1.04 GiB at the snapshot (docs/serving.md, llm-d-planner's
+// logs). The largest of each is taken: the KV cache is never promised more than vLLM gives it.
+int64_t NonTorchBytes(int64_t tensor) { return tensor > 1 ? 2263 * kMiB : 277 * kMiB; }
+int64_t SnapshotNcclBytes(int64_t tensor) { return tensor > 1 ? 1065 * kMiB : 0; }
+
+// `vllm serve`'s defaults for max_num_seqs and max_num_batched_tokens (engine/arg_utils.py,
+// _set_default_args, OPENAI_API_SERVER): a GPU of at least 70 GiB that is not an A100 gets
+// 1024 and 8192, the others 256 and 2048.
+bool LargeGpu(const DeviceInfo& device) {
+  return device.capacity_bytes >= 70 * kGiB && device.name.find("a100") == std::string::npos;
+}
+
+Status Refuse(const std::string& field, const std::string& message) {
+  return InvalidArgument(field + ": " + message);
+}
+
+// vLLM's settings with its defaults filled in, checked together.
+StatusOr<ServingReport> ResolveSettings(const ModelSpec& model, const RunConfig& config,
+                                        const DeviceInfo& device) {
+  const ServingConfig& c = config.serving;
+  ServingReport s;
+  s.gpu_memory_utilization = c.gpu_memory_utilization;
+  s.block_size = c.block_size;
+  MEMEST_ASSIGN_OR_RETURN(const int64_t context, ServedContextLength(model));
+  if (c.max_model_len > context) {
+    return Refuse("config.serving.max_model_len",
+                  Str(c.max_model_len) + " is beyond the model's context of " + Str(context) +
+                      " tokens, which vLLM refuses (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)");
+  }
+  s.max_model_len = c.max_model_len > 0 ? c.max_model_len : context;
+  const bool large = LargeGpu(device);
+  s.max_num_batched_tokens =
+      c.max_num_batched_tokens > 0 ? c.max_num_batched_tokens : (large ? 8192 : 2048);
+  s.max_num_seqs = c.max_num_seqs > 0 ? c.max_num_seqs
+                                      : std::min<int64_t>(large ? 1024 : 256,
+                                                          s.max_num_batched_tokens);
+  if (s.max_num_batched_tokens < s.max_num_seqs) {
+    return Refuse("config.serving.max_num_seqs",
+                  Str(s.max_num_seqs) + " is more than max_num_batched_tokens " +
+                      Str(s.max_num_batched_tokens) +
+                      " (each scheduled request takes a token of the step)");
+  }
+  s.request_tokens = c.request_tokens > 0 ? c.request_tokens : s.max_model_len;
+  if (s.request_tokens > s.max_model_len) {
+    return Refuse("config.serving.request_tokens",
+                  Str(s.request_tokens) + " is longer than max_model_len " +
+                      Str(s.max_model_len) + ", which the server refuses");
+  }
+  if (c.concurrency > s.max_num_seqs) {
+    return Refuse("config.serving.concurrency",
+                  Str(c.concurrency) + " requests never run at once with max_num_seqs " +
+                      Str(s.max_num_seqs));
+  }
+  s.concurrency = c.concurrency;
+  s.profile_requests = std::min(s.max_num_seqs, s.max_num_batched_tokens);
+  return s;
+}
+
+// The KV cache's bytes per token over every layer on this GPU: the model built for one token of
+// one sequence in inference, tensor parallelism applied, its caches' elements at the served
+// element type. Sets s->kv_layers and s->kv_cache_dtype.
+Status ReadKvLayout(const ModelSpec& model, const RunConfig& config, int64_t max_ops,
+                    Budget* budget, ServingReport* s) {
+  RunConfig one = config;
+  one.serving = ServingConfig{};
+  one.batch_size = 1;
+  one.parallelism = ParallelismConfig{};
+  one.attention = AttentionImpl::kFlash;
+  MEMEST_ASSIGN_OR_RETURN(ModelSpec token, WithSequence(model, 1));
+  MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildStepGraph(token, one, max_ops, budget));
+  if (config.parallelism.tensor > 1) {
+    MEMEST_ASSIGN_OR_RETURN(TensorParallelView view,
+                            ShardTensorParallel(graph, config.parallelism));
+    graph = std::move(view.graph);
+  }
+  const KvCacheDType kv = config.serving.kv_cache_dtype;
+  int64_t bytes = 0, caches = 0;
+  for (const Tensor& t : graph.tensors) {
+    if (!t.kv_cache || t.shape.size() != 4) continue;
+    const int64_t element = kv == KvCacheDType::kAuto ? DTypeSize(t.dtype) : 1;
+    bytes += t.shape[1] * t.shape[3] * element;  // [1, kv_heads, 1, head_dim]
+    ++caches;
+    if (kv == KvCacheDType::kAuto) s->kv_cache_dtype = std::string(DTypeName(t.dtype));
+  }
+  if (caches == 0) return InvalidArgument("model: has no attention KV cache to serve from");
+  if (kv != KvCacheDType::kAuto) s->kv_cache_dtype = KvCacheDTypeName(kv);
+  s->kv_layers = caches / 2;
+  s->kv_bytes_per_token = bytes;
+  return Status::Ok();
+}
+
+// The budget, the pages and the answers, from the profile run's peak.
+void DivideMemory(const Report& profile, const DeviceInfo& device, int64_t tensor,
+                  ServingReport* s) {
+  const int64_t total = device.capacity_bytes;
+  s->requested_bytes =
+      static_cast<int64_t>(std::floor(static_cast<double>(total) * s->gpu_memory_utilization));
+  s->weights_bytes = profile.peak.by_category[static_cast<int>(Category::kParameters)];
+  s->activation_peak_bytes = profile.peak.allocated_bytes - s->weights_bytes;
+  s->non_torch_bytes = NonTorchBytes(tensor);
+  s->kv_cache_bytes = s->requested_bytes - profile.peak.allocated_bytes - s->non_torch_bytes;
+  s->baseline_bytes = device.cuda_context_bytes + SnapshotNcclBytes(tensor);
+  const int64_t block_bytes = s->block_size * s->kv_bytes_per_token;  // a page of every layer
+  const int64_t blocks = s->kv_cache_bytes > 0 ? s->kv_cache_bytes / block_bytes : 0;
+  s->num_blocks = blocks;
+  s->kv_tokens = blocks * s->block_size;
+  s->max_concurrency =
+      static_cast<double>(blocks) / static_cast<double>(CeilDiv(s->max_model_len, s->block_size));
+  const int64_t usable = std::max<int64_t>(blocks - 1, 0);  // block 0 is the null block
+  s->concurrent_requests = std::min(s->max_num_seqs,
+                                    usable / CeilDiv(s->request_tokens, s->block_size));
+  if (s->concurrency > 0) {
+    s->longest_request = std::min(s->max_model_len, usable / s->concurrency * s->block_size);
+  }
+  s->longest_single_request = std::min(s->max_model_len, blocks * s->block_size);
+  const int64_t free_at_start = total - s->baseline_bytes;
+  const int64_t needed = CeilDiv(s->max_model_len, s->block_size) * block_bytes;
+  if (free_at_start < s->requested_bytes) {
+    s->refusal = "Free memory on device (" + Gib(free_at_start) + "/" + Gib(total) +
+                 " GiB) on startup is less than desired GPU memory utilization (" +
+                 std::to_string(s->gpu_memory_utilization) + ", " + Gib(s->requested_bytes) +
+                 " GiB)";
+  } else if (s->kv_cache_bytes <= 0) {
+    s->refusal = "No available memory for the cache blocks: the weights, the profile run's "
+                 "activations and the memory outside PyTorch take " +
+                 Gib(profile.peak.allocated_bytes + s->non_torch_bytes) + " GiB of the " +
+                 Gib(s->requested_bytes) + " GiB requested";
+  } else if (needed > s->kv_cache_bytes) {
+    s->refusal = "To serve at least one request with the model's max seq len (" +
+                 Str(s->max_model_len) + "), " + Gib(needed) +
+                 " GiB KV cache is needed, which is larger than the available KV cache memory (" +
+                 Gib(s->kv_cache_bytes) + " GiB); the estimated maximum model length is " +
+                 Str(s->longest_single_request);
+  }
+  s->starts = s->refusal.empty();
+}
+
+DeviceFit ServingFit(const DeviceInfo& device, const Report& profile, const ServingReport& s) {
+  DeviceFit fit;
+  fit.device = device.name;
+  fit.capacity_bytes = device.capacity_bytes;
+  // What the server takes: its share of the GPU, or when that cannot hold the weights, the
+  // profile and one longest request, those.
+  const int64_t least = profile.peak.allocated_bytes + s.non_torch_bytes +
+                        CeilDiv(s.max_model_len, s.block_size) * s.block_size *
+                            s.kv_bytes_per_token;
+  fit.required_bytes = s.baseline_bytes + std::max(s.requested_bytes, least);
+  fit.fits = s.starts;
+  fit.headroom_bytes = fit.capacity_bytes - fit.required_bytes;
+  return fit;
+}
+
+void AddServingNotes(const ServingReport& s, int64_t tensor, Report* r) {
+  r->notes.push_back(
+      "serving: vLLM V1's startup as 0.11-0.19 run it: the breakdown and peak are its profile "
+      "run, " + Str(s.max_num_batched_tokens) + " tokens in " + Str(s.profile_requests) +
+      " requests (attention fused, no KV cache yet) and its sampler on their last tokens "
+      "(float32 logits, probabilities and exponential draws, [requests, vocab] each)");
+  r->notes.push_back(
+      "serving: memory outside PyTorch's allocator during the profile counted as vLLM 0.19.0 "
+      "measured it on H100 (" + Gib(NonTorchBytes(tensor)) + " GiB " +
+      (tensor > 1 ? "with tensor parallelism" : "on one GPU") +
+      "); CUDA graphs are captured after the KV cache, outside gpu_memory_utilization "
+      "(0.5-1.9 GiB on H100), so the rest of the GPU must hold them");
+  r->notes.push_back(
+      "serving: every layer's cache counted as full attention (sliding windows hold at most "
+      "as much); the forward is built as Hugging Face's modules run it (vLLM fuses q/k/v and "
+      "gate/up projections, and mixture-of-experts layers run its fused kernel)");
+}
+
+}  // namespace
+
+StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config,
+                                 const EstimateOptions& options) {
+  MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
+  if (config.batch_size != 1) {
+    return Refuse("config.batch_size",
+                  "a server's batches are its scheduler's (config.serving.max_num_seqs, "
+                  "max_num_batched_tokens); leave it unset");
+  }
+  if (config.attention != AttentionImpl::kDefault && config.attention != AttentionImpl::kFlash) {
+    return Refuse("config.attention", std::string(AttentionImplName(config.attention)) +
+                                          ": vLLM runs its own attention backend "
+                                          "(FlashAttention); leave it unset");
+  }
+  if (IsAutocast(config.precision)) {
+    return Refuse("config.precision",
+                  std::string(PrecisionName(config.precision)) +
+                      " is torch.autocast; vLLM keeps the model in one dtype: use bf16-pure, "
+                      "fp16-pure or fp32");
+  }
+  MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
+  MEMEST_ASSIGN_OR_RETURN(ServingReport s, ResolveSettings(model, config, *device));
+  MEMEST_ASSIGN_OR_RETURN(const int64_t context, ServedContextLength(model));
+  RunConfig profile = config;
+  // vLLM's lm_head: its logits all-gathered whole on every rank (LogitsProcessor._gather_logits),
+  // where the sampler reads them.
+  profile.parallelism.gather_lm_head = true;
+  profile.batch_size = s.profile_requests;
+  profile.serving.rotary_positions = context;
+  profile.attention = AttentionImpl::kFlash;
+  MEMEST_ASSIGN_OR_RETURN(
+      ModelSpec run, WithSequence(model, CeilDiv(s.max_num_batched_tokens, s.profile_requests)));
+  MEMEST_ASSIGN_OR_RETURN(Graph graph,
+                          BuildStepGraph(run, profile, options.max_ops, options.budget));
+  MEMEST_RETURN_IF_ERROR(ReadKvLayout(model, profile, options.max_ops, options.budget, &s));
+  EstimateOptions plain = options;
+  plain.advice = false;
+  MEMEST_ASSIGN_OR_RETURN(Report report, EstimateGraph(graph, profile, plain));
+  DivideMemory(report, *device, config.parallelism.tensor, &s);
+  report.fit = ServingFit(*device, report, s);
+  AddServingNotes(s, config.parallelism.tensor, &report);
+  report.serving = std::move(s);
+  return report;
+}
+
+}  // namespace memest

@@ -1,0 +1,226 @@
+// Serving (engine/report/serving.h): vLLM's startup budget and pages, against the startup logs
+// of vLLM 0.19.0 on H100-80GB (llm-d-planner's, docs/serving.md "Measured"), its defaults and
+// its refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "engine/estimator.h"
+#include "tests/engine/hf_json.h"
+
+namespace memest {
+namespace {
+
+using enginetest::FromJson;
+using enginetest::ReadConfig;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+ModelSpec Config(const std::string& name) {
+  ModelSpec m;
+  m.source = HfConfigSpec{FromJson(ReadConfig(name)), 1};
+  return m;
+}
+
+RunConfig Served(const std::string& device, double utilization = 0.9) {
+  RunConfig c;
+  c.mode = Mode::kInference;
+  c.precision = Precision::kBf16Pure;
+  c.device = device;
+  c.serving.enabled = true;
+  c.serving.gpu_memory_utilization = utilization;
+  return c;
+}
+
+ServingReport Serve(const ModelSpec& model, const RunConfig& c) {
+  StatusOr<Report> r = Estimate(model, c);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  if (!r.ok() || !r->serving) return {};
+  return *r->serving;
+}
+
+// A startup log of vLLM 0.19.0: `vllm serve MODEL --gpu-memory-utilization 0.95
+// --max-model-len 8192 [-tp N] [--kv-cache-dtype fp8]` on H100-80GB (its defaults: 1024
+// sequences, 8192 batched tokens). GiB as logged (two decimals); 0: not logged.
+struct Logged {
+  const char* config;
+  int64_t tensor;
+  bool fp8;
+  double weights_gib;
+  double peak_gib;
+  int64_t kv_tokens;
+};
+
+class VllmLogTest : public testing::TestWithParam<Logged> {};
+
+TEST_P(VllmLogTest, MatchesTheStartupLog) {
+  const Logged& l = GetParam();
+  RunConfig c = Served("h100-80gb", 0.95);
+  c.serving.max_model_len = 8192;
+  c.parallelism.tensor = l.tensor;
+  if (l.fp8) c.serving.kv_cache_dtype = KvCacheDType::kFp8E4m3;
+  const ServingReport s = Serve(Config(l.config), c);
+  EXPECT_EQ(s.max_num_seqs, 1024);
+  EXPECT_EQ(s.max_num_batched_tokens, 8192);
+  if (l.weights_gib > 0) EXPECT_NEAR(s.weights_bytes / kGiB, l.weights_gib, 0.05);
+  if (l.peak_gib > 0) EXPECT_NEAR(s.activation_peak_bytes / kGiB, l.peak_gib, 0.05);
+  // The tokens the KV cache holds: never more than vLLM's by over 0.1%, at most 0.5% fewer.
+  const double ratio = static_cast<double>(s.kv_tokens) / static_cast<double>(l.kv_tokens);
+  EXPECT_LE(ratio, 1.001) << s.kv_tokens << " tokens, logged " << l.kv_tokens;
+  EXPECT_GE(ratio, 0.995) << s.kv_tokens << " tokens, logged " << l.kv_tokens;
+  EXPECT_TRUE(s.starts) << s.refusal;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    H100, VllmLogTest,
+    testing::Values(Logged{"llama-3.1-8b", 1, false, 14.99, 1.89, 476'016},
+                    Logged{"llama-3.1-8b", 2, false, 7.51, 1.89, 1'044'688},
+                    Logged{"llama-3.1-8b", 4, false, 3.77, 1.89, 2'209'792},
+                    Logged{"llama-3.1-8b", 1, true, 14.99, 1.89, 952'032},
+                    Logged{"qwen2.5-7b", 1, false, 14.25, 2.21, 1'096'000},
+                    Logged{"qwen2.5-7b", 2, false, 0, 0, 2'390'592},
+                    Logged{"qwen2.5-7b", 4, false, 0, 0, 5'043'280},
+                    Logged{"gemma-2-9b", 1, false, 17.22, 3.65, 168'880}));
+
+TEST(ServingTest, PagesHoldEveryLayersKeysAndValues) {
+  RunConfig c = Served("h100-80gb", 0.95);
+  c.serving.max_model_len = 8192;
+  const ServingReport s = Serve(Config("llama-3.1-8b"), c);
+  // 32 layers x (8 KV heads x 128 dims) x 2 (keys, values) x 2 bytes.
+  EXPECT_EQ(s.kv_bytes_per_token, 32 * 8 * 128 * 2 * 2);
+  EXPECT_EQ(s.kv_layers, 32);
+  EXPECT_EQ(s.kv_cache_dtype, "bfloat16");
+  EXPECT_EQ(s.num_blocks, s.kv_cache_bytes / (16 * s.kv_bytes_per_token));
+  EXPECT_EQ(s.kv_tokens, s.num_blocks * 16);
+  EXPECT_DOUBLE_EQ(s.max_concurrency, static_cast<double>(s.num_blocks) / 512);
+  EXPECT_EQ(s.kv_cache_bytes,
+            s.requested_bytes - s.weights_bytes - s.activation_peak_bytes - s.non_torch_bytes);
+  EXPECT_EQ(s.requested_bytes, static_cast<int64_t>(std::floor(85'031'714'816 * 0.95)));
+  // Requests of max_model_len: the null block aside, the pool's blocks over 512 a request.
+  EXPECT_EQ(s.request_tokens, 8192);
+  EXPECT_EQ(s.concurrent_requests, (s.num_blocks - 1) / 512);
+}
+
+TEST(ServingTest, AnswersConcurrencyAndLongestRequest) {
+  RunConfig c = Served("h100-80gb");
+  c.serving.max_model_len = 32768;
+  c.serving.request_tokens = 2000;  // 125 blocks of 16
+  c.serving.concurrency = 64;
+  const ServingReport s = Serve(Config("llama-3.1-8b"), c);
+  ASSERT_GT(s.num_blocks, 0);
+  EXPECT_EQ(s.concurrent_requests, std::min<int64_t>(1024, (s.num_blocks - 1) / 125));
+  EXPECT_EQ(s.longest_request, std::min<int64_t>(32768, (s.num_blocks - 1) / 64 * 16));
+  EXPECT_EQ(s.longest_single_request, 32768);
+  // Short requests: the scheduler's max_num_seqs bounds them, not the cache.
+  c.serving.request_tokens = 16;
+  EXPECT_EQ(Serve(Config("llama-3.1-8b"), c).concurrent_requests, 1024);
+}
+
+TEST(ServingTest, Fp8PagesHoldTwiceTheTokens) {
+  RunConfig c = Served("h100-80gb");
+  c.serving.max_model_len = 8192;
+  const ServingReport bf16 = Serve(Config("qwen2.5-7b"), c);
+  c.serving.kv_cache_dtype = KvCacheDType::kFp8E5m2;
+  const ServingReport fp8 = Serve(Config("qwen2.5-7b"), c);
+  EXPECT_EQ(fp8.kv_cache_dtype, "fp8_e5m2");
+  EXPECT_EQ(fp8.kv_cache_bytes, bf16.kv_cache_bytes);  // the profile does not change
+  EXPECT_EQ(fp8.kv_bytes_per_token * 2, bf16.kv_bytes_per_token);
+  EXPECT_NEAR(static_cast<double>(fp8.kv_tokens) / static_cast<double>(bf16.kv_tokens), 2.0,
+              1e-3);
+}
+
+TEST(ServingTest, DefaultsFollowTheGpu) {
+  // vllm serve: 1024 sequences and 8192 tokens on a GPU of 70 GiB or more that is not an A100;
+  // 256 and 2048 elsewhere. max_model_len: the config's context (Llama 3.1: 131072, rope type
+  // llama3 not scaled).
+  const ServingReport h100 = Serve(Config("llama-3.1-8b"), Served("h100-80gb"));
+  EXPECT_EQ(h100.max_num_seqs, 1024);
+  EXPECT_EQ(h100.max_num_batched_tokens, 8192);
+  EXPECT_EQ(h100.max_model_len, 131072);
+  EXPECT_EQ(h100.profile_requests, 1024);
+  EXPECT_DOUBLE_EQ(h100.gpu_memory_utilization, 0.9);
+  EXPECT_EQ(h100.block_size, 16);
+  const ServingReport a100 = Serve(Config("llama-3.1-8b"), Served("a100-80gb"));
+  EXPECT_EQ(a100.max_num_seqs, 256);
+  EXPECT_EQ(a100.max_num_batched_tokens, 2048);
+  // Fewer sampled requests: a smaller profile peak.
+  EXPECT_LT(a100.activation_peak_bytes, h100.activation_peak_bytes);
+}
+
+TEST(ServingTest, ALongContextThatDoesNotFitIsRefusedAsVllmRefusesIt) {
+  // Llama 3.1 8B on a 24 GB L4 at its full 131072-token context: 16 GB of KV cache needed.
+  StatusOr<Report> r = Estimate(Config("llama-3.1-8b"), Served("l4"));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const ServingReport& s = *r->serving;
+  EXPECT_FALSE(s.starts);
+  EXPECT_NE(s.refusal.find("To serve at least one request"), std::string::npos) << s.refusal;
+  EXPECT_LT(s.longest_single_request, 131072);
+  EXPECT_GT(s.longest_single_request, 0);
+  ASSERT_TRUE(r->fit.has_value());
+  EXPECT_FALSE(r->fit->fits);
+  // At the length it names, it starts.
+  RunConfig c = Served("l4");
+  c.serving.max_model_len = s.longest_single_request;
+  EXPECT_TRUE(Serve(Config("llama-3.1-8b"), c).starts);
+}
+
+TEST(ServingTest, NoRoomForTheCacheIsRefused) {
+  const ServingReport s = Serve(Config("llama-3.1-8b"), Served("h100-80gb", 0.15));
+  EXPECT_FALSE(s.starts);
+  EXPECT_LT(s.kv_cache_bytes, 0);
+  EXPECT_EQ(s.num_blocks, 0);
+  EXPECT_NE(s.refusal.find("No available memory for the cache blocks"), std::string::npos);
+}
+
+TEST(ServingTest, APresetServesAtItsContext) {
+  ModelSpec m;
+  m.source = PresetSpec{"llama-7b", {}};
+  const ServingReport s = Serve(m, Served("a100-80gb"));
+  EXPECT_EQ(s.max_model_len, 4096);
+  EXPECT_EQ(s.kv_bytes_per_token, 32 * 32 * 128 * 2 * 2);
+  EXPECT_TRUE(s.starts) << s.refusal;
+}
+
+TEST(ServingTest, RefusesWhatVllmDoesNotRunHere) {
+  struct Case {
+    const char* field;
+    void (*edit)(RunConfig*);
+  };
+  const Case cases[] = {
+      {"config.batch_size", [](RunConfig* c) { c->batch_size = 8; }},
+      {"config.attention", [](RunConfig* c) { c->attention = AttentionImpl::kEager; }},
+      {"config.precision", [](RunConfig* c) { c->precision = Precision::kBf16Amp; }},
+      {"config.serving.max_model_len", [](RunConfig* c) { c->serving.max_model_len = 200000; }},
+      {"config.serving.max_num_seqs", [](RunConfig* c) { c->serving.max_num_seqs = 9000; }},
+      {"config.serving.request_tokens", [](RunConfig* c) { c->serving.request_tokens = 200000; }},
+      {"config.serving.concurrency", [](RunConfig* c) { c->serving.concurrency = 5000; }},
+      {"config.serving.block_size", [](RunConfig* c) { c->serving.block_size = 24; }},
+      {"config.serving.gpu_memory_utilization",
+       [](RunConfig* c) { c->serving.gpu_memory_utilization = 1.5; }},
+      {"config.serving", [](RunConfig* c) { c->device.clear(); }},
+      {"config.serving", [](RunConfig* c) { c->mode = Mode::kTraining; }},
+      {"config.generate_tokens", [](RunConfig* c) { c->generate_tokens = 16; }},
+      {"config.lora", [](RunConfig* c) {
+         c->lora.rank = 8;
+         c->lora.target_modules = {"q_proj"};
+       }},
+  };
+  for (const Case& k : cases) {
+    RunConfig c = Served("h100-80gb");
+    k.edit(&c);
+    StatusOr<Report> r = Estimate(Config("llama-3.1-8b"), c);
+    ASSERT_FALSE(r.ok()) << k.field;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << k.field;
+    EXPECT_EQ(r.status().message().rfind(k.field, 0), 0u) << r.status().message();
+  }
+  ModelSpec layers;
+  layers.source = LayerModelSpec{{16}, DType::kFloat32, {{"linear", "", {}}}, "sum"};
+  StatusOr<Report> r = Estimate(layers, Served("h100-80gb"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message().rfind("model: a layer list is not served", 0), 0u)
+      << r.status().message();
+}
+
+}  // namespace
+}  // namespace memest
