@@ -410,6 +410,12 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
   RunConfig out;
   MEMEST_ASSIGN_OR_RETURN(out.mode, ModeFromProto(config.mode(), "config.mode"));
   out.batch_size = config.batch_size();
+  if (config.has_serving()) {
+    // A server runs inference: an unset mode is taken as it (an explicit training is refused).
+    if (config.mode() == v1::MODE_UNSPECIFIED) out.mode = Mode::kInference;
+    MEMEST_ASSIGN_OR_RETURN(out.serving, ServingFromProto(config));
+    out.batch_size = 1;
+  }
   if (config.has_grad_accum_steps()) out.grad_accum_steps = config.grad_accum_steps();
   MEMEST_ASSIGN_OR_RETURN(out.precision,
                           PrecisionFromProto(config.precision(), "config.precision"));
@@ -545,6 +551,7 @@ void ReportToProto(const Report& report, v1::EstimateResponse* out) {
   for (const std::string& note : report.notes) out->add_notes(note);
   if (report.data_parallel) DataParallelToProto(*report.data_parallel, out->mutable_data_parallel());
   if (report.pipeline) PipelineToProto(*report.pipeline, out->mutable_pipeline());
+  if (report.serving) ServingToProto(*report.serving, out->mutable_serving());
   out->set_recompute_fraction(report.recompute_fraction);
   out->set_communicated_bytes_per_step(Unsigned(report.communicated_bytes_per_step));
   out->set_parameter_count(Unsigned(report.parameter_count));

@@ -54,6 +54,11 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config);
 // config.parallelism: DATA_PARALLEL_UNSPECIFIED is DDP with more than one rank (or with a DDP
 // setting), none otherwise; bucket_cap_mb becomes bytes as DDP computes them.
 StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& parallelism);
+// config.serving (convert_serving.cc): a set message asks for serving, with an unset batch size
+// (the engine then estimates one of 1, which it requires); the ranges are ValidateServing's.
+StatusOr<ServingConfig> ServingFromProto(const v1::RunConfig& config);
+void ServingToProto(const ServingReport& serving, v1::ServingReport* out);
+
 // config.lora (convert_lora.cc): a set message needs a rank; the ranges are ValidateLora's.
 StatusOr<LoraConfig> LoraFromProto(const v1::Lora& lora);
 // config.quantization (convert_lora.cc): a set message needs a format.

@@ -115,6 +115,9 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
     switch (e.style()) {
       case v1::TENSOR_SHARD_STYLE_COLWISE: entry.style = TensorShardStyle::kColwise; break;
       case v1::TENSOR_SHARD_STYLE_ROWWISE: entry.style = TensorShardStyle::kRowwise; break;
+      case v1::TENSOR_SHARD_STYLE_COLWISE_GATHERED:
+        entry.style = TensorShardStyle::kColwiseGathered;
+        break;
       default:
         return InvalidArgument("config.parallelism.tensor_plan[" + std::to_string(i) +
                                "].style: COLWISE or ROWWISE, got " + std::to_string(e.style()));

@@ -147,7 +147,8 @@ Status FillModel(const EstimateFlags& flags, v1::Model* model) {
 }
 
 Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
-  config->set_batch_size(flags.batch.value_or(1));
+  // A server's batches are its scheduler's: with --serve the batch stays unset unless given.
+  if (flags.batch || !flags.serving.serve) config->set_batch_size(flags.batch.value_or(1));
   if (flags.grad_accum) config->set_grad_accum_steps(*flags.grad_accum);
   if (!flags.mode.empty()) {
     MEMEST_ASSIGN_OR_RETURN(v1::Mode mode, ParseWord("--mode", flags.mode, kModes));
@@ -229,6 +230,7 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
     config->set_expert_load(l);
   }
   MEMEST_RETURN_IF_ERROR(ApplyLoraFlags(flags.lora, config));
+  MEMEST_RETURN_IF_ERROR(ApplyServingFlags(flags.serving, config));
   return ApplyParallelismFlags(flags.parallel, config);
 }
 
@@ -348,6 +350,7 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
   app->add_flag("--no-advice", f->no_advice, "skip the advice (faster)")->group(run);
   AddParallelismFlags(app, &f->parallel);
   AddLoraFlags(app, &f->lora);
+  AddServingFlags(app, &f->serving);
 
   const char* device = "Device";
   app->add_option("--device", f->device, "GPU from the catalog (see `memest devices`)")

@@ -17,6 +17,7 @@
 
 #include "client/cli/lora_flags.h"
 #include "client/cli/parallel_flags.h"
+#include "client/cli/serving_flags.h"
 #include "engine/ir/status.h"
 #include "memest/v1/memest.pb.h"
 
@@ -67,6 +68,7 @@ struct EstimateFlags {
   std::string expert_load;          // worst | balanced
   ParallelismFlags parallel;
   LoraFlags lora;
+  ServingFlags serving;
   bool no_advice = false;
 };
 

@@ -25,6 +25,7 @@ const Word<v1::PipelineSchedule> kSchedules[] = {
 const Word<v1::TensorShardStyle> kStyles[] = {
     {"colwise", v1::TENSOR_SHARD_STYLE_COLWISE},
     {"rowwise", v1::TENSOR_SHARD_STYLE_ROWWISE},
+    {"colwise-gathered", v1::TENSOR_SHARD_STYLE_COLWISE_GATHERED},
 };
 
 }  // namespace
@@ -108,7 +109,8 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                 "its share of the sequence")
       ->group(group);
   app->add_option("--tensor-plan", f->tensor_plan,
-                  "MODULE=colwise|rowwise (repeatable): the modules to split, by path pattern "
+                  "MODULE=colwise|rowwise|colwise-gathered (repeatable): the modules to split, by "
+                  "path pattern "
                   "('*' matches anything; 'attn.c_proj' matches h.3.attn.c_proj); default: "
                   "the Hugging Face names of the presets")
       ->group(group)->type_name("MODULE=STYLE");
@@ -171,7 +173,8 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   for (const std::string& entry : f.tensor_plan) {
     const size_t eq = entry.rfind('=');
     if (eq == std::string::npos || eq == 0) {
-      return InvalidArgument("--tensor-plan: MODULE=colwise or MODULE=rowwise, got '" + entry + "'");
+      return InvalidArgument("--tensor-plan: MODULE=colwise, MODULE=rowwise or "
+                             "MODULE=colwise-gathered, got '" + entry + "'");
     }
     MEMEST_ASSIGN_OR_RETURN(v1::TensorShardStyle style,
                             ParseWord("--tensor-plan", entry.substr(eq + 1), kStyles));

@@ -268,6 +268,13 @@ std::string PhaseName(v1::Phase phase) {
 
 void RenderEstimate(const v1::EstimateRequest& request, const v1::EstimateResponse& response,
                     std::ostream& out) {
+  if (response.has_serving()) {
+    RenderServing(response, out);
+    RenderPeak(response, out);
+    RenderBreakdown(response, out);
+    RenderNotes(response, out);
+    return;
+  }
   RenderSummary(request, response, out);
   RenderPeak(response, out);
   RenderBreakdown(response, out);

@@ -37,6 +37,10 @@ std::string ToJson(const google::protobuf::Message& message);
 // RenderEstimate prints it after the phases.
 void RenderStages(const v1::EstimateResponse& response, std::ostream& out);
 
+// A served model (config.serving): vLLM's startup budget, the KV cache's pages and what they
+// hold, whether it starts; RenderEstimate prints it first, then the profile run's peak.
+void RenderServing(const v1::EstimateResponse& response, std::ostream& out);
+
 // Plans, streamed: a header, then a line per plan as it arrives, then the summary.
 void RenderPlanHeader(std::ostream& out);
 void RenderPlan(const v1::ParallelPlan& plan, std::ostream& out);

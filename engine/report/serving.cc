@@ -221,6 +221,11 @@ StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config
                       " is torch.autocast; vLLM keeps the model in one dtype: use bf16-pure, "
                       "fp16-pure or fp32");
   }
+  const auto* hf = std::get_if<HfConfigSpec>(&model.source);
+  if (hf != nullptr && hf->seq != 0) {
+    return Refuse("model.hf_config.seq", "a server's lengths are config.serving's (max_model_len, "
+                                         "request_tokens); leave it unset");
+  }
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
   MEMEST_ASSIGN_OR_RETURN(ServingReport s, ResolveSettings(model, config, *device));
   MEMEST_ASSIGN_OR_RETURN(const int64_t context, ServedContextLength(model));

@@ -206,6 +206,29 @@ TEST(RunConfigFromProtoTest, InferenceIsCarried) {
   EXPECT_EQ(config->generate_tokens, 256);
 }
 
+// A set serving message asks for a served model: inference when the mode is unset, the engine's
+// batch of one, vLLM's settings carried (unset sizes stay 0: vLLM's defaults).
+TEST(RunConfigFromProtoTest, ServingIsCarried) {
+  v1::RunConfig proto;
+  v1::Serving* s = proto.mutable_serving();
+  s->set_gpu_memory_utilization(0.95);
+  s->set_max_model_len(8192);
+  s->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_E5M2);
+  s->set_concurrency(32);
+  StatusOr<RunConfig> config = RunConfigFromProto(proto);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->mode, Mode::kInference);
+  EXPECT_EQ(config->batch_size, 1);
+  EXPECT_TRUE(config->serving.enabled);
+  EXPECT_DOUBLE_EQ(config->serving.gpu_memory_utilization, 0.95);
+  EXPECT_EQ(config->serving.block_size, 16);
+  EXPECT_EQ(config->serving.max_model_len, 8192);
+  EXPECT_EQ(config->serving.max_num_seqs, 0);
+  EXPECT_EQ(config->serving.kv_cache_dtype, KvCacheDType::kFp8E5m2);
+  EXPECT_EQ(config->serving.concurrency, 32);
+  EXPECT_FALSE(RunConfigFromProto(v1::RunConfig())->serving.enabled);
+}
+
 TEST(RunConfigFromProtoTest, ExplicitZerosReachTheEngine) {
   v1::RunConfig proto;
   proto.set_grad_accum_steps(0);
@@ -417,6 +440,69 @@ TEST(ModelFromProtoTest, RefusesWhatCannotBeRepresented) {
     EXPECT_THAT(model.status().message(), HasSubstr(field));
     EXPECT_THAT(model.status().message(), HasSubstr("1024"));
   }
+}
+
+TEST(ReportToProtoTest, ServingIsCarried) {
+  Report report;
+  ServingReport s;
+  s.gpu_memory_utilization = 0.95;
+  s.block_size = 16;
+  s.max_num_seqs = 1024;
+  s.max_num_batched_tokens = 8192;
+  s.max_model_len = 8192;
+  s.kv_cache_dtype = "fp8_e4m3";
+  s.profile_requests = 1024;
+  s.requested_bytes = 1000;
+  s.weights_bytes = 600;
+  s.activation_peak_bytes = 100;
+  s.non_torch_bytes = 50;
+  s.kv_cache_bytes = -5;  // none left: negative on the wire too
+  s.kv_bytes_per_token = 64;
+  s.kv_layers = 32;
+  s.num_blocks = 7;
+  s.kv_tokens = 112;
+  s.max_concurrency = 0.25;
+  s.request_tokens = 100;
+  s.concurrent_requests = 1;
+  s.concurrency = 2;
+  s.longest_request = 48;
+  s.longest_single_request = 112;
+  s.baseline_bytes = 30;
+  s.starts = false;
+  s.refusal = "No available memory for the cache blocks";
+  report.serving = s;
+  v1::EstimateResponse out;
+  ReportToProto(report, &out);
+  ASSERT_TRUE(out.has_serving());
+  const v1::ServingReport& o = out.serving();
+  EXPECT_DOUBLE_EQ(o.gpu_memory_utilization(), 0.95);
+  EXPECT_EQ(o.block_size(), 16);
+  EXPECT_EQ(o.max_num_seqs(), 1024);
+  EXPECT_EQ(o.max_num_batched_tokens(), 8192);
+  EXPECT_EQ(o.max_model_len(), 8192);
+  EXPECT_EQ(o.kv_cache_dtype(), "fp8_e4m3");
+  EXPECT_EQ(o.profile_requests(), 1024);
+  EXPECT_EQ(o.requested_bytes(), 1000u);
+  EXPECT_EQ(o.weights_bytes(), 600u);
+  EXPECT_EQ(o.activation_peak_bytes(), 100u);
+  EXPECT_EQ(o.non_torch_bytes(), 50u);
+  EXPECT_EQ(o.kv_cache_bytes(), -5);
+  EXPECT_EQ(o.kv_bytes_per_token(), 64u);
+  EXPECT_EQ(o.kv_layers(), 32);
+  EXPECT_EQ(o.num_blocks(), 7);
+  EXPECT_EQ(o.kv_tokens(), 112);
+  EXPECT_DOUBLE_EQ(o.max_concurrency(), 0.25);
+  EXPECT_EQ(o.request_tokens(), 100);
+  EXPECT_EQ(o.concurrent_requests(), 1);
+  EXPECT_EQ(o.concurrency(), 2);
+  EXPECT_EQ(o.longest_request(), 48);
+  EXPECT_EQ(o.longest_single_request(), 112);
+  EXPECT_EQ(o.baseline_bytes(), 30u);
+  EXPECT_FALSE(o.starts());
+  EXPECT_EQ(o.refusal(), "No available memory for the cache blocks");
+  Report plain;
+  ReportToProto(plain, &out);
+  EXPECT_FALSE(out.has_serving());
 }
 
 TEST(ReportToProtoTest, EveryFieldIsCarried) {

@@ -1,0 +1,74 @@
+// config.serving from the proto and the response's serving report to it (server/convert.h).
+#include <cmath>
+#include <string>
+
+#include "server/convert.h"
+
+namespace memest {
+namespace {
+
+uint64_t Unsigned(int64_t v) { return v < 0 ? 0 : static_cast<uint64_t>(v); }
+
+}  // namespace
+
+StatusOr<ServingConfig> ServingFromProto(const v1::RunConfig& config) {
+  const v1::Serving& s = config.serving();
+  if (config.batch_size() != 0) {
+    return InvalidArgument("config.batch_size: a server's batches are its scheduler's "
+                           "(config.serving.max_num_seqs, max_num_batched_tokens); leave it unset");
+  }
+  ServingConfig out;
+  out.enabled = true;
+  if (s.has_gpu_memory_utilization()) {
+    if (!std::isfinite(s.gpu_memory_utilization())) {
+      return InvalidArgument("config.serving.gpu_memory_utilization: must be in (0, 1], got " +
+                             std::to_string(s.gpu_memory_utilization()));
+    }
+    out.gpu_memory_utilization = s.gpu_memory_utilization();
+  }
+  if (s.block_size() != 0) out.block_size = s.block_size();
+  out.max_num_seqs = s.max_num_seqs();
+  out.max_num_batched_tokens = s.max_num_batched_tokens();
+  out.max_model_len = s.max_model_len();
+  out.request_tokens = s.request_tokens();
+  out.concurrency = s.concurrency();
+  switch (s.kv_cache_dtype()) {
+    case v1::KV_CACHE_DTYPE_UNSPECIFIED: out.kv_cache_dtype = KvCacheDType::kAuto; break;
+    case v1::KV_CACHE_DTYPE_FP8_E4M3: out.kv_cache_dtype = KvCacheDType::kFp8E4m3; break;
+    case v1::KV_CACHE_DTYPE_FP8_E5M2: out.kv_cache_dtype = KvCacheDType::kFp8E5m2; break;
+    default:
+      return InvalidArgument("config.serving.kv_cache_dtype: unknown value " +
+                             std::to_string(static_cast<int>(s.kv_cache_dtype())));
+  }
+  return out;
+}
+
+void ServingToProto(const ServingReport& s, v1::ServingReport* out) {
+  out->set_gpu_memory_utilization(s.gpu_memory_utilization);
+  out->set_block_size(s.block_size);
+  out->set_max_num_seqs(s.max_num_seqs);
+  out->set_max_num_batched_tokens(s.max_num_batched_tokens);
+  out->set_max_model_len(s.max_model_len);
+  out->set_kv_cache_dtype(s.kv_cache_dtype);
+  out->set_profile_requests(s.profile_requests);
+  out->set_requested_bytes(Unsigned(s.requested_bytes));
+  out->set_weights_bytes(Unsigned(s.weights_bytes));
+  out->set_activation_peak_bytes(Unsigned(s.activation_peak_bytes));
+  out->set_non_torch_bytes(Unsigned(s.non_torch_bytes));
+  out->set_kv_cache_bytes(s.kv_cache_bytes);
+  out->set_kv_bytes_per_token(Unsigned(s.kv_bytes_per_token));
+  out->set_kv_layers(s.kv_layers);
+  out->set_num_blocks(s.num_blocks);
+  out->set_kv_tokens(s.kv_tokens);
+  out->set_max_concurrency(s.max_concurrency);
+  out->set_request_tokens(s.request_tokens);
+  out->set_concurrent_requests(s.concurrent_requests);
+  out->set_concurrency(s.concurrency);
+  out->set_longest_request(s.longest_request);
+  out->set_longest_single_request(s.longest_single_request);
+  out->set_baseline_bytes(Unsigned(s.baseline_bytes));
+  out->set_starts(s.starts);
+  out->set_refusal(s.refusal);
+}
+
+}  // namespace memest

@@ -1,0 +1,80 @@
+// `memest estimate --serve`: vLLM's engine arguments as flags, its startup as the answer (in
+// JSON and for a terminal), and the flags that make no sense without --serve refused.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "tests/cli/subprocess.h"
+
+namespace memest {
+namespace {
+
+using ::memest::testing::Run;
+using ::memest::testing::RunResult;
+using ::testing::HasSubstr;
+
+const std::string kMemest = MEMEST_CLI_PATH;
+const std::string kLlama31 =
+    std::string(MEMEST_SOURCE_DIR) + "/tests/data/hf_configs/llama-3.1-8b.json";
+
+RunResult Serve(std::vector<std::string> flags) {
+  std::vector<std::string> args = {kMemest, "estimate", "--local", "--hf-config", kLlama31,
+                                   "--serve"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  return Run(args);
+}
+
+TEST(ServingCliTest, AnswersInJsonWithVllmsNames) {
+  const RunResult r = Serve({"--device", "h100-80gb", "--gpu-memory-utilization", "0.95",
+                             "--max-model-len", "8192", "--kv-cache-dtype", "fp8",
+                             "--concurrency", "100", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const nlohmann::json& s = j.at("serving");
+  EXPECT_EQ(s.at("kvCacheDtype"), "fp8_e4m3");
+  EXPECT_EQ(s.at("maxNumSeqs"), "1024");  // int64 in the proto's JSON mapping: a string
+  EXPECT_EQ(s.at("maxModelLen"), "8192");
+  EXPECT_TRUE(s.at("starts").get<bool>());
+  // vLLM 0.19.0 logged 952,032 tokens for this run.
+  const int64_t tokens = std::stoll(s.at("kvTokens").get<std::string>());
+  EXPECT_GT(tokens, 952'032 * 0.995);
+  EXPECT_LE(tokens, 952'032 * 1.001);
+  const int64_t blocks = std::stoll(s.at("numBlocks").get<std::string>());
+  EXPECT_EQ(std::stoll(s.at("longestRequest").get<std::string>()),
+            std::min<int64_t>(8192, (blocks - 1) / 100 * 16));
+  EXPECT_TRUE(j.at("fit").at("fits").get<bool>());
+}
+
+TEST(ServingCliTest, SaysWhyVllmWouldNotStart) {
+  const RunResult r = Serve({"--device", "l4"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("DOES NOT START"));
+  EXPECT_THAT(r.out, HasSubstr("To serve at least one request with the model's max seq len "
+                               "(131072)"));
+  EXPECT_THAT(r.out, HasSubstr("max_num_seqs 256, max_num_batched_tokens 2048"));
+}
+
+TEST(ServingCliTest, RefusesWhatDoesNotApply) {
+  const RunResult no_serve = ::memest::testing::Run({kMemest, "estimate", "--local", "--hf-config", kLlama31,
+                                  "--mode", "inference", "--max-model-len", "4096"});
+  EXPECT_EQ(no_serve.exit_code, 3);
+  EXPECT_THAT(no_serve.err, HasSubstr("--max-model-len: a serving setting; add --serve"));
+  const RunResult batch = Serve({"--device", "h100-80gb", "--batch", "8"});
+  EXPECT_EQ(batch.exit_code, 3);
+  EXPECT_THAT(batch.err, HasSubstr("config.batch_size: a server's batches are its scheduler's"));
+  const RunResult seq = Serve({"--device", "h100-80gb", "--seq", "4096"});
+  EXPECT_EQ(seq.exit_code, 3);
+  EXPECT_THAT(seq.err, HasSubstr("model.hf_config.seq"));
+  const RunResult dtype = Serve({"--device", "h100-80gb", "--kv-cache-dtype", "int4"});
+  EXPECT_EQ(dtype.exit_code, 3);
+  EXPECT_THAT(dtype.err, HasSubstr("--kv-cache-dtype"));
+  const RunResult training = Serve({"--device", "h100-80gb", "--mode", "training"});
+  EXPECT_EQ(training.exit_code, 3);
+  EXPECT_THAT(training.err, HasSubstr("config.serving: a server runs inference"));
+}
+
+}  // namespace
+}  // namespace memest
