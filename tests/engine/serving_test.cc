@@ -19,7 +19,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 ModelSpec Config(const std::string& name) {
   ModelSpec m;
-  m.source = HfConfigSpec{FromJson(ReadConfig(name)), 1};
+  m.source = HfConfigSpec{FromJson(ReadConfig(name)), 0};
   return m;
 }
 
