@@ -17,7 +17,7 @@ from memest.client import Client
 from memest.errors import (Cancelled, DeadlineExceeded, FailedPrecondition, Internal,
                            InvalidArgument, MemestError, NotFound, ResourceExhausted, Unavailable)
 from memest.results import (Advice, DeviceInfo, Estimate, Fit, LayerRow, MemoryByCategory,
-                            Peak, PresetInfo, PresetParam, format_bytes)
+                            Peak, PresetInfo, PresetParam, Serving, format_bytes)
 from memest.planning import Plan
 from memest.server import Server, ServerError, serve
 from memest.validation import Comparison, OpTiming, PhaseComparison, Progress, Validation
@@ -40,7 +40,7 @@ __all__ = [
     "Advice", "Cancelled", "Client", "Comparison", "DeadlineExceeded", "DeviceInfo", "Estimate",
     "FailedPrecondition", "Fit", "Internal", "InvalidArgument", "LayerRow", "MemestError",
     "MemoryByCategory", "NotFound", "OpTiming", "Peak", "PhaseComparison", "Plan", "PresetInfo",
-    "PresetParam", "Progress", "ResourceExhausted", "Server", "ServerError", "TracedModel",
-    "Unavailable", "UnsupportedOp", "Validation", "aio", "format_bytes", "save", "serve",
-    "trace", "v1",
+    "PresetParam", "Progress", "ResourceExhausted", "Server", "ServerError", "Serving",
+    "TracedModel", "Unavailable", "UnsupportedOp", "Validation", "aio", "format_bytes", "save",
+    "serve", "trace", "v1",
 ]

@@ -57,6 +57,12 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           cuda_module_loading: lazy | eager (CUDA_MODULE_LOADING; unset: lazy),
           expert_load: worst | balanced, how a mixture-of-experts router spreads the tokens
             (unset: worst, every token to the same top-k experts; balanced: evenly),
+          serving: the model served by vLLM's engine on each GPU (docs/serving.md): True, or a
+            dict of its engine arguments: gpu_memory_utilization, block_size, max_num_seqs,
+            max_num_batched_tokens, max_model_len, kv_cache_dtype (auto | fp8 | fp8_e4m3 |
+            fp8_e5m2), and the questions request_tokens (how many requests of that length fit
+            at once) and concurrency (the longest request with that many at once); give a
+            device, no batch_size; the answer's .serving holds the budget and the KV cache,
           data_parallel (ranks; batch_size stays per rank), dp_strategy: ddp | zero1 |
             deepspeed-zero1 | deepspeed-zero2 | deepspeed-zero3 | fsdp1 | fsdp2 | megatron-ddp |
             megatron-distopt (unset: ddp with more than one rank), bucket_cap_mb,
@@ -77,7 +83,7 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             pipeline_keep_outputs: every stage is estimated, the estimate is the one that
             needs the most, Estimate.pipeline lists them all,
           tensor_parallel (ranks), sequence_parallel, tensor_plan ({module pattern: "colwise" |
-            "rowwise"}; default: the presets' Hugging Face names): Megatron-LM's column- and
+            "rowwise" | "colwise-gathered"}; default: the presets' Hugging Face names): Megatron-LM's column- and
             row-parallel linears, the estimate is one rank of the group,
           context_parallel (ranks): each holds its share of every sequence (ring attention),
           lora: LoRA adapters as PEFT's get_peft_model adds them, from a peft LoraConfig, a dict

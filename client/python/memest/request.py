@@ -51,8 +51,14 @@ ATTENTIONS = {
 }
 MODULE_LOADINGS = {"lazy": v1.CUDA_MODULE_LOADING_LAZY, "eager": v1.CUDA_MODULE_LOADING_EAGER}
 EXPERT_LOADS = {"worst": v1.EXPERT_LOAD_WORST, "balanced": v1.EXPERT_LOAD_BALANCED}
+KV_CACHE_DTYPES = {"auto": v1.KV_CACHE_DTYPE_UNSPECIFIED, "fp8": v1.KV_CACHE_DTYPE_FP8_E4M3,
+                   "fp8_e4m3": v1.KV_CACHE_DTYPE_FP8_E4M3, "fp8_e5m2": v1.KV_CACHE_DTYPE_FP8_E5M2}
+# vLLM's engine arguments a `serving` dict may give, by their own names.
+SERVING_SIZES = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                 "request_tokens", "concurrency")
 PIPELINE_SCHEDULES = {"1f1b": v1.PIPELINE_SCHEDULE_1F1B, "gpipe": v1.PIPELINE_SCHEDULE_GPIPE}
-TENSOR_STYLES = {"colwise": v1.TENSOR_SHARD_STYLE_COLWISE, "rowwise": v1.TENSOR_SHARD_STYLE_ROWWISE}
+TENSOR_STYLES = {"colwise": v1.TENSOR_SHARD_STYLE_COLWISE, "rowwise": v1.TENSOR_SHARD_STYLE_ROWWISE,
+                 "colwise-gathered": v1.TENSOR_SHARD_STYLE_COLWISE_GATHERED}
 DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1,
                  "deepspeed-zero2": v1.DATA_PARALLEL_DEEPSPEED_ZERO2,
                  "deepspeed-zero1": v1.DATA_PARALLEL_DEEPSPEED_ZERO1,
@@ -209,6 +215,24 @@ def read_model_file(path):
     return _parse_model_dict(data, "model %s" % (path,))
 
 
+def _apply_serving(config, serving):
+    """config.serving from True (vLLM's defaults) or a dict of its engine arguments."""
+    config.serving.SetInParent()
+    if serving is True:
+        return
+    if not isinstance(serving, dict):
+        raise InvalidArgument("serving: True or a dict of vLLM's settings, got %r" % (serving,))
+    known = set(SERVING_SIZES) | {"gpu_memory_utilization", "kv_cache_dtype"}
+    for key, value in serving.items():
+        if key not in known:
+            raise InvalidArgument("serving[%r]: unknown; known: %s" % (key, ", ".join(sorted(known))))
+        if key == "kv_cache_dtype":
+            config.serving.kv_cache_dtype = _word("serving['kv_cache_dtype']", value,
+                                                  KV_CACHE_DTYPES)
+        else:
+            _assign(config.serving, key, value, "serving[%r]" % key)
+
+
 def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=None, batch_size=1,
                   grad_accum_steps=None, mode=None, precision=None, optimizer=None,
                   optimizer_impl=None, weight_decay=None, keep_grads=False, checkpoint=None,
@@ -227,11 +251,14 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                   data_shard=None, stage3_prefetch_bucket_size=None,
                   stage3_max_live_parameters=None, stage3_max_reuse_distance=None,
                   stage3_param_persistence_threshold=None, lora=None, quantization=None,
-                  expert_load=None, advice=True):
+                  expert_load=None, serving=None, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq, hf_config))
     config = request.config
-    _assign(config, "batch_size", batch_size, "batch_size")
+    if serving is None or batch_size != 1:  # a server's batches are its scheduler's
+        _assign(config, "batch_size", batch_size, "batch_size")
+    if serving is not None:
+        _apply_serving(config, serving)
     if grad_accum_steps is not None:
         _assign(config, "grad_accum_steps", grad_accum_steps, "grad_accum_steps")
     if mode is not None:

@@ -142,6 +142,53 @@ class Fit:
 
 
 @dataclasses.dataclass(frozen=True)
+class Serving:
+    """A model served by vLLM (docs/serving.md): its settings with the defaults filled in; the
+    startup budget on one GPU (requested_bytes = total x gpu_memory_utilization, less the
+    weights, the profile run's activation peak and what is allocated outside PyTorch, is
+    kv_cache_bytes); its pages (num_blocks of block_size tokens, kv_tokens in all); the answers
+    (max_concurrency at max_model_len, concurrent_requests of request_tokens, longest_request at
+    `concurrency`, longest_single_request); whether vLLM starts, and its refusal if not."""
+
+    gpu_memory_utilization: float
+    block_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    kv_cache_dtype: str
+    profile_requests: int
+    requested_bytes: int
+    weights_bytes: int
+    activation_peak_bytes: int
+    non_torch_bytes: int
+    kv_cache_bytes: int
+    kv_bytes_per_token: int
+    kv_layers: int
+    num_blocks: int
+    kv_tokens: int
+    max_concurrency: float
+    request_tokens: int
+    concurrent_requests: int
+    concurrency: int
+    longest_request: int
+    longest_single_request: int
+    baseline_bytes: int
+    starts: bool
+    refusal: str
+
+    from_proto = classmethod(_from_same_named_fields)
+
+    def __str__(self):
+        if not self.starts:
+            return "vLLM does not start: " + self.refusal
+        return ("served: %s tokens of KV cache (%s), %.2fx at %d tokens a request; %d requests "
+                "of %d tokens at once" % (
+                    "{:,}".format(self.kv_tokens), format_bytes(self.kv_cache_bytes),
+                    self.max_concurrency, self.max_model_len, self.concurrent_requests,
+                    self.request_tokens))
+
+
+@dataclasses.dataclass(frozen=True)
 class Advice:
     """A diagnosis (kind "peak", saving 0) or a fix and the bytes it would save at the peak."""
 
@@ -224,6 +271,8 @@ class Estimate:
     data_parallel: None unless the request named data parallelism.
     pipeline: None unless the request named pipeline stages; then the estimate is the stage
     that needs the most and pipeline.per_stage lists every stage's peak.
+    serving: None unless the request set serving; then the rest is vLLM's profile run and
+    serving says what its KV cache holds (memest.Serving).
     recompute_fraction: the share of forward ops checkpointing runs again;
     communicated_bytes_per_step: what this rank sends per step (docs/planning.md, "Costs").
     """
@@ -246,6 +295,7 @@ class Estimate:
     pipeline: Optional[PipelineStages] = None
     recompute_fraction: float = 0.0
     communicated_bytes_per_step: int = 0
+    serving: Optional[Serving] = None
     label: str = ""
     response: Optional[v1.EstimateResponse] = dataclasses.field(default=None, compare=False)
 
@@ -272,6 +322,8 @@ class Estimate:
                       if response.HasField("pipeline") else None),
             recompute_fraction=response.recompute_fraction,
             communicated_bytes_per_step=response.communicated_bytes_per_step,
+            serving=(Serving.from_proto(response.serving)
+                     if response.HasField("serving") else None),
             label=label,
             response=response,
         )
@@ -352,7 +404,9 @@ class Estimate:
         lines.append("peak %s allocated, %s reserved, in %s%s" % (
             format_bytes(self.peak.allocated_bytes), format_bytes(self.peak_reserved_bytes),
             self.peak.phase, (" (" + where + ")") if where else ""))
-        if self.fit is not None:
+        if self.serving is not None:
+            lines.append(str(self.serving))
+        elif self.fit is not None:
             lines.append(str(self.fit))
         return lines
 

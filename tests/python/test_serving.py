@@ -1,0 +1,52 @@
+"""A served model through the Python client (serving=True or a dict of vLLM's engine
+arguments): the answer's .serving holds vLLM's startup budget and what its KV cache holds, and
+agrees with vLLM 0.19.0's startup log on H100 (docs/serving.md).
+"""
+import pathlib
+
+import pytest
+
+import memest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+LLAMA31 = str(REPO / "tests" / "data" / "hf_configs" / "llama-3.1-8b.json")
+
+
+def test_serving_answers_the_questions_a_server_asks(client):
+    e = client.estimate(hf_config=LLAMA31, device="h100-80gb", advice=False,
+                        serving={"gpu_memory_utilization": 0.95, "max_model_len": 8192,
+                                 "concurrency": 64, "request_tokens": 2048})
+    s = e.serving
+    assert isinstance(s, memest.Serving)
+    assert s.starts and s.refusal == ""
+    assert (s.max_num_seqs, s.max_num_batched_tokens, s.block_size) == (1024, 8192, 16)
+    # vLLM 0.19.0 logged "GPU KV cache size: 476,016 tokens" for this run.
+    assert 0.995 * 476_016 <= s.kv_tokens <= 1.001 * 476_016
+    assert s.kv_tokens == s.num_blocks * 16
+    assert s.kv_cache_bytes == (s.requested_bytes - s.weights_bytes - s.activation_peak_bytes
+                                - s.non_torch_bytes)
+    assert s.concurrent_requests == min(1024, (s.num_blocks - 1) // 128)
+    assert s.longest_request == min(8192, (s.num_blocks - 1) // 64 * 16)
+    assert "tokens of KV cache" in repr(e)
+    assert e.fit.fits
+
+
+def test_serving_with_defaults_and_a_refusal(client):
+    e = client.estimate(hf_config=LLAMA31, device="l4", serving=True, advice=False)
+    assert not e.serving.starts
+    assert "To serve at least one request" in e.serving.refusal
+    assert e.serving.max_model_len == 131072
+    assert "vLLM does not start" in repr(e)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(serving={"max_seqs": 8}), "serving['max_seqs']: unknown"),
+    (dict(serving={"kv_cache_dtype": "int4"}), "kv_cache_dtype"),
+    (dict(serving="yes"), "serving: True or a dict"),
+    (dict(serving=True, batch_size=4), "config.batch_size: a server's batches"),
+    (dict(serving=True, mode="training"), "config.serving: a server runs inference"),
+])
+def test_serving_refusals_name_the_field(client, kwargs, message):
+    with pytest.raises(memest.InvalidArgument, match=".*" + message.replace("[", r"\[")
+                       .replace("]", r"\]").replace("'", "'")):
+        client.estimate(hf_config=LLAMA31, device="h100-80gb", **kwargs)
