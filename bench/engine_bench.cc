@@ -1,6 +1,7 @@
 // Estimates per second of the engine alone (no gRPC): Estimate() for GPT-2 small and the
 // Llama 70B preset, with advice (which re-runs the estimate under alternatives) and without, and
-// one rank of the 70B under 8-way tensor parallelism.
+// one rank of the 70B under 8-way tensor parallelism; and the serving estimate (vLLM's startup:
+// its profile run, and the model built again for one token to read the KV layout).
 // Also Validate's host side on a fake device: planning, the replay of every allocation
 // through the caching policy and the op-to-kernel mapping, without any kernel time.
 //
@@ -80,6 +81,33 @@ BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16_advice, kLlama70b, 
     ->Unit(benchmark::kMillisecond);
 // One rank of Megatron's tensor parallelism over 8 GPUs: the pass rebuilds the graph.
 BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16_tp8_sp, kLlama70bTp8, false)
+    ->Unit(benchmark::kMillisecond);
+
+// The preset served by vLLM on H100s, `tensor` of them (config.serving, vLLM's defaults: 1024
+// requests of 8 tokens in the profile run).
+void BM_Serve(benchmark::State& state, const std::string& preset, int64_t tensor) {
+  const ModelSpec model{PresetSpec{preset, {}}};
+  RunConfig config;
+  config.mode = Mode::kInference;
+  config.precision = Precision::kBf16Pure;
+  config.device = "h100-80gb";
+  config.parallelism.tensor = tensor;
+  config.serving.enabled = true;
+  StatusOr<Report> first = Estimate(model, config);
+  if (!first.ok()) {
+    state.SkipWithError(first.status().ToString().c_str());
+    return;
+  }
+  state.counters["kv_tokens"] = static_cast<double>(first->serving->kv_tokens);
+  for (auto _ : state) {
+    StatusOr<Report> report = Estimate(model, config);
+    benchmark::DoNotOptimize(report);
+  }
+}
+
+BENCHMARK_CAPTURE(BM_Serve, llama_7b_h100, std::string("llama-7b"), int64_t{1})
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Serve, llama_70b_h100_tp4, std::string("llama-70b"), int64_t{4})
     ->Unit(benchmark::kMillisecond);
 
 void BM_ValidateHostSide(benchmark::State& state, const Scenario& scenario) {

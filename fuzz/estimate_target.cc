@@ -39,6 +39,37 @@ std::string CheckPeak(const std::string& name, const v1::Peak& peak, bool exact)
   return "";
 }
 
+// A served model (config.serving): the profile run's requests are its micro-batch; the fit is
+// whether vLLM starts, its requirement what the server takes (at least its share of the GPU).
+std::string CheckServing(const v1::EstimateResponse& r) {
+  if (!r.has_serving() || !r.has_fit()) return "a served model without serving or fit";
+  const v1::ServingReport& s = r.serving();
+  if (r.micro_batch() != static_cast<uint64_t>(s.profile_requests())) {
+    return "micro_batch " + Str(r.micro_batch()) + " is not the profile's " +
+           std::to_string(s.profile_requests()) + " requests";
+  }
+  const int64_t kv = static_cast<int64_t>(s.requested_bytes()) -
+                     static_cast<int64_t>(r.peak().allocated_bytes() + s.non_torch_bytes());
+  if (s.kv_cache_bytes() != kv) {
+    return "serving.kv_cache_bytes " + std::to_string(s.kv_cache_bytes()) + " is not " +
+           std::to_string(kv);
+  }
+  if (s.num_blocks() < 0 || s.kv_tokens() != s.num_blocks() * s.block_size() ||
+      (s.kv_cache_bytes() <= 0 && s.num_blocks() != 0)) {
+    return "serving: " + std::to_string(s.num_blocks()) + " blocks, " +
+           std::to_string(s.kv_tokens()) + " tokens from " + std::to_string(s.kv_cache_bytes()) +
+           " bytes";
+  }
+  const v1::DeviceFit& fit = r.fit();
+  if (fit.fits() != s.starts() || s.starts() != s.refusal().empty() ||
+      fit.required_bytes() < s.baseline_bytes() + s.requested_bytes() ||
+      fit.headroom_bytes() != static_cast<int64_t>(fit.capacity_bytes() - fit.required_bytes())) {
+    return "serving fit: starts " + std::string(s.starts() ? "true" : "false") + ", required " +
+           Str(fit.required_bytes()) + ", headroom " + std::to_string(fit.headroom_bytes());
+  }
+  return "";
+}
+
 std::string CheckAnswer(const v1::EstimateRequest& request, const v1::EstimateResponse& r) {
   const bool exact = request.config().runtime() == v1::RUNTIME_CPU_TORCH_1_13;
   if (std::string broken = CheckPeak("peak", r.peak(), exact); !broken.empty()) return broken;
@@ -60,6 +91,7 @@ std::string CheckAnswer(const v1::EstimateRequest& request, const v1::EstimateRe
     }
   }
   const v1::RunConfig& config = request.config();
+  if (config.has_serving()) return CheckServing(r);
   const uint64_t steps = config.has_grad_accum_steps() ? config.grad_accum_steps() : 1;
   if (r.micro_batch() * steps != static_cast<uint64_t>(config.batch_size())) {
     return "micro_batch " + Str(r.micro_batch()) + " * " + Str(steps) + " steps is not batch " +

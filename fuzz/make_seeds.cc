@@ -366,7 +366,22 @@ std::vector<Seed> MakeSeeds(const fs::path& examples) {
     qlora->mutable_config()->mutable_quantization()->set_format(v1::WEIGHT_FORMAT_BNB_NF4);
     qlora->mutable_config()->mutable_quantization()->set_double_quant(true);
     qlora->mutable_config()->mutable_quantization()->set_compute_dtype("bfloat16");
+    // Served by vLLM (config.serving): two H100s, an fp8 KV cache, both questions asked.
+    v1::Model served = model;
+    served.mutable_hf_config()->clear_seq();  // a server's lengths are config.serving's
+    v1::EstimateRequest* serve = add("hf-llama-3.2-1b.serving-tp2-fp8", served, 0);
+    serve->mutable_config()->set_device_name("h100-80gb");
+    serve->mutable_config()->mutable_parallelism()->set_tensor(2);
+    v1::Serving* serving = serve->mutable_config()->mutable_serving();
+    serving->set_max_model_len(4096);
+    serving->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_E4M3);
+    serving->set_request_tokens(1000);
+    serving->set_concurrency(16);
   }
+  // A preset served on an L4 with vLLM's defaults (256 requests of 8 tokens in the profile).
+  v1::EstimateRequest* served_gpt2 = add("gpt2.serving-l4", gpt2, 0);
+  served_gpt2->mutable_config()->set_device_name("l4");
+  served_gpt2->mutable_config()->mutable_serving();
 
   // Refusals: the fuzzer finds many more, these show it the shape of a few.
   add("refused.batch-0", gpt2, 0);

@@ -514,6 +514,8 @@ StatusOr<EstimateInput> EstimateInputFromProto(const v1::EstimateRequest& reques
   MEMEST_ASSIGN_OR_RETURN(input.config, RunConfigFromProto(request.config()));
   MEMEST_RETURN_IF_ERROR(
       ApplyModelHints(input.model, request.config(), &input.config, &input.notes));
+  MEMEST_RETURN_IF_ERROR(
+      ApplyServingDtype(input.model, request.config(), &input.config, &input.notes));
   input.options.max_ops = max_ops;
   input.options.advice = !request.skip_advice();
   return input;

@@ -58,6 +58,12 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& parallel
 // (the engine then estimates one of 1, which it requires); the ranges are ValidateServing's.
 StatusOr<ServingConfig> ServingFromProto(const v1::RunConfig& config);
 void ServingToProto(const ServingReport& serving, v1::ServingReport* out);
+// With config.serving and no precision: vLLM's dtype "auto" (config/model.py,
+// _resolve_auto_dtype, 0.19): the config's torch_dtype, float32 (or none: a preset) downcast to
+// bfloat16 on a GPU of sm_80 or later and float16 before it, bfloat16 to float16 before sm_80.
+// Says so in `notes`.
+Status ApplyServingDtype(const ModelSpec& model, const v1::RunConfig& proto, RunConfig* run,
+                         std::vector<std::string>* notes);
 
 // config.lora (convert_lora.cc): a set message needs a rank; the ranges are ValidateLora's.
 StatusOr<LoraConfig> LoraFromProto(const v1::Lora& lora);

@@ -80,7 +80,8 @@ Status ApplyModelHints(const ModelSpec& model, const v1::RunConfig& proto, RunCo
                        std::vector<std::string>* notes) {
   const auto* hf = std::get_if<HfConfigSpec>(&model.source);
   if (hf == nullptr || run->runtime != Runtime::kCuda) return Status::Ok();
-  const bool precision = proto.precision() == v1::PRECISION_UNSPECIFIED;
+  // A server picks its dtype itself (ApplyServingDtype, convert_serving.cc).
+  const bool precision = proto.precision() == v1::PRECISION_UNSPECIFIED && !proto.has_serving();
   // A server runs its own attention backend, whatever the config's attn_implementation says.
   const bool attention = !proto.has_attention() && !proto.has_serving();
   MEMEST_ASSIGN_OR_RETURN(HfRunHints hints, HfConfigRunHints(hf->config, precision, attention));

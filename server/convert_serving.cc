@@ -1,7 +1,11 @@
 // config.serving from the proto and the response's serving report to it (server/convert.h).
 #include <cmath>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "engine/ir/devices.h"
+#include "engine/models/hf_config.h"
 #include "server/convert.h"
 
 namespace memest {
@@ -41,6 +45,34 @@ StatusOr<ServingConfig> ServingFromProto(const v1::RunConfig& config) {
                              std::to_string(static_cast<int>(s.kv_cache_dtype())));
   }
   return out;
+}
+
+Status ApplyServingDtype(const ModelSpec& model, const v1::RunConfig& proto, RunConfig* run,
+                         std::vector<std::string>* notes) {
+  if (!proto.has_serving() || proto.precision() != v1::PRECISION_UNSPECIFIED) return Status::Ok();
+  std::optional<DType> config_dtype;
+  if (const auto* hf = std::get_if<HfConfigSpec>(&model.source)) {
+    MEMEST_ASSIGN_OR_RETURN(HfRunHints hints, HfConfigRunHints(hf->config, true, false));
+    config_dtype = hints.dtype;
+  }
+  // CudaPlatform's supported dtypes: bfloat16 from sm_80 (ROCm's GPUs have it too).
+  int capability = 90;
+  if (!run->device.empty()) {
+    StatusOr<DeviceInfo> device = FindDevice(run->device);
+    if (device.ok()) capability = device->compute_capability;
+  }
+  const bool bf16 = capability == 0 || capability >= 80;
+  run->precision = config_dtype == DType::kFloat16 || !bf16 ? Precision::kFp16Pure
+                                                            : Precision::kBf16Pure;
+  if (notes != nullptr) {
+    notes->push_back(std::string("precision ") + PrecisionName(run->precision) +
+                     " as vLLM's dtype auto picks it (config/model.py, _resolve_auto_dtype: the "
+                     "config's torch_dtype " +
+                     (config_dtype ? std::string(DTypeName(*config_dtype)) : "(none)") +
+                     ", float32 downcast to the GPU's first supported dtype); set the "
+                     "precision to choose another");
+  }
+  return Status::Ok();
 }
 
 void ServingToProto(const ServingReport& s, v1::ServingReport* out) {

@@ -47,7 +47,8 @@ int LogitsInput(GraphBuilder& b, const BuildContext& ctx, int h) {
 // probs = softmax(float32), q = empty_like(probs).exponential_(), probs.div_(q).argmax(-1). The
 // model-dtype logits stay alive throughout. Top-k/top-p (v1/sample/ops/topk_topp_triton.py,
 // vLLM 0.17-0.19) runs one Triton program per multiprocessor, each with a row of scratch:
-// logits.new_empty([min(SMs, requests), vocab]), cached for the process's life; below 8
+// logits.new_empty([min(next_power_of_2(min(SMs, requests)), SMs), vocab]), cached for the
+// process's life; below 8
 // requests PyTorch's path sorts the logits instead (its sort's values and indices counted).
 void VllmSampler(GraphBuilder& b, int logits, int multiprocessors) {
   if (!b.ok() || logits < 0) return;
@@ -63,8 +64,12 @@ void VllmSampler(GraphBuilder& b, int logits, int multiprocessors) {
   for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
   int scratch = -1;
   if (rows >= 8) {
+    // NUM_PROGRAMS = min(SMs, batch); the buffer's rows min(next_power_of_2(NUM_PROGRAMS), SMs).
     const int64_t programs = std::min<int64_t>(rows, multiprocessors);
-    scratch = b.Add1("full", {}, {{"shape", AttrInts({programs, shape.back()})}, {"dtype", f32}});
+    int64_t buffer = 1;
+    while (buffer < programs) buffer *= 2;
+    buffer = std::min<int64_t>(buffer, multiprocessors);
+    scratch = b.Add1("full", {}, {{"shape", AttrInts({buffer, shape.back()})}, {"dtype", f32}});
   } else {
     b.Add("sort", {x}, {{"dim", AttrInt(-1)}});
   }

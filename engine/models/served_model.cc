@@ -34,7 +34,14 @@ StatusOr<int64_t> PresetContext(const PresetSpec& spec) {
   if (info == nullptr) return NotFound("model.preset.name: unknown preset '" + spec.name + "'");
   if (info->family != "gpt2" && info->family != "llama") return NotServed("this preset");
   const auto given = spec.params.find("seq");
-  if (given != spec.params.end()) return given->second;
+  if (given != spec.params.end()) {
+    if (given->second < 1 || given->second > kMaxServingTokens) {
+      return InvalidArgument("model.preset.params.seq: the context a served preset was made for, "
+                             "from 1 to " + std::to_string(kMaxServingTokens) + ", got " +
+                             std::to_string(given->second));
+    }
+    return given->second;
+  }
   for (const PresetParam& p : info->params) {
     if (p.name == "seq") return p.default_value;
   }
@@ -85,7 +92,11 @@ StatusOr<int64_t> ConfigContext(const HfConfigSpec& spec) {
     const JsonValue* rope = scaling->Find("rope_type");
     if (rope == nullptr || rope->kind != Kind::kString) rope = scaling->Find("type");
     const std::string rope_type = rope != nullptr && rope->kind == Kind::kString ? rope->text : "";
-    if (rope_type == "llama3" || rope_type == "longrope" || rope_type == "su") break;
+    // vLLM leaves these, and Gemma 3 (whose rope_scaling is its global layers' own), unscaled.
+    if (rope_type == "llama3" || rope_type == "longrope" || rope_type == "su" ||
+        type == "gemma3" || type == "gemma3_text") {
+      break;
+    }
     MEMEST_ASSIGN_OR_RETURN(double factor, Number(*scaling, field, "factor"));
     if (factor == 0) break;
     if (rope_type == "yarn") {

@@ -67,8 +67,9 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
 
 // The plan used when config.parallelism.tensor_plan is empty: Megatron's split of the presets'
 // transformer modules (Hugging Face's names): q_proj, k_proj, v_proj, gate_proj, up_proj,
-// c_attn, c_fc, lm_head, BERT's query, key, value and intermediate.dense colwise; o_proj,
-// down_proj, c_proj and BERT's output.dense rowwise; the token embeddings (wte, embed_tokens)
+// c_attn, c_fc, lm_head, BERT's query, key, value and intermediate.dense, Mixtral's experts' w1
+// and w3 colwise; o_proj, down_proj, c_proj, BERT's output.dense and Mixtral's w2 rowwise (each
+// expert split as vLLM's FusedMoE and Megatron's experts without expert parallelism split it); the token embeddings (wte, embed_tokens)
 // rowwise, by vocabulary. gather_lm_head: lm_head kColwiseGathered (config.parallelism's
 // gather_lm_head, vLLM's gathered logits).
 const std::vector<TensorPlanEntry>& DefaultTensorPlan(bool gather_lm_head = false);

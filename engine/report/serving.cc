@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "engine/ir/devices.h"
 #include "engine/models/served_model.h"
 #include "engine/passes/tensor_parallel.h"
+#include "engine/report/kv_pages.h"
 
 namespace memest {
 namespace {
@@ -60,12 +63,20 @@ StatusOr<ServingReport> ResolveSettings(const ModelSpec& model, const RunConfig&
                       " tokens, which vLLM refuses (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)");
   }
   s.max_model_len = c.max_model_len > 0 ? c.max_model_len : context;
+  // vLLM 0.19's order (_set_default_max_num_seqs_and_batched_tokens_args): the defaults, the
+  // default batched tokens at most max_num_seqs * max_model_len, the default sequences at most
+  // the batched tokens.
   const bool large = LargeGpu(device);
-  s.max_num_batched_tokens =
-      c.max_num_batched_tokens > 0 ? c.max_num_batched_tokens : (large ? 8192 : 2048);
-  s.max_num_seqs = c.max_num_seqs > 0 ? c.max_num_seqs
-                                      : std::min<int64_t>(large ? 1024 : 256,
-                                                          s.max_num_batched_tokens);
+  const int64_t seqs = c.max_num_seqs > 0 ? c.max_num_seqs : (large ? 1024 : 256);
+  s.max_num_batched_tokens = c.max_num_batched_tokens;
+  if (s.max_num_batched_tokens == 0) {
+    s.max_num_batched_tokens = large ? 8192 : 2048;
+    if (seqs <= s.max_num_batched_tokens / s.max_model_len) {
+      s.max_num_batched_tokens = seqs * s.max_model_len;
+    }
+  }
+  s.max_num_seqs =
+      c.max_num_seqs > 0 ? c.max_num_seqs : std::min(seqs, s.max_num_batched_tokens);
   if (s.max_num_batched_tokens < s.max_num_seqs) {
     return Refuse("config.serving.max_num_seqs",
                   Str(s.max_num_seqs) + " is more than max_num_batched_tokens " +
@@ -88,42 +99,75 @@ StatusOr<ServingReport> ResolveSettings(const ModelSpec& model, const RunConfig&
   return s;
 }
 
-// The KV cache's bytes per token over every layer on this GPU: the model built for one token of
-// one sequence in inference, tensor parallelism applied, its caches' elements at the served
-// element type. Sets s->kv_layers and s->kv_cache_dtype.
-Status ReadKvLayout(const ModelSpec& model, const RunConfig& config, int64_t max_ops,
-                    Budget* budget, ServingReport* s) {
+// The layers' KV caches on this GPU, as vLLM's pages: the model built for one token of one
+// sequence in inference, with room for the most tokens a request may generate so that a
+// sliding-window layer's cache stops at its window (transformers 5's, which the builders follow)
+// where a full one does not; tensor parallelism applied (each rank's max(1, kv_heads / t) heads);
+// the elements at the served element type. Sets s->kv_layers, s->kv_bytes_per_token and
+// s->kv_cache_dtype.
+StatusOr<KvPages> ReadKvPages(const ModelSpec& model, const RunConfig& config, int64_t max_ops,
+                              Budget* budget, ServingReport* s) {
   RunConfig one = config;
   one.serving = ServingConfig{};
   one.batch_size = 1;
   one.parallelism = ParallelismConfig{};
-  one.attention = AttentionImpl::kFlash;
+  one.generate_tokens = kMaxGenerateTokens - 1;
+  const int64_t full = 1 + one.generate_tokens;
   MEMEST_ASSIGN_OR_RETURN(ModelSpec token, WithSequence(model, 1));
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildStepGraph(token, one, max_ops, budget));
-  if (config.parallelism.tensor > 1) {
+  const int64_t t = config.parallelism.tensor;
+  for (const Tensor& cache : graph.tensors) {
+    if (cache.kv_cache && cache.shape.size() == 4 && cache.shape[1] < t) {
+      return Refuse("config.parallelism.tensor",
+                    Str(t) + " ranks are more than the model's " + Str(cache.shape[1]) +
+                        " KV heads; vLLM then replicates each head over several ranks, which is "
+                        "not modelled");
+    }
+  }
+  if (t > 1) {
     MEMEST_ASSIGN_OR_RETURN(TensorParallelView view,
                             ShardTensorParallel(graph, config.parallelism));
     graph = std::move(view.graph);
   }
   const KvCacheDType kv = config.serving.kv_cache_dtype;
-  int64_t bytes = 0, caches = 0;
-  for (const Tensor& t : graph.tensors) {
-    if (!t.kv_cache || t.shape.size() != 4) continue;
-    const int64_t element = kv == KvCacheDType::kAuto ? DTypeSize(t.dtype) : 1;
-    bytes += t.shape[1] * t.shape[3] * element;  // [1, kv_heads, 1, head_dim]
-    ++caches;
-    if (kv == KvCacheDType::kAuto) s->kv_cache_dtype = std::string(DTypeName(t.dtype));
+  std::vector<KvLayer> layers;
+  for (const Tensor& cache : graph.tensors) {
+    // The keys' cache [1, kv_heads, positions, head_dim]; the values' is its twin.
+    if (!cache.kv_cache || cache.shape.size() != 4 || cache.name.find("k_cache") ==
+                                                          std::string::npos) {
+      continue;
+    }
+    const int64_t element = kv == KvCacheDType::kAuto ? DTypeSize(cache.dtype) : 1;
+    const int64_t window = cache.shape[2] < full ? cache.shape[2] : 0;
+    layers.push_back({2 * cache.shape[1] * cache.shape[3] * element, window});
+    if (kv == KvCacheDType::kAuto) s->kv_cache_dtype = std::string(DTypeName(cache.dtype));
   }
-  if (caches == 0) return InvalidArgument("model: has no attention KV cache to serve from");
   if (kv != KvCacheDType::kAuto) s->kv_cache_dtype = KvCacheDTypeName(kv);
-  s->kv_layers = caches / 2;
-  s->kv_bytes_per_token = bytes;
-  return Status::Ok();
+  MEMEST_ASSIGN_OR_RETURN(KvPages pages,
+                          KvPages::Make(layers, s->block_size, s->max_num_batched_tokens));
+  s->kv_layers = static_cast<int64_t>(layers.size());
+  s->kv_bytes_per_token = pages.bytes_per_token();
+  return pages;
+}
+
+// The longest request, up to `most` tokens, for which fits(tokens) holds (fits is monotone:
+// a longer request never takes less); 0 when none does.
+int64_t Longest(int64_t most, const std::function<bool(int64_t)>& fits) {
+  int64_t lo = 0, hi = most;
+  while (lo < hi) {
+    const int64_t mid = hi - (hi - lo) / 2;
+    if (fits(mid)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
 }
 
 // The budget, the pages and the answers, from the profile run's peak.
 void DivideMemory(const Report& profile, const DeviceInfo& device, int64_t tensor,
-                  ServingReport* s) {
+                  const KvPages& pages, ServingReport* s) {
   const int64_t total = device.capacity_bytes;
   s->requested_bytes =
       static_cast<int64_t>(std::floor(static_cast<double>(total) * s->gpu_memory_utilization));
@@ -132,21 +176,26 @@ void DivideMemory(const Report& profile, const DeviceInfo& device, int64_t tenso
   s->non_torch_bytes = NonTorchBytes(tensor);
   s->kv_cache_bytes = s->requested_bytes - profile.peak.allocated_bytes - s->non_torch_bytes;
   s->baseline_bytes = device.cuda_context_bytes + SnapshotNcclBytes(tensor);
-  const int64_t block_bytes = s->block_size * s->kv_bytes_per_token;  // a page of every layer
-  const int64_t blocks = s->kv_cache_bytes > 0 ? s->kv_cache_bytes / block_bytes : 0;
+  const int64_t blocks = pages.Blocks(s->kv_cache_bytes);
   s->num_blocks = blocks;
-  s->kv_tokens = blocks * s->block_size;
-  s->max_concurrency =
-      static_cast<double>(blocks) / static_cast<double>(CeilDiv(s->max_model_len, s->block_size));
+  s->kv_tokens = pages.Tokens(blocks);
+  s->max_concurrency = static_cast<double>(blocks) /
+                       static_cast<double>(pages.BlocksPerRequest(s->max_model_len));
   const int64_t usable = std::max<int64_t>(blocks - 1, 0);  // block 0 is the null block
-  s->concurrent_requests = std::min(s->max_num_seqs,
-                                    usable / CeilDiv(s->request_tokens, s->block_size));
+  s->concurrent_requests =
+      std::min(s->max_num_seqs, usable / pages.BlocksPerRequest(s->request_tokens));
   if (s->concurrency > 0) {
-    s->longest_request = std::min(s->max_model_len, usable / s->concurrency * s->block_size);
+    const int64_t c = s->concurrency;
+    s->longest_request = Longest(s->max_model_len, [&](int64_t tokens) {
+      return pages.BlocksPerRequest(tokens) <= usable / c;
+    });
   }
-  s->longest_single_request = std::min(s->max_model_len, blocks * s->block_size);
+  // vLLM's estimate_max_model_len: the longest request whose pages the cache's bytes hold.
+  s->longest_single_request = Longest(s->max_model_len, [&](int64_t tokens) {
+    return pages.NeededBytes(tokens) <= s->kv_cache_bytes;
+  });
   const int64_t free_at_start = total - s->baseline_bytes;
-  const int64_t needed = CeilDiv(s->max_model_len, s->block_size) * block_bytes;
+  const int64_t needed = pages.NeededBytes(s->max_model_len);
   if (free_at_start < s->requested_bytes) {
     s->refusal = "Free memory on device (" + Gib(free_at_start) + "/" + Gib(total) +
                  " GiB) on startup is less than desired GPU memory utilization (" +
@@ -167,25 +216,26 @@ void DivideMemory(const Report& profile, const DeviceInfo& device, int64_t tenso
   s->starts = s->refusal.empty();
 }
 
-DeviceFit ServingFit(const DeviceInfo& device, const Report& profile, const ServingReport& s) {
+DeviceFit ServingFit(const DeviceInfo& device, const Report& profile, const ServingReport& s,
+                     int64_t needed) {
   DeviceFit fit;
   fit.device = device.name;
   fit.capacity_bytes = device.capacity_bytes;
   // What the server takes: its share of the GPU, or when that cannot hold the weights, the
   // profile and one longest request, those.
-  const int64_t least = profile.peak.allocated_bytes + s.non_torch_bytes +
-                        CeilDiv(s.max_model_len, s.block_size) * s.block_size *
-                            s.kv_bytes_per_token;
+  const int64_t least =
+      std::min(profile.peak.allocated_bytes + s.non_torch_bytes + needed, kMaxBytes);
   fit.required_bytes = s.baseline_bytes + std::max(s.requested_bytes, least);
   fit.fits = s.starts;
   fit.headroom_bytes = fit.capacity_bytes - fit.required_bytes;
   return fit;
 }
 
-void AddServingNotes(const ServingReport& s, int64_t tensor, Report* r) {
+void AddServingNotes(const ServingReport& s, int64_t tensor, const KvPages& pages, Report* r) {
   r->notes.push_back(
-      "serving: vLLM V1's startup as 0.11-0.19 run it: the breakdown and peak are its profile "
-      "run, " + Str(s.max_num_batched_tokens) + " tokens in " + Str(s.profile_requests) +
+      "serving: vLLM V1's startup as 0.17-0.19 run it (earlier versions' sampler sorts the "
+      "logits and peaks higher): the breakdown and peak are its profile run, " +
+      Str(s.max_num_batched_tokens) + " tokens in " + Str(s.profile_requests) +
       " requests (attention fused, no KV cache yet) and its sampler on their last tokens "
       "(float32 logits, probabilities and exponential draws, [requests, vocab] each)");
   r->notes.push_back(
@@ -194,9 +244,13 @@ void AddServingNotes(const ServingReport& s, int64_t tensor, Report* r) {
       (tensor > 1 ? "with tensor parallelism" : "on one GPU") +
       "); CUDA graphs are captured after the KV cache, outside gpu_memory_utilization "
       "(0.5-1.9 GiB on H100), so the rest of the GPU must hold them");
+  if (pages.sliding()) {
+    r->notes.push_back("serving: full-attention and sliding-window layers grouped as vLLM's "
+                       "hybrid KV cache manager groups them, in " + Str(pages.groups()) +
+                       " groups (" + Str(pages.padding_layers()) + " padding layers)");
+  }
   r->notes.push_back(
-      "serving: every layer's cache counted as full attention (sliding windows hold at most "
-      "as much); the forward is built as Hugging Face's modules run it (vLLM fuses q/k/v and "
+      "serving: the forward is built as Hugging Face's modules run it (vLLM fuses q/k/v and "
       "gate/up projections, and mixture-of-experts layers run its fused kernel)");
 }
 
@@ -230,23 +284,28 @@ StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config
   MEMEST_ASSIGN_OR_RETURN(ServingReport s, ResolveSettings(model, config, *device));
   MEMEST_ASSIGN_OR_RETURN(const int64_t context, ServedContextLength(model));
   RunConfig profile = config;
+  // vLLM skips the attention kernel in its profile run; a fused kernel of the model's dtype
+  // stands for it (FlashAttention takes 16-bit dtypes only).
+  const bool flash = ParameterDType(config.precision) != DType::kFloat32 &&
+                     AttentionCapability(*device) >= 80;
+  profile.attention = flash ? AttentionImpl::kFlash : AttentionImpl::kMemEfficient;
   // vLLM's lm_head: its logits all-gathered whole on every rank (LogitsProcessor._gather_logits),
   // where the sampler reads them.
   profile.parallelism.gather_lm_head = true;
   profile.batch_size = s.profile_requests;
   profile.serving.rotary_positions = context;
-  profile.attention = AttentionImpl::kFlash;
   MEMEST_ASSIGN_OR_RETURN(
       ModelSpec run, WithSequence(model, CeilDiv(s.max_num_batched_tokens, s.profile_requests)));
   MEMEST_ASSIGN_OR_RETURN(Graph graph,
                           BuildStepGraph(run, profile, options.max_ops, options.budget));
-  MEMEST_RETURN_IF_ERROR(ReadKvLayout(model, profile, options.max_ops, options.budget, &s));
+  MEMEST_ASSIGN_OR_RETURN(KvPages pages,
+                          ReadKvPages(model, profile, options.max_ops, options.budget, &s));
   EstimateOptions plain = options;
   plain.advice = false;
   MEMEST_ASSIGN_OR_RETURN(Report report, EstimateGraph(graph, profile, plain));
-  DivideMemory(report, *device, config.parallelism.tensor, &s);
-  report.fit = ServingFit(*device, report, s);
-  AddServingNotes(s, config.parallelism.tensor, &report);
+  DivideMemory(report, *device, config.parallelism.tensor, pages, &s);
+  report.fit = ServingFit(*device, report, s, pages.NeededBytes(s.max_model_len));
+  AddServingNotes(s, config.parallelism.tensor, pages, &report);
   report.serving = std::move(s);
   return report;
 }

@@ -57,6 +57,23 @@ TEST(ServingCliTest, SaysWhyVllmWouldNotStart) {
   EXPECT_THAT(r.out, HasSubstr("max_num_seqs 256, max_num_batched_tokens 2048"));
 }
 
+// vLLM's dtype "auto": GPT-2's float32 checkpoint served in bfloat16 on an H100, in float16 on
+// a T4 (no bfloat16 before sm_80); a precision given wins.
+TEST(ServingCliTest, TheDtypeIsVllmsAuto) {
+  const std::string gpt2 = std::string(MEMEST_SOURCE_DIR) + "/tests/data/hf_configs/gpt2.json";
+  auto kv_dtype = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {kMemest, "estimate", "--local", "--hf-config", gpt2,
+                                     "--serve", "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult r = ::memest::testing::Run(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out).at("serving").at("kvCacheDtype").get<std::string>();
+  };
+  EXPECT_EQ(kv_dtype({"--device", "h100-80gb"}), "bfloat16");
+  EXPECT_EQ(kv_dtype({"--device", "t4"}), "float16");
+  EXPECT_EQ(kv_dtype({"--device", "h100-80gb", "--precision", "fp32"}), "float32");
+}
+
 TEST(ServingCliTest, RefusesWhatDoesNotApply) {
   const RunResult no_serve = ::memest::testing::Run({kMemest, "estimate", "--local", "--hf-config", kLlama31,
                                   "--mode", "inference", "--max-model-len", "4096"});

@@ -173,6 +173,47 @@ TEST(ServingTest, NoRoomForTheCacheIsRefused) {
   EXPECT_NE(s.refusal.find("No available memory for the cache blocks"), std::string::npos);
 }
 
+TEST(ServingTest, SlidingWindowLayersAreGroupedAsVllmGroupsThem) {
+  // Gemma 3 1B: 26 layers, every sixth global (4) and the rest a 512-token window (22). vLLM's
+  // hybrid manager: groups of 4 layers, the windowed ones padded to 6 groups (2 padding
+  // layers), 7 groups drawing from one pool of blocks of 4 pages each.
+  RunConfig c = Served("h100-80gb");
+  c.serving.max_model_len = 32768;
+  const ServingReport s = Serve(Config("gemma-3-1b-it"), c);
+  EXPECT_EQ(s.kv_layers, 26);
+  const int64_t page = 16 * s.kv_bytes_per_token / 26;  // every layer alike: 1 KV head of 256
+  EXPECT_EQ(s.num_blocks, s.kv_cache_bytes / (4 * page));
+  EXPECT_EQ(s.kv_tokens, s.num_blocks / 7 * 16);
+  // A request of 32768 tokens: 2048 blocks in the global group, ceil((512 - 1 + 8192) / 16) + 1
+  // = 545 in each windowed one (the window and a step's batched tokens).
+  EXPECT_DOUBLE_EQ(s.max_concurrency, static_cast<double>(s.num_blocks) / (2048 + 6 * 545));
+  // Gemma 3's context is its max_position_embeddings: vLLM does not scale it by rope_scaling.
+  RunConfig d = Served("h100-80gb");
+  EXPECT_EQ(Serve(Config("gemma-3-4b-text"), d).max_model_len, 131072);
+}
+
+TEST(ServingTest, DefaultBatchedTokensStopAtWhatTheRequestsCanHold) {
+  // vLLM 0.19: the default max_num_batched_tokens at most max_num_seqs * max_model_len.
+  RunConfig c = Served("h100-80gb");
+  c.serving.max_num_seqs = 1;
+  c.serving.max_model_len = 2048;
+  const ServingReport s = Serve(Config("llama-3.1-8b"), c);
+  EXPECT_EQ(s.max_num_batched_tokens, 2048);
+  EXPECT_EQ(s.profile_requests, 1);
+}
+
+TEST(ServingTest, MixtralsExpertsSplitOverTheRanks) {
+  RunConfig c = Served("h100-80gb");
+  c.serving.max_model_len = 8192;
+  const ServingReport one = Serve(Config("mixtral-8x7b"), c);
+  c.parallelism.tensor = 2;
+  const ServingReport two = Serve(Config("mixtral-8x7b"), c);
+  // 46.7 B parameters in bf16: 87 GiB on one GPU (it does not start), half on each of two.
+  EXPECT_FALSE(one.starts);
+  EXPECT_TRUE(two.starts) << two.refusal;
+  EXPECT_NEAR(static_cast<double>(two.weights_bytes) / one.weights_bytes, 0.5, 0.01);
+}
+
 TEST(ServingTest, APresetServesAtItsContext) {
   ModelSpec m;
   m.source = PresetSpec{"llama-7b", {}};
@@ -201,6 +242,7 @@ TEST(ServingTest, RefusesWhatVllmDoesNotRunHere) {
       {"config.serving", [](RunConfig* c) { c->device.clear(); }},
       {"config.serving", [](RunConfig* c) { c->mode = Mode::kTraining; }},
       {"config.generate_tokens", [](RunConfig* c) { c->generate_tokens = 16; }},
+      {"config.parallelism.tensor", [](RunConfig* c) { c->parallelism.tensor = 16; }},
       {"config.lora", [](RunConfig* c) {
          c->lora.rank = 8;
          c->lora.target_modules = {"q_proj"};
@@ -214,6 +256,11 @@ TEST(ServingTest, RefusesWhatVllmDoesNotRunHere) {
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << k.field;
     EXPECT_EQ(r.status().message().rfind(k.field, 0), 0u) << r.status().message();
   }
+  ModelSpec preset;
+  preset.source = PresetSpec{"llama-7b", {{"seq", 0}}};
+  StatusOr<Report> zero = Estimate(preset, Served("h100-80gb"));
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.status().message().rfind("model.preset.params.seq", 0), 0u);
   ModelSpec layers;
   layers.source = LayerModelSpec{{16}, DType::kFloat32, {{"linear", "", {}}}, "sum"};
   StatusOr<Report> r = Estimate(layers, Served("h100-80gb"));
