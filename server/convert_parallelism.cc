@@ -120,7 +120,8 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
         break;
       default:
         return InvalidArgument("config.parallelism.tensor_plan[" + std::to_string(i) +
-                               "].style: COLWISE or ROWWISE, got " + std::to_string(e.style()));
+                               "].style: COLWISE, ROWWISE or COLWISE_GATHERED, got " +
+                               std::to_string(e.style()));
     }
     out.tensor_plan.push_back(std::move(entry));
   }

@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "engine/ir/shape.h"
 #include "engine/ir/text.h"
 
 namespace memest {
@@ -45,8 +46,9 @@ Status ValidateRunConfig(const RunConfig& c) {
     MEMEST_RETURN_IF_ERROR(CheckNameSize(c.checkpoint.scopes[k],
                                          "config.checkpoint.scopes[" + std::to_string(k) + "]"));
   }
-  if (c.device_capacity_bytes < 0) {
-    return InvalidArgument("config.device_capacity_bytes: must be non-negative");
+  if (c.device_capacity_bytes < 0 || c.device_capacity_bytes > kMaxBytes) {
+    return InvalidArgument("config.device_capacity_bytes: must be from 0 to 2^62, got " +
+                           std::to_string(c.device_capacity_bytes));
   }
   if (c.generate_tokens < 0) {
     return InvalidArgument("config.generate_tokens: must be non-negative, got " +

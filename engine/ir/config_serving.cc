@@ -36,27 +36,14 @@ Status ValidateServing(const RunConfig& c) {
   MEMEST_RETURN_IF_ERROR(InRange(s.max_model_len, kMaxServingTokens, "max_model_len"));
   MEMEST_RETURN_IF_ERROR(InRange(s.request_tokens, kMaxServingTokens, "request_tokens"));
   MEMEST_RETURN_IF_ERROR(InRange(s.concurrency, kMaxServingSeqs, "concurrency"));
-  if (s.max_num_seqs > 0 && s.max_num_batched_tokens > 0 &&
-      s.max_num_batched_tokens < s.max_num_seqs) {
-    // SchedulerConfig's check: every scheduled request takes at least one token of the step.
-    return InvalidArgument("config.serving.max_num_batched_tokens: must be at least max_num_seqs " +
-                           Str(s.max_num_seqs) + ", got " + Str(s.max_num_batched_tokens));
-  }
-  if (s.max_model_len > 0 && s.request_tokens > s.max_model_len) {
-    return InvalidArgument("config.serving.request_tokens: " + Str(s.request_tokens) +
-                           " is longer than max_model_len " + Str(s.max_model_len) +
-                           ", which the server refuses");
-  }
-  if (s.max_num_seqs > 0 && s.concurrency > s.max_num_seqs) {
-    return InvalidArgument("config.serving.concurrency: " + Str(s.concurrency) +
-                           " requests never run at once with max_num_seqs " +
-                           Str(s.max_num_seqs));
-  }
+  // The settings against each other are checked once vLLM's defaults are filled in
+  // (engine/report/serving.cc).
   if (c.mode != Mode::kInference) {
-    return InvalidArgument("config.serving: a server runs inference; the mode is training");
+    return InvalidArgument("config.mode: a server runs inference, and config.serving is set");
   }
   if (c.runtime != Runtime::kCuda) {
-    return InvalidArgument("config.serving: vLLM's engine runs on CUDA, not the cpu-1.13 runtime");
+    return InvalidArgument("config.runtime: vLLM's engine runs on CUDA, and config.serving is "
+                           "set");
   }
   if (c.device.empty() && c.device_capacity_bytes == 0) {
     return InvalidArgument("config.serving: the KV cache takes what the GPU's memory leaves; name "
@@ -67,10 +54,10 @@ Status ValidateServing(const RunConfig& c) {
                            "(config.serving.max_model_len bounds them); leave it unset");
   }
   if (c.parallelism.pipeline > 1 || c.parallelism.context > 1 || c.parallelism.data > 1 ||
-      c.parallelism.sharding != DataSharding::kNone) {
+      c.parallelism.sharding != DataSharding::kNone || c.parallelism.sequence_parallel) {
     return InvalidArgument("config.parallelism: a served model is modelled with tensor "
-                           "parallelism only (vLLM's --tensor-parallel-size); data-parallel "
-                           "replicas are each their own estimate");
+                           "parallelism only (vLLM's --tensor-parallel-size, without sequence "
+                           "parallelism); data-parallel replicas are each their own estimate");
   }
   if (c.lora.rank > 0) {
     return InvalidArgument("config.lora: vLLM's LoRA serving (its adapter slots) is not modelled");

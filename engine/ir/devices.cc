@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <string_view>
 #include <utility>
 
 #include "engine/ir/text.h"
@@ -39,25 +38,11 @@ struct Alias {
   const char* name;
 };
 
-// Streaming multiprocessors (AMD: compute units), from each GPU's data sheet.
-int Multiprocessors(std::string_view name) {
-  static const std::pair<const char*, int> kCounts[] = {
-      {"a100-40gb", 108}, {"a100-80gb", 108}, {"h100-80gb", 132}, {"h100-pcie", 114},
-      {"h200-141gb", 132}, {"b200", 148}, {"l4", 58}, {"t4", 40},
-      {"a6000", 84}, {"rtx-6000-ada", 142}, {"rtx-4090", 128}, {"mi300x", 304},
-      {"h100-nvl", 132}, {"v100-32gb", 80}, {"a10g", 80}, {"l40", 142},
-      {"l40s", 142}, {"rtx-3090", 82},
-  };
-  for (const auto& [gpu, count] : kCounts) {
-    if (name == gpu) return count;
-  }
-  return kDatacenterMultiprocessors;
-}
-
+// `sms`: streaming multiprocessors (AMD: compute units), from each GPU's data sheet.
 DeviceInfo Gpu(const char* name, const char* description, int64_t capacity, int64_t context,
-               int cc, bool measured) {
+               int cc, int sms, bool measured) {
   DeviceInfo d;
-  d.multiprocessors = Multiprocessors(name);
+  d.multiprocessors = sms;
   d.name = name;
   d.description = description;
   d.capacity_bytes = capacity;
@@ -72,27 +57,27 @@ const std::vector<DeviceInfo>& Catalog() {
   static const auto* catalog = [] {
     auto* c = new std::vector<DeviceInfo>{
         // measured
-        Gpu("a100-40gb", "NVIDIA A100 40GB (SXM4/PCIe)", 42'505'273'344, 430 * kMiB, 80, true),
-        Gpu("a100-80gb", "NVIDIA A100 80GB (SXM4/PCIe)", 85'051'572'224, 430 * kMiB, 80, true),
-        Gpu("h100-80gb", "NVIDIA H100 80GB HBM3 (SXM)", 85'031'714'816, 500 * kMiB, 90, true),
-        Gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 81008 * kMiB, 500 * kMiB, 90, true),
-        Gpu("h200-141gb", "NVIDIA H200 141GB HBM3e", 150'754'820'096, 500 * kMiB, 90, true),
-        Gpu("b200", "NVIDIA B200 180GB HBM3e", 182631 * kMiB, 500 * kMiB, 100, true),
-        Gpu("l4", "NVIDIA L4 24GB", 23'580'639'232, 380 * kMiB, 89, true),
-        Gpu("t4", "NVIDIA Tesla T4 16GB", 15109 * kMiB, 310 * kMiB, 75, true),
-        Gpu("a6000", "NVIDIA RTX A6000 48GB", 48676 * kMiB, 350 * kMiB, 86, true),
+        Gpu("a100-40gb", "NVIDIA A100 40GB (SXM4/PCIe)", 42'505'273'344, 430 * kMiB, 80, 108, true),
+        Gpu("a100-80gb", "NVIDIA A100 80GB (SXM4/PCIe)", 85'051'572'224, 430 * kMiB, 80, 108, true),
+        Gpu("h100-80gb", "NVIDIA H100 80GB HBM3 (SXM)", 85'031'714'816, 500 * kMiB, 90, 132, true),
+        Gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 81008 * kMiB, 500 * kMiB, 90, 114, true),
+        Gpu("h200-141gb", "NVIDIA H200 141GB HBM3e", 150'754'820'096, 500 * kMiB, 90, 132, true),
+        Gpu("b200", "NVIDIA B200 180GB HBM3e", 182631 * kMiB, 500 * kMiB, 100, 148, true),
+        Gpu("l4", "NVIDIA L4 24GB", 23'580'639'232, 380 * kMiB, 89, 58, true),
+        Gpu("t4", "NVIDIA Tesla T4 16GB", 15109 * kMiB, 310 * kMiB, 75, 40, true),
+        Gpu("a6000", "NVIDIA RTX A6000 48GB", 48676 * kMiB, 350 * kMiB, 86, 84, true),
         Gpu("rtx-6000-ada", "NVIDIA RTX 6000 Ada Generation 48GB", 50'865'307'648, 426 * kMiB, 89,
-            true),
-        Gpu("rtx-4090", "NVIDIA GeForce RTX 4090 24GB", 25'393'692'672, 380 * kMiB, 89, true),
+            142, true),
+        Gpu("rtx-4090", "NVIDIA GeForce RTX 4090 24GB", 25'393'692'672, 380 * kMiB, 89, 128, true),
         Gpu("mi300x", "AMD Instinct MI300X 192GB (ROCm: estimated, never validated)",
-            196592 * kMiB, 500 * kMiB, 0, true),
+            196592 * kMiB, 500 * kMiB, 0, 304, true),
         // estimated
-        Gpu("h100-nvl", "NVIDIA H100 NVL 94GB", 95363 * kMiB, 500 * kMiB, 90, false),
-        Gpu("v100-32gb", "NVIDIA V100 32GB (SXM2/PCIe)", 34'089'730'048, 310 * kMiB, 70, false),
-        Gpu("a10g", "NVIDIA A10G 24GB (AWS g5)", 23'836'098'560, 350 * kMiB, 86, false),
-        Gpu("l40", "NVIDIA L40 48GB", 47'697'362'944, 380 * kMiB, 89, false),
-        Gpu("l40s", "NVIDIA L40S 48GB", 47'697'362'944, 380 * kMiB, 89, false),
-        Gpu("rtx-3090", "NVIDIA GeForce RTX 3090 24GB", 25'447'170'048, 350 * kMiB, 86, false),
+        Gpu("h100-nvl", "NVIDIA H100 NVL 94GB", 95363 * kMiB, 500 * kMiB, 90, 132, false),
+        Gpu("v100-32gb", "NVIDIA V100 32GB (SXM2/PCIe)", 34'089'730'048, 310 * kMiB, 70, 80, false),
+        Gpu("a10g", "NVIDIA A10G 24GB (AWS g5)", 23'836'098'560, 350 * kMiB, 86, 80, false),
+        Gpu("l40", "NVIDIA L40 48GB", 47'697'362'944, 380 * kMiB, 89, 142, false),
+        Gpu("l40s", "NVIDIA L40S 48GB", 47'697'362'944, 380 * kMiB, 89, 142, false),
+        Gpu("rtx-3090", "NVIDIA GeForce RTX 3090 24GB", 25'447'170'048, 350 * kMiB, 86, 82, false),
     };
     for (DeviceInfo& d : *c) {
       if (d.name == "mi300x") {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/models/layers.h"
+#include "engine/models/vllm_sampler.h"
 
 namespace memest {
 namespace {
@@ -41,47 +42,6 @@ int LogitsInput(GraphBuilder& b, const BuildContext& ctx, int h) {
                 {{"dim", AttrInt(1)}, {"start", AttrInt(t - 1)}, {"end", AttrInt(t)}});
 }
 
-// vLLM V1's Sampler on the logits of each request's last token (v1/sample/sampler.py, as the
-// profile run's _dummy_sampler_run drives it: temperature 0.5, top-k and top-p set, no
-// logprobs): logits.to(float32), the temperature divided in place, top-k/top-p masked in place,
-// probs = softmax(float32), q = empty_like(probs).exponential_(), probs.div_(q).argmax(-1). The
-// model-dtype logits stay alive throughout. Top-k/top-p (v1/sample/ops/topk_topp_triton.py,
-// vLLM 0.17-0.19) runs one Triton program per multiprocessor, each with a row of scratch:
-// logits.new_empty([min(next_power_of_2(min(SMs, requests)), SMs), vocab]), cached for the
-// process's life; below 8
-// requests PyTorch's path sorts the logits instead (its sort's values and indices counted).
-void VllmSampler(GraphBuilder& b, int logits, int multiprocessors) {
-  if (!b.ok() || logits < 0) return;
-  const Shape shape = b.shape(logits);
-  const std::string f32(DTypeName(DType::kFloat32));
-  int x = b.Add1("to", {logits}, {{"dtype", f32}});
-  const int upcast = x;
-  Shape temp_shape(shape.size(), 1);
-  temp_shape[0] = shape[0];
-  const int temperature = b.Add1("full", {}, {{"shape", AttrInts(temp_shape)}, {"dtype", f32}});
-  x = b.Add1("div_", {x, temperature});
-  int64_t rows = 1;
-  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
-  int scratch = -1;
-  if (rows >= 8) {
-    // NUM_PROGRAMS = min(SMs, batch); the buffer's rows min(next_power_of_2(NUM_PROGRAMS), SMs).
-    const int64_t programs = std::min<int64_t>(rows, multiprocessors);
-    int64_t buffer = 1;
-    while (buffer < programs) buffer *= 2;
-    buffer = std::min<int64_t>(buffer, multiprocessors);
-    scratch = b.Add1("full", {}, {{"shape", AttrInts({buffer, shape.back()})}, {"dtype", f32}});
-  } else {
-    b.Add("sort", {x}, {{"dim", AttrInt(-1)}});
-  }
-  const int probs = b.Add1("softmax", {x}, {{"dim", AttrInt(-1)}});
-  int q = b.Add1("full", {}, {{"shape", AttrInts(b.shape(probs))}, {"dtype", f32}});
-  q = b.Add1("exponential_", {q});
-  const int ratio = b.Add1("div_", {probs, q});
-  b.Add("max", {ratio}, {{"dim", AttrInt(-1)}});
-  b.HoldUntilLastOp(upcast);  // Sampler.forward's `logits`, while sample() runs
-  b.HoldUntilLastOp(scratch);  // _TRITON_BUFFER_CACHE
-}
-
 // The LM head over the model's last hidden state: lm_head (tied to `embed` or its own weight)
 // on the positions LogitsInput keeps, soft-capped by `softcap` (Gemma 2's
 // final_logit_softcapping; 0: none), and in training HF's ForCausalLMLoss (logits.float(), then
@@ -95,13 +55,7 @@ void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerCont
                        const std::function<int(int)>& aux_loss = nullptr) {
   int h = LogitsInput(b, ctx, last_hidden_state);
   int gathered = -1;
-  if (ctx.serving && b.ok() && h >= 0) {
-    // vLLM's profile run: hidden_states[logit_indices] (a gathered copy, which profile_run
-    // keeps), then _dummy_sampler_run's torch.rand_like of it computes the logits.
-    gathered = b.Add1("contiguous", {h});
-    h = b.Add1("full", {}, {{"shape", AttrInts(b.shape(gathered))},
-                            {"dtype", std::string(DTypeName(b.tensor(gathered).dtype))}});
-  }
+  if (ctx.serving) h = VllmSamplerInput(b, h, &gathered);
   int logits = tied ? TiedLinear(b, name, h, embed) : Linear(b, c, name, h, vocab, /*bias=*/false);
   if (softcap > 0) logits = SoftCap(b, logits, softcap);
   if (Training(ctx)) {

@@ -54,7 +54,8 @@ int64_t ClassPositions(const std::string& type) {
   if (type == "qwen2" || type == "qwen2_moe" || type == "qwen3" || type == "qwen3_moe") {
     return 32768;
   }
-  if (type == "gemma") return 8192;
+  if (type == "gemma" || type == "gemma2") return 8192;
+  if (type == "gemma3_text") return 131072;
   if (type == "phi3") return 4096;
   if (type == "gpt2") return 1024;  // n_positions
   return 2048;                      // LlamaConfig, GPTNeoXConfig; vLLM's own fallback

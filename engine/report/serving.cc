@@ -78,9 +78,11 @@ StatusOr<ServingReport> ResolveSettings(const ModelSpec& model, const RunConfig&
   s.max_num_seqs =
       c.max_num_seqs > 0 ? c.max_num_seqs : std::min(seqs, s.max_num_batched_tokens);
   if (s.max_num_batched_tokens < s.max_num_seqs) {
-    return Refuse("config.serving.max_num_seqs",
-                  Str(s.max_num_seqs) + " is more than max_num_batched_tokens " +
-                      Str(s.max_num_batched_tokens) +
+    // SchedulerConfig's check: every scheduled request takes at least one token of the step.
+    return Refuse(c.max_num_batched_tokens > 0 ? "config.serving.max_num_batched_tokens"
+                                               : "config.serving.max_num_seqs",
+                  "max_num_batched_tokens " + Str(s.max_num_batched_tokens) +
+                      " must be at least max_num_seqs " + Str(s.max_num_seqs) +
                       " (each scheduled request takes a token of the step)");
   }
   s.request_tokens = c.request_tokens > 0 ? c.request_tokens : s.max_model_len;
@@ -201,6 +203,10 @@ void DivideMemory(const Report& profile, const DeviceInfo& device, int64_t tenso
                  " GiB) on startup is less than desired GPU memory utilization (" +
                  std::to_string(s->gpu_memory_utilization) + ", " + Gib(s->requested_bytes) +
                  " GiB)";
+  } else if (profile.peak.allocated_bytes > free_at_start) {
+    s->refusal = "CUDA out of memory while loading the model: its weights and the profile run "
+                 "take " + Gib(profile.peak.allocated_bytes) + " GiB, and the GPU has " +
+                 Gib(free_at_start) + " GiB free";
   } else if (s->kv_cache_bytes <= 0) {
     s->refusal = "No available memory for the cache blocks: the weights, the profile run's "
                  "activations and the memory outside PyTorch take " +

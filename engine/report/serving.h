@@ -14,9 +14,11 @@
 // token, tensor parallelism applied).
 //
 // Versions: the budget and pages are vLLM 0.11-0.19's (CUDA graphs captured after the KV cache,
-// outside the budget); the sampler is 0.17-0.19's (Triton top-k/top-p); the defaults are those
-// of `vllm serve` (max_num_seqs 1024 and max_num_batched_tokens 8192 on a GPU of at least 70 GiB
-// that is not an A100, else 256 and 2048; utilization 0.9; blocks of 16 tokens).
+// outside the budget); the sampler and the defaults are 0.17-0.19's (Triton top-k/top-p; `vllm
+// serve`'s max_num_seqs 1024 and max_num_batched_tokens 8192 on a GPU of at least 70 GiB that is
+// not an A100, else 256 and 2048, the tokens at most max_num_seqs * max_model_len; utilization
+// 0.9; blocks of 16 tokens). Full-attention and sliding-window layers are grouped as vLLM's
+// hybrid KV cache manager groups them (engine/report/kv_pages.h).
 #ifndef MEMEST_ENGINE_REPORT_SERVING_H_
 #define MEMEST_ENGINE_REPORT_SERVING_H_
 
@@ -25,11 +27,14 @@
 namespace memest {
 
 // The report of the profile run (its peak, breakdown, layers) with `serving` set. Refused,
-// naming the field: a model that is not a decoder language model ("model"), a batch size
-// ("config.batch_size": the scheduler makes the batches), an attention other than the default
-// or flash ("config.attention"), an autocast precision ("config.precision": vLLM keeps one
-// dtype), a max_model_len beyond the model's context, settings vLLM would refuse together
-// (max_num_batched_tokens below max_num_seqs, request_tokens beyond max_model_len).
+// naming the field: a model that is not a decoder language model ("model"), a preset's seq out
+// of range ("model.preset.params.seq"), a config's seq ("model.hf_config.seq": the lengths are
+// config.serving's), a batch size ("config.batch_size": the scheduler makes the batches), an
+// attention other than the default or flash ("config.attention"), an autocast precision
+// ("config.precision": vLLM keeps one dtype), more tensor-parallel ranks than KV heads
+// ("config.parallelism.tensor"), a max_model_len beyond the model's context, and settings vLLM
+// would refuse together once its defaults are filled in (max_num_batched_tokens below
+// max_num_seqs, request_tokens beyond max_model_len, concurrency beyond max_num_seqs).
 StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config,
                                  const EstimateOptions& options);
 

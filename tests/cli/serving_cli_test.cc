@@ -75,8 +75,9 @@ TEST(ServingCliTest, TheDtypeIsVllmsAuto) {
 }
 
 TEST(ServingCliTest, RefusesWhatDoesNotApply) {
-  const RunResult no_serve = ::memest::testing::Run({kMemest, "estimate", "--local", "--hf-config", kLlama31,
-                                  "--mode", "inference", "--max-model-len", "4096"});
+  const RunResult no_serve =
+      ::memest::testing::Run({kMemest, "estimate", "--local", "--hf-config", kLlama31, "--mode",
+                              "inference", "--max-model-len", "4096"});
   EXPECT_EQ(no_serve.exit_code, 3);
   EXPECT_THAT(no_serve.err, HasSubstr("--max-model-len: a serving setting; add --serve"));
   const RunResult batch = Serve({"--device", "h100-80gb", "--batch", "8"});
@@ -90,7 +91,7 @@ TEST(ServingCliTest, RefusesWhatDoesNotApply) {
   EXPECT_THAT(dtype.err, HasSubstr("--kv-cache-dtype"));
   const RunResult training = Serve({"--device", "h100-80gb", "--mode", "training"});
   EXPECT_EQ(training.exit_code, 3);
-  EXPECT_THAT(training.err, HasSubstr("config.serving: a server runs inference"));
+  EXPECT_THAT(training.err, HasSubstr("config.mode: a server runs inference"));
 }
 
 }  // namespace

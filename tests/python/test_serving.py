@@ -44,7 +44,7 @@ def test_serving_with_defaults_and_a_refusal(client):
     (dict(serving={"kv_cache_dtype": "int4"}), "kv_cache_dtype"),
     (dict(serving="yes"), "serving: True or a dict"),
     (dict(serving=True, batch_size=4), "config.batch_size: a server's batches"),
-    (dict(serving=True, mode="training"), "config.serving: a server runs inference"),
+    (dict(serving=True, mode="training"), "config.mode: a server runs inference"),
 ])
 def test_serving_refusals_name_the_field(client, kwargs, message):
     with pytest.raises(memest.InvalidArgument, match=".*" + message.replace("[", r"\[")

@@ -27,7 +27,7 @@ std::vector<BadInput> BadServingInputs() {
       {"ServingWithBatch", Served("", "batch_size: 4"), kInvalid,
        "config.batch_size: a server's batches are its scheduler's"},
       {"ServingTraining", Served("", "mode: MODE_TRAINING"), kInvalid,
-       "config.serving: a server runs inference"},
+       "config.mode: a server runs inference"},
       {"ServingNoDevice", std::string(kGpt2) + "config { serving { } }", kInvalid,
        "config.serving: the KV cache takes what the GPU's memory leaves"},
       {"ServingUtilizationNaN", Served("gpu_memory_utilization: nan"), kInvalid,
@@ -39,7 +39,8 @@ std::vector<BadInput> BadServingInputs() {
       {"ServingTokensInt64Max", Served("max_num_batched_tokens: " + kInt64Max), kInvalid,
        "config.serving.max_num_batched_tokens"},
       {"ServingTokensBelowSeqs", Served("max_num_seqs: 64 max_num_batched_tokens: 32"), kInvalid,
-       "config.serving.max_num_batched_tokens: must be at least max_num_seqs 64"},
+       "config.serving.max_num_batched_tokens: max_num_batched_tokens 32 must be at least "
+       "max_num_seqs 64"},
       {"ServingLenBeyondContext", Served("max_model_len: 4096"), kInvalid,
        "config.serving.max_model_len: 4096 is beyond the model's context of 32 tokens"},
       {"ServingRequestBeyondLen", Served("max_model_len: 16 request_tokens: 17"), kInvalid,

@@ -255,6 +255,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq, hf_config))
     config = request.config
+    if serving is False:
+        serving = None
     if serving is None or batch_size != 1:  # a server's batches are its scheduler's
         _assign(config, "batch_size", batch_size, "batch_size")
     if serving is not None:
