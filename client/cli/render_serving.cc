@@ -49,6 +49,7 @@ void RenderServing(const v1::EstimateResponse& response, std::ostream& out) {
   budget.AddRow({"  outside PyTorch's allocator", Bytes(s.non_torch_bytes())});
   budget.AddRow({"  KV cache", FormatBytes(s.kv_cache_bytes())});
   budget.AddRow({"before the budget (CUDA context, NCCL)", Bytes(s.baseline_bytes())});
+  budget.AddRow({"the server on the GPU (before CUDA graphs)", Bytes(fit.required_bytes())});
   budget.Print(out);
   out << "\nKV cache: " << Grouped(s.num_blocks()) << " blocks of " << s.block_size()
       << " tokens, " << Bytes(s.kv_bytes_per_token()) << " a token over " << s.kv_layers()
@@ -62,8 +63,8 @@ void RenderServing(const v1::EstimateResponse& response, std::ostream& out) {
         << " at once: " << s.longest_request() << " tokens\n";
   }
   if (!s.starts()) out << "  vLLM refuses to start: " << s.refusal() << "\n";
-  out << "\nProfile run (" << s.max_num_batched_tokens() << " tokens in "
-      << s.profile_requests() << " requests, then the sampler):\n";
+  out << "\nIts profile run at startup (" << s.max_num_batched_tokens() << " tokens in "
+      << s.profile_requests() << " requests, then the sampler), before the KV cache exists:\n";
 }
 
 }  // namespace memest::cli

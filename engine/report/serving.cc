@@ -237,7 +237,18 @@ DeviceFit ServingFit(const DeviceInfo& device, const Report& profile, const Serv
   return fit;
 }
 
+// The largest CUDA-graph pool vLLM 0.19.0's H100 logs show (llm-d-planner's: 0.51-1.85 GiB, 51
+// + 51 graphs up to 512 tokens), captured after the KV cache, outside the budget.
+constexpr int64_t kLargestGraphPool = 1895 * kMiB;
+
 void AddServingNotes(const ServingReport& s, int64_t tensor, const KvPages& pages, Report* r) {
+  if (s.starts && r->fit && r->fit->headroom_bytes < kLargestGraphPool) {
+    r->notes.push_back(
+        "serving: after the server's share the GPU has " + Gib(r->fit->headroom_bytes) +
+        " GiB left, less than the " + Gib(kLargestGraphPool) +
+        " GiB of CUDA graphs vLLM 0.19.0 captured on H100 after its KV cache: capturing them "
+        "may run out of memory; a lower gpu_memory_utilization leaves them room");
+  }
   r->notes.push_back(
       "serving: vLLM V1's startup as 0.17-0.19 run it (earlier versions' sampler sorts the "
       "logits and peaks higher): the breakdown and peak are its profile run, " +

@@ -165,6 +165,20 @@ TEST(ServingTest, ALongContextThatDoesNotFitIsRefusedAsVllmRefusesIt) {
   EXPECT_TRUE(Serve(Config("llama-3.1-8b"), c).starts);
 }
 
+TEST(ServingTest, SaysWhenTheRestOfTheGpuCannotHoldCudaGraphs) {
+  auto warns = [](double utilization) {
+    RunConfig c = Served("h100-80gb", utilization);
+    c.serving.max_model_len = 8192;
+    StatusOr<Report> r = Estimate(Config("llama-3.1-8b"), c);
+    EXPECT_TRUE(r.ok() && r->serving->starts);
+    bool note = false;
+    for (const std::string& n : r->notes) note |= n.find("CUDA graphs vLLM 0.19.0") != n.npos;
+    return note;
+  };
+  EXPECT_FALSE(warns(0.9));  // 7.4 GiB left
+  EXPECT_TRUE(warns(0.99));  // 0.3 GiB left
+}
+
 TEST(ServingTest, NoRoomForTheCacheIsRefused) {
   const ServingReport s = Serve(Config("llama-3.1-8b"), Served("h100-80gb", 0.15));
   EXPECT_FALSE(s.starts);
