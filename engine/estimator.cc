@@ -401,8 +401,8 @@ StatusOr<Report> EstimateGraph(const Graph& built, const RunConfig& config,
   return ReportStep(built, config, step);
 }
 
-StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, int64_t max_ops,
-                               Budget* budget) {
+StatusOr<BuildContext> StepBuildContext(const RunConfig& config, int64_t max_ops,
+                                        Budget* budget) {
   MEMEST_RETURN_IF_ERROR(ValidateRunConfig(config));
   BuildContext ctx;
   ctx.micro_batch = config.micro_batch();
@@ -414,11 +414,15 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   if (IsAutocast(config.precision)) ctx.autocast = ComputeDType(config.precision);
   ctx.attention = ResolveAttention(config);
   ctx.expert_load = config.expert_load;
-  ctx.serving = config.serving.enabled;
-  ctx.rotary_positions = config.serving.rotary_positions;
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
   ctx.compute_capability = device ? AttentionCapability(*device) : 90;
   if (device) ctx.multiprocessors = device->multiprocessors;
+  return ctx;
+}
+
+StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, int64_t max_ops,
+                               Budget* budget) {
+  MEMEST_ASSIGN_OR_RETURN(BuildContext ctx, StepBuildContext(config, max_ops, budget));
   // prepare_model_for_kbit_training leaves every parameter that is not 4-bit in float32, and the
   // activations follow: the model is built in float32, its 4-bit weights loaded in the
   // precision's dtype (engine/passes/quantize.h).

@@ -68,6 +68,11 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
 // The report of a planned step (without advice).
 Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep& step);
 
+// What the front ends build one micro-batch of `config` with (its micro-batch, mode, dtypes,
+// attention, device generation); the config validated first (ValidateRunConfig).
+StatusOr<BuildContext> StepBuildContext(const RunConfig& config, int64_t max_ops,
+                                        Budget* budget);
+
 // Builds the graph of one micro-batch of `model` as `config` runs it; `budget` (null: none)
 // can stop the build at its deadline or cancellation.
 StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config,

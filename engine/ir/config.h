@@ -238,9 +238,6 @@ struct ServingConfig {
   // once (0: max_model_len's), and the longest request when `concurrency` run at once (0: none).
   int64_t request_tokens = 0;
   int64_t concurrency = 0;
-  // Not a setting: the rows of vLLM's rotary cos_sin_cache, the model's context, which the
-  // profile run's graph is built with (EstimateServing sets it; 0: none).
-  int64_t rotary_positions = 0;
 };
 
 // Serving's limits: vLLM's block sizes, and counts beyond any server's.

@@ -310,11 +310,13 @@ StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config
   // where the sampler reads them.
   profile.parallelism.gather_lm_head = true;
   profile.batch_size = s.profile_requests;
-  profile.serving.rotary_positions = context;
   MEMEST_ASSIGN_OR_RETURN(
       ModelSpec run, WithSequence(model, CeilDiv(s.max_num_batched_tokens, s.profile_requests)));
-  MEMEST_ASSIGN_OR_RETURN(Graph graph,
-                          BuildStepGraph(run, profile, options.max_ops, options.budget));
+  MEMEST_ASSIGN_OR_RETURN(BuildContext ctx,
+                          StepBuildContext(profile, options.max_ops, options.budget));
+  ctx.serving = true;
+  ctx.rotary_positions = context;
+  MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(run, ctx));
   MEMEST_ASSIGN_OR_RETURN(KvPages pages,
                           ReadKvPages(model, profile, options.max_ops, options.budget, &s));
   EstimateOptions plain = options;
