@@ -225,7 +225,8 @@ enum class KvCacheDType : uint8_t { kAuto, kFp8E4m3, kFp8E5m2 };
 // The model served by vLLM's engine (V1) on each GPU (docs/serving.md): its weights, the profile
 // run it starts with (one forward of max_num_batched_tokens tokens split over up to max_num_seqs
 // requests, then the sampler on each request's last token), and the paged KV cache it allocates
-// from what gpu_memory_utilization leaves. 0 in a size asks for vLLM's default.
+// from what gpu_memory_utilization leaves. 0 in max_num_seqs, max_num_batched_tokens or
+// max_model_len asks for vLLM's default (engine/report/serving.h says which).
 struct ServingConfig {
   bool enabled = false;
   double gpu_memory_utilization = 0.9;  // of the GPU's total memory, for this instance
@@ -240,7 +241,7 @@ struct ServingConfig {
   int64_t concurrency = 0;
 };
 
-// Serving's limits: vLLM's block sizes, and counts beyond any server's.
+// Serving's limits: counts beyond any server's.
 constexpr int64_t kMaxServingTokens = int64_t{1} << 24;  // max_model_len, batched tokens
 constexpr int64_t kMaxServingSeqs = int64_t{1} << 20;
 
