@@ -128,7 +128,9 @@ BlockOptions WindowedLayerOptions(GraphBuilder& b, const LayerContext& c, const 
                                   int64_t rotary_dim, BlockOptions o) {
   if (s.local_rotary && AnyLayer(s, true)) {
     ScopeGuard rotary(b, "rotary_emb_local");
-    RotaryBuffers(b, c, s.seq, rotary_dim, &o.rotary_cos, &o.rotary_sin);
+    LayerContext local = c;
+    local.rotary_positions = c.rotary_local_positions;
+    RotaryBuffers(b, local, s.seq, rotary_dim, &o.rotary_cos, &o.rotary_sin);
   }
   if (c.attention == AttentionImpl::kEager) {
     o.additive_mask = AdditiveCausalMask(b, c, s.seq, "sliding_window_mask");

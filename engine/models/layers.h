@@ -79,6 +79,7 @@ struct LayerContext {
   // vLLM's rotary embedding: one cos_sin_cache [rotary_positions, rotary_dim] in the model's
   // dtype, read in place by its kernel. 0: Hugging Face's per-forward tables.
   int64_t rotary_positions = 0;
+  int64_t rotary_local_positions = 0;  // the sliding-window layers' cache (Gemma 3's)
   bool training() const { return mode == Mode::kTraining; }
 };
 

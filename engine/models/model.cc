@@ -39,6 +39,7 @@ LayerContext LayerContextOf(const BuildContext& context) {
   c.compute_capability = context.compute_capability;
   c.autocast = context.autocast;
   c.rotary_positions = context.serving ? context.rotary_positions : 0;
+  c.rotary_local_positions = context.serving ? context.rotary_local_positions : 0;
   return c;
 }
 

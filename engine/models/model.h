@@ -129,6 +129,7 @@ struct BuildContext {
   // positions.
   bool serving = false;
   int64_t rotary_positions = 0;
+  int64_t rotary_local_positions = 0;  // the sliding-window layers' table (Gemma 3's)
   int multiprocessors = 132;  // the device's, which size vLLM's top-k/top-p scratch
 };
 

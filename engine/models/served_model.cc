@@ -125,6 +125,40 @@ StatusOr<int64_t> ServedContextLength(const ModelSpec& model) {
   return NotServed("an op graph");
 }
 
+StatusOr<ServedRotary> ServedRotaryRows(const ModelSpec& model) {
+  MEMEST_ASSIGN_OR_RETURN(const int64_t context, ServedContextLength(model));
+  ServedRotary rows{context, context};
+  const auto* hf = std::get_if<HfConfigSpec>(&model.source);
+  const JsonValue* type = hf != nullptr ? hf->config.Find("model_type") : nullptr;
+  if (type == nullptr || type->kind != Kind::kString ||
+      (type->text != "gemma3" && type->text != "gemma3_text")) {
+    return rows;
+  }
+  const hf::Fields f(hf->config, type->text);
+  const JsonValue* scaling = f.Get("rope_scaling");
+  std::string field = "rope_scaling";
+  if (scaling == nullptr) {
+    const JsonValue* parameters = f.Get("rope_parameters");
+    if (parameters != nullptr && parameters->kind == Kind::kObject) {
+      scaling = parameters->Find("full_attention");
+      field = "rope_parameters.full_attention";
+    }
+  }
+  if (scaling == nullptr || scaling->kind != Kind::kObject) return rows;
+  const JsonValue* rope = scaling->Find("rope_type");
+  if (rope == nullptr || rope->kind != Kind::kString) rope = scaling->Find("type");
+  if (rope == nullptr || rope->kind != Kind::kString || rope->text != "linear") return rows;
+  MEMEST_ASSIGN_OR_RETURN(double factor, Number(*scaling, field, "factor"));
+  const double global = static_cast<double>(context) * std::max(factor, 1.0);
+  if (global > static_cast<double>(kMaxServingTokens)) {
+    return InvalidArgument(Field(field + ".factor") + ": the global layers' rotary cache (" +
+                           std::to_string(global) + " positions) is beyond " +
+                           std::to_string(kMaxServingTokens));
+  }
+  rows.global = static_cast<int64_t>(global);
+  return rows;
+}
+
 StatusOr<ModelSpec> WithSequence(const ModelSpec& model, int64_t seq) {
   ModelSpec out = model;
   if (auto* preset = std::get_if<PresetSpec>(&out.source)) {

@@ -299,7 +299,7 @@ StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config
   }
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
   MEMEST_ASSIGN_OR_RETURN(ServingReport s, ResolveSettings(model, config, *device));
-  MEMEST_ASSIGN_OR_RETURN(const int64_t context, ServedContextLength(model));
+  MEMEST_ASSIGN_OR_RETURN(const ServedRotary rotary, ServedRotaryRows(model));
   RunConfig profile = config;
   // vLLM skips the attention kernel in its profile run; a fused kernel of the model's dtype
   // stands for it (FlashAttention takes 16-bit dtypes only).
@@ -315,7 +315,8 @@ StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config
   MEMEST_ASSIGN_OR_RETURN(BuildContext ctx,
                           StepBuildContext(profile, options.max_ops, options.budget));
   ctx.serving = true;
-  ctx.rotary_positions = context;
+  ctx.rotary_positions = rotary.global;
+  ctx.rotary_local_positions = rotary.local;
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(run, ctx));
   MEMEST_ASSIGN_OR_RETURN(KvPages pages,
                           ReadKvPages(model, profile, options.max_ops, options.budget, &s));

@@ -203,7 +203,13 @@ TEST(ServingTest, SlidingWindowLayersAreGroupedAsVllmGroupsThem) {
   EXPECT_DOUBLE_EQ(s.max_concurrency, static_cast<double>(s.num_blocks) / (2048 + 6 * 545));
   // Gemma 3's context is its max_position_embeddings: vLLM does not scale it by rope_scaling.
   RunConfig d = Served("h100-80gb");
-  EXPECT_EQ(Serve(Config("gemma-3-4b-text"), d).max_model_len, 131072);
+  const ServingReport four = Serve(Config("gemma-3-4b-text"), d);
+  EXPECT_EQ(four.max_model_len, 131072);
+  // Its weights: 3,880,263,168 parameters in bf16, and two rotary caches of head_dim 256 in
+  // bf16: the global layers' for 131072 x 8 positions (linear rope scaling), the local ones'
+  // for 131072.
+  const int64_t expected = 3'880'263'168LL * 2 + (1'048'576LL + 131'072LL) * 256 * 2;
+  EXPECT_NEAR(static_cast<double>(four.weights_bytes), static_cast<double>(expected), 1 << 20);
 }
 
 TEST(ServingTest, DefaultBatchedTokensStopAtWhatTheRequestsCanHold) {
