@@ -29,9 +29,9 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
         `seq` as a shortcut for params["seq"]), `model` (a dict in the proto JSON mapping of
         memest.v1.Model, e.g. {"layers": {...}} as in examples/mlp.json, a path to such a JSON
         file, or a memest.v1.Model), or `hf_config` with `seq` (a Hugging Face config.json's
-        path, its dict, or a transformers PretrainedConfig: model_type llama, mistral, qwen2,
-        qwen3, gemma, gemma2, gemma3_text, phi3, gpt_neox or gpt2, built without weights; its
-        torch_dtype is the precision when none is given).
+        path, its dict, or a transformers PretrainedConfig: model_type llama, mistral, mixtral,
+        qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi3, gpt_neox or gpt2,
+        built without weights; its torch_dtype is the precision when none is given).
 
         The run, in the `memest estimate` command's words:
           batch_size (samples per optimizer step, default 1), grad_accum_steps,
