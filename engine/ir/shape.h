@@ -45,6 +45,9 @@ inline constexpr size_t kMaxRank = 64;
   return true;
 }
 
+// ceil(a / b) for a >= 0 and b > 0, without a + b - 1 overflowing.
+inline int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
 // a * b, or an error if the product exceeds kMaxBytes.
 StatusOr<int64_t> CheckedMul(int64_t a, int64_t b);
 // a + b, or an error if the sum leaves [-kMaxBytes, kMaxBytes] (AddBytes, as a StatusOr).

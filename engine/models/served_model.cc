@@ -70,6 +70,14 @@ StatusOr<double> Number(const JsonValue& scaling, const std::string& field, cons
   return v->number;
 }
 
+// A rope_scaling object's type as vLLM reads it (patch_rope_scaling_dict: "rope_type", else
+// "type"); "" when it names none.
+std::string VllmRopeType(const JsonValue& scaling) {
+  const JsonValue* rope = scaling.Find("rope_type");
+  if (rope == nullptr || rope->kind != Kind::kString) rope = scaling.Find("type");
+  return rope != nullptr && rope->kind == Kind::kString ? rope->text : "";
+}
+
 StatusOr<int64_t> ConfigContext(const HfConfigSpec& spec) {
   const JsonValue& config = spec.config;
   const JsonValue* type_value = config.Find("model_type");
@@ -90,9 +98,7 @@ StatusOr<int64_t> ConfigContext(const HfConfigSpec& spec) {
     const JsonValue* scaling = f.Get(field);
     if (scaling == nullptr) continue;
     if (scaling->kind != Kind::kObject) return WrongKind(field, "an object", *scaling);
-    const JsonValue* rope = scaling->Find("rope_type");
-    if (rope == nullptr || rope->kind != Kind::kString) rope = scaling->Find("type");
-    const std::string rope_type = rope != nullptr && rope->kind == Kind::kString ? rope->text : "";
+    const std::string rope_type = VllmRopeType(*scaling);
     // vLLM leaves these, and Gemma 3 (whose rope_scaling is its global layers' own), unscaled.
     if (rope_type == "llama3" || rope_type == "longrope" || rope_type == "su" ||
         type == "gemma3" || type == "gemma3_text") {
@@ -125,8 +131,7 @@ StatusOr<int64_t> ServedContextLength(const ModelSpec& model) {
   return NotServed("an op graph");
 }
 
-StatusOr<ServedRotary> ServedRotaryRows(const ModelSpec& model) {
-  MEMEST_ASSIGN_OR_RETURN(const int64_t context, ServedContextLength(model));
+StatusOr<ServedRotary> ServedRotaryRows(const ModelSpec& model, int64_t context) {
   ServedRotary rows{context, context};
   const auto* hf = std::get_if<HfConfigSpec>(&model.source);
   const JsonValue* type = hf != nullptr ? hf->config.Find("model_type") : nullptr;
@@ -145,9 +150,7 @@ StatusOr<ServedRotary> ServedRotaryRows(const ModelSpec& model) {
     }
   }
   if (scaling == nullptr || scaling->kind != Kind::kObject) return rows;
-  const JsonValue* rope = scaling->Find("rope_type");
-  if (rope == nullptr || rope->kind != Kind::kString) rope = scaling->Find("type");
-  if (rope == nullptr || rope->kind != Kind::kString || rope->text != "linear") return rows;
+  if (VllmRopeType(*scaling) != "linear") return rows;
   MEMEST_ASSIGN_OR_RETURN(double factor, Number(*scaling, field, "factor"));
   const double global = static_cast<double>(context) * std::max(factor, 1.0);
   if (global > static_cast<double>(kMaxServingTokens)) {

@@ -21,7 +21,7 @@ namespace memest {
 // type) or "model" (a description that is not a decoder language model).
 StatusOr<int64_t> ServedContextLength(const ModelSpec& model);
 
-// The rows of vLLM's rotary caches (get_rope): the model's context (ServedContextLength),
+// The rows of vLLM's rotary caches (get_rope): the model's `context` (ServedContextLength's),
 // except Gemma 3's global layers, whose linear rope scaling (rope_scaling, or transformers 5's
 // rope_parameters.full_attention) multiplies them (LinearScalingRotaryEmbedding caches
 // max_position * factor positions); `local` is the sliding-window layers' table.
@@ -29,7 +29,7 @@ struct ServedRotary {
   int64_t global = 0;
   int64_t local = 0;
 };
-StatusOr<ServedRotary> ServedRotaryRows(const ModelSpec& model);
+StatusOr<ServedRotary> ServedRotaryRows(const ModelSpec& model, int64_t context);
 
 // `model` for sequences of `seq` tokens: a preset's "seq" parameter, or the config's seq.
 StatusOr<ModelSpec> WithSequence(const ModelSpec& model, int64_t seq);

@@ -9,8 +9,6 @@
 namespace memest {
 namespace {
 
-int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
-
 // The tokens a layer of `window` keeps for a request of `tokens` (max_memory_usage_bytes).
 int64_t BlocksOf(int64_t window, int64_t tokens, int64_t block_size, int64_t batched) {
   if (window == 0) return CeilDiv(tokens, block_size);

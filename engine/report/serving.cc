@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/ir/devices.h"
+#include "engine/ir/shape.h"
 #include "engine/models/served_model.h"
 #include "engine/passes/tensor_parallel.h"
 #include "engine/report/kv_pages.h"
@@ -27,8 +28,6 @@ std::string Gib(int64_t bytes) {
   std::snprintf(text, sizeof(text), "%.2f", static_cast<double>(bytes) / kGiB);
   return text;
 }
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // What vLLM 0.19.0 allocated outside PyTorch between its startup snapshot and the end of its
 // profile run (the "non-torch forward increase"), and what its startup snapshot held beyond the
@@ -50,13 +49,13 @@ Status Refuse(const std::string& field, const std::string& message) {
 }
 
 // vLLM's settings with its defaults filled in, checked together.
-StatusOr<ServingReport> ResolveSettings(const ModelSpec& model, const RunConfig& config,
+// `context`: the model's (ServedContextLength).
+StatusOr<ServingReport> ResolveSettings(int64_t context, const RunConfig& config,
                                         const DeviceInfo& device) {
   const ServingConfig& c = config.serving;
   ServingReport s;
   s.gpu_memory_utilization = c.gpu_memory_utilization;
   s.block_size = c.block_size;
-  MEMEST_ASSIGN_OR_RETURN(const int64_t context, ServedContextLength(model));
   if (c.max_model_len > context) {
     return Refuse("config.serving.max_model_len",
                   Str(c.max_model_len) + " is beyond the model's context of " + Str(context) +
@@ -298,8 +297,9 @@ StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config
                                          "request_tokens); leave it unset");
   }
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
-  MEMEST_ASSIGN_OR_RETURN(ServingReport s, ResolveSettings(model, config, *device));
-  MEMEST_ASSIGN_OR_RETURN(const ServedRotary rotary, ServedRotaryRows(model));
+  MEMEST_ASSIGN_OR_RETURN(const int64_t context, ServedContextLength(model));
+  MEMEST_ASSIGN_OR_RETURN(ServingReport s, ResolveSettings(context, config, *device));
+  MEMEST_ASSIGN_OR_RETURN(const ServedRotary rotary, ServedRotaryRows(model, context));
   RunConfig profile = config;
   // vLLM skips the attention kernel in its profile run; a fused kernel of the model's dtype
   // stands for it (FlashAttention takes 16-bit dtypes only).
