@@ -9,6 +9,7 @@
 #include "engine/passes/lora.h"
 #include "engine/passes/pipeline.h"
 #include "engine/passes/quantize.h"
+#include "engine/passes/served_quantize.h"
 #include "engine/passes/passes.h"
 #include "engine/passes/rnn_expand.h"
 #include "engine/passes/tensor_parallel.h"
@@ -122,7 +123,9 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
       r->notes.push_back("fp16 autocast: GradScaler's scalars are negligible and not listed");
     }
   }
-  if (config.quantization.format != WeightFormat::kDense) {
+  if (IsServedWeightFormat(config.quantization.format)) {
+    r->notes.push_back(ServedQuantizationNote(graph, config.quantization));
+  } else if (config.quantization.format != WeightFormat::kDense) {
     r->notes.push_back(QuantizationNote(graph, PreparedQuantization(config)));
   }
   if (config.lora.rank > 0) r->notes.push_back(LoraNote(graph, config.lora));
@@ -225,6 +228,14 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     MEMEST_ASSIGN_OR_RETURN(TensorParallelView tp, ShardTensorParallel(*step.graph, config.parallelism));
     step.tensor = std::make_unique<TensorParallelView>(std::move(tp));
     step.graph = &step.tensor->graph;
+  }
+  if (IsServedWeightFormat(config.quantization.format)) {
+    // vLLM quantizes each rank's shard: after tensor parallelism (engine/passes/served_quantize.h).
+    MEMEST_ASSIGN_OR_RETURN(Graph quantized,
+                            ApplyServedQuantization(*step.graph, config.quantization, step.fixed,
+                                                    budget));
+    step.owned = std::make_unique<Graph>(std::move(quantized));
+    step.graph = step.owned.get();
   }
   if (stage != nullptr && stage->chunks.size() > 1 && (step.context || step.tensor)) {
     // The passes rebuilt the stage's graph: its chunks' ops and sent tensors moved with it.

@@ -155,13 +155,33 @@ enum class PipelineSchedule {
   kGPipe,  // all forwards, then all backwards (ScheduleGPipe)
 };
 
-// How the model's Linear weights are stored (engine/passes/quantize.h).
+// How the model's Linear weights are stored: bitsandbytes' 4-bit layers as transformers loads
+// them (engine/passes/quantize.h), or a quantized checkpoint as vLLM serves it
+// (engine/passes/served_quantize.h, with config.serving only).
 enum class WeightFormat {
   kDense,    // as the precision says
   kBnbNf4,   // bitsandbytes Linear4bit, NF4 (BitsAndBytesConfig(load_in_4bit=True,
              // bnb_4bit_quant_type="nf4"))
   kBnbFp4,   // the same with bnb_4bit_quant_type="fp4", transformers' default
+  kW8A8Fp8,  // float8_e4m3 weights with float32 scales, inputs quantized to fp8 (vLLM's "fp8",
+             // compressed-tensors' float-quantized FP8 and FP8-dynamic checkpoints)
+  kW8A8Int8, // int8 weights with float32 scales, inputs quantized to int8 (compressed-tensors'
+             // int-quantized W8A8 checkpoints)
+  kW4A16,    // 4-bit weights packed eight to an int32, scales per group in the model's dtype,
+             // inputs as they are (GPTQ, AWQ, compressed-tensors' pack-quantized W4A16)
+  kW8A16,    // the same with 8-bit weights (GPTQ 8-bit, compressed-tensors W8A16)
 };
+
+// Whether `format` is one vLLM serves (kW8A8Fp8 and after).
+bool IsServedWeightFormat(WeightFormat format);
+
+// A W8A8 weight's scales: one per output channel, one per tensor, or one per block of
+// block_n x block_k values (DeepSeek's and Qwen3's fp8 checkpoints, weight_block_size).
+enum class ScaleGranularity { kChannel, kTensor, kBlock };
+
+// How a W8A8 linear's input is quantized: per token as it arrives (FP8-dynamic, W8A8 dynamic),
+// per tensor as it arrives, or with a static scale from the checkpoint.
+enum class InputQuantization { kDynamicToken, kDynamicTensor, kStatic };
 
 // transformers' BitsAndBytesConfig for load_in_4bit: every nn.Linear but the skipped ones
 // becomes a frozen bitsandbytes Linear4bit; the rest of the model keeps the precision's dtype.
@@ -181,6 +201,27 @@ struct QuantizationConfig {
   // 4-bit model with a peft_config). Unset: in training only (KbitPrepared), a training recipe's
   // step that a model loaded for inference does not take.
   std::optional<bool> prepare_for_kbit_training;
+
+  // The served formats' (kW8A8Fp8 and after) settings; each must keep its default otherwise.
+  // W8A8: the weights' scales (block_n x block_k for kBlock: weight_block_size), the inputs'
+  // quantization, and whether int8 inputs carry zero points (compressed-tensors'
+  // input_activations.symmetric false: an int32 zero point per token, and per layer a
+  // correction of int32 per output channel).
+  ScaleGranularity weight_scales = ScaleGranularity::kChannel;
+  int64_t block_n = 128;
+  int64_t block_k = 128;
+  InputQuantization inputs = InputQuantization::kDynamicToken;
+  bool asymmetric_inputs = false;
+  // W4A16 and W8A16: the values one scale covers along the input features (-1: all of them, a
+  // scale per output channel); zero points per group (AWQ, GPTQ with sym=false); GPTQ's
+  // desc_act (act-order), whose g_idx and sorting indices the kernels keep and whose inputs
+  // they permute.
+  int64_t group_size = 128;
+  bool zero_point = false;
+  bool act_order = false;
+  // A GPTQ checkpoint (quant_method "gptq"): its qzeros and g_idx are loaded whatever sym and
+  // desc_act say, and stay where the kernel does not replace them (Machete).
+  bool gptq_layout = false;
 };
 
 struct RunConfig;
@@ -407,10 +448,13 @@ Status ValidateMegatron(const RunConfig& config);
 // engine/ir/nccl.h too).
 Status ValidateGpusPerNode(int64_t gpus_per_node);
 
-// config.quantization's fields (config_quantization.cc, for ValidateRunConfig): a floating
-// compute dtype, the other fields only with a 4-bit format, skip names non-empty and bounded;
-// the CUDA runtime (bitsandbytes' kernels are CUDA's), and no parallelism but DDP and ZeRO-1/2.
+// config.quantization's fields (config_finetune.cc, for ValidateRunConfig): each setting only
+// with a format that has it, skip names non-empty and bounded; bitsandbytes' formats with a
+// floating compute dtype, on the CUDA runtime (its kernels are CUDA's) and no parallelism but
+// DDP and ZeRO-1/2; the served formats with config.serving (ValidateServedQuantization,
+// config_quantization.cc: group and block sizes in range).
 Status ValidateQuantization(const RunConfig& config);
+Status ValidateServedQuantization(const RunConfig& config);
 
 // config.serving's fields (config_serving.cc, for ValidateRunConfig): sizes in range, a block
 // size vLLM accepts, inference on CUDA with a device to divide, no setting vLLM's engine does not
@@ -457,6 +501,7 @@ const char* AttentionImplName(AttentionImpl a);
 const char* ModuleLoadingName(ModuleLoading m);
 const char* KvCacheDTypeName(KvCacheDType d);  // "auto", "fp8_e4m3", "fp8_e5m2"
 const char* DataShardingName(DataSharding s);
+const char* WeightFormatName(WeightFormat f);  // "dense", "bnb-nf4", ..., "w8a8-fp8", "w4a16"
 // DeepSpeed's ZeRO stage 1 or 2 (DeepSpeedZeroOptimizer, stage_1_and_2.py).
 inline bool IsDeepSpeedZero(DataSharding s) {
   return s == DataSharding::kDeepSpeedZero1 || s == DataSharding::kDeepSpeedZero2;

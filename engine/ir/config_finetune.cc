@@ -88,6 +88,18 @@ QuantizationConfig PreparedQuantization(const RunConfig& c) {
 
 Status ValidateQuantization(const RunConfig& c) {
   const QuantizationConfig& q = c.quantization;
+  if (q.format == WeightFormat::kDense || !IsServedWeightFormat(q.format)) {
+    const QuantizationConfig plain;
+    if (q.weight_scales != plain.weight_scales || q.block_n != plain.block_n ||
+        q.block_k != plain.block_k || q.inputs != plain.inputs ||
+        q.asymmetric_inputs != plain.asymmetric_inputs || q.group_size != plain.group_size ||
+        q.zero_point != plain.zero_point || q.act_order != plain.act_order ||
+        q.gptq_layout != plain.gptq_layout) {
+      return InvalidArgument("config.quantization: a setting of the served formats (w8a8-fp8, "
+                             "w8a8-int8, w4a16, w8a16), and the format is " +
+                             std::string(WeightFormatName(q.format)));
+    }
+  }
   if (q.format == WeightFormat::kDense) {
     if (q.double_quant || !q.skip_modules.empty() || q.compute_dtype != DType::kFloat32 ||
         q.prepare_for_kbit_training.has_value()) {
@@ -95,6 +107,8 @@ Status ValidateQuantization(const RunConfig& c) {
     }
     return Status::Ok();
   }
+  MEMEST_RETURN_IF_ERROR(CheckNames(q.skip_modules, "config.quantization.skip_modules"));
+  if (IsServedWeightFormat(q.format)) return ValidateServedQuantization(c);
   if (!IsFloating(q.compute_dtype) || q.compute_dtype == DType::kFloat64) {
     return InvalidArgument("config.quantization.compute_dtype: float32, float16 or bfloat16, got " +
                            std::string(DTypeName(q.compute_dtype)));

@@ -62,9 +62,12 @@ Status ValidateServing(const RunConfig& c) {
   if (c.lora.rank > 0) {
     return InvalidArgument("config.lora: vLLM's LoRA serving (its adapter slots) is not modelled");
   }
-  if (c.quantization.format != WeightFormat::kDense) {
-    return InvalidArgument("config.quantization: vLLM's quantized kernels are not modelled; "
-                           "estimate the dense model");
+  if (c.quantization.format != WeightFormat::kDense &&
+      !IsServedWeightFormat(c.quantization.format)) {
+    return InvalidArgument(std::string("config.quantization.format: ") +
+                           WeightFormatName(c.quantization.format) +
+                           " is bitsandbytes' as transformers loads it; a served model's formats "
+                           "are w8a8-fp8, w8a8-int8, w4a16 and w8a16");
   }
   return Status::Ok();
 }

@@ -110,6 +110,7 @@ StatusOr<KvPages> ReadKvPages(const ModelSpec& model, const RunConfig& config, i
                               Budget* budget, ServingReport* s) {
   RunConfig one = config;
   one.serving = ServingConfig{};
+  one.quantization = QuantizationConfig{};  // the caches are the same whatever the weights
   one.batch_size = 1;
   one.parallelism = ParallelismConfig{};
   one.generate_tokens = kMaxGenerateTokens - 1;

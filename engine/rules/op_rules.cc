@@ -94,6 +94,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterDetectionRules(t);
     rules::RegisterParallelRules(t);
     rules::RegisterQuantizedRules(t);
+    rules::RegisterServedQuantizedRules(t);
     std::sort(t->begin(), t->end(),
               [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
     return t;

@@ -78,6 +78,10 @@
 //   cp_attention(q, k, v; cp, is_causal=0)   (context parallelism: engine/passes/context_parallel.h)
 //   linear_4bit(x, weight, bias?; out_features, weight_dtype, double_quant=0, autocast=""):
 //     bitsandbytes' 4-bit linear, added by engine/passes/quantize.h (engine/rules/quantized.cc)
+//   w8a8_linear(x, weight, bias?; out_features, input_type, inputs, asymmetric=0, block_k=0)
+//   wna16_linear(x, weight, bias?; out_features, bits, kernel, act_order=0, multiprocessors):
+//     vLLM's quantized linears, added by engine/passes/served_quantize.h
+//     (engine/rules/served_quantized.cc)
 #ifndef MEMEST_ENGINE_RULES_OP_RULES_H_
 #define MEMEST_ENGINE_RULES_OP_RULES_H_
 

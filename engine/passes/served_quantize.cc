@@ -1,0 +1,305 @@
+#include "engine/passes/served_quantize.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/ir/text.h"
+#include "engine/passes/passes.h"
+#include "engine/report/report.h"
+
+namespace memest {
+namespace {
+
+// One pattern element: a literal character, any character ('.'), or any run ('.*').
+struct Atom {
+  enum Kind { kChar, kAny, kRun } kind;
+  char c;
+};
+
+// compressed-tensors' "re:" entries in the subset memest reads (see the header); false: not in it.
+bool ParsePattern(std::string_view p, std::vector<Atom>* atoms, bool* anchored_end) {
+  if (!p.empty() && p.front() == '^') p.remove_prefix(1);
+  *anchored_end = !p.empty() && p.back() == '$' && (p.size() < 2 || p[p.size() - 2] != '\\');
+  if (*anchored_end) p.remove_suffix(1);
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\') {
+      if (i + 1 >= p.size() || p[i + 1] != '.') return false;
+      atoms->push_back({Atom::kChar, '.'});
+      ++i;
+    } else if (c == '.') {
+      const bool run = i + 1 < p.size() && p[i + 1] == '*';
+      atoms->push_back({run ? Atom::kRun : Atom::kAny, 0});
+      if (run) ++i;
+    } else if (std::string_view("()[]{}+?|*^$").find(c) != std::string_view::npos) {
+      return false;
+    } else {
+      atoms->push_back({Atom::kChar, c});
+    }
+  }
+  if (!*anchored_end) atoms->push_back({Atom::kRun, 0});  // re.match: from the start only
+  return true;
+}
+
+// Whether `atoms` match all of `s` (a table over positions: linear in their product).
+bool Matches(const std::vector<Atom>& atoms, std::string_view s) {
+  std::vector<char> can(s.size() + 1, 0), next(s.size() + 1, 0);
+  can[0] = 1;
+  for (const Atom& a : atoms) {
+    std::fill(next.begin(), next.end(), 0);
+    for (size_t j = 0; j <= s.size(); ++j) {
+      if (a.kind == Atom::kRun) {
+        next[j] = can[j] || (j > 0 && next[j - 1]);
+      } else if (j > 0 && can[j - 1]) {
+        next[j] = a.kind == Atom::kAny || s[j - 1] == a.c;
+      }
+    }
+    can.swap(next);
+  }
+  return can[s.size()] != 0;
+}
+
+// transformers' and vLLM's name matching: the module's attribute name, its path, or a run of
+// its path's components; or a "re:" pattern (validated by the caller).
+bool SkipMatches(std::string_view module, const std::string& entry) {
+  if (entry.rfind("re:", 0) == 0) {
+    std::vector<Atom> atoms;
+    bool end = false;
+    return ParsePattern(std::string_view(entry).substr(3), &atoms, &end) && Matches(atoms, module);
+  }
+  const std::string_view last = module.substr(module.rfind('.') + 1);
+  return entry == last || entry == module || module.find(entry + ".") != std::string_view::npos ||
+         (module.size() > entry.size() &&
+          module.compare(module.size() - entry.size(), entry.size(), entry) == 0 &&
+          module[module.size() - entry.size() - 1] == '.');
+}
+
+bool IsLinear(const Op& op) { return op.kind == "linear" || op.kind == "megatron_linear"; }
+
+// What one quantized linear of the rank becomes.
+struct Plan {
+  bool quantize = false;
+  int64_t in = 0, out = 0;
+  bool row_parallel = false;
+  std::string kernel;  // "cutlass", "machete", "marlin"
+};
+
+std::string Shard(const std::string& module, int64_t out, int64_t in) {
+  return Quote(module) + " ([" + std::to_string(out) + ", " + std::to_string(in) + "] on this rank)";
+}
+
+// vLLM 0.19's weight-only kernel for the shard (choose_mp_linear_kernel), or why none takes it.
+StatusOr<std::string> WeightOnlyKernel(const QuantizationConfig& q, const DeviceInfo& d,
+                                       const std::string& module, const Plan& p) {
+  const int64_t g = q.group_size;
+  if (g != -1 && p.in % g != 0) {
+    return InvalidArgument("config.quantization.group_size: " + std::to_string(g) +
+                           " does not divide the input features of " + Shard(module, p.out, p.in) +
+                           ", which vLLM refuses");
+  }
+  const bool group_ok = g == -1 || g == 64 || g == 128;
+  if (d.compute_capability == 90 && group_ok && p.in % 64 == 0 && p.out % 128 == 0 &&
+      !(q.act_order && p.row_parallel)) {
+    return std::string("machete");
+  }
+  if (d.compute_capability >= 75 && (group_ok || g == 32) && p.out % 64 == 0 && p.in % 128 == 0) {
+    return std::string("marlin");
+  }
+  return InvalidArgument("config.quantization: no vLLM kernel takes " + Shard(module, p.out, p.in) +
+                         " with group_size " + std::to_string(g) + " on sm_" +
+                         std::to_string(d.compute_capability) +
+                         " (Marlin: sm_75 or later, group size -1, 32, 64 or 128, output features "
+                         "a multiple of 64, input features of 128)");
+}
+
+// The rank's buffers beside the quantized weight of `module` (see the header), added to `b`.
+void AddState(const QuantizationConfig& q, const Plan& p, DType dtype, int bits,
+              const std::string& module, int multiprocessors, GraphBuilder& b) {
+  (void)module;  // the builder scopes the names (the op's module)
+  auto add = [&](const char* name, Shape shape, DType t) { b.Buffer(name, std::move(shape), t); };
+  if (p.kernel == "cutlass") {
+    if (q.weight_scales == ScaleGranularity::kChannel) add("weight_scale", {p.out, 1}, DType::kFloat32);
+    if (q.weight_scales == ScaleGranularity::kTensor) add("weight_scale", {1}, DType::kFloat32);
+    if (q.weight_scales == ScaleGranularity::kBlock) {
+      add("weight_scale_inv", {(p.out + q.block_n - 1) / q.block_n, (p.in + q.block_k - 1) / q.block_k},
+          DType::kFloat32);
+    }
+    if (q.inputs == InputQuantization::kStatic) {
+      add("input_scale", {1}, DType::kFloat32);
+      if (q.asymmetric_inputs) add("input_zero_point", {1}, DType::kInt32);
+    }
+    if (q.asymmetric_inputs) add("azp_adj", {p.out}, DType::kInt32);
+    return;
+  }
+  const int64_t groups = q.group_size == -1 ? 1 : p.in / q.group_size;
+  const int64_t pack = 32 / bits;
+  if (q.format == WeightFormat::kW8A8Fp8) {  // fp8 through Marlin: scales per channel
+    const int64_t rows = q.weight_scales == ScaleGranularity::kBlock ? (p.in + q.block_k - 1) / q.block_k : 1;
+    add("weight_scale", {rows, p.out}, dtype);
+  } else {
+    add("scales", {groups, p.out}, dtype);
+  }
+  if (q.zero_point) {
+    if (p.kernel == "machete") {
+      add("qzeros", {groups, p.out}, dtype);
+    } else {
+      add("qzeros", {groups, p.out / pack}, DType::kInt32);
+    }
+  } else if (q.gptq_layout && p.kernel == "machete") {
+    add("qzeros", {groups, p.out / pack}, DType::kInt32);  // loaded, left as it was
+  }
+  if (q.act_order) {
+    add("g_idx", {p.in}, DType::kInt32);
+    add("g_idx_sort_indices", {p.in}, DType::kInt32);
+  } else if (q.gptq_layout && p.kernel == "machete") {
+    add("g_idx", {p.in}, DType::kInt32);
+  }
+  if (p.kernel == "marlin") add("workspace", {multiprocessors}, DType::kInt32);
+}
+
+}  // namespace
+
+StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationConfig& q,
+                                        const DeviceInfo& device, Budget* budget) {
+  const bool w8a8 = q.format == WeightFormat::kW8A8Fp8 || q.format == WeightFormat::kW8A8Int8;
+  const int cap = device.compute_capability;
+  if (cap < 75 || (q.format == WeightFormat::kW8A8Fp8 && cap < 80)) {
+    return InvalidArgument(std::string("config.quantization.format: vLLM runs ") +
+                           WeightFormatName(q.format) + " on sm_" +
+                           (q.format == WeightFormat::kW8A8Fp8 ? "80" : "75") +
+                           " and later; " + device.name + " is sm_" + std::to_string(cap));
+  }
+  for (size_t k = 0; k < q.skip_modules.size(); ++k) {
+    const std::string& e = q.skip_modules[k];
+    std::vector<Atom> atoms;
+    bool end = false;
+    if (e.rfind("re:", 0) == 0 && !ParsePattern(std::string_view(e).substr(3), &atoms, &end)) {
+      return InvalidArgument("config.quantization.skip_modules[" + std::to_string(k) + "]: " +
+                             Quote(e) + " is a pattern memest does not read (literal text, '.', "
+                             "'.*', '\\.' and a final '$')");
+    }
+  }
+  // The linears with a weight of their own; the output layer is the last.
+  std::vector<int> readers(rank.tensors.size(), 0);
+  for (const Op& op : rank.ops) {
+    for (int t : op.inputs) ++readers[t];
+  }
+  std::string output_layer;
+  for (const Op& op : rank.ops) {
+    if (IsLinear(op)) output_layer = op.scope;
+  }
+  std::vector<Plan> plans(rank.ops.size());
+  std::vector<bool> matched(q.skip_modules.size(), false);
+  Graph packed = rank;
+  const int bits = q.format == WeightFormat::kW4A16 ? 4 : 8;
+  bool any = false;
+  for (size_t i = 0; i < rank.ops.size(); ++i) {
+    const Op& op = rank.ops[i];
+    if (!IsLinear(op) || op.inputs.size() < 2) continue;
+    const int w = op.inputs[1];
+    const Tensor& weight = rank.tensors[w];
+    if (weight.role != TensorRole::kParameter || weight.shape.size() != 2 || readers[w] != 1) continue;
+    bool skip = op.scope == output_layer;
+    const std::string_view last = std::string_view(op.scope).substr(op.scope.rfind('.') + 1);
+    skip = skip || last == "gate" || last == "shared_expert_gate";
+    for (size_t k = 0; k < q.skip_modules.size(); ++k) {
+      if (SkipMatches(op.scope, q.skip_modules[k])) matched[k] = true, skip = true;
+    }
+    if (skip) continue;
+    Plan& p = plans[i];
+    p.quantize = true;
+    p.out = weight.shape[0];
+    p.in = weight.shape[1];
+    p.row_parallel = op.kind == "megatron_linear" && op.attrs.count("input_grad") == 0;
+    if (w8a8 && (q.format == WeightFormat::kW8A8Int8 || cap >= 89)) {
+      p.kernel = "cutlass";
+    } else if (w8a8) {
+      p.kernel = "marlin";  // fp8 weight-only (prepare_fp8_layer_for_marlin)
+    } else {
+      MEMEST_ASSIGN_OR_RETURN(p.kernel, WeightOnlyKernel(q, device, op.scope, p));
+      if (p.in % (32 / bits) != 0) {
+        return InvalidArgument("config.quantization.format: " + Shard(op.scope, p.out, p.in) +
+                               " has input features that do not pack " +
+                               std::to_string(32 / bits) + " to an int32");
+      }
+    }
+    Tensor& leaf = packed.tensors[w];
+    leaf.requires_grad = false;
+    if (p.kernel == "cutlass" || q.format == WeightFormat::kW8A8Fp8) {
+      leaf.dtype = q.format == WeightFormat::kW8A8Int8 ? DType::kInt8 : DType::kUInt8;
+    } else {
+      leaf.shape = {p.in / (32 / bits), p.out};
+      leaf.dtype = DType::kInt32;
+      leaf.strides = {p.out, 1};
+    }
+    any = true;
+  }
+  for (size_t k = 0; k < matched.size(); ++k) {
+    if (!matched[k]) {
+      return InvalidArgument("config.quantization.skip_modules[" + std::to_string(k) + "]: " +
+                             Quote(q.skip_modules[k]) + " matches no linear of the model");
+    }
+  }
+  if (!any) {
+    return InvalidArgument("config.quantization: the model has no linear to quantize beside the "
+                           "output layer, the routers and the skipped modules");
+  }
+  const char* input_type = q.format == WeightFormat::kW8A8Int8 ? "int8" : "fp8";
+  const char* inputs = q.inputs == InputQuantization::kDynamicToken    ? "token"
+                       : q.inputs == InputQuantization::kDynamicTensor ? "tensor"
+                                                                       : "static";
+  auto replace = [&](int i, GraphBuilder& b, std::vector<int>& map) {
+    const Plan& p = plans[i];
+    if (!p.quantize) return false;
+    const Op& op = packed.ops[i];
+    const int x = map[op.inputs[0]];
+    AddState(q, p, b.tensor(x).dtype, bits, op.scope, device.multiprocessors, b);
+    std::vector<int> in{x, map[op.inputs[1]]};
+    if (op.inputs.size() > 2) in.push_back(map[op.inputs[2]]);
+    Attrs attrs{{"out_features", p.out}};
+    std::string kind = "wna16_linear";
+    if (p.kernel == "cutlass") {
+      kind = "w8a8_linear";
+      attrs["input_type"] = std::string(input_type);
+      attrs["inputs"] = std::string(inputs);
+      attrs["asymmetric"] = int64_t{q.asymmetric_inputs ? 1 : 0};
+      if (q.weight_scales == ScaleGranularity::kBlock) attrs["block_k"] = q.block_k;
+    } else {
+      attrs["bits"] = int64_t{bits};
+      attrs["kernel"] = p.kernel;
+      attrs["act_order"] = int64_t{q.act_order ? 1 : 0};
+      attrs["multiprocessors"] = int64_t{std::max(device.multiprocessors, 1)};
+    }
+    map[op.outputs[0]] = b.Add1(kind, std::move(in), std::move(attrs));
+    return true;
+  };
+  StatusOr<Graph> out = ReplayGraph(packed, replace, std::nullopt, nullptr, budget);
+  if (!out.ok()) return out.status().Prefixed("config.quantization: ");
+  return out;
+}
+
+std::string ServedQuantizationNote(const Graph& graph, const QuantizationConfig& q) {
+  int64_t linears = 0, bytes = 0;
+  std::vector<std::string> kernels;
+  for (const Op& op : graph.ops) {
+    if (op.kind != "w8a8_linear" && op.kind != "wna16_linear") continue;
+    ++linears;
+    if (!AddBytes(&bytes, Bytes(graph.tensors[op.inputs[1]].shape, graph.tensors[op.inputs[1]].dtype))) {
+      bytes = kMaxBytes;
+    }
+    StatusOr<std::string> k = StringAttr(op.attrs, "kernel", "cutlass", "");
+    const std::string name = k.ok() ? *k : "cutlass";
+    if (std::find(kernels.begin(), kernels.end(), name) == kernels.end()) kernels.push_back(name);
+  }
+  std::string used;
+  for (const std::string& k : kernels) used += (used.empty() ? "" : ", ") + k;
+  return std::string("quantized weights as vLLM serves them (") + WeightFormatName(q.format) +
+         "): " + std::to_string(linears) + " linears on this rank, " + FormatBytes(bytes) +
+         " of packed weights beside their scales, through vLLM's " + used +
+         " kernels; the output layer and the routers stay in the model's dtype";
+}
+
+}  // namespace memest
