@@ -308,10 +308,10 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
   MEMEST_ASSIGN_OR_RETURN(const Family* family, FamilyOf(spec.config));
   const Fields f(spec.config, family->model_type);
   MEMEST_RETURN_IF_ERROR(CheckArchitecture(f, family->causal_lm));
-  if (f.Get("quantization_config") != nullptr) {
+  if (f.Get("quantization_config") != nullptr) {  // Estimate reads it (hf_quantization.h)
     return InvalidArgument(Field("quantization_config") +
-                           ": quantized weights (bitsandbytes, GPTQ, AWQ, fp8) are not modelled "
-                           "yet; without it the config estimates the unquantized model");
+                           ": a quantized checkpoint is estimated whole (Estimate); this "
+                           "request builds the model alone (a plan or a trace)");
   }
   if (spec.seq <= 0 || spec.seq > kMaxSize) {
     return InvalidArgument("model.hf_config.seq: " +

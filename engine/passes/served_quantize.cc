@@ -199,16 +199,18 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
   for (size_t i = 0; i < rank.ops.size(); ++i) {
     const Op& op = rank.ops[i];
     if (!IsLinear(op) || op.inputs.size() < 2) continue;
-    const int w = op.inputs[1];
-    const Tensor& weight = rank.tensors[w];
-    if (weight.role != TensorRole::kParameter || weight.shape.size() != 2 || readers[w] != 1) continue;
     bool skip = op.scope == output_layer;
     const std::string_view last = std::string_view(op.scope).substr(op.scope.rfind('.') + 1);
     skip = skip || last == "gate" || last == "shared_expert_gate";
     for (size_t k = 0; k < q.skip_modules.size(); ++k) {
       if (SkipMatches(op.scope, q.skip_modules[k])) matched[k] = true, skip = true;
     }
-    if (skip) continue;
+    const int w = op.inputs[1];
+    const Tensor& weight = rank.tensors[w];
+    if (skip || weight.role != TensorRole::kParameter || weight.shape.size() != 2 ||
+        readers[w] != 1) {
+      continue;
+    }
     Plan& p = plans[i];
     p.quantize = true;
     p.out = weight.shape[0];
@@ -238,7 +240,8 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
     any = true;
   }
   for (size_t k = 0; k < matched.size(); ++k) {
-    if (!matched[k]) {
+    // A pattern may match nothing (compressed-tensors' ignore lists are written for families).
+    if (!matched[k] && q.skip_modules[k].rfind("re:", 0) != 0) {
       return InvalidArgument("config.quantization.skip_modules[" + std::to_string(k) + "]: " +
                              Quote(q.skip_modules[k]) + " matches no linear of the model");
     }

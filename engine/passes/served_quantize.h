@@ -43,8 +43,9 @@
 namespace memest {
 
 // `rank` (one rank's graph, in the served dtype) with its linears as `q` stores them on
-// `device`. INVALID_ARGUMENT names config.quantization's field: a skip entry that matches no
-// linear or is not a pattern memest reads, a shard no kernel takes, a GPU too old for the
+// `device`. INVALID_ARGUMENT names config.quantization's field: a skip name that matches no
+// linear (a pattern may: compressed-tensors writes its lists for a family), a pattern memest
+// does not read, a shard no kernel takes, a GPU too old for the
 // format, a model left with no linear to quantize.
 StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationConfig& q,
                                         const DeviceInfo& device, Budget* budget = nullptr);
