@@ -377,6 +377,23 @@ std::vector<Seed> MakeSeeds(const fs::path& examples) {
     serving->set_kv_cache_dtype(v1::KV_CACHE_DTYPE_FP8_E4M3);
     serving->set_request_tokens(1000);
     serving->set_concurrency(16);
+    // A GPTQ W4A16 checkpoint served on one H100 (Machete), its ignore list a pattern.
+    v1::EstimateRequest* w4 = add("hf-llama-3.2-1b.serving-w4a16", served, 0);
+    w4->mutable_config()->set_device_name("h100-80gb");
+    w4->mutable_config()->mutable_serving()->set_max_model_len(4096);
+    v1::Quantization* q = w4->mutable_config()->mutable_quantization();
+    q->set_format(v1::WEIGHT_FORMAT_W4A16);
+    q->set_group_size(64);
+    q->set_act_order(true);
+    q->set_gptq_layout(true);
+    q->add_skip_modules("re:.*mlp\\.down_proj$");
+    // vLLM's fp8 with block scales on an A100 (Marlin, weight-only).
+    v1::EstimateRequest* fp8 = add("hf-llama-3.2-1b.serving-fp8-a100", served, 0);
+    fp8->mutable_config()->set_device_name("a100-80gb");
+    fp8->mutable_config()->mutable_serving()->set_max_model_len(4096);
+    v1::Quantization* block = fp8->mutable_config()->mutable_quantization();
+    block->set_format(v1::WEIGHT_FORMAT_W8A8_FP8);
+    block->set_weight_scales(v1::SCALE_GRANULARITY_BLOCK);
   }
   // A preset served on an L4 with vLLM's defaults (256 requests of 8 tokens in the profile).
   v1::EstimateRequest* served_gpt2 = add("gpt2.serving-l4", gpt2, 0);

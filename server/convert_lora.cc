@@ -25,9 +25,14 @@ StatusOr<QuantizationConfig> QuantizationFromProto(const v1::Quantization& q) {
   switch (q.format()) {
     case v1::WEIGHT_FORMAT_BNB_NF4: out.format = WeightFormat::kBnbNf4; break;
     case v1::WEIGHT_FORMAT_BNB_FP4: out.format = WeightFormat::kBnbFp4; break;
+    case v1::WEIGHT_FORMAT_W8A8_FP8: out.format = WeightFormat::kW8A8Fp8; break;
+    case v1::WEIGHT_FORMAT_W8A8_INT8: out.format = WeightFormat::kW8A8Int8; break;
+    case v1::WEIGHT_FORMAT_W4A16: out.format = WeightFormat::kW4A16; break;
+    case v1::WEIGHT_FORMAT_W8A16: out.format = WeightFormat::kW8A16; break;
     case v1::WEIGHT_FORMAT_UNSPECIFIED:
       return InvalidArgument("config.quantization.format: required when config.quantization is "
-                             "set (WEIGHT_FORMAT_BNB_NF4 or WEIGHT_FORMAT_BNB_FP4)");
+                             "set (WEIGHT_FORMAT_BNB_NF4, _BNB_FP4, _W8A8_FP8, _W8A8_INT8, "
+                             "_W4A16 or _W8A16)");
     default:
       return InvalidArgument("config.quantization.format: unknown value " +
                              std::to_string(static_cast<int>(q.format())));
@@ -42,6 +47,33 @@ StatusOr<QuantizationConfig> QuantizationFromProto(const v1::Quantization& q) {
   if (q.has_prepare_model_for_kbit_training()) {
     out.prepare_for_kbit_training = q.prepare_model_for_kbit_training();
   }
+  switch (q.weight_scales()) {
+    case v1::SCALE_GRANULARITY_UNSPECIFIED:
+    case v1::SCALE_GRANULARITY_CHANNEL: out.weight_scales = ScaleGranularity::kChannel; break;
+    case v1::SCALE_GRANULARITY_TENSOR: out.weight_scales = ScaleGranularity::kTensor; break;
+    case v1::SCALE_GRANULARITY_BLOCK: out.weight_scales = ScaleGranularity::kBlock; break;
+    default:
+      return InvalidArgument("config.quantization.weight_scales: unknown value " +
+                             std::to_string(static_cast<int>(q.weight_scales())));
+  }
+  switch (q.inputs()) {
+    case v1::INPUT_QUANTIZATION_UNSPECIFIED:
+    case v1::INPUT_QUANTIZATION_DYNAMIC_TOKEN: out.inputs = InputQuantization::kDynamicToken; break;
+    case v1::INPUT_QUANTIZATION_DYNAMIC_TENSOR:
+      out.inputs = InputQuantization::kDynamicTensor;
+      break;
+    case v1::INPUT_QUANTIZATION_STATIC: out.inputs = InputQuantization::kStatic; break;
+    default:
+      return InvalidArgument("config.quantization.inputs: unknown value " +
+                             std::to_string(static_cast<int>(q.inputs())));
+  }
+  if (q.block_n() != 0) out.block_n = q.block_n();
+  if (q.block_k() != 0) out.block_k = q.block_k();
+  out.asymmetric_inputs = q.asymmetric_inputs();
+  if (q.has_group_size()) out.group_size = q.group_size();
+  out.zero_point = q.zero_point();
+  out.act_order = q.act_order();
+  out.gptq_layout = q.gptq_layout();
   return out;
 }
 

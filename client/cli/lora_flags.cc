@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <utility>
 
 #include "client/cli/flags.h"
@@ -157,7 +158,10 @@ void AddLoraFlags(CLI::App* app, LoraFlags* f) {
   const char* quant = "4-bit base (bitsandbytes, as QLoRA loads it)";
   app->add_option("--quantize", f->quantize,
                   "bnb-nf4 or bnb-fp4: every Linear but the output layer a frozen bitsandbytes "
-                  "Linear4bit (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=...))")
+                  "Linear4bit (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=...)); "
+                  "with --serve, a quantized checkpoint as vLLM serves it: w8a8-fp8, fp8 "
+                  "(vLLM's --quantization fp8: per-tensor scales), w8a8-int8, w4a16, w8a16 "
+                  "(an --hf-config's quantization_config is read without it)")
       ->group(quant);
   app->add_flag("--bnb-double-quant", f->double_quant, "bnb_4bit_use_double_quant")->group(quant);
   app->add_option("--bnb-compute-dtype", f->compute_dtype,
@@ -170,6 +174,27 @@ void AddLoraFlags(CLI::App* app, LoraFlags* f) {
                 "skip PEFT's prepare_model_for_kbit_training, which training runs by default "
                 "(it casts the float16/bfloat16 parameters that are not 4-bit to float32)")
       ->group(quant);
+  const char* served = "quantized checkpoint served by vLLM (--quantize w8a8-fp8, w8a8-int8, "
+                       "w4a16, w8a16; with --serve)";
+  app->add_option("--quant-weight-scales", f->weight_scales,
+                  "W8A8 weight scales: channel (default), tensor, block")
+      ->group(served);
+  app->add_option("--quant-block", f->block, "block-wise scales' block, NxK (default 128x128)")
+      ->group(served);
+  app->add_option("--quant-inputs", f->inputs,
+                  "W8A8 input quantization: token (dynamic, default), tensor (dynamic), static")
+      ->group(served);
+  app->add_flag("--quant-asymmetric-inputs", f->asymmetric_inputs,
+                "int8 inputs with zero points (compressed-tensors' symmetric: false)")
+      ->group(served);
+  app->add_option("--quant-group-size", f->group_size,
+                  "W4A16/W8A16: input features per scale (default 128; -1: per channel)")
+      ->group(served);
+  app->add_flag("--quant-zero-point", f->zero_point, "W4A16/W8A16 zero points (AWQ, GPTQ sym=false)")
+      ->group(served);
+  app->add_flag("--quant-act-order", f->act_order, "GPTQ's desc_act")->group(served);
+  app->add_flag("--quant-gptq", f->gptq, "a GPTQ checkpoint (its qzeros and g_idx stay loaded)")
+      ->group(served);
   app->add_flag("--lora-keep-adapter-dtype", f->keep_adapter_dtype,
                 "get_peft_model(autocast_adapter_dtype=False): a bf16 or fp16 model's adapters "
                 "keep its dtype (PEFT's default makes them float32)")
@@ -179,16 +204,66 @@ void AddLoraFlags(CLI::App* app, LoraFlags* f) {
 namespace {
 
 const Word<v1::WeightFormat> kFormats[] = {
-    {"bnb-nf4", v1::WEIGHT_FORMAT_BNB_NF4},
-    {"bnb-fp4", v1::WEIGHT_FORMAT_BNB_FP4},
+    {"bnb-nf4", v1::WEIGHT_FORMAT_BNB_NF4},   {"bnb-fp4", v1::WEIGHT_FORMAT_BNB_FP4},
+    {"w8a8-fp8", v1::WEIGHT_FORMAT_W8A8_FP8}, {"fp8", v1::WEIGHT_FORMAT_W8A8_FP8},
+    {"w8a8-int8", v1::WEIGHT_FORMAT_W8A8_INT8}, {"w4a16", v1::WEIGHT_FORMAT_W4A16},
+    {"w8a16", v1::WEIGHT_FORMAT_W8A16},
 };
+const Word<v1::ScaleGranularity> kScales[] = {
+    {"channel", v1::SCALE_GRANULARITY_CHANNEL},
+    {"tensor", v1::SCALE_GRANULARITY_TENSOR},
+    {"block", v1::SCALE_GRANULARITY_BLOCK},
+};
+const Word<v1::InputQuantization> kInputs[] = {
+    {"token", v1::INPUT_QUANTIZATION_DYNAMIC_TOKEN},
+    {"tensor", v1::INPUT_QUANTIZATION_DYNAMIC_TENSOR},
+    {"static", v1::INPUT_QUANTIZATION_STATIC},
+};
+
+// The served formats' flags onto `q`. `fp8` is vLLM's --quantization fp8 of a dense checkpoint:
+// one scale per weight and per input (Fp8Config's defaults), unless the flags say otherwise.
+Status ApplyServedQuantizationFlags(const LoraFlags& f, v1::Quantization* q) {
+  if (f.quantize == "fp8") {
+    q->set_weight_scales(v1::SCALE_GRANULARITY_TENSOR);
+    q->set_inputs(v1::INPUT_QUANTIZATION_DYNAMIC_TENSOR);
+  }
+  if (!f.weight_scales.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::ScaleGranularity s,
+                            ParseWord("--quant-weight-scales", f.weight_scales, kScales));
+    q->set_weight_scales(s);
+  }
+  if (!f.inputs.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::InputQuantization i, ParseWord("--quant-inputs", f.inputs, kInputs));
+    q->set_inputs(i);
+  }
+  if (!f.block.empty()) {
+    const size_t x = f.block.find('x');
+    char* end = nullptr;
+    const long long n = std::strtoll(f.block.c_str(), &end, 10);
+    const long long k = x == std::string::npos ? 0 : std::strtoll(f.block.c_str() + x + 1, &end, 10);
+    if (x == std::string::npos || n <= 0 || k <= 0 || *end != '\0') {
+      return InvalidArgument("--quant-block: NxK, two positive integers (128x128), got " +
+                             Quote(f.block));
+    }
+    q->set_block_n(n);
+    q->set_block_k(k);
+  }
+  q->set_asymmetric_inputs(f.asymmetric_inputs);
+  if (f.group_size) q->set_group_size(*f.group_size);
+  q->set_zero_point(f.zero_point);
+  q->set_act_order(f.act_order);
+  q->set_gptq_layout(f.gptq);
+  return Status::Ok();
+}
 
 Status ApplyQuantizationFlags(const LoraFlags& f, v1::RunConfig* config) {
   if (f.quantize.empty()) {
     if (f.double_quant || !f.compute_dtype.empty() || !f.skip_modules.empty() ||
-        f.no_kbit_preparation) {
-      return InvalidArgument("--quantize: required with the --bnb-* and --no-kbit-preparation "
-                             "flags");
+        f.no_kbit_preparation || !f.weight_scales.empty() || !f.block.empty() ||
+        !f.inputs.empty() || f.asymmetric_inputs || f.group_size || f.zero_point ||
+        f.act_order || f.gptq) {
+      return InvalidArgument("--quantize: required with the --bnb-*, --quant-* and "
+                             "--no-kbit-preparation flags");
     }
     return Status::Ok();
   }
@@ -199,7 +274,7 @@ Status ApplyQuantizationFlags(const LoraFlags& f, v1::RunConfig* config) {
   q->set_compute_dtype(f.compute_dtype);
   for (std::string& name : SplitCommas(f.skip_modules)) *q->add_skip_modules() = std::move(name);
   if (f.no_kbit_preparation) q->set_prepare_model_for_kbit_training(false);
-  return Status::Ok();
+  return ApplyServedQuantizationFlags(f, q);
 }
 
 }  // namespace

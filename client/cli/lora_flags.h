@@ -30,6 +30,16 @@ struct LoraFlags {
   std::string compute_dtype;
   std::vector<std::string> skip_modules;  // comma-separated or repeated
   bool no_kbit_preparation = false;
+  // A quantized checkpoint served by vLLM (--quantize w8a8-fp8 | fp8 | w8a8-int8 | w4a16 |
+  // w8a16, with --serve).
+  std::string weight_scales;  // channel | tensor | block
+  std::string block;          // NxK
+  std::string inputs;         // token | tensor | static
+  bool asymmetric_inputs = false;
+  std::optional<int64_t> group_size;
+  bool zero_point = false;
+  bool act_order = false;
+  bool gptq = false;
 };
 
 void AddLoraFlags(CLI::App* app, LoraFlags* flags);

@@ -222,15 +222,15 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
       p.kernel = "marlin";  // fp8 weight-only (prepare_fp8_layer_for_marlin)
     } else {
       MEMEST_ASSIGN_OR_RETURN(p.kernel, WeightOnlyKernel(q, device, op.scope, p));
-      if (p.in % (32 / bits) != 0) {
-        return InvalidArgument("config.quantization.format: " + Shard(op.scope, p.out, p.in) +
-                               " has input features that do not pack " +
-                               std::to_string(32 / bits) + " to an int32");
-      }
+    }
+    if (p.kernel != "cutlass" && p.in % (32 / bits) != 0) {
+      return InvalidArgument("config.quantization.format: " + Shard(op.scope, p.out, p.in) +
+                             " has input features that do not pack " +
+                             std::to_string(32 / bits) + " to an int32");
     }
     Tensor& leaf = packed.tensors[w];
     leaf.requires_grad = false;
-    if (p.kernel == "cutlass" || q.format == WeightFormat::kW8A8Fp8) {
+    if (p.kernel == "cutlass") {
       leaf.dtype = q.format == WeightFormat::kW8A8Int8 ? DType::kInt8 : DType::kUInt8;
     } else {
       leaf.shape = {p.in / (32 / bits), p.out};

@@ -94,5 +94,25 @@ TEST(ServingCliTest, RefusesWhatDoesNotApply) {
   EXPECT_THAT(training.err, HasSubstr("config.mode: a server runs inference"));
 }
 
+// A quantized checkpoint: vLLM's --quantization fp8 of Llama-3.1-8B on an H100 (vLLM 0.19.0
+// logged 529,248 tokens), and a flag that does not parse.
+TEST(ServingCliTest, ServesAQuantizedCheckpoint) {
+  const RunResult r = Serve({"--device", "h100-80gb", "--gpu-memory-utilization", "0.95",
+                             "--max-model-len", "8192", "--quantize", "fp8", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const int64_t tokens = std::stoll(j.at("serving").at("kvTokens").get<std::string>());
+  EXPECT_GT(tokens, 529'248 * 0.995);
+  EXPECT_LE(tokens, 529'248 * 1.001);
+  EXPECT_THAT(j.at("notes").dump(), HasSubstr("quantized weights as vLLM serves them (w8a8-fp8)"));
+  const RunResult block = Serve({"--device", "h100-80gb", "--quantize", "w8a8-fp8",
+                                 "--quant-weight-scales", "block", "--quant-block", "128"});
+  EXPECT_EQ(block.exit_code, 3);
+  EXPECT_THAT(block.err, HasSubstr("--quant-block: NxK"));
+  const RunResult stray = Serve({"--device", "h100-80gb", "--quant-group-size", "64"});
+  EXPECT_EQ(stray.exit_code, 3);
+  EXPECT_THAT(stray.err, HasSubstr("--quantize: required with the --bnb-*, --quant-*"));
+}
+
 }  // namespace
 }  // namespace memest

@@ -206,6 +206,23 @@ TEST(ServedQuantizeTest, RefusesWhatVllmRefuses) {
   }
 }
 
+// Before sm_89 vLLM runs fp8 weight-only through Marlin: the same bytes a value, scales per
+// channel in the model's dtype, the inputs unquantized.
+TEST(ServedQuantizeTest, Fp8BeforeAdaRunsThroughMarlin) {
+  RunConfig c = Served(WeightFormat::kW8A8Fp8);
+  c.device = "a100-80gb";
+  StatusOr<Report> fp8 = Estimate(Config("llama-3.1-8b"), c);
+  ASSERT_TRUE(fp8.ok()) << fp8.status().message();
+  c.device = "h100-80gb";
+  StatusOr<Report> h100 = Estimate(Config("llama-3.1-8b"), c);
+  ASSERT_TRUE(h100.ok()) << h100.status().message();
+  // Per linear, float32 scales per channel on H100, bf16 ones (and Marlin's 108-SM int32
+  // workspace) on the A100: 7 linears a layer, 32 layers.
+  const int64_t channels = 4096 + 1024 + 1024 + 4096 + 14336 + 14336 + 4096;
+  EXPECT_EQ(h100->serving->weights_bytes - fp8->serving->weights_bytes,
+            32 * (2 * channels - 7 * 512));
+}
+
 TEST(ServedQuantizeTest, SkippedModulesStayDense) {
   RunConfig c = Served(WeightFormat::kW8A8Fp8);
   StatusOr<Report> all = Estimate(Config("llama-3.1-8b"), c);

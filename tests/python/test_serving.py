@@ -50,3 +50,29 @@ def test_serving_refusals_name_the_field(client, kwargs, message):
     with pytest.raises(memest.InvalidArgument, match=".*" + message.replace("[", r"\[")
                        .replace("]", r"\]").replace("'", "'")):
         client.estimate(hf_config=LLAMA31, device="h100-80gb", **kwargs)
+
+
+def test_serving_a_quantized_checkpoint(client):
+    # A config.json with its quantization_config: RedHatAI's Llama-3.1-8B W8A8 (compressed-
+    # tensors), served in float16 as vLLM 0.19.0 logged it: 529,200 tokens.
+    import json
+    config = json.loads(pathlib.Path(LLAMA31).read_text())
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "int-quantized", "ignore": ["lm_head"],
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True},
+            "input_activations": {"num_bits": 8, "type": "int", "strategy": "token",
+                                  "dynamic": True, "symmetric": True}}}}
+    e = client.estimate(hf_config=config, device="h100-80gb", precision="fp16-pure",
+                        advice=False, serving={"gpu_memory_utilization": 0.95,
+                                               "max_model_len": 8192})
+    assert 0.995 * 529_200 <= e.serving.kv_tokens <= 1.001 * 529_200
+    # The same as memest's own names (the CLI's --quantize w8a8-int8).
+    f = client.estimate(hf_config=LLAMA31, device="h100-80gb", precision="fp16-pure",
+                        advice=False, quantization={"format": "w8a8-int8"},
+                        serving={"gpu_memory_utilization": 0.95, "max_model_len": 8192})
+    assert f.serving.kv_tokens == e.serving.kv_tokens
+    with pytest.raises(memest.InvalidArgument, match="quantization.bits: not a setting"):
+        client.estimate(hf_config=LLAMA31, device="h100-80gb", serving=True,
+                        quantization={"format": "w4a16", "bits": 4})

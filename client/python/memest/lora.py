@@ -90,10 +90,63 @@ def apply_lora(config, lora):
 _FORMATS = {"nf4": "WEIGHT_FORMAT_BNB_NF4", "fp4": "WEIGHT_FORMAT_BNB_FP4"}
 
 
+_SERVED = {"w8a8-fp8": "WEIGHT_FORMAT_W8A8_FP8", "fp8": "WEIGHT_FORMAT_W8A8_FP8",
+           "w8a8-int8": "WEIGHT_FORMAT_W8A8_INT8", "w4a16": "WEIGHT_FORMAT_W4A16",
+           "w8a16": "WEIGHT_FORMAT_W8A16"}
+_SCALES = {"channel": "SCALE_GRANULARITY_CHANNEL", "tensor": "SCALE_GRANULARITY_TENSOR",
+           "block": "SCALE_GRANULARITY_BLOCK"}
+_INPUTS = {"token": "INPUT_QUANTIZATION_DYNAMIC_TOKEN", "tensor": "INPUT_QUANTIZATION_DYNAMIC_TENSOR",
+           "static": "INPUT_QUANTIZATION_STATIC"}
+_SERVED_KEYS = {"format", "weight_scales", "block", "inputs", "asymmetric_inputs", "group_size",
+                "zero_point", "act_order", "gptq", "skip_modules"}
+
+
+def _word(data, key, words):
+    value = data[key]
+    if value not in words:
+        raise InvalidArgument("quantization.%s: %r; expected one of %s"
+                              % (key, value, ", ".join(sorted(words))))
+    from memest import v1
+    return getattr(v1, words[value])
+
+
+def _apply_served(out, data):
+    """A quantized checkpoint served by vLLM (with serving=...): memest's own names (the CLI's
+    --quantize and --quant-* flags). A config.json's quantization_config needs none of this:
+    hf_config= reads it."""
+    unknown = sorted(set(data) - _SERVED_KEYS)
+    if unknown:
+        raise InvalidArgument("quantization.%s: not a setting of %s (expected %s)"
+                              % (unknown[0], data["format"], ", ".join(sorted(_SERVED_KEYS))))
+    out.format = _word(data, "format", _SERVED)
+    if data["format"] == "fp8":  # vLLM's --quantization fp8: one scale a weight and an input
+        out.weight_scales = _word({"s": "tensor"}, "s", _SCALES)
+        out.inputs = _word({"i": "tensor"}, "i", _INPUTS)
+    if "weight_scales" in data:
+        out.weight_scales = _word(data, "weight_scales", _SCALES)
+    if "inputs" in data:
+        out.inputs = _word(data, "inputs", _INPUTS)
+    if "block" in data:
+        block = data["block"]
+        if not isinstance(block, (list, tuple)) or len(block) != 2:
+            raise InvalidArgument("quantization.block: [n, k], got %r" % (block,))
+        out.block_n, out.block_k = int(block[0]), int(block[1])
+    if "group_size" in data:
+        out.group_size = int(data["group_size"])
+    out.asymmetric_inputs = bool(data.get("asymmetric_inputs", False))
+    out.zero_point = bool(data.get("zero_point", False))
+    out.act_order = bool(data.get("act_order", False))
+    out.gptq_layout = bool(data.get("gptq", False))
+    out.skip_modules.extend(_names(data.get("skip_modules"), "skip_modules"))
+
+
 def apply_quantization(config, quantization):
     """Sets config.quantization from a transformers BitsAndBytesConfig or a dict of its fields
     (load_in_4bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
-    llm_int8_skip_modules), plus prepare_model_for_kbit_training (PEFT's; default: in training only)."""
+    llm_int8_skip_modules), plus prepare_model_for_kbit_training (PEFT's; default: in training
+    only); or, to serve a quantized checkpoint with vLLM, a dict with "format" (w8a8-fp8, fp8,
+    w8a8-int8, w4a16, w8a16) and weight_scales, block, inputs, asymmetric_inputs, group_size,
+    zero_point, act_order, gptq, skip_modules."""
     if callable(getattr(quantization, "to_dict", None)):
         data = quantization.to_dict()
     elif isinstance(quantization, dict):
@@ -101,6 +154,9 @@ def apply_quantization(config, quantization):
     else:
         raise InvalidArgument("quantization: expected a transformers BitsAndBytesConfig or a "
                               "dict of its fields, got %s" % type(quantization).__name__)
+    if "format" in data:
+        _apply_served(config.quantization, data)
+        return
     if data.get("load_in_8bit"):
         raise InvalidArgument("quantization.load_in_8bit: LLM.int8 weights are not modelled yet; "
                               "memest takes load_in_4bit")
