@@ -313,7 +313,8 @@ std::vector<Seed> MakeSeeds(const fs::path& examples) {
   // Hugging Face configs (tests/data/hf_configs), cut to two layers and 32 tokens.
   const fs::path configs = examples / ".." / "tests" / "data" / "hf_configs";
   for (const char* name : {"gpt2", "llama-3.2-1b", "mistral-7b-v0.1", "qwen3-0.6b", "gemma-2b",
-                           "gemma-2-2b", "gemma-3-1b-it", "mixtral-8x7b", "qwen1.5-moe-a2.7b"}) {
+                           "gemma-2-2b", "gemma-3-1b-it", "mixtral-8x7b", "qwen1.5-moe-a2.7b",
+                           "falcon-7b", "falcon-40b", "opt-350m"}) {
     StatusOr<google::protobuf::Struct> config =
         cli::ReadHfConfigFile((configs / (std::string(name) + ".json")).string());
     if (!config.ok()) {

@@ -7,23 +7,14 @@
 #include <functional>
 #include <string>
 
+#include "engine/models/decoders_internal.h"
 #include "engine/models/layers.h"
 #include "engine/models/vllm_sampler.h"
 
 namespace memest {
-namespace {
 
-std::string Str(int64_t v) { return std::to_string(v); }
+namespace decoders_internal {
 
-bool Training(const BuildContext& ctx) { return ctx.mode == Mode::kTraining; }
-
-// The KV cache the graph holds: none in training, nor in vLLM's profile run (its paged pool comes
-// after); in inference the prompt's and the generated tokens'.
-int64_t KvCacheLength(const BuildContext& ctx, int64_t seq) {
-  return Training(ctx) || ctx.serving ? 0 : seq + ctx.generate_tokens;
-}
-
-// A spec field's own name where it came from: "d_model" for a preset, "hidden_size" for a config.
 std::string Name(const FieldOf& field, const char* name) {
   const std::string path = field(name);
   return path.substr(path.rfind('.') + 1);
@@ -33,34 +24,21 @@ Status FieldError(const FieldOf& field, const char* name, const std::string& mes
   return InvalidArgument(field(name) + ": " + message);
 }
 
-// The positions whose logits are computed: all of them in training; in inference only the
-// last one, as HF's generate() asks with logits_to_keep=1.
-int LogitsInput(GraphBuilder& b, const BuildContext& ctx, int h) {
-  if (Training(ctx) || !b.ok() || h < 0) return h;
-  const int64_t t = b.shape(h)[1];
-  return b.Add1("slice", {h},
-                {{"dim", AttrInt(1)}, {"start", AttrInt(t - 1)}, {"end", AttrInt(t)}});
-}
-
-// The LM head over the model's last hidden state: lm_head (tied to `embed` or its own weight)
-// on the positions LogitsInput keeps, soft-capped by `softcap` (Gemma 2's
-// final_logit_softcapping; 0: none), and in training HF's ForCausalLMLoss (logits.float(), then
-// cross_entropy over the shifted labels). The model's output and the logits are held until
-// the LM's forward returns, after the loss it computes: `logits` is its local (a bfloat16 model's
-// logits beside their float32 copy while cross_entropy runs, with the loop dropping its outputs
-// too).
 void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerContext& c,
-                       const char* name, int last_hidden_state, int embed, bool tied,
-                       int64_t vocab, double softcap = 0.0,
-                       const std::function<int(int)>& aux_loss = nullptr) {
-  int h = LogitsInput(b, ctx, last_hidden_state);
+                       int last_hidden_state, const LmHeadOptions& o) {
+  int h = last_hidden_state;
+  if (!Training(ctx) && !o.every_position && b.ok() && h >= 0) {
+    const int64_t t = b.shape(h)[1];
+    h = b.Add1("slice", {h}, {{"dim", AttrInt(1)}, {"start", AttrInt(t - 1)}, {"end", AttrInt(t)}});
+  }
   int gathered = -1;
   if (ctx.serving) h = VllmSamplerInput(b, h, &gathered);
-  int logits = tied ? TiedLinear(b, name, h, embed) : Linear(b, c, name, h, vocab, /*bias=*/false);
-  if (softcap > 0) logits = SoftCap(b, logits, softcap);
+  int logits = o.tied ? TiedLinear(b, o.name, h, o.embed)
+                      : Linear(b, c, o.name, h, o.vocab, /*bias=*/false);
+  if (o.softcap > 0) logits = SoftCap(b, logits, o.softcap);
   if (Training(ctx)) {
     const int loss = CrossEntropyLoss(b, logits, /*upcast=*/true);
-    if (aux_loss) b.SetLoss(aux_loss(loss));
+    if (o.aux_loss) b.SetLoss(o.aux_loss(loss));
   } else if (ctx.serving) {
     VllmSampler(b, logits, ctx.multiprocessors);
   }
@@ -69,15 +47,12 @@ void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerCont
   b.HoldUntilLastOp(gathered);
 }
 
-// Whole heads: the hidden size splits into `heads` of the same width.
 Status CheckHeadsDivide(const FieldOf& field, int64_t d_model, int64_t heads) {
   if (d_model % heads == 0) return Status::Ok();
   return FieldError(field, "heads", "must divide " + Name(field, "d_model") + " " +
                                         Str(d_model) + ", got " + Str(heads));
 }
 
-// `layers` repeated blocks under "<prefix><i>", each marked a block (a checkpoint unit); returns
-// the last block's output.
 int RepeatBlocks(GraphBuilder& b, const std::string& prefix, int64_t layers, int h,
                  const std::function<int(int)>& block) {
   for (int64_t i = 0; i < layers; ++i) {
@@ -87,6 +62,13 @@ int RepeatBlocks(GraphBuilder& b, const std::string& prefix, int64_t layers, int
   }
   return h;
 }
+
+}  // namespace decoders_internal
+
+namespace {
+
+using namespace decoders_internal;  // NOLINT: the helpers every decoder uses
+
 
 // A partial rotary's dims: even, and within the head.
 Status CheckRotaryDim(const FieldOf& field, const char* name, int64_t rotary_dim,
@@ -232,7 +214,11 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
     // GPT2Model.forward's locals, until it returns.
     for (int local : {inputs_embeds, position_embeds, pos}) b.HoldUntilLastOp(local);
   }
-  LanguageModelHead(b, ctx, c, "lm_head", h, wte, s.tie_embeddings, s.vocab);
+  LmHeadOptions head;
+  head.embed = wte;
+  head.tied = s.tie_embeddings;
+  head.vocab = s.vocab;
+  LanguageModelHead(b, ctx, c, h, head);
   return Status::Ok();
 }
 
@@ -325,8 +311,13 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
       };
     }
   }
-  LanguageModelHead(b, ctx, c, "lm_head", h, embed, s.tie_embeddings, s.vocab, s.final_softcap,
-                    aux_loss);
+  LmHeadOptions head;
+  head.embed = embed;
+  head.tied = s.tie_embeddings;
+  head.vocab = s.vocab;
+  head.softcap = s.final_softcap;
+  head.aux_loss = aux_loss;
+  LanguageModelHead(b, ctx, c, h, head);
   return Status::Ok();
 }
 
@@ -368,7 +359,12 @@ Status BuildNeoxModel(GraphBuilder& b, const BuildContext& ctx, const NeoxSpec& 
     h = LayerNorm(b, c, "final_layer_norm", h);
     b.HoldUntilLastOp(inputs_embeds);  // GPTNeoXModel.forward's local, until it returns
   }
-  LanguageModelHead(b, ctx, c, "embed_out", h, embed, s.tie_embeddings, s.vocab);
+  LmHeadOptions head;
+  head.name = "embed_out";
+  head.embed = embed;
+  head.tied = s.tie_embeddings;
+  head.vocab = s.vocab;
+  LanguageModelHead(b, ctx, c, h, head);
   return Status::Ok();
 }
 

@@ -1,8 +1,8 @@
 // Decoder-only language models, built op by op as Hugging Face's modules run them: GPT-2
 // (GPT2LMHeadModel), the Llama family (LlamaForCausalLM and the models written like it:
-// Mistral, Qwen2, Qwen3, Gemma 1, 2 and 3, Phi-3) and GPT-NeoX. The presets (engine/models/presets.cc) and
-// the Hugging Face config front end (engine/models/hf_config.cc) both fill these specs; neither
-// builds a decoder itself.
+// Mistral, Qwen2, Qwen3, Gemma 1, 2 and 3, Phi-3), GPT-NeoX, Falcon and OPT. The presets
+// (engine/models/presets.cc) and the Hugging Face config front end (engine/models/hf_config.cc)
+// both fill these specs; neither builds a decoder itself.
 #ifndef MEMEST_ENGINE_MODELS_DECODERS_H_
 #define MEMEST_ENGINE_MODELS_DECODERS_H_
 
@@ -121,6 +121,60 @@ struct NeoxSpec {
   int64_t mask_positions = 0;
 };
 
+// Falcon (FalconForCausalLM, transformers 4.47's modeling_falcon.py;
+// engine/models/falcon_decoder.cc): LayerNorms, query_key_value fused, the rotary on every dim
+// of each head, GELU MLP (dense_h_to_4h, dense_4h_to_h), the LM head tied by default. Its
+// attention's k and v: one head shared by all (multi_query: Falcon-7B), `kv_heads` groups
+// whose k and v transformers broadcasts to every head before the product and the cache
+// (new_decoder_architecture: Falcon-40B, 180B), or a head each. The attention and the MLP run
+// on the same normed input (parallel_attn; with new_decoder_architecture and two norms,
+// ln_attn and ln_mlp each their own) or one after the other. Alibi is refused by the config
+// reader.
+struct FalconSpec {
+  int64_t seq = 0;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  int64_t heads = 0;
+  int64_t kv_heads = 0;  // new_decoder_architecture's num_kv_heads (0: heads)
+  bool new_decoder_architecture = false;
+  bool multi_query = true;  // read without new_decoder_architecture only
+  bool parallel_attn = true;
+  int64_t parallel_norms = 1;  // new_decoder_architecture: 2, ln_attn and ln_mlp; 1, one norm
+  bool bias = false;           // every Linear of the layers (FalconLinear: matmul, then + bias)
+  int64_t ffn = 0;             // ffn_hidden_size; 0: 4 * d_model
+  int64_t vocab = 0;
+  bool tie_embeddings = true;
+  Activation activation = Activation::kGelu;
+  double hidden_dropout = 0.0;     // the MLP's output (and the attention's, in parallel)
+  double attention_dropout = 0.0;  // the attention's output before its residual (sequential)
+};
+
+// OPT (OPTForCausalLM, transformers 4.47's modeling_opt.py; engine/models/opt_decoder.cc):
+// learned positions (max_position_embeddings + 2 rows), embeddings of word_embed_proj_dim
+// projected in and out of d_model when they differ (project_in, project_out, OPT-350m), the
+// LayerNorms before (do_layer_norm_before) or after each sub-layer, q/k/v/out_proj and fc1/fc2
+// biased by enable_bias, a 4-D [N, 1, T, T] mask built every forward, dropout on both
+// branches and the probabilities; the LM head tied by default. In inference the forward
+// computes every position's logits (4.47's OPT takes no logits_to_keep).
+struct OptSpec {
+  int64_t seq = 0;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  int64_t heads = 0;
+  int64_t ffn = 0;
+  int64_t vocab = 0;
+  int64_t positions = 2048;     // max_position_embeddings (the table has 2 more rows)
+  int64_t embed_dim = 0;        // word_embed_proj_dim; 0: d_model
+  bool norm_before = true;      // do_layer_norm_before
+  bool final_norm = true;       // final_layer_norm: with norm_before, unless removed
+  bool bias = true;             // enable_bias
+  bool norm_affine = true;      // layer_norm_elementwise_affine
+  bool tie_embeddings = true;
+  Activation activation = Activation::kRelu;
+  double dropout = 0.1;
+  double attn_dropout = 0.0;
+};
+
 // The decoder's graph for ctx.micro_batch sequences of spec.seq tokens. Training ends in HF's
 // ForCausalLMLoss (logits upcast to float32, cross_entropy); inference keeps a KV cache of
 // seq + ctx.generate_tokens positions and computes the last position's logits. Errors name
@@ -131,6 +185,10 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
                        const FieldOf& field);
 Status BuildNeoxModel(GraphBuilder& b, const BuildContext& ctx, const NeoxSpec& spec,
                       const FieldOf& field);
+Status BuildFalconModel(GraphBuilder& b, const BuildContext& ctx, const FalconSpec& spec,
+                        const FieldOf& field);
+Status BuildOptModel(GraphBuilder& b, const BuildContext& ctx, const OptSpec& spec,
+                     const FieldOf& field);
 
 }  // namespace memest
 

@@ -14,6 +14,7 @@
 
 #include "engine/ir/text.h"
 #include "engine/models/decoders.h"
+#include "engine/models/hf_falcon_opt.h"
 #include "engine/models/hf_fields.h"
 #include "engine/models/hf_gemma.h"
 #include "engine/models/hf_moe.h"
@@ -213,13 +214,14 @@ StatusOr<Gpt2Spec> ReadGpt2(const Fields& f, int64_t seq) {
 }
 
 constexpr Family kFamilies[] = {
-    {"gemma", "GemmaForCausalLM"},     {"gemma2", "Gemma2ForCausalLM"},
-    {"gemma3_text", "Gemma3ForCausalLM"}, {"gpt2", "GPT2LMHeadModel"},
-    {"gpt_neox", "GPTNeoXForCausalLM"},
-    {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},
-    {"mixtral", "MixtralForCausalLM"}, {"phi3", "Phi3ForCausalLM"},
-    {"qwen2", "Qwen2ForCausalLM"},     {"qwen2_moe", "Qwen2MoeForCausalLM"},
-    {"qwen3", "Qwen3ForCausalLM"},     {"qwen3_moe", "Qwen3MoeForCausalLM"},
+    {"falcon", "FalconForCausalLM"},      {"gemma", "GemmaForCausalLM"},
+    {"gemma2", "Gemma2ForCausalLM"},      {"gemma3_text", "Gemma3ForCausalLM"},
+    {"gpt2", "GPT2LMHeadModel"},          {"gpt_neox", "GPTNeoXForCausalLM"},
+    {"llama", "LlamaForCausalLM"},        {"mistral", "MistralForCausalLM"},
+    {"mixtral", "MixtralForCausalLM"},    {"opt", "OPTForCausalLM"},
+    {"phi3", "Phi3ForCausalLM"},          {"qwen2", "Qwen2ForCausalLM"},
+    {"qwen2_moe", "Qwen2MoeForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"},
+    {"qwen3_moe", "Qwen3MoeForCausalLM"},
 };
 
 // Builds the family's model with `layers` layers (0: the config's), errors and all.
@@ -240,6 +242,14 @@ StatusOr<Graph> BuildFamily(const Family& family, const Fields& f, int64_t seq, 
     MEMEST_ASSIGN_OR_RETURN(NeoxSpec s, ReadNeox(f, seq));
     if (layers > 0) s.layers = layers;
     MEMEST_RETURN_IF_ERROR(BuildNeoxModel(b, context, s, LlamaFields()));
+  } else if (type == "falcon") {
+    MEMEST_ASSIGN_OR_RETURN(FalconSpec s, ReadFalcon(f, seq));
+    if (layers > 0) s.layers = layers;
+    MEMEST_RETURN_IF_ERROR(BuildFalconModel(b, context, s, FalconFields()));
+  } else if (type == "opt") {
+    MEMEST_ASSIGN_OR_RETURN(OptSpec s, ReadOpt(f, seq));
+    if (layers > 0) s.layers = layers;
+    MEMEST_RETURN_IF_ERROR(BuildOptModel(b, context, s, OptFields()));
   } else {
     MEMEST_ASSIGN_OR_RETURN(LlamaSpec s, ReadLlama(f, type, seq));
     if (layers > 0) s.layers = layers;
@@ -262,6 +272,16 @@ StatusOr<const Family*> FamilyOf(const JsonValue& config) {
     if (type->text == family.model_type) return &family;
   }
   if (type->text == "gemma3") return RefuseMultimodalGemma3();
+  if (type->text == "RefinedWebModel" || type->text == "RefinedWeb") {
+    // Falcon's remote-code configs, which transformers' AutoConfig does not map;
+    // models/falcon/convert_custom_code_checkpoint.py rewrites them as "falcon".
+    return InvalidArgument(Field("model_type") + ": " + Quote(type->text) +
+                           " is Falcon's remote-code type (RWForCausalLM), which transformers "
+                           "does not map; its convert_custom_code_checkpoint.py rewrites the "
+                           "config as model_type \"falcon\" (n_head -> num_attention_heads, "
+                           "n_layer -> num_hidden_layers, n_head_kv -> num_kv_heads with "
+                           "new_decoder_architecture true)");
+  }
   std::string known;
   for (const std::string& name : HfModelTypes()) known += (known.empty() ? "" : ", ") + name;
   return InvalidArgument(Field("model_type") + ": " + Quote(type->text) +

@@ -26,6 +26,16 @@
 //   gpt_neox    GPTNeoXForCausalLM      Pythia, GPT-NeoX-20B: use_parallel_residual, rotary_pct,
 //                                       attention_bias, hidden_dropout
 //   gpt2        GPT2LMHeadModel         n_positions, n_inner, activation_function, the dropouts
+//   falcon      FalconForCausalLM       Falcon 7B/40B/180B: query_key_value fused, multi_query,
+//                                       new_decoder_architecture (num_kv_heads, ln_attn/ln_mlp),
+//                                       parallel_attn, bias, ffn_hidden_size, activation,
+//                                       tied by default; alibi and the remote-code types
+//                                       "RefinedWebModel"/"RefinedWeb" are refused
+//   opt         OPTForCausalLM          learned positions (+2 rows), word_embed_proj_dim with
+//                                       project_in/project_out, do_layer_norm_before,
+//                                       enable_bias, layer_norm_elementwise_affine, ffn_dim,
+//                                       activation_function, dropout; every position's logits
+//                                       in inference
 //
 // Errors are INVALID_ARGUMENT naming "model.hf_config.config.<field>" (a missing size, a value
 // of the wrong type or out of range, an unknown model_type or hidden_act, an architecture other

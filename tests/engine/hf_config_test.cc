@@ -60,7 +60,9 @@ TEST_P(HfParameterCountTest, IsWhatTransformersBuilds) {
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, HfParameterCountTest,
-    testing::Values(CountCase{"gemma-2b", 2'506'172'416},
+    testing::Values(CountCase{"falcon-7b", 6'921'720'704},
+                    CountCase{"falcon-40b", 41'303'293'952},
+                    CountCase{"gemma-2b", 2'506'172'416},
                     CountCase{"gemma-2-2b", 2'614'341'888},
                     CountCase{"gemma-2-9b", 9'241'705'984},
                     CountCase{"gemma-2-27b", 27'227'128'320},
@@ -80,7 +82,10 @@ INSTANTIATE_TEST_SUITE_P(
                     CountCase{"mixtral-8x7b", 46'702'792'704},
                     CountCase{"qwen1.5-moe-a2.7b", 14'315'784'192},
                     CountCase{"qwen3-30b-a3b", 30'532'122'624},
-                    CountCase{"qwen3-8b", 8'190'735'360}),
+                    CountCase{"qwen3-8b", 8'190'735'360},
+                    CountCase{"opt-125m", 125'239'296}, CountCase{"opt-350m", 331'196'416},
+                    CountCase{"opt-1.3b", 1'315'758'080},
+                    CountCase{"opt-6.7b", 6'658'473'984}),
     [](const testing::TestParamInfo<CountCase>& info) {
       std::string name;
       for (char ch : info.param.file) name += std::isalnum(ch) ? ch : '_';
@@ -348,9 +353,9 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, HfBadConfigTest,
     testing::Values(
         BadCase{"UnknownType", {{"model_type", "llama9"}},
-                "model.hf_config.config.model_type: 'llama9' is not supported; supported: gemma, "
-                "gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mixtral, phi3, qwen2, "
-                "qwen2_moe, qwen3, qwen3_moe"},
+                "model.hf_config.config.model_type: 'llama9' is not supported; supported: falcon, "
+                "gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mixtral, opt, phi3, "
+                "qwen2, qwen2_moe, qwen3, qwen3_moe"},
         BadCase{"NoType", {{"model_type", nullptr}}, "model.hf_config.config.model_type: missing"},
         BadCase{"MissingSize", {{"hidden_size", nullptr}},
                 "model.hf_config.config.hidden_size: missing; a llama config must give it"},

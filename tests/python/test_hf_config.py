@@ -77,6 +77,16 @@ SMALL = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_
                                                  intermediate_size=128)),
     ("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=512, n_embd=64, n_layer=2, n_head=4,
                                              n_positions=64, n_inner=96)),
+    ("FalconForCausalLM", "FalconConfig", dict(vocab_size=512, hidden_size=64,
+                                               num_hidden_layers=2, num_attention_heads=4)),
+    ("FalconForCausalLM", "FalconConfig", dict(vocab_size=512, hidden_size=64,
+                                               num_hidden_layers=2, num_attention_heads=4,
+                                               new_decoder_architecture=True, num_kv_heads=2,
+                                               bias=True, ffn_hidden_size=96)),
+    ("OPTForCausalLM", "OPTConfig", dict(vocab_size=512, hidden_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, ffn_dim=128,
+                                         word_embed_proj_dim=32, do_layer_norm_before=False,
+                                         max_position_embeddings=64)),
 ])
 def test_a_transformers_config_has_the_models_parameters(client, cls, config, kwargs):
     transformers = pytest.importorskip("transformers")
