@@ -11,6 +11,7 @@
 #include "engine/passes/pipeline.h"
 #include "engine/passes/quantize.h"
 #include "engine/passes/served_quantize.h"
+#include "engine/passes/fused_moe_workspace.h"
 #include "engine/models/hf_quantization.h"
 #include "engine/passes/passes.h"
 #include "engine/passes/rnn_expand.h"
@@ -123,6 +124,15 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
     }
     if (config.precision == Precision::kFp16Amp) {
       r->notes.push_back("fp16 autocast: GradScaler's scalars are negligible and not listed");
+    }
+  }
+  if (config.serving.enabled) {
+    StatusOr<int64_t> workspace = FusedMoeWorkspaceBytes(graph);
+    if (workspace.ok() && *workspace > 0) {
+      r->notes.push_back("serving: vLLM's fused mixture-of-experts workspace, " +
+                         FormatBytes(*workspace) + ", taken at the first MoE block and kept "
+                         "(the experts run as transformers' loop beside it: over, where a "
+                         "block rather than the sampler makes the peak)");
     }
   }
   if (IsServedWeightFormat(config.quantization.format)) {
@@ -238,6 +248,15 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
                                                     budget));
     step.owned = std::make_unique<Graph>(std::move(quantized));
     step.graph = step.owned.get();
+  }
+  if (config.serving.enabled) {
+    // vLLM's FusedMoE takes its workspace once and keeps it (engine/passes/fused_moe_workspace.h).
+    MEMEST_ASSIGN_OR_RETURN(int64_t workspace, FusedMoeWorkspaceBytes(*step.graph));
+    if (workspace > 0) {
+      MEMEST_ASSIGN_OR_RETURN(Graph with, AddFusedMoeWorkspace(*step.graph, budget));
+      step.owned = std::make_unique<Graph>(std::move(with));
+      step.graph = step.owned.get();
+    }
   }
   if (stage != nullptr && stage->chunks.size() > 1 && (step.context || step.tensor)) {
     // The passes rebuilt the stage's graph: its chunks' ops and sent tensors moved with it.

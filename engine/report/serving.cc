@@ -268,7 +268,7 @@ void AddServingNotes(const ServingReport& s, int64_t tensor, const KvPages& page
   }
   r->notes.push_back(
       "serving: the forward is built as Hugging Face's modules run it (vLLM fuses q/k/v and "
-      "gate/up projections, and mixture-of-experts layers run its fused kernel)");
+      "gate/up projections under torch.compile)");
 }
 
 }  // namespace

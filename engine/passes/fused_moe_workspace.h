@@ -1,0 +1,37 @@
+// vLLM's fused mixture-of-experts workspace, a pass over one served rank's graph (after tensor
+// parallelism and quantization).
+//
+// vLLM runs a sparse MoE block as FusedMoE (model_executor/layers/fused_moe): its modular kernel
+// (modular_kernel.py, FusedMoEModularKernel._allocate_buffers, with TritonExperts'
+// workspace_shapes in fused_moe.py) takes two scratch tensors from the worker's workspace manager
+// (v1/worker/workspace.py, get_simultaneous): one of max(M * top_k * max(N / 2, K), M * K)
+// values, shared by the first GEMM's output, the second's and the block's output, and one of
+// M * top_k * max(N, K), each rounded up to 256 bytes, in the activations' dtype, for M tokens,
+// N the rank's w13 rows (2 x the expert's MLP size) and K the hidden size. The manager keeps
+// that buffer once it has grown to it: allocated at the first MoE block of the profile run, it
+// is held to the end of the run (the sampler's peak included).
+//
+// The graph's MoE blocks are found by their router: a `topk` op whose scope S has experts'
+// linears in "S.experts.". The workspace is added before the first block's first expert op, as a
+// `full` held until the graph's last op; the transformers-style expert loop is left as it is
+// (its own transients over-count what the fused kernel writes into the workspace).
+#ifndef MEMEST_ENGINE_PASSES_FUSED_MOE_WORKSPACE_H_
+#define MEMEST_ENGINE_PASSES_FUSED_MOE_WORKSPACE_H_
+
+#include <cstdint>
+
+#include "engine/ir/budget.h"
+#include "engine/ir/graph.h"
+#include "engine/ir/status.h"
+
+namespace memest {
+
+// The bytes of the workspace for the largest MoE block of `rank`; 0 when it has none.
+StatusOr<int64_t> FusedMoeWorkspaceBytes(const Graph& rank);
+
+// `rank` with the workspace added (see above); `rank` itself (copied) when it has no MoE block.
+StatusOr<Graph> AddFusedMoeWorkspace(const Graph& rank, Budget* budget = nullptr);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_PASSES_FUSED_MOE_WORKSPACE_H_
