@@ -131,8 +131,7 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
     if (workspace.ok() && *workspace > 0) {
       r->notes.push_back("serving: vLLM's fused mixture-of-experts workspace, " +
                          FormatBytes(*workspace) + ", taken at the first MoE block and kept "
-                         "(the experts run as transformers' loop beside it: over, where a "
-                         "block rather than the sampler makes the peak)");
+                         "to the end of the profile run");
     }
   }
   if (IsServedWeightFormat(config.quantization.format)) {

@@ -80,6 +80,9 @@ struct LayerContext {
   // dtype, read in place by its kernel. 0: Hugging Face's per-forward tables.
   int64_t rotary_positions = 0;
   int64_t rotary_local_positions = 0;  // the sliding-window layers' cache (Gemma 3's)
+  // Built for vLLM's profile run (BuildContext.serving): layers vLLM runs as one fused kernel
+  // are built as that kernel (SparseMoe: FusedMoE).
+  bool vllm = false;
   bool training() const { return mode == Mode::kTraining; }
 };
 
@@ -272,6 +275,10 @@ struct MoeOptions {
   // "up_proj", "down_proj"}.
   std::vector<std::string> names = {"gate_proj", "up_proj", "down_proj"};
 };
+// With c.vllm, vLLM's FusedMoE instead: the router's linear, its top-k, and one fused_experts
+// op over every token (engine/rules/fused_moe.cc), its workspace added by the serving pass
+// (engine/passes/fused_moe_workspace.h); each expert's Linear modules appear over zero tokens,
+// which is what holds their weights for the passes that split and quantize them.
 int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
               const MoeOptions& options, int* router_logits = nullptr);
 

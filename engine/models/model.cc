@@ -40,6 +40,7 @@ LayerContext LayerContextOf(const BuildContext& context) {
   c.autocast = context.autocast;
   c.rotary_positions = context.serving ? context.rotary_positions : 0;
   c.rotary_local_positions = context.serving ? context.rotary_local_positions : 0;
+  c.vllm = context.serving;
   return c;
 }
 

@@ -33,6 +33,34 @@ int ExpertMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int
   return Linear(b, c, o.names[2], b.Add1("mul", {gate, up}), d, /*bias=*/false);
 }
 
+// vLLM's FusedMoE (model_executor/layers/fused_moe/layer.py, 0.17-0.19): the router's logits,
+// fused_topk's weights and choices (here a float32 softmax and topk, a little more than its
+// kernel keeps), one fused_experts over every token; the shared expert as a plain MLP.
+int VllmFusedMoe(GraphBuilder& b, const LayerContext& c, int x, const Shape& in,
+                 const MoeOptions& o) {
+  const int64_t d = in[2];
+  const int flat = b.Add1("view", {x}, {{"shape", Ints({-1, d})}});
+  const int logits = Linear(b, c, "gate", flat, o.experts, /*bias=*/false);
+  std::vector<int> top =
+      b.Add("topk", {SoftmaxFloat32(b, logits, 1)}, {{"k", Int(o.top_k)}, {"dim", Int(-1)}});
+  if (top.size() != 2) return -1;
+  {
+    // The experts' weights, as FusedMoE's w13 and w2 hold them: their modules over no token.
+    ModuleScope experts(b, "experts");
+    const int none = b.Add1("slice", {flat}, {{"dim", Int(0)}, {"start", Int(0)}, {"end", Int(0)}});
+    for (int64_t e = 0; e < o.experts && b.ok(); ++e) {
+      ExpertMlp(b, c, std::to_string(e), none, o.expert_ffn, o);
+    }
+  }
+  int out = b.Add1("fused_experts", {flat, top[0], top[1]}, {{"experts", Int(o.experts)}});
+  if (o.shared_expert_ffn > 0) {
+    int y = ExpertMlp(b, c, "shared_expert", flat, o.shared_expert_ffn, o);
+    const int g = b.Add1("sigmoid", {Linear(b, c, "shared_expert_gate", flat, 1, false)});
+    out = b.Add1("add", {out, b.Add1("mul", {g, y})});
+  }
+  return b.Add1("reshape", {out}, {{"shape", Ints({in[0], in[1], d})}});
+}
+
 }  // namespace
 
 std::vector<int64_t> ExpertTokens(int64_t tokens, int64_t experts, int64_t top_k,
@@ -64,6 +92,7 @@ int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     return -1;
   }
   ModuleScope scope(b, name);
+  if (c.vllm && !c.training()) return VllmFusedMoe(b, c, x, in, o);
   const DType dtype = b.tensor(x).dtype;
   const int flat = b.Add1("view", {x}, {{"shape", Ints({-1, d})}});
   const int logits = Linear(b, c, "gate", flat, o.experts, /*bias=*/false);

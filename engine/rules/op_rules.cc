@@ -95,6 +95,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterParallelRules(t);
     rules::RegisterQuantizedRules(t);
     rules::RegisterServedQuantizedRules(t);
+    rules::RegisterFusedMoeRules(t);
     std::sort(t->begin(), t->end(),
               [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
     return t;

@@ -82,6 +82,8 @@
 //   wna16_linear(x, weight, bias?; out_features, bits, kernel, act_order=0, multiprocessors):
 //     vLLM's quantized linears, added by engine/passes/served_quantize.h
 //     (engine/rules/served_quantized.cc)
+//   fused_experts(x, topk_weights, topk_ids; experts): vLLM's FusedMoE, built for serving by
+//     engine/models/moe_layers.cc (engine/rules/fused_moe.cc)
 #ifndef MEMEST_ENGINE_RULES_OP_RULES_H_
 #define MEMEST_ENGINE_RULES_OP_RULES_H_
 
