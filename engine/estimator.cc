@@ -488,32 +488,18 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   return ApplyLora(graph, lora, max_ops, budget);
 }
 
-// A config.json with a quantization_config: the checkpoint's quantization
-// (engine/models/hf_quantization.h) as config.quantization, which the request leaves unset, and
-// the model built without it.
-StatusOr<Report> EstimateQuantizedCheckpoint(const HfConfigSpec& hf, const RunConfig& config,
+// A config.json with a quantization_config: the checkpoint's quantization as config.quantization
+// (engine/models/hf_quantization.h), which the request leaves unset, and the model built
+// without it.
+StatusOr<Report> EstimateQuantizedCheckpoint(const ModelSpec& model, const RunConfig& config,
                                              const EstimateOptions& options) {
-  MEMEST_ASSIGN_OR_RETURN(QuantizationConfig q, HfConfigQuantization(hf.config));
-  if (config.quantization.format != WeightFormat::kDense) {
-    return InvalidArgument("config.quantization: the checkpoint is quantized already "
-                           "(model.hf_config.config.quantization_config, quant_method " +
-                           Quote(HfQuantMethod(hf.config)) + "); leave it unset");
-  }
   RunConfig quantized = config;
-  quantized.quantization = q;
-  HfConfigSpec plain = hf;
-  for (size_t i = 0; i < plain.config.keys.size(); ++i) {
-    if (plain.config.keys[i] != "quantization_config") continue;
-    plain.config.keys.erase(plain.config.keys.begin() + static_cast<std::ptrdiff_t>(i));
-    plain.config.items.erase(plain.config.items.begin() + static_cast<std::ptrdiff_t>(i));
-    break;
-  }
-  ModelSpec model;
-  model.source = std::move(plain);
-  MEMEST_ASSIGN_OR_RETURN(Report report, Estimate(model, quantized, options));
-  report.notes.push_back(std::string("quantization ") + WeightFormatName(q.format) +
+  MEMEST_ASSIGN_OR_RETURN(ModelSpec plain, ResolveCheckpointQuantization(model, &quantized));
+  MEMEST_ASSIGN_OR_RETURN(Report report, Estimate(plain, quantized, options));
+  report.notes.push_back(std::string("quantization ") +
+                         WeightFormatName(quantized.quantization.format) +
                          " from the config's quantization_config (quant_method " +
-                         HfQuantMethod(hf.config) + ")");
+                         HfQuantMethod(std::get<HfConfigSpec>(model.source).config) + ")");
   return report;
 }
 
@@ -522,7 +508,7 @@ StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
   if (options.budget != nullptr) MEMEST_RETURN_IF_ERROR(options.budget->status());
   const auto* hf = std::get_if<HfConfigSpec>(&model.source);
   if (hf != nullptr && hf->config.Find("quantization_config") != nullptr) {
-    return EstimateQuantizedCheckpoint(*hf, config, options);
+    return EstimateQuantizedCheckpoint(model, config, options);
   }
   if (config.serving.enabled) return EstimateServing(model, config, options);
   MEMEST_ASSIGN_OR_RETURN(Graph graph,

@@ -320,4 +320,26 @@ StatusOr<QuantizationConfig> HfConfigQuantization(const JsonValue& config) {
                          "; modelled: bitsandbytes (4-bit), fp8, compressed-tensors, awq, gptq");
 }
 
+StatusOr<ModelSpec> ResolveCheckpointQuantization(const ModelSpec& model, RunConfig* config) {
+  const auto* hf = std::get_if<HfConfigSpec>(&model.source);
+  if (hf == nullptr || hf->config.Find("quantization_config") == nullptr) return model;
+  MEMEST_ASSIGN_OR_RETURN(QuantizationConfig q, HfConfigQuantization(hf->config));
+  if (config->quantization.format != WeightFormat::kDense) {
+    return InvalidArgument("config.quantization: the checkpoint is quantized already "
+                           "(model.hf_config.config.quantization_config, quant_method " +
+                           Quote(HfQuantMethod(hf->config)) + "); leave it unset");
+  }
+  config->quantization = std::move(q);
+  HfConfigSpec plain = *hf;
+  for (size_t i = 0; i < plain.config.keys.size(); ++i) {
+    if (plain.config.keys[i] != "quantization_config") continue;
+    plain.config.keys.erase(plain.config.keys.begin() + static_cast<std::ptrdiff_t>(i));
+    plain.config.items.erase(plain.config.items.begin() + static_cast<std::ptrdiff_t>(i));
+    break;
+  }
+  ModelSpec resolved = model;
+  resolved.source = std::move(plain);
+  return resolved;
+}
+
 }  // namespace memest

@@ -26,6 +26,7 @@
 #include "engine/ir/config.h"
 #include "engine/ir/json.h"
 #include "engine/ir/status.h"
+#include "engine/models/model.h"
 
 namespace memest {
 
@@ -34,6 +35,12 @@ StatusOr<QuantizationConfig> HfConfigQuantization(const JsonValue& config);
 
 // The config's quant_method, for notes ("" when absent or not a string).
 std::string HfQuantMethod(const JsonValue& config);
+
+// A model whose config.json carries a quantization_config, resolved for the builders: the
+// model without it, and `config->quantization` set to the checkpoint's (which the request must
+// leave unset: INVALID_ARGUMENT naming config.quantization otherwise). Any other model is
+// returned as it is. Estimate and the planner call it first.
+StatusOr<ModelSpec> ResolveCheckpointQuantization(const ModelSpec& model, RunConfig* config);
 
 }  // namespace memest
 

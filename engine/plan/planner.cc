@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "engine/estimator.h"
+#include "engine/models/hf_quantization.h"
 #include "engine/ir/devices.h"
 #include "engine/passes/tensor_parallel.h"
 
@@ -277,8 +278,13 @@ Status CheckQuery(const PlanQuery& q) {
 
 }  // namespace
 
-Status PlanJob(const PlanQuery& q, Budget* budget, const std::function<bool(const Plan&)>& emit,
-               PlanStats* stats) {
+Status PlanJob(const PlanQuery& query, Budget* budget,
+               const std::function<bool(const Plan&)>& emit, PlanStats* stats) {
+  Budget unlimited;
+  if (budget == nullptr) budget = &unlimited;
+  // A quantized checkpoint's config.json plans as its quantization (hf_quantization.h).
+  PlanQuery q = query;
+  MEMEST_ASSIGN_OR_RETURN(q.model, ResolveCheckpointQuantization(query.model, &q.run));
   MEMEST_RETURN_IF_ERROR(CheckQuery(q));
   PlanStats own;
   if (stats == nullptr) stats = &own;

@@ -79,7 +79,7 @@ struct PlanStats {
 // (deadline, cancellation, op steps) if it stops the search, after emitting the plans found to
 // fit at the GPU count it was searching (each a real estimate; plans of that count it had not
 // reached may rank before them); an error naming the field for a query that makes no sense; and
-// OK otherwise.
+// OK otherwise. `budget` null: unlimited.
 Status PlanJob(const PlanQuery& query, Budget* budget,
                const std::function<bool(const Plan&)>& emit, PlanStats* stats = nullptr);
 

@@ -9,6 +9,7 @@
 
 #include "engine/estimator.h"
 #include "engine/models/hf_quantization.h"
+#include "engine/plan/planner.h"
 #include "tests/engine/hf_json.h"
 
 namespace memest {
@@ -136,6 +137,39 @@ TEST(HfQuantizationTest, AConfigEstimatesAsItsQuantization) {
   train.lora.target_modules = {"q_proj", "v_proj"};
   StatusOr<Report> r = Estimate(bnb, train);
   ASSERT_TRUE(r.ok()) << r.status().message();
+}
+
+// The planner plans a bnb-4bit checkpoint's config as its quantization (QLoRA of Llama-3.2-1B).
+TEST(HfQuantizationTest, APlanUsesTheCheckpointsQuantization) {
+  auto plans = [](const ModelSpec& model, const QuantizationConfig& q) {
+    PlanQuery query;
+    query.model = model;
+    query.run.mode = Mode::kTraining;
+    query.run.precision = Precision::kBf16Pure;
+    query.run.batch_size = 4;
+    query.run.device = "rtx-4090";
+    query.run.quantization = q;
+    query.run.lora.rank = 16;
+    query.run.lora.target_modules = {"q_proj", "v_proj"};
+    query.max_gpus = 2;
+    std::vector<Plan> out;
+    Budget unlimited;
+    Status s = PlanJob(query, &unlimited, [&](const Plan& p) {
+      out.push_back(p);
+      return true;
+    });
+    EXPECT_TRUE(s.ok()) << s.message();
+    return out;
+  };
+  ModelSpec checkpoint;
+  checkpoint.source = HfConfigSpec{With("llama-3.2-1b", kBnb), 512};
+  ModelSpec dense;
+  dense.source = HfConfigSpec{FromJson(ReadConfig("llama-3.2-1b")), 512};
+  const std::vector<Plan> a = plans(checkpoint, QuantizationConfig{});
+  const std::vector<Plan> b = plans(dense, Read(kBnb));
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].required_bytes, b[i].required_bytes);
 }
 
 TEST(HfQuantizationTest, RefusesWhatIsNotModelled) {
