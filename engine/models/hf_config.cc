@@ -328,10 +328,11 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
   MEMEST_ASSIGN_OR_RETURN(const Family* family, FamilyOf(spec.config));
   const Fields f(spec.config, family->model_type);
   MEMEST_RETURN_IF_ERROR(CheckArchitecture(f, family->causal_lm));
-  if (f.Get("quantization_config") != nullptr) {  // Estimate reads it (hf_quantization.h)
+  if (f.Get("quantization_config") != nullptr) {  // Estimate and PlanJob resolve it first
     return InvalidArgument(Field("quantization_config") +
-                           ": a quantized checkpoint is estimated whole (Estimate); this "
-                           "request builds the model alone (a plan or a trace)");
+                           ": a quantized checkpoint is estimated and planned with its "
+                           "quantization (ResolveCheckpointQuantization); this request builds "
+                           "the model alone");
   }
   if (spec.seq <= 0 || spec.seq > kMaxSize) {
     return InvalidArgument("model.hf_config.seq: " +

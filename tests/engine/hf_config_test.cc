@@ -383,7 +383,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"DropoutOfOne", {{"attention_dropout", 1.0}},
                 "model.hf_config.config.attention_dropout: must be a probability in [0, 1)"},
         BadCase{"Quantized", {{"quantization_config", {{"load_in_4bit", true}}}},
-                "model.hf_config.config.quantization_config: a quantized checkpoint is estimated whole"},
+                "model.hf_config.config.quantization_config: a quantized checkpoint is estimated and planned"},
         BadCase{"RopeTypeWins", {{"rope_scaling", {{"type", "spiral"}, {"rope_type", "linear"}}}},
                 "model.hf_config.config.rope_scaling.type: unknown 'spiral'"},
         BadCase{"TinySize", {{"hidden_size", 1e-7}},
