@@ -79,52 +79,83 @@ bool SkipMatches(std::string_view module, const std::string& entry) {
 
 bool IsLinear(const Op& op) { return op.kind == "linear" || op.kind == "megatron_linear"; }
 
+constexpr int64_t kAllSparkCublasTokens = 1024;  // ALLSPARK_AMPERE_M_CUBLAS_THRESHOLD
+
+// vLLM 0.19's kernels for a quantized linear.
+enum class Kernel { kCutlass, kMachete, kAllSpark, kMarlin };
+
+const char* KernelName(Kernel k) {
+  switch (k) {
+    case Kernel::kCutlass: return "cutlass";
+    case Kernel::kMachete: return "machete";
+    case Kernel::kAllSpark: return "allspark";
+    case Kernel::kMarlin: return "marlin";
+  }
+  return "?";
+}
+
 // What one quantized linear of the rank becomes.
 struct Plan {
   bool quantize = false;
   int64_t in = 0, out = 0;
+  int64_t full_in = 0;  // the whole layer's input features (a row-parallel shard's t times)
   bool row_parallel = false;
-  std::string kernel;  // "cutlass", "machete", "marlin"
+  Kernel kernel = Kernel::kCutlass;
 };
 
 std::string Shard(const std::string& module, int64_t out, int64_t in) {
   return Quote(module) + " ([" + std::to_string(out) + ", " + std::to_string(in) + "] on this rank)";
 }
 
-// vLLM 0.19's weight-only kernel for the shard (choose_mp_linear_kernel), or why none takes it.
-StatusOr<std::string> WeightOnlyKernel(const QuantizationConfig& q, const DeviceInfo& d,
-                                       const std::string& module, const Plan& p) {
+// Marlin's limits (marlin_utils.py: check_marlin_supports_shape, MARLIN_SUPPORTED_GROUP_SIZES,
+// query_marlin_supported_quant_types: zero points with 4 bits only).
+bool MarlinTakes(const Plan& p, int64_t group, int bits, bool zero_point, int capability) {
+  return capability >= 75 && (group == -1 || group == 32 || group == 64 || group == 128) &&
+         p.out % 64 == 0 && p.in % 128 == 0 && (!zero_point || bits == 4);
+}
+
+// vLLM 0.19's weight-only kernel for the shard (choose_mp_linear_kernel's order: Machete,
+// AllSpark, Marlin), or why none takes it.
+StatusOr<Kernel> WeightOnlyKernel(const QuantizationConfig& q, const DeviceInfo& d, int bits,
+                                  const std::string& module, const Plan& p) {
   const int64_t g = q.group_size;
+  const int cap = d.compute_capability;
   if (g != -1 && p.in % g != 0) {
     return InvalidArgument("config.quantization.group_size: " + std::to_string(g) +
                            " does not divide the input features of " + Shard(module, p.out, p.in) +
                            ", which vLLM refuses");
   }
-  const bool group_ok = g == -1 || g == 64 || g == 128;
-  if (d.compute_capability == 90 && group_ok && p.in % 64 == 0 && p.out % 128 == 0 &&
+  if (cap == 90 && (g == -1 || g == 64 || g == 128) && p.in % 64 == 0 && p.out % 128 == 0 &&
       !(q.act_order && p.row_parallel)) {
-    return std::string("machete");
+    return Kernel::kMachete;
   }
-  if (d.compute_capability >= 75 && (group_ok || g == 32) && p.out % 64 == 0 && p.in % 128 == 0) {
-    return std::string("marlin");
+  if (cap >= 80 && cap < 90 && bits == 8 && g == -1 && !q.zero_point && !q.act_order &&
+      p.in % 16 == 0 && p.out % 8 == 0) {
+    return Kernel::kAllSpark;  // allspark_utils.py: Ampere, per channel, uint8b128
   }
+  if (MarlinTakes(p, g, bits, q.zero_point, cap)) return Kernel::kMarlin;
   return InvalidArgument("config.quantization: no vLLM kernel takes " + Shard(module, p.out, p.in) +
-                         " with group_size " + std::to_string(g) + " on sm_" +
-                         std::to_string(d.compute_capability) +
+                         " (" + std::to_string(bits) + "-bit" +
+                         (q.zero_point ? ", zero points" : "") + ", group_size " +
+                         std::to_string(g) + ") on sm_" + std::to_string(cap) +
                          " (Marlin: sm_75 or later, group size -1, 32, 64 or 128, output features "
-                         "a multiple of 64, input features of 128)");
+                         "a multiple of 64, input features of 128, zero points with 4 bits only)");
 }
 
-// The rank's buffers beside the quantized weight of `module` (see the header), added to `b`.
+// The rank's buffers beside a quantized weight (see the header), added to `b` in the op's scope.
 void AddState(const QuantizationConfig& q, const Plan& p, DType dtype, int bits,
-              const std::string& module, int multiprocessors, GraphBuilder& b) {
-  (void)module;  // the builder scopes the names (the op's module)
+              int multiprocessors, GraphBuilder& b) {
   auto add = [&](const char* name, Shape shape, DType t) { b.Buffer(name, std::move(shape), t); };
-  if (p.kernel == "cutlass") {
-    if (q.weight_scales == ScaleGranularity::kChannel) add("weight_scale", {p.out, 1}, DType::kFloat32);
-    if (q.weight_scales == ScaleGranularity::kTensor) add("weight_scale", {1}, DType::kFloat32);
+  if (p.kernel == Kernel::kCutlass) {
+    // CutlassInt8ScaledMMLinearKernel makes a fused module's per-tensor scales one per channel
+    // (convert_to_channelwise); fp8 keeps one (requantize_with_max_scale).
+    const bool channel = q.weight_scales == ScaleGranularity::kChannel ||
+                         (q.weight_scales == ScaleGranularity::kTensor &&
+                          q.format == WeightFormat::kW8A8Int8);
+    if (channel) add("weight_scale", {p.out, 1}, DType::kFloat32);
+    if (!channel && q.weight_scales == ScaleGranularity::kTensor) add("weight_scale", {1}, DType::kFloat32);
     if (q.weight_scales == ScaleGranularity::kBlock) {
-      add("weight_scale_inv", {(p.out + q.block_n - 1) / q.block_n, (p.in + q.block_k - 1) / q.block_k},
+      add("weight_scale_inv", {CeilDiv(p.out, q.block_n), CeilDiv(p.in, q.block_k)},
           DType::kFloat32);
     }
     if (q.inputs == InputQuantization::kStatic) {
@@ -134,30 +165,40 @@ void AddState(const QuantizationConfig& q, const Plan& p, DType dtype, int bits,
     if (q.asymmetric_inputs) add("azp_adj", {p.out}, DType::kInt32);
     return;
   }
-  const int64_t groups = q.group_size == -1 ? 1 : p.in / q.group_size;
+  if (p.kernel == Kernel::kAllSpark) {  // uint8 [ceil32(out), in]: the rows past out
+    if (p.out % 32 != 0) add("weight_pad", {(32 - p.out % 32) * p.in}, DType::kUInt8);
+    add("scales", {1, p.out}, dtype);
+    return;
+  }
+  // marlin_repeat_scales_on_all_ranks: with act-order a row-parallel shard keeps the whole
+  // layer's groups.
+  const int64_t width = q.act_order && p.row_parallel ? p.full_in : p.in;
+  const int64_t groups = q.group_size == -1 ? 1 : width / q.group_size;
   const int64_t pack = 32 / bits;
   if (q.format == WeightFormat::kW8A8Fp8) {  // fp8 through Marlin: scales per channel
-    const int64_t rows = q.weight_scales == ScaleGranularity::kBlock ? (p.in + q.block_k - 1) / q.block_k : 1;
+    const int64_t rows =
+        q.weight_scales == ScaleGranularity::kBlock ? CeilDiv(p.in, q.block_k) : 1;
     add("weight_scale", {rows, p.out}, dtype);
   } else {
     add("scales", {groups, p.out}, dtype);
   }
+  const bool machete = p.kernel == Kernel::kMachete;
   if (q.zero_point) {
-    if (p.kernel == "machete") {
+    if (machete) {
       add("qzeros", {groups, p.out}, dtype);
     } else {
       add("qzeros", {groups, p.out / pack}, DType::kInt32);
     }
-  } else if (q.gptq_layout && p.kernel == "machete") {
+  } else if (q.gptq_layout && machete) {
     add("qzeros", {groups, p.out / pack}, DType::kInt32);  // loaded, left as it was
   }
   if (q.act_order) {
     add("g_idx", {p.in}, DType::kInt32);
     add("g_idx_sort_indices", {p.in}, DType::kInt32);
-  } else if (q.gptq_layout && p.kernel == "machete") {
+  } else if (q.gptq_layout && machete) {
     add("g_idx", {p.in}, DType::kInt32);
   }
-  if (p.kernel == "marlin") add("workspace", {multiprocessors}, DType::kInt32);
+  if (p.kernel == Kernel::kMarlin) add("workspace", {multiprocessors}, DType::kInt32);
 }
 
 }  // namespace
@@ -166,11 +207,10 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
                                         const DeviceInfo& device, Budget* budget) {
   const bool w8a8 = q.format == WeightFormat::kW8A8Fp8 || q.format == WeightFormat::kW8A8Int8;
   const int cap = device.compute_capability;
-  if (cap < 75 || (q.format == WeightFormat::kW8A8Fp8 && cap < 80)) {
+  if (cap < 75) {  // every method's get_min_capability (Fp8Config's too: Marlin on sm_75)
     return InvalidArgument(std::string("config.quantization.format: vLLM runs ") +
-                           WeightFormatName(q.format) + " on sm_" +
-                           (q.format == WeightFormat::kW8A8Fp8 ? "80" : "75") +
-                           " and later; " + device.name + " is sm_" + std::to_string(cap));
+                           WeightFormatName(q.format) + " on sm_75 and later; " + device.name +
+                           " is sm_" + std::to_string(cap));
   }
   for (size_t k = 0; k < q.skip_modules.size(); ++k) {
     const std::string& e = q.skip_modules[k];
@@ -216,21 +256,33 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
     p.out = weight.shape[0];
     p.in = weight.shape[1];
     p.row_parallel = op.kind == "megatron_linear" && op.attrs.count("input_grad") == 0;
+    StatusOr<int64_t> ranks = IntAttr(op.attrs, "tp", 1, "");
+    p.full_in = p.row_parallel && ranks.ok() ? p.in * *ranks : p.in;
     if (w8a8 && (q.format == WeightFormat::kW8A8Int8 || cap >= 89)) {
-      p.kernel = "cutlass";
+      p.kernel = Kernel::kCutlass;
     } else if (w8a8) {
-      p.kernel = "marlin";  // fp8 weight-only (prepare_fp8_layer_for_marlin)
+      // fp8 weight-only through Marlin (prepare_fp8_layer_for_marlin): its shapes, and the
+      // weight block as its group.
+      const int64_t group = q.weight_scales == ScaleGranularity::kBlock ? q.block_k : -1;
+      if (!MarlinTakes(p, group, 8, false, cap)) {
+        return InvalidArgument("config.quantization: no vLLM kernel takes " +
+                               Shard(op.scope, p.out, p.in) + " in fp8 on sm_" +
+                               std::to_string(cap) + " (weight-only through Marlin: output "
+                               "features a multiple of 64, input features of 128, a weight "
+                               "block of 32, 64 or 128 inputs)");
+      }
+      p.kernel = Kernel::kMarlin;
     } else {
-      MEMEST_ASSIGN_OR_RETURN(p.kernel, WeightOnlyKernel(q, device, op.scope, p));
+      MEMEST_ASSIGN_OR_RETURN(p.kernel, WeightOnlyKernel(q, device, bits, op.scope, p));
     }
-    if (p.kernel != "cutlass" && p.in % (32 / bits) != 0) {
+    if (p.kernel != Kernel::kCutlass && p.in % (32 / bits) != 0) {
       return InvalidArgument("config.quantization.format: " + Shard(op.scope, p.out, p.in) +
                              " has input features that do not pack " +
                              std::to_string(32 / bits) + " to an int32");
     }
     Tensor& leaf = packed.tensors[w];
     leaf.requires_grad = false;
-    if (p.kernel == "cutlass") {
+    if (p.kernel == Kernel::kCutlass) {
       leaf.dtype = q.format == WeightFormat::kW8A8Int8 ? DType::kInt8 : DType::kUInt8;
     } else {
       leaf.shape = {p.in / (32 / bits), p.out};
@@ -250,21 +302,45 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
     return InvalidArgument("config.quantization: the model has no linear to quantize beside the "
                            "output layer, the routers and the skipped modules");
   }
+  // AllSpark's global workspace (csrc/quantization/gptq_allspark/allspark_qgemm_w8a16.cu,
+  // as_g_workspace): past ALLSPARK_AMPERE_M_CUBLAS_THRESHOLD tokens it dequantizes the weight
+  // into k x n halves for cuBLAS, vLLM's merged layer (the linears reading one input: q/k/v,
+  // gate/up) at once; the buffer only grows and is kept.
+  int64_t allspark_workspace = 0;
+  int first_allspark = -1;
+  {
+    std::vector<int64_t> merged_out(rank.tensors.size(), 0);
+    for (size_t i = 0; i < rank.ops.size(); ++i) {
+      const Plan& p = plans[i];
+      if (!p.quantize || p.kernel != Kernel::kAllSpark) continue;
+      if (first_allspark < 0) first_allspark = static_cast<int>(i);
+      const Tensor& x = rank.tensors[rank.ops[i].inputs[0]];
+      if (Numel(x.shape) / std::max<int64_t>(p.in, 1) <= kAllSparkCublasTokens) continue;
+      int64_t& n = merged_out[rank.ops[i].inputs[0]];
+      n += p.out;  // within the rank's weights' values: no overflow
+      allspark_workspace = std::max(allspark_workspace, 2 * p.in * n);
+    }
+  }
   const char* input_type = q.format == WeightFormat::kW8A8Int8 ? "int8" : "fp8";
   const char* inputs = q.inputs == InputQuantization::kDynamicToken    ? "token"
                        : q.inputs == InputQuantization::kDynamicTensor ? "tensor"
                                                                        : "static";
+  int workspace = -1;
   auto replace = [&](int i, GraphBuilder& b, std::vector<int>& map) {
     const Plan& p = plans[i];
     if (!p.quantize) return false;
     const Op& op = packed.ops[i];
     const int x = map[op.inputs[0]];
-    AddState(q, p, b.tensor(x).dtype, bits, op.scope, device.multiprocessors, b);
+    if (i == first_allspark && allspark_workspace > 0) {
+      workspace = b.Add1("full", {}, {{"shape", std::vector<int64_t>{allspark_workspace}},
+                                      {"dtype", std::string("uint8")}});
+    }
+    AddState(q, p, b.tensor(x).dtype, bits, device.multiprocessors, b);
     std::vector<int> in{x, map[op.inputs[1]]};
     if (op.inputs.size() > 2) in.push_back(map[op.inputs[2]]);
     Attrs attrs{{"out_features", p.out}};
     std::string kind = "wna16_linear";
-    if (p.kernel == "cutlass") {
+    if (p.kernel == Kernel::kCutlass) {
       kind = "w8a8_linear";
       attrs["input_type"] = std::string(input_type);
       attrs["inputs"] = std::string(inputs);
@@ -272,7 +348,7 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
       if (q.weight_scales == ScaleGranularity::kBlock) attrs["block_k"] = q.block_k;
     } else {
       attrs["bits"] = int64_t{bits};
-      attrs["kernel"] = p.kernel;
+      attrs["kernel"] = std::string(KernelName(p.kernel));
       attrs["act_order"] = int64_t{q.act_order ? 1 : 0};
       attrs["multiprocessors"] = int64_t{std::max(device.multiprocessors, 1)};
     }
@@ -281,6 +357,9 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
   };
   StatusOr<Graph> out = ReplayGraph(packed, replace, std::nullopt, nullptr, budget);
   if (!out.ok()) return out.status().Prefixed("config.quantization: ");
+  if (workspace >= 0 && !out->ops.empty()) {
+    out->held.push_back({workspace, static_cast<int>(out->ops.size()) - 1});
+  }
   return out;
 }
 

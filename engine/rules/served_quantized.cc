@@ -12,8 +12,9 @@
 //     per token and group of block_k input features. The result is x's dtype.
 //   wna16_linear(x, weight, bias?; out_features, bits, kernel, act_order=0, multiprocessors)
 //     vLLM's weight-only linear (MPLinearKernel: MacheteLinearKernel on Hopper,
-//     MarlinLinearKernel elsewhere): `weight` holds the rank's [out, in] values packed 32 / bits
-//     to an int32, [in * bits / 32, out]. Marlin (csrc/quantization/gptq_marlin/gptq_marlin.cu)
+//     AllSparkLinearKernel for 8-bit per-channel weights on Ampere and Ada, MarlinLinearKernel
+//     elsewhere): `weight` holds the rank's [out, in] values packed 32 / bits to an int32,
+//     [in * bits / 32, out] (AllSpark's dequantization workspace is the pass's). Marlin (csrc/quantization/gptq_marlin/gptq_marlin.cu)
 //     allocates its float32 reduction scratch, multiprocessors * min(16 * ceil(tokens / 16), 64)
 //     * 256 values, and with act_order the input permuted, [tokens, in]; Machete permutes the
 //     input with act_order (ops.permute_cols). The result is x's dtype.
@@ -70,8 +71,8 @@ StatusOr<std::vector<OutputSpec>> InferW8A8(const OpCall& c) {
     return InvalidArgument(AttrField(c, "inputs") + ": token, tensor or static, got " +
                            Quote(inputs));
   }
-  if (block_k < 0 || block_k > c.in(0).shape.back()) {
-    return InvalidArgument(AttrField(c, "block_k") + ": 0 or a block of the input features, got " +
+  if (block_k < 0) {  // a block past the features is one group (vLLM ceil-divides)
+    return InvalidArgument(AttrField(c, "block_k") + ": 0 or a block's size, got " +
                            std::to_string(block_k));
   }
   MEMEST_RETURN_IF_ERROR(CheckWeight(c, Shape{out, c.in(0).shape.back()},
@@ -80,6 +81,8 @@ StatusOr<std::vector<OutputSpec>> InferW8A8(const OpCall& c) {
   return Output(c, out);
 }
 
+// The scratch below is at most a few times the input's bytes (one byte a value, four a token
+// or a token group): within kMaxTensorBytes (2^56) by the input's own bound, no overflow.
 void W8A8Memory(const OpCall& c, OpMemory* m) {
   const Tensor& x = c.in(0);
   const int64_t in = x.shape.back();
@@ -113,8 +116,9 @@ StatusOr<std::vector<OutputSpec>> InferWna16(const OpCall& c) {
   if (bits != 4 && bits != 8) {
     return InvalidArgument(AttrField(c, "bits") + ": 4 or 8, got " + std::to_string(bits));
   }
-  if (kernel != "machete" && kernel != "marlin") {
-    return InvalidArgument(AttrField(c, "kernel") + ": machete or marlin, got " + Quote(kernel));
+  if (kernel != "machete" && kernel != "marlin" && kernel != "allspark") {
+    return InvalidArgument(AttrField(c, "kernel") + ": machete, allspark or marlin, got " +
+                           Quote(kernel));
   }
   if (sms < 1 || sms > 1024) {
     return InvalidArgument(AttrField(c, "multiprocessors") + ": in [1, 1024], got " +

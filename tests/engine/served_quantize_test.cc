@@ -171,9 +171,12 @@ TEST(ServedQuantizeTest, RefusesWhatVllmRefuses) {
        [](RunConfig* c) { c->serving = ServingConfig{}; }},
       {"config.quantization.format", "h100-80gb",
        [](RunConfig* c) { c->quantization.format = WeightFormat::kBnbNf4; }},
-      {"config.quantization.format", "t4", [](RunConfig* c) {  // fp8 wants sm_80
+      {"config.quantization.format", "v100-32gb", [](RunConfig* c) {  // sm_75 and later
          c->precision = Precision::kFp16Pure;
-         c->quantization.format = WeightFormat::kW8A8Fp8;
+       }},
+      {"config.quantization: no vLLM kernel", "a100-80gb", [](RunConfig* c) {
+         c->quantization.format = WeightFormat::kW8A16;  // Marlin's zero points are 4-bit
+         c->quantization.zero_point = true;
        }},
       {"config.quantization.group_size", "h100-80gb", [](RunConfig* c) {
          c->quantization.group_size = 96;
@@ -221,6 +224,41 @@ TEST(ServedQuantizeTest, Fp8BeforeAdaRunsThroughMarlin) {
   const int64_t channels = 4096 + 1024 + 1024 + 4096 + 14336 + 14336 + 4096;
   EXPECT_EQ(h100->serving->weights_bytes - fp8->serving->weights_bytes,
             32 * (2 * channels - 7 * 512));
+}
+
+// 8-bit per-channel weights on an A100 run through AllSpark, whose kept workspace holds the
+// largest merged layer dequantized for cuBLAS past 1024 tokens: gate_up, 4096 x 28672 halves.
+TEST(ServedQuantizeTest, AllSparkKeepsItsDequantizationWorkspace) {
+  RunConfig c = Served(WeightFormat::kW8A16);
+  c.device = "a100-80gb";
+  c.quantization.group_size = -1;
+  StatusOr<Report> allspark = Estimate(Config("llama-3.1-8b"), c);
+  ASSERT_TRUE(allspark.ok()) << allspark.status().message();
+  bool named = false;
+  for (const std::string& n : allspark->notes) named = named || n.find("allspark") != std::string::npos;
+  EXPECT_TRUE(named);
+  c.quantization.group_size = 128;  // grouped: Marlin, no such workspace
+  StatusOr<Report> marlin = Estimate(Config("llama-3.1-8b"), c);
+  ASSERT_TRUE(marlin.ok()) << marlin.status().message();
+  EXPECT_GE(allspark->serving->activation_peak_bytes - marlin->serving->activation_peak_bytes,
+            int64_t{2} * 4096 * 28672 - (int64_t{64} << 20));
+}
+
+// With act-order, a row-parallel shard keeps the whole layer's groups of scales
+// (marlin_repeat_scales_on_all_ranks): Llama-3.3-70B at TP 4 on A100s.
+TEST(ServedQuantizeTest, ActOrderKeepsEveryGroupOnEachRank) {
+  RunConfig c = Served(WeightFormat::kW4A16);
+  c.device = "a100-80gb";
+  c.parallelism.tensor = 4;
+  c.quantization.gptq_layout = true;
+  StatusOr<Report> plain = Estimate(Config("llama-3.3-70b"), c);
+  c.quantization.act_order = true;
+  StatusOr<Report> ordered = Estimate(Config("llama-3.3-70b"), c);
+  ASSERT_TRUE(plain.ok() && ordered.ok());
+  // o_proj [8192, 8192 / 4] and down_proj [8192, 28672 / 4] per rank: 3/4 of their groups
+  // more, bf16, 80 layers; and g_idx with its sorting indices for every linear.
+  const int64_t extra_scales = int64_t{80} * 8192 * 2 * (8192 + 28672) / 128 * 3 / 4;
+  EXPECT_GE(ordered->serving->weights_bytes - plain->serving->weights_bytes, extra_scales);
 }
 
 TEST(ServedQuantizeTest, SkippedModulesStayDense) {
