@@ -237,11 +237,11 @@ Status ApplyServedQuantizationFlags(const LoraFlags& f, v1::Quantization* q) {
     q->set_inputs(i);
   }
   if (!f.block.empty()) {
-    const size_t x = f.block.find('x');
     char* end = nullptr;
     const long long n = std::strtoll(f.block.c_str(), &end, 10);
-    const long long k = x == std::string::npos ? 0 : std::strtoll(f.block.c_str() + x + 1, &end, 10);
-    if (x == std::string::npos || n <= 0 || k <= 0 || *end != '\0') {
+    const bool joined = end != nullptr && *end == 'x';
+    const long long k = joined ? std::strtoll(end + 1, &end, 10) : 0;
+    if (!joined || n <= 0 || k <= 0 || *end != '\0') {
       return InvalidArgument("--quant-block: NxK, two positive integers (128x128), got " +
                              Quote(f.block));
     }

@@ -1,5 +1,6 @@
 // config.quantization's served formats (engine/ir/config.h), checked for ValidateRunConfig.
 #include <string>
+#include <utility>
 
 #include "engine/ir/config.h"
 
@@ -81,14 +82,19 @@ Status ValidateServedQuantization(const RunConfig& c) {
     }
     return Status::Ok();
   }
-  if (q.weight_scales != ScaleGranularity::kChannel || q.block_n != 128 || q.block_k != 128 ||
-      q.inputs != InputQuantization::kDynamicToken || q.asymmetric_inputs) {
-    return Refuse(q.weight_scales != ScaleGranularity::kChannel ? "weight_scales"
-                  : q.block_n != 128 || q.block_k != 128      ? "block_n"
-                  : q.asymmetric_inputs                        ? "asymmetric_inputs"
-                                                               : "inputs",
-                  std::string("a W8A8 setting; ") + name + " keeps its inputs unquantized and "
-                  "scales its weights per group (group_size)");
+  // The W8A8 settings, each named when set.
+  const std::pair<const char*, bool> w8a8_settings[] = {
+      {"weight_scales", q.weight_scales != ScaleGranularity::kChannel},
+      {"block_n", q.block_n != 128},
+      {"block_k", q.block_k != 128},
+      {"inputs", q.inputs != InputQuantization::kDynamicToken},
+      {"asymmetric_inputs", q.asymmetric_inputs},
+  };
+  for (const auto& [field, set] : w8a8_settings) {
+    if (set) {
+      return Refuse(field, std::string("a W8A8 setting; ") + name + " keeps its inputs "
+                    "unquantized and scales its weights per group (group_size)");
+    }
   }
   if (q.group_size != -1 && (q.group_size < 1 || q.group_size > kMaxQuantBlock)) {
     return Refuse("group_size", "-1 (one group per output channel) or in [1, " +

@@ -2,11 +2,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "engine/ir/text.h"
+#include "engine/passes/served_quantize.h"
 
 namespace memest {
 namespace {
@@ -146,18 +148,48 @@ StatusOr<QuantizationConfig> Fp8(const Reader& r) {
   return q;
 }
 
+// vLLM converts an AWQ or GPTQ checkpoint to its Marlin-family kernels only when its config
+// names these keys (is_awq_marlin_compatible, is_gptq_marlin_compatible); otherwise it runs
+// AWQ's or GPTQ's own kernels, which dequantize whole weights per call: not modelled.
+Status RequireMarlinKeys(const Reader& r, std::initializer_list<const char*> keys,
+                         const char* method) {
+  for (const char* key : keys) {
+    if (r.Get(key) == nullptr) {
+      return InvalidArgument(r.Field(key) + ": missing; without it vLLM runs " + method +
+                             "'s own kernels (a weight dequantized whole per call), which memest "
+                             "does not model");
+    }
+  }
+  return Status::Ok();
+}
+
+// check_marlin_supported's group sizes.
+Status RequireMarlinGroup(const Reader& r, int64_t group) {
+  if (group == -1 || group == 32 || group == 64 || group == 128) return Status::Ok();
+  return InvalidArgument(r.Field("group_size") + ": " + std::to_string(group) +
+                         "; vLLM's Marlin kernels take -1, 32, 64 or 128 (with another it runs "
+                         "the method's own kernels, not modelled)");
+}
+
 StatusOr<QuantizationConfig> Awq(const Reader& r) {
+  MEMEST_RETURN_IF_ERROR(RequireMarlinKeys(r, {"bits", "group_size", "zero_point"}, "AWQ"));
   QuantizationConfig q;
   q.format = WeightFormat::kW4A16;
-  MEMEST_ASSIGN_OR_RETURN(int64_t bits, r.Int("bits", 4, 4, 4));
-  (void)bits;
+  MEMEST_RETURN_IF_ERROR(r.Int("bits", 4, 4, 4).status());
   MEMEST_ASSIGN_OR_RETURN(q.group_size, r.Int("group_size", 128, 1, kMaxGroup, true));
+  MEMEST_RETURN_IF_ERROR(RequireMarlinGroup(r, q.group_size));
   MEMEST_ASSIGN_OR_RETURN(q.zero_point, r.Flag("zero_point", true));
+  if (!q.zero_point) {
+    return InvalidArgument(r.Field("zero_point") + ": false; vLLM's Marlin kernels take AWQ's "
+                           "4-bit weights with zero points only (uint4), and its own AWQ "
+                           "kernels are not modelled");
+  }
   MEMEST_RETURN_IF_ERROR(r.Names("modules_to_not_convert", &q.skip_modules));
   return q;
 }
 
 StatusOr<QuantizationConfig> Gptq(const Reader& r) {
+  MEMEST_RETURN_IF_ERROR(RequireMarlinKeys(r, {"bits", "group_size", "sym", "desc_act"}, "GPTQ"));
   QuantizationConfig q;
   MEMEST_ASSIGN_OR_RETURN(int64_t bits, r.Int("bits", 4, 4, 8));
   if (bits != 4 && bits != 8) {
@@ -167,13 +199,25 @@ StatusOr<QuantizationConfig> Gptq(const Reader& r) {
   q.format = bits == 4 ? WeightFormat::kW4A16 : WeightFormat::kW8A16;
   q.gptq_layout = true;
   MEMEST_ASSIGN_OR_RETURN(q.group_size, r.Int("group_size", 128, 1, kMaxGroup, true));
+  MEMEST_RETURN_IF_ERROR(RequireMarlinGroup(r, q.group_size));
   MEMEST_ASSIGN_OR_RETURN(q.act_order, r.Flag("desc_act", false));
   if (q.group_size == -1) q.act_order = false;  // one group: nothing to reorder
   MEMEST_ASSIGN_OR_RETURN(bool sym, r.Flag("sym", true));
-  q.zero_point = !sym;
+  if (!sym) {
+    return InvalidArgument(r.Field("sym") + ": false; vLLM's gptq_marlin takes symmetric "
+                           "weights only (its TYPE_MAP), and GPTQ's own kernels are not modelled");
+  }
   MEMEST_ASSIGN_OR_RETURN(bool lm_head, r.Flag("lm_head", false));
   if (lm_head) {
     return InvalidArgument(r.Field("lm_head") + ": a quantized lm_head is not modelled");
+  }
+  // Per-module overrides leave layers unquantized or quantize them otherwise (gptq_utils.py).
+  for (const char* key : {"dynamic", "modules_in_block_to_quantize"}) {
+    const JsonValue* v = r.Get(key);
+    if (v != nullptr && !((v->kind == Kind::kObject || v->kind == Kind::kList) && v->items.empty())) {
+      return InvalidArgument(r.Field(key) + ": per-module settings are not modelled (every "
+                             "linear would be taken as quantized alike)");
+    }
   }
   return q;
 }
@@ -227,7 +271,8 @@ StatusOr<QuantizationConfig> Scheme(const Reader& group) {
   (void)input_bits;
   MEMEST_ASSIGN_OR_RETURN(std::string input_type, a.Text("type", type));
   if (bits != 8 || input_type != type) {
-    return InvalidArgument(a.Field("type") + ": W8A8 with weights and inputs of one type is "
+    return InvalidArgument((bits != 8 ? w.Field("num_bits") : a.Field("type")) +
+                           ": W8A8 with weights and inputs of one type is "
                            "modelled, got " + std::to_string(bits) + "-bit " + type + " weights and " +
                            input_type + " inputs");
   }
@@ -271,6 +316,12 @@ StatusOr<QuantizationConfig> CompressedTensors(const Reader& r) {
   if (r.Get("sparsity_config") != nullptr) {
     return InvalidArgument(r.Field("sparsity_config") + ": sparse (2:4) checkpoints are not modelled");
   }
+  MEMEST_ASSIGN_OR_RETURN(std::string format, r.Text("format", "pack-quantized"));
+  if (format != "float-quantized" && format != "int-quantized" && format != "pack-quantized" &&
+      format != "naive-quantized") {
+    return InvalidArgument(r.Field("format") + ": " + Quote(format) + "; modelled: "
+                           "float-quantized, int-quantized, pack-quantized, naive-quantized");
+  }
   const JsonValue* groups = r.Get("config_groups");
   if (groups == nullptr || groups->kind != Kind::kObject || groups->items.empty()) {
     return InvalidArgument(r.Field("config_groups") + ": must hold the checkpoint's schemes");
@@ -280,9 +331,16 @@ StatusOr<QuantizationConfig> CompressedTensors(const Reader& r) {
     if (groups->items[i].kind != Kind::kObject) {
       return InvalidArgument(r.Field("config_groups." + groups->keys[i]) + ": must be an object");
     }
-    MEMEST_ASSIGN_OR_RETURN(
-        QuantizationConfig s,
-        Scheme(Reader(groups->items[i], r.Field("config_groups." + groups->keys[i]))));
+    const Reader group(groups->items[i], r.Field("config_groups." + groups->keys[i]));
+    // A scheme for some layer types only (vLLM raises for a linear no target matches).
+    const JsonValue* targets = group.Get("targets");
+    if (targets != nullptr &&
+        !(targets->kind == Kind::kList && targets->items.size() == 1 &&
+          targets->items[0].kind == Kind::kString && targets->items[0].text == "Linear")) {
+      return InvalidArgument(group.Field("targets") + ": schemes for every Linear ([\"Linear\"]) "
+                             "are modelled");
+    }
+    MEMEST_ASSIGN_OR_RETURN(QuantizationConfig s, Scheme(group));
     if (i > 0 && !SameScheme(q, s)) {
       return InvalidArgument(r.Field("config_groups." + groups->keys[i]) +
                              ": a second scheme; checkpoints with one scheme for every linear "
@@ -291,6 +349,13 @@ StatusOr<QuantizationConfig> CompressedTensors(const Reader& r) {
     q = s;
   }
   MEMEST_RETURN_IF_ERROR(r.Names("ignore", &q.skip_modules));
+  for (size_t i = 0; i < q.skip_modules.size(); ++i) {
+    if (!ReadableSkipEntry(q.skip_modules[i])) {
+      return InvalidArgument(r.Field("ignore[" + std::to_string(i) + "]") + ": " +
+                             Quote(q.skip_modules[i]) + " is a pattern memest does not read "
+                             "(literal text, '.', '.*', '\\.' and a final '$')");
+    }
+  }
   return q;
 }
 

@@ -203,6 +203,12 @@ void AddState(const QuantizationConfig& q, const Plan& p, DType dtype, int bits,
 
 }  // namespace
 
+bool ReadableSkipEntry(const std::string& entry) {
+  std::vector<Atom> atoms;
+  bool end = false;
+  return entry.rfind("re:", 0) != 0 || ParsePattern(std::string_view(entry).substr(3), &atoms, &end);
+}
+
 StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationConfig& q,
                                         const DeviceInfo& device, Budget* budget) {
   const bool w8a8 = q.format == WeightFormat::kW8A8Fp8 || q.format == WeightFormat::kW8A8Int8;
@@ -213,13 +219,10 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
                            " is sm_" + std::to_string(cap));
   }
   for (size_t k = 0; k < q.skip_modules.size(); ++k) {
-    const std::string& e = q.skip_modules[k];
-    std::vector<Atom> atoms;
-    bool end = false;
-    if (e.rfind("re:", 0) == 0 && !ParsePattern(std::string_view(e).substr(3), &atoms, &end)) {
+    if (!ReadableSkipEntry(q.skip_modules[k])) {
       return InvalidArgument("config.quantization.skip_modules[" + std::to_string(k) + "]: " +
-                             Quote(e) + " is a pattern memest does not read (literal text, '.', "
-                             "'.*', '\\.' and a final '$')");
+                             Quote(q.skip_modules[k]) + " is a pattern memest does not read "
+                             "(literal text, '.', '.*', '\\.' and a final '$')");
     }
   }
   // The linears with a weight of their own; the output layer is the last.

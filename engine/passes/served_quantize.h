@@ -56,6 +56,10 @@ namespace memest {
 StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationConfig& q,
                                         const DeviceInfo& device, Budget* budget = nullptr);
 
+// Whether a skip_modules entry is one the pass reads: a name, or a "re:" pattern of the subset
+// above.
+bool ReadableSkipEntry(const std::string& entry);
+
 // The report's note on the quantized linears of `graph` (ApplyServedQuantization's result).
 std::string ServedQuantizationNote(const Graph& graph, const QuantizationConfig& q);
 

@@ -76,3 +76,16 @@ def test_serving_a_quantized_checkpoint(client):
     with pytest.raises(memest.InvalidArgument, match="quantization.bits: not a setting"):
         client.estimate(hf_config=LLAMA31, device="h100-80gb", serving=True,
                         quantization={"format": "w4a16", "bits": 4})
+
+
+@pytest.mark.parametrize("quantization, message", [
+    ({"format": "w4a16", "zero_point": "false"}, "quantization.zero_point: True or False"),
+    ({"format": "w4a16", "group_size": 64.9}, "quantization.group_size: an integer"),
+    ({"format": "w8a8-fp8", "block": ["a", 128]}, "quantization.block: \\[n, k\\]"),
+    ({"format": "w4a16", "skip_modules": [3]}, "quantization.skip_modules\\[0\\]"),
+    ({"format": "int3"}, "quantization.format: 'int3'"),
+])
+def test_serving_quantization_refusals_name_the_field(client, quantization, message):
+    with pytest.raises(memest.InvalidArgument, match=message):
+        client.estimate(hf_config=LLAMA31, device="h100-80gb", serving=True,
+                        quantization=quantization)

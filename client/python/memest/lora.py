@@ -35,7 +35,7 @@ def _lora_dict(lora):
                           "adapter_config.json, got %s" % type(lora).__name__)
 
 
-def _names(value, field):
+def _names(value, field, prefix="lora"):
     if value is None:
         return []
     if isinstance(value, str):
@@ -43,10 +43,10 @@ def _names(value, field):
     try:
         names = list(value)
     except TypeError:
-        raise InvalidArgument("lora.%s: a list of module names" % field) from None
+        raise InvalidArgument("%s.%s: a list of module names" % (prefix, field)) from None
     for i, name in enumerate(names):
         if not isinstance(name, str):
-            raise InvalidArgument("lora.%s[%d]: a module name (a string)" % (field, i))
+            raise InvalidArgument("%s.%s[%d]: a module name (a string)" % (prefix, field, i))
     return sorted(names) if isinstance(value, (set, frozenset)) else names
 
 
@@ -101,6 +101,10 @@ _SERVED_KEYS = {"format", "weight_scales", "block", "inputs", "asymmetric_inputs
                 "zero_point", "act_order", "gptq", "skip_modules"}
 
 
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _word(data, key, words):
     value = data[key]
     if value not in words:
@@ -128,16 +132,22 @@ def _apply_served(out, data):
         out.inputs = _word(data, "inputs", _INPUTS)
     if "block" in data:
         block = data["block"]
-        if not isinstance(block, (list, tuple)) or len(block) != 2:
-            raise InvalidArgument("quantization.block: [n, k], got %r" % (block,))
+        if (not isinstance(block, (list, tuple)) or len(block) != 2
+                or not all(_is_int(v) for v in block)):
+            raise InvalidArgument("quantization.block: [n, k], two integers, got %r" % (block,))
         out.block_n, out.block_k = int(block[0]), int(block[1])
     if "group_size" in data:
+        if not _is_int(data["group_size"]):
+            raise InvalidArgument("quantization.group_size: an integer (-1: per channel), got %r"
+                                  % (data["group_size"],))
         out.group_size = int(data["group_size"])
-    out.asymmetric_inputs = bool(data.get("asymmetric_inputs", False))
-    out.zero_point = bool(data.get("zero_point", False))
-    out.act_order = bool(data.get("act_order", False))
-    out.gptq_layout = bool(data.get("gptq", False))
-    out.skip_modules.extend(_names(data.get("skip_modules"), "skip_modules"))
+    for key, field in (("asymmetric_inputs", "asymmetric_inputs"), ("zero_point", "zero_point"),
+                       ("act_order", "act_order"), ("gptq", "gptq_layout")):
+        value = data.get(key, False)
+        if not isinstance(value, bool):
+            raise InvalidArgument("quantization.%s: True or False, got %r" % (key, value))
+        setattr(out, field, value)
+    out.skip_modules.extend(_names(data.get("skip_modules"), "skip_modules", "quantization"))
 
 
 def apply_quantization(config, quantization):
