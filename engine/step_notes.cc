@@ -1,0 +1,181 @@
+// The notes a step's report carries (engine/step_notes.h).
+#include "engine/step_notes.h"
+
+#include <string>
+
+#include "engine/ir/text.h"
+#include "engine/passes/fused_moe_workspace.h"
+#include "engine/passes/lora.h"
+#include "engine/passes/quantize.h"
+#include "engine/passes/served_quantize.h"
+#include "engine/step/python_refs.h"
+
+namespace memest {
+
+void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegions& regions,
+              bool has_device, Report* r) {
+  if (config.runtime == Runtime::kCpuTorch113) {
+    r->notes.push_back("runtime cpu-1.13: PyTorch 1.13 on the CPU, tensors counted at their own "
+                       "size (no caching allocator, no CUDA context, no cuBLAS workspace)");
+  } else {
+    r->notes.push_back("CUDA caching allocator rounding and segments modelled (PyTorch 2.x); "
+                       "reserved memory assumes no other allocations in the process");
+  }
+  bool attention = false, conv = false;
+  std::map<std::string, int> fused;  // SDPA calls by the kernel that runs them
+  for (const Op& op : graph.ops) {
+    const bool sdpa = op.kind == "scaled_dot_product_attention";
+    StatusOr<int64_t> fused_attr = IntAttr(op.attrs, "fused", 0, "");
+    StatusOr<std::string> backend = StringAttr(op.attrs, "backend", "", "");
+    const bool op_fused = sdpa && fused_attr.ok() && *fused_attr != 0;
+    if (sdpa && (op_fused || HasAttr(op.attrs, "backend"))) {
+      ++fused[backend.ok() ? *backend : std::string()];
+    }
+    // The math form keeps its scores: a softmax in an attention core (autocast's casts of the
+    // fused kernel's inputs sit in the core too), or SDPA's math form.
+    const bool core = op.scope.find(".core") != std::string::npos;
+    attention |= (core && op.kind == "softmax") ||
+                 (sdpa && !op_fused && !HasAttr(op.attrs, "backend"));
+    conv |= op.kind == "conv1d" || op.kind == "conv2d";
+  }
+  const std::string impl = AttentionImplName(ResolveAttention(config));
+  if (attention) {
+    r->notes.push_back("attention in its math form (eager): the [T, T] scores and "
+                       "probabilities are kept for backward; flash / memory-efficient SDPA "
+                       "kernels would not keep them (config.attention)");
+  }
+  if (!fused.empty()) {
+    std::string kernels;
+    for (const auto& [backend, calls] : fused) {
+      kernels += (kernels.empty() ? "" : ", ") + std::to_string(calls) + " " +
+                 (backend.empty() ? "chosen as on sm_90" : backend);
+    }
+    const bool math = fused.count("math") > 0;
+    r->notes.push_back("scaled_dot_product_attention (config.attention " + impl +
+                       ") as PyTorch 2.x dispatches it: " + kernels +
+                       "; the fused kernels keep a float32 logsumexp per query (cuDNN its "
+                       "softmax statistics), not the [T, T] scores" +
+                       (math ? "; the math kernel keeps them" : ""));
+  }
+  if (conv && config.runtime == Runtime::kCpuTorch113) {
+    r->notes.push_back(std::string("CPU convolutions: the scratch of the kernels PyTorch 1.13 picks "
+                                   "with one thread (oneDNN on ") +
+                       CpuIsaName(config.cpu_isa) +
+                       ", or native im2col) is included for float32 and float64; more threads "
+                       "change the kernels");
+  } else if (conv) {
+    r->notes.push_back("cuDNN convolution workspace is chosen at run time and not included");
+  }
+  if (config.mode == Mode::kTraining) {
+    const bool bnb = IsBitsandbytes(config.optimizer.kind);
+    r->notes.push_back(std::string("optimizer: ") + OptimizerKindName(config.optimizer.kind) + " (" +
+                       (bnb ? "one kernel per parameter, no scratch"
+                            : OptimizerImplName(config.optimizer.impl)) +
+                       "), " +
+                       (config.step == StepKind::kFirstStep ? "first step: state created inside it"
+                                                            : "steady state: state exists") +
+                       (config.zero_grad_set_to_none ? "; zero_grad(set_to_none=True)"
+                                                     : "; zero_grad(set_to_none=False) keeps grads"));
+    if (config.optimizer.kind == OptimizerKind::kBnbPagedAdamW8bit ||
+        config.optimizer.kind == OptimizerKind::kBnbPagedAdamW32bit) {
+      r->notes.push_back("paged optimizer: the states of parameters of 100,000 elements or more "
+                         "are cudaMallocManaged, outside PyTorch's allocator "
+                         "(torch.cuda.memory_allocated does not show them); counted here as "
+                         "resident, which they are while the step runs, though the driver can "
+                         "evict them to host memory under pressure");
+    }
+    int non_reentrant = 0;
+    for (bool b : graph.checkpoint_non_reentrant) non_reentrant += b;
+    if (!graph.checkpoints.empty()) {
+      r->notes.push_back("checkpointing in the model's code (torch.utils.checkpoint): " +
+                         std::to_string(regions.size()) + " regions recomputed in backward (" +
+                         std::to_string(non_reentrant) + " with use_reentrant=False)");
+    } else if (!regions.empty()) {
+      r->notes.push_back(std::string("checkpointing (") +
+                         CheckpointPolicyName(config.checkpoint.policy) + (config.checkpoint.non_reentrant ? ", use_reentrant=False" : "") + "): " +
+                         std::to_string(regions.size()) + " regions recomputed in backward");
+    }
+    if (config.hold_outputs && config.parallelism.pipeline == 1) {  // a schedule's own loop
+      int64_t bytes = 0;
+      for (int t : ModelOutputs(graph, config.mode)) {
+        if (graph.tensors[t].role != TensorRole::kActivation) continue;
+        // Alive together in the walked step, whose totals stay within kMaxBytes: no overflow.
+        if (!AddBytes(&bytes, Bytes(graph.tensors[t].shape, graph.tensors[t].dtype))) break;
+      }
+      r->notes.push_back("the loop holds the model's outputs (" + FormatBytes(bytes) +
+                         ") through backward and the optimizer step, as `outputs = "
+                         "model(**batch)` does; a steady-state step starts with the previous "
+                         "step's (hold_outputs=false: a loop that lets them go once the loss "
+                         "exists, as Hugging Face's Trainer and Lightning do)");
+    }
+    if (config.precision == Precision::kFp16Amp) {
+      r->notes.push_back("fp16 autocast: GradScaler's scalars are negligible and not listed");
+    }
+  }
+  if (config.serving.enabled) {
+    StatusOr<int64_t> workspace = FusedMoeWorkspaceBytes(graph);
+    if (workspace.ok() && *workspace > 0) {
+      r->notes.push_back("serving: vLLM's fused mixture-of-experts workspace, " +
+                         FormatBytes(*workspace) + ", taken at the first MoE block and kept "
+                         "to the end of the profile run");
+    }
+  }
+  if (IsServedWeightFormat(config.quantization.format)) {
+    r->notes.push_back(ServedQuantizationNote(graph, config.quantization));
+  } else if (config.quantization.format != WeightFormat::kDense) {
+    r->notes.push_back(QuantizationNote(graph, PreparedQuantization(config)));
+  }
+  if (config.lora.rank > 0) r->notes.push_back(LoraNote(graph, config.lora));
+  if (!graph.held.empty()) {
+    r->notes.push_back(std::to_string(graph.held.size()) +
+                       " tensors stay referenced by the model's code past their last use "
+                       "(Python locals, model.held), each until an op of the graph has run");
+  }
+  if (!has_device && config.runtime == Runtime::kCuda) {
+    r->notes.push_back("no device given: CUDA context of a generic H100-class GPU");
+  }
+  if (config.runtime == Runtime::kCuda) {
+    r->notes.push_back(config.module_loading == ModuleLoading::kLazy
+                           ? "CUDA context with lazy module loading (CUDA_MODULE_LOADING=LAZY, "
+                             "PyTorch's default since 1.13 with CUDA >= 11.7)"
+                           : "CUDA context with every kernel image loaded at initialisation "
+                             "(CUDA_MODULE_LOADING=EAGER, or CUDA before 11.7)");
+  }
+}
+
+// What tensor parallelism changed, and what it sends (added to communicated_bytes_per_step).
+void AddTensorParallelNotes(const RunConfig& config, const TensorParallelView& tp, Report* r) {
+  const ParallelismConfig& p = config.parallelism;
+  int64_t sent = 0;
+  for (int64_t m = 0; m < config.grad_accum_steps; ++m) {
+    if (!AddBytes(&sent, tp.communicated_bytes)) sent = kMaxBytes;
+  }
+  if (!AddBytes(&r->communicated_bytes_per_step, sent)) r->communicated_bytes_per_step = kMaxBytes;
+  r->notes.push_back(
+      "tensor parallelism over " + std::to_string(p.tensor) + " ranks (Megatron-LM's column- and "
+      "row-parallel linears" + (p.sequence_parallel ? ", with sequence parallelism" : "") + "; " +
+      (p.tensor_plan.empty() ? "the default plan" : "the given plan") + " splits " +
+      std::to_string(tp.sharded_params) + " parameters): this is one rank, whose layer table, "
+      "saved bytes and model states are its shares; the parameter counts are the whole model's; " +
+      std::to_string(tp.collectives) + " collectives per forward" +
+      (tp.global_buffer_bytes > 0 ? ", and Megatron's global buffer of " +
+                                        FormatBytes(tp.global_buffer_bytes) + " for the gathers"
+                                  : std::string()));
+}
+
+void AddContextParallelNotes(const RunConfig& config, const ContextParallelView& cp, Report* r) {
+  int64_t sent = 0;
+  for (int64_t m = 0; m < config.grad_accum_steps; ++m) {
+    if (!AddBytes(&sent, cp.communicated_bytes)) sent = kMaxBytes;
+  }
+  if (!AddBytes(&r->communicated_bytes_per_step, sent)) r->communicated_bytes_per_step = kMaxBytes;
+  r->notes.push_back(
+      "context parallelism over " + std::to_string(config.parallelism.context) +
+      " ranks (TransformerEngine's ring attention, as Megatron-LM runs it): each holds 1/" +
+      std::to_string(config.parallelism.context) + " of every sequence, and its " +
+      std::to_string(cp.attentions) + " attention calls pass the keys and values round the ring "
+      "(every rank's copy alive in forward, a double buffer of them and their gradients in "
+      "backward); parameters and optimizer are each rank's whole");
+}
+
+}  // namespace memest

@@ -1,0 +1,25 @@
+// The notes a step's report carries (engine/estimator.cc's ReportStep): what the estimate
+// assumed and what each pass changed, in words.
+#ifndef MEMEST_ENGINE_STEP_NOTES_H_
+#define MEMEST_ENGINE_STEP_NOTES_H_
+
+#include "engine/ir/config.h"
+#include "engine/ir/graph.h"
+#include "engine/passes/checkpoint.h"
+#include "engine/passes/context_parallel.h"
+#include "engine/passes/tensor_parallel.h"
+#include "engine/report/report.h"
+
+namespace memest {
+
+// The run's notes: holds, precision, quantization and adapters, serving's fused-MoE workspace,
+// checkpoint regions, the device.
+void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegions& regions,
+              bool has_device, Report* r);
+// Tensor and context parallelism's.
+void AddTensorParallelNotes(const RunConfig& config, const TensorParallelView& tp, Report* r);
+void AddContextParallelNotes(const RunConfig& config, const ContextParallelView& cp, Report* r);
+
+}  // namespace memest
+
+#endif  // MEMEST_ENGINE_STEP_NOTES_H_
