@@ -1,5 +1,6 @@
 #include "engine/passes/tensor_parallel.h"
 
+#include <algorithm>
 #include <string>
 
 #include "engine/ir/text.h"
@@ -82,6 +83,45 @@ StatusOr<int> PlanDim(const Graph& g, const Readers& readers, int p, TensorShard
                                 : "op " + std::to_string(i) + " (" + Escape(kind) + ") reads") +
                          "; a plan splits linears (colwise, rowwise) and embeddings (rowwise, by "
                          "vocabulary)");
+}
+
+// Per op: the heads a linear's output is viewed into ([.., h * hd] -> [.., h, hd] by the first
+// op that reads it), 0 for other ops; and per tensor, the most heads of the linears it feeds.
+struct Heads {
+  std::vector<int64_t> of_op;
+  std::vector<int64_t> most_from;
+  Heads(const Graph& g, const Readers& readers)
+      : of_op(g.ops.size(), 0), most_from(g.tensors.size(), 0) {
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      const Op& op = g.ops[i];
+      if (op.kind != "linear" || op.inputs.empty() || op.outputs.empty()) continue;
+      const int y = op.outputs[0];
+      const int v = readers.op[y];
+      if (v < 0 || (g.ops[v].kind != "view" && g.ops[v].kind != "reshape")) continue;
+      const Shape& in = g.tensors[y].shape;
+      const Shape& out = g.tensors[g.ops[v].outputs[0]].shape;
+      if (in.empty() || out.size() != in.size() + 1 || out[out.size() - 2] <= 0 ||
+          out[out.size() - 2] * out.back() != in.back()) {
+        continue;
+      }
+      of_op[i] = out[out.size() - 2];
+      int64_t& most = most_from[op.inputs[0]];
+      most = std::max(most, of_op[i]);
+    }
+  }
+};
+
+// The shares a column-parallel weight's rows are cut into: t, or where its linear's output
+// holds fewer heads than ranks while a linear beside it (the queries) holds enough, its heads:
+// grouped-query attention's key-value heads, each rank holding one (vLLM's QKVParallelLinear
+// and Megatron replicate them over t / heads ranks).
+int64_t ColumnParts(const Graph& g, const Readers& readers, const Heads& heads, int p, int64_t t) {
+  size_t k = 0;
+  const int i = readers.ConsumerOf(g, p, &k);
+  if (i < 0 || g.ops[i].kind != "linear" || g.ops[i].inputs.empty()) return t;
+  const int64_t h = heads.of_op[i];
+  if (h <= 0 || h >= t || t % h != 0 || heads.most_from[g.ops[i].inputs[0]] < t) return t;
+  return h;
 }
 
 // The sequence dim of the model's inputs: the one of the first two the micro-batch is not.
@@ -247,6 +287,7 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
   std::vector<bool> used(plan.size(), false);
   Graph leaves = graph;  // the whole graph with each leaf's shape as the rank holds it
   const Readers readers(graph);
+  const Heads heads(graph, readers);
   for (size_t p = 0; p < graph.tensors.size(); ++p) {
     Tensor& leaf = leaves.tensors[p];
     if (leaf.role != TensorRole::kParameter) continue;
@@ -259,7 +300,10 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
       MEMEST_ASSIGN_OR_RETURN(int d, PlanDim(graph, readers, static_cast<int>(p), plan[e].style,
                                              given ? entry : "config.parallelism.tensor (the default plan's " + Quote(plan[e].module) + ")"));
       if (d < 0) break;
-      if (leaf.shape[d] % t != 0) {
+      const int64_t parts = d == 0 && plan[e].style == TensorShardStyle::kColwise
+                                ? ColumnParts(graph, readers, heads, static_cast<int>(p), t)
+                                : t;
+      if (leaf.shape[d] % parts != 0) {
         return InvalidArgument(
             "config.parallelism.tensor: " + std::to_string(t) + " ranks do not split dim " +
             std::to_string(d) + " of " + Quote(leaf.name) + " " + ShapeToString(leaf.shape) +
@@ -270,7 +314,7 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
                    "vocab parameter)"
                  : std::string()));
       }
-      leaf.shape[d] /= t;
+      leaf.shape[d] /= parts;
       leaf.strides = ContiguousStrides(leaf.shape);
       // A tied lm_head reads the embedding's vocabulary-split weight: with gather_lm_head its
       // logits are gathered too.
@@ -278,6 +322,7 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
                              plan[e].style == TensorShardStyle::kRowwise && d == 0;
       split[p] = Split{d, false,
                        plan[e].style == TensorShardStyle::kColwiseGathered || tied_head};
+      if (parts != t) split[p].parts = parts;
       ++view.sharded_params;
       break;
     }

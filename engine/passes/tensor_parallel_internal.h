@@ -22,6 +22,10 @@ struct Split {
   // A column-parallel weight whose linear's output is all-gathered whole (kColwiseGathered);
   // not part of the split's identity.
   bool gather = false;
+  // The shares the dim is cut into; 0: t. Fewer key-value heads than ranks are cut by heads,
+  // each rank holding one (vLLM's and Megatron's replicated KV heads: t / parts ranks hold the
+  // same one). Not part of the split's identity.
+  int64_t parts = 0;
   bool none() const { return dim < 0; }
   bool operator==(const Split& o) const { return dim == o.dim && sequence == o.sequence; }
   bool operator!=(const Split& o) const { return !(*this == o); }
@@ -57,6 +61,8 @@ class Sharder {
   void NoteSequenceParallelParams(int i, const std::vector<int>& map);
   // The splits of op i's outputs, and the attributes it runs with on the rank; or a refusal.
   Status Propagate(int i, std::vector<Split>* out, Attrs* attrs);
+  // The shares split `s` cuts its dim into.
+  int64_t Parts(const Split& s) const { return s.parts > 0 ? s.parts : t_; }
   Status Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d);
   Status VocabEmbedding(int i, GraphBuilder& b, std::vector<int>& map);
   Status RingAttention(int i, GraphBuilder& b, std::vector<int>& map);

@@ -57,8 +57,10 @@ Status Sharder::Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1
     } else {
       attrs["input_grad"] = std::string("all_reduce");
     }
+    Split y{r - 1, false};
+    y.parts = w.parts;  // replicated key-value heads keep the weight's shares
     MEMEST_RETURN_IF_ERROR(AddChecked(i, b, map, "megatron_linear", std::move(inputs),
-                                      std::move(attrs), {Split{r - 1, false}}));
+                                      std::move(attrs), {y}));
     if (w.gather) {
       const int y = op.outputs[0];
       map[y] = b.Add1("tp_all_gather", {map[y]}, {{"tp", t_}, {"dim", int64_t{r - 1}}});

@@ -121,7 +121,7 @@ Status Sharder::AddChecked(int i, GraphBuilder& b, std::vector<int>& map, std::s
   for (size_t k = 0; k < op.outputs.size() && k < outs.size(); ++k) {
     const int o = op.outputs[k];
     Shape want = g_.tensors[o].shape;
-    if (!splits[k].none()) want[splits[k].dim] /= t_;
+    if (!splits[k].none()) want[splits[k].dim] /= Parts(splits[k]);
     if (b.shape(outs[k]) != want) {
       return Refuse(i, "on a rank its output " + std::to_string(k) + " would be " +
                            ShapeToString(b.shape(outs[k])) + ", not " + ShapeToString(want) +
@@ -198,7 +198,7 @@ Status Sharder::Propagate(int i, std::vector<Split>* out, Attrs* attrs) {
     if (!shape.ok()) return shape.status();
     std::vector<int64_t> s = *shape;
     y.dim = x.dim + static_cast<int>(s.size()) - r;
-    if (s[y.dim] != -1) s[y.dim] /= t_;
+    if (s[y.dim] != -1) s[y.dim] /= Parts(x);
     (*attrs)["shape"] = s;
   } else if (kind == "split" || kind == "slice") {
     if (Normalize(Int(op.attrs, "dim", 0), r) == x.dim) {
@@ -207,19 +207,21 @@ Status Sharder::Propagate(int i, std::vector<Split>* out, Attrs* attrs) {
         StatusOr<std::vector<int64_t>> sizes = IntsAttr(op.attrs, "sizes", {}, "");
         if (!sizes.ok()) return sizes.status();
         std::vector<int64_t> s = *sizes;
+        const int64_t parts = Parts(x);
         for (int64_t& v : s) {
-          if (v % t_ != 0) return Refuse(i, "splits its split dim into sizes that do not divide by " + std::to_string(t_));
-          v /= t_;
+          if (v % parts != 0) return Refuse(i, "splits its split dim into sizes that do not divide by " + std::to_string(parts));
+          v /= parts;
         }
         (*attrs)["sizes"] = s;
       } else {
         const int64_t start = std::clamp<int64_t>(Int(op.attrs, "start", 0), -whole, whole);
         const int64_t end = std::clamp<int64_t>(Int(op.attrs, "end", whole), -whole, whole);
-        if (start % t_ != 0 || end % t_ != 0 || Int(op.attrs, "step", 1) != 1) {
-          return Refuse(i, "slices its split dim at bounds that do not divide by " + std::to_string(t_));
+        const int64_t parts = Parts(x);
+        if (start % parts != 0 || end % parts != 0 || Int(op.attrs, "step", 1) != 1) {
+          return Refuse(i, "slices its split dim at bounds that do not divide by " + std::to_string(parts));
         }
-        (*attrs)["start"] = start / t_;
-        (*attrs)["end"] = end / t_;
+        (*attrs)["start"] = start / parts;
+        (*attrs)["end"] = end / parts;
       }
     }
   } else if (kind == "linear") {  // a replicated weight over a split activation's rows
@@ -343,18 +345,21 @@ Status Sharder::Reshape(int i, std::vector<Split>* out, Attrs* attrs) {
   const Shape& in = g_.tensors[op.inputs[0]].shape;
   const Shape& whole = g_.tensors[op.outputs[0]].shape;
   const int prefer = x.sequence ? SequenceDimOf(static_cast<int>(whole.size())) : -1;
-  const int d = ReshapedDim(in, whole, x.dim, t_, prefer);
+  const int64_t parts = Parts(x);
+  const int d = ReshapedDim(in, whole, x.dim, parts, prefer);
   if (d < 0) {
     return Refuse(i, "reshapes its split dim " + std::to_string(x.dim) + " of " +
                          ShapeToString(in) + " into " + ShapeToString(whole) +
-                         ", where no dim can hold a 1/" + std::to_string(t_) + " share");
+                         ", where no dim can hold a 1/" + std::to_string(parts) + " share");
   }
   StatusOr<std::vector<int64_t>> shape = IntsAttr(op.attrs, "shape", {}, "");
   if (!shape.ok()) return shape.status();
   std::vector<int64_t> s = *shape;
-  if (s.size() == whole.size() && s[d] != -1) s[d] /= t_;
+  if (s.size() == whole.size() && s[d] != -1) s[d] /= parts;
   (*attrs)["shape"] = s;
-  out->assign(op.outputs.size(), Split{d, x.sequence});
+  Split y{d, x.sequence};
+  y.parts = x.parts;
+  out->assign(op.outputs.size(), y);
   return Status::Ok();
 }
 

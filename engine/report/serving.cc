@@ -118,15 +118,7 @@ StatusOr<KvPages> ReadKvPages(const ModelSpec& model, const RunConfig& config, i
   MEMEST_ASSIGN_OR_RETURN(ModelSpec token, WithSequence(model, 1));
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildStepGraph(token, one, max_ops, budget));
   const int64_t t = config.parallelism.tensor;
-  for (const Tensor& cache : graph.tensors) {
-    if (cache.kv_cache && cache.shape.size() == 4 && cache.shape[1] < t) {
-      return Refuse("config.parallelism.tensor",
-                    Str(t) + " ranks are more than the model's " + Str(cache.shape[1]) +
-                        " KV heads; vLLM then replicates each head over several ranks, which is "
-                        "not modelled");
-    }
-  }
-  if (t > 1) {
+  if (t > 1) {  // each rank's KV heads: max(1, kv_heads / t) (replicated below one)
     MEMEST_ASSIGN_OR_RETURN(TensorParallelView view,
                             ShardTensorParallel(graph, config.parallelism));
     graph = std::move(view.graph);

@@ -91,6 +91,37 @@ INSTANTIATE_TEST_SUITE_P(
                     Logged{"qwen3-30b-a3b", 1, false, 56.88, 2.68, 168'288},
                     Logged{"mixtral-8x7b", 2, false, 43.51, 1.21, 465'936}));
 
+// More ranks than key-value heads: vLLM gives each rank one, each held by t / kv_heads ranks
+// (QKVParallelLinear's num_kv_head_replicas). Qwen3-30B-A3B (32 query heads, 4 KV heads of 128)
+// on 8 H100s: 4 query heads and 1 KV head a rank, 48 layers x keys and values x 128 x 2 bytes a
+// token.
+TEST(ServingTest, FewerKvHeadsThanRanksAreReplicated) {
+  RunConfig c = Served("h100-80gb", 0.9);
+  c.serving.max_model_len = 8192;
+  c.parallelism.tensor = 8;
+  const ServingReport s = Serve(Config("qwen3-30b-a3b"), c);
+  EXPECT_EQ(s.kv_bytes_per_token, 48 * 2 * 128 * 2);
+  EXPECT_TRUE(s.starts) << s.refusal;
+  // Each rank's k_proj holds one head's rows: the weights are an eighth of the model's but the
+  // key-value projections, which are a quarter each, and the replicated router and norms.
+  c.parallelism.tensor = 4;
+  const ServingReport four = Serve(Config("qwen3-30b-a3b"), c);
+  EXPECT_EQ(four.kv_bytes_per_token, 48 * 2 * 128 * 2);
+  EXPECT_LT(s.weights_bytes, four.weights_bytes);
+  // Attention written out (repeat_kv) cannot run on one replicated head: refused, not guessed.
+  RunConfig eager;
+  eager.mode = Mode::kInference;
+  eager.precision = Precision::kBf16Pure;
+  eager.device = "h100-80gb";
+  eager.attention = AttentionImpl::kEager;
+  eager.parallelism.tensor = 8;
+  ModelSpec m;
+  m.source = HfConfigSpec{FromJson(ReadConfig("qwen3-30b-a3b")), 64};
+  StatusOr<Report> r = Estimate(m, eager);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message().rfind("config.parallelism.tensor", 0), 0u) << r.status().message();
+}
+
 // vLLM's FusedMoE workspace for 8192 tokens: max(M k max(N/2, K), M K) + M k max(N, K) values
 // of bf16, N the rank's w13 rows.
 TEST(ServingTest, FusedMoeWorkspaceIsVllms) {
@@ -304,7 +335,8 @@ TEST(ServingTest, RefusesWhatVllmDoesNotRunHere) {
       {"config.serving", [](RunConfig* c) { c->device.clear(); }},
       {"config.mode", [](RunConfig* c) { c->mode = Mode::kTraining; }},
       {"config.generate_tokens", [](RunConfig* c) { c->generate_tokens = 16; }},
-      {"config.parallelism.tensor", [](RunConfig* c) { c->parallelism.tensor = 16; }},
+      // More ranks than query heads (vLLM: num_heads % tensor_parallel_size).
+      {"config.parallelism.tensor", [](RunConfig* c) { c->parallelism.tensor = 64; }},
       {"config.lora", [](RunConfig* c) {
          c->lora.rank = 8;
          c->lora.target_modules = {"q_proj"};
