@@ -300,7 +300,10 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
       MEMEST_ASSIGN_OR_RETURN(int d, PlanDim(graph, readers, static_cast<int>(p), plan[e].style,
                                              given ? entry : "config.parallelism.tensor (the default plan's " + Quote(plan[e].module) + ")"));
       if (d < 0) break;
-      const int64_t parts = d == 0 && plan[e].style == TensorShardStyle::kColwise
+      // Replicated key-value heads in inference only: Megatron's training asserts
+      // num_query_groups % tensor_model_parallel_size == 0.
+      const bool inference = graph.loss < 0;
+      const int64_t parts = inference && d == 0 && plan[e].style == TensorShardStyle::kColwise
                                 ? ColumnParts(graph, readers, heads, static_cast<int>(p), t)
                                 : t;
       if (leaf.shape[d] % parts != 0) {

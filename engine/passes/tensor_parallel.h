@@ -5,10 +5,11 @@
 // module names, DefaultTensorPlan). A colwise linear keeps 1/t of its output features (weight
 // rows, bias); a rowwise linear 1/t of its input features (weight columns; its bias stays
 // whole); a rowwise embedding 1/t of the vocabulary. Every other parameter is replicated. An
-// inference KV cache keeps the rank's key-value heads (one when there are fewer than t). With
-// fewer key-value heads than ranks (and enough query heads), the key and value projections are
-// cut by heads, each rank holding one (vLLM's QKVParallelLinear and Megatron replicate each over
-// t / kv_heads ranks); the attention after them must be a fused kernel that takes grouped heads.
+// inference KV cache keeps the rank's key-value heads (one when there are fewer than t). In
+// inference with fewer key-value heads than ranks (and enough query heads), the key and value
+// projections are cut by heads, each rank holding one (vLLM's QKVParallelLinear replicates each
+// over t / kv_heads ranks); the attention after them must be a fused kernel that takes grouped
+// heads. Training refuses it, as Megatron does (num_query_groups % tensor_model_parallel_size).
 //
 // The pass rebuilds the graph with the rank's shapes. Which dim of each activation is split
 // follows from the ops: what reads a column-parallel output (the GELU, the heads' views and
