@@ -45,6 +45,33 @@ int ApplyPartialRotary(GraphBuilder& b, int x, int cos, int sin, int64_t rotary_
 
 }  // namespace
 
+SdpaParams SdpaCallOf(const GraphBuilder& b, const LayerContext& c, int q, int64_t kv_heads,
+                      bool causal, double dropout) {
+  SdpaParams p;
+  const Shape& s = b.shape(q);  // [N, H, T, hd]
+  p.dtype = b.tensor(q).dtype;
+  if (c.autocast != DType::kFloat32 && p.dtype == DType::kFloat32) p.dtype = c.autocast;
+  p.batch = s[0];
+  p.heads = s[1];
+  p.kv_heads = kv_heads;
+  p.q_len = p.kv_len = s[2];
+  p.head_dim_qk = p.head_dim_v = s[3];
+  p.is_causal = causal;
+  p.dropout = c.training() ? dropout : 0.0;
+  p.requires_grad = c.training();
+  p.compute_capability = c.compute_capability;
+  return p;
+}
+
+int SdpaCore(GraphBuilder& b, std::vector<int> inputs, SdpaBackend backend, const SdpaParams& p) {
+  ModuleScope core(b, "core");
+  Attrs attrs = {{"fused", Int(backend == SdpaBackend::kMath ? 0 : 1)},
+                 {"is_causal", Int(p.is_causal ? 1 : 0)},
+                 {"backend", std::string(SdpaBackendName(backend))}};
+  if (p.dropout > 0) attrs["dropout_p"] = Float(p.dropout);
+  return b.Add1("scaled_dot_product_attention", std::move(inputs), std::move(attrs));
+}
+
 void RotaryBuffers(GraphBuilder& b, const LayerContext& c, int64_t seq, int64_t head_dim, int* cos,
                    int* sin) {
   if (c.rotary_positions > 0) {
@@ -139,19 +166,8 @@ int SdpaAttention(GraphBuilder& b, const LayerContext& c, int q, int k, int v,
     const int64_t positions = o.mask_positions > 0 ? o.mask_positions : dims.t;
     b.Buffer("bias", {1, 1, positions, positions}, DType::kBool);
   }
-  SdpaParams p;
-  p.dtype = b.tensor(q).dtype;
-  if (c.autocast != DType::kFloat32 && p.dtype == DType::kFloat32) p.dtype = c.autocast;
-  p.batch = dims.n;
-  p.heads = dims.heads;
-  p.kv_heads = dims.kv_heads;
-  p.q_len = p.kv_len = dims.t;
-  p.head_dim_qk = p.head_dim_v = dims.head_dim;
+  SdpaParams p = SdpaCallOf(b, c, q, dims.kv_heads, o.causal && o.sdpa_mask < 0, o.attn_dropout);
   p.has_mask = o.sdpa_mask >= 0;
-  p.is_causal = o.causal && !p.has_mask;
-  p.dropout = c.training() ? o.attn_dropout : 0.0;
-  p.requires_grad = c.training();
-  p.compute_capability = c.compute_capability;
   StatusOr<SdpaBackend> backend = SelectSdpaBackend(p, c.attention);
   if (!backend.ok()) {
     b.Fail(backend.status());
@@ -161,17 +177,9 @@ int SdpaAttention(GraphBuilder& b, const LayerContext& c, int q, int k, int v,
     k = RepeatKv(b, k, dims.heads / dims.kv_heads);
     v = RepeatKv(b, v, dims.heads / dims.kv_heads);
   }
-  int context = -1;
-  {
-    ModuleScope core(b, "core");
-    Attrs attrs = {{"fused", Int(*backend == SdpaBackend::kMath ? 0 : 1)},
-                   {"is_causal", Int(p.is_causal ? 1 : 0)},
-                   {"backend", std::string(SdpaBackendName(*backend))}};
-    if (p.dropout > 0) attrs["dropout_p"] = Float(p.dropout);
-    std::vector<int> inputs = {q, k, v};
-    if (p.has_mask) inputs.push_back(o.sdpa_mask);
-    context = b.Add1("scaled_dot_product_attention", std::move(inputs), std::move(attrs));
-  }
+  std::vector<int> inputs = {q, k, v};
+  if (p.has_mask) inputs.push_back(o.sdpa_mask);
+  const int context = SdpaCore(b, std::move(inputs), *backend, p);
   return MergeAndProject(b, c, context, dims.n, dims.t, dims.d, o);
 }
 

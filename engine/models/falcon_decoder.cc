@@ -100,17 +100,7 @@ void SplitFalconHeads(GraphBuilder& b, int fused, const FalconSpec& s, int64_t h
 int FalconSdpa(GraphBuilder& b, const LayerContext& c, int q, int k, int v, int64_t kv) {
   if (!b.ok() || q < 0 || k < 0 || v < 0) return -1;
   const Shape qs = b.shape(q);
-  SdpaParams p;
-  p.dtype = b.tensor(q).dtype;
-  if (c.autocast != DType::kFloat32 && p.dtype == DType::kFloat32) p.dtype = c.autocast;
-  p.batch = qs[0];
-  p.heads = qs[1];
-  p.kv_heads = kv;
-  p.q_len = p.kv_len = qs[2];
-  p.head_dim_qk = p.head_dim_v = qs[3];
-  p.is_causal = true;
-  p.requires_grad = c.training();
-  p.compute_capability = c.compute_capability;
+  const SdpaParams p = SdpaCallOf(b, c, q, kv, /*causal=*/true, /*dropout=*/0.0);
   SdpaBackend backend = SdpaBackend::kMath;
   if (kv == p.heads || c.attention == AttentionImpl::kFlash) {
     StatusOr<SdpaBackend> chosen = SelectSdpaBackend(p, c.attention);
@@ -126,11 +116,7 @@ int FalconSdpa(GraphBuilder& b, const LayerContext& c, int q, int k, int v, int6
       *part = b.Add1("reshape", {e}, {{"shape", Ints({qs[0], p.heads, qs[2], qs[3]})}});
     }
   }
-  ScopeGuard core(b, "core");
-  return b.Add1("scaled_dot_product_attention", {q, k, v},
-                {{"fused", Int(backend == SdpaBackend::kMath ? 0 : 1)},
-                 {"is_causal", Int(1)},
-                 {"backend", std::string(SdpaBackendName(backend))}});
+  return SdpaCore(b, {q, k, v}, backend, p);
 }
 
 // The eager core without alibi: q @ k^T (broadcasting a shared k), `/= sqrt(hd)` in place,

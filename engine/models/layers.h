@@ -60,6 +60,7 @@
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
 #include "engine/models/model.h"
+#include "engine/rules/sdpa_select.h"
 
 namespace memest {
 
@@ -383,6 +384,16 @@ StatusOr<int> ExpandLayer(GraphBuilder& b, int x, const LayerSpec& spec, const L
 
 // The kinds ExpandLayer knows, sorted.
 const std::vector<std::string>& LayerKinds();
+
+// F.scaled_dot_product_attention(q, k, v, ...) as the builders call it (Attention, Falcon's and
+// OPT's cores): the kernel choice's inputs for q [N, H, T, hd] against `kv_heads` key-value heads
+// of as many positions, in the dtype autocast gives q, causal as given, with `dropout` in
+// training (0 otherwise).
+SdpaParams SdpaCallOf(const GraphBuilder& b, const LayerContext& c, int q, int64_t kv_heads,
+                      bool causal, double dropout);
+// The core op, scaled_dot_product_attention(inputs) in scope "core", as `backend` runs it
+// (fused unless the math kernel), is_causal and dropout_p from `p`; its output.
+int SdpaCore(GraphBuilder& b, std::vector<int> inputs, SdpaBackend backend, const SdpaParams& p);
 
 }  // namespace memest
 

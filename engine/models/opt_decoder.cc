@@ -61,29 +61,13 @@ int OptEager(GraphBuilder& b, const LayerContext& c, int q, int k, int v, int ma
 // dropout_p=attention_dropout, scale=1.0) (no mask without padding).
 int OptSdpa(GraphBuilder& b, const LayerContext& c, int q, int k, int v, double dropout) {
   if (!b.ok() || q < 0 || k < 0 || v < 0) return -1;
-  const Shape s = b.shape(q);
-  SdpaParams p;
-  p.dtype = b.tensor(q).dtype;
-  if (c.autocast != DType::kFloat32 && p.dtype == DType::kFloat32) p.dtype = c.autocast;
-  p.batch = s[0];
-  p.heads = p.kv_heads = s[1];
-  p.q_len = p.kv_len = s[2];
-  p.head_dim_qk = p.head_dim_v = s[3];
-  p.is_causal = true;
-  p.dropout = c.training() ? dropout : 0.0;
-  p.requires_grad = c.training();
-  p.compute_capability = c.compute_capability;
+  const SdpaParams p = SdpaCallOf(b, c, q, b.shape(q)[1], /*causal=*/true, dropout);
   StatusOr<SdpaBackend> backend = SelectSdpaBackend(p, c.attention);
   if (!backend.ok()) {
     b.Fail(backend.status());
     return -1;
   }
-  ScopeGuard core(b, "core");
-  Attrs attrs = {{"fused", Int(*backend == SdpaBackend::kMath ? 0 : 1)},
-                 {"is_causal", Int(1)},
-                 {"backend", std::string(SdpaBackendName(*backend))}};
-  if (p.dropout > 0) attrs["dropout_p"] = AttrFloat(p.dropout);
-  return b.Add1("scaled_dot_product_attention", {q, k, v}, std::move(attrs));
+  return SdpaCore(b, {q, k, v}, *backend, p);
 }
 
 // OPTAttention.forward: q_proj(x) * head_dim ** -0.5, k and v projected and made [N, H, T, hd]
