@@ -81,9 +81,10 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   }
   if (config.serving.enabled) {
     // vLLM's FusedMoE takes its workspace once and keeps it (engine/passes/fused_moe_workspace.h).
-    MEMEST_ASSIGN_OR_RETURN(int64_t workspace, FusedMoeWorkspaceBytes(*step.graph));
-    if (workspace > 0) {
-      MEMEST_ASSIGN_OR_RETURN(Graph with, AddFusedMoeWorkspace(*step.graph, budget));
+    MEMEST_ASSIGN_OR_RETURN(FusedMoeWorkspace workspace, FindFusedMoeWorkspace(*step.graph));
+    step.moe_workspace_bytes = workspace.bytes;
+    if (workspace.bytes > 0) {
+      MEMEST_ASSIGN_OR_RETURN(Graph with, AddFusedMoeWorkspace(*step.graph, workspace, budget));
       step.owned = std::make_unique<Graph>(std::move(with));
       step.graph = step.owned.get();
     }
@@ -159,7 +160,8 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
     fit.headroom_bytes = fit.capacity_bytes - fit.required_bytes;
     r.fit = fit;
   }
-  AddNotes(*step.graph, config, step.regions, step.device.has_value(), &r);
+  AddNotes(*step.graph, config, step.regions, step.device.has_value(), step.moe_workspace_bytes,
+           &r);
   if (step.nccl.bytes > 0) r.notes.push_back(NcclNote(step.nccl));
   int64_t recomputed = 0;
   for (const auto& [first, last] : step.regions) recomputed += last - first + 1;

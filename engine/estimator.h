@@ -55,6 +55,8 @@ struct PlannedStep {
   std::unique_ptr<PipelineStage> stage;
   Schedule schedule;
   Liveness live;
+  // Serving: vLLM's fused-MoE workspace the graph holds (engine/passes/fused_moe_workspace.h).
+  int64_t moe_workspace_bytes = 0;
 };
 
 // Plans the step of `built` (built for config.micro_batch()) under `config`, charging `budget`

@@ -4,7 +4,6 @@
 #include <string>
 
 #include "engine/ir/text.h"
-#include "engine/passes/fused_moe_workspace.h"
 #include "engine/passes/lora.h"
 #include "engine/passes/quantize.h"
 #include "engine/passes/served_quantize.h"
@@ -13,7 +12,7 @@
 namespace memest {
 
 void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegions& regions,
-              bool has_device, Report* r) {
+              bool has_device, int64_t moe_workspace_bytes, Report* r) {
   if (config.runtime == Runtime::kCpuTorch113) {
     r->notes.push_back("runtime cpu-1.13: PyTorch 1.13 on the CPU, tensors counted at their own "
                        "size (no caching allocator, no CUDA context, no cuBLAS workspace)");
@@ -112,13 +111,10 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
       r->notes.push_back("fp16 autocast: GradScaler's scalars are negligible and not listed");
     }
   }
-  if (config.serving.enabled) {
-    StatusOr<int64_t> workspace = FusedMoeWorkspaceBytes(graph);
-    if (workspace.ok() && *workspace > 0) {
-      r->notes.push_back("serving: vLLM's fused mixture-of-experts workspace, " +
-                         FormatBytes(*workspace) + ", taken at the first MoE block and kept "
-                         "to the end of the profile run");
-    }
+  if (moe_workspace_bytes > 0) {
+    r->notes.push_back("serving: vLLM's fused mixture-of-experts workspace, " +
+                       FormatBytes(moe_workspace_bytes) + ", taken at the first MoE block and "
+                       "kept to the end of the profile run");
   }
   if (IsServedWeightFormat(config.quantization.format)) {
     r->notes.push_back(ServedQuantizationNote(graph, config.quantization));

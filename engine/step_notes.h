@@ -12,10 +12,10 @@
 
 namespace memest {
 
-// The run's notes: holds, precision, quantization and adapters, serving's fused-MoE workspace,
-// checkpoint regions, the device.
+// The run's notes: holds, precision, quantization and adapters, serving's fused-MoE workspace
+// (its bytes, PlanStep's; 0: none), checkpoint regions, the device.
 void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegions& regions,
-              bool has_device, Report* r);
+              bool has_device, int64_t moe_workspace_bytes, Report* r);
 // Tensor and context parallelism's.
 void AddTensorParallelNotes(const RunConfig& config, const TensorParallelView& tp, Report* r);
 void AddContextParallelNotes(const RunConfig& config, const ContextParallelView& cp, Report* r);

@@ -70,26 +70,27 @@ StatusOr<std::vector<Block>> Blocks(const Graph& g) {
 
 }  // namespace
 
-StatusOr<int64_t> FusedMoeWorkspaceBytes(const Graph& rank) {
+StatusOr<FusedMoeWorkspace> FindFusedMoeWorkspace(const Graph& rank) {
   MEMEST_ASSIGN_OR_RETURN(std::vector<Block> blocks, Blocks(rank));
-  int64_t most = 0;
-  for (const Block& b : blocks) most = std::max(most, b.bytes);
-  return most;
-}
-
-StatusOr<Graph> AddFusedMoeWorkspace(const Graph& rank, Budget* budget) {
-  MEMEST_ASSIGN_OR_RETURN(std::vector<Block> blocks, Blocks(rank));
-  if (blocks.empty()) return rank;
+  FusedMoeWorkspace w;
+  if (blocks.empty()) return w;
   // The manager grows its buffer to the largest block's need; the blocks of one model are
   // alike, and the largest is taken at the first.
-  Block first = blocks.front();
-  for (const Block& b : blocks) first.bytes = std::max(first.bytes, b.bytes);
-  const int64_t size = DTypeSize(first.dtype);
+  w.first_expert_op = blocks.front().first_expert_op;
+  w.dtype = blocks.front().dtype;
+  for (const Block& b : blocks) w.bytes = std::max(w.bytes, b.bytes);
+  return w;
+}
+
+StatusOr<Graph> AddFusedMoeWorkspace(const Graph& rank, const FusedMoeWorkspace& w,
+                                     Budget* budget) {
+  if (w.bytes <= 0 || w.first_expert_op < 0) return rank;
+  const int64_t size = DTypeSize(w.dtype);
   int workspace = -1;
   auto emit = [&](int i, GraphBuilder& b, std::vector<int>& map) {
-    if (i != first.first_expert_op) return false;
-    workspace = b.Add1("full", {}, {{"shape", std::vector<int64_t>{CeilDiv(first.bytes, size)}},
-                                    {"dtype", std::string(DTypeName(first.dtype))}});
+    if (i != w.first_expert_op) return false;
+    workspace = b.Add1("full", {}, {{"shape", std::vector<int64_t>{CeilDiv(w.bytes, size)}},
+                                    {"dtype", std::string(DTypeName(w.dtype))}});
     const Op& op = rank.ops[i];
     std::vector<int> inputs;
     for (int t : op.inputs) inputs.push_back(map[t]);

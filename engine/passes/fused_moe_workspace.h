@@ -26,11 +26,19 @@
 
 namespace memest {
 
-// The bytes of the workspace for the largest MoE block of `rank`; 0 when it has none.
-StatusOr<int64_t> FusedMoeWorkspaceBytes(const Graph& rank);
+// The workspace `rank`'s MoE blocks take: the largest block's bytes (0: no block), taken before
+// the first block's first expert op, in the activations' dtype.
+struct FusedMoeWorkspace {
+  int64_t bytes = 0;
+  int first_expert_op = -1;
+  DType dtype = DType::kBFloat16;
+};
+StatusOr<FusedMoeWorkspace> FindFusedMoeWorkspace(const Graph& rank);
 
-// `rank` with the workspace added (see above); `rank` itself (copied) when it has no MoE block.
-StatusOr<Graph> AddFusedMoeWorkspace(const Graph& rank, Budget* budget = nullptr);
+// `rank` with `workspace` (FindFusedMoeWorkspace's) added as a held `full`; `rank` itself
+// (copied) when it has no bytes.
+StatusOr<Graph> AddFusedMoeWorkspace(const Graph& rank, const FusedMoeWorkspace& workspace,
+                                     Budget* budget = nullptr);
 
 }  // namespace memest
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/ir/json.h"
+#include "engine/models/model.h"
 
 namespace memest {
 namespace enginetest {
@@ -42,6 +43,13 @@ inline nlohmann::json ReadConfig(const std::string& name) {
   std::ifstream in(std::string(MEMEST_SOURCE_DIR) + "/tests/data/hf_configs/" + name + ".json");
   EXPECT_TRUE(in.good()) << name;
   return nlohmann::json::parse(in);
+}
+
+// The test config `name` as a model, built at `seq` tokens (0: a server's lengths).
+inline ModelSpec HfModel(const std::string& name, int64_t seq = 0) {
+  ModelSpec m;
+  m.source = HfConfigSpec{FromJson(ReadConfig(name)), seq};
+  return m;
 }
 
 }  // namespace enginetest

@@ -13,16 +13,9 @@
 namespace memest {
 namespace {
 
-using enginetest::FromJson;
-using enginetest::ReadConfig;
+using enginetest::HfModel;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-ModelSpec Config(const std::string& name) {
-  ModelSpec m;
-  m.source = HfConfigSpec{FromJson(ReadConfig(name)), 0};
-  return m;
-}
 
 RunConfig Served(WeightFormat format, Precision precision = Precision::kBf16Pure) {
   RunConfig c;
@@ -82,7 +75,7 @@ TEST_P(QuantizedLogTest, MatchesTheStartupLog) {
   RunConfig c = Served(WeightFormat::kDense, l.fp16 ? Precision::kFp16Pure : Precision::kBf16Pure);
   c.quantization = l.quantization();
   c.parallelism.tensor = l.tensor;
-  StatusOr<Report> r = Estimate(Config(l.config), c);
+  StatusOr<Report> r = Estimate(HfModel(l.config), c);
   ASSERT_TRUE(r.ok()) << r.status().message();
   ASSERT_TRUE(r->serving);
   const ServingReport& s = *r->serving;
@@ -121,7 +114,7 @@ TEST(ServedQuantizeTest, EachFormatKeepsWhatVllmKeeps) {
   auto weights = [](const QuantizationConfig& q) {
     RunConfig c = Served(WeightFormat::kDense);
     c.quantization = q;
-    StatusOr<Report> r = Estimate(Config("qwen2.5-0.5b"), c);
+    StatusOr<Report> r = Estimate(HfModel("qwen2.5-0.5b"), c);
     EXPECT_TRUE(r.ok()) << r.status().message();
     return r.ok() ? r->serving->weights_bytes : 0;
   };
@@ -202,7 +195,7 @@ TEST(ServedQuantizeTest, RefusesWhatVllmRefuses) {
     RunConfig c = Served(WeightFormat::kW4A16);
     c.device = k.device;
     k.edit(&c);
-    StatusOr<Report> r = Estimate(Config("llama-3.1-8b"), c);
+    StatusOr<Report> r = Estimate(HfModel("llama-3.1-8b"), c);
     ASSERT_FALSE(r.ok()) << k.field;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << k.field;
     EXPECT_EQ(r.status().message().rfind(k.field, 0), 0u) << r.status().message();
@@ -214,10 +207,10 @@ TEST(ServedQuantizeTest, RefusesWhatVllmRefuses) {
 TEST(ServedQuantizeTest, Fp8BeforeAdaRunsThroughMarlin) {
   RunConfig c = Served(WeightFormat::kW8A8Fp8);
   c.device = "a100-80gb";
-  StatusOr<Report> fp8 = Estimate(Config("llama-3.1-8b"), c);
+  StatusOr<Report> fp8 = Estimate(HfModel("llama-3.1-8b"), c);
   ASSERT_TRUE(fp8.ok()) << fp8.status().message();
   c.device = "h100-80gb";
-  StatusOr<Report> h100 = Estimate(Config("llama-3.1-8b"), c);
+  StatusOr<Report> h100 = Estimate(HfModel("llama-3.1-8b"), c);
   ASSERT_TRUE(h100.ok()) << h100.status().message();
   // Per linear, float32 scales per channel on H100, bf16 ones (and Marlin's 108-SM int32
   // workspace) on the A100: 7 linears a layer, 32 layers.
@@ -232,13 +225,13 @@ TEST(ServedQuantizeTest, AllSparkKeepsItsDequantizationWorkspace) {
   RunConfig c = Served(WeightFormat::kW8A16);
   c.device = "a100-80gb";
   c.quantization.group_size = -1;
-  StatusOr<Report> allspark = Estimate(Config("llama-3.1-8b"), c);
+  StatusOr<Report> allspark = Estimate(HfModel("llama-3.1-8b"), c);
   ASSERT_TRUE(allspark.ok()) << allspark.status().message();
   bool named = false;
   for (const std::string& n : allspark->notes) named = named || n.find("allspark") != std::string::npos;
   EXPECT_TRUE(named);
   c.quantization.group_size = 128;  // grouped: Marlin, no such workspace
-  StatusOr<Report> marlin = Estimate(Config("llama-3.1-8b"), c);
+  StatusOr<Report> marlin = Estimate(HfModel("llama-3.1-8b"), c);
   ASSERT_TRUE(marlin.ok()) << marlin.status().message();
   EXPECT_GE(allspark->serving->activation_peak_bytes - marlin->serving->activation_peak_bytes,
             int64_t{2} * 4096 * 28672 - (int64_t{64} << 20));
@@ -251,9 +244,9 @@ TEST(ServedQuantizeTest, ActOrderKeepsEveryGroupOnEachRank) {
   c.device = "a100-80gb";
   c.parallelism.tensor = 4;
   c.quantization.gptq_layout = true;
-  StatusOr<Report> plain = Estimate(Config("llama-3.3-70b"), c);
+  StatusOr<Report> plain = Estimate(HfModel("llama-3.3-70b"), c);
   c.quantization.act_order = true;
-  StatusOr<Report> ordered = Estimate(Config("llama-3.3-70b"), c);
+  StatusOr<Report> ordered = Estimate(HfModel("llama-3.3-70b"), c);
   ASSERT_TRUE(plain.ok() && ordered.ok());
   // o_proj [8192, 8192 / 4] and down_proj [8192, 28672 / 4] per rank: 3/4 of their groups
   // more, bf16, 80 layers; and g_idx with its sorting indices for every linear.
@@ -263,9 +256,9 @@ TEST(ServedQuantizeTest, ActOrderKeepsEveryGroupOnEachRank) {
 
 TEST(ServedQuantizeTest, SkippedModulesStayDense) {
   RunConfig c = Served(WeightFormat::kW8A8Fp8);
-  StatusOr<Report> all = Estimate(Config("llama-3.1-8b"), c);
+  StatusOr<Report> all = Estimate(HfModel("llama-3.1-8b"), c);
   c.quantization.skip_modules = {"re:.*mlp\\.down_proj$"};
-  StatusOr<Report> skipped = Estimate(Config("llama-3.1-8b"), c);
+  StatusOr<Report> skipped = Estimate(HfModel("llama-3.1-8b"), c);
   ASSERT_TRUE(all.ok() && skipped.ok());
   // 32 down_proj [4096, 14336] in bf16 instead of fp8 with a float32 scale per channel.
   EXPECT_EQ(skipped->serving->weights_bytes - all->serving->weights_bytes,

@@ -14,16 +14,9 @@
 namespace memest {
 namespace {
 
-using enginetest::FromJson;
-using enginetest::ReadConfig;
+using enginetest::HfModel;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-ModelSpec Config(const std::string& name) {
-  ModelSpec m;
-  m.source = HfConfigSpec{FromJson(ReadConfig(name)), 0};
-  return m;
-}
 
 RunConfig Served(const std::string& device, double utilization = 0.9) {
   RunConfig c;
@@ -62,7 +55,7 @@ TEST_P(VllmLogTest, MatchesTheStartupLog) {
   c.serving.max_model_len = 8192;
   c.parallelism.tensor = l.tensor;
   if (l.fp8) c.serving.kv_cache_dtype = KvCacheDType::kFp8E4m3;
-  const ServingReport s = Serve(Config(l.config), c);
+  const ServingReport s = Serve(HfModel(l.config), c);
   EXPECT_EQ(s.max_num_seqs, 1024);
   EXPECT_EQ(s.max_num_batched_tokens, 8192);
   if (l.weights_gib > 0) EXPECT_NEAR(s.weights_bytes / kGiB, l.weights_gib, 0.05);
@@ -99,13 +92,13 @@ TEST(ServingTest, FewerKvHeadsThanRanksAreReplicated) {
   RunConfig c = Served("h100-80gb", 0.9);
   c.serving.max_model_len = 8192;
   c.parallelism.tensor = 8;
-  const ServingReport s = Serve(Config("qwen3-30b-a3b"), c);
+  const ServingReport s = Serve(HfModel("qwen3-30b-a3b"), c);
   EXPECT_EQ(s.kv_bytes_per_token, 48 * 2 * 128 * 2);
   EXPECT_TRUE(s.starts) << s.refusal;
   // Each rank's k_proj holds one head's rows: the weights are an eighth of the model's but the
   // key-value projections, which are a quarter each, and the replicated router and norms.
   c.parallelism.tensor = 4;
-  const ServingReport four = Serve(Config("qwen3-30b-a3b"), c);
+  const ServingReport four = Serve(HfModel("qwen3-30b-a3b"), c);
   EXPECT_EQ(four.kv_bytes_per_token, 48 * 2 * 128 * 2);
   EXPECT_LT(s.weights_bytes, four.weights_bytes);
   // Attention written out (repeat_kv) cannot run on one replicated head: refused, not guessed.
@@ -115,9 +108,7 @@ TEST(ServingTest, FewerKvHeadsThanRanksAreReplicated) {
   eager.device = "h100-80gb";
   eager.attention = AttentionImpl::kEager;
   eager.parallelism.tensor = 8;
-  ModelSpec m;
-  m.source = HfConfigSpec{FromJson(ReadConfig("qwen3-30b-a3b")), 64};
-  StatusOr<Report> r = Estimate(m, eager);
+  StatusOr<Report> r = Estimate(HfModel("qwen3-30b-a3b", 64), eager);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message().rfind("config.parallelism.tensor", 0), 0u) << r.status().message();
 }
@@ -129,36 +120,32 @@ TEST(ServingTest, FusedMoeWorkspaceIsVllms) {
   c.mode = Mode::kInference;
   c.precision = Precision::kBf16Pure;
   c.batch_size = 1;
-  ModelSpec qwen3;
-  qwen3.source = HfConfigSpec{FromJson(ReadConfig("qwen3-30b-a3b")), 8192};
-  StatusOr<Graph> g = BuildStepGraph(qwen3, c, 1'000'000, nullptr);
+  StatusOr<Graph> g = BuildStepGraph(HfModel("qwen3-30b-a3b", 8192), c, 1'000'000, nullptr);
   ASSERT_TRUE(g.ok()) << g.status().message();
   // top 8 of 128 experts of 768: N = 1536, K = 2048.
-  StatusOr<int64_t> bytes = FusedMoeWorkspaceBytes(*g);
-  ASSERT_TRUE(bytes.ok());
-  EXPECT_EQ(*bytes, int64_t{2} * (8192 * 8 * 2048) * 2);
-  ModelSpec mixtral;
-  mixtral.source = HfConfigSpec{FromJson(ReadConfig("mixtral-8x7b")), 8192};
-  g = BuildStepGraph(mixtral, c, 1'000'000, nullptr);
+  StatusOr<FusedMoeWorkspace> w = FindFusedMoeWorkspace(*g);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->bytes, int64_t{2} * (8192 * 8 * 2048) * 2);
+  g = BuildStepGraph(HfModel("mixtral-8x7b", 8192), c, 1'000'000, nullptr);
   ASSERT_TRUE(g.ok()) << g.status().message();
   ParallelismConfig two;
   two.tensor = 2;
   StatusOr<TensorParallelView> rank = ShardTensorParallel(*g, two);
   ASSERT_TRUE(rank.ok()) << rank.status().message();
   // top 2 of 8 experts of 14336 split over two ranks: N = 14336, K = 4096.
-  bytes = FusedMoeWorkspaceBytes(rank->graph);
-  ASSERT_TRUE(bytes.ok());
-  EXPECT_EQ(*bytes, int64_t{2} * (8192 * 2 * 7168) + int64_t{2} * (8192 * 2 * 14336));
-  StatusOr<int64_t> none = FusedMoeWorkspaceBytes(Graph{});
+  w = FindFusedMoeWorkspace(rank->graph);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ(w->bytes, int64_t{2} * (8192 * 2 * 7168) + int64_t{2} * (8192 * 2 * 14336));
+  StatusOr<FusedMoeWorkspace> none = FindFusedMoeWorkspace(Graph{});
   ASSERT_TRUE(none.ok());
-  EXPECT_EQ(*none, 0);
+  EXPECT_EQ(none->bytes, 0);
 }
 
 
 TEST(ServingTest, PagesHoldEveryLayersKeysAndValues) {
   RunConfig c = Served("h100-80gb", 0.95);
   c.serving.max_model_len = 8192;
-  const ServingReport s = Serve(Config("llama-3.1-8b"), c);
+  const ServingReport s = Serve(HfModel("llama-3.1-8b"), c);
   // 32 layers x (8 KV heads x 128 dims) x 2 (keys, values) x 2 bytes.
   EXPECT_EQ(s.kv_bytes_per_token, 32 * 8 * 128 * 2 * 2);
   EXPECT_EQ(s.kv_layers, 32);
@@ -179,22 +166,22 @@ TEST(ServingTest, AnswersConcurrencyAndLongestRequest) {
   c.serving.max_model_len = 32768;
   c.serving.request_tokens = 2000;  // 125 blocks of 16
   c.serving.concurrency = 64;
-  const ServingReport s = Serve(Config("llama-3.1-8b"), c);
+  const ServingReport s = Serve(HfModel("llama-3.1-8b"), c);
   ASSERT_GT(s.num_blocks, 0);
   EXPECT_EQ(s.concurrent_requests, std::min<int64_t>(1024, (s.num_blocks - 1) / 125));
   EXPECT_EQ(s.longest_request, std::min<int64_t>(32768, (s.num_blocks - 1) / 64 * 16));
   EXPECT_EQ(s.longest_single_request, 32768);
   // Short requests: the scheduler's max_num_seqs bounds them, not the cache.
   c.serving.request_tokens = 16;
-  EXPECT_EQ(Serve(Config("llama-3.1-8b"), c).concurrent_requests, 1024);
+  EXPECT_EQ(Serve(HfModel("llama-3.1-8b"), c).concurrent_requests, 1024);
 }
 
 TEST(ServingTest, Fp8PagesHoldTwiceTheTokens) {
   RunConfig c = Served("h100-80gb");
   c.serving.max_model_len = 8192;
-  const ServingReport bf16 = Serve(Config("qwen2.5-7b"), c);
+  const ServingReport bf16 = Serve(HfModel("qwen2.5-7b"), c);
   c.serving.kv_cache_dtype = KvCacheDType::kFp8E5m2;
-  const ServingReport fp8 = Serve(Config("qwen2.5-7b"), c);
+  const ServingReport fp8 = Serve(HfModel("qwen2.5-7b"), c);
   EXPECT_EQ(fp8.kv_cache_dtype, "fp8_e5m2");
   EXPECT_EQ(fp8.kv_cache_bytes, bf16.kv_cache_bytes);  // the profile does not change
   EXPECT_EQ(fp8.kv_bytes_per_token * 2, bf16.kv_bytes_per_token);
@@ -206,14 +193,14 @@ TEST(ServingTest, DefaultsFollowTheGpu) {
   // vllm serve: 1024 sequences and 8192 tokens on a GPU of 70 GiB or more that is not an A100;
   // 256 and 2048 elsewhere. max_model_len: the config's context (Llama 3.1: 131072, rope type
   // llama3 not scaled).
-  const ServingReport h100 = Serve(Config("llama-3.1-8b"), Served("h100-80gb"));
+  const ServingReport h100 = Serve(HfModel("llama-3.1-8b"), Served("h100-80gb"));
   EXPECT_EQ(h100.max_num_seqs, 1024);
   EXPECT_EQ(h100.max_num_batched_tokens, 8192);
   EXPECT_EQ(h100.max_model_len, 131072);
   EXPECT_EQ(h100.profile_requests, 1024);
   EXPECT_DOUBLE_EQ(h100.gpu_memory_utilization, 0.9);
   EXPECT_EQ(h100.block_size, 16);
-  const ServingReport a100 = Serve(Config("llama-3.1-8b"), Served("a100-80gb"));
+  const ServingReport a100 = Serve(HfModel("llama-3.1-8b"), Served("a100-80gb"));
   EXPECT_EQ(a100.max_num_seqs, 256);
   EXPECT_EQ(a100.max_num_batched_tokens, 2048);
   // Fewer sampled requests: a smaller profile peak.
@@ -222,7 +209,7 @@ TEST(ServingTest, DefaultsFollowTheGpu) {
 
 TEST(ServingTest, ALongContextThatDoesNotFitIsRefusedAsVllmRefusesIt) {
   // Llama 3.1 8B on a 24 GB L4 at its full 131072-token context: 16 GB of KV cache needed.
-  StatusOr<Report> r = Estimate(Config("llama-3.1-8b"), Served("l4"));
+  StatusOr<Report> r = Estimate(HfModel("llama-3.1-8b"), Served("l4"));
   ASSERT_TRUE(r.ok()) << r.status().message();
   const ServingReport& s = *r->serving;
   EXPECT_FALSE(s.starts);
@@ -234,14 +221,14 @@ TEST(ServingTest, ALongContextThatDoesNotFitIsRefusedAsVllmRefusesIt) {
   // At the length it names, it starts.
   RunConfig c = Served("l4");
   c.serving.max_model_len = s.longest_single_request;
-  EXPECT_TRUE(Serve(Config("llama-3.1-8b"), c).starts);
+  EXPECT_TRUE(Serve(HfModel("llama-3.1-8b"), c).starts);
 }
 
 TEST(ServingTest, SaysWhenTheRestOfTheGpuCannotHoldCudaGraphs) {
   auto warns = [](double utilization) {
     RunConfig c = Served("h100-80gb", utilization);
     c.serving.max_model_len = 8192;
-    StatusOr<Report> r = Estimate(Config("llama-3.1-8b"), c);
+    StatusOr<Report> r = Estimate(HfModel("llama-3.1-8b"), c);
     EXPECT_TRUE(r.ok() && r->serving->starts);
     bool note = false;
     for (const std::string& n : r->notes) note |= n.find("CUDA graphs vLLM 0.19.0") != n.npos;
@@ -252,7 +239,7 @@ TEST(ServingTest, SaysWhenTheRestOfTheGpuCannotHoldCudaGraphs) {
 }
 
 TEST(ServingTest, NoRoomForTheCacheIsRefused) {
-  const ServingReport s = Serve(Config("llama-3.1-8b"), Served("h100-80gb", 0.15));
+  const ServingReport s = Serve(HfModel("llama-3.1-8b"), Served("h100-80gb", 0.15));
   EXPECT_FALSE(s.starts);
   EXPECT_LT(s.kv_cache_bytes, 0);
   EXPECT_EQ(s.num_blocks, 0);
@@ -265,7 +252,7 @@ TEST(ServingTest, SlidingWindowLayersAreGroupedAsVllmGroupsThem) {
   // layers), 7 groups drawing from one pool of blocks of 4 pages each.
   RunConfig c = Served("h100-80gb");
   c.serving.max_model_len = 32768;
-  const ServingReport s = Serve(Config("gemma-3-1b-it"), c);
+  const ServingReport s = Serve(HfModel("gemma-3-1b-it"), c);
   EXPECT_EQ(s.kv_layers, 26);
   const int64_t page = 16 * s.kv_bytes_per_token / 26;  // every layer alike: 1 KV head of 256
   EXPECT_EQ(s.num_blocks, s.kv_cache_bytes / (4 * page));
@@ -275,7 +262,7 @@ TEST(ServingTest, SlidingWindowLayersAreGroupedAsVllmGroupsThem) {
   EXPECT_DOUBLE_EQ(s.max_concurrency, static_cast<double>(s.num_blocks) / (2048 + 6 * 545));
   // Gemma 3's context is its max_position_embeddings: vLLM does not scale it by rope_scaling.
   RunConfig d = Served("h100-80gb");
-  const ServingReport four = Serve(Config("gemma-3-4b-text"), d);
+  const ServingReport four = Serve(HfModel("gemma-3-4b-text"), d);
   EXPECT_EQ(four.max_model_len, 131072);
   // Its weights: 3,880,263,168 parameters in bf16, and two rotary caches of head_dim 256 in
   // bf16: the global layers' for 131072 x 8 positions (linear rope scaling), the local ones'
@@ -289,7 +276,7 @@ TEST(ServingTest, DefaultBatchedTokensStopAtWhatTheRequestsCanHold) {
   RunConfig c = Served("h100-80gb");
   c.serving.max_num_seqs = 1;
   c.serving.max_model_len = 2048;
-  const ServingReport s = Serve(Config("llama-3.1-8b"), c);
+  const ServingReport s = Serve(HfModel("llama-3.1-8b"), c);
   EXPECT_EQ(s.max_num_batched_tokens, 2048);
   EXPECT_EQ(s.profile_requests, 1);
 }
@@ -297,9 +284,9 @@ TEST(ServingTest, DefaultBatchedTokensStopAtWhatTheRequestsCanHold) {
 TEST(ServingTest, MixtralsExpertsSplitOverTheRanks) {
   RunConfig c = Served("h100-80gb");
   c.serving.max_model_len = 8192;
-  const ServingReport one = Serve(Config("mixtral-8x7b"), c);
+  const ServingReport one = Serve(HfModel("mixtral-8x7b"), c);
   c.parallelism.tensor = 2;
-  const ServingReport two = Serve(Config("mixtral-8x7b"), c);
+  const ServingReport two = Serve(HfModel("mixtral-8x7b"), c);
   // 46.7 B parameters in bf16: 87 GiB on one GPU (it does not start), half on each of two.
   EXPECT_FALSE(one.starts);
   EXPECT_NE(one.refusal.find("CUDA out of memory"), std::string::npos) << one.refusal;
@@ -345,7 +332,7 @@ TEST(ServingTest, RefusesWhatVllmDoesNotRunHere) {
   for (const Case& k : cases) {
     RunConfig c = Served("h100-80gb");
     k.edit(&c);
-    StatusOr<Report> r = Estimate(Config("llama-3.1-8b"), c);
+    StatusOr<Report> r = Estimate(HfModel("llama-3.1-8b"), c);
     ASSERT_FALSE(r.ok()) << k.field;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << k.field;
     EXPECT_EQ(r.status().message().rfind(k.field, 0), 0u) << r.status().message();
