@@ -17,6 +17,7 @@
 #include "engine/passes/served_quantize.h"
 #include "engine/passes/tensor_parallel.h"
 #include "engine/report/advice.h"
+#include "engine/passes/expert_parallel.h"
 #include "engine/report/serving.h"
 #include "engine/step_notes.h"
 #include "engine/step/liveness.h"
@@ -71,6 +72,13 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     step.tensor = std::make_unique<TensorParallelView>(std::move(tp));
     step.graph = &step.tensor->graph;
   }
+  if (config.parallelism.expert > 1) {
+    MEMEST_ASSIGN_OR_RETURN(ExpertParallelView ep,
+                            ShardExpertParallel(*step.graph, config.parallelism,
+                                                config.expert_load, budget));
+    step.expert = std::make_unique<ExpertParallelView>(std::move(ep));
+    step.graph = &step.expert->graph;
+  }
   if (IsServedWeightFormat(config.quantization.format)) {
     // vLLM quantizes each rank's shard: after tensor parallelism (engine/passes/served_quantize.h).
     MEMEST_ASSIGN_OR_RETURN(Graph quantized,
@@ -89,7 +97,7 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
       step.graph = step.owned.get();
     }
   }
-  if (stage != nullptr && stage->chunks.size() > 1 && (step.context || step.tensor)) {
+  if (stage != nullptr && stage->chunks.size() > 1 && (step.context || step.tensor || step.expert)) {
     // The passes rebuilt the stage's graph: its chunks' ops and sent tensors moved with it.
     auto moved = std::make_unique<PipelineStage>();
     moved->stage = stage->stage;
@@ -101,7 +109,8 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     moved->fold = stage->fold;
     moved->chunks = stage->chunks;
     for (const ReplayMap* m : {step.context ? &step.context->replay : nullptr,
-                               step.tensor ? &step.tensor->replay : nullptr}) {
+                               step.tensor ? &step.tensor->replay : nullptr,
+                               step.expert ? &step.expert->replay : nullptr}) {
       if (m == nullptr) continue;
       for (StageChunk& c : moved->chunks) {
         c.first_op = m->first_op[c.first_op];
@@ -171,6 +180,7 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
   r.communicated_bytes_per_step = CommunicatedBytesPerStep(*step.graph, config);
   if (step.tensor) AddTensorParallelNotes(config, *step.tensor, &r);
   if (step.context) AddContextParallelNotes(config, *step.context, &r);
+  if (step.expert) AddExpertParallelNotes(config, *step.expert, &r);
   if (config.parallelism.sharding != DataSharding::kNone) {
     r.data_parallel = DataParallelReportOf(step.rank);
     AddDataParallelNotes(config, step.rank, &r);
@@ -278,6 +288,8 @@ StatusOr<BuildContext> StepBuildContext(const RunConfig& config, int64_t max_ops
   if (IsAutocast(config.precision)) ctx.autocast = ComputeDType(config.precision);
   ctx.attention = ResolveAttention(config);
   ctx.expert_load = config.expert_load;
+  ctx.megatron = IsMegatron(config.parallelism.sharding);
+  ctx.tensor = config.parallelism.tensor;
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
   ctx.compute_capability = device ? AttentionCapability(*device) : 90;
   if (device) ctx.multiprocessors = device->multiprocessors;

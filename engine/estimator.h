@@ -16,6 +16,7 @@
 #include "engine/models/model.h"
 #include "engine/passes/checkpoint.h"
 #include "engine/passes/context_parallel.h"
+#include "engine/passes/expert_parallel.h"
 #include "engine/report/report.h"
 #include "engine/step/liveness.h"
 #include "engine/step/schedule.h"
@@ -51,6 +52,8 @@ struct PlannedStep {
   std::unique_ptr<TensorParallelView> tensor;
   // The context-parallel rank (applied before tensor parallelism); null: none.
   std::unique_ptr<ContextParallelView> context;
+  // The expert-parallel rank (after tensor parallelism); null: none.
+  std::unique_ptr<ExpertParallelView> expert;
   // An interleaved stage whose chunks' op ranges the passes above moved; null: the stage given.
   std::unique_ptr<PipelineStage> stage;
   Schedule schedule;

@@ -139,14 +139,24 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
   }
 }
 
+namespace {
+
+// A pass's bytes per micro-batch over the step's micro-batches, added to the report's
+// communicated_bytes_per_step (saturating at kMaxBytes).
+void AddCommunicated(const RunConfig& config, int64_t per_micro_batch, Report* r) {
+  int64_t sent = 0;
+  for (int64_t m = 0; m < config.grad_accum_steps; ++m) {
+    if (!AddBytes(&sent, per_micro_batch)) sent = kMaxBytes;
+  }
+  if (!AddBytes(&r->communicated_bytes_per_step, sent)) r->communicated_bytes_per_step = kMaxBytes;
+}
+
+}  // namespace
+
 // What tensor parallelism changed, and what it sends (added to communicated_bytes_per_step).
 void AddTensorParallelNotes(const RunConfig& config, const TensorParallelView& tp, Report* r) {
   const ParallelismConfig& p = config.parallelism;
-  int64_t sent = 0;
-  for (int64_t m = 0; m < config.grad_accum_steps; ++m) {
-    if (!AddBytes(&sent, tp.communicated_bytes)) sent = kMaxBytes;
-  }
-  if (!AddBytes(&r->communicated_bytes_per_step, sent)) r->communicated_bytes_per_step = kMaxBytes;
+  AddCommunicated(config, tp.communicated_bytes, r);
   r->notes.push_back(
       "tensor parallelism over " + std::to_string(p.tensor) + " ranks (Megatron-LM's column- and "
       "row-parallel linears" + (p.sequence_parallel ? ", with sequence parallelism" : "") + "; " +
@@ -160,11 +170,7 @@ void AddTensorParallelNotes(const RunConfig& config, const TensorParallelView& t
 }
 
 void AddContextParallelNotes(const RunConfig& config, const ContextParallelView& cp, Report* r) {
-  int64_t sent = 0;
-  for (int64_t m = 0; m < config.grad_accum_steps; ++m) {
-    if (!AddBytes(&sent, cp.communicated_bytes)) sent = kMaxBytes;
-  }
-  if (!AddBytes(&r->communicated_bytes_per_step, sent)) r->communicated_bytes_per_step = kMaxBytes;
+  AddCommunicated(config, cp.communicated_bytes, r);
   r->notes.push_back(
       "context parallelism over " + std::to_string(config.parallelism.context) +
       " ranks (TransformerEngine's ring attention, as Megatron-LM runs it): each holds 1/" +
@@ -172,6 +178,25 @@ void AddContextParallelNotes(const RunConfig& config, const ContextParallelView&
       std::to_string(cp.attentions) + " attention calls pass the keys and values round the ring "
       "(every rank's copy alive in forward, a double buffer of them and their gradients in "
       "backward); parameters and optimizer are each rank's whole");
+}
+
+void AddExpertParallelNotes(const RunConfig& config, const ExpertParallelView& ep, Report* r) {
+  AddCommunicated(config, ep.communicated_bytes, r);
+  const std::string rows = std::to_string(ep.received_rows);
+  r->notes.push_back(
+      "expert parallelism over " + std::to_string(ep.size) + " ranks (Megatron-LM's MoELayer with "
+      "the all-to-all token dispatcher): each rank holds " + std::to_string(ep.local_experts) +
+      " experts of each of the " + std::to_string(ep.layers) + " mixture-of-experts layers and "
+      "sends its tokens' choices to their experts' ranks; this is rank " +
+      std::to_string(ep.rank) + " of the group, whose experts compute on " + rows +
+      " token choices per layer, the most any rank receives (" +
+      (ep.least_received_rows == ep.received_rows
+           ? std::string("every rank the same")
+           : "rank " + std::to_string(ep.least_rank) + " receives " +
+                 std::to_string(ep.least_received_rows)) +
+      ", under the " + (config.expert_load == ExpertLoad::kBalanced ? "balanced" : "worst") +
+      " expert load); the layer table and model states are its share, the parameter counts the "
+      "whole model's");
 }
 
 }  // namespace memest

@@ -88,6 +88,7 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
   out.tensor = p.tensor() == 0 ? 1 : p.tensor();  // the engine refuses a negative count
   out.sequence_parallel = p.sequence_parallel();
   out.context = p.context() == 0 ? 1 : p.context();  // the engine refuses a negative count
+  out.expert = p.expert() == 0 ? 1 : p.expert();
   out.gpus_per_node = p.gpus_per_node() == 0 ? 8 : p.gpus_per_node();  // refused when negative
   out.data_shard = p.data_shard();  // the engine checks it against data and the strategy
   // The engine checks these too (range, and that the strategy is ZeRO-3).

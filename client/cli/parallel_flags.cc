@@ -123,6 +123,12 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                   "passes keys and values round a ring (TransformerEngine's, as Megatron-LM "
                   "runs it); needs a fused attention kernel")
       ->group(group)->type_name("N");
+  app->add_option("--expert-parallel", f->expert,
+                  "expert-parallel ranks (Megatron-LM's expert_model_parallel_size, with "
+                  "--dp-strategy megatron-ddp or megatron-distopt): each holds its share of "
+                  "every mixture-of-experts layer's experts, tokens travel to them by all-to-all; "
+                  "must divide --data-parallel x --context-parallel")
+      ->group(group)->type_name("N");
   app->add_option("--gpus-per-node", f->gpus_per_node,
                   "GPUs per node (default 8): which process groups NCCL connects over NVLink "
                   "and which across nodes, for NCCL's memory (groups in Megatron-LM's rank "
@@ -136,7 +142,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
       !f.no_reshard_after_forward &&
       !f.fsdp_mixed_precision && !f.pipeline && f.pipeline_schedule.empty() &&
       !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && !f.context &&
-      !f.virtual_stages && !f.gpus_per_node && !f.data_shard && !f.stage3_prefetch &&
+      !f.expert && !f.virtual_stages && !f.gpus_per_node && !f.data_shard && !f.stage3_prefetch &&
       !f.stage3_max_live && !f.stage3_max_reuse && !f.stage3_persistence) {
     return Status::Ok();
   }
@@ -162,6 +168,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   p->set_pipeline_keep_outputs(f.pipeline_keep_outputs);
   if (f.tensor) p->set_tensor(*f.tensor);
   if (f.context) p->set_context(*f.context);
+  if (f.expert) p->set_expert(*f.expert);
   if (f.gpus_per_node) p->set_gpus_per_node(*f.gpus_per_node);
   if (f.data_shard) p->set_data_shard(*f.data_shard);
   if (f.stage3_prefetch) p->set_stage3_prefetch_bucket_size(*f.stage3_prefetch);

@@ -31,6 +31,7 @@ struct ParallelismFlags {
   bool sequence_parallel = false;
   std::vector<std::string> tensor_plan;       // MODULE=colwise|rowwise
   std::optional<int64_t> context;             // context-parallel ranks
+  std::optional<int64_t> expert;              // expert-parallel ranks
   std::optional<int64_t> gpus_per_node;       // which groups NCCL connects within a node
   std::optional<int64_t> data_shard;          // HSDP: ranks per shard group
   std::optional<int64_t> stage3_prefetch;     // DeepSpeed ZeRO-3's stage3_* settings

@@ -113,9 +113,7 @@ Status ValidateSettingsApply(const RunConfig& c) {
     return InvalidArgument("config.zero_grad_keep_grads: DeepSpeed's ZeRO optimizer frees the "
                            "gradients itself once they are reduced; there are none to keep");
   }
-  const bool megatron = c.parallelism.sharding == DataSharding::kMegatronDdp ||
-                        c.parallelism.sharding == DataSharding::kMegatronDistOpt;
-  if (megatron) MEMEST_RETURN_IF_ERROR(ValidateMegatron(c));
+  if (IsMegatron(c.parallelism.sharding)) MEMEST_RETURN_IF_ERROR(ValidateMegatron(c));
   if (deepspeed && c.runtime != Runtime::kCuda) {
     return InvalidArgument("config.parallelism.data_parallel: DeepSpeed ZeRO runs on CUDA; the "
                            "cpu-1.13 runtime has no DeepSpeed");

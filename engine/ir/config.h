@@ -363,12 +363,18 @@ struct ParallelismConfig {
   // Context-parallel ranks (Megatron-LM's context_parallel_size, TransformerEngine's ring
   // attention): each holds 1/context of every sequence (engine/passes/context_parallel.h).
   int64_t context = 1;
+  // Expert-parallel ranks (Megatron-LM's expert_model_parallel_size): each holds
+  // experts/expert of every mixture-of-experts layer's experts, and the layers' tokens travel to
+  // their experts by all-to-all (engine/passes/expert_parallel.h). The expert-parallel groups
+  // are carved out of the data-parallel (and context-parallel) ranks. 1: none.
+  int64_t expert = 1;
   // GPUs per node: which process groups NCCL connects within a node (NVLink) and which across
   // nodes (engine/ir/nccl.h).
   int64_t gpus_per_node = 8;
 };
 
 constexpr int64_t kMaxTensorParallel = 1024;
+constexpr int64_t kMaxExpertParallel = 1024;
 // The largest per-core cache a request may name for the CPU runtime (1 GiB).
 constexpr int64_t kMaxCpuCacheBytes = int64_t{1} << 30;
 constexpr int64_t kMaxGpusPerNode = 1024;
@@ -509,6 +515,10 @@ inline bool IsDeepSpeedZero(DataSharding s) {
 // Any DeepSpeed ZeRO stage (1, 2 or 3).
 inline bool IsDeepSpeed(DataSharding s) {
   return IsDeepSpeedZero(s) || s == DataSharding::kDeepSpeedZero3;
+}
+// Megatron-LM's DistributedDataParallel, with or without its distributed optimizer.
+inline bool IsMegatron(DataSharding s) {
+  return s == DataSharding::kMegatronDdp || s == DataSharding::kMegatronDistOpt;
 }
 
 }  // namespace memest

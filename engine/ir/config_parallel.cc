@@ -153,6 +153,27 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            std::to_string(kMaxTensorParallel) + "] ranks, got " +
                            std::to_string(p.context));
   }
+  if (p.expert < 1 || p.expert > kMaxExpertParallel) {
+    return InvalidArgument("config.parallelism.expert: must be in [1, " +
+                           std::to_string(kMaxExpertParallel) + "] ranks, got " +
+                           std::to_string(p.expert));
+  }
+  if (p.expert > 1) {
+    // Megatron's parallel_state: the expert groups (pipeline x expert-tensor x expert x
+    // expert-data) take the ranks of the dense ones (pipeline x tensor x context x data).
+    const std::string field = "config.parallelism.expert";
+    if (!IsMegatron(p.sharding)) {
+      return InvalidArgument(field + ": expert parallelism is modelled as Megatron-LM runs it "
+                             "(its MoELayer, the all-to-all token dispatcher); use "
+                             "megatron-ddp or megatron-distopt, got " +
+                             DataShardingName(p.sharding));
+    }
+    if ((p.data * p.context) % p.expert != 0) {
+      return InvalidArgument(field + ": " + std::to_string(p.expert) + " expert-parallel ranks "
+                             "are carved out of the data x context ranks (" +
+                             std::to_string(p.data * p.context) + "), which they must divide");
+    }
+  }
   MEMEST_RETURN_IF_ERROR(ValidateGpusPerNode(p.gpus_per_node));
   if (p.tensor_plan.size() > kMaxTensorPlanEntries) {
     return InvalidArgument("config.parallelism.tensor_plan: at most " +

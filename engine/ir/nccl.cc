@@ -89,20 +89,35 @@ StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& 
       // worst stage is counted; interleaving connects the last stage to the first too).
       {"pipeline", p.pipeline, std::min<int64_t>(2, p.pipeline - 1), false},
   };
+  auto add = [&](const Group& g, int64_t stride) -> Status {
+    if (g.size <= 1) return Status::Ok();
+    NcclCommunicator c;
+    c.group = g.name;
+    c.ranks = g.size;
+    c.local_ranks = LocalRanks(g.size, stride, p.gpus_per_node);
+    c.p2p_peers = g.p2p_peers;
+    c.collectives = g.collectives;
+    c.bytes = CommunicatorBytes(c, device);
+    MEMEST_ASSIGN_OR_RETURN(out.bytes, CheckedAdd(out.bytes, c.bytes));
+    out.communicators.push_back(std::move(c));
+    return Status::Ok();
+  };
   int64_t stride = 1;
   for (const Group& g : groups) {
-    if (g.size > 1) {
-      NcclCommunicator c;
-      c.group = g.name;
-      c.ranks = g.size;
-      c.local_ranks = LocalRanks(g.size, stride, p.gpus_per_node);
-      c.p2p_peers = g.p2p_peers;
-      c.collectives = g.collectives;
-      c.bytes = CommunicatorBytes(c, device);
-      MEMEST_ASSIGN_OR_RETURN(out.bytes, CheckedAdd(out.bytes, c.bytes));
-      out.communicators.push_back(std::move(c));
-    }
+    MEMEST_RETURN_IF_ERROR(add(g, stride));
     MEMEST_ASSIGN_OR_RETURN(stride, CheckedMul(stride, g.size));
+  }
+  if (p.expert > 1) {
+    // Megatron's expert groups (parallel_state's expert rank order: expert-tensor, expert,
+    // expert-data, pipeline; the expert-tensor group is the tensor group's one rank here): the
+    // expert group's ranks next to each other, its all-to-all a send to and a receive from
+    // every peer (NCCL runs it as grouped point-to-point), and the expert-data group across
+    // them, which reduces the experts' gradients.
+    const Group expert = {"expert", p.expert, p.expert - 1, true};
+    const Group expert_data = {"expert data", p.data * p.context / p.expert, 0, true};
+    MEMEST_RETURN_IF_ERROR(add(expert, p.tensor));
+    MEMEST_ASSIGN_OR_RETURN(int64_t across, CheckedMul(p.tensor, p.expert));
+    MEMEST_RETURN_IF_ERROR(add(expert_data, across));
   }
   return out;
 }

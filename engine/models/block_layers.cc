@@ -98,7 +98,7 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   int router_logits = -1;
   if (o.moe.experts > 0) {
     h = SparseMoe(b, c, o.moe_name, h, o.moe, &router_logits);
-    if (o.router_logits != nullptr) o.router_logits->push_back(router_logits);
+    if (o.router_logits != nullptr && router_logits >= 0) o.router_logits->push_back(router_logits);
   } else {
     ModuleScope mlp(b, "mlp");
     const Activation act = o.mlp_activation.value_or(Activation::kSilu);

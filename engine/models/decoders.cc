@@ -292,6 +292,7 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     }
     o.moe = s.moe;
     o.moe.load = ctx.expert_load;
+    o.moe.router_aux_loss = s.router_aux_loss && Training(ctx);
     o.moe_name = s.moe_name;
     std::vector<int> router_logits;  // MixtralModel's all_router_logits
     if (s.router_aux_loss && Training(ctx)) o.router_logits = &router_logits;

@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "engine/ir/config.h"
+#include "engine/ir/experts.h"
 #include "engine/ir/graph.h"
 #include "engine/models/model.h"
 #include "engine/rules/sdpa_select.h"
@@ -84,6 +85,10 @@ struct LayerContext {
   // Built for vLLM's profile run (BuildContext.serving): layers vLLM runs as one fused kernel
   // are built as that kernel (SparseMoe: FusedMoE).
   bool vllm = false;
+  // Trained by Megatron-LM (BuildContext.megatron): SparseMoe is its MoELayer, over `tensor`
+  // tensor-parallel ranks.
+  bool megatron = false;
+  int64_t tensor = 1;
   bool training() const { return mode == Mode::kTraining; }
 };
 
@@ -275,6 +280,9 @@ struct MoeOptions {
   // The expert MLP's Linear modules: Mixtral's {"w1", "w3", "w2"}, Qwen's {"gate_proj",
   // "up_proj", "down_proj"}.
   std::vector<std::string> names = {"gate_proj", "up_proj", "down_proj"};
+  // In training, the router's load-balancing loss (HF's output_router_logits): Megatron-LM's
+  // layer attaches its own (engine/models/megatron_moe.cc); HF's comes from RouterAuxLoss.
+  bool router_aux_loss = false;
 };
 // With c.vllm, vLLM's FusedMoE instead: the router's linear, its top-k, and one fused_experts
 // op over every token (engine/rules/fused_moe.cc), its workspace added by the serving pass
@@ -282,16 +290,18 @@ struct MoeOptions {
 // which is what holds their weights for the passes that split and quantize them.
 int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
               const MoeOptions& options, int* router_logits = nullptr);
+// With c.megatron, Megatron-LM's MoELayer instead (engine/models/megatron_moe.cc): its router,
+// the tokens permuted by expert (index_select), the all-to-all token dispatcher
+// (ep_all_to_all, a view with one expert-parallel rank), SequentialMLP's experts
+// (experts.local_experts.<i>.linear_fc1 / linear_fc2 with the fused weighted SwiGLU), the way
+// back and the unpermutation (scatter_add_); router_logits is left alone.
+int MegatronMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions& options);
 
 // In training with HF's output_router_logits: `loss` += coef * load_balancing_loss_func over
 // the MoE layers' `router_logits` (cat, softmax, top-k, one_hot, the means), in place; returns
 // the loss.
 int RouterAuxLoss(GraphBuilder& b, const std::vector<int>& router_logits, const MoeOptions& o,
                   double coef, int loss);
-
-// The tokens each of `experts` experts computes on when `tokens` tokens each choose `top_k`
-// of them, as `load` spreads them (MoeOptions); all zero when tokens * top_k overflows.
-std::vector<int64_t> ExpertTokens(int64_t tokens, int64_t experts, int64_t top_k, ExpertLoad load);
 
 // A transformer block. kGpt2: HF GPT2Block (pre-LN; ln_1, attn, +, ln_2, mlp with gelu_new,
 // +; HF Conv1D projections; attention and residual dropout). kLlama: HF LlamaDecoderLayer

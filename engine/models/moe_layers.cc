@@ -63,23 +63,6 @@ int VllmFusedMoe(GraphBuilder& b, const LayerContext& c, int x, const Shape& in,
 
 }  // namespace
 
-std::vector<int64_t> ExpertTokens(int64_t tokens, int64_t experts, int64_t top_k,
-                                  ExpertLoad load) {
-  std::vector<int64_t> n(static_cast<size_t>(experts), 0);
-  if (experts <= 0 || top_k <= 0 || top_k > experts) return n;
-  if (load == ExpertLoad::kBalanced) {
-    // tokens * top_k choices (SparseMoe's one_hot of [tokens, top_k, experts] int64 already
-    // counts in bytes; checked all the same).
-    StatusOr<int64_t> product = CheckedMul(tokens, top_k);
-    if (!product.ok()) return n;
-    const int64_t choices = *product;
-    for (int64_t e = 0; e < experts; ++e) n[e] = choices / experts + (e < choices % experts);
-  } else {
-    for (int64_t e = experts - top_k; e < experts; ++e) n[e] = tokens;
-  }
-  return n;
-}
-
 int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
               const MoeOptions& o, int* router_logits) {
   if (!ExpectRank(b, x, 3, "sparse_moe")) return -1;
@@ -92,6 +75,7 @@ int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     return -1;
   }
   ModuleScope scope(b, name);
+  if (c.megatron) return MegatronMoe(b, c, x, o);
   if (c.vllm && !c.training()) return VllmFusedMoe(b, c, x, in, o);
   const DType dtype = b.tensor(x).dtype;
   const int flat = b.Add1("view", {x}, {{"shape", Ints({-1, d})}});

@@ -24,6 +24,10 @@
 //   keeps a float32 master copy of every 16-bit parameter and its state over all of them: 18
 //   bytes per parameter for bf16 and Adam (theoretical_memory_usage.py), 6 + 12/d with the
 //   distributed optimizer.
+// - Under expert parallelism the experts' parameters (Megatron's `allreduce = False`: the
+//   MoELayer's local_experts) have buffers of their own (expert_parallel_buffers), laid out
+//   and padded the same way over the expert-data-parallel group, data x context / expert ranks,
+//   which reduces their gradients and shards their optimizer state.
 // - The optimizer is a fused multi-tensor one (TransformerEngine's or Apex's FusedAdam): no
 //   per-parameter scratch. Megatron's optimizers are Adam (AdamW's decoupled decay) and SGD.
 #ifndef MEMEST_ENGINE_PASSES_MEGATRON_DDP_H_
@@ -42,8 +46,13 @@ namespace memest {
 // One rank's Megatron buffers (all bytes).
 struct MegatronDdp {
   bool distributed_optimizer = false;
-  int64_t buffer_elements = 0;     // the contiguous layout, padding included
-  int64_t shard_elements = 0;      // the rank's 1/d of it (distributed optimizer), else all
+  // The contiguous layouts, padding included, dense and experts' (0: no experts' parameters),
+  // and the rank's share of each (the distributed optimizer's 1/group, else all).
+  int64_t buffer_elements = 0;
+  int64_t shard_elements = 0;
+  int64_t expert_buffer_elements = 0;
+  int64_t expert_shard_elements = 0;
+  int64_t expert_data = 1;         // the expert-data-parallel group's ranks
   int64_t param_buffer_bytes = 0;  // param_data (distributed optimizer), else 0
   int64_t grad_buffer_bytes = 0;   // float32
   int64_t master_bytes = 0;        // float32 master params of what the rank steps (16-bit models)

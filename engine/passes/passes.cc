@@ -54,14 +54,17 @@ std::vector<int> ReplayOp(const Graph& g, const Op& op, std::vector<int> inputs,
 }
 
 StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional<DType> autocast,
-                            ReplayMap* replay, Budget* budget) {
+                            ReplayMap* replay, Budget* budget,
+                            const std::vector<char>* drop_leaves) {
   GraphBuilder b;
   b.SetBudget(budget);
   const DType half = autocast.value_or(g.autocast);
   if (half != DType::kFloat32) b.EnableAutocast(half);
   std::vector<int> map(g.tensors.size(), -1);
   for (size_t t = 0; t < g.tensors.size(); ++t) {
-    if (g.tensors[t].producer < 0) map[t] = b.CopyLeaf(g.tensors[t]);
+    if (g.tensors[t].producer >= 0) continue;
+    if (drop_leaves != nullptr && t < drop_leaves->size() && (*drop_leaves)[t]) continue;
+    map[t] = b.CopyLeaf(g.tensors[t]);
   }
   std::vector<int> first_op(g.ops.size()), last_op(g.ops.size());  // op i's ops in the replay
   for (size_t i = 0; i < g.ops.size(); ++i) {

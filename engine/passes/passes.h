@@ -30,9 +30,12 @@ struct ReplayMap {
   std::vector<int> first_op;
   std::vector<int> last_op;
 };
+// `drop_leaves` (null: none), per tensor of `graph`: leaves not copied (a rank's share of the
+// parameters that leaves the rest out); no op the replay adds may read them.
 StatusOr<Graph> ReplayGraph(const Graph& graph, const OpEmitter& emit,
                             std::optional<DType> autocast = std::nullopt,
-                            ReplayMap* replay = nullptr, Budget* budget = nullptr);
+                            ReplayMap* replay = nullptr, Budget* budget = nullptr,
+                            const std::vector<char>* drop_leaves = nullptr);
 
 // For an emitter that adds op `op` of `graph` itself: adds it to `b` with `inputs` (tensor ids in
 // `b`) and `attrs`, its outputs named as in `graph`, and maps its outputs in `map`; returns them

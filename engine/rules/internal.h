@@ -28,6 +28,7 @@ void RegisterParallelRules(std::vector<OpRule>* rules);
 void RegisterQuantizedRules(std::vector<OpRule>* rules);
 void RegisterServedQuantizedRules(std::vector<OpRule>* rules);
 void RegisterFusedMoeRules(std::vector<OpRule>* rules);
+void RegisterMoeDispatchRules(std::vector<OpRule>* rules);
 
 // sum / mean(x; dim, keepdim)'s output: the reduced shape, floating or int64 (shape.cc).
 StatusOr<std::vector<OutputSpec>> InferReduce(const OpCall& c);

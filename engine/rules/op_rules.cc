@@ -96,6 +96,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterQuantizedRules(t);
     rules::RegisterServedQuantizedRules(t);
     rules::RegisterFusedMoeRules(t);
+    rules::RegisterMoeDispatchRules(t);
     std::sort(t->begin(), t->end(),
               [](const OpRule& a, const OpRule& b) { return a.kind < b.kind; });
     return t;

@@ -84,6 +84,11 @@
 //     (engine/rules/served_quantized.cc)
 //   fused_experts(x, topk_weights, topk_ids; experts): vLLM's FusedMoE, built for serving by
 //     engine/models/moe_layers.cc (engine/rules/fused_moe.cc)
+//   Megatron-LM's MoELayer, built by engine/models/megatron_moe.cc (engine/rules/moe_dispatch.cc):
+//   ep_all_to_all(x; ep, rows, experts, top_k, role)   the token dispatcher's all-to-all
+//   index_select(x, idx; dim)   scatter(x, idx, src?; dim, value)   out of place
+//   scatter_add_(x, idx, src; dim) in place   remainder(x; other)
+//   megatron_swiglu(x, weights?)   its fused (weighted) SwiGLU
 #ifndef MEMEST_ENGINE_RULES_OP_RULES_H_
 #define MEMEST_ENGINE_RULES_OP_RULES_H_
 

@@ -86,6 +86,9 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             "rowwise" | "colwise-gathered"}; default: the presets' Hugging Face names): Megatron-LM's column- and
             row-parallel linears, the estimate is one rank of the group,
           context_parallel (ranks): each holds its share of every sequence (ring attention),
+          expert_parallel (ranks, with dp_strategy "megatron-ddp" or "megatron-distopt"):
+            Megatron-LM's expert_model_parallel_size, each rank holds its share of every
+            mixture-of-experts layer's experts; the estimate is the rank that receives the most,
           lora: LoRA adapters as PEFT's get_peft_model adds them, from a peft LoraConfig, a dict
             of its fields (r, lora_alpha, lora_dropout, target_modules, modules_to_save; and
             autocast_adapter_dtype, get_peft_model's) or a path to adapter_config.json (or the

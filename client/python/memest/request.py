@@ -247,7 +247,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                   fsdp_mixed_precision=False,
                   pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
                   tensor_parallel=None, sequence_parallel=False, tensor_plan=None,
-                  context_parallel=None, pipeline_virtual_stages=None, gpus_per_node=None,
+                  context_parallel=None, expert_parallel=None, pipeline_virtual_stages=None,
+                  gpus_per_node=None,
                   data_shard=None, stage3_prefetch_bucket_size=None,
                   stage3_max_live_parameters=None, stage3_max_reuse_distance=None,
                   stage3_param_persistence_threshold=None, lora=None, quantization=None,
@@ -348,6 +349,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                 "pipeline_virtual_stages")
     if context_parallel is not None:
         _assign(config.parallelism, "context", context_parallel, "context_parallel")
+    if expert_parallel is not None:
+        _assign(config.parallelism, "expert", expert_parallel, "expert_parallel")
     if gpus_per_node is not None:
         _assign(config.parallelism, "gpus_per_node", gpus_per_node, "gpus_per_node")
     if data_shard is not None:
