@@ -182,6 +182,9 @@ void AddContextParallelNotes(const RunConfig& config, const ContextParallelView&
 
 void AddExpertParallelNotes(const RunConfig& config, const ExpertParallelView& ep, Report* r) {
   AddCommunicated(config, ep.communicated_bytes, r);
+  r->expert_parallel = ExpertParallelReport{ep.size,          ep.rank,
+                                            ep.local_experts, ep.received_rows,
+                                            ep.least_rank,    ep.least_received_rows};
   const std::string rows = std::to_string(ep.received_rows);
   r->notes.push_back(
       "expert parallelism over " + std::to_string(ep.size) + " ranks (Megatron-LM's MoELayer with "

@@ -20,7 +20,8 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
 // Tensor and context parallelism's (their bytes added to communicated_bytes_per_step).
 void AddTensorParallelNotes(const RunConfig& config, const TensorParallelView& tp, Report* r);
 void AddContextParallelNotes(const RunConfig& config, const ContextParallelView& cp, Report* r);
-// Expert parallelism's: the rank estimated and the one that receives the least.
+// Expert parallelism's: the rank estimated and the one that receives the least (also as
+// report.expert_parallel).
 void AddExpertParallelNotes(const RunConfig& config, const ExpertParallelView& ep, Report* r);
 
 }  // namespace memest

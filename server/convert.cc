@@ -554,6 +554,16 @@ void ReportToProto(const Report& report, v1::EstimateResponse* out) {
   if (report.data_parallel) DataParallelToProto(*report.data_parallel, out->mutable_data_parallel());
   if (report.pipeline) PipelineToProto(*report.pipeline, out->mutable_pipeline());
   if (report.serving) ServingToProto(*report.serving, out->mutable_serving());
+  if (report.expert_parallel) {
+    const ExpertParallelReport& ep = *report.expert_parallel;
+    v1::ExpertParallelRanks* e = out->mutable_expert_parallel();
+    e->set_size(ep.size);
+    e->set_rank(ep.rank);
+    e->set_local_experts(ep.local_experts);
+    e->set_received_rows(ep.received_rows);
+    e->set_least_rank(ep.least_rank);
+    e->set_least_received_rows(ep.least_received_rows);
+  }
   out->set_recompute_fraction(report.recompute_fraction);
   out->set_communicated_bytes_per_step(Unsigned(report.communicated_bytes_per_step));
   out->set_parameter_count(Unsigned(report.parameter_count));

@@ -95,6 +95,17 @@ struct DataParallelReport {
   int64_t host_bytes = 0;
 };
 
+// One rank of an expert-parallel group (engine/passes/expert_parallel.h): the ranks differ by
+// the token choices their experts receive, which config.expert_load spreads.
+struct ExpertParallelReport {
+  int64_t size = 1;                 // ranks in the group
+  int64_t rank = 0;                 // the rank estimated: the one that receives the most
+  int64_t local_experts = 0;        // each MoE layer's experts on a rank
+  int64_t received_rows = 0;        // token choices its experts compute on, per layer
+  int64_t least_rank = 0;           // the rank that receives the fewest
+  int64_t least_received_rows = 0;
+};
+
 // One pipeline stage's estimate, in a report of the stage that needs the most.
 struct PipelineStageReport {
   int64_t stage = 0;
@@ -176,6 +187,7 @@ struct Report {
   std::vector<Advice> advice;      // biggest saving first
   std::vector<std::string> notes;  // assumptions the estimate made
   std::optional<DataParallelReport> data_parallel;  // with config.parallelism
+  std::optional<ExpertParallelReport> expert_parallel;  // with config.parallelism.expert > 1
   std::optional<PipelineReport> pipeline;           // with config.parallelism.pipeline > 1
   std::optional<ServingReport> serving;             // with config.serving
   // The share of forward ops checkpointing runs again in backward (ops in checkpointed regions

@@ -222,6 +222,27 @@ class DataParallelRanks:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExpertParallelRanks:
+    """An expert-parallel group's ranks (Megatron-LM's expert_model_parallel_size): `rank` of
+    `size` is the one estimated, the one whose experts receive the most token choices
+    (received_rows per mixture-of-experts layer); least_rank receives the fewest. Each rank
+    holds local_experts experts of every layer."""
+
+    size: int
+    rank: int
+    local_experts: int
+    received_rows: int
+    least_rank: int
+    least_received_rows: int
+
+    @classmethod
+    def from_proto(cls, message):
+        return cls(size=message.size, rank=message.rank, local_experts=message.local_experts,
+                   received_rows=message.received_rows, least_rank=message.least_rank,
+                   least_received_rows=message.least_received_rows)
+
+
+@dataclasses.dataclass(frozen=True)
 class PipelineStage:
     """One pipeline stage's estimate: the blocks it runs [first_block, last_block], its
     parameters (elements) and its peak."""
@@ -269,6 +290,8 @@ class Estimate:
     peak: the largest allocated moment; phases: one Peak per phase that ran, in order.
     fit: None unless the request named a device or a capacity.
     data_parallel: None unless the request named data parallelism.
+    expert_parallel: None unless the request named expert parallelism; then the estimate is the
+    rank that receives the most (results.ExpertParallelRanks).
     pipeline: None unless the request named pipeline stages; then the estimate is the stage
     that needs the most and pipeline.per_stage lists every stage's peak.
     serving: None unless the request set serving; then the rest is vLLM's profile run and
@@ -296,6 +319,7 @@ class Estimate:
     recompute_fraction: float = 0.0
     communicated_bytes_per_step: int = 0
     serving: Optional[Serving] = None
+    expert_parallel: Optional[ExpertParallelRanks] = None
     label: str = ""
     response: Optional[v1.EstimateResponse] = dataclasses.field(default=None, compare=False)
 
@@ -324,6 +348,8 @@ class Estimate:
             communicated_bytes_per_step=response.communicated_bytes_per_step,
             serving=(Serving.from_proto(response.serving)
                      if response.HasField("serving") else None),
+            expert_parallel=(ExpertParallelRanks.from_proto(response.expert_parallel)
+                             if response.HasField("expert_parallel") else None),
             label=label,
             response=response,
         )
