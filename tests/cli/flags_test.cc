@@ -147,6 +147,10 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   flags.parallel.strategy = "megatron-distopt";
   EXPECT_EQ(BuildEstimateRequest(flags)->config().parallelism().data_parallel(),
             v1::DATA_PARALLEL_MEGATRON_DISTOPT);
+  EXPECT_EQ(BuildEstimateRequest(flags)->config().parallelism().expert(), 0);  // unset: 1
+  flags.parallel.expert = 4;
+  EXPECT_EQ(BuildEstimateRequest(flags)->config().parallelism().expert(), 4);
+  flags.parallel.expert.reset();
   flags.parallel.strategy = "deepspeed-zero1";
   flags.parallel.offload_optimizer = true;
   const v1::Parallelism zero = BuildEstimateRequest(flags)->config().parallelism();

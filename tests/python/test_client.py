@@ -238,6 +238,33 @@ def test_tensor_parallel_splits_the_plans_modules(client):
         client.estimate(tensor_parallel=2, tensor_plan={"nope": "colwise"}, **base)
 
 
+SMALL_MIXTRAL = {"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+                 "vocab_size": 512, "num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+def test_expert_parallel_estimates_the_rank_that_receives_the_most(client):
+    base = dict(hf_config=SMALL_MIXTRAL, seq=16, batch_size=2, precision="bf16-pure",
+                data_parallel=4, dp_strategy="megatron-distopt", optimizer="adam")
+    whole = client.estimate(**base)
+    assert whole.expert_parallel is None
+    split = client.estimate(expert_parallel=2, **base)
+    ep = split.expert_parallel
+    # By default every token's two choices go to experts 2 and 3, both on rank 1.
+    assert (ep.size, ep.rank, ep.local_experts) == (2, 1, 2)
+    assert (ep.least_rank, ep.least_received_rows) == (0, 0)
+    assert ep.received_rows == 2 * 32 * 2
+    assert split.parameter_count == whole.parameter_count  # the whole model's
+    assert split.end_of_step.parameters < whole.end_of_step.parameters
+    assert any("expert parallelism over 2 ranks" in n for n in split.notes)
+    balanced = client.estimate(expert_parallel=2, expert_load="balanced", **base)
+    assert balanced.expert_parallel.least_received_rows == balanced.expert_parallel.received_rows
+    with pytest.raises(memest.InvalidArgument, match="config.parallelism.expert"):
+        client.estimate(expert_parallel=3, **base)
+    with pytest.raises(memest.InvalidArgument, match="expert_parallel"):
+        client.estimate(expert_parallel="two", **base)
+
+
 def test_plans_fit_fewest_gpus_first(client):
     seen = []
     plans = client.plan(preset="llama-7b", seq=1024, batch_size=16, precision="bf16-pure",
