@@ -70,6 +70,7 @@ void PlanToProto(const Plan& p, v1::ParallelPlan* out) {
       par->set_pipeline_virtual_stages(p.parallelism.pipeline_virtual_stages);
     }
   }
+  if (p.parallelism.expert > 1) par->set_expert(p.parallelism.expert);
   par->set_gpus_per_node(p.parallelism.gpus_per_node);  // the layout its NCCL figure assumes
   out->set_micro_batch(p.micro_batch);
   out->set_grad_accum_steps(p.grad_accum_steps);

@@ -38,16 +38,19 @@ void RenderStages(const v1::EstimateResponse& response, std::ostream& out) {
 
 namespace {
 
+// The data-parallel strategy, with Megatron's expert-parallel ranks ("megatron-distopt ep8").
 std::string Strategy(const v1::Parallelism& p) {
+  const std::string ep = p.expert() > 1 ? " ep" + std::to_string(p.expert()) : "";
   switch (p.data_parallel()) {
     case v1::DATA_PARALLEL_DDP: return "ddp";
     case v1::DATA_PARALLEL_ZERO1: return "zero1";
     case v1::DATA_PARALLEL_DEEPSPEED_ZERO2: return "deepspeed-zero2";
     case v1::DATA_PARALLEL_DEEPSPEED_ZERO1: return "deepspeed-zero1";
+    case v1::DATA_PARALLEL_DEEPSPEED_ZERO3: return "deepspeed-zero3";
     case v1::DATA_PARALLEL_FSDP1: return "fsdp1";
     case v1::DATA_PARALLEL_FSDP2: return "fsdp2";
-    case v1::DATA_PARALLEL_MEGATRON_DDP: return "megatron-ddp";
-    case v1::DATA_PARALLEL_MEGATRON_DISTOPT: return "megatron-distopt";
+    case v1::DATA_PARALLEL_MEGATRON_DDP: return "megatron-ddp" + ep;
+    case v1::DATA_PARALLEL_MEGATRON_DISTOPT: return "megatron-distopt" + ep;
     default: return "-";
   }
 }
@@ -58,7 +61,7 @@ std::string Percent(double fraction) {
   return buf;
 }
 
-constexpr const char* kPlanLine = "%5s  %-12s %-14s %-16s %-12s %-12s %10s %10s %9s %7s %10s\n";
+constexpr const char* kPlanLine = "%5s  %-12s %-14s %-21s %-12s %-12s %10s %10s %9s %7s %10s\n";
 
 void PrintLine(std::ostream& out, const std::vector<std::string>& cols) {
   char buf[512];

@@ -5,9 +5,11 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <variant>
 #include <utility>
 
 #include "engine/estimator.h"
+#include "engine/models/hf_config.h"
 #include "engine/models/hf_quantization.h"
 #include "engine/ir/devices.h"
 #include "engine/passes/tensor_parallel.h"
@@ -51,8 +53,11 @@ struct States {
 // activations. `half`: the model's parameters are 16-bit, whose gradients Megatron keeps in
 // float32 (twice their bytes) and whose float32 master and state take at least three times the
 // 16-bit state the one-GPU estimate counts (Adam: 12 bytes against 4).
+// Expert parallelism splits part of what stays whole over `expert` ranks (the experts), and
+// shards their share over data / expert ranks, at least as much per rank as over data: dividing
+// all of it by `expert` keeps the bound below.
 int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t tensor,
-                   int64_t pipeline, bool half) {
+                   int64_t pipeline, int64_t expert, bool half) {
   int64_t whole = s.total(), sharded = 0;
   switch (sharding) {
     case DataSharding::kNone:
@@ -77,7 +82,7 @@ int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t
     case DataSharding::kFsdp1:
     case DataSharding::kFsdp2: whole = 0; sharded = s.total(); break;
   }
-  return (whole / pipeline + sharded / (pipeline * data)) / tensor;
+  return (whole / (pipeline * expert) + sharded / (pipeline * data)) / tensor;
 }
 
 // One split of the job, before its micro-batch is chosen.
@@ -87,6 +92,7 @@ struct Split {
   DataSharding sharding;
   CheckpointPolicy checkpoint;
   int64_t virtual_stages = 1;  // Megatron's interleaved 1F1B: model chunks per stage
+  int64_t expert = 1;          // Megatron's expert-parallel ranks, out of the data ranks
 };
 
 class Planner {
@@ -110,6 +116,7 @@ class Planner {
     c.parallelism.pipeline_virtual_stages = s.virtual_stages;
     c.parallelism.tensor = s.tensor;
     c.parallelism.sequence_parallel = s.tensor > 1;
+    c.parallelism.expert = s.expert;
     if (!ValidateRunConfig(c).ok()) return std::optional<Plan>();
     MEMEST_RETURN_IF_ERROR(budget_->status());
     const Graph* graph = GraphFor(c);
@@ -148,6 +155,9 @@ class Planner {
     two.tensor = 2;
     two.sequence_parallel = true;
     tensor_ok_ = ShardTensorParallel(g, two).ok();
+    // Megatron's MoELayer comes from a Hugging Face config with experts (engine/models/hf_moe.cc).
+    const auto* hf = std::get_if<HfConfigSpec>(&q_.model.source);
+    experts_ = hf != nullptr && HfConfigRoutesExperts(hf->config);
     States s;
     s.params = r.end_of_step[static_cast<int>(Category::kParameters)];
     s.grads = r.end_of_step[static_cast<int>(Category::kGradients)];
@@ -158,6 +168,8 @@ class Planner {
   int64_t blocks() const { return blocks_; }
   // Whether the default tensor-parallel plan splits the model (engine/passes/tensor_parallel.h).
   bool tensor_ok() const { return tensor_ok_; }
+  // Whether the model has mixture-of-experts layers (Megatron's expert parallelism splits them).
+  bool experts() const { return experts_; }
 
  private:
   EstimateOptions Quiet() const {
@@ -168,10 +180,12 @@ class Planner {
     return o;
   }
 
-  // The graph of one micro-batch: it depends on the micro-batch and the device (its attention
-  // kernels), not on the split, so each is built once. Null when it cannot be built.
+  // The graph of one micro-batch: it depends on the micro-batch, the device (its attention
+  // kernels) and whether Megatron trains it (its MoELayer), not on the split otherwise, so each
+  // is built once. Null when it cannot be built.
   const Graph* GraphFor(const RunConfig& c) {
-    const auto key = std::make_pair(c.device, c.micro_batch());
+    const auto key = std::make_tuple(c.device, c.micro_batch(), IsMegatron(c.parallelism.sharding),
+                                     c.parallelism.tensor > 1);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       StatusOr<Graph> g = BuildStepGraph(q_.model, c, q_.max_ops, budget_);
@@ -208,7 +222,10 @@ class Planner {
   PlanStats* stats_;
   int64_t blocks_ = 0;
   bool tensor_ok_ = false;
-  std::map<std::pair<std::string, int64_t>, Graph> graphs_;  // by device and micro-batch
+  bool experts_ = false;
+  // By device, micro-batch, Megatron's or not, and tensor-parallel or not (Megatron's MoELayer
+  // refuses tensor parallelism).
+  std::map<std::tuple<std::string, int64_t, bool, bool>, Graph> graphs_;
 };
 
 // A 1F1B plan whose bubble is at least this is tried interleaved as well (the estimates of a
@@ -240,9 +257,9 @@ StatusOr<std::optional<Plan>> LargestThatFits(Planner& planner, const Split& s,
 bool Before(const Plan& a, const Plan& b) {
   const bool ra = a.recompute_fraction > 0, rb = b.recompute_fraction > 0;
   return std::make_tuple(a.capacity_bytes, ra, a.bubble_fraction, a.parallelism.tensor,
-                         -a.micro_batch, -a.headroom_bytes) <
+                         a.parallelism.expert, -a.micro_batch, -a.headroom_bytes) <
          std::make_tuple(b.capacity_bytes, rb, b.bubble_fraction, b.parallelism.tensor,
-                         -b.micro_batch, -b.headroom_bytes);
+                         b.parallelism.expert, -b.micro_batch, -b.headroom_bytes);
 }
 
 Status CheckQuery(const PlanQuery& q) {
@@ -264,6 +281,7 @@ Status CheckQuery(const PlanQuery& q) {
   if (q.run.checkpoint.policy != CheckpointPolicy::kNone ||
       q.run.parallelism.data != 1 || q.run.parallelism.pipeline != 1 ||
       q.run.parallelism.tensor != 1 || q.run.parallelism.data_shard != 0 ||
+      q.run.parallelism.expert != 1 ||
       q.run.parallelism.sharding != DataSharding::kNone) {
     return InvalidArgument(std::string("config.") +
                            (q.run.checkpoint.policy != CheckpointPolicy::kNone ? "checkpoint"
@@ -339,15 +357,26 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
         const int64_t data = n / (t * p);
         if (q.run.batch_size % data != 0) continue;
         const std::vector<int64_t> mbs = Divisors(q.run.batch_size / data);
-        for (DataSharding sh : data == 1 ? std::vector<DataSharding>{DataSharding::kNone}
-                                         : strategies) {
-          if (LowerBound(states[k], sh, data, t, p, half) > d.capacity_bytes) continue;
+        // Megatron's expert parallelism (tensor 1: its MoELayer with tensor parallelism is
+        // not modelled) over powers of two dividing the data ranks.
+        std::vector<std::pair<DataSharding, int64_t>> sharded;
+        if (data == 1) sharded.emplace_back(DataSharding::kNone, 1);
+        for (DataSharding sh : data == 1 ? std::vector<DataSharding>{} : strategies) {
+          sharded.emplace_back(sh, 1);
+          if (!IsMegatron(sh) || t > 1 || !planner.experts()) continue;
+          for (int64_t e = 2; e <= data && e <= kMaxExpertParallel; e *= 2) {
+            if (data % e == 0) sharded.emplace_back(sh, e);
+          }
+        }
+        for (const auto& [sh, e] : sharded) {
+          if (LowerBound(states[k], sh, data, t, p, e, half) > d.capacity_bytes) continue;
           std::vector<CheckpointPolicy> policies = {CheckpointPolicy::kEveryBlock};
           if (planner.blocks() == 0) policies = {CheckpointPolicy::kNone};
           else policies.push_back(CheckpointPolicy::kNone);
           size_t limit = mbs.size();  // micro-batches [0, limit) may fit
           for (CheckpointPolicy ck : policies) {
-            const Split s{&d, data, t, p, sh, ck};
+            Split s{&d, data, t, p, sh, ck};
+            s.expert = e;
             // The largest micro-batch that fits (the small ones, a pipeline's costliest
             // estimates, only when the larger do not fit); none at all with every block
             // checkpointed means none without checkpointing either, and without it the

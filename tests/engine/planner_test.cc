@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/estimator.h"
+#include "tests/engine/hf_json.h"
 
 namespace memest {
 namespace {
@@ -206,6 +207,44 @@ TEST(PlannerTest, ABudgetSpentMidCountEmitsWhatFits) {
   ASSERT_FALSE(got.empty());
   for (const Plan& p : got) EXPECT_GE(p.headroom_bytes, 0);
   EXPECT_LT(got.size(), every.size());
+}
+
+// A mixture-of-experts config: Megatron's plans also split the experts over some of the data
+// ranks, and each such plan is what Estimate says of it.
+TEST(PlannerTest, MixtureOfExpertsPlansSplitTheExperts) {
+  PlanQuery q;
+  const nlohmann::json config = {
+      {"model_type", "mixtral"},  {"hidden_size", 256},        {"num_hidden_layers", 2},
+      {"num_attention_heads", 4}, {"num_key_value_heads", 2},  {"intermediate_size", 1024},
+      {"vocab_size", 1024},       {"num_local_experts", 8},    {"num_experts_per_tok", 2}};
+  q.model.source = HfConfigSpec{enginetest::FromJson(config), 256};
+  q.run.batch_size = 8;
+  q.run.precision = Precision::kBf16Pure;
+  q.devices = {"h100-80gb"};
+  q.max_gpus = 8;
+  q.max_plans = 1000;
+  bool split = false;
+  for (const Plan& p : Plans(q)) {
+    if (p.parallelism.expert == 1) continue;
+    split = true;
+    EXPECT_TRUE(IsMegatron(p.parallelism.sharding));
+    EXPECT_EQ(p.parallelism.tensor, 1);
+    EXPECT_EQ(p.parallelism.data % p.parallelism.expert, 0);
+    RunConfig c;
+    c.batch_size = 8 / p.parallelism.data;
+    c.grad_accum_steps = p.grad_accum_steps;
+    c.precision = Precision::kBf16Pure;
+    c.device = p.device;
+    c.checkpoint.policy = p.checkpoint;
+    c.parallelism = p.parallelism;
+    EstimateOptions options;
+    options.advice = false;
+    StatusOr<Report> r = Estimate(q.model, c, options);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r->expert_parallel.has_value());
+    EXPECT_EQ(r->fit->required_bytes, p.required_bytes);
+  }
+  EXPECT_TRUE(split);
 }
 
 }  // namespace

@@ -50,7 +50,8 @@ class Plan:
     """One way to run the job that fits: `gpus` of `device` as `data` data-parallel ranks
     (`strategy`) x `tensor` tensor-parallel ranks (Megatron's linears, with
     `sequence_parallel`) x `pipeline` stages (of `virtual_stages` model chunks each: Megatron's
-    interleaved 1F1B), micro-batches of `micro_batch` with `grad_accum_steps` of
+    interleaved 1F1B), `expert` of the data ranks Megatron's expert-parallel group, micro-batches
+    of `micro_batch` with `grad_accum_steps` of
     them per rank, `checkpoint`; `required_bytes` of the worst rank out of `capacity_bytes`;
     and its costs: `recompute_fraction` (forward ops run again), `bubble_fraction` (a
     pipeline's idle share), `communicated_bytes_per_step` (what one rank sends)."""
@@ -72,6 +73,7 @@ class Plan:
     tensor: int = 1
     sequence_parallel: bool = False
     virtual_stages: int = 1
+    expert: int = 1
 
     @classmethod
     def from_proto(cls, p):
@@ -85,13 +87,15 @@ class Plan:
                    bubble_fraction=p.bubble_fraction,
                    communicated_bytes_per_step=p.communicated_bytes_per_step,
                    tensor=par.tensor or 1, sequence_parallel=par.sequence_parallel,
-                   virtual_stages=par.pipeline_virtual_stages or 1)
+                   virtual_stages=par.pipeline_virtual_stages or 1, expert=par.expert or 1)
 
     def __str__(self):
         stages = "%d stages" % self.pipeline + (
             " of %d chunks" % self.virtual_stages if self.virtual_stages > 1 else "")
+        strategy = self.strategy + (
+            ", %d expert-parallel" % self.expert if self.expert > 1 else "")
         return ("%d x %s: %d data (%s) x %d tensor x %s, micro-batch %d x %d, checkpoint "
-                "%s, needs %s (headroom %s)" % (self.gpus, self.device, self.data, self.strategy,
+                "%s, needs %s (headroom %s)" % (self.gpus, self.device, self.data, strategy,
                                       self.tensor, stages, self.micro_batch,
                                       self.grad_accum_steps,
                                       self.checkpoint, format_bytes(self.required_bytes),
