@@ -6,6 +6,9 @@ Prints the tables of docs/megatron-anchor.md: one transformer layer's saved-for-
 Table 2 (arXiv 2205.05198), and one rank's model states beside Megatron-LM's
 compute_weight_and_optimizer_memory (megatron/training/theoretical_memory_usage.py, d98e8a64).
 
+Section 7's rows: a mixture-of-experts model (tests/data/hf_configs/mixtral-8x7b.json) under
+expert parallelism, one rank's model states beside the same function's expert terms.
+
 Two models: `megatron`, a GPT as Megatron-LM writes it ([s, b, h], fused QKV, scaled
 softmax, plain GELU, dropout masks, tied vocabulary-parallel embedding), written here as a memest
 op-graph model file; and memest's `gpt2` preset (Hugging Face GPT2LMHeadModel).
@@ -28,6 +31,8 @@ SHAPES = {"A": dict(s=2048, b=4, h=6144, a=64, v=51200),  # GPT-3-like, h/a = 96
 CASES = [(1, False), (2, False), (2, True), (4, False), (4, True), (8, False), (8, True)]
 PLAN = ["wte=rowwise", "qkv=colwise", "proj=rowwise", "fc1=colwise", "fc2=rowwise"]
 MODEL_DIR = None  # where the `megatron` model files are written (main sets it)
+# Mixtral-8x7B (tests/data/hf_configs/mixtral-8x7b.json): GQA, SwiGLU experts, RMSNorm, untied.
+MIXTRAL = dict(h=4096, a=32, g=8, ffn=14336, E=8, k=2, L=32, v=32000)
 
 
 def attr(v):
@@ -198,6 +203,37 @@ def state_rows(exe, model, label, layers=2, t=8, d=8):
         print(f"| {strategy} (d={dp}) | {want:,} | {got:,} | {got - want:+,} |")
 
 
+def moe_weight_and_optimizer(h, a, g, ffn, E, L, v, ep, d, **_):
+    """compute_weight_and_optimizer_memory for MIXTRAL-like models: t = p = 1, the distributed
+    optimizer; the routed experts split over ep ranks and sharded over d / ep."""
+    per_parameter = lambda dp: 6 + 12 / dp
+    attention = 2 * h * h * (1 + g / a)
+    sharded = L * attention + 2 * h * v       # t = 1: attention, the untied embeddings
+    replicated = L * (2 * h + h * E) + h      # the two RMSNorms and the router; the final norm
+    experts = L * 2 * h * ffn * E * 3 / 2
+    return (sharded + replicated) * per_parameter(d) + experts / ep * per_parameter(d // ep)
+
+
+def moe_state_rows(exe, d=8):
+    config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data",
+                          "hf_configs", "mixtral-8x7b.json")
+    print(f"\nMixtral-8x7B, megatron-distopt over d={d}, Adam: one rank's model states at the "
+          "step's end\n")
+    print("| expert ranks | theoretical_memory_usage.py | memest | difference |")
+    print("|---|---|---|---|")
+    for ep in (1, 2, 4, 8):
+        cmd = [exe, "estimate", "--local", "--json", "--no-advice", "--hf-config", config,
+               "--seq", "128", "--batch", "1", "--precision", "bf16-pure", "--optimizer", "adam",
+               "--data-parallel", str(d), "--dp-strategy", "megatron-distopt",
+               "--expert-parallel", str(ep)]
+        r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        e = r["endOfStep"]
+        got = sum(int(e.get(k, 0)) for k in ("parameters", "gradients", "masterAndCasts",
+                                              "optimizerState"))
+        want = round(moe_weight_and_optimizer(ep=ep, d=d, **MIXTRAL))
+        print(f"| {ep} | {want:,} | {got:,} | {got - want:+,} |")
+
+
 def check_transcription(path, label="A", layers=2, t=8):
     """Runs Megatron's own theoretical_memory_usage.py (its one relative import stubbed) on the
     tables' configurations and checks the transcriptions above against it."""
@@ -225,6 +261,22 @@ def check_transcription(path, label="A", layers=2, t=8):
                                                         **sh)) < 1, (d, sp, sel)
         assert abs(activations * mib - activation_memory(L=layers, t=t, sp=sp, selective=sel,
                                                          **sh)) < 1, (d, sp, sel)
+    m = MIXTRAL
+    for ep in (1, 8):
+        a = argparse.Namespace(
+            kv_channels=m["h"] // m["a"], num_attention_heads=m["a"], hidden_size=m["h"],
+            group_query_attention=True, num_query_groups=m["g"], num_experts=m["E"],
+            swiglu=True, mtp_num_layers=None, moe_shared_expert_intermediate_size=None,
+            moe_latent_size=None, moe_layer_freq=1, moe_ffn_hidden_size=m["ffn"],
+            moe_router_topk=m["k"], add_bias_linear=False, num_layers=m["L"],
+            normalization="RMSNorm", multi_latent_attention=False, padded_vocab_size=m["v"],
+            untie_embeddings_and_output_weights=True, ffn_hidden_size=m["ffn"],
+            expert_tensor_parallel_size=1, expert_model_parallel_size=ep,
+            pipeline_model_parallel_size=1, world_size=8, tensor_model_parallel_size=1,
+            data_parallel_size=8, use_distributed_optimizer=True)
+        with contextlib.redirect_stdout(io.StringIO()):
+            weights = tmu["compute_weight_and_optimizer_memory"](a)
+        assert abs(weights - moe_weight_and_optimizer(ep=ep, d=8, **m)) < 1, ep
     print(f"the transcriptions agree with {path}")
 
 
@@ -247,6 +299,7 @@ def main():
             unexplained += layer_rows(args.memest, model, label)
         model_rows(args.memest, model, "A")
         state_rows(args.memest, model, "A")
+    moe_state_rows(args.memest)
     return 1 if unexplained else 0
 
 
