@@ -327,9 +327,17 @@ std::vector<Seed> MakeSeeds(const fs::path& examples) {
     auto& fields = *model.mutable_hf_config()->mutable_config()->mutable_fields();
     fields[fields.count("n_layer") ? "n_layer" : "num_hidden_layers"].set_number_value(2);
     v1::EstimateRequest* seed = add(std::string("hf-") + name, model, 2);
-    // A mixture-of-experts model's routing load (config.expert_load).
+    // A mixture-of-experts model's routing load (config.expert_load), and the model trained by
+    // Megatron-LM with its experts split over two of four data ranks (its MoELayer).
     if (fields.count("num_local_experts") || fields.count("num_experts")) {
       seed->mutable_config()->set_expert_load(v1::EXPERT_LOAD_BALANCED);
+      const v1::Model moe = seed->model();  // add() may move the seeds
+      v1::RunConfig* ep = add(std::string("hf-") + name + ".expert-parallel", moe, 2)
+                              ->mutable_config();
+      ep->set_precision(v1::PRECISION_BF16_PURE);
+      ep->mutable_parallelism()->set_data(4);
+      ep->mutable_parallelism()->set_data_parallel(v1::DATA_PARALLEL_MEGATRON_DISTOPT);
+      ep->mutable_parallelism()->set_expert(2);
     }
   }
 
