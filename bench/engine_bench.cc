@@ -13,6 +13,7 @@
 
 #include "engine/estimator.h"
 #include "engine/ir/config.h"
+#include "engine/ir/json.h"
 #include "engine/models/model.h"
 #include "validate/fake_device.h"
 #include "validate/validation.h"
@@ -109,6 +110,59 @@ BENCHMARK_CAPTURE(BM_Serve, llama_7b_h100, std::string("llama-7b"), int64_t{1})
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_Serve, llama_70b_h100_tp4, std::string("llama-70b"), int64_t{4})
     ->Unit(benchmark::kMillisecond);
+
+// Mixtral-8x7B (tests/data/hf_configs/mixtral-8x7b.json's sizes) at 4,096 tokens.
+ModelSpec Mixtral8x7b() {
+  JsonValue config;
+  config.kind = JsonValue::Kind::kObject;
+  auto add = [&](const char* key, JsonValue v) {
+    config.keys.push_back(key);
+    config.items.push_back(std::move(v));
+  };
+  JsonValue type;
+  type.kind = JsonValue::Kind::kString;
+  type.text = "mixtral";
+  add("model_type", type);
+  const std::pair<const char*, double> numbers[] = {
+      {"hidden_size", 4096},        {"intermediate_size", 14336}, {"num_hidden_layers", 32},
+      {"num_attention_heads", 32},  {"num_key_value_heads", 8},   {"vocab_size", 32000},
+      {"num_local_experts", 8},     {"num_experts_per_tok", 2},   {"rms_norm_eps", 1e-5}};
+  for (const auto& [key, value] : numbers) {
+    JsonValue v;
+    v.kind = JsonValue::Kind::kNumber;
+    v.number = value;
+    add(key, v);
+  }
+  return ModelSpec{HfConfigSpec{config, 4096}};
+}
+
+// Megatron-LM training Mixtral-8x7B over 8 data ranks, its experts over `expert` of them.
+void BM_ExpertParallel(benchmark::State& state, int64_t expert) {
+  const ModelSpec model = Mixtral8x7b();
+  RunConfig config;
+  config.precision = Precision::kBf16Pure;
+  config.optimizer.kind = OptimizerKind::kAdamW;
+  config.device = "h100-80gb";
+  config.checkpoint.policy = CheckpointPolicy::kEveryBlock;
+  config.parallelism.data = 8;
+  config.parallelism.sharding = DataSharding::kMegatronDistOpt;
+  config.parallelism.expert = expert;
+  EstimateOptions options;
+  options.advice = false;
+  StatusOr<Report> first = Estimate(model, config, options);
+  if (!first.ok()) {
+    state.SkipWithError(first.status().ToString().c_str());
+    return;
+  }
+  state.counters["ops"] = static_cast<double>(first->op_count);
+  for (auto _ : state) {
+    StatusOr<Report> report = Estimate(model, config, options);
+    benchmark::DoNotOptimize(report);
+  }
+}
+
+BENCHMARK_CAPTURE(BM_ExpertParallel, mixtral_8x7b_dp8_ep1, int64_t{1})->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_ExpertParallel, mixtral_8x7b_dp8_ep8, int64_t{8})->Unit(benchmark::kMillisecond);
 
 void BM_ValidateHostSide(benchmark::State& state, const Scenario& scenario) {
   const ModelSpec model = ModelOf(scenario);

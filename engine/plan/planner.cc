@@ -181,11 +181,13 @@ class Planner {
   }
 
   // The graph of one micro-batch: it depends on the micro-batch, the device (its attention
-  // kernels) and whether Megatron trains it (its MoELayer), not on the split otherwise, so each
-  // is built once. Null when it cannot be built.
+  // kernels) and, for a model with experts, whether Megatron trains it (its MoELayer, which
+  // refuses tensor parallelism), not on the split otherwise, so each is built once. Null when
+  // it cannot be built.
   const Graph* GraphFor(const RunConfig& c) {
-    const auto key = std::make_tuple(c.device, c.micro_batch(), IsMegatron(c.parallelism.sharding),
-                                     c.parallelism.tensor > 1);
+    const bool megatron_moe = experts_ && IsMegatron(c.parallelism.sharding);
+    const auto key = std::make_tuple(c.device, c.micro_batch(), megatron_moe,
+                                     megatron_moe && c.parallelism.tensor > 1);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       StatusOr<Graph> g = BuildStepGraph(q_.model, c, q_.max_ops, budget_);
@@ -223,8 +225,7 @@ class Planner {
   int64_t blocks_ = 0;
   bool tensor_ok_ = false;
   bool experts_ = false;
-  // By device, micro-batch, Megatron's or not, and tensor-parallel or not (Megatron's MoELayer
-  // refuses tensor parallelism).
+  // By device, micro-batch, Megatron's MoELayer or not, and that layer under tensor parallelism.
   std::map<std::tuple<std::string, int64_t, bool, bool>, Graph> graphs_;
 };
 
