@@ -32,7 +32,10 @@ StatusOr<MegatronDdp> PlanMegatronDdp(const Graph& g, const RunConfig& c) {
     if (p.role != TensorRole::kParameter || !p.requires_grad) continue;
     m.in_param_buffer[t] = m.distributed_optimizer;
     dtype = p.dtype;
-    int64_t& at = IsExpertParameter(p) ? expert_end : end;
+    // transformer_engine.py: `allreduce = not use_expert_pgs`, expert topology only when
+    // expert_model_parallel_size > 1 (expert tensor parallelism is the tensor group's here).
+    const bool expert = c.parallelism.expert > 1 && IsExpertParameter(p);
+    int64_t& at = expert ? expert_end : end;
     const int64_t start = m.distributed_optimizer ? RoundUp(at, 64) : at;
     at = start + Numel(p.shape);  // below 2^62: the builder checked the parameters' bytes
   }

@@ -24,8 +24,8 @@
 //   keeps a float32 master copy of every 16-bit parameter and its state over all of them: 18
 //   bytes per parameter for bf16 and Adam (theoretical_memory_usage.py), 6 + 12/d with the
 //   distributed optimizer.
-// - Under expert parallelism the experts' parameters (Megatron's `allreduce = False`: the
-//   MoELayer's local_experts) have buffers of their own (expert_parallel_buffers), laid out
+// - Under expert parallelism (expert > 1) the experts' parameters (Megatron's `allreduce =
+//   False`: the MoELayer's local_experts) have buffers of their own (expert_parallel_buffers), laid out
 //   and padded the same way over the expert-data-parallel group, data x context / expert ranks,
 //   which reduces their gradients and shards their optimizer state.
 // - The optimizer is a fused multi-tensor one (TransformerEngine's or Apex's FusedAdam): no

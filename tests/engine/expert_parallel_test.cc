@@ -184,6 +184,12 @@ TEST(ExpertParallelTest, MegatronsDdpShardsTheExpertsOverTheirOwnGroup) {
   EXPECT_EQ(m.shard_elements, m.buffer_elements / 4);
   EXPECT_EQ(m.master_bytes, 4 * (m.shard_elements + m.expert_shard_elements));
   EXPECT_EQ(m.grad_buffer_bytes, 4 * (m.buffer_elements + m.expert_buffer_elements));
+  // With one expert-parallel rank Megatron keeps the experts with the dense parameters
+  // (transformer_engine.py: use_expert_pgs needs expert_model_parallel_size > 1).
+  c.parallelism = Experts(1, 4);
+  const MegatronDdp one = PlanMegatronDdp(whole, c).value();
+  EXPECT_EQ(one.expert_buffer_elements, 0);
+  EXPECT_EQ(one.buffer_elements, (whole.ParameterCount() + 127) / 128 * 128);  // lcm(4, 128)
 }
 
 TEST(ExpertParallelTest, NcclConnectsTheExpertGroups) {
