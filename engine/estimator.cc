@@ -72,7 +72,7 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     step.tensor = std::make_unique<TensorParallelView>(std::move(tp));
     step.graph = &step.tensor->graph;
   }
-  if (config.parallelism.expert > 1) {
+  if (config.parallelism.expert > 1 && (stage == nullptr || HasExpertDispatch(*step.graph))) {
     MEMEST_ASSIGN_OR_RETURN(ExpertParallelView ep,
                             ShardExpertParallel(*step.graph, config.parallelism,
                                                 config.expert_load, budget));
@@ -199,6 +199,10 @@ namespace {
 // stage's peak.
 StatusOr<Report> EstimatePipeline(const Graph& built, const RunConfig& config, Budget* budget,
                                   bool end_stages_only) {
+  if (config.parallelism.expert > 1 && !HasExpertDispatch(built)) {
+    // The pass's refusal: the model has no MoE layer to split (a stage may have none).
+    return ShardExpertParallel(built, config.parallelism, config.expert_load, budget).status();
+  }
   PipelineReport pipeline;
   pipeline.stages = config.parallelism.pipeline;
   pipeline.micro_batches = config.grad_accum_steps;

@@ -168,6 +168,11 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                              "megatron-ddp or megatron-distopt, got " +
                              DataShardingName(p.sharding));
     }
+    if (p.context > 1) {
+      return InvalidArgument(field + ": with context parallelism (" + std::to_string(p.context) +
+                             " ranks) it is not modelled yet: the MoE layer's routing over a "
+                             "sequence's share");
+    }
     if ((p.data * p.context) % p.expert != 0) {
       return InvalidArgument(field + ": " + std::to_string(p.expert) + " expert-parallel ranks "
                              "are carved out of the data x context ranks (" +

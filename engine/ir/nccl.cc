@@ -115,7 +115,12 @@ StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& 
     // them, which reduces the experts' gradients.
     const Group expert = {"expert", p.expert, p.expert - 1, true};
     const Group expert_data = {"expert data", p.data * p.context / p.expert, 0, true};
+    // The dispatcher all-gathers its token counts over the expert-tensor x expert group every
+    // forward (token_dispatcher.py's tp_ep_group), a communicator of its own even when it has
+    // the expert group's ranks.
+    const Group tensor_expert = {"expert tensor x expert", p.tensor * p.expert, 0, true};
     MEMEST_RETURN_IF_ERROR(add(expert, p.tensor));
+    MEMEST_RETURN_IF_ERROR(add(tensor_expert, 1));
     MEMEST_ASSIGN_OR_RETURN(int64_t across, CheckedMul(p.tensor, p.expert));
     MEMEST_RETURN_IF_ERROR(add(expert_data, across));
   }

@@ -40,7 +40,8 @@ namespace memest {
 // One communicator a rank belongs to.
 struct NcclCommunicator {
   std::string group;        // "tensor", "context", "data" (HSDP: "data shard" and "data
-                            // replicate"), "pipeline", "expert", "expert data"
+                            // replicate"), "pipeline", "expert", "expert tensor x
+                            // expert", "expert data"
   int64_t ranks = 0;        // in the communicator
   int64_t local_ranks = 0;  // of them on this rank's node
   int64_t p2p_peers = 0;    // peers this rank sends to and receives from (point-to-point)

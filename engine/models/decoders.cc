@@ -292,7 +292,10 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     }
     o.moe = s.moe;
     o.moe.load = ctx.expert_load;
-    o.moe.router_aux_loss = s.router_aux_loss && Training(ctx);
+    // Megatron-LM adds its load-balancing loss whenever moe_aux_loss_coeff > 0 (router.py),
+    // the config's router_aux_loss_coef; transformers only with output_router_logits.
+    o.moe.router_aux_loss =
+        Training(ctx) && (s.router_aux_loss || (ctx.megatron && s.router_aux_loss_coef > 0));
     o.moe_name = s.moe_name;
     std::vector<int> router_logits;  // MixtralModel's all_router_logits
     if (s.router_aux_loss && Training(ctx)) o.router_logits = &router_logits;

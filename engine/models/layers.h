@@ -280,8 +280,9 @@ struct MoeOptions {
   // The expert MLP's Linear modules: Mixtral's {"w1", "w3", "w2"}, Qwen's {"gate_proj",
   // "up_proj", "down_proj"}.
   std::vector<std::string> names = {"gate_proj", "up_proj", "down_proj"};
-  // In training, the router's load-balancing loss (HF's output_router_logits): Megatron-LM's
-  // layer attaches its own (engine/models/megatron_moe.cc); HF's comes from RouterAuxLoss.
+  // In training, the router's load-balancing loss (HF's output_router_logits; under Megatron-LM
+  // a positive router_aux_loss_coef, its moe_aux_loss_coeff): Megatron's layer attaches its own
+  // (engine/models/megatron_moe.cc); HF's comes from RouterAuxLoss.
   bool router_aux_loss = false;
 };
 // With c.vllm, vLLM's FusedMoE instead: the router's linear, its top-k, and one fused_experts

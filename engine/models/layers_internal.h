@@ -20,6 +20,7 @@ using ModuleScope = ScopeGuard;  // an empty name adds nothing to the scope
 inline AttrValue Int(int64_t v) { return AttrInt(v); }
 inline AttrValue Float(double v) { return AttrFloat(v); }
 inline AttrValue Ints(std::vector<int64_t> v) { return AttrInts(std::move(v)); }
+inline AttrValue DTypeAttr(DType d) { return AttrValue(std::string(DTypeName(d))); }
 
 inline int64_t LastDim(const GraphBuilder& b, int x) {
   if (x < 0 || b.shape(x).empty()) return 0;

@@ -18,8 +18,6 @@ namespace {
 
 using namespace layers_internal;  // NOLINT
 
-std::string DTypeAttr(DType d) { return std::string(DTypeName(d)); }
-
 // MLP.forward with per_token_scale: linear_fc1 to both gated halves, the fused weighted SwiGLU
 // (weighted_bias_swiglu_impl; SwiGLUFunction without weights), linear_fc2.
 int MegatronMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
@@ -104,7 +102,13 @@ int MegatronMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions&
   const Shape in = b.shape(x);
   const int64_t d = in[2];
   const int64_t tokens = in[0] * in[1];
-  const int64_t routed = tokens * o.top_k;  // below the activations' checked bytes
+  StatusOr<int64_t> choices = CheckedMul(tokens, o.top_k);
+  if (!choices.ok()) {
+    b.Fail(InvalidArgument("model: " + std::to_string(tokens) + " tokens x top_k " +
+                           std::to_string(o.top_k) + " choices overflow 64 bits"));
+    return -1;
+  }
+  const int64_t routed = *choices;
   const DType dtype = b.tensor(x).dtype;
 
   // shared_experts_compute runs first, on the layer's input.

@@ -13,8 +13,6 @@ namespace {
 
 using namespace layers_internal;  // NOLINT
 
-std::string DTypeAttr(DType d) { return std::string(DTypeName(d)); }
-
 // An expert's MLP (MixtralBlockSparseTop2MLP, Qwen2MoeMLP): out(act(first(x)) * second(x)).
 int ExpertMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, int64_t ffn,
               const MoeOptions& o) {

@@ -10,6 +10,7 @@ namespace memest {
 namespace {
 
 constexpr const char* kField = "config.parallelism.expert";
+constexpr int64_t kMaxExperts = int64_t{1} << 16;
 
 // One MoE layer of the whole graph, found by its dispatch.
 struct MoeLayer {
@@ -23,10 +24,14 @@ int64_t Chunk(const MoeLayer& l, int64_t local, int64_t r, int64_t j) {
   return l.counts[static_cast<size_t>(r * local + j)];
 }
 
-int64_t Received(const MoeLayer& l, int64_t size, int64_t r) {
+// Rows rank r's experts receive from the whole group (at most size x tokens x top_k, checked).
+StatusOr<int64_t> Received(const MoeLayer& l, int64_t size, int64_t r) {
   const int64_t local = l.experts / size;
   int64_t rows = 0;
-  for (int64_t j = 0; j < local; ++j) rows += size * Chunk(l, local, r, j);  // <= size*tokens*top_k
+  for (int64_t j = 0; j < local; ++j) {
+    MEMEST_ASSIGN_OR_RETURN(int64_t from_all, CheckedMul(size, Chunk(l, local, r, j)));
+    MEMEST_ASSIGN_OR_RETURN(rows, CheckedAdd(rows, from_all));
+  }
   return rows;
 }
 
@@ -51,6 +56,11 @@ StatusOr<std::vector<MoeLayer>> FindLayers(const Graph& g, int64_t size, ExpertL
                       ShapeToString(in) + ", not tokens x top_k " + std::to_string(l.top_k));
     }
     l.tokens = in[0] / l.top_k;
+    if (l.experts > kMaxExperts) {  // ExpertTokens keeps a count per expert
+      return InvalidArgument(std::string(kField) + ": " + std::to_string(l.experts) +
+                             " experts at " + op.scope + ", more than " +
+                             std::to_string(kMaxExperts));
+    }
     if (l.experts % size != 0) {
       return InvalidArgument(std::string(kField) + ": " + std::to_string(l.experts) +
                              " experts (at " + op.scope + ") do not split evenly over " +
@@ -100,6 +110,13 @@ std::string AttrText(const Op& op, std::string_view name) {
 
 }  // namespace
 
+bool HasExpertDispatch(const Graph& g) {
+  for (const Op& op : g.ops) {
+    if (op.kind == "ep_all_to_all") return true;
+  }
+  return false;
+}
+
 bool IsExpertParameter(const Tensor& t) {
   return t.role == TensorRole::kParameter &&
          t.name.find("experts.local_experts.") != std::string::npos;
@@ -113,16 +130,26 @@ StatusOr<ExpertParallelView> ShardExpertParallel(const Graph& g, const Paralleli
   const MoeLayer& first = layers.front();
   v.layers = static_cast<int64_t>(layers.size());
   v.local_experts = first.experts / v.size;
-  v.received_rows = -1;
-  v.least_received_rows = -1;
+  // The rank that receives the most over every layer (layers may differ in experts and tokens),
+  // and the one that receives the least.
+  int64_t most = -1, least = -1;
   for (int64_t r = 0; r < v.size; ++r) {
-    const int64_t rows = Received(first, v.size, r);
-    if (rows > v.received_rows) v.rank = r, v.received_rows = rows;
-    if (v.least_received_rows < 0 || rows < v.least_received_rows) {
-      v.least_rank = r, v.least_received_rows = rows;
+    int64_t rows = 0;
+    for (const MoeLayer& l : layers) {
+      MEMEST_ASSIGN_OR_RETURN(int64_t in_layer, Received(l, v.size, r));
+      StatusOr<int64_t> sum = CheckedAdd(rows, in_layer);
+      if (!sum.ok()) {
+        return InvalidArgument(std::string(kField) + ": rank " + std::to_string(r) +
+                               " receives more token choices than 64 bits count");
+      }
+      rows = *sum;
     }
+    if (rows > most) v.rank = r, most = rows;
+    if (least < 0 || rows < least) v.least_rank = r, least = rows;
   }
   const int64_t r = v.rank;
+  MEMEST_ASSIGN_OR_RETURN(v.received_rows, Received(first, v.size, r));
+  MEMEST_ASSIGN_OR_RETURN(v.least_received_rows, Received(first, v.size, v.least_rank));
 
   // The experts past the rank's share leave with their parameters.
   std::vector<char> drop(g.tensors.size(), 0);
@@ -150,10 +177,20 @@ StatusOr<ExpertParallelView> ShardExpertParallel(const Graph& g, const Paralleli
     const int64_t local = layer.experts / v.size;
     const std::string moe = AttrText(op, "moe");
     Attrs attrs = op.attrs;
+    if (local == 1 && (moe == "chunks" || moe == "experts")) {
+      // One local expert: Megatron sorts nothing (`if self.num_local_experts > 1`) and
+      // SequentialMLP calls the expert on its whole input: each split hands its input on, the
+      // sort's cat what its split read, the experts' cat the one expert's output.
+      int from = op.inputs[0];
+      if (op.kind == "cat" && moe == "chunks") from = g.ops[g.tensors[from].producer].inputs[0];
+      for (int out : op.outputs) map[out] = map[from];
+      return true;
+    }
     if (op.kind == "ep_all_to_all") {
       const bool dispatch = AttrText(op, "role") == "dispatch";
       attrs["ep"] = AttrValue(int64_t{v.size});
-      attrs["rows"] = AttrValue(int64_t{dispatch ? Received(layer, v.size, r) : layer.tokens * layer.top_k});
+      attrs["rows"] = AttrValue(int64_t{dispatch ? *Received(layer, v.size, r)
+                                                 : layer.tokens * layer.top_k});
     } else if (op.kind == "split" && moe == "chunks") {
       std::vector<int64_t> sizes;  // from each rank of the group, its local experts in order
       for (int64_t s = 0; s < v.size; ++s) {

@@ -7,10 +7,13 @@
 //
 // What a rank holds then depends on what it receives: expert e's tokens from every rank of the
 // group, which config.expert_load spreads (ExpertTokens, per rank and the same on each). With
-// the worst load every token's choices go to the last top_k experts, so the last rank receives
-// expert x tokens x choices and the first nothing; balanced, each expert gets its share from
-// every rank. The rank estimated is the one that receives the most (the lowest such rank); the
-// view names the one that receives the least too.
+// the worst load every token's choices go to the last top_k experts, so the ranks holding them
+// receive expert x tokens x (their share of those experts) rows, the last one expert x tokens x
+// min(top_k, local experts), and the first ranks nothing; balanced, each expert gets its share
+// from every rank. The rank estimated is the one that receives the most over all layers (the
+// lowest such rank); the view names the one that receives the least too. A pipeline stage
+// without a MoE layer is left as it is (PlanStep). With one local expert Megatron sorts
+// nothing and calls the expert on what arrived: the pass drops those copies.
 //
 // The pass rebuilds the graph: the experts past the rank's share, their ops and parameters,
 // leave it; the dispatch's all-to-alls receive the rank's rows, the combine's return the rows
@@ -46,6 +49,9 @@ struct ExpertParallelView {
   Graph graph;                 // the rank's graph
   ReplayMap replay;            // where the whole graph's tensors and ops went
 };
+
+// Whether `graph` has a Megatron MoE layer's dispatch (a pipeline stage may have none).
+bool HasExpertDispatch(const Graph& graph);
 
 // Whether `tensor` is a parameter of a Megatron MoELayer's experts (its name has
 // "experts.local_experts."): Megatron marks them `allreduce = False`, and its DDP keeps them in

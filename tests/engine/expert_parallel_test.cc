@@ -163,6 +163,39 @@ TEST(ExpertParallelTest, WorstLoadTheLastRankReceivesEveryChoice) {
   EXPECT_TRUE(noted);
 }
 
+TEST(ExpertParallelTest, OneLocalExpertRunsOnWhatArrivedWithoutCopies) {
+  const Graph whole = Megatron(SmallMixtral(), ExpertLoad::kBalanced);
+  StatusOr<ExpertParallelView> v = ShardExpertParallel(whole, Experts(4, 4), ExpertLoad::kBalanced);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(v->local_experts, 1);
+  // Megatron's `if self.num_local_experts > 1` sorts and SequentialMLP's split and cat are gone:
+  // the one expert's linear_fc1 reads the all-to-all's output itself.
+  for (const Op& op : v->graph.ops) {
+    EXPECT_FALSE(HasAttr(op.attrs, "moe")) << op.kind << " at " << op.scope;  // sorts, splits, cats
+  }
+  for (const Op& op : v->graph.ops) {
+    if (op.kind != "linear" || op.scope.find("local_experts.0.linear_fc1") == std::string::npos) continue;
+    EXPECT_EQ(v->graph.ops[v->graph.tensors[op.inputs[0]].producer].kind, "ep_all_to_all");
+  }
+}
+
+TEST(ExpertParallelTest, RefusesExpertCountsPastTheLimit) {
+  GraphBuilder b;
+  const int x = b.Input("x", {4, 8}, DType::kFloat32);
+  b.Add1("ep_all_to_all", {x}, {{"ep", AttrValue(int64_t{1})}, {"rows", AttrValue(int64_t{4})},
+                                {"experts", AttrValue(int64_t{1} << 40)},
+                                {"top_k", AttrValue(int64_t{1})},
+                                {"role", AttrValue(std::string("dispatch"))}});
+  StatusOr<Graph> g = b.Finish();
+  if (!g.ok()) {  // the rule refuses it first
+    EXPECT_NE(g.status().message().find("experts"), std::string::npos) << g.status().message();
+    return;
+  }
+  const Status s = ShardExpertParallel(*g, Experts(2, 2), ExpertLoad::kWorst).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("config.parallelism.expert"), std::string::npos) << s.message();
+}
+
 TEST(ExpertParallelTest, MegatronsDdpShardsTheExpertsOverTheirOwnGroup) {
   const Graph whole = Megatron(SmallMixtral(), ExpertLoad::kBalanced, DType::kBFloat16);
   StatusOr<ExpertParallelView> v = ShardExpertParallel(whole, Experts(2, 4), ExpertLoad::kBalanced);
@@ -202,11 +235,37 @@ TEST(ExpertParallelTest, NcclConnectsTheExpertGroups) {
   EXPECT_EQ(by_group["expert"].ranks, 8);
   EXPECT_EQ(by_group["expert"].local_ranks, 8);  // one node
   EXPECT_EQ(by_group["expert"].p2p_peers, 7);    // the all-to-all reaches every peer
+  ASSERT_TRUE(by_group.count("expert tensor x expert"));
+  EXPECT_EQ(by_group["expert tensor x expert"].ranks, 8);
+  EXPECT_EQ(by_group["expert tensor x expert"].p2p_peers, 0);
   ASSERT_TRUE(by_group.count("expert data"));
   EXPECT_EQ(by_group["expert data"].ranks, 2);
   EXPECT_EQ(by_group["expert data"].local_ranks, 1);  // across the two nodes
   p.expert = 1;
   EXPECT_LT(NcclMemoryOf(p, h100).value().bytes, m.bytes);
+}
+
+TEST(ExpertParallelTest, APipelineStageWithoutExpertsIsLeftAsItIs) {
+  // Qwen's mlp_only_layers: layer 0 dense, layer 1 with experts; two stages of one layer each.
+  nlohmann::json qwen = {{"model_type", "qwen2_moe"}, {"hidden_size", 64},
+                         {"num_hidden_layers", 2},    {"num_attention_heads", 4},
+                         {"num_key_value_heads", 2},  {"intermediate_size", 128},
+                         {"vocab_size", 512},         {"num_experts", 4},
+                         {"num_experts_per_tok", 2},  {"moe_intermediate_size", 48},
+                         {"shared_expert_intermediate_size", 96}, {"mlp_only_layers", {0}}};
+  RunConfig c;
+  c.precision = Precision::kBf16Pure;
+  c.optimizer.kind = OptimizerKind::kAdam;
+  c.parallelism = Experts(2, 2);
+  c.parallelism.pipeline = 2;
+  c.grad_accum_steps = 2;
+  c.batch_size = 2;
+  EstimateOptions options;
+  options.advice = false;
+  StatusOr<Report> r = Estimate(ModelSpec{HfConfigSpec{FromJson(qwen), 16}}, c, options);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_TRUE(r->pipeline.has_value());
+  EXPECT_EQ(r->pipeline->per_stage.size(), 2u);
 }
 
 Status EstimateStatus(const nlohmann::json& config, const RunConfig& c) {
@@ -230,6 +289,8 @@ TEST(ExpertParallelTest, RefusesWhatItCannotSplitNamingTheField) {
   ddp.sharding = DataSharding::kDdp;
   ParallelismConfig tensor = Experts(1, 2);
   tensor.tensor = 2;
+  ParallelismConfig context = Experts(2, 2);
+  context.context = 2;
   const Case cases[] = {
       {Experts(8, 8), SmallMixtral(), "config.parallelism.expert: 4 experts"},  // 4 % 8
       {Experts(4, 6), SmallMixtral(), "config.parallelism.expert: 4 expert-parallel ranks"},
@@ -237,6 +298,7 @@ TEST(ExpertParallelTest, RefusesWhatItCannotSplitNamingTheField) {
       {ddp, SmallMixtral(), "config.parallelism.expert: expert parallelism is modelled as "},
       {Experts(0, 2), SmallMixtral(), "config.parallelism.expert: must be in [1, 1024]"},
       {tensor, SmallMixtral(), "config.parallelism.tensor: Megatron-LM's MoELayer over 2"},
+      {context, SmallMixtral(), "config.parallelism.expert: with context parallelism"},
   };
   for (const Case& k : cases) {
     c.parallelism = k.p;
