@@ -32,9 +32,15 @@ NOT_TRACED = ("Megatron's SwiGLUFunction / WeightedSwiGLUFunction is a custom "
               "no_grad), not what it saves nor its backward")
 
 
-def _choices(r, b, n, k=TOP_K):
-    """Top-k choices among EXPERTS of scores no gradient reaches (an input's)."""
-    _, top = r.topk(r.input("s", [b * n, EXPERTS]), k)
+def _tokens(r, name, b, width, lift_name="lift"):
+    """A trainable [b * SEQ, width] (an input [b, SEQ, width] lifted, viewed flat: every input
+    of a case has the batch in its first dim, as memest.trace takes them)."""
+    return r.view(lift(r, r.input(name, [b, SEQ, width]), lift_name), [b * SEQ, width])
+
+
+def _choices(r, b):
+    """Top-2 choices among EXPERTS per token, of scores no gradient reaches (an input's)."""
+    _, top = r.topk(r.view(r.input("s", [b, SEQ, EXPERTS]), [b * SEQ, EXPERTS]), TOP_K)
     return top
 
 
@@ -47,8 +53,8 @@ def _routing_map(r, top, n):
 @case("moe", "megatron_index_select", configs=BOTH)
 def _(r, b):
     # permute's tokens.index_select(0, sorted_indices): every token twice, on a trainable input
-    flat = r.view(lift(r, r.input("x", [b, SEQ, DIM])), [b * SEQ, DIM])
-    idx = r.input("idx", [b * SEQ * TOP_K], "int64", high=b * SEQ)
+    flat = _tokens(r, "x", b, DIM)
+    idx = r.view(r.input("idx", [b, SEQ * TOP_K], "int64", high=b * SEQ), [-1])
     return loss_of(r, r.index_select(flat, idx, 0))
 
 
@@ -62,16 +68,17 @@ def _(r, b):
 @case("moe", "megatron_scatter_src", configs=BOTH)
 def _(r, b):
     # out of place, both self and src take a gradient
-    x = lift(r, r.input("x", [b * SEQ, EXPERTS]), "lx")
-    src = r.exp(lift(r, r.input("v", [b * SEQ, TOP_K]), "lv"))
-    return loss_of(r, r.scatter(x, _choices(r, b, SEQ), src, dim=1))
+    x = _tokens(r, "x", b, EXPERTS, "lx")
+    src = r.exp(_tokens(r, "v", b, TOP_K, "lv"))
+    return loss_of(r, r.scatter(x, _choices(r, b), src, dim=1))
 
 
 @case("moe", "megatron_scatter_probs", configs=BOTH)
 def _(r, b):
     # the router's zeros_like(logits).scatter(1, top_indices, probs): src alone takes a gradient
     n = b * SEQ
-    logits = r.linear(r.input("x", [n, DIM]), r.param("router", [EXPERTS, DIM]))
+    x = r.view(r.input("x", [b, SEQ, DIM]), [n, DIM])
+    logits = r.linear(x, r.param("router", [EXPERTS, DIM]))
     scores, top = r.topk(logits, TOP_K)
     probs = r.scatter(r.full([n, EXPERTS]), top, r.softmax(scores, -1), dim=1)
     return loss_of(r, r.mul(probs, probs))
@@ -80,15 +87,15 @@ def _(r, b):
 @case("moe", "megatron_scatter_value", configs=BOTH)
 def _(r, b):
     # the routing map: int32 zeros, scatter of the value 1, bool
-    x = lift(r, r.input("x", [b * SEQ, EXPERTS]))
-    return loss_of(r, r.masked_fill(x, _routing_map(r, _choices(r, b, SEQ), b * SEQ), 0.0))
+    x = _tokens(r, "x", b, EXPERTS)
+    return loss_of(r, r.masked_fill(x, _routing_map(r, _choices(r, b), b * SEQ), 0.0))
 
 
 @case("moe", "megatron_scatter_add_expanded", configs=BOTH)
 def _(r, b):
     # unpermute: zeros.scatter_add_(0, sorted_indices.unsqueeze(1).expand(-1, hidden), tokens)
     n = b * SEQ
-    idx = r.input("idx", [n * TOP_K], "int64", high=n)
+    idx = r.view(r.input("idx", [b, SEQ * TOP_K], "int64", high=n), [-1])
     v = r.exp(lift(r, r.input("v", [b, SEQ * TOP_K, DIM])))
     where = r.expand(r.unsqueeze(idx, 1), [n * TOP_K, DIM])
     out = r.scatter_add_(r.full([n, DIM]), where, r.view(v, [n * TOP_K, DIM]), 0)
@@ -97,18 +104,18 @@ def _(r, b):
 
 @case("moe", "megatron_scatter_add_into_grad", configs=BOTH)
 def _(r, b):
-    # scatter_add_ into a tensor that takes a gradient itself (grad passes through)
-    n = b * SEQ
-    x = lift(r, r.input("x", [n, DIM]), "lx")
-    idx = r.input("idx", [n, DIM], "int64", high=n)
-    v = lift(r, r.input("v", [n, DIM]), "lv")
-    return loss_of(r, r.scatter_add_(x, idx, v, 0))
+    # scatter_add_ into a tensor that takes a gradient itself (grad passes through); not into
+    # a view of one, which autograd would run through CopySlices
+    idx = r.input("idx", [b, SEQ, DIM], "int64", high=SEQ)
+    x = lift(r, r.input("x", [b, SEQ, DIM]), "lx")
+    v = lift(r, r.input("v", [b, SEQ, DIM]), "lv")
+    return loss_of(r, r.scatter_add_(x, idx, v, 1))
 
 
 @case("moe", "megatron_remainder", configs=BOTH)
 def _(r, b):
     # int64 positions % a number (permute's flat_sorted % num_tokens), then a lookup
-    pos = r.remainder(r.input("i", [b * SEQ * TOP_K], "int64", high=4 * SEQ), SEQ)
+    pos = r.remainder(r.input("i", [b, SEQ * TOP_K], "int64", high=4 * SEQ), SEQ)
     return loss_of(r, r.embedding(r.param("table", [SEQ, DIM]), pos))
 
 
@@ -116,7 +123,8 @@ def _(r, b):
 def _(r, b):
     # routing_map.T.contiguous().reshape(-1).argsort(descending=True, stable=True)
     flat = r.view(lift(r, r.input("x", [b, 4 * SEQ, DIM])), [b * 4 * SEQ, DIM])
-    _, order = r.sort(r.input("m", [b * 4 * SEQ], "bool"), 0, descending=True, stable=True)
+    m = r.view(r.input("m", [b, 4 * SEQ], "bool"), [-1])
+    _, order = r.sort(m, 0, descending=True, stable=True)
     return loss_of(r, r.index_select(flat, order, 0))
 
 
@@ -125,9 +133,9 @@ def _(r, b):
     # MoEAlltoAllTokenDispatcher.dispatch_preprocess at one rank: the map's nonzeros in
     # expert-major order, the tokens and their weights gathered
     n = b * SEQ
-    flat = r.view(lift(r, r.input("x", [b, SEQ, DIM])), [n, DIM])
-    top = _choices(r, b, SEQ)
-    probs = r.scatter(r.full([n, EXPERTS]), top, r.exp(lift(r, r.input("p", [n, TOP_K]), "lp")), dim=1)
+    flat = _tokens(r, "x", b, DIM)
+    top = _choices(r, b)
+    probs = r.scatter(r.full([n, EXPERTS]), top, r.exp(_tokens(r, "p", b, TOP_K, "lp")), dim=1)
     routing_map = _routing_map(r, top, n)
     by_expert = r.view(r.contiguous(r.transpose(routing_map, 0, 1)), [-1])
     _, order = r.sort(by_expert, 0, descending=True, stable=True)
@@ -141,21 +149,20 @@ def _(r, b):
 
 @case("moe", "megatron_all_to_all", configs=BOTH)
 def _(r, b):
-    x = lift(r, r.input("x", [b * SEQ * TOP_K, DIM]))
+    x = r.view(lift(r, r.input("x", [b, SEQ * TOP_K, DIM])), [b * SEQ * TOP_K, DIM])
     y = r.ep_all_to_all(x, b * SEQ * TOP_K, EXPERTS, TOP_K, "dispatch")
     return loss_of(r, r.exp(y))
 
 
 @case("moe", "megatron_swiglu", configs=BOTH, tracer=NOT_TRACED)
 def _(r, b):
-    x = lift(r, r.input("x", [b * SEQ, 2 * FFN]))
-    return loss_of(r, r.megatron_swiglu(x))
+    return loss_of(r, r.megatron_swiglu(_tokens(r, "x", b, 2 * FFN)))
 
 
 @case("moe", "megatron_swiglu_weighted", configs=BOTH, tracer=NOT_TRACED)
 def _(r, b):
     # MLP.forward's weighted_bias_swiglu_impl(fc1, None, per_token_scale.unsqueeze(-1))
-    x = lift(r, r.input("x", [b * SEQ, 2 * FFN]))
+    x = _tokens(r, "x", b, 2 * FFN)
     w = r.unsqueeze(r.view(lift(r, r.input("p", [b, SEQ]), "lp"), [b * SEQ]), -1)
     return loss_of(r, r.megatron_swiglu(x, w))
 
