@@ -21,7 +21,8 @@
 //   megatron_swiglu(x[.., 2f], w[.., 1]?)   SwiGLUFunction / WeightedSwiGLUFunction: silu of
 //       the first half times the second (times the per-token weights w): [.., f] in x's dtype,
 //       one fused kernel; keeps x (and w). Backward (swiglu_back, weighted_swiglu_back under
-//       jit_fuser): fresh gradients of x and w, fused, no scratch counted.
+//       jit_fuser): fresh gradients of x and w, fused on CUDA, no scratch counted; op by op on
+//       1.13's CPU, with the halves of x's gradient (and g * w) as scratch (SwigluMemory).
 #include <string>
 
 #include "engine/rules/internal.h"
@@ -170,12 +171,24 @@ StatusOr<std::vector<OutputSpec>> InferSwiglu(const OpCall& c) {
   return std::vector<OutputSpec>{{out, c.in(0).dtype}};
 }
 
+// ctx.save_for_backward(input, weights) whenever either takes a gradient. On CUDA the
+// backward is one fused kernel (nvFuser under torch.jit.script, Inductor under torch.compile):
+// the gradients only. On PyTorch 1.13's CPU (cpu-1.13) jit_fuser is torch.jit.script, which
+// fuses nothing there: swiglu_back runs op by op, and when its torch.cat runs it holds both
+// halves of the input's gradient ([.., f] each) besides the cat's result; weighted_swiglu_back
+// also its argument g * weights ([.., f]). The weights' gradient comes after (swiglu(y) * g,
+// summed: two [.., f] at a time, below that peak). Measured on 1.13's CPU, float32
+// (tests/conformance/cases_megatron_moe.py, megatron_swiglu[_weighted]; the same peaks with
+// Megatron's functions under torch.jit.script as eager): 2 and 3 [.., f] over the gradients,
+// all in x's dtype (weights of a wider dtype would promote them; not measured).
 void SwigluMemory(const OpCall& c, OpMemory* m) {
-  for (size_t i = 0; i < c.inputs.size(); ++i) {
-    if (c.needs_grad(0) || (c.inputs.size() == 2 && c.needs_grad(1))) {
-      m->saved_inputs.push_back(static_cast<int>(i));
-    }
-  }
+  const bool weighted = c.inputs.size() == 2;
+  if (!c.needs_grad(0) && !(weighted && c.needs_grad(1))) return;
+  for (size_t i = 0; i < c.inputs.size(); ++i) m->saved_inputs.push_back(static_cast<int>(i));
+  if (c.runtime != Runtime::kCpuTorch113) return;
+  const int64_t half = BytesOf(c.out(0));
+  m->backward_temps.push_back(Alloc{2 * half, "swiglu_back: both halves before torch.cat"});
+  if (weighted) m->backward_temps.push_back(Alloc{half, "weighted_swiglu_back: g * weights"});
 }
 
 }  // namespace

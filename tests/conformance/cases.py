@@ -23,6 +23,8 @@ class Case:
     batch: int
     configs: list
     note: str = ""
+    # Why memest.trace cannot express the case (run.py --via-tracer skips it); "" when it can.
+    tracer: str = ""
 
     def variants(self):
         """(case id, config) pairs."""
@@ -34,9 +36,9 @@ class Case:
 CASES = []
 
 
-def case(group, name, batch=4, configs=None, note=""):
+def case(group, name, batch=4, configs=None, note="", tracer=""):
     def deco(fn):
-        CASES.append(Case(group, name, fn, batch, list(configs or [SGD]), note))
+        CASES.append(Case(group, name, fn, batch, list(configs or [SGD]), note, tracer))
         return fn
     return deco
 
@@ -1130,3 +1132,5 @@ case("optim", "adam_for_loop_keeps_previous_denom", batch=4,
 import cases_detection  # noqa: E402,F401  (registers its cases here)
 # Mixture-of-experts routing (one_hot, div_, index_add_).
 import cases_moe  # noqa: E402,F401
+# Megatron-LM's MoELayer (index_select, scatter, scatter_add_, remainder, the fused SwiGLU).
+import cases_megatron_moe  # noqa: E402,F401

@@ -632,9 +632,52 @@ class Recorder:
     def topk(self, x, k, dim=-1):
         return self._op("topk", [x], {"k": k, "dim": dim}, lambda t: torch.topk(t, k, dim), n_out=2)
 
-    def sort(self, x, dim=-1, descending=False):
+    def sort(self, x, dim=-1, descending=False, stable=False):
+        """torch.sort; stable=True as argsort(stable=True) runs it (memest has no stable attr:
+        the same tensors)."""
+        if stable:
+            return self._op("sort", [x], {"dim": dim, "descending": 1 if descending else None},
+                            lambda t: torch.sort(t, dim=dim, descending=descending, stable=True),
+                            n_out=2)
         return self._op("sort", [x], {"dim": dim, "descending": 1 if descending else None},
                         lambda t: torch.sort(t, dim, descending), n_out=2)
+
+    # Megatron-LM's mixture-of-experts layer (megatron_fns.py, engine/rules/moe_dispatch.cc)
+    def index_select(self, x, idx, dim=0):
+        """x.index_select(dim, idx) (Megatron's permute gathers its tokens so)."""
+        return self._op("index_select", [x, idx], {"dim": dim if dim else None},
+                        lambda t, i: t.index_select(dim, i))
+
+    def scatter(self, x, idx, src=None, dim=0, value=0.0):
+        """x.scatter(dim, idx, src) out of place, or x.scatter(dim, idx, value) without src."""
+        if src is None:
+            return self._op("scatter", [x, idx], {"dim": dim, "value": float(value)},
+                            lambda t, i: t.scatter(dim, i, value))
+        return self._op("scatter", [x, idx, src], {"dim": dim},
+                        lambda t, i, s: t.scatter(dim, i, s))
+
+    def scatter_add_(self, x, idx, src, dim=0):
+        """x.scatter_add_(dim, idx, src), in place (Megatron's unpermute)."""
+        return self._op("scatter_add_", [x, idx, src], {"dim": dim if dim else None},
+                        lambda t, i, s: t.scatter_add_(dim, i, s))
+
+    def remainder(self, x, other):
+        """x % other with a number (remainder.Scalar)."""
+        return self._op("remainder", [x], {"other": float(other)}, lambda t: t % other)
+
+    def ep_all_to_all(self, x, rows, experts, top_k, role):
+        """Megatron's _AllToAll over an expert-parallel group of one rank (megatron_fns.py)."""
+        from megatron_fns import AllToAllOneRank
+        attrs = {"ep": 1, "rows": rows, "experts": experts, "top_k": top_k, "role": role}
+        return self._op("ep_all_to_all", [x], attrs, AllToAllOneRank.apply)
+
+    def megatron_swiglu(self, x, weights=None):
+        """Megatron's SwiGLUFunction, or WeightedSwiGLUFunction with per-token weights [.., 1]
+        (megatron_fns.py)."""
+        from megatron_fns import SwiGLU, WeightedSwiGLU
+        if weights is None:
+            return self._op("megatron_swiglu", [x], {}, SwiGLU.apply)
+        return self._op("megatron_swiglu", [x, weights], {}, WeightedSwiGLU.apply)
 
     def max_all(self, x):
         return self._op("max", [x], {}, torch.max)

@@ -23,8 +23,10 @@ Checkpointed runs: the ops the case runs under r.checkpoint are replayed under
 torch.utils.checkpoint (reentrant, as the measured run), so memest.trace records them as the
 model's own checkpoint regions and memest is given no --checkpoint policy.
 
-Not expressible: cases with more than one target, and cases whose first op is already the loss
-(memest.trace takes one target, applied after forward).
+Not expressible: cases with more than one target, cases whose first op is already the loss
+(memest.trace takes one target, applied after forward), and cases that say why not themselves
+(cases.Case.tracer: a custom autograd.Function, whose saved tensors and backward the tracer does
+not see).
 """
 import torch
 
@@ -37,6 +39,8 @@ def _safe(name):
 
 def not_applicable(case, cfg, run):
     """Why the case cannot be run through the tracer, or None."""
+    if case.tracer:
+        return case.tracer
     targets = [n for n, d in _leaf_roles(run).items() if d == "target"]
     if len(targets) > 1:
         return f"{len(targets)} targets; memest.trace takes one"

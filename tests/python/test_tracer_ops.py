@@ -262,3 +262,43 @@ def test_a_branch_on_all_or_any_traces_on_real_tensors(tmp_path):
     # any() of the positions (made without reading the graph) is not part of it
     assert "any" not in kinds(model)
     estimate_both(model, 3, tmp_path)
+
+
+def test_megatron_permutation_ops_are_the_engines(tmp_path):
+    # Megatron-LM's MoE routing and (un)permutation (moe_utils.py): zeros.scatter(1, top, probs),
+    # zeros.int().scatter(1, top, 1).bool(), argsort of the bool map, % num_tokens,
+    # index_select, and scatter_add_ of an expanded index (here also torch.scatter_add out of
+    # place, which aten runs as a clone added into in place)
+    class Permute(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router = nn.Linear(8, 4, bias=False)
+
+        def forward(self, x):
+            n = x.shape[0] * x.shape[1]
+            flat = x.view(n, 8)
+            scores, top = torch.topk(self.router(flat), 2, dim=1)
+            probs = torch.zeros(n, 4).scatter(1, top, torch.softmax(scores, -1))
+            routing_map = torch.zeros(n, 4).int().scatter(1, top, 1).bool()
+            flat_sorted = routing_map.T.contiguous().reshape(-1).argsort(descending=True)[:2 * n]
+            sorted_indices = flat_sorted % n
+            permuted = flat.index_select(0, sorted_indices)
+            permuted = permuted * probs.T.contiguous().reshape(-1)[flat_sorted].unsqueeze(-1)
+            where = sorted_indices.unsqueeze(1).expand(-1, 8)
+            out = torch.zeros(n, 8).scatter_add_(0, where, permuted)
+            return torch.scatter_add(out, 0, where, permuted).view(x.shape)
+
+    model = tracer.trace(Permute(), torch.randn(2, 6, 8), loss="sum")
+    scatters = ops_of(model, "scatter")
+    assert [len(op["inputs"]) for op in scatters] == [3, 2]
+    assert attrs(scatters[0]) == {"dim": 1} and attrs(scatters[1]) == {"dim": 1, "value": 1.0}
+    (sort,) = ops_of(model, "sort")
+    assert attrs(sort) == {"dim": -1, "descending": 1}
+    (rem,) = ops_of(model, "remainder")
+    assert attrs(rem) == {"other": 12.0}
+    (sel,) = ops_of(model, "index_select")
+    assert sel["inputs"][1] == rem["outputs"][0]
+    first, second = ops_of(model, "scatter_add_")
+    clone = ops_of(model, "clone")[-1]
+    assert clone["inputs"] == first["outputs"] and second["inputs"][0] == clone["outputs"][0]
+    estimate_both(model, 2, tmp_path)

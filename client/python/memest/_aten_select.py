@@ -1,6 +1,7 @@
 """Handlers (see _aten_map.py) for indexing and selection: index and index_put_ (integer index
-tensors for consecutive dims, or one 1-D bool mask), index_add_, scatter_, nonzero, topk, sort,
-max, min, and torchvision's
+tensors for consecutive dims, or one 1-D bool mask), index_add_, index_select, scatter_, scatter
+and scatter_add(_) (Megatron-LM's MoE routing and unpermutation), remainder by a number,
+nonzero, topk, sort, max, min, and torchvision's
 nms and roi_align, with the element-wise ops detection models run on boxes (log2, floor,
 bitwise_and / bitwise_or).
 
@@ -123,6 +124,42 @@ def _scatter_value(tr, args, kwargs, out):
     tr.emit("scatter_", [x, index], [out], {"dim": dim, "value": float(args[3])})
 
 
+def _index_select(tr, args, kwargs, out):
+    # x.index_select(dim, index)
+    x, dim, index = args[0], int(args[1]), args[2]
+    tr.emit("index_select", [x, index], [out], {"dim": dim} if dim else {})
+
+
+def _scatter_out_of_place(tr, args, kwargs, out):
+    """x.scatter(dim, index, src) (scatter.src) or x.scatter(dim, index, value) (scatter.value):
+    a new tensor of x's shape."""
+    x, dim, index, src = args[0], int(args[1]), args[2], args[3]
+    if isinstance(src, torch.Tensor):
+        tr.emit("scatter", [x, index, src], [out], {"dim": dim})
+    else:
+        tr.emit("scatter", [x, index], [out], {"dim": dim, "value": float(src)})
+
+
+def _scatter_add_(tr, args, kwargs, out):
+    # x.scatter_add_(dim, index, src), in place
+    x, dim, index, src = args[0], int(args[1]), args[2], args[3]
+    tr.emit("scatter_add_", [x, index, src], [out], {"dim": dim} if dim else {})
+
+
+def _scatter_add(tr, args, kwargs, out):
+    """torch.scatter_add(x, dim, index, src), out of place: aten clones x (the result's
+    storage) and adds into the clone in place; recorded so, self's gradient passing through."""
+    x, dim, index, src = args[0], int(args[1]), args[2], args[3]
+    copy = tr.fresh_name("scatter_add_self")
+    tr.emit("clone", [x], [copy], {}, out_shapes={copy: (list(x.shape), x.dtype)})
+    tr.emit("scatter_add_", [copy, index, src], [out], {"dim": dim} if dim else {})
+
+
+def _remainder(tr, args, kwargs, out):
+    # x % number (remainder.Scalar): elementwise, x's dtype
+    tr.emit("remainder", [args[0]], [out], {"other": float(args[1])})
+
+
 def _unary(kind):
     def h(tr, args, kwargs, out):
         tr.emit(kind, [args[0]], [out], {})
@@ -166,6 +203,12 @@ HANDLERS = {
     "min.default": _min,
     "index_add_.default": _index_add_,
     "scatter_.value": _scatter_value,
+    "index_select.default": _index_select,
+    "scatter.src": _scatter_out_of_place,
+    "scatter.value": _scatter_out_of_place,
+    "scatter_add_.default": _scatter_add_,
+    "scatter_add.default": _scatter_add,
+    "remainder.Scalar": _remainder,
     "log2.default": _unary("log2"),
     "floor.default": _unary("floor"),
     "bitwise_and.Tensor": _bitwise("bitwise_and"),
