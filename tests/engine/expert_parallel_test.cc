@@ -20,13 +20,7 @@ namespace memest {
 namespace {
 
 using enginetest::FromJson;
-
-// Two layers of four experts, two per token (the conformance zoo's small Mixtral).
-nlohmann::json SmallMixtral() {
-  return {{"model_type", "mixtral"},    {"hidden_size", 64},        {"num_hidden_layers", 2},
-          {"num_attention_heads", 4},   {"num_key_value_heads", 2}, {"intermediate_size", 96},
-          {"vocab_size", 512},          {"num_local_experts", 4},   {"num_experts_per_tok", 2}};
-}
+using enginetest::SmallMixtral;
 
 // Each expert: linear_fc1 [2 x 96, 64] and linear_fc2 [64, 96].
 constexpr int64_t kExpertParams = 2 * 96 * 64 + 64 * 96;  // 18,432

@@ -52,6 +52,13 @@ inline ModelSpec HfModel(const std::string& name, int64_t seq = 0) {
   return m;
 }
 
+// Two layers of four experts, two per token, as the conformance zoo's small Mixtral.
+inline nlohmann::json SmallMixtral() {
+  return {{"model_type", "mixtral"},    {"hidden_size", 64},        {"num_hidden_layers", 2},
+          {"num_attention_heads", 4},   {"num_key_value_heads", 2}, {"intermediate_size", 96},
+          {"vocab_size", 512},          {"num_local_experts", 4},   {"num_experts_per_tok", 2}};
+}
+
 }  // namespace enginetest
 }  // namespace memest
 

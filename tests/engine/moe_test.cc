@@ -17,13 +17,7 @@ namespace memest {
 namespace {
 
 using enginetest::FromJson;
-
-// Two layers of four experts, two per token, as the conformance zoo's small Mixtral.
-nlohmann::json SmallMixtral() {
-  return {{"model_type", "mixtral"},    {"hidden_size", 64},      {"num_hidden_layers", 2},
-          {"num_attention_heads", 4},   {"num_key_value_heads", 2}, {"intermediate_size", 96},
-          {"vocab_size", 512},          {"num_local_experts", 4},  {"num_experts_per_tok", 2}};
-}
+using enginetest::SmallMixtral;
 
 nlohmann::json SmallQwenMoe() {
   return {{"model_type", "qwen2_moe"},
