@@ -97,7 +97,8 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
       step.graph = step.owned.get();
     }
   }
-  if (stage != nullptr && stage->chunks.size() > 1 && (step.context || step.tensor || step.expert)) {
+  const bool rebuilt = step.context || step.tensor || step.expert;
+  if (stage != nullptr && stage->chunks.size() > 1 && rebuilt) {
     // The passes rebuilt the stage's graph: its chunks' ops and sent tensors moved with it.
     auto moved = std::make_unique<PipelineStage>();
     moved->stage = stage->stage;

@@ -34,7 +34,8 @@ int MegatronMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, i
 // sort_chunks_by_idxs: torch.split into chunks, torch.cat in the new order (a copy).
 int SortChunks(GraphBuilder& b, int x, const std::vector<int64_t>& sizes) {
   std::vector<int> chunks =
-      b.Add("split", {x}, {{"dim", Int(0)}, {"sizes", Ints(sizes)}, {"moe", std::string("chunks")}});
+      b.Add("split", {x},
+            {{"dim", Int(0)}, {"sizes", Ints(sizes)}, {"moe", std::string("chunks")}});
   if (!b.ok()) return -1;
   return b.Add1("cat", chunks, {{"dim", Int(0)}, {"moe", std::string("chunks")}});
 }
@@ -77,7 +78,8 @@ int AttachAuxLoss(GraphBuilder& b, int logits, int probs, const MoeOptions& o, D
   const int map = RoutingMap(b, top[1], b.shape(logits), dtype);
   const int tokens = b.Add1("sum", {map}, {{"dim", Ints({0})}});
   const int per_expert = b.Add1("sum", {scores}, {{"dim", Ints({0})}});
-  int aux = b.Add1("sum", {b.Add1("mul", {per_expert, b.Add1("to", {tokens}, {{"dtype", std::string("float32")}})})});
+  const int counts = b.Add1("to", {tokens}, {{"dtype", std::string("float32")}});
+  int aux = b.Add1("sum", {b.Add1("mul", {per_expert, counts})});
   aux = b.Add1("to", {aux}, {{"dtype", DTypeAttr(dtype)}});
   return b.Add1("add", {probs, aux});
 }
@@ -166,7 +168,8 @@ int MegatronMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions&
       ModuleScope local(b, "local_experts");
       out = MegatronMlp(b, c, "0", received, o.expert_ffn, received_probs);
     } else {
-      const Attrs split = {{"dim", Int(0)}, {"sizes", Ints(counts)}, {"moe", std::string("experts")}};
+      const Attrs split = {
+          {"dim", Int(0)}, {"sizes", Ints(counts)}, {"moe", std::string("experts")}};
       std::vector<int> pieces = b.Add("split", {received}, split);
       std::vector<int> weights = b.Add("split", {received_probs}, split);
       if (!b.ok()) return -1;

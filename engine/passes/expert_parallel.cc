@@ -43,7 +43,8 @@ StatusOr<std::vector<MoeLayer>> FindLayers(const Graph& g, int64_t size, ExpertL
     MEMEST_ASSIGN_OR_RETURN(int64_t ep, IntAttr(op.attrs, "ep", 1, "ep_all_to_all"));
     if (ep != 1) {
       return InvalidArgument(std::string(kField) + ": the graph's experts are split already (an "
-                             "all-to-all over " + std::to_string(ep) + " ranks at " + op.scope + ")");
+                             "all-to-all over " + std::to_string(ep) + " ranks at " + op.scope +
+                             ")");
     }
     if (role != "dispatch" || (!layers.empty() && layers.back().scope == op.scope)) continue;
     MoeLayer l;

@@ -40,8 +40,8 @@ StatusOr<MegatronDdp> PlanMegatronDdp(const Graph& g, const RunConfig& c) {
     at = start + Numel(p.shape);  // below 2^62: the builder checked the parameters' bytes
   }
   auto layout = [&](int64_t elements, int64_t group, int64_t* buffer, int64_t* shard) {
-    *buffer = m.distributed_optimizer && elements > 0 ? RoundUp(elements, std::lcm(group, int64_t{128}))
-                                                      : elements;
+    const bool pad = m.distributed_optimizer && elements > 0;
+    *buffer = pad ? RoundUp(elements, std::lcm(group, int64_t{128})) : elements;
     *shard = m.distributed_optimizer ? *buffer / group : *buffer;
   };
   layout(end, d, &m.buffer_elements, &m.shard_elements);

@@ -25,8 +25,8 @@
 //   bytes per parameter for bf16 and Adam (theoretical_memory_usage.py), 6 + 12/d with the
 //   distributed optimizer.
 // - Under expert parallelism (expert > 1) the experts' parameters (Megatron's `allreduce =
-//   False`: the MoELayer's local_experts) have buffers of their own (expert_parallel_buffers), laid out
-//   and padded the same way over the expert-data-parallel group, data x context / expert ranks,
+//   False`: the MoELayer's local_experts) have buffers of their own (expert_parallel_buffers),
+//   laid out and padded the same way over the expert-data-parallel group, data x context / expert ranks,
 //   which reduces their gradients and shards their optimizer state.
 // - The optimizer is a fused multi-tensor one (TransformerEngine's or Apex's FusedAdam): no
 //   per-parameter scratch. Megatron's optimizers are Adam (AdamW's decoupled decay) and SGD.

@@ -41,10 +41,12 @@ StatusOr<std::vector<OutputSpec>> InferAllToAll(const OpCall& c) {
     return InvalidArgument(AttrField(c, "ep") + ": the expert-parallel group size, in [1, 2^20], "
                            "got " + std::to_string(ep));
   }
-  if (experts < 1 || experts % ep != 0 || top_k < 1 || top_k > experts) {
+  if (experts < 1 || experts > (int64_t{1} << 16) || experts % ep != 0 || top_k < 1 ||
+      top_k > experts) {
     return InvalidArgument(AttrField(c, "experts") + ": " + std::to_string(experts) +
-                           " experts must split evenly over " + std::to_string(ep) +
-                           " ranks, top_k " + std::to_string(top_k) + " in [1, experts]");
+                           " experts, at most 2^16, must split evenly over " +
+                           std::to_string(ep) + " ranks, top_k " + std::to_string(top_k) +
+                           " in [1, experts]");
   }
   if (role != "dispatch" && role != "combine") {
     return InvalidArgument(AttrField(c, "role") + ": dispatch or combine, got '" + role + "'");
@@ -117,7 +119,9 @@ Status CheckScatterIndex(const OpCall& c, size_t into) {
 
 StatusOr<std::vector<OutputSpec>> InferScatterOutOfPlace(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(CheckScatterIndex(c, c.inputs.size() == 3 ? 2 : 0));
-  if (c.inputs.size() == 2) MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "value", 0, c.field).status());
+  if (c.inputs.size() == 2) {
+    MEMEST_RETURN_IF_ERROR(FloatAttr(c.op.attrs, "value", 0, c.field).status());
+  }
   const Tensor& x = c.in(0);
   return std::vector<OutputSpec>{{x.shape, x.dtype, {}, -1, IsFloating(x.dtype)}};
 }
