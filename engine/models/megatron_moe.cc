@@ -194,8 +194,8 @@ int MegatronMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions&
   restored = b.Add1("scatter_add_", {restored, where, out}, {{"dim", Int(0)}});
   out = b.Add1("view", {restored}, {{"shape", Ints(in)}});
   if (shared >= 0) out = b.Add1("add", {out, shared});
-  // The dispatcher keeps its last routing (self.probs, self.routing_map) until the layer's next
-  // forward.
+  // The dispatcher keeps its last routing (self.probs, self.routing_map) as attributes until the
+  // layer's next forward; held here to the forward's end (docs/moe.md: not counted in backward).
   b.HoldUntilLastOp(routing_probs);
   b.HoldUntilLastOp(routing_map);
   return out;
