@@ -24,6 +24,11 @@ Status ValidateMegatron(const RunConfig& c) {
     return InvalidArgument("config.parallelism.data_parallel: Megatron-LM runs on CUDA; the "
                            "cpu-1.13 runtime has no Megatron");
   }
+  if (c.lora.rank > 0) {
+    return InvalidArgument("config.lora: PEFT's adapters are not how Megatron-LM trains (it has no "
+                           "PEFT; NeMo's LoRA wraps its own layers, not modelled): use a PyTorch "
+                           "strategy (ddp, fsdp2, deepspeed-zero*) with adapters");
+  }
   const OptimizerKind k = c.optimizer.kind;
   if (k != OptimizerKind::kAdam && k != OptimizerKind::kAdamW && k != OptimizerKind::kSgd &&
       k != OptimizerKind::kSgdMomentum) {

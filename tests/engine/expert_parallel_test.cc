@@ -300,6 +300,13 @@ TEST(ExpertParallelTest, RefusesWhatItCannotSplitNamingTheField) {
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << k.field;
     EXPECT_NE(s.message().find(k.field), std::string::npos) << s.message();
   }
+  // PEFT's adapters on a model Megatron trains (they landed on its linear_fc1/fc2 silently).
+  c.parallelism = Experts(2, 2);
+  c.lora.rank = 8;
+  c.lora.target_modules = {"all-linear"};
+  const Status lora = EstimateStatus(SmallMixtral(), c);
+  EXPECT_NE(lora.message().find("config.lora: PEFT's adapters"), std::string::npos)
+      << lora.message();
 }
 
 }  // namespace
