@@ -17,6 +17,7 @@ struct MoeLayer {
   std::string scope;  // the layer's module scope (its all-to-alls')
   int64_t experts = 0, top_k = 0, tokens = 0;
   std::vector<int64_t> counts;  // token choices per expert from one rank
+  int64_t received = 0;         // rows the estimated rank's experts receive (ShardExpertParallel)
 };
 
 // Rows rank r receives for its local expert j from each rank of the group.
@@ -149,7 +150,8 @@ StatusOr<ExpertParallelView> ShardExpertParallel(const Graph& g, const Paralleli
     if (least < 0 || rows < least) v.least_rank = r, least = rows;
   }
   const int64_t r = v.rank;
-  MEMEST_ASSIGN_OR_RETURN(v.received_rows, Received(first, v.size, r));
+  for (MoeLayer& l : layers) l.received = *Received(l, v.size, r);  // summed above: no overflow
+  v.received_rows = first.received;
   MEMEST_ASSIGN_OR_RETURN(v.least_received_rows, Received(first, v.size, v.least_rank));
 
   // The experts past the rank's share leave with their parameters.
@@ -190,8 +192,7 @@ StatusOr<ExpertParallelView> ShardExpertParallel(const Graph& g, const Paralleli
     if (op.kind == "ep_all_to_all") {
       const bool dispatch = AttrText(op, "role") == "dispatch";
       attrs["ep"] = AttrValue(int64_t{v.size});
-      attrs["rows"] = AttrValue(int64_t{dispatch ? *Received(layer, v.size, r)
-                                                 : layer.tokens * layer.top_k});
+      attrs["rows"] = AttrValue(int64_t{dispatch ? layer.received : layer.tokens * layer.top_k});
     } else if (op.kind == "split" && moe == "chunks") {
       std::vector<int64_t> sizes;  // from each rank of the group, its local experts in order
       for (int64_t s = 0; s < v.size; ++s) {

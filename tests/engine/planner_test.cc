@@ -24,6 +24,17 @@ PlanQuery Llama7b(const char* device, int64_t max_gpus) {
   return q;
 }
 
+// The run a plan describes, for Estimate: one data-parallel rank's share of the global batch.
+RunConfig ConfigOf(const PlanQuery& q, const Plan& p) {
+  RunConfig c = q.run;
+  c.batch_size = q.run.batch_size / p.parallelism.data;
+  c.grad_accum_steps = p.grad_accum_steps;
+  c.device = p.device;
+  c.checkpoint.policy = p.checkpoint;
+  c.parallelism = p.parallelism;
+  return c;
+}
+
 std::vector<Plan> Plans(const PlanQuery& q, PlanStats* stats = nullptr) {
   std::vector<Plan> out;
   Budget unlimited;
@@ -39,7 +50,8 @@ std::vector<Plan> Plans(const PlanQuery& q, PlanStats* stats = nullptr) {
 // A100: the plans start where sharding makes them fit, and each is what Estimate says.
 TEST(PlannerTest, PlansFitAndAreTheirEstimates) {
   PlanStats stats;
-  const std::vector<Plan> plans = Plans(Llama7b("a100-40gb", 64), &stats);
+  const PlanQuery q = Llama7b("a100-40gb", 64);
+  const std::vector<Plan> plans = Plans(q, &stats);
   ASSERT_FALSE(plans.empty());
   EXPECT_GE(plans.size(), 6u);
   EXPECT_GT(plans.front().gpus, 1);
@@ -52,16 +64,7 @@ TEST(PlannerTest, PlansFitAndAreTheirEstimates) {
     EXPECT_EQ(p.parallelism.sequence_parallel, p.parallelism.tensor > 1);
     tensor |= p.parallelism.tensor > 1;
     EXPECT_EQ(16 / p.parallelism.data, p.micro_batch * p.grad_accum_steps);
-    RunConfig c;
-    c.batch_size = 16 / p.parallelism.data;
-    c.grad_accum_steps = p.grad_accum_steps;
-    c.precision = Precision::kBf16Pure;
-    c.device = p.device;
-    c.checkpoint.policy = p.checkpoint;
-    c.parallelism = p.parallelism;
-    ModelSpec model;
-    model.source = PresetSpec{"llama-7b", {{"seq", 1024}}};
-    const Report r = Estimate(model, c, {1'000'000, false}).value();
+    const Report r = Estimate(q.model, ConfigOf(q, p), {1'000'000, false}).value();
     ASSERT_TRUE(r.fit.has_value());
     EXPECT_TRUE(r.fit->fits);
     EXPECT_EQ(r.fit->required_bytes, p.required_bytes);
@@ -88,14 +91,7 @@ TEST(PlannerTest, BigBubblesAreTriedInterleaved) {
   const double m = static_cast<double>(inter->grad_accum_steps);
   EXPECT_EQ(inter->grad_accum_steps % stages, 0);
   EXPECT_DOUBLE_EQ(inter->bubble_fraction, (stages - 1) / 2.0 / (m + (stages - 1) / 2.0));
-  RunConfig c;
-  c.batch_size = 32 / inter->parallelism.data;
-  c.grad_accum_steps = inter->grad_accum_steps;
-  c.precision = Precision::kBf16Pure;
-  c.device = inter->device;
-  c.checkpoint.policy = inter->checkpoint;
-  c.parallelism = inter->parallelism;
-  const Report r = Estimate(q.model, c, {1'000'000, false}).value();
+  const Report r = Estimate(q.model, ConfigOf(q, *inter), {1'000'000, false}).value();
   EXPECT_EQ(r.fit->required_bytes, inter->required_bytes);
 }
 
@@ -230,16 +226,7 @@ TEST(PlannerTest, MixtureOfExpertsPlansSplitTheExperts) {
     EXPECT_TRUE(IsMegatron(p.parallelism.sharding));
     EXPECT_EQ(p.parallelism.tensor, 1);
     EXPECT_EQ(p.parallelism.data % p.parallelism.expert, 0);
-    RunConfig c;
-    c.batch_size = 8 / p.parallelism.data;
-    c.grad_accum_steps = p.grad_accum_steps;
-    c.precision = Precision::kBf16Pure;
-    c.device = p.device;
-    c.checkpoint.policy = p.checkpoint;
-    c.parallelism = p.parallelism;
-    EstimateOptions options;
-    options.advice = false;
-    StatusOr<Report> r = Estimate(q.model, c, options);
+    StatusOr<Report> r = Estimate(q.model, ConfigOf(q, p), {1'000'000, false});
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_TRUE(r->expert_parallel.has_value());
     EXPECT_EQ(r->fit->required_bytes, p.required_bytes);
