@@ -68,6 +68,7 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
   }
   out.overlap_comm = p.overlap_comm();
   out.offload_optimizer = p.offload_optimizer();
+  out.offload_param = p.offload_param();
   out.reshard_after_forward = !p.has_reshard_after_forward() || p.reshard_after_forward();
   out.fsdp_mixed_precision = p.fsdp_mixed_precision();
   out.pipeline = p.pipeline() == 0 ? 1 : p.pipeline();  // the engine refuses a negative count

@@ -56,9 +56,13 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                 "DeepSpeed ZeRO's overlap_comm: a second ipg buffer")
       ->group(group);
   app->add_flag("--offload-optimizer", f->offload_optimizer,
-                "DeepSpeed ZeRO-1/2's offload_optimizer device cpu: the fp32 master weights, "
+                "DeepSpeed ZeRO's offload_optimizer device cpu: the fp32 master weights, "
                 "their gradient and the optimizer state in host memory (shown as host bytes), "
                 "the optimizer steps on the CPU")
+      ->group(group);
+  app->add_flag("--offload-param", f->offload_param,
+                "DeepSpeed ZeRO-3's offload_param device cpu: the parameters' partitions in "
+                "host memory, copied to the GPU when gathered")
       ->group(group);
   app->add_flag("--no-reshard-after-forward", f->no_reshard_after_forward,
                 "FSDP2's fully_shard(block, reshard_after_forward=False), FSDP1's "
@@ -138,7 +142,7 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
 
 Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (!f.data && f.strategy.empty() && !f.bucket_cap_mb && !f.gradient_as_bucket_view &&
-      !f.reduce_bucket_size && !f.overlap_comm && !f.offload_optimizer &&
+      !f.reduce_bucket_size && !f.overlap_comm && !f.offload_optimizer && !f.offload_param &&
       !f.no_reshard_after_forward &&
       !f.fsdp_mixed_precision && !f.pipeline && f.pipeline_schedule.empty() &&
       !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && !f.context &&
@@ -157,6 +161,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (f.reduce_bucket_size) p->set_reduce_bucket_size(*f.reduce_bucket_size);
   p->set_overlap_comm(f.overlap_comm);
   p->set_offload_optimizer(f.offload_optimizer);
+  p->set_offload_param(f.offload_param);
   if (f.no_reshard_after_forward) p->set_reshard_after_forward(false);
   p->set_fsdp_mixed_precision(f.fsdp_mixed_precision);
   if (f.pipeline) p->set_pipeline(*f.pipeline);

@@ -21,7 +21,8 @@ struct ParallelismFlags {
   bool gradient_as_bucket_view = false;
   std::optional<int64_t> reduce_bucket_size;  // DeepSpeed ZeRO, elements
   bool overlap_comm = false;                  // DeepSpeed ZeRO
-  bool offload_optimizer = false;             // DeepSpeed ZeRO-1/2
+  bool offload_optimizer = false;             // DeepSpeed ZeRO-1/2/3
+  bool offload_param = false;                 // DeepSpeed ZeRO-3
   bool no_reshard_after_forward = false;      // FSDP2
   bool fsdp_mixed_precision = false;          // FSDP2
   std::optional<int64_t> pipeline;            // pipeline stages

@@ -314,10 +314,14 @@ struct ParallelismConfig {
   // buffer); 0: DeepSpeed's defaults, 5e8 and (for stage 2) false.
   int64_t reduce_bucket_elements = 0;
   bool overlap_comm = false;
-  // DeepSpeed ZeRO-1/2's zero_optimization.offload_optimizer.device: cpu (pin_memory false,
-  // DeepSpeed's default): the fp32 master partition, its gradient and the optimizer state live
-  // in host memory, the optimizer steps on the CPU (engine/passes/data_parallel.h).
+  // DeepSpeed's zero_optimization.offload_optimizer.device: cpu (pin_memory false, DeepSpeed's
+  // default; ZeRO-1, -2 or -3): the fp32 master partition, its gradient and the optimizer state
+  // live in host memory, the optimizer steps on the CPU (engine/passes/data_parallel.h).
   bool offload_optimizer = false;
+  // DeepSpeed ZeRO-3's zero_optimization.offload_param.device: cpu: each parameter's partition
+  // lives in host memory and is copied to the GPU to be gathered (engine/passes/
+  // deepspeed_zero3.h).
+  bool offload_param = false;
   // FSDP2: fully_shard(block, reshard_after_forward=...): a block's gathered parameters are
   // freed after its forward and gathered again for its backward (true, the default), or kept.
   bool reshard_after_forward = true;

@@ -104,9 +104,11 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                              DataShardingName(p.sharding));
     }
   }
-  if (p.sharding == DataSharding::kDeepSpeedZero3 && p.offload_optimizer) {
-    return InvalidArgument("config.parallelism.offload_optimizer: ZeRO-Offload is modelled for "
-                           "ZeRO-1 and -2; under ZeRO-3 it is not yet");
+  if (p.offload_param && p.sharding != DataSharding::kDeepSpeedZero3) {
+    return InvalidArgument(std::string("config.parallelism.offload_param: DeepSpeed ZeRO-3's "
+                                       "parameter offload (deepspeed-zero3), and the strategy "
+                                       "is ") +
+                           DataShardingName(p.sharding));
   }
   if (deepspeed && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
     return InvalidArgument(std::string("config.parallelism.") +

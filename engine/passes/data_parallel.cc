@@ -183,6 +183,7 @@ DataParallelReport DataParallelReportOf(const RankView& view) {
   for (const DdpBucket& b : view.buckets) r.bucket_bytes.push_back(b.bytes);
   r.owned_elements = view.owned_elements;
   if (view.deepspeed) r.host_bytes = view.deepspeed->HostBytes();
+  if (view.zero3) r.host_bytes = view.zero3->HostBytes();
   return r;
 }
 

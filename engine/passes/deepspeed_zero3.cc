@@ -14,6 +14,45 @@ namespace {
 // optimizer, whose own default is 1e12).
 constexpr int64_t kSubGroupElements = 1'000'000'000;
 
+// What PyTorch's CachingHostAllocator reserves for a pinned buffer of `bytes`: the next power
+// of two (ATen/core/CachingHostAllocator.h, allocate: c10::llvm::PowerOf2Ceil).
+StatusOr<int64_t> PinnedBytes(int64_t bytes) {
+  int64_t pinned = 1;
+  while (pinned < bytes) {
+    MEMEST_ASSIGN_OR_RETURN(pinned, CheckedMul(pinned, 2));
+  }
+  return bytes == 0 ? 0 : pinned;
+}
+
+// Where offload puts the rank's buffers (deepspeed_zero3.h says what DeepSpeed does).
+Status PlanOffload(const Graph& g, const ParallelismConfig& p, DeepSpeedZero3& z) {
+  z.offload_optimizer = p.offload_optimizer;
+  z.offload_param = p.offload_param;
+  z.on_host.assign(g.tensors.size(), 0);
+  if (z.offload_param) {
+    for (size_t t = 0; t < g.tensors.size(); ++t) {
+      const Tensor& ten = g.tensors[t];
+      if (ten.role != TensorRole::kParameter || (!ten.requires_grad && z.persistent[t])) continue;
+      z.on_host[t] = 1;
+      if (ten.requires_grad) continue;  // in the trainable flat buffer below
+      MEMEST_ASSIGN_OR_RETURN(const int64_t b, CheckedMul(z.partition[t], z.bytes[t]));
+      MEMEST_ASSIGN_OR_RETURN(z.host_param_bytes, CheckedAdd(z.host_param_bytes, b));
+    }
+    // The trainable partitions: one pinned buffer of the model's dtype (one parameter group).
+    MEMEST_ASSIGN_OR_RETURN(const int64_t flat, PinnedBytes(z.grad_partition_bytes));
+    MEMEST_ASSIGN_OR_RETURN(z.host_param_bytes, CheckedAdd(z.host_param_bytes, flat));
+  }
+  if (!z.offload_optimizer) return Status::Ok();
+  z.host_master_bytes = z.master_bytes;
+  z.host_grad_bytes = z.master_bytes;
+  z.host_state_bytes = z.state_bytes;
+  z.host_grad_partition_bytes = z.grad_partition_bytes;
+  MEMEST_ASSIGN_OR_RETURN(const int64_t largest, CheckedMul(z.largest_partition, 4));
+  MEMEST_ASSIGN_OR_RETURN(z.host_pinned_bytes, PinnedBytes(largest));
+  z.master_bytes = z.state_bytes = z.grad_partition_bytes = 0;  // none on the GPU
+  return Status::Ok();
+}
+
 // The module path a parameter's name gives ("h.0.attn.weight" -> "h.0.attn"); a bare name (a
 // model file's "wte") stands for a module of its own.
 std::string OwnerOf(const std::string& name) {
@@ -159,24 +198,59 @@ StatusOr<DeepSpeedZero3> PlanDeepSpeedZero3(const Graph& g, const RunConfig& c) 
   MEMEST_ASSIGN_OR_RETURN(z.state_bytes, CheckedMul(z.master_bytes, oc.state));
   MEMEST_ASSIGN_OR_RETURN(z.grad_partition_bytes, CheckedMul(s, z.element_bytes));
   MEMEST_ASSIGN_OR_RETURN(z.ipg_bytes, CheckedMul(z.ipg_elements, z.element_bytes));
+  MEMEST_RETURN_IF_ERROR(PlanOffload(g, p, z));
   return z;
+}
+
+int64_t DeepSpeedZero3::HostBytes() const {
+  int64_t sum = 0;
+  for (int64_t b : {host_param_bytes, host_master_bytes, host_grad_bytes, host_state_bytes,
+                    host_grad_partition_bytes, host_pinned_bytes}) {
+    if (!AddBytes(&sum, b)) return kMaxBytes;
+  }
+  return sum;
 }
 
 void AddDeepSpeedZero3Notes(const RunConfig& c, const DeepSpeedZero3& z, Report* r) {
   int64_t persistent = 0, owners = 0;
   for (char k : z.persistent) persistent += k;
   for (const Zero3Module& m : z.modules) owners += m.params.empty() ? 0 : 1;
+  const std::string kept =
+      z.offload_optimizer
+          ? "offload_optimizer cpu: the fp32 master, its fp32 gradient, the optimizer state "
+            "and the gradient partitions are host memory, stepped by the CPU (each reduced "
+            "partition comes back to the GPU to be normed and cast on its way to the host)"
+          : "fp32 master " + FormatBytes(z.master_bytes) + ", optimizer state " +
+                FormatBytes(z.state_bytes) + ", gradient partitions " +
+                FormatBytes(z.grad_partition_bytes);
   r->notes.push_back(
       "DeepSpeed ZeRO-3 over " + std::to_string(z.world) + " ranks, rank 0 estimated: each "
-      "parameter a 1/" + std::to_string(z.world) + " partition, gathered by " +
-      std::to_string(owners) + " modules around their forward and backward; fp32 "
-      "master " + FormatBytes(z.master_bytes) + ", optimizer state " + FormatBytes(z.state_bytes) +
-      ", gradient partitions " + FormatBytes(z.grad_partition_bytes) + ", and an ipg bucket of " +
-      std::to_string(z.ipg_elements) + " elements (" + FormatBytes(z.ipg_bytes) +
-      ") made at initialisation whatever the model's size; " + std::to_string(persistent) +
-      " persistent parameters (at most " +
+      "parameter a 1/" + std::to_string(z.world) + " partition" +
+      (z.offload_param ? " in host memory (offload_param cpu), copied to the GPU to be"
+                       : ",") +
+      " gathered by " + std::to_string(owners) + " modules around their forward and backward; " +
+      kept + "; an ipg bucket of " + std::to_string(z.ipg_elements) + " elements (" +
+      FormatBytes(z.ipg_bytes) + ") made at initialisation whatever the model's size; " +
+      std::to_string(persistent) + " persistent parameters (at most " +
       std::to_string(c.parallelism.stage3_param_persistence_threshold) + " elements) kept "
       "gathered between steps (" + FormatBytes(z.persistent_bytes) + ")");
+  if (z.offload_optimizer || z.offload_param) {
+    r->notes.push_back(
+        "host memory " + FormatBytes(z.HostBytes()) + " per rank (data_parallel.host_bytes): " +
+        (z.offload_param ? "parameter partitions " + FormatBytes(z.host_param_bytes) +
+                               " (the trainable ones one pinned buffer, rounded up to a power "
+                               "of two by PyTorch's pinned allocator); "
+                         : std::string()) +
+        (z.offload_optimizer
+             ? "fp32 master " + FormatBytes(z.host_master_bytes) + ", its gradient " +
+                   FormatBytes(z.host_grad_bytes) + ", optimizer state " +
+                   FormatBytes(z.host_state_bytes) + ", gradient partitions " +
+                   FormatBytes(z.host_grad_partition_bytes) + ", pinned staging " +
+                   FormatBytes(z.host_pinned_bytes) + "; "
+             : std::string()) +
+        "pin_memory false (DeepSpeed's default); not counted: the host copies that copy_ "
+        "makes to convert dtypes, DeepSpeedCPUAdam's own buffers");
+  }
   r->notes.push_back(
       std::string(c.step == StepKind::kFirstStep
                       ? "first step: the coordinator records the module trace, so nothing is "

@@ -31,6 +31,28 @@
 //   inf/NaN; the norm takes a float64 copy of each partition in turn; per sub-group the
 //   gradients are flattened (a model-dtype copy) and cast to float32, stepped, and dropped;
 //   the persistent parameters are gathered again.
+//
+// Offload (read at the same commit; CUDA's copy_ from pageable or pinned host memory converts
+// dtypes on the CPU, aten/src/ATen/native/cuda/Copy.cu, so no copy_ below makes a GPU
+// temporary):
+// - offload_optimizer (device cpu; self.device is 'cpu', stage3.py line 256): the fp32 master
+//   partitions (`.to('cpu').clone().float()`, _create_fp32_partitions), their fp32 gradients
+//   (a buffer per sub-group made at initialisation and kept, initialize_optimizer_states), the
+//   CPU optimizer's state, grad_partitions_flat_buffer (the model's dtype) and pinned_grad_buffer
+//   (the largest partition in fp32, pinned: PyTorch's CachingHostAllocator rounds it up to a
+//   power of two) are host memory. The GPU keeps no master, state or gradient partition. In
+//   partition_grads each reduced partition is copied to the host buffer and back to the GPU
+//   (`grad_buffer.to(grad_partition.device)`, the model's dtype, alive until the next
+//   parameter's), and at the accumulation boundary normed (`.double()` of each 250M-element
+//   part) and cast to fp32 for the pinned buffer (`.to(float32)`, not for fp32 models). The
+//   step runs on the CPU: the GPU sees only the fp32 partitions copied into the 16-bit ones.
+// - offload_param (device cpu): the trainable partitions move into one pinned host buffer per
+//   parameter group (_create_param_groups_fp16_flat_cpu_memory, rounded up to a power of two);
+//   the frozen ones are made on the host (pinned only with pin_memory, false by default),
+//   except persistent frozen parameters, which stay on the GPU (_partition_param). A gather
+//   first copies the partitions it sends to the GPU (`ds_tensor.to(device)`, all of a
+//   coalesced call at once, beside its flat buffer, freed when the call returns); on one rank
+//   a fetched parameter is a GPU copy of its whole partition (NoGatherHandle), freed on release.
 #ifndef MEMEST_ENGINE_PASSES_DEEPSPEED_ZERO3_H_
 #define MEMEST_ENGINE_PASSES_DEEPSPEED_ZERO3_H_
 
@@ -75,6 +97,18 @@ struct DeepSpeedZero3 {
   int64_t grad_partition_bytes = 0;  // grad_partitions_flat_buffer, the model's dtype
   int64_t ipg_bytes = 0;             // __ipg_bucket_flat_buffer
   int64_t persistent_bytes = 0;      // the persistent parameters, gathered (N partitions each)
+
+  // Offload. on_host: per tensor, whether its partition lives in host memory.
+  bool offload_optimizer = false, offload_param = false;
+  std::vector<char> on_host;
+  int64_t host_param_bytes = 0;          // the partitions offload_param keeps on the host
+  int64_t host_master_bytes = 0;         // fp32 master partitions
+  int64_t host_grad_bytes = 0;           // their fp32 gradients
+  int64_t host_state_bytes = 0;          // the CPU optimizer's state (first step on)
+  int64_t host_grad_partition_bytes = 0; // grad_partitions_flat_buffer, the model's dtype
+  int64_t host_pinned_bytes = 0;         // pinned_grad_buffer, rounded to a power of two
+
+  int64_t HostBytes() const;
 };
 
 // The plan of `graph`'s rank under config.parallelism (deepspeed-zero3). Every rank holds the

@@ -2,6 +2,7 @@
 // by engine/passes/deepspeed_zero3.h, which says what stage3.py does): what initialisation made
 // and keeps, the ipg bucket and its reduce-scatter, and the optimizer step. The gathering of
 // each module's parameters is the coordinator's (engine/step/zero3_coordinator.h).
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -18,18 +19,20 @@ class DeepSpeedZero3Hooks : public RankHooks {
   DeepSpeedZero3Hooks(const DeepSpeedZero3& z, const Graph& g, const RunConfig& c)
       : z_(z), g_(g), c_(c), coordinator_(z, g, c) {}
 
-  // The rank keeps each parameter's partition (trainable ones in lp_param_buffer).
+  // The rank keeps each parameter's partition (trainable ones in lp_param_buffer), on the
+  // host with offload_param.
   int64_t ParameterBytes(int t, int64_t whole) const override {
     if (g_.tensors[t].role != TensorRole::kParameter) return whole;
+    if (z_.on_host[t]) return 0;
     return Zero3Bytes(z_, t, z_.partition[t]);  // at most the parameter's own bytes and a pad
   }
 
   // The optimizer steps the fp32 partitions; no parameter has state of its own.
   const Tensor* OptimizerParam(const Graph& /*g*/, int /*t*/) const override { return nullptr; }
 
-  // What initialisation made and keeps: the fp32 masters, the gradient partitions, the ipg
-  // bucket; in a steady step also the optimizer state and the persistent parameters the last
-  // step gathered.
+  // What initialisation made and keeps: the fp32 masters, the gradient partitions (none of
+  // them on the GPU with offload_optimizer), the ipg bucket; in a steady step also the
+  // optimizer state and the persistent parameters the last step gathered.
   void StepStarts(RankMemory& m) override {
     m.Allocate(z_.master_bytes, Category::kMasterAndCasts);
     m.Allocate(z_.grad_partition_bytes, Category::kGradients);
@@ -67,6 +70,13 @@ class DeepSpeedZero3Hooks : public RankHooks {
 
   void OptimizerStepStarts(RankMemory& m) override {
     coordinator_.ReleaseAll(m);  // _partition_all_parameters: release_and_reset_all
+    if (!z_.offload_optimizer) GpuStep(m);  // else the CPU steps on host memory
+    coordinator_.GatherPersistent(m, /*transient=*/true);  // _post_step
+  }
+
+ private:
+  // The step on the GPU: the overflow check, the norm, each sub-group's fp32 gradient.
+  void GpuStep(RankMemory& m) {
     const int64_t s = z_.trainable_partition_elements;
     if (z_.element_bytes == 2 && ParameterDType(c_.precision) == DType::kFloat16) {
       Transient(m, s);  // has_overflow: isinf(...) then isnan(...), each a bool per element
@@ -88,10 +98,8 @@ class DeepSpeedZero3Hooks : public RankHooks {
       m.Allocate(z_.state_bytes, Category::kOptimizerState);
     }
     m.Deallocate(grad);
-    coordinator_.GatherPersistent(m, /*transient=*/true);  // _post_step
   }
 
- private:
   void Transient(RankMemory& m, int64_t bytes) {
     if (bytes > 0) m.Deallocate(m.Allocate(bytes, Category::kTemporaries));
   }
@@ -106,12 +114,27 @@ class DeepSpeedZero3Hooks : public RankHooks {
     for (int t : bucket_) bytes = SaturatedSum(bytes, Zero3Gathered(z_, t));
     const bool in_place = bucket_.size() == 1 && z_.numel[bucket_[0]] % z_.world == 0;
     const int cat = in_place ? -1 : m.Allocate(bytes, Category::kCommunication);
-    for (int t : bucket_) {
+    for (int t : bucket_) {  // partition_grads, parameter by parameter
+      if (z_.offload_optimizer) OffloadGradient(m, t);
       if (m.HasOwnGrad(t)) m.ReleaseGrad(t, false);
     }
     if (cat >= 0) m.Deallocate(cat);
     bucket_.clear();
     ipg_used_ = 0;
+  }
+
+  // partition_grads with offload_optimizer: the partition, copied to the host buffer, comes
+  // back to the GPU (`grad_buffer.to(device)`); at the boundary its norm takes a float64 copy
+  // of each 250M-element part and its fp32 copy goes to the pinned buffer. (Rank 0's
+  // partition always holds real data.)
+  void OffloadGradient(RankMemory& m, int t) {
+    const int64_t n = z_.partition[t];
+    const int copy = m.Allocate(Zero3Bytes(z_, t, n), Category::kCommunication);
+    if (m.LastMicroBatch()) {
+      Transient(m, SaturatedProduct(std::min<int64_t>(n, 250'000'000), 8));
+      if (z_.bytes[t] != 4) Transient(m, SaturatedProduct(n, 4));
+    }
+    m.Deallocate(copy);
   }
 
   const DeepSpeedZero3& z_;

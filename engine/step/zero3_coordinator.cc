@@ -125,8 +125,18 @@ void Zero3Coordinator::ResetStep() {
 // _post_step: the persistent parameters gathered, each into a buffer of its N partitions it
 // views (_allgather_params_coalesced); a lone one through _allgather_params (a flat buffer,
 // then a copy of the parameter's size).
+// With offload_param, a coalesced gather first copies every host partition to the GPU (freed
+// when the call returns); the lone one's flat buffer takes its partition by copy_.
 void Zero3Coordinator::GatherPersistent(RankMemory& m, bool transient) {
-  if (z_.world == 1) return;  // one rank: parameters view their partitions, nothing is made
+  if (z_.world == 1) {  // one rank: parameters view their partitions (NoGatherHandle)
+    for (int t : persistent_) {
+      if (z_.on_host[t]) gathered_[t] = m.Allocate(Zero3Bytes(z_, t, z_.numel[t]),
+                                                   Category::kParameters);
+      status_[t] = Status3::kAvailable;
+    }
+    return;
+  }
+  const int copies = persistent_.size() > 1 ? CopyToDevice(m, persistent_) : -1;
   for (int t : persistent_) {
     const int64_t full = Zero3Gathered(z_, t);
     if (persistent_.size() == 1) {
@@ -138,10 +148,22 @@ void Zero3Coordinator::GatherPersistent(RankMemory& m, bool transient) {
     }
     status_[t] = Status3::kAvailable;
   }
+  if (copies >= 0) m.Deallocate(copies);
+}
+
+// offload_param: `ds_tensor.to(device)` of each host partition among `params`, made at once
+// (one buffer id for them all; -1 when none is on the host).
+int Zero3Coordinator::CopyToDevice(RankMemory& m, const std::vector<int>& params) {
+  int64_t bytes = 0;
+  for (int t : params) {
+    if (z_.on_host[t]) bytes = SaturatedSum(bytes, Zero3Bytes(z_, t, z_.partition[t]));
+  }
+  return bytes > 0 ? m.Allocate(bytes, Category::kCommunication) : -1;
 }
 
 // __all_gather_params: one call over the parameters not yet available. With one rank
-// DeepSpeed points each parameter at its partition (_no_gather_coalesced): nothing is made.
+// DeepSpeed points each parameter at its partition (_no_gather_coalesced: nothing is made, or
+// with offload_param a GPU copy of it).
 void Zero3Coordinator::AllGather(RankMemory& m, const std::vector<int>& params) {
   std::vector<int> todo;
   int64_t flat = 0;
@@ -152,8 +174,12 @@ void Zero3Coordinator::AllGather(RankMemory& m, const std::vector<int>& params) 
     flat = SaturatedSum(flat, Zero3Gathered(z_, t));
   }
   if (todo.empty()) return;
-  if (z_.world == 1) {
-    for (int t : todo) status_[t] = Status3::kAvailable;
+  if (z_.world == 1) {  // offload_param: a GPU copy of each host partition
+    for (int t : todo) {
+      if (z_.on_host[t]) gathered_[t] = m.Allocate(Zero3Bytes(z_, t, z_.numel[t]),
+                                                   Category::kParameters);
+      status_[t] = Status3::kAvailable;
+    }
     return;
   }
   Handle h;
@@ -164,6 +190,8 @@ void Zero3Coordinator::AllGather(RankMemory& m, const std::vector<int>& params) 
   } else {
     h.flat = m.Allocate(flat, Category::kCommunication);
   }
+  const int copies = CopyToDevice(m, todo);  // the partitions sent, from the host
+  if (copies >= 0) m.Deallocate(copies);
   const int id = static_cast<int>(handles_.size());
   for (int t : todo) {
     status_[t] = Status3::kInflight;

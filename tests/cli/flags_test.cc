@@ -157,6 +157,12 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   EXPECT_EQ(zero.data_parallel(), v1::DATA_PARALLEL_DEEPSPEED_ZERO1);
   EXPECT_TRUE(zero.offload_optimizer());
   EXPECT_EQ(zero.data_shard(), 0);
+  flags.parallel.strategy = "deepspeed-zero3";
+  flags.parallel.offload_param = true;
+  const v1::Parallelism zero3 = BuildEstimateRequest(flags)->config().parallelism();
+  EXPECT_TRUE(zero3.offload_optimizer());
+  EXPECT_TRUE(zero3.offload_param());
+  flags.parallel.offload_param = false;
   flags.parallel.offload_optimizer = false;
   flags.parallel.strategy = "fsdp2";
   flags.parallel.data_shard = 4;

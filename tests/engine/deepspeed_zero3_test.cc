@@ -212,10 +212,6 @@ TEST(DeepSpeedZero3Test, SettingsThatMakeNoSenseAreRefused) {
   negative.parallelism.stage3_prefetch_bucket_size = -1;
   EXPECT_NE(ValidateRunConfig(negative).message().find("stage3_prefetch_bucket_size"),
             std::string::npos);
-  RunConfig offload = c;
-  offload.parallelism.offload_optimizer = true;
-  EXPECT_NE(ValidateRunConfig(offload).message().find("config.parallelism.offload_optimizer"),
-            std::string::npos);
   RunConfig cpu = c;
   cpu.runtime = Runtime::kCpuTorch113;
   EXPECT_NE(ValidateRunConfig(cpu).message().find("CUDA"), std::string::npos);

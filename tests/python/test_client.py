@@ -169,6 +169,25 @@ def test_deepspeed_offload_reports_host_bytes(client):
         client.estimate(dp_strategy="fsdp2", offload_optimizer=True, **base)
 
 
+def test_deepspeed_zero3_offloads_the_optimizer_and_the_parameters(client):
+    base = dict(preset="gpt2-small", seq=128, batch_size=2, precision="bf16-pure",
+                data_parallel=8, dp_strategy="deepspeed-zero3", advice=False)
+    plain = client.estimate(**base)
+    both = client.estimate(offload_optimizer=True, offload_param=True, **base)
+    assert plain.data_parallel.host_bytes == 0
+    # Per partition element: the 16-bit partition (pinned, rounded up to a power of two: at
+    # most twice), the fp32 master, its gradient and AdamW's two states, the 16-bit gradient
+    # partition; and a pinned fp32 staging buffer of the largest partition.
+    partition = both.trainable_parameter_count / 8
+    assert 20 * partition <= both.data_parallel.host_bytes <= 22 * partition + 4 * 2**24
+    assert both.end_of_step.optimizer_state == both.end_of_step.master_and_casts == 0
+    assert both.end_of_step.parameters < plain.end_of_step.parameters
+    assert both.peak.allocated_bytes < plain.peak.allocated_bytes
+    assert any(n.startswith("host memory ") for n in both.notes)
+    with pytest.raises(memest.InvalidArgument, match="offload_param"):
+        client.estimate(offload_param=True, **{**base, "dp_strategy": "deepspeed-zero2"})
+
+
 def test_deepspeed_zero3_partitions_parameters_and_takes_its_settings(client):
     base = dict(preset="gpt2-small", seq=128, batch_size=2, precision="bf16-pure",
                 data_parallel=8, advice=False)

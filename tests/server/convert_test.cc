@@ -129,6 +129,13 @@ TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
   ASSERT_TRUE(zero1.ok()) << zero1.status().ToString();
   EXPECT_EQ(zero1->parallelism.sharding, DataSharding::kDeepSpeedZero1);
   EXPECT_TRUE(zero1->parallelism.offload_optimizer);
+  EXPECT_FALSE(zero1->parallelism.offload_param);
+  proto.mutable_parallelism()->set_data_parallel(v1::DATA_PARALLEL_DEEPSPEED_ZERO3);
+  proto.mutable_parallelism()->set_offload_param(true);
+  StatusOr<RunConfig> zero3 = RunConfigFromProto(proto);
+  ASSERT_TRUE(zero3.ok()) << zero3.status().ToString();
+  EXPECT_TRUE(zero3->parallelism.offload_param);
+  proto.mutable_parallelism()->set_offload_param(false);
   proto.mutable_parallelism()->set_offload_optimizer(false);
   proto.mutable_parallelism()->set_data_parallel(v1::DATA_PARALLEL_FSDP2);
   proto.mutable_parallelism()->set_pipeline(4);

@@ -70,9 +70,10 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             overlap_comm (DeepSpeed ZeRO's), stage3_prefetch_bucket_size,
             stage3_max_live_parameters, stage3_max_reuse_distance,
             stage3_param_persistence_threshold (DeepSpeed ZeRO-3's, in elements),
-            offload_optimizer (DeepSpeed ZeRO-1/2's
-            offload_optimizer device cpu: Estimate.data_parallel.host_bytes is the host
-            memory it takes), reshard_after_forward (FSDP2's, for the blocks;
+            offload_optimizer (DeepSpeed ZeRO's
+            offload_optimizer device cpu), offload_param (ZeRO-3's offload_param device cpu;
+            for both, Estimate.data_parallel.host_bytes is the host memory the rank takes),
+            reshard_after_forward (FSDP2's, for the blocks;
             unset: True), fsdp_mixed_precision (FSDP2's MixedPrecisionPolicy with float32
             shards, with precision bf16-pure or fp16-pure), data_shard (HSDP: FSDP shards
             within groups of this many data ranks, replicated across the groups): the

@@ -243,7 +243,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                   hold_outputs=None, attention=None,
                   cuda_module_loading=None, data_parallel=None, dp_strategy=None,
                   bucket_cap_mb=None, gradient_as_bucket_view=False, reduce_bucket_size=None,
-                  overlap_comm=False, offload_optimizer=False, reshard_after_forward=None,
+                  overlap_comm=False, offload_optimizer=False, offload_param=False,
+                  reshard_after_forward=None,
                   fsdp_mixed_precision=False,
                   pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
                   tensor_parallel=None, sequence_parallel=False, tensor_plan=None,
@@ -329,6 +330,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
         config.parallelism.overlap_comm = True
     if offload_optimizer:
         config.parallelism.offload_optimizer = True
+    if offload_param:
+        config.parallelism.offload_param = True
     if reshard_after_forward is not None:
         config.parallelism.reshard_after_forward = bool(reshard_after_forward)
     if fsdp_mixed_precision:
