@@ -269,6 +269,14 @@ std::vector<Variant> ConfigVariants() {
          config(r)->set_device_name("a100-80gb");
          config(r)->set_expandable_segments(true);
        }},
+      {"zero3-offload",
+       [=](auto* r) {
+         v1::Parallelism* p = config(r)->mutable_parallelism();
+         p->set_data(4);
+         p->set_data_parallel(v1::DATA_PARALLEL_DEEPSPEED_ZERO3);
+         p->set_offload_optimizer(true);
+         p->set_offload_param(true);
+       }},
       {"capacity-24gib", [=](auto* r) { config(r)->set_device_capacity_bytes(24ull << 30); }},
       {"cpu-avx2",
        [=](auto* r) {
