@@ -277,6 +277,13 @@ std::vector<Variant> ConfigVariants() {
          p->set_offload_optimizer(true);
          p->set_offload_param(true);
        }},
+      {"fsdp2-cpu-offload",
+       [=](auto* r) {
+         v1::Parallelism* p = config(r)->mutable_parallelism();
+         p->set_data(4);
+         p->set_data_parallel(v1::DATA_PARALLEL_FSDP2);
+         p->set_fsdp_cpu_offload(true);
+       }},
       {"capacity-24gib", [=](auto* r) { config(r)->set_device_capacity_bytes(24ull << 30); }},
       {"cpu-avx2",
        [=](auto* r) {

@@ -73,6 +73,10 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                 "reduce_dtype=float32) over a float32 model (with --precision bf16-pure or "
                 "fp16-pure)")
       ->group(group);
+  app->add_flag("--fsdp-cpu-offload", f->fsdp_cpu_offload,
+                "FSDP2's offload_policy=CPUOffloadPolicy(): shards, gradients and optimizer "
+                "state in pinned host memory (shown as host bytes), the step on the CPU")
+      ->group(group);
   app->add_option("--dp-shard", f->data_shard,
                   "hybrid sharding (FSDP1 HYBRID_SHARD, FSDP2 over a replicate x shard mesh): "
                   "shard within groups of N data ranks, replicate across --data-parallel / N "
@@ -144,7 +148,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (!f.data && f.strategy.empty() && !f.bucket_cap_mb && !f.gradient_as_bucket_view &&
       !f.reduce_bucket_size && !f.overlap_comm && !f.offload_optimizer && !f.offload_param &&
       !f.no_reshard_after_forward &&
-      !f.fsdp_mixed_precision && !f.pipeline && f.pipeline_schedule.empty() &&
+      !f.fsdp_mixed_precision && !f.fsdp_cpu_offload && !f.pipeline && f.pipeline_schedule.empty() &&
       !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && !f.context &&
       !f.expert && !f.virtual_stages && !f.gpus_per_node && !f.data_shard && !f.stage3_prefetch &&
       !f.stage3_max_live && !f.stage3_max_reuse && !f.stage3_persistence) {
@@ -164,6 +168,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   p->set_offload_param(f.offload_param);
   if (f.no_reshard_after_forward) p->set_reshard_after_forward(false);
   p->set_fsdp_mixed_precision(f.fsdp_mixed_precision);
+  p->set_fsdp_cpu_offload(f.fsdp_cpu_offload);
   if (f.pipeline) p->set_pipeline(*f.pipeline);
   if (!f.pipeline_schedule.empty()) {
     MEMEST_ASSIGN_OR_RETURN(v1::PipelineSchedule s,

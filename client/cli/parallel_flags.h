@@ -25,6 +25,7 @@ struct ParallelismFlags {
   bool offload_param = false;                 // DeepSpeed ZeRO-3
   bool no_reshard_after_forward = false;      // FSDP2
   bool fsdp_mixed_precision = false;          // FSDP2
+  bool fsdp_cpu_offload = false;              // FSDP2
   std::optional<int64_t> pipeline;            // pipeline stages
   std::string pipeline_schedule;              // 1f1b | gpipe
   bool pipeline_keep_outputs = false;

@@ -329,6 +329,10 @@ struct ParallelismConfig {
   // precision>, reduce_dtype=float32) over a float32 model: the shards, their gradients and the
   // optimizer state are float32; the gathered parameters and the compute are 16-bit.
   bool fsdp_mixed_precision = false;
+  // FSDP2: fully_shard(..., offload_policy=CPUOffloadPolicy()) (pin_memory=True, its default):
+  // the shards, their gradients and the optimizer state live in pinned host memory, the
+  // optimizer steps on the CPU, each all-gather first copies its shards to the GPU.
+  bool fsdp_cpu_offload = false;
   // FSDP1 HYBRID_SHARD / FSDP2 HSDP (fully_shard over a 2-D mesh, replicate x shard): the
   // parameters, gradients and optimizer state are sharded within groups of this many data ranks
   // and replicated across the data / data_shard groups, whose sharded gradients are then

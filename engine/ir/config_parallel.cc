@@ -207,6 +207,11 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            ": an FSDP setting, and the strategy is " +
                            DataShardingName(p.sharding));
   }
+  if (p.fsdp_cpu_offload && p.sharding != DataSharding::kFsdp2) {
+    return InvalidArgument(std::string("config.parallelism.fsdp_cpu_offload: FSDP2's "
+                                       "CPUOffloadPolicy (fsdp2), and the strategy is ") +
+                           DataShardingName(p.sharding));
+  }
   if (fsdp && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
     return InvalidArgument(std::string("config.parallelism.") +
                            (p.bucket_cap_bytes != 0 ? "bucket_cap_mb" : "gradient_as_bucket_view") +

@@ -4,6 +4,14 @@
 
 namespace memest {
 
+StatusOr<int64_t> PinnedHostBytes(int64_t bytes) {
+  int64_t pinned = 1;
+  while (pinned < bytes) {
+    MEMEST_ASSIGN_OR_RETURN(pinned, CheckedMul(pinned, 2));
+  }
+  return bytes <= 0 ? 0 : pinned;
+}
+
 StatusOr<int64_t> CheckedMul(int64_t a, int64_t b) {
   if (a < 0 || b < 0) return InvalidArgument("negative size in product");
   if (a == 0 || b == 0) return int64_t{0};

@@ -52,6 +52,9 @@ inline int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 StatusOr<int64_t> CheckedMul(int64_t a, int64_t b);
 // a + b, or an error if the sum leaves [-kMaxBytes, kMaxBytes] (AddBytes, as a StatusOr).
 StatusOr<int64_t> CheckedAdd(int64_t a, int64_t b);
+// What PyTorch's pinned host allocator (CachingHostAllocator) reserves for `bytes`: the next
+// power of two (ATen/core/CachingHostAllocator.h, allocate: c10::llvm::PowerOf2Ceil); 0 for 0.
+StatusOr<int64_t> PinnedHostBytes(int64_t bytes);
 
 // Number of elements; an error (naming `field`) if a size is negative, the count overflows or
 // the shape has more than kMaxRank dims.

@@ -184,6 +184,7 @@ DataParallelReport DataParallelReportOf(const RankView& view) {
   r.owned_elements = view.owned_elements;
   if (view.deepspeed) r.host_bytes = view.deepspeed->HostBytes();
   if (view.zero3) r.host_bytes = view.zero3->HostBytes();
+  if (view.fsdp2) r.host_bytes = view.fsdp2->host_bytes;
   return r;
 }
 

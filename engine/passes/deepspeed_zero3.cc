@@ -14,16 +14,6 @@ namespace {
 // optimizer, whose own default is 1e12).
 constexpr int64_t kSubGroupElements = 1'000'000'000;
 
-// What PyTorch's CachingHostAllocator reserves for a pinned buffer of `bytes`: the next power
-// of two (ATen/core/CachingHostAllocator.h, allocate: c10::llvm::PowerOf2Ceil).
-StatusOr<int64_t> PinnedBytes(int64_t bytes) {
-  int64_t pinned = 1;
-  while (pinned < bytes) {
-    MEMEST_ASSIGN_OR_RETURN(pinned, CheckedMul(pinned, 2));
-  }
-  return bytes == 0 ? 0 : pinned;
-}
-
 // Where offload puts the rank's buffers (deepspeed_zero3.h says what DeepSpeed does).
 Status PlanOffload(const Graph& g, const ParallelismConfig& p, DeepSpeedZero3& z) {
   z.offload_optimizer = p.offload_optimizer;
@@ -39,7 +29,7 @@ Status PlanOffload(const Graph& g, const ParallelismConfig& p, DeepSpeedZero3& z
       MEMEST_ASSIGN_OR_RETURN(z.host_param_bytes, CheckedAdd(z.host_param_bytes, b));
     }
     // The trainable partitions: one pinned buffer of the model's dtype (one parameter group).
-    MEMEST_ASSIGN_OR_RETURN(const int64_t flat, PinnedBytes(z.grad_partition_bytes));
+    MEMEST_ASSIGN_OR_RETURN(const int64_t flat, PinnedHostBytes(z.grad_partition_bytes));
     MEMEST_ASSIGN_OR_RETURN(z.host_param_bytes, CheckedAdd(z.host_param_bytes, flat));
   }
   if (!z.offload_optimizer) return Status::Ok();
@@ -48,7 +38,7 @@ Status PlanOffload(const Graph& g, const ParallelismConfig& p, DeepSpeedZero3& z
   z.host_state_bytes = z.state_bytes;
   z.host_grad_partition_bytes = z.grad_partition_bytes;
   MEMEST_ASSIGN_OR_RETURN(const int64_t largest, CheckedMul(z.largest_partition, 4));
-  MEMEST_ASSIGN_OR_RETURN(z.host_pinned_bytes, PinnedBytes(largest));
+  MEMEST_ASSIGN_OR_RETURN(z.host_pinned_bytes, PinnedHostBytes(largest));
   z.master_bytes = z.state_bytes = z.grad_partition_bytes = 0;  // none on the GPU
   return Status::Ok();
 }

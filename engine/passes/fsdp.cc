@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "engine/ir/shape.h"
+#include "engine/step/optimizers.h"
 
 namespace memest {
 namespace {
@@ -75,6 +76,29 @@ void GroupByBlocks(const Graph& g, bool reshard_after_forward, std::vector<FsdpG
   }
 }
 
+namespace {
+
+// CPUOffloadPolicy's host memory: each shard pinned; each trainable one's gradient, copied to
+// the host by a non-blocking .to("cpu") (pinned); the optimizer state over the shards.
+Status PlanCpuOffload(const Graph& g, const RunConfig& c, Fsdp2View& v) {
+  v.cpu_offload = true;
+  const int64_t state = CostsOf(c.optimizer, c.runtime).state;
+  for (const FsdpGroup& grp : v.groups) {
+    for (size_t j = 0; j < grp.params.size(); ++j) {
+      const int64_t shard = grp.shard_bytes[j];
+      MEMEST_ASSIGN_OR_RETURN(const int64_t pinned, PinnedHostBytes(shard));
+      MEMEST_ASSIGN_OR_RETURN(v.host_bytes, CheckedAdd(v.host_bytes, pinned));
+      if (!g.tensors[grp.params[j]].requires_grad) continue;
+      MEMEST_ASSIGN_OR_RETURN(v.host_bytes, CheckedAdd(v.host_bytes, pinned));
+      MEMEST_ASSIGN_OR_RETURN(const int64_t states, CheckedMul(shard, state));
+      MEMEST_ASSIGN_OR_RETURN(v.host_bytes, CheckedAdd(v.host_bytes, states));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<Fsdp2View> PlanFsdp2(const Graph& g, const RunConfig& c) {
   const ParallelismConfig& p = c.parallelism;
   const int64_t world = ShardRanks(p);  // HSDP: the shard group; replicas hold the same
@@ -99,10 +123,16 @@ StatusOr<Fsdp2View> PlanFsdp2(const Graph& g, const RunConfig& c) {
       int64_t unsharded = 0;
       MEMEST_RETURN_IF_ERROR(Add(&unsharded, padded, param, "unsharded parameters"));
       grp.unsharded_bytes.push_back(unsharded);
+      int64_t shard_bytes = 0;
+      MEMEST_RETURN_IF_ERROR(Add(&shard_bytes, shard.shape, sharded, "shards"));
+      grp.shard_bytes.push_back(shard_bytes);
       MEMEST_RETURN_IF_ERROR(Add(&grp.flat_bytes, padded, param, "all-gather output"));
+      int64_t cast = 0;
       if (sharded != param) {
+        MEMEST_RETURN_IF_ERROR(Add(&cast, shard.shape, param, "all-gather input"));
         MEMEST_RETURN_IF_ERROR(Add(&grp.copy_in_bytes, shard.shape, param, "all-gather input"));
       }
+      grp.cast_bytes.push_back(cast);
       if (!ten.requires_grad) continue;
       MEMEST_RETURN_IF_ERROR(Add(&grp.reduce_input_bytes, padded, reduce, "reduce-scatter input"));
       MEMEST_RETURN_IF_ERROR(
@@ -110,6 +140,7 @@ StatusOr<Fsdp2View> PlanFsdp2(const Graph& g, const RunConfig& c) {
       MEMEST_RETURN_IF_ERROR(Add(&grp.sharded_grad_bytes, shard.shape, sharded, "gradients"));
     }
   }
+  if (p.fsdp_cpu_offload) MEMEST_RETURN_IF_ERROR(PlanCpuOffload(g, c, v));
   return v;
 }
 
@@ -144,6 +175,14 @@ void AddFsdp2Notes(const RunConfig& c, const Fsdp2View& v, Report* r) {
       "a block and the one before it (prefetched) are gathered at once" +
       (p.reshard_after_forward ? "" : "; reshard_after_forward=False: every block stays "
                                       "gathered from its forward to its backward"));
+  if (v.cpu_offload) {
+    r->notes.push_back(
+        "CPUOffloadPolicy: the shards, their gradients and the optimizer state are host memory (" +
+        FormatBytes(v.host_bytes) + ", data_parallel.host_bytes; each shard and gradient "
+        "pinned, rounded up to a power of two by PyTorch's pinned allocator) and the optimizer "
+        "steps on the CPU; the GPU keeps no shard: each all-gather copies its shards in first, "
+        "and each reduce-scatter's output goes to the host");
+  }
   r->notes.push_back(
       "not counted: FSDP2 allocates its all-gather and reduce-scatter buffers on their own CUDA "
       "streams, whose cached blocks the compute stream does not reuse: the reserved memory can "

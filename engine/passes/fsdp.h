@@ -1,6 +1,13 @@
 // FSDP2 (torch.distributed.fsdp.fully_shard, PyTorch 2.x) as one rank sees it
 // (docs/parallelism.md; read from torch/distributed/fsdp/_fully_shard/).
 //
+// With CPUOffloadPolicy (offload_policy, pin_memory=True; _fsdp_param.py, _fsdp_collectives.py):
+// each padded shard is moved to pinned host memory at fully_shard; an all-gather input is the
+// shard copied to the GPU (`.to(device)`, then cast to param_dtype under mixed precision, the
+// GPU copy freed once cast), the inputs alive until the copy-in into the all-gather buffer;
+// foreach_reduce copies each sharded gradient to the host (`.to("cpu", non_blocking=True)`:
+// pinned) and keeps none on the GPU; the optimizer steps the host shards on the CPU.
+//
 // fully_shard is applied to each of the model's repeated blocks and to the root (torchtitan's
 // and the FSDP2 tutorial's wrapping): one parameter group per block, and the root's group holds
 // every parameter outside the blocks (embeddings, the final norm, the head). Each parameter is
@@ -44,6 +51,8 @@ struct FsdpGroup {
   std::vector<int64_t> unsharded_bytes;  // per parameter: dim 0 padded to N, param dtype
   int64_t flat_bytes = 0;        // the all-gather output: N padded shards, param dtype
   int64_t copy_in_bytes = 0;     // the shard cast to param_dtype (mixed precision), else 0
+  std::vector<int64_t> shard_bytes;  // per parameter: its padded shard, sharded dtype
+  std::vector<int64_t> cast_bytes;   // per parameter: the shard in param_dtype (mixed precision)
   int64_t reduce_input_bytes = 0;   // dim-0 padded gradients, reduce dtype
   int64_t reduce_output_bytes = 0;  // 1/N of that
   int64_t sharded_grad_bytes = 0;   // the sharded gradients, sharded dtype
@@ -57,6 +66,11 @@ struct Fsdp2View {
   std::vector<Tensor> shards;
   DType sharded_dtype = DType::kFloat32;
   DType reduce_dtype = DType::kFloat32;
+  // CPUOffloadPolicy (pin_memory=True): the shards, their gradients and the optimizer state are
+  // host memory, host_bytes of it (each shard and each gradient pinned on its own, rounded up
+  // to a power of two by PyTorch's pinned allocator; the state unpinned).
+  bool cpu_offload = false;
+  int64_t host_bytes = 0;
 };
 
 // FSDP's wrapping (FSDP1's auto_wrap_policy on the block class, FSDP2's fully_shard calls): one

@@ -31,13 +31,16 @@ class Fsdp2Hooks : public RankHooks {
     sharded_grad_.assign(v.groups.size(), -1);
   }
 
+  // The rank keeps its shards (on the host with CPUOffloadPolicy).
   int64_t ParameterBytes(int t, int64_t whole) const override {
     if (v_.group_of[t] < 0) return whole;  // a buffer: not sharded
-    return Bytes(v_.shards[t].shape, v_.shards[t].dtype);
+    return v_.cpu_offload ? 0 : Bytes(v_.shards[t].shape, v_.shards[t].dtype);
   }
 
+  // The optimizer steps the shards: on the CPU, with its state there, under CPUOffloadPolicy.
   const Tensor* OptimizerParam(const Graph& g, int t) const override {
-    return v_.group_of[t] >= 0 ? &v_.shards[t] : &g.tensors[t];
+    if (v_.group_of[t] < 0) return &g.tensors[t];
+    return v_.cpu_offload ? nullptr : &v_.shards[t];
   }
 
   bool HoldsGrad(int t) const override {
@@ -47,6 +50,7 @@ class Fsdp2Hooks : public RankHooks {
   // zero_grad(set_to_none=False) keeps the sharded gradients (one flat tensor per group).
   int KeptGrad(RankMemory& m, int t, int64_t /*whole*/) override {
     const int k = v_.group_of[t];
+    if (v_.cpu_offload) return kNoGrad;  // on the host
     if (sharded_grad_[k] < 0) {
       sharded_grad_[k] = m.Allocate(v_.groups[k].sharded_grad_bytes, Category::kGradients);
     }
@@ -103,10 +107,28 @@ class Fsdp2Hooks : public RankHooks {
   void AllGather(RankMemory& m, int k) {
     const FsdpGroup& grp = v_.groups[k];
     if (!unsharded_[k].empty() || flat_[k] >= 0 || grp.params.empty()) return;
-    const int copy_in = grp.copy_in_bytes > 0
-                            ? m.Allocate(grp.copy_in_bytes, Category::kCommunication) : -1;
+    std::vector<int> inputs;
+    if (v_.cpu_offload) {
+      OffloadedInputs(m, grp, &inputs);
+    } else if (grp.copy_in_bytes > 0) {
+      inputs.push_back(m.Allocate(grp.copy_in_bytes, Category::kCommunication));
+    }
     flat_[k] = m.Allocate(grp.flat_bytes, Category::kCommunication);
-    if (copy_in >= 0) m.Deallocate(copy_in);
+    for (int b : inputs) m.Deallocate(b);
+  }
+
+  // CPUOffloadPolicy's all-gather inputs, parameter by parameter: the host shard copied to the
+  // GPU and, under mixed precision, cast to param_dtype (the copy freed once cast).
+  void OffloadedInputs(RankMemory& m, const FsdpGroup& grp, std::vector<int>* inputs) {
+    for (size_t j = 0; j < grp.shard_bytes.size(); ++j) {
+      const int copy = m.Allocate(grp.shard_bytes[j], Category::kCommunication);
+      if (grp.cast_bytes[j] == 0) {
+        inputs->push_back(copy);
+        continue;
+      }
+      inputs->push_back(m.Allocate(grp.cast_bytes[j], Category::kCommunication));
+      m.Deallocate(copy);
+    }
   }
 
   // wait_for_unshard: the previous forward all-gather's buffer is released first, then each
@@ -159,7 +181,8 @@ class Fsdp2Hooks : public RankHooks {
       grads = m.Allocate(grp.sharded_grad_bytes, Category::kGradients);
       m.Deallocate(out);
     }
-    if (sharded_grad_[k] >= 0) m.Deallocate(grads);  // sharded_param.grad += new
+    if (v_.cpu_offload) m.Deallocate(grads);  // each shard's gradient copied to the host
+    else if (sharded_grad_[k] >= 0) m.Deallocate(grads);  // sharded_param.grad += new
     else sharded_grad_[k] = grads;
   }
 

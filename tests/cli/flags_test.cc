@@ -165,6 +165,9 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   flags.parallel.offload_param = false;
   flags.parallel.offload_optimizer = false;
   flags.parallel.strategy = "fsdp2";
+  flags.parallel.fsdp_cpu_offload = true;
+  EXPECT_TRUE(BuildEstimateRequest(flags)->config().parallelism().fsdp_cpu_offload());
+  flags.parallel.fsdp_cpu_offload = false;
   flags.parallel.data_shard = 4;
   EXPECT_EQ(BuildEstimateRequest(flags)->config().parallelism().data_shard(), 4);
   flags.parallel.strategy = "deepspeed-zero3";

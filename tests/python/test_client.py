@@ -188,6 +188,23 @@ def test_deepspeed_zero3_offloads_the_optimizer_and_the_parameters(client):
         client.estimate(offload_param=True, **{**base, "dp_strategy": "deepspeed-zero2"})
 
 
+def test_fsdp2_cpu_offload_reports_host_bytes(client):
+    base = dict(preset="gpt2-small", seq=128, batch_size=2, data_parallel=8,
+                dp_strategy="fsdp2", advice=False)
+    plain = client.estimate(**base)
+    off = client.estimate(fsdp_cpu_offload=True, **base)
+    # float32 shards and their gradients, pinned (each rounded up to a power of two: at most
+    # twice), and AdamW's two states: between 16 and 24 bytes a shard element.
+    shard = plain.trainable_parameter_count / 8
+    assert 16 * shard <= off.data_parallel.host_bytes <= 24 * shard + 2**26
+    # The GPU keeps only the model's buffers (GPT-2's 12 causal masks, bool [1024, 1024]).
+    assert off.end_of_step.parameters == 12 * 2**20
+    assert off.end_of_step.optimizer_state == off.end_of_step.gradients == 0
+    assert off.peak.allocated_bytes < plain.peak.allocated_bytes
+    with pytest.raises(memest.InvalidArgument, match="fsdp_cpu_offload"):
+        client.estimate(fsdp_cpu_offload=True, **{**base, "dp_strategy": "fsdp1"})
+
+
 def test_deepspeed_zero3_partitions_parameters_and_takes_its_settings(client):
     base = dict(preset="gpt2-small", seq=128, batch_size=2, precision="bf16-pure",
                 data_parallel=8, advice=False)

@@ -120,9 +120,12 @@ TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
   EXPECT_FALSE(fsdp->parallelism.fsdp_mixed_precision);
   proto.mutable_parallelism()->set_reshard_after_forward(false);
   proto.mutable_parallelism()->set_fsdp_mixed_precision(true);
+  proto.mutable_parallelism()->set_fsdp_cpu_offload(true);
   fsdp = RunConfigFromProto(proto);
   EXPECT_FALSE(fsdp->parallelism.reshard_after_forward);
   EXPECT_TRUE(fsdp->parallelism.fsdp_mixed_precision);
+  EXPECT_TRUE(fsdp->parallelism.fsdp_cpu_offload);
+  proto.mutable_parallelism()->set_fsdp_cpu_offload(false);
   proto.mutable_parallelism()->set_data_parallel(v1::DATA_PARALLEL_DEEPSPEED_ZERO1);
   proto.mutable_parallelism()->set_offload_optimizer(true);
   StatusOr<RunConfig> zero1 = RunConfigFromProto(proto);

@@ -245,7 +245,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                   bucket_cap_mb=None, gradient_as_bucket_view=False, reduce_bucket_size=None,
                   overlap_comm=False, offload_optimizer=False, offload_param=False,
                   reshard_after_forward=None,
-                  fsdp_mixed_precision=False,
+                  fsdp_mixed_precision=False, fsdp_cpu_offload=False,
                   pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
                   tensor_parallel=None, sequence_parallel=False, tensor_plan=None,
                   context_parallel=None, expert_parallel=None, pipeline_virtual_stages=None,
@@ -336,6 +336,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
         config.parallelism.reshard_after_forward = bool(reshard_after_forward)
     if fsdp_mixed_precision:
         config.parallelism.fsdp_mixed_precision = True
+    if fsdp_cpu_offload:
+        config.parallelism.fsdp_cpu_offload = True
     if pipeline is not None:
         _assign(config.parallelism, "pipeline", pipeline, "pipeline")
     if pipeline_schedule is not None:
