@@ -103,9 +103,11 @@ std::string CheckAnswer(const v1::EstimateRequest& request, const v1::EstimateRe
   }
   if (device) {
     const v1::DeviceFit& fit = r.fit();
-    if (fit.required_bytes() != r.peak_reserved_bytes() + r.breakdown().cuda_context()) {
+    if (fit.required_bytes() !=
+        r.peak_reserved_bytes() + r.breakdown().cuda_context() + r.breakdown().nccl()) {
       return "fit.required_bytes " + Str(fit.required_bytes()) + " is not peak_reserved_bytes " +
-             Str(r.peak_reserved_bytes()) + " + cuda_context " + Str(r.breakdown().cuda_context());
+             Str(r.peak_reserved_bytes()) + " + cuda_context " +
+             Str(r.breakdown().cuda_context()) + " + nccl " + Str(r.breakdown().nccl());
     }
     const int64_t headroom = static_cast<int64_t>(fit.capacity_bytes() - fit.required_bytes());
     if (fit.headroom_bytes() != headroom || fit.fits() != (headroom >= 0)) {
