@@ -212,6 +212,14 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                                        "CPUOffloadPolicy (fsdp2), and the strategy is ") +
                            DataShardingName(p.sharding));
   }
+  if (p.fsdp_cpu_offload && p.data_shard > 0) {
+    // Under HSDP foreach_reduce hands its GPU output on as the all-reduce input, which
+    // post_backward keeps until the group's next post-backward or finalize_backward: not
+    // modelled, so refused rather than under-predicted.
+    return InvalidArgument("config.parallelism.fsdp_cpu_offload: with data_shard (HSDP) FSDP2 "
+                           "keeps each group's reduce-scatter output on the GPU for the "
+                           "all-reduce; that is not modelled yet");
+  }
   if (fsdp && (p.bucket_cap_bytes != 0 || p.gradient_as_bucket_view)) {
     return InvalidArgument(std::string("config.parallelism.") +
                            (p.bucket_cap_bytes != 0 ? "bucket_cap_mb" : "gradient_as_bucket_view") +

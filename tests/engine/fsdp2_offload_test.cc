@@ -81,6 +81,11 @@ TEST(Fsdp2OffloadTest, CpuOffloadBelongsToFsdp2) {
   const std::string m = ValidateRunConfig(c).message();
   EXPECT_NE(m.find("config.parallelism.fsdp_cpu_offload"), std::string::npos) << m;
   EXPECT_NE(m.find("fsdp1"), std::string::npos) << m;
+  RunConfig hsdp = Offloaded();
+  hsdp.runtime = Runtime::kCuda;
+  hsdp.parallelism.data_shard = 2;  // HSDP keeps the reduce-scatter output: refused
+  EXPECT_NE(ValidateRunConfig(hsdp).message().find("config.parallelism.fsdp_cpu_offload"),
+            std::string::npos);
 }
 
 // A preset end to end: the host memory is reported and noted, and the GPU's peak drops.
