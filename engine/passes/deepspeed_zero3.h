@@ -32,9 +32,10 @@
 //   gradients are flattened (a model-dtype copy) and cast to float32, stepped, and dropped;
 //   the persistent parameters are gathered again.
 //
-// Offload (read at the same commit; CUDA's copy_ from pageable or pinned host memory converts
-// dtypes on the CPU, aten/src/ATen/native/cuda/Copy.cu, so no copy_ below makes a GPU
-// temporary):
+// Offload (read at the same commit; CUDA's blocking copy_ between host and GPU converts dtypes
+// on the CPU, aten/src/ATen/native/cuda/Copy.cu `conversion_device = non_blocking ? kCUDA :
+// kCPU`, and the non-blocking copies below keep their dtype, so no copy_ makes a GPU
+// temporary; the casts that do run on the GPU are named):
 // - offload_optimizer (device cpu; self.device is 'cpu', stage3.py line 256): the fp32 master
 //   partitions (`.to('cpu').clone().float()`, _create_fp32_partitions), their fp32 gradients
 //   (a buffer per sub-group made at initialisation and kept, initialize_optimizer_states), the

@@ -130,7 +130,7 @@ StatusOr<Fsdp2View> PlanFsdp2(const Graph& g, const RunConfig& c) {
       int64_t cast = 0;
       if (sharded != param) {
         MEMEST_RETURN_IF_ERROR(Add(&cast, shard.shape, param, "all-gather input"));
-        MEMEST_RETURN_IF_ERROR(Add(&grp.copy_in_bytes, shard.shape, param, "all-gather input"));
+        MEMEST_ASSIGN_OR_RETURN(grp.copy_in_bytes, CheckedAdd(grp.copy_in_bytes, cast));
       }
       grp.cast_bytes.push_back(cast);
       if (!ten.requires_grad) continue;

@@ -92,7 +92,8 @@ struct DataParallelReport {
   std::vector<int64_t> owned_elements; // ZeRO-1: per rank, the elements its optimizer steps
   // Host (CPU) memory the rank's strategy keeps outside the GPU: DeepSpeed's offloaded
   // optimizer (fp32 master partition, its gradient, optimizer state, staging buffers) and
-  // ZeRO-3's offloaded parameter partitions.
+  // ZeRO-3's offloaded parameter partitions; FSDP2's CPU offload (sharded parameters, their
+  // gradients, optimizer state).
   int64_t host_bytes = 0;
 };
 

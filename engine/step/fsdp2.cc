@@ -181,8 +181,9 @@ class Fsdp2Hooks : public RankHooks {
       grads = m.Allocate(grp.sharded_grad_bytes, Category::kGradients);
       m.Deallocate(out);
     }
-    if (v_.cpu_offload) m.Deallocate(grads);  // each shard's gradient copied to the host
-    else if (sharded_grad_[k] >= 0) m.Deallocate(grads);  // sharded_param.grad += new
+    // Offloaded: each shard's gradient copied to the host; else added into the kept ones
+    // (sharded_param.grad += new) or kept.
+    if (v_.cpu_offload || sharded_grad_[k] >= 0) m.Deallocate(grads);
     else sharded_grad_[k] = grads;
   }
 

@@ -128,12 +128,8 @@ void Zero3Coordinator::ResetStep() {
 // With offload_param, a coalesced gather first copies every host partition to the GPU (freed
 // when the call returns); the lone one's flat buffer takes its partition by copy_.
 void Zero3Coordinator::GatherPersistent(RankMemory& m, bool transient) {
-  if (z_.world == 1) {  // one rank: parameters view their partitions (NoGatherHandle)
-    for (int t : persistent_) {
-      if (z_.on_host[t]) gathered_[t] = m.Allocate(Zero3Bytes(z_, t, z_.numel[t]),
-                                                   Category::kParameters);
-      status_[t] = Status3::kAvailable;
-    }
+  if (z_.world == 1) {
+    for (int t : persistent_) AvailableOnOneRank(m, t);
     return;
   }
   const int copies = persistent_.size() > 1 ? CopyToDevice(m, persistent_) : -1;
@@ -149,6 +145,15 @@ void Zero3Coordinator::GatherPersistent(RankMemory& m, bool transient) {
     status_[t] = Status3::kAvailable;
   }
   if (copies >= 0) m.Deallocate(copies);
+}
+
+// One rank: the parameter views its partition (NoGatherHandle), or with offload_param a GPU
+// copy of it.
+void Zero3Coordinator::AvailableOnOneRank(RankMemory& m, int t) {
+  if (z_.on_host[t]) {
+    gathered_[t] = m.Allocate(Zero3Bytes(z_, t, z_.numel[t]), Category::kParameters);
+  }
+  status_[t] = Status3::kAvailable;
 }
 
 // offload_param: `ds_tensor.to(device)` of each host partition among `params`, made at once
@@ -174,12 +179,8 @@ void Zero3Coordinator::AllGather(RankMemory& m, const std::vector<int>& params) 
     flat = SaturatedSum(flat, Zero3Gathered(z_, t));
   }
   if (todo.empty()) return;
-  if (z_.world == 1) {  // offload_param: a GPU copy of each host partition
-    for (int t : todo) {
-      if (z_.on_host[t]) gathered_[t] = m.Allocate(Zero3Bytes(z_, t, z_.numel[t]),
-                                                   Category::kParameters);
-      status_[t] = Status3::kAvailable;
-    }
+  if (z_.world == 1) {
+    for (int t : todo) AvailableOnOneRank(m, t);
     return;
   }
   Handle h;

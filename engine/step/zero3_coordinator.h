@@ -63,6 +63,7 @@ class Zero3Coordinator {
   void ResetStep();
   void AllGather(RankMemory& m, const std::vector<int>& params);
   int CopyToDevice(RankMemory& m, const std::vector<int>& params);
+  void AvailableOnOneRank(RankMemory& m, int t);
   void Pop(RankMemory& m, int t);
   void Fetch(RankMemory& m, int k);
   void Release(RankMemory& m, int k, bool forward);

@@ -37,7 +37,6 @@ into the next micro-batch (or step) until its forward and loss have returned. St
 import contextlib
 import dataclasses
 import gc
-import time
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -106,12 +105,13 @@ def untracked():
 @contextlib.contextmanager
 def host_side():
     """Host-side bookkeeping no tracker counts (the optimizer's record_function handles)."""
-    t0 = time.time_ns()
+    allocs = [t for t in _TRACKERS if isinstance(t, AllocTracker)]
+    for t in allocs:
+        t.mark("memest.host.begin")
     with untracked():
         yield
-    for t in _TRACKERS:
-        if isinstance(t, AllocTracker):
-            t.excluded.append((t0, time.time_ns()))
+    for t in allocs:
+        t.mark("memest.host.end")
 
 
 def _patch_record_function():
@@ -264,11 +264,14 @@ class AllocTracker:
     profiler's memory reporter sees (torch.profiler, profile_memory=True), with its address and
     a nanosecond time stamp. Unlike the dispatch mode, this sees the scratch a kernel allocates
     inside itself (e.g. native_layer_norm_backward's contiguous copy of its incoming gradient)
-    and does not perturb autograd. Phases are marked with time stamps on the same clock."""
+    and does not perturb autograd. Phases and host-side windows are marked by zero-length
+    record_function events, which the profiler stamps on the allocation events' own clock.
+    (Marks taken with Python's time.time_ns() were not stamped by the profiler: on a loaded CI
+    machine they landed on the wrong side of a microsecond-short phase's allocations, and
+    ops/add_scalar's first step read each phase's peak in the next phase.)"""
 
     def __init__(self):
-        self.marks = []       # (time_ns, phase)
-        self.excluded = []    # (t0, t1): host-side bookkeeping windows
+        self.phases = []      # phase names in the order marked; event memest.phase.<i> is phases[i]
         self.suspended = 0
         self.baseline = {}    # data_ptr -> nbytes of what exists at the start of the step
         self.phase = None
@@ -281,7 +284,14 @@ class AllocTracker:
 
     def set_phase(self, phase):
         self.phase = phase
-        self.marks.append((time.time_ns(), phase))
+        self.phases.append(phase)
+        self.mark(f"memest.phase.{len(self.phases) - 1}")
+
+    @staticmethod
+    def mark(name):
+        """A zero-length event in the profiler's trace (it allocates nothing)."""
+        handle = torch.ops.profiler._record_function_enter_new(name, None)
+        torch.ops.profiler._record_function_exit._RecordFunction(handle)
 
     def purge(self):
         pass
@@ -297,14 +307,18 @@ class AllocTracker:
         _TRACKERS.remove(self)
 
     def result(self):
-        events = []
+        events, marks, windows = [], [], []
 
         def walk(n, host):
             ef = n.extra_fields
             if type(ef).__name__.endswith("Allocation"):
                 events.append((n.start_time_ns, ef.alloc_size, ef.ptr, host))
+            elif n.name.startswith("memest.phase."):
+                marks.append((n.start_time_ns, self.phases[int(n.name.rsplit(".", 1)[1])]))
+            elif n.name.startswith("memest.host."):
+                windows.append((n.start_time_ns, n.name.endswith(".begin")))
             # The record_function handles (profiler::_record_function_enter's u8[288]) are
-            # host-side bookkeeping wherever the clock puts them (the windows below are the
+            # host-side bookkeeping wherever the clock puts them (the windows are the
             # fallback for the handle's zeros(1)).
             host = host or n.name.startswith("profiler::_record_function")
             for c in n.children:
@@ -312,17 +326,21 @@ class AllocTracker:
         for root in self.prof.profiler.kineto_results.experimental_event_tree():
             walk(root, False)
         events.sort(key=lambda e: e[0])
+        marks.sort(key=lambda m: m[0])
+        windows.sort(key=lambda w: w[0])
         live = sum(self.baseline.values())
         sizes, skip = {}, set()
-        peaks, mi, phase = {}, 0, None
-        marks = sorted(self.marks)
+        peaks, mi, wi, depth, phase = {}, 0, 0, 0, None
         for t, size, ptr, host in events:
             while mi < len(marks) and marks[mi][0] <= t:
                 phase = marks[mi][1]
                 peaks[phase] = max(peaks.get(phase, 0), live)
                 mi += 1
+            while wi < len(windows) and windows[wi][0] <= t:
+                depth += 1 if windows[wi][1] else -1
+                wi += 1
             if size > 0:
-                if host or any(t0 <= t <= t1 for t0, t1 in self.excluded):
+                if host or depth > 0:
                     skip.add(ptr)
                     continue
                 sizes[ptr] = size
