@@ -1,5 +1,5 @@
 // Rules for ops that copy a tensor, into a new arrangement or as it is, or fill it: pad
-// (constant_pad_nd), roll, clone, fill_ and copy_.
+// (constant_pad_nd), roll, clone, fill_, copy_ and bmm_into.
 //
 // derivatives.yaml: constant_pad_nd keeps only its pads (its backward is constant_pad_nd of
 // the gradient with the pads negated: a new input-sized tensor); roll keeps only its shifts
@@ -107,11 +107,46 @@ void CopyIntoMemory(const OpCall& c, OpMemory* m) {
   m->grad_flow = {GradFlow::kFresh, same ? GradFlow::kPassThrough : GradFlow::kFresh};
 }
 
+// bmm_into(dst, a, b): a @ b written into dst in place (bmm's out= variant: 1.13's
+// native_multi_head_attention writes the attention output into q's storage, attention.cpp
+// bmm_nn): no new storage, the output is dst's. PyTorch runs out= variants only without
+// autograd; with grad memest saves what bmm saves for a and b, and dst takes zeros as copy_'s.
+StatusOr<std::vector<OutputSpec>> InferBmmInto(const OpCall& c) {
+  for (size_t i = 0; i < 3; ++i) MEMEST_RETURN_IF_ERROR(RequireRank(c, i, 3, 3));
+  const Tensor& dst = c.in(0);
+  const Shape& a = c.in(1).shape;
+  const Shape& b = c.in(2).shape;
+  if (a[0] != b[0] || a[2] != b[1]) {
+    return InvalidArgument(c.field + ".inputs: bmm shapes " + ShapeToString(a) + " and " +
+                           ShapeToString(b) + " cannot be multiplied");
+  }
+  const Shape product{a[0], a[1], b[2]};
+  if (product != dst.shape) {
+    return InvalidArgument(InputField(c, 0) + ": the product is " + ShapeToString(product) +
+                           ", the destination " + ShapeToString(dst.shape));
+  }
+  for (size_t i = 1; i < 3; ++i) {
+    if (c.in(i).dtype != dst.dtype) {
+      return InvalidArgument(InputField(c, i) + ": " + std::string(DTypeName(c.in(i).dtype)) +
+                             ", the destination is " + std::string(DTypeName(dst.dtype)));
+    }
+  }
+  return std::vector<OutputSpec>{ViewOf(0, dst.shape, dst.dtype, dst.strides)};
+}
+
+void BmmIntoMemory(const OpCall& c, OpMemory* m) {
+  m->backward_needs_dense_grad = true;
+  SaveInputIf(m, c.needs_grad(2), 1);
+  SaveInputIf(m, c.needs_grad(1), 2);
+  m->grad_flow = {GradFlow::kFresh, GradFlow::kFresh, GradFlow::kFresh};
+}
+
 }  // namespace
 
 void RegisterCopyRules(std::vector<OpRule>* r) {
   r->push_back({"clone", 1, 1, InferClone, PassGrad});
   r->push_back({"copy_", 2, 2, InferCopyInto, CopyIntoMemory});
+  r->push_back({"bmm_into", 3, 3, InferBmmInto, BmmIntoMemory});
   r->push_back({"fill_", 1, 1, InferFill, NoSaves});
   // exponential_(x): x filled in place with random draws (vLLM's sampler's q): as fill_.
   r->push_back({"exponential_", 1, 1, InferFill, NoSaves});

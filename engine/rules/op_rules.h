@@ -27,9 +27,9 @@
 //   rms_norm(x, weight?; upcast=0)   upcast=1: computes in float32 as HF's LlamaRMSNorm does
 //   relu / silu / hardswish / hardsigmoid / sigmoid / tanh(x; inplace=0)
 //   hardtanh(x; min_val=-1, max_val=1, inplace=0)   (ReLU6: hardtanh(0, 6))
-//   gelu(x; approximate="none"|"tanh")
+//   gelu(x; approximate="none"|"tanh", inplace=0)
 //   exp(x)  rsqrt(x)  sqrt(x)  neg(x)  log1p(x)  log2(x)  floor(x)  pow(x; exponent)
-//   softmax(x; dim=-1)  log_softmax(x; dim=-1)  dropout(x; p=0.1, inplace=0)
+//   softmax / log_softmax(x; dim=-1, inplace=0)  dropout(x; p=0.1, inplace=0)
 //   stochastic_depth(x; p, mode="row"|"batch")   (torchvision.ops.stochastic_depth)
 //   embedding(weight, indices)
 //   embedding_bag(weight, indices, offsets?, per_sample_weights?; mode="mean", bag_size,
@@ -70,6 +70,7 @@
 //   fill_(x; value=0) in place   exponential_(x) in place (random draws, as fill_)
 //   norm(x; p=2, dim=[...], keepdim=0)   clamp(x; min?, max?)
 //   copy_(dst, src) in place: src broadcast to dst and converted to its dtype
+//   bmm_into(dst, a, b) in place: a @ b written into dst (bmm's out=)
 //   Tensor parallelism's, added by engine/passes/tensor_parallel.h (engine/rules/parallel.cc):
 //   megatron_linear(x, weight, bias?; tp, gather_dim=-1, input_grad, weight_layout)
 //   tp_all_reduce(x; tp)  tp_reduce_scatter(x; tp, dim)  tp_scatter(x; tp, dim)

@@ -24,7 +24,6 @@ StatusOr<std::vector<OutputSpec>> InferUnary(const OpCall& c) {
   return std::vector<OutputSpec>{Like(c.in(0))};
 }
 
-void SaveInput(const OpCall& c, OpMemory* m) { SaveInputIf(m, c.needs_grad(0), 0); }
 // In place too, the result is the input's storage, as overwritten.
 void SaveOutput(const OpCall& c, OpMemory* m) {
   if (c.needs_grad(0)) m->saved_outputs.push_back(0);
@@ -120,7 +119,7 @@ StatusOr<std::vector<OutputSpec>> InferGelu(const OpCall& c) {
     return InvalidArgument(AttrField(c, "approximate") + ": must be 'none' or 'tanh', got " +
                            Quote(approx));
   }
-  return InferUnary(c);
+  return InferActivation(c);  // inplace=1: _addmm_activation's gelu_ (the encoder fast path)
 }
 
 StatusOr<std::vector<OutputSpec>> InferPow(const OpCall& c) {
@@ -141,6 +140,15 @@ StatusOr<std::vector<OutputSpec>> InferSoftmax(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(
       NormalizeDim(dim, static_cast<int>(c.in(0).shape.size()), AttrField(c, "dim")).status());
   MEMEST_ASSIGN_OR_RETURN(int64_t h2f, IntAttr(c.op.attrs, "half_to_float", 0, c.field));
+  // inplace=1: _softmax_out(x, x) (1.13's native_multi_head_attention, on its scores).
+  MEMEST_ASSIGN_OR_RETURN(bool inplace, InplaceAttr(c));
+  if (inplace && h2f) {
+    return InvalidArgument(AttrField(c, "inplace") + ": a softmax in place keeps its input's "
+                           "dtype; half_to_float needs a new output");
+  }
+  if (inplace) {
+    return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides)};
+  }
   OutputSpec out = Like(c.in(0));
   if (h2f) out.dtype = DType::kFloat32;
   return std::vector<OutputSpec>{out};
@@ -361,7 +369,7 @@ StatusOr<std::vector<OutputSpec>> InferTo(const OpCall& c) {
 
 void RegisterPointwiseRules(std::vector<OpRule>* r) {
   r->push_back({"relu", 1, 1, InferRelu, SaveOutput});
-  r->push_back({"gelu", 1, 1, InferGelu, SaveInput});
+  r->push_back({"gelu", 1, 1, InferGelu, SaveSelf});
   r->push_back({"silu", 1, 1, InferActivation, SaveSelf});
   r->push_back({"hardtanh", 1, 1, InferHardtanh, SaveSelf});
   r->push_back({"hardswish", 1, 1, InferActivation, SaveSelf});

@@ -1,4 +1,5 @@
 // The rules of engine/rules/compare.cc (comparisons, maximum / minimum, cumsum), copy_,
+// bmm_into, softmax and gelu in place,
 // engine/rules/select.cc (nonzero, topk, sort, max, index_put_, index with several indices) and
 // engine/rules/detection.cc (nms, roi_align): what each keeps and allocates, with the numbers
 // derived from derivatives.yaml and the aten / torchvision kernels (the conformance suite's
@@ -150,6 +151,50 @@ TEST(CopyIntoRuleTest, WritesInPlaceAndHandsTheGradientOn) {
   const OneOp bad("copy_", {{2, 8}, {3, 8}}, {});
   ASSERT_FALSE(bad.status.ok());
   EXPECT_NE(bad.status.message().find("inputs[1]"), std::string::npos) << bad.status.message();
+}
+
+// 1.13's native_multi_head_attention: the attention output written into q's storage, and the
+// scores soft-maxed in place; _addmm_activation's gelu_.
+TEST(CopyIntoRuleTest, BmmIntoWritesTheProductIntoItsDestination) {
+  const OneOp c("bmm_into", {{8, 16, 4}, {8, 16, 16}, {8, 16, 4}}, {});
+  ASSERT_TRUE(c.status.ok()) << c.status.ToString();
+  EXPECT_EQ(c.out().alias_of, c.graph.ops[c.op].inputs[0]);
+  EXPECT_EQ(c.out().shape, (Shape{8, 16, 4}));
+  const OpMemory m = c.Memory();
+  EXPECT_EQ(m.saved_inputs, (std::vector<int>{1, 2}));  // as bmm's, with autograd on
+  EXPECT_TRUE(m.forward_temps.empty());
+  const OneOp shape("bmm_into", {{8, 16, 5}, {8, 16, 16}, {8, 16, 4}}, {});
+  ASSERT_FALSE(shape.status.ok());
+  EXPECT_NE(shape.status.message().find("inputs[0]: the product is [8, 16, 4]"), std::string::npos)
+      << shape.status.message();
+  const OneOp dtype("bmm_into", {{8, 16, 4}, {8, 16, 16}}, {}, {{{8, 16, 4}, DType::kBFloat16}});
+  ASSERT_FALSE(dtype.status.ok());
+  EXPECT_NE(dtype.status.message().find("inputs[2]"), std::string::npos) << dtype.status.message();
+}
+
+TEST(CopyIntoRuleTest, SoftmaxAndGeluInPlaceMakeNoStorage) {
+  const OneOp sm("softmax", {{8, 16, 16}}, {{"dim", int64_t{-1}}, {"inplace", int64_t{1}}});
+  ASSERT_TRUE(sm.status.ok()) << sm.status.ToString();
+  EXPECT_EQ(sm.out().alias_of, sm.graph.ops[sm.op].inputs[0]);
+  EXPECT_EQ(sm.Memory().saved_outputs, (std::vector<int>{0}));
+  const OneOp h2f("softmax", {{8, 16}}, {{"inplace", int64_t{1}}, {"half_to_float", int64_t{1}}});
+  ASSERT_FALSE(h2f.status.ok());
+  EXPECT_NE(h2f.status.message().find("attrs.inplace"), std::string::npos) << h2f.status.message();
+  const OneOp gelu("gelu", {{8, 16}}, {{"inplace", int64_t{1}}});
+  ASSERT_TRUE(gelu.status.ok()) << gelu.status.ToString();
+  EXPECT_EQ(gelu.out().alias_of, gelu.graph.ops[gelu.op].inputs[0]);
+  // gelu's backward reads self: in place autograd keeps a clone of it
+  EXPECT_EQ(Sum(gelu.Memory().saved_extras), 8 * 16 * 4);
+  EXPECT_EQ(OneOp("gelu", {{8, 16}}, {}).Memory().saved_inputs, (std::vector<int>{0}));
+}
+
+// embedding_dense_backward takes grad_.contiguous(): a gradient that reaches it transposed
+// (nn.MultiheadAttention's batch-first input, the zoo's self_attention) is copied first.
+TEST(CopyIntoRuleTest, EmbeddingBackwardWantsAContiguousGradient) {
+  const OneOp e("embedding", {{256, 64}}, {}, {{{2, 16}, DType::kInt64}});
+  ASSERT_TRUE(e.status.ok()) << e.status.ToString();
+  EXPECT_TRUE(e.Memory(Runtime::kCpuTorch113).backward_needs_contiguous_grad);
+  EXPECT_TRUE(e.Memory(Runtime::kCuda).backward_needs_contiguous_grad);
 }
 
 TEST(SelectRuleTest, NonzeroCarriesItsCountAndPassesNoGradient) {

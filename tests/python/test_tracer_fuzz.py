@@ -4,7 +4,8 @@ Each case builds an nn.Sequential from a seed: layers drawn from what real model
 (linear, convolutions and transposed ones, norms, activations in and out of place, pooling,
 upsampling, dropout, recurrent layers, attention, transformer layers), with sizes drawn too, each
 fitting the shape the previous one left. A case passes when memest.trace returns a graph that
-the engine accepts (`memest estimate --local` on both runtimes) or raises UnsupportedOp; any other
+the engine accepts (`memest estimate --local` on both runtimes; every other case is traced and
+estimated in inference too) or raises UnsupportedOp; any other
 exception, or a graph the engine refuses, fails it with the seed and the stack, to replay with
 `pytest tests/python/test_tracer_fuzz.py -k 'seed_N'`.
 """
@@ -157,12 +158,12 @@ def make_case(seed):
     return module, x, loss, f"{kind}: {module}"
 
 
-def estimate(model, tmp_path, batch):
-    path = tmp_path / "model.json"
+def estimate(model, tmp_path, batch, mode="training"):
+    path = tmp_path / f"model_{mode}.json"
     tracer.save(model, path)
     for runtime in ("cuda", "cpu-1.13"):
         r = subprocess.run([cli_binary(), "estimate", "--local", "--model", str(path), "--runtime",
-                            runtime, "--json", "--no-advice", "--batch", str(batch)],
+                            runtime, "--mode", mode, "--json", "--no-advice", "--batch", str(batch)],
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, f"the engine refuses the traced graph on {runtime}: {r.stderr}"
         assert int(json.loads(r.stdout)["peak"]["allocatedBytes"]) > 0
@@ -187,3 +188,9 @@ def test_a_random_stack_traces_or_is_refused_clearly(seed, tmp_path):
     except Exception as e:  # noqa: BLE001: any other failure is the finding
         pytest.fail(f"seed {seed}: {type(e).__name__}: {e}\n{what}")
     estimate(model, tmp_path, x.shape[0])
+    if seed % 2 == 0:  # and in inference (eval, no autograd: 1.13's encoder fast path)
+        try:
+            model = tracer.trace(module, x, loss=None, training=False)
+        except Exception as e:  # noqa: BLE001: it traced in training, so it must here
+            pytest.fail(f"seed {seed}, inference: {type(e).__name__}: {e}\n{what}")
+        estimate(model, tmp_path, x.shape[0], "inference")

@@ -54,13 +54,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memest.model_json import attr_value
 
 try:
-    from . import (_aten_map, _trace_clones, _trace_fused, _trace_lifetimes, _trace_linear,
-                   _trace_random, _trace_static)
+    from . import (_aten_map, _trace_clones, _trace_fastpath, _trace_fused, _trace_lifetimes,
+                   _trace_linear, _trace_random, _trace_static)
     from ._trace_leaves import _module_on_meta
     from ._trace_static import Statics, batch_attr
 except ImportError:  # loaded on its own, outside the memest package
     import _aten_map
     import _trace_clones
+    import _trace_fastpath
     import _trace_fused
     import _trace_lifetimes
     import _trace_linear
@@ -632,6 +633,7 @@ def _record(module, inputs, batch_dims, *, device, target, loss, scopes, trainin
         try:
             with _Recording(tracer), _trace_fused.sdpa_as_one_op(tracer), \
                     _trace_fused.recurrent_as_one_op(tracer), _trace_fused.one_hot_as_one_op(tracer), \
+                    _trace_fastpath.encoder_fast_path(tracer), \
                     _checkpoints_as_regions(tracer), \
                     _trace_clones.user_clones(tracer), _trace_linear.bias_added_in_place(tracer), \
                     _trace_static.tensors_made_in_forward(tracer):
