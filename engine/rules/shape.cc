@@ -331,6 +331,9 @@ void EmbeddingMemory(const OpCall& c, OpMemory* m) {
   if (!c.needs_grad(0)) return;
   m->saved_inputs.push_back(1);
   EmbeddingBackwardScratch(c, m);
+  // embedding_dense_backward (CPU and CUDA): grad_.contiguous().view({num_indices, dim}), a
+  // copy of a gradient that reaches it transposed (nn.MultiheadAttention's batch_first input).
+  m->backward_needs_contiguous_grad = true;
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
 }
 

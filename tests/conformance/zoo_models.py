@@ -43,9 +43,6 @@ MODELS = []
 # Model modes of the CI subset that do not pass yet, and why (docs/fidelity.md's zoo section
 # has every model's numbers). zoo.py does not fail on them, and says when one passes.
 KNOWN = {
-    ("transformer_encoder", INFER): "forward peak over: PyTorch 1.13 runs the CPU fast path "
-                                    "(_transformer_encoder_layer_fwd) in inference, the meta "
-                                    "trace the layer's Python path",
     ("hf_gemma", TRAIN): "saved 4 bytes short: the embedding normalizer, a 0-dim "
                          "torch.tensor(hidden_size ** 0.5) made in forward, traces as a constant "
                          "that its multiplication's saved tensors do not count",
@@ -269,16 +266,34 @@ def _unets():
 class EncoderClassifier(nn.Module):
     """Token embedding + learned positions -> nn.TransformerEncoder -> mean over tokens -> linear."""
 
-    def __init__(self, vocab=256, d=64, heads=4, layers=2, seq=16, n=4):
+    def __init__(self, vocab=256, d=64, heads=4, layers=2, seq=16, n=4, **layer_kw):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
         self.pos = nn.Parameter(torch.zeros(1, seq, d))
-        layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.1, batch_first=True)
+        layer = nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.1, batch_first=True, **layer_kw)
         self.encoder = nn.TransformerEncoder(layer, layers)
         self.head = nn.Linear(d, n)
 
     def forward(self, ids):
         return self.head(self.encoder(self.embed(ids) + self.pos).mean(dim=1))
+
+
+class SelfAttentionClassifier(nn.Module):
+    """Token embedding -> nn.MultiheadAttention over itself (batch first, no dropout: in
+    inference 1.13 runs _native_multi_head_attention), its weights kept as a local until
+    forward returns -> mean over tokens -> linear."""
+
+    def __init__(self, vocab=256, d=64, heads=4, n=4, average=True):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.head = nn.Linear(d, n)
+        self.average = average
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        out, weights = self.attn(x, x, x, average_attn_weights=self.average)
+        return self.head(out.mean(dim=1))
 
 
 class Seq2Seq(nn.Module):
@@ -302,6 +317,14 @@ class Seq2Seq(nn.Module):
 def _transformers_nn():
     add("transformer_encoder", "nn.Transformer", EncoderClassifier, tokens(256, 16), target=classes(4),
         ci=True, note="d_model 64, 4 heads, 2 layers, sequence 16")
+    add("transformer_encoder_prenorm", "nn.Transformer",
+        lambda: EncoderClassifier(norm_first=True, activation="gelu"), tokens(256, 16),
+        target=classes(4), ci=True, note="as transformer_encoder, norm_first and gelu")
+    add("self_attention", "nn.Transformer", SelfAttentionClassifier, tokens(256, 16),
+        target=classes(4), ci=True, note="nn.MultiheadAttention d 64, 4 heads, weights averaged")
+    add("self_attention_heads", "nn.Transformer",
+        lambda: SelfAttentionClassifier(average=False), tokens(256, 16), target=classes(4),
+        note="as self_attention, the weights per head")
     add("transformer_seq2seq", "nn.Transformer", Seq2Seq, tokens(256, 16, n=2),
         target=classes(256, (16,)), note="nn.Transformer d_model 64, 4 heads, 2+2 layers, sequence 16")
 
