@@ -284,6 +284,14 @@ std::vector<Variant> ConfigVariants() {
          p->set_data_parallel(v1::DATA_PARALLEL_FSDP2);
          p->set_fsdp_cpu_offload(true);
        }},
+      {"fsdp1-cpu-offload-hybrid",
+       [=](auto* r) {
+         v1::Parallelism* p = config(r)->mutable_parallelism();
+         p->set_data(8);
+         p->set_data_shard(4);
+         p->set_data_parallel(v1::DATA_PARALLEL_FSDP1);
+         p->set_fsdp_cpu_offload(true);
+       }},
       {"capacity-24gib", [=](auto* r) { config(r)->set_device_capacity_bytes(24ull << 30); }},
       {"cpu-avx2",
        [=](auto* r) {

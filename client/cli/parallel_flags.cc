@@ -74,7 +74,8 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                 "fp16-pure)")
       ->group(group);
   app->add_flag("--fsdp-cpu-offload", f->fsdp_cpu_offload,
-                "FSDP2's offload_policy=CPUOffloadPolicy(): shards, gradients and optimizer "
+                "FSDP's CPU offload (fsdp2: offload_policy=CPUOffloadPolicy(); fsdp1: "
+                "cpu_offload=CPUOffload(offload_params=True)): shards, gradients and optimizer "
                 "state in pinned host memory (shown as host bytes), the step on the CPU")
       ->group(group);
   app->add_option("--dp-shard", f->data_shard,

@@ -207,12 +207,12 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            ": an FSDP setting, and the strategy is " +
                            DataShardingName(p.sharding));
   }
-  if (p.fsdp_cpu_offload && p.sharding != DataSharding::kFsdp2) {
-    return InvalidArgument(std::string("config.parallelism.fsdp_cpu_offload: FSDP2's "
-                                       "CPUOffloadPolicy (fsdp2), and the strategy is ") +
+  if (p.fsdp_cpu_offload && !fsdp) {
+    return InvalidArgument(std::string("config.parallelism.fsdp_cpu_offload: FSDP's CPU "
+                                       "offload (fsdp1 or fsdp2), and the strategy is ") +
                            DataShardingName(p.sharding));
   }
-  if (p.fsdp_cpu_offload && p.data_shard > 0) {
+  if (p.fsdp_cpu_offload && p.data_shard > 0 && p.sharding == DataSharding::kFsdp2) {
     // Under HSDP foreach_reduce hands its GPU output on as the all-reduce input, which
     // post_backward keeps until the group's next post-backward or finalize_backward: not
     // modelled, so refused rather than under-predicted.

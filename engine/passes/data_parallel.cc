@@ -185,6 +185,7 @@ DataParallelReport DataParallelReportOf(const RankView& view) {
   if (view.deepspeed) r.host_bytes = view.deepspeed->HostBytes();
   if (view.zero3) r.host_bytes = view.zero3->HostBytes();
   if (view.fsdp2) r.host_bytes = view.fsdp2->host_bytes;
+  if (view.fsdp1) r.host_bytes = view.fsdp1->host_bytes;
   return r;
 }
 
@@ -217,6 +218,15 @@ void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
         FormatBytes(f->units.back().full_bytes) + " (kept to the end of backward); "
         "BACKWARD_PRE prefetching holds two blocks in backward; a unit's gradients are "
         "concatenated into one flat gradient and reduce-scattered");
+    if (f->cpu_offload) {
+      r->notes.push_back(
+          "CPUOffload(offload_params=True): each unit's flat shard, its gradient (_cpu_grad) "
+          "and the optimizer state are host memory (" + FormatBytes(f->host_bytes) +
+          ", data_parallel.host_bytes; shards and gradients pinned, rounded up to a power of "
+          "two by PyTorch's pinned allocator) and the optimizer steps on the CPU; each unshard "
+          "copies the unit's shard to the GPU first, and the reduce-scattered shards stay on "
+          "the GPU until backward ends");
+    }
     r->notes.push_back(
         "not counted: FSDP1's record_stream frees (the CUDA caching "
         "allocator reuses a freed all-gather or gradient block only once the GPU has passed "

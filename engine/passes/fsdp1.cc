@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "engine/ir/shape.h"
+#include "engine/step/optimizers.h"
 
 namespace memest {
 namespace {
@@ -14,6 +15,24 @@ StatusOr<int64_t> Times(int64_t elements, DType dtype, const char* what) {
     return InvalidArgument(std::string("model: an FSDP unit's ") + what + " would pass 2^62 bytes");
   }
   return bytes;
+}
+
+// CPUOffload: the pinned `_local_shard` and `_cpu_grad` (each rounded up by PyTorch's pinned
+// allocator), the optimizer's state over the shard when it trains; the unshard's GPU copy.
+Status PlanCpuOffload(const Graph& g, const RunConfig& c, Fsdp1Unit* u, Fsdp1View* v) {
+  v->cpu_offload = true;
+  MEMEST_ASSIGN_OR_RETURN(u->offload_copy_bytes, Times(u->shard, u->flat_shard.dtype, "shard"));
+  MEMEST_ASSIGN_OR_RETURN(const int64_t pinned, PinnedHostBytes(u->offload_copy_bytes));
+  MEMEST_ASSIGN_OR_RETURN(const int64_t both, CheckedMul(pinned, 2));
+  MEMEST_ASSIGN_OR_RETURN(v->host_bytes, CheckedAdd(v->host_bytes, both));
+  bool trains = false;
+  for (int t : u->group.params) trains |= g.tensors[t].requires_grad;
+  if (!trains) return Status::Ok();
+  MEMEST_ASSIGN_OR_RETURN(
+      const int64_t states,
+      CheckedMul(u->offload_copy_bytes, CostsOf(c.optimizer, c.runtime).state));
+  MEMEST_ASSIGN_OR_RETURN(v->host_bytes, CheckedAdd(v->host_bytes, states));
+  return Status::Ok();
 }
 
 }  // namespace
@@ -57,6 +76,9 @@ StatusOr<Fsdp1View> PlanFsdp1(const Graph& g, const RunConfig& c) {
     u.flat_shard.dtype = orig;
     u.flat_shard.role = TensorRole::kParameter;
     u.flat_shard.requires_grad = true;
+    if (p.fsdp_cpu_offload && !u.group.params.empty()) {
+      MEMEST_RETURN_IF_ERROR(PlanCpuOffload(g, c, &u, &v));
+    }
     v.first_param.push_back(u.group.params.empty() ? -1 : u.group.params.front());
     v.units.push_back(std::move(u));
   }

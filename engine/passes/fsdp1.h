@@ -21,6 +21,14 @@
 //   reduce-scattered into; the unsharded gradients go; a shard in the parameters' dtype is made
 //   when the reduce dtype differs; it becomes (or is added into) the sharded gradient.
 // - the optimizer steps the sharded FlatParameters: its state has a shard's shape per unit.
+// CPUOffload(offload_params=True) (parallelism.fsdp_cpu_offload; _flat_param.py
+// init_flat_param_attributes, pre_unshard, prepare_gradient_for_optim; _runtime_utils.py
+// _offload_grad): each unit's `_local_shard` is pinned host memory, and so is `_cpu_grad`
+// (zeros like it); the optimizer's state is made on the host and the step runs on the CPU.
+// Unshard first copies the shard to the GPU (`flat_param_to(device)`, or under mixed precision
+// `_local_shard.to(device)` cast into `_mp_shard`), freed once the all-gather has it. The
+// reduce-scattered shard stays on the GPU as `_saved_grad_shard` after its copy to
+// `_cpu_grad`, until the end of backward (prepare_gradient_for_optim deletes it).
 #ifndef MEMEST_ENGINE_PASSES_FSDP1_H_
 #define MEMEST_ENGINE_PASSES_FSDP1_H_
 
@@ -46,6 +54,7 @@ struct Fsdp1Unit {
   int64_t pad_bytes = 0;          // its padded copy, when numel does not divide by N
   int64_t sharded_grad_bytes = 0; // new_sharded_grad: one shard, reduce dtype
   int64_t grad_cast_bytes = 0;    // the shard cast to the parameters' dtype, when they differ
+  int64_t offload_copy_bytes = 0; // CPU offload: the shard's copy to the GPU (its own dtype)
   Tensor flat_shard;              // [shard] in the parameters' dtype: kept and stepped
 };
 
@@ -53,6 +62,8 @@ struct Fsdp1View {
   std::vector<Fsdp1Unit> units;  // blocks in forward order, then the root
   std::vector<int> unit_of;      // per tensor id (parameters): its unit
   std::vector<int> first_param;  // per unit: the parameter its flat shard is counted under
+  bool cpu_offload = false;      // CPUOffload(offload_params=True)
+  int64_t host_bytes = 0;        // its pinned shards and gradients and the optimizer state
 };
 
 StatusOr<Fsdp1View> PlanFsdp1(const Graph& graph, const RunConfig& config);

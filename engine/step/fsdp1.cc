@@ -30,15 +30,17 @@ class Fsdp1Hooks : public RankHooks {
   int64_t ParameterBytes(int t, int64_t whole) const override {
     const int k = v_.unit_of[t];
     if (k < 0) return whole;  // a buffer
+    if (v_.cpu_offload) return 0;  // on the host
     return v_.first_param[k] == t ? Bytes(v_.units[k].flat_shard.shape,
                                           v_.units[k].flat_shard.dtype)
                                   : 0;
   }
 
-  // The optimizer steps the flat shards, one per unit.
+  // The optimizer steps the flat shards, one per unit (on the CPU when offloaded).
   const Tensor* OptimizerParam(const Graph& g, int t) const override {
     const int k = v_.unit_of[t];
     if (k < 0) return &g.tensors[t];
+    if (v_.cpu_offload) return nullptr;
     return v_.first_param[k] == t ? &v_.units[k].flat_shard : nullptr;
   }
 
@@ -49,6 +51,7 @@ class Fsdp1Hooks : public RankHooks {
 
   int KeptGrad(RankMemory& m, int t, int64_t /*whole*/) override {
     const int k = v_.unit_of[t];
+    if (v_.cpu_offload) return kNoGrad;  // _cpu_grad, on the host
     if (v_.first_param[k] == t && sharded_grad_[k] < 0) {
       sharded_grad_[k] = m.Allocate(ShardedGradBytes(k), Category::kGradients);
     }
@@ -83,9 +86,15 @@ class Fsdp1Hooks : public RankHooks {
     }
   }
 
+  // Offloaded, prepare_gradient_for_optim deletes each `_saved_grad_shard`.
   void BackwardEnds(RankMemory& m) override {
     while (post_ >= 0) PostBackward(m, blocks_[post_--]);
     PostBackward(m, Root());
+    if (!v_.cpu_offload) return;
+    for (int& shard : sharded_grad_) {
+      if (shard >= 0) m.Deallocate(shard);
+      shard = -1;
+    }
   }
 
  private:
@@ -96,12 +105,22 @@ class Fsdp1Hooks : public RankHooks {
     return u.grad_cast_bytes > 0 ? u.grad_cast_bytes : u.sharded_grad_bytes;
   }
 
+  // The shard the all-gather reads: `_mp_shard` under mixed precision (offloaded, filled from
+  // a GPU copy of the host shard, freed once cast), else offloaded the GPU copy itself.
   void Unshard(RankMemory& m, int k) {
     const Fsdp1Unit& u = v_.units[k];
     if (full_[k] >= 0 || u.group.params.empty()) return;
-    const int mp = u.mp_shard_bytes > 0 ? m.Allocate(u.mp_shard_bytes, Category::kCommunication) : -1;
+    int input = -1;
+    if (u.mp_shard_bytes > 0) {
+      input = m.Allocate(u.mp_shard_bytes, Category::kCommunication);
+      if (u.offload_copy_bytes > 0) {
+        m.Deallocate(m.Allocate(u.offload_copy_bytes, Category::kCommunication));
+      }
+    } else if (u.offload_copy_bytes > 0) {
+      input = m.Allocate(u.offload_copy_bytes, Category::kCommunication);
+    }
     full_[k] = m.Allocate(u.full_bytes, Category::kParameters);
-    if (mp >= 0) m.Deallocate(mp);
+    if (input >= 0) m.Deallocate(input);
   }
 
   void Reshard(RankMemory& m, int k) {

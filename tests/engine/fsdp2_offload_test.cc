@@ -72,15 +72,16 @@ TEST(Fsdp2OffloadTest, MixedPrecisionCastsEachShardAfterItsCopy) {
   EXPECT_EQ(Cat(fwd, Category::kCommunication), (2 * kBlockGathered + kBlockShard) * 2);
 }
 
-// The option is FSDP2's; elsewhere it is refused, naming the field and the strategy.
-TEST(Fsdp2OffloadTest, CpuOffloadBelongsToFsdp2) {
+// The option is FSDP's (fsdp1_offload_test.cc has FSDP1's); elsewhere it is refused, naming
+// the field and the strategy.
+TEST(Fsdp2OffloadTest, CpuOffloadBelongsToFsdp) {
   RunConfig c = Offloaded();
   c.runtime = Runtime::kCuda;
   EXPECT_TRUE(ValidateRunConfig(c).ok()) << ValidateRunConfig(c).message();
-  c.parallelism.sharding = DataSharding::kFsdp1;
+  c.parallelism.sharding = DataSharding::kDeepSpeedZero3;
   const std::string m = ValidateRunConfig(c).message();
   EXPECT_NE(m.find("config.parallelism.fsdp_cpu_offload"), std::string::npos) << m;
-  EXPECT_NE(m.find("fsdp1"), std::string::npos) << m;
+  EXPECT_NE(m.find("deepspeed-zero3"), std::string::npos) << m;
   RunConfig hsdp = Offloaded();
   hsdp.runtime = Runtime::kCuda;
   hsdp.parallelism.data_shard = 2;  // HSDP keeps the reduce-scatter output: refused

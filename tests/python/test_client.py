@@ -202,7 +202,13 @@ def test_fsdp2_cpu_offload_reports_host_bytes(client):
     assert off.end_of_step.optimizer_state == off.end_of_step.gradients == 0
     assert off.peak.allocated_bytes < plain.peak.allocated_bytes
     with pytest.raises(memest.InvalidArgument, match="fsdp_cpu_offload"):
-        client.estimate(fsdp_cpu_offload=True, **{**base, "dp_strategy": "fsdp1"})
+        client.estimate(fsdp_cpu_offload=True, **{**base, "dp_strategy": "ddp"})
+    # FSDP1's CPUOffload: the flat shards, their gradients and the state on the host too
+    fsdp1 = dict(base, dp_strategy="fsdp1")
+    off1 = client.estimate(fsdp_cpu_offload=True, **fsdp1)
+    assert 16 * shard <= off1.data_parallel.host_bytes <= 24 * shard + 2**26
+    assert off1.end_of_step.gradients == off1.end_of_step.optimizer_state == 0
+    assert off1.peak.allocated_bytes < client.estimate(**fsdp1).peak.allocated_bytes
 
 
 def test_deepspeed_zero3_partitions_parameters_and_takes_its_settings(client):

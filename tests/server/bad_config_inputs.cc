@@ -127,7 +127,7 @@ std::vector<BadInput> EnumRows() {
        kInvalid, "config.parallelism.stage3_max_reuse_distance"},
       {"Stage3PrefetchNegative", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_DEEPSPEED_ZERO3 stage3_prefetch_bucket_size: -1 }"),
        kInvalid, "config.parallelism.stage3_prefetch_bucket_size"},
-      {"FsdpCpuOffloadWithFsdp1", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_FSDP1 fsdp_cpu_offload: true }"),
+      {"FsdpCpuOffloadWithDdp", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_DDP fsdp_cpu_offload: true }"),
        kInvalid, "config.parallelism.fsdp_cpu_offload"},
       {"OffloadParamWithZero2", Gpt2("parallelism { data: 8 data_parallel: DATA_PARALLEL_DEEPSPEED_ZERO2 offload_param: true }"),
        kInvalid, "config.parallelism.offload_param"},

@@ -76,8 +76,9 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             reshard_after_forward (FSDP2's, for the blocks;
             unset: True), fsdp_mixed_precision (FSDP2's MixedPrecisionPolicy with float32
             shards, with precision bf16-pure or fp16-pure), fsdp_cpu_offload (FSDP2's
-            CPUOffloadPolicy: Estimate.data_parallel.host_bytes holds the shards, their
-            gradients and the optimizer state), data_shard (HSDP: FSDP shards
+            CPUOffloadPolicy or FSDP1's CPUOffload(offload_params=True):
+            Estimate.data_parallel.host_bytes holds the shards, their gradients and the
+            optimizer state), data_shard (HSDP: FSDP shards
             within groups of this many data ranks, replicated across the groups): the
             estimate is the rank that
             holds the most, Estimate.data_parallel says which,
