@@ -47,6 +47,7 @@ StatusOr<PlanQuery> PlanQueryFromProto(const v1::PlanRequest& request, int64_t m
   for (const std::string& d : request.devices()) q.devices.push_back(d);
   q.max_gpus = request.max_gpus() == 0 ? kDefaultMaxGpus : request.max_gpus();
   q.max_plans = request.max_plans() == 0 ? kDefaultMaxPlans : request.max_plans();
+  q.host_bytes_per_gpu = request.host_memory_per_gpu_bytes();
   q.max_ops = max_ops;
   return q;
 }
@@ -71,6 +72,9 @@ void PlanToProto(const Plan& p, v1::ParallelPlan* out) {
     }
   }
   if (p.parallelism.expert > 1) par->set_expert(p.parallelism.expert);
+  par->set_offload_optimizer(p.parallelism.offload_optimizer);
+  par->set_offload_param(p.parallelism.offload_param);
+  par->set_fsdp_cpu_offload(p.parallelism.fsdp_cpu_offload);
   par->set_gpus_per_node(p.parallelism.gpus_per_node);  // the layout its NCCL figure assumes
   out->set_micro_batch(p.micro_batch);
   out->set_grad_accum_steps(p.grad_accum_steps);
@@ -81,6 +85,8 @@ void PlanToProto(const Plan& p, v1::ParallelPlan* out) {
   out->set_recompute_fraction(p.recompute_fraction);
   out->set_bubble_fraction(p.bubble_fraction);
   out->set_communicated_bytes_per_step(static_cast<uint64_t>(p.communicated_bytes));
+  out->set_host_bytes(static_cast<uint64_t>(p.host_bytes));
+  out->set_host_transfer_bytes_per_step(static_cast<uint64_t>(p.host_transfer_bytes));
 }
 
 }  // namespace memest

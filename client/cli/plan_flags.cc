@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "client/cli/capacity.h"
+
 namespace memest::cli {
 
 void AddPlanFlags(CLI::App* app, PlanFlags* f) {
@@ -17,6 +19,11 @@ void AddPlanFlags(CLI::App* app, PlanFlags* f) {
       ->group(group)->delimiter(',')->type_name("NAMES");
   app->add_option("--max-plans", f->max_plans, "the most plans listed (default 20)")
       ->group(group)->type_name("N");
+  app->add_option("--host-memory-per-gpu", f->host_memory_per_gpu,
+                  "host memory each GPU's rank may take for CPU offload (e.g. 200GiB: the "
+                  "node's RAM for the job over its GPUs); where nothing fits on the GPUs alone, "
+                  "plans with DeepSpeed's or FSDP's offload are tried (default: none)")
+      ->group(group)->type_name("SIZE");
 }
 
 StatusOr<v1::PlanRequest> BuildPlanRequest(const PlanFlags& flags) {
@@ -31,6 +38,13 @@ StatusOr<v1::PlanRequest> BuildPlanRequest(const PlanFlags& flags) {
   }
   request.set_max_gpus(flags.max_gpus);
   request.set_max_plans(flags.max_plans);
+  if (!flags.host_memory_per_gpu.empty()) {
+    StatusOr<int64_t> bytes = ParseCapacity(flags.host_memory_per_gpu);
+    if (!bytes.ok()) {
+      return InvalidArgument("--host-memory-per-gpu: " + bytes.status().message());
+    }
+    request.set_host_memory_per_gpu_bytes(*bytes);
+  }
   return request;
 }
 

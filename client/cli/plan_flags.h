@@ -20,6 +20,7 @@ struct PlanFlags {
   std::vector<std::string> devices;  // --devices a,b (besides --device)
   int64_t max_gpus = 0;              // 0: the server's default (8)
   int64_t max_plans = 0;             // 0: the server's default (20)
+  std::string host_memory_per_gpu;   // --host-memory-per-gpu 200GiB: offload plans allowed
 };
 
 void AddPlanFlags(CLI::App* app, PlanFlags* flags);

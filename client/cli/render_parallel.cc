@@ -39,7 +39,7 @@ void RenderStages(const v1::EstimateResponse& response, std::ostream& out) {
 namespace {
 
 // The data-parallel strategy, with Megatron's expert-parallel ranks ("megatron-distopt ep8").
-std::string Strategy(const v1::Parallelism& p) {
+std::string StrategyName(const v1::Parallelism& p) {
   const std::string ep = p.expert() > 1 ? " ep" + std::to_string(p.expert()) : "";
   switch (p.data_parallel()) {
     case v1::DATA_PARALLEL_DDP: return "ddp";
@@ -55,19 +55,30 @@ std::string Strategy(const v1::Parallelism& p) {
   }
 }
 
+// The strategy and its offload: +opt (offload_optimizer), +opt+param, +cpu (FSDP's).
+std::string Strategy(const v1::Parallelism& p) {
+  std::string s = StrategyName(p);
+  if (p.offload_optimizer()) s += "+opt";
+  if (p.offload_param()) s += "+param";
+  if (p.fsdp_cpu_offload()) s += "+cpu";
+  return s;
+}
+
 std::string Percent(double fraction) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "%.0f%%", fraction * 100);
   return buf;
 }
 
-constexpr const char* kPlanLine = "%5s  %-12s %-14s %-21s %-12s %-12s %10s %10s %9s %7s %10s\n";
+constexpr const char* kPlanLine =
+    "%5s  %-12s %-14s %-26s %-12s %-12s %10s %10s %9s %7s %10s %10s\n";
 
 void PrintLine(std::ostream& out, const std::vector<std::string>& cols) {
   char buf[512];
   std::snprintf(buf, sizeof buf, kPlanLine, cols[0].c_str(), cols[1].c_str(), cols[2].c_str(),
                 cols[3].c_str(), cols[4].c_str(), cols[5].c_str(), cols[6].c_str(),
-                cols[7].c_str(), cols[8].c_str(), cols[9].c_str(), cols[10].c_str());
+                cols[7].c_str(), cols[8].c_str(), cols[9].c_str(), cols[10].c_str(),
+                cols[11].c_str());
   out << buf;
 }
 
@@ -75,7 +86,7 @@ void PrintLine(std::ostream& out, const std::vector<std::string>& cols) {
 
 void RenderPlanHeader(std::ostream& out) {
   PrintLine(out, {"gpus", "device", "dp x tp x pp", "strategy", "micro-batch", "checkpoint", "needs",
-                  "headroom", "recompute", "bubble", "sent/step"});
+                  "headroom", "recompute", "bubble", "sent/step", "host"});
 }
 
 void RenderPlan(const v1::ParallelPlan& p, std::ostream& out) {
@@ -95,7 +106,8 @@ void RenderPlan(const v1::ParallelPlan& p, std::ostream& out) {
                   FormatBytes(static_cast<int64_t>(p.required_bytes())),
                   FormatBytes(p.headroom_bytes()), Percent(p.recompute_fraction()),
                   Percent(p.bubble_fraction()),
-                  FormatBytes(static_cast<int64_t>(p.communicated_bytes_per_step()))});
+                  FormatBytes(static_cast<int64_t>(p.communicated_bytes_per_step())),
+                  p.host_bytes() > 0 ? FormatBytes(static_cast<int64_t>(p.host_bytes())) : "-"});
   out.flush();
 }
 

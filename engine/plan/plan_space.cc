@@ -1,6 +1,7 @@
 #include "engine/plan/plan_space.h"
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
 
 namespace memest {
@@ -61,12 +62,58 @@ int64_t LowerBound(const States& s, DataSharding sharding, int64_t data, int64_t
   return (whole / (pipeline * expert) + sharded / (pipeline * data)) / tensor;
 }
 
+std::vector<Offload> OffloadsOf(DataSharding sharding) {
+  switch (sharding) {
+    case DataSharding::kDeepSpeedZero2: return {Offload{true, false, false}};
+    case DataSharding::kDeepSpeedZero3:
+      return {Offload{true, false, false}, Offload{true, true, false}};
+    case DataSharding::kFsdp1:
+    case DataSharding::kFsdp2: return {Offload{false, false, true}};
+    default: return {};
+  }
+}
+
+void ApplyOffload(const Offload& o, ParallelismConfig* p) {
+  p->offload_optimizer = o.optimizer;
+  p->offload_param = o.param;
+  p->fsdp_cpu_offload = o.fsdp;
+}
+
+int64_t OffloadLowerBound(const States& s, DataSharding sharding, const Offload& o,
+                          int64_t data, int64_t tensor, int64_t pipeline) {
+  if (o.param || o.fsdp) return 0;
+  const int64_t params = s.params / (pipeline * tensor);
+  return sharding == DataSharding::kDeepSpeedZero2 ? params : params / data;
+}
+
+namespace {
+
+int64_t SaturatingTimes(int64_t micro, int64_t bytes) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  return bytes > 0 && micro > kMax / bytes ? kMax : micro * bytes;
+}
+
+}  // namespace
+
+int64_t HostTransferBytes(const States& s, DataSharding sharding, const Offload& o,
+                          int64_t data, int64_t tensor, int64_t pipeline, int64_t micro) {
+  const int64_t split = data * tensor * pipeline;
+  const int64_t p = s.params / split, g = s.grads / split;  // each below 2^62 / 4
+  if (o.fsdp) return SaturatingTimes(micro, 2 * p + g);
+  if (o.param) return SaturatingTimes(micro, 2 * p + 2 * g);
+  const int64_t per_step = p;  // the updated 16-bit partition
+  const int64_t out = SaturatingTimes(micro, sharding == DataSharding::kDeepSpeedZero3 ? 2 * g : g);
+  return out > std::numeric_limits<int64_t>::max() - per_step ? out : out + per_step;
+}
+
 bool Before(const Plan& a, const Plan& b) {
   const bool ra = a.recompute_fraction > 0, rb = b.recompute_fraction > 0;
   return std::make_tuple(a.capacity_bytes, ra, a.bubble_fraction, a.parallelism.tensor,
-                         a.parallelism.expert, -a.micro_batch, -a.headroom_bytes) <
+                         a.parallelism.expert, a.host_transfer_bytes, -a.micro_batch,
+                         -a.headroom_bytes) <
          std::make_tuple(b.capacity_bytes, rb, b.bubble_fraction, b.parallelism.tensor,
-                         b.parallelism.expert, -b.micro_batch, -b.headroom_bytes);
+                         b.parallelism.expert, b.host_transfer_bytes, -b.micro_batch,
+                         -b.headroom_bytes);
 }
 
 }  // namespace memest

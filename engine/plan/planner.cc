@@ -31,6 +31,8 @@ struct Split {
   CheckpointPolicy checkpoint;
   int64_t virtual_stages = 1;  // Megatron's interleaved 1F1B: model chunks per stage
   int64_t expert = 1;          // Megatron's expert-parallel ranks, out of the data ranks
+  Offload offload;             // CPU offload (only where nothing fits without)
+  const States* states = nullptr;  // the device's one-GPU model states
 };
 
 class Planner {
@@ -55,6 +57,7 @@ class Planner {
     c.parallelism.tensor = s.tensor;
     c.parallelism.sequence_parallel = s.tensor > 1;
     c.parallelism.expert = s.expert;
+    ApplyOffload(s.offload, &c.parallelism);
     if (!ValidateRunConfig(c).ok()) return std::optional<Plan>();
     MEMEST_RETURN_IF_ERROR(budget_->status());
     const Graph* graph = GraphFor(c);
@@ -74,6 +77,8 @@ class Planner {
     StatusOr<Report> r = EstimateGraph(*graph, c, Quiet());
     MEMEST_RETURN_IF_ERROR(budget_->status());
     if (!r.ok() || !r->fit || !r->fit->fits) return std::optional<Plan>();
+    const int64_t host = r->data_parallel ? r->data_parallel->host_bytes : 0;
+    if (host > q_.host_bytes_per_gpu) return std::optional<Plan>();  // 0 without offload
     return std::optional<Plan>(MakePlan(s, c, mb, *r));
   }
 
@@ -154,6 +159,11 @@ class Planner {
       p.bubble_fraction = idle / (m + idle);
     }
     p.communicated_bytes = r.communicated_bytes_per_step;
+    if (s.offload.any()) {
+      p.host_bytes = r.data_parallel->host_bytes;
+      p.host_transfer_bytes = HostTransferBytes(*s.states, s.sharding, s.offload, s.data,
+                                                s.tensor, s.pipeline, c.grad_accum_steps);
+    }
     return p;
   }
 
@@ -201,6 +211,10 @@ Status CheckQuery(const PlanQuery& q) {
   if (q.max_gpus < 1 || q.max_gpus > kMaxPlanGpus) {
     return InvalidArgument("max_gpus: must be in [1, " + std::to_string(kMaxPlanGpus) +
                            "], got " + std::to_string(q.max_gpus));
+  }
+  if (q.host_bytes_per_gpu < 0) {
+    return InvalidArgument("host_memory_per_gpu_bytes: must not be negative, got " +
+                           std::to_string(q.host_bytes_per_gpu));
   }
   if (q.max_plans < 1) {
     return InvalidArgument("max_plans: must be positive, got " + std::to_string(q.max_plans));
@@ -274,9 +288,11 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
       }
       return why;
     };
+    // The splits of n GPUs that fit, without offload, or with it (where nothing fit without).
+    auto search = [&](bool offload) -> Status {
     for (size_t k = 0; k < devices.size(); ++k) {
       const DeviceInfo& d = devices[k];
-      if (states[k].total() / n > d.capacity_bytes) {
+      if (!offload && states[k].total() / n > d.capacity_bytes) {
         ++stats->skipped_counts;
         continue;
       }
@@ -289,18 +305,30 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
         if (q.run.batch_size % data != 0) continue;
         const std::vector<int64_t> mbs = Divisors(q.run.batch_size / data);
         // Megatron's expert parallelism (tensor 1: its MoELayer with tensor parallelism is
-        // not modelled) over powers of two dividing the data ranks.
-        std::vector<std::pair<DataSharding, int64_t>> sharded;
-        if (data == 1) sharded.emplace_back(DataSharding::kNone, 1);
-        for (DataSharding sh : data == 1 ? std::vector<DataSharding>{} : strategies) {
-          sharded.emplace_back(sh, 1);
-          if (!IsMegatron(sh) || t > 1 || !planner.experts()) continue;
-          for (int64_t e = 2; e <= data && e <= kMaxExpertParallel; e *= 2) {
-            if (data % e == 0) sharded.emplace_back(sh, e);
+        // not modelled) over powers of two dividing the data ranks; with offload, each
+        // strategy's offloads (DeepSpeed's on one rank too).
+        std::vector<std::tuple<DataSharding, int64_t, Offload>> sharded;
+        if (offload) {
+          for (DataSharding sh : strategies) {
+            const bool deepspeed = sh == DataSharding::kDeepSpeedZero2 ||
+                                   sh == DataSharding::kDeepSpeedZero3;
+            if (data == 1 && !deepspeed) continue;
+            for (const Offload& o : OffloadsOf(sh)) sharded.emplace_back(sh, 1, o);
+          }
+        } else {
+          if (data == 1) sharded.emplace_back(DataSharding::kNone, 1, Offload{});
+          for (DataSharding sh : data == 1 ? std::vector<DataSharding>{} : strategies) {
+            sharded.emplace_back(sh, 1, Offload{});
+            if (!IsMegatron(sh) || t > 1 || !planner.experts()) continue;
+            for (int64_t e = 2; e <= data && e <= kMaxExpertParallel; e *= 2) {
+              if (data % e == 0) sharded.emplace_back(sh, e, Offload{});
+            }
           }
         }
-        for (const auto& [sh, e] : sharded) {
-          if (LowerBound(states[k], sh, data, t, p, e, half) > d.capacity_bytes) continue;
+        for (const auto& [sh, e, o] : sharded) {
+          const int64_t bound = o.any() ? OffloadLowerBound(states[k], sh, o, data, t, p)
+                                        : LowerBound(states[k], sh, data, t, p, e, half);
+          if (bound > d.capacity_bytes) continue;
           std::vector<CheckpointPolicy> policies = {CheckpointPolicy::kEveryBlock};
           if (planner.blocks() == 0) policies = {CheckpointPolicy::kNone};
           else policies.push_back(CheckpointPolicy::kNone);
@@ -308,6 +336,8 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
           for (CheckpointPolicy ck : policies) {
             Split s{&d, data, t, p, sh, ck};
             s.expert = e;
+            s.offload = o;
+            s.states = &states[k];
             // The largest micro-batch that fits (the small ones, a pipeline's costliest
             // estimates, only when the larger do not fit); none at all with every block
             // checkpointed means none without checkpointing either, and without it the
@@ -340,6 +370,10 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
       }
       }
     }
+    return Status::Ok();
+    };
+    MEMEST_RETURN_IF_ERROR(search(false));
+    if (fits.empty() && q.host_bytes_per_gpu > 0) MEMEST_RETURN_IF_ERROR(search(true));
     std::stable_sort(fits.begin(), fits.end(), Before);
     for (const Plan& p : fits) {
       ++stats->plans;

@@ -43,6 +43,10 @@ struct PlanQuery {
   std::vector<std::string> devices;
   int64_t max_gpus = 8;
   int64_t max_plans = 20;  // the most plans returned (the best ones of the fewest GPUs)
+  // Host memory one GPU's rank may take for offload (the node's RAM for the job over its
+  // GPUs). 0: no offload. Otherwise, at a GPU count where nothing fits on the GPUs alone,
+  // the planner tries DeepSpeed's and FSDP's CPU offload (plan_space.h, OffloadsOf).
+  int64_t host_bytes_per_gpu = 0;
   int64_t max_ops = 1'000'000;
 };
 
@@ -63,6 +67,10 @@ struct Plan {
   double recompute_fraction = 0;
   double bubble_fraction = 0;
   int64_t communicated_bytes = 0;
+  // With offload: the host memory the rank takes (data_parallel.host_bytes) and the model-state
+  // bytes it copies between host and GPU per step (plan_space.h, HostTransferBytes).
+  int64_t host_bytes = 0;
+  int64_t host_transfer_bytes = 0;
 };
 
 struct PlanStats {
@@ -74,12 +82,13 @@ struct PlanStats {
 // Runs the query, calling `emit` with each plan that fits, in rank order: fewer GPUs first;
 // for one count, the smaller GPU (so the first plan of each count answers "the smallest GPU
 // type that fits"), then no recomputation before recomputation, the smaller pipeline bubble,
-// fewer tensor-parallel ranks (their collectives run in every layer), the larger micro-batch,
-// the most headroom. `emit` returning false stops the search. Returns the budget's refusal
-// (deadline, cancellation, op steps) if it stops the search, after emitting the plans found to
-// fit at the GPU count it was searching (each a real estimate; plans of that count it had not
-// reached may rank before them); an error naming the field for a query that makes no sense; and
-// OK otherwise. `budget` null: unlimited.
+// fewer tensor-parallel ranks (their collectives run in every layer), the fewer bytes to and
+// from the host, the larger micro-batch, the most headroom. Offload plans come only at counts
+// where no plan fits without it. `emit` returning false stops the search. Returns the budget's
+// refusal (deadline, cancellation, op steps) if it stops the search, after emitting the plans
+// found to fit at the GPU count it was searching (each a real estimate; plans of that count it
+// had not reached may rank before them); an error naming the field for a query that makes no
+// sense; and OK otherwise. `budget` null: unlimited.
 Status PlanJob(const PlanQuery& query, Budget* budget,
                const std::function<bool(const Plan&)>& emit, PlanStats* stats = nullptr);
 

@@ -5,6 +5,7 @@
 
 #include "client/cli/capacity.h"
 #include "client/cli/flags.h"
+#include "client/cli/plan_flags.h"
 #include "client/cli/units.h"
 
 namespace memest::cli {
@@ -264,6 +265,18 @@ TEST(BuildEstimateRequestTest, RefusesConflictsNamingTheFlags) {
   isa.runtime = "cpu-1.13";
   isa.cpu_isa = "avx512f";
   EXPECT_NE(BuildEstimateRequest(isa).status().message().find("--cpu-isa"), std::string::npos);
+}
+
+TEST(PlanFlagsTest, HostMemoryPerGpuAllowsOffloadPlans) {
+  PlanFlags flags;
+  flags.model.preset = "llama-7b";
+  flags.model.batch = 16;
+  EXPECT_EQ(BuildPlanRequest(flags)->host_memory_per_gpu_bytes(), 0);
+  flags.host_memory_per_gpu = "256GiB";
+  EXPECT_EQ(BuildPlanRequest(flags)->host_memory_per_gpu_bytes(), int64_t{256} << 30);
+  flags.host_memory_per_gpu = "lots";
+  const Status bad = BuildPlanRequest(flags).status();
+  EXPECT_NE(bad.message().find("--host-memory-per-gpu"), std::string::npos) << bad.ToString();
 }
 
 }  // namespace

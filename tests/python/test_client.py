@@ -335,6 +335,28 @@ def test_plans_fit_fewest_gpus_first(client):
                     device="h100-80gb", max_gpus=1024, timeout=0.5)
 
 
+def test_plans_with_offload_where_the_gpus_alone_do_not_fit(client):
+    base = dict(preset="llama-7b", seq=1024, batch_size=16, precision="bf16-pure",
+                devices=["rtx-4090"], max_gpus=1, max_plans=4)
+    assert client.plan(**base) == []  # 7B's 50 GiB of model states on one 24 GB card
+    plans = client.plan(host_memory_per_gpu=256 << 30, **base)
+    assert plans and all(p.gpus == 1 and p.strategy == "deepspeed-zero3" for p in plans)
+    for p in plans:
+        assert p.offload in ("optimizer", "optimizer+param")
+        assert 0 < p.host_bytes <= 256 << 30 and p.host_transfer_bytes_per_step > 0
+        assert "offloaded" in str(p)
+    p = plans[0]
+    again = client.estimate(preset="llama-7b", seq=1024, batch_size=16,
+                            grad_accum_steps=p.grad_accum_steps, precision="bf16-pure",
+                            device="rtx-4090", checkpoint=p.checkpoint, data_parallel=1,
+                            dp_strategy="deepspeed-zero3", offload_optimizer=True,
+                            offload_param=p.offload == "optimizer+param", advice=False)
+    assert again.fit.required_bytes == p.required_bytes
+    assert again.data_parallel.host_bytes == p.host_bytes
+    with pytest.raises(memest.InvalidArgument, match="host_memory_per_gpu_bytes"):
+        client.plan(host_memory_per_gpu=-1, **base)
+
+
 def test_layers_model_as_dict_file_and_message(client, mlp_model, tmp_path):
     from_dict = client.estimate(model=mlp_model, batch_size=256, capacity_bytes=24 << 30)
     assert from_dict.parameter_count == MLP_PARAMETERS

@@ -58,6 +58,25 @@ TEST(PlanServiceTest, StreamsPlansThenTheSummary) {
   EXPECT_GT(events[4].summary().estimates(), 4);
 }
 
+// With host memory for offload, one 40 GB A100 takes Llama-7B: the plan carries its offload
+// flags, the host memory it takes and the bytes it moves.
+TEST(PlanServiceTest, OffloadPlansCarryTheirHostMemory) {
+  testing::TestServer server;
+  v1::PlanRequest request = Llama7b();
+  request.set_max_gpus(1);
+  request.set_host_memory_per_gpu_bytes(int64_t{256} << 30);
+  std::vector<v1::PlanEvent> events;
+  const grpc::Status s = Plan(server, request, &events);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_GE(events.size(), 2u);
+  const v1::ParallelPlan& p = events[0].plan();
+  EXPECT_EQ(p.gpus(), 1);
+  EXPECT_TRUE(p.parallelism().offload_optimizer());
+  EXPECT_GT(p.host_bytes(), 0u);
+  EXPECT_LE(p.host_bytes(), uint64_t{256} << 30);
+  EXPECT_GT(p.host_transfer_bytes_per_step(), 0u);
+}
+
 TEST(PlanServiceTest, RefusalsNameTheFieldAndTheDeadlineEndsTheSearch) {
   testing::TestServer server;
   std::vector<v1::PlanEvent> events;

@@ -33,16 +33,26 @@ class PlanCollector:
 
 
 def plan_request(preset=None, model=None, *, devices=None, max_gpus=None, max_plans=None,
-                 **kwargs):
+                 host_memory_per_gpu=None, **kwargs):
     """The PlanRequest for Client.plan's arguments: the model and the run as for estimate
-    (batch_size is the global batch), GPU types, the GPU budget, the most plans."""
+    (batch_size is the global batch), GPU types, the GPU budget, the most plans, and the host
+    memory (bytes) each GPU's rank may take for CPU offload (None: no offload plans)."""
     kwargs.pop("advice", None)
     estimate = build_request(preset=preset, model=model, **kwargs)
     if isinstance(devices, str):
         devices = [devices]
     return v1.PlanRequest(model=estimate.model, config=estimate.config,
                           devices=list(devices or ()), max_gpus=max_gpus or 0,
-                          max_plans=max_plans or 0)
+                          max_plans=max_plans or 0,
+                          host_memory_per_gpu_bytes=int(host_memory_per_gpu or 0))
+
+
+def _offload(par):
+    if par.fsdp_cpu_offload:
+        return "fsdp"
+    if par.offload_optimizer:
+        return "optimizer+param" if par.offload_param else "optimizer"
+    return ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +64,10 @@ class Plan:
     of `micro_batch` with `grad_accum_steps` of
     them per rank, `checkpoint`; `required_bytes` of the worst rank out of `capacity_bytes`;
     and its costs: `recompute_fraction` (forward ops run again), `bubble_fraction` (a
-    pipeline's idle share), `communicated_bytes_per_step` (what one rank sends)."""
+    pipeline's idle share), `communicated_bytes_per_step` (what one rank sends). With CPU
+    offload, `offload` names it ("optimizer", "optimizer+param" or "fsdp"; "" without),
+    `host_bytes` is the host memory the rank takes and `host_transfer_bytes_per_step` the
+    model-state bytes it copies between host and GPU."""
 
     device: str
     gpus: int
@@ -74,6 +87,9 @@ class Plan:
     sequence_parallel: bool = False
     virtual_stages: int = 1
     expert: int = 1
+    offload: str = ""
+    host_bytes: int = 0
+    host_transfer_bytes_per_step: int = 0
 
     @classmethod
     def from_proto(cls, p):
@@ -87,13 +103,17 @@ class Plan:
                    bubble_fraction=p.bubble_fraction,
                    communicated_bytes_per_step=p.communicated_bytes_per_step,
                    tensor=par.tensor or 1, sequence_parallel=par.sequence_parallel,
-                   virtual_stages=par.pipeline_virtual_stages or 1, expert=par.expert or 1)
+                   virtual_stages=par.pipeline_virtual_stages or 1, expert=par.expert or 1,
+                   offload=_offload(par), host_bytes=p.host_bytes,
+                   host_transfer_bytes_per_step=p.host_transfer_bytes_per_step)
 
     def __str__(self):
         stages = "%d stages" % self.pipeline + (
             " of %d chunks" % self.virtual_stages if self.virtual_stages > 1 else "")
         strategy = self.strategy + (
-            ", %d expert-parallel" % self.expert if self.expert > 1 else "")
+            ", %d expert-parallel" % self.expert if self.expert > 1 else "") + (
+            ", %s offloaded, %s of host memory" % (self.offload, format_bytes(self.host_bytes))
+            if self.offload else "")
         return ("%d x %s: %d data (%s) x %d tensor x %s, micro-batch %d x %d, checkpoint "
                 "%s, needs %s (headroom %s)" % (self.gpus, self.device, self.data, strategy,
                                       self.tensor, stages, self.micro_batch,
