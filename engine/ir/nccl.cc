@@ -65,6 +65,39 @@ int64_t CommunicatorBytes(const NcclCommunicator& c, const DeviceInfo& device) {
   return bytes;
 }
 
+// Megatron-LM's training loop makes two more communicators (megatron/training/initialize.py,
+// megatron/core/optimizer/optimizer.py and clip_grads.py): the world's, which
+// init_process_group(device_id=...) creates eagerly and the start-up barrier and, with the
+// distributed optimizer, the gradient norm's and found-inf all-reduces use
+// (get_grad_stats_parallel_group returns None: the default group); and, with the plain
+// mixed-precision optimizer, the model-parallel group's (tensor x pipeline ranks, Megatron's
+// rank order), over which it all-reduces the gradient norm (clip_grad, 1.0 by default).
+template <typename Add>
+Status AddMegatronGroups(const ParallelismConfig& p, const Add& add) {
+  if (!IsMegatron(p.sharding)) return Status::Ok();
+  int64_t world = 1;
+  for (int64_t degree : {p.tensor, p.context, p.data, p.pipeline}) {
+    MEMEST_ASSIGN_OR_RETURN(world, CheckedMul(world, degree));
+  }
+  struct Group {
+    const char* name;
+    int64_t size;
+    int64_t p2p_peers;
+    bool collectives;
+  };
+  MEMEST_RETURN_IF_ERROR(add(Group{"world", world, 0, true}, 1, 0));
+  if (p.sharding == DataSharding::kMegatronDdp && p.tensor * p.pipeline > 1) {
+    // Its ranks on one node: the tensor group's, times the pipeline ranks a node holds.
+    const int64_t pipeline_stride = world / p.pipeline;
+    const int64_t local_stages =
+        pipeline_stride >= p.gpus_per_node ? 1 : LocalRanks(p.pipeline, pipeline_stride,
+                                                            p.gpus_per_node);
+    MEMEST_RETURN_IF_ERROR(add(Group{"model parallel", p.tensor * p.pipeline, 0, true}, 1,
+                               LocalRanks(p.tensor, 1, p.gpus_per_node) * local_stages));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& device) {
@@ -89,12 +122,13 @@ StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& 
       // worst stage is counted; interleaving connects the last stage to the first too).
       {"pipeline", p.pipeline, std::min<int64_t>(2, p.pipeline - 1), false},
   };
-  auto add = [&](const Group& g, int64_t stride) -> Status {
+  // A group of `stride` between its ranks (or, `local` > 0, of that many ranks on a node).
+  auto add = [&](const auto& g, int64_t stride, int64_t local = 0) -> Status {
     if (g.size <= 1) return Status::Ok();
     NcclCommunicator c;
     c.group = g.name;
     c.ranks = g.size;
-    c.local_ranks = LocalRanks(g.size, stride, p.gpus_per_node);
+    c.local_ranks = local > 0 ? local : LocalRanks(g.size, stride, p.gpus_per_node);
     c.p2p_peers = g.p2p_peers;
     c.collectives = g.collectives;
     c.bytes = CommunicatorBytes(c, device);
@@ -107,6 +141,7 @@ StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& 
     MEMEST_RETURN_IF_ERROR(add(g, stride));
     MEMEST_ASSIGN_OR_RETURN(stride, CheckedMul(stride, g.size));
   }
+  MEMEST_RETURN_IF_ERROR(AddMegatronGroups(p, add));
   if (p.expert > 1) {
     // Megatron's expert groups (parallel_state's expert rank order: expert-tensor, expert,
     // expert-data, pipeline; the expert-tensor group is the tensor group's one rank here): the

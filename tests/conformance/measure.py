@@ -37,6 +37,7 @@ into the next micro-batch (or step) until its forward and loss have returned. St
 import contextlib
 import dataclasses
 import gc
+import time
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -106,12 +107,14 @@ def untracked():
 def host_side():
     """Host-side bookkeeping no tracker counts (the optimizer's record_function handles)."""
     allocs = [t for t in _TRACKERS if isinstance(t, AllocTracker)]
+    t0 = time.time_ns()
     for t in allocs:
-        t.mark("memest.host.begin")
+        t._profiler_mark("memest.host.begin")
     with untracked():
         yield
     for t in allocs:
-        t.mark("memest.host.end")
+        t._profiler_mark("memest.host.end")
+        t.excluded.append((t0, time.time_ns()))
 
 
 def _patch_record_function():
@@ -272,6 +275,10 @@ class AllocTracker:
 
     def __init__(self):
         self.phases = []      # phase names in the order marked; event memest.phase.<i> is phases[i]
+        # The same marks and windows on Python's clock, for the multi-rank traces
+        # (tests/parallel/ranktrace.py), which replay them themselves.
+        self.marks = []       # (time_ns, phase)
+        self.excluded = []    # (t0, t1)
         self.suspended = 0
         self.baseline = {}    # data_ptr -> nbytes of what exists at the start of the step
         self.phase = None
@@ -284,11 +291,12 @@ class AllocTracker:
 
     def set_phase(self, phase):
         self.phase = phase
+        self.marks.append((time.time_ns(), phase))
         self.phases.append(phase)
-        self.mark(f"memest.phase.{len(self.phases) - 1}")
+        self._profiler_mark(f"memest.phase.{len(self.phases) - 1}")
 
     @staticmethod
-    def mark(name):
+    def _profiler_mark(name):
         """A zero-length event in the profiler's trace (it allocates nothing)."""
         handle = torch.ops.profiler._record_function_enter_new(name, None)
         torch.ops.profiler._record_function_exit._RecordFunction(handle)

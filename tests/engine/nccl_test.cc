@@ -69,6 +69,47 @@ TEST(NcclTest, MegatronLayoutPutsTensorGroupsOnANode) {
   EXPECT_EQ(m.bytes, m.communicators[0].bytes + m.communicators[1].bytes + m.communicators[2].bytes);
 }
 
+// Megatron-LM's training loop adds the world's communicator (the start-up barrier; the
+// distributed optimizer's gradient norm) and, with its plain optimizer, the model-parallel
+// group's (tensor x pipeline: the gradient norm).
+TEST(NcclTest, MegatronAddsTheWorldAndTheModelParallelGroup) {
+  ParallelismConfig p;
+  p.tensor = 8;
+  p.data = 4;
+  p.pipeline = 4;
+  const int64_t plain = NcclMemoryOf(p, Device("h100-80gb")).value().bytes;
+  p.sharding = DataSharding::kMegatronDistOpt;
+  const NcclMemory distopt = NcclMemoryOf(p, Device("h100-80gb")).value();
+  ASSERT_EQ(distopt.communicators.size(), 4u);
+  const NcclCommunicator& world = distopt.communicators[3];
+  EXPECT_EQ(world.group, "world");
+  EXPECT_EQ(world.ranks, 128);
+  EXPECT_EQ(world.local_ranks, 8);
+  // across nodes, as ACommunicatorAcrossNodes: init arrays, a ring and a tree of 16 channels
+  EXPECT_EQ(world.bytes, 2 * kMiB * (2 + 48) + 2 * 16 * 20 * kMiB);
+  EXPECT_EQ(distopt.bytes, plain + world.bytes);
+  p.sharding = DataSharding::kMegatronDdp;
+  const NcclMemory ddp = NcclMemoryOf(p, Device("h100-80gb")).value();
+  ASSERT_EQ(ddp.communicators.size(), 5u);
+  const NcclCommunicator& mp = ddp.communicators[4];
+  EXPECT_EQ(mp.group, "model parallel");
+  EXPECT_EQ(mp.ranks, 32);
+  EXPECT_EQ(mp.local_ranks, 8);  // the tensor group; the stages are 32 ranks apart
+  EXPECT_EQ(ddp.bytes, distopt.bytes + mp.bytes);
+  // Two tensor ranks of four stages, one data rank: the whole model-parallel group on a node.
+  ParallelismConfig small;
+  small.tensor = 2;
+  small.pipeline = 4;
+  small.sharding = DataSharding::kMegatronDdp;
+  const NcclMemory on_node = NcclMemoryOf(small, Device("h100-80gb")).value();
+  EXPECT_EQ(on_node.communicators.back().group, "model parallel");
+  EXPECT_EQ(on_node.communicators.back().local_ranks, 8);
+  // One GPU: no communicator at all.
+  ParallelismConfig one;
+  one.sharding = DataSharding::kMegatronDistOpt;
+  EXPECT_TRUE(NcclMemoryOf(one, Device("h100-80gb")).value().communicators.empty());
+}
+
 TEST(NcclTest, GpusPerNodeIsChecked) {
   ParallelismConfig p;
   p.data = 2;
