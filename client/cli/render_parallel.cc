@@ -55,9 +55,11 @@ std::string StrategyName(const v1::Parallelism& p) {
   }
 }
 
-// The strategy and its offload: +opt (offload_optimizer), +opt+param, +cpu (FSDP's).
+// The strategy, its hybrid sharding (hsdp S: shard groups of S data ranks) and its offload:
+// +opt (offload_optimizer), +opt+param, +cpu (FSDP's).
 std::string Strategy(const v1::Parallelism& p) {
   std::string s = StrategyName(p);
+  if (p.data_shard() > 0) s += " hsdp" + std::to_string(p.data_shard());
   if (p.offload_optimizer()) s += "+opt";
   if (p.offload_param()) s += "+param";
   if (p.fsdp_cpu_offload()) s += "+cpu";

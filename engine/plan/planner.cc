@@ -32,6 +32,7 @@ struct Split {
   int64_t virtual_stages = 1;  // Megatron's interleaved 1F1B: model chunks per stage
   int64_t expert = 1;          // Megatron's expert-parallel ranks, out of the data ranks
   Offload offload;             // CPU offload (only where nothing fits without)
+  int64_t data_shard = 0;      // FSDP's hybrid sharding: the shard group's data ranks
   const States* states = nullptr;  // the device's one-GPU model states
 };
 
@@ -57,6 +58,7 @@ class Planner {
     c.parallelism.tensor = s.tensor;
     c.parallelism.sequence_parallel = s.tensor > 1;
     c.parallelism.expert = s.expert;
+    c.parallelism.data_shard = s.data_shard;
     ApplyOffload(s.offload, &c.parallelism);
     if (!ValidateRunConfig(c).ok()) return std::optional<Plan>();
     MEMEST_RETURN_IF_ERROR(budget_->status());
@@ -305,29 +307,46 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
         if (q.run.batch_size % data != 0) continue;
         const std::vector<int64_t> mbs = Divisors(q.run.batch_size / data);
         // Megatron's expert parallelism (tensor 1: its MoELayer with tensor parallelism is
-        // not modelled) over powers of two dividing the data ranks; with offload, each
+        // not modelled) over powers of two dividing the data ranks; FSDP's hybrid sharding
+        // within a node's data ranks when the data ranks span nodes; with offload, each
         // strategy's offloads (DeepSpeed's on one rank too).
-        std::vector<std::tuple<DataSharding, int64_t, Offload>> sharded;
+        struct Candidate {
+          DataSharding sharding;
+          int64_t expert = 1;
+          Offload offload;
+          int64_t data_shard = 0;
+        };
+        std::vector<Candidate> sharded;
+        const int64_t node_data = q.run.parallelism.gpus_per_node % t == 0
+                                      ? q.run.parallelism.gpus_per_node / t : 0;
         if (offload) {
           for (DataSharding sh : strategies) {
             const bool deepspeed = sh == DataSharding::kDeepSpeedZero2 ||
                                    sh == DataSharding::kDeepSpeedZero3;
             if (data == 1 && !deepspeed) continue;
-            for (const Offload& o : OffloadsOf(sh)) sharded.emplace_back(sh, 1, o);
+            for (const Offload& o : OffloadsOf(sh)) sharded.push_back({sh, 1, o});
           }
         } else {
-          if (data == 1) sharded.emplace_back(DataSharding::kNone, 1, Offload{});
+          if (data == 1) sharded.push_back({DataSharding::kNone});
           for (DataSharding sh : data == 1 ? std::vector<DataSharding>{} : strategies) {
-            sharded.emplace_back(sh, 1, Offload{});
+            sharded.push_back({sh});
+            const bool fsdp = sh == DataSharding::kFsdp1 || sh == DataSharding::kFsdp2;
+            if (fsdp && node_data > 1 && node_data < data && data % node_data == 0) {
+              sharded.push_back({sh, 1, Offload{}, node_data});
+            }
             if (!IsMegatron(sh) || t > 1 || !planner.experts()) continue;
             for (int64_t e = 2; e <= data && e <= kMaxExpertParallel; e *= 2) {
-              if (data % e == 0) sharded.emplace_back(sh, e, Offload{});
+              if (data % e == 0) sharded.push_back({sh, e});
             }
           }
         }
-        for (const auto& [sh, e, o] : sharded) {
+        for (const Candidate& cand : sharded) {
+          const DataSharding sh = cand.sharding;
+          const int64_t e = cand.expert;
+          const Offload& o = cand.offload;
+          const int64_t shard = cand.data_shard > 0 ? cand.data_shard : data;
           const int64_t bound = o.any() ? OffloadLowerBound(states[k], sh, o, data, t, p)
-                                        : LowerBound(states[k], sh, data, t, p, e, half);
+                                        : LowerBound(states[k], sh, shard, t, p, e, half);
           if (bound > d.capacity_bytes) continue;
           std::vector<CheckpointPolicy> policies = {CheckpointPolicy::kEveryBlock};
           if (planner.blocks() == 0) policies = {CheckpointPolicy::kNone};
@@ -337,6 +356,7 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
             Split s{&d, data, t, p, sh, ck};
             s.expert = e;
             s.offload = o;
+            s.data_shard = cand.data_shard;
             s.states = &states[k];
             // The largest micro-batch that fits (the small ones, a pipeline's costliest
             // estimates, only when the larger do not fit); none at all with every block

@@ -6,11 +6,13 @@
 // tensor-parallel ranks t (1, 2, 4 or 8, within a node; Megatron's linears with sequence
 // parallelism over the default plan, when it splits the model) x pipeline stages p (dividing
 // N / t and the model's blocks) x data-parallel ranks d = N / (t p) (dividing the global
-// batch); a data-parallel strategy (ddp, zero1, deepspeed-zero2, fsdp1, fsdp2: those the run's
-// precision and a pipeline allow; none when d = 1); checkpointing none or
-// every block; the largest micro-batch that fits (dividing d's share of the batch; the rest is
-// gradient accumulation, or the pipeline's micro-batches). Every candidate is a real estimate
-// of the rank (or stage) that needs the most.
+// batch); a data-parallel strategy (ddp, zero1, deepspeed-zero2, deepspeed-zero3, fsdp1, fsdp2,
+// megatron-distopt: those the run's precision and a pipeline allow; none when d = 1; FSDP's
+// hybrid sharding within a node when d spans nodes; Megatron's expert parallelism for a
+// mixture-of-experts config); checkpointing none or every block; the largest micro-batch that
+// fits (dividing d's share of the batch; the rest is gradient accumulation, or the pipeline's
+// micro-batches); CPU offload only where nothing else fits (PlanQuery.host_bytes_per_gpu).
+// Every candidate is a real estimate of the rank (or stage) that needs the most.
 //
 // Pruning, none of which can drop a plan that fits:
 // - a GPU count whose share of the model states (the one-GPU estimate's parameters, gradients

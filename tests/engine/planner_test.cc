@@ -111,6 +111,30 @@ TEST(PlannerTest, TensorGroupsStayWithinANode) {
   EXPECT_TRUE(tensor);
 }
 
+// FSDP's data ranks spanning nodes are also tried as hybrid sharding within a node (the shard
+// group a node's data ranks); each such plan is its estimate.
+TEST(PlannerTest, HybridShardingWithinANode) {
+  PlanQuery q;
+  q.model.source = PresetSpec{"gpt2-small", {{"seq", 256}, {"layers", 4}}};
+  q.run.batch_size = 8;
+  q.run.parallelism.gpus_per_node = 2;
+  q.devices = {"t4"};
+  q.max_gpus = 4;
+  q.max_plans = 1000;
+  bool hybrid = false;
+  for (const Plan& p : Plans(q)) {
+    const ParallelismConfig& par = p.parallelism;
+    if (par.data_shard == 0) continue;
+    hybrid = true;
+    EXPECT_TRUE(par.sharding == DataSharding::kFsdp1 || par.sharding == DataSharding::kFsdp2);
+    EXPECT_EQ(par.data_shard, 2 / par.tensor);  // a node of 2 GPUs
+    EXPECT_GT(par.data, par.data_shard);
+    const Report r = Estimate(q.model, ConfigOf(q, p)).value();
+    EXPECT_EQ(r.fit->required_bytes, p.required_bytes);
+  }
+  EXPECT_TRUE(hybrid);
+}
+
 // A model that fits one GPU is planned on one GPU first, without recomputation first; the
 // search stops at the count where enough plans fit.
 TEST(PlannerTest, OneGpuFirstAndStopsWhenEnoughFit) {

@@ -335,6 +335,15 @@ def test_plans_fit_fewest_gpus_first(client):
                     device="h100-80gb", max_gpus=1024, timeout=0.5)
 
 
+def test_plans_shard_within_a_node(client):
+    plans = client.plan(preset="gpt2-small", seq=256, batch_size=8, device="t4", max_gpus=4,
+                        max_plans=1000, gpus_per_node=2)
+    hybrid = [p for p in plans if p.data_shard]
+    assert hybrid and all(p.strategy in ("fsdp1", "fsdp2") for p in hybrid)
+    assert all(p.data > p.data_shard == 2 // p.tensor for p in hybrid)
+    assert "sharded within groups of" in str(hybrid[0])
+
+
 def test_plans_with_offload_where_the_gpus_alone_do_not_fit(client):
     base = dict(preset="llama-7b", seq=1024, batch_size=16, precision="bf16-pure",
                 devices=["rtx-4090"], max_gpus=1, max_plans=4)
