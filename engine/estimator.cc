@@ -40,7 +40,12 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   const bool cpu = config.runtime == Runtime::kCpuTorch113;
   if (cpu) step.fixed.cuda_context_bytes = step.fixed.cublas_workspace_bytes = 0;  // no such thing
   if (!cpu) {  // gloo on the CPU keeps its buffers in host memory
-    MEMEST_ASSIGN_OR_RETURN(step.nccl, NcclMemoryOf(config.parallelism, step.fixed));
+    // Megatron's embedding group: the first and last stages of a tied model.
+    const bool end_stage = stage != nullptr && (stage->stage == 0 || stage->stage == stage->stages - 1);
+    const bool embedding_group = end_stage && IsMegatron(config.parallelism.sharding) &&
+                                 TiedAcrossPipelineEnds(built);
+    MEMEST_ASSIGN_OR_RETURN(step.nccl,
+                            NcclMemoryOf(config.parallelism, step.fixed, embedding_group));
   }
 
   // Estimate() builds under autocast already; a graph built without it is replayed.

@@ -31,6 +31,15 @@ Status ValidateRunConfig(const RunConfig& c) {
                            "in groups of the " + std::to_string(c.parallelism.pipeline) +
                            " stages; " + std::to_string(c.grad_accum_steps) + " is not a multiple");
   }
+  if (c.grad_accum_steps > 1 && c.parallelism.fsdp_cpu_offload &&
+      c.parallelism.sharding == DataSharding::kFsdp1) {
+    // _flat_param.py prepare_gradient_for_backward: "Gradient accumulation outside `no_sync()`
+    // does not work with CPU offloading" (each micro-batch's copy_ into _cpu_grad overwrites
+    // the last), and no_sync() keeps every unit's unsharded gradient, which is not modelled.
+    return InvalidArgument("config.grad_accum_steps: FSDP1's CPU offload cannot accumulate "
+                           "gradients across micro-batches (PyTorch overwrites the offloaded "
+                           "gradient; no_sync() is not modelled): use 1, or fsdp2");
+  }
   if (!std::isfinite(c.optimizer.weight_decay) || c.optimizer.weight_decay < 0) {
     return InvalidArgument("config.optimizer.weight_decay: must be finite and non-negative, got " +
                            std::to_string(c.optimizer.weight_decay));

@@ -71,9 +71,11 @@ int64_t CommunicatorBytes(const NcclCommunicator& c, const DeviceInfo& device) {
 // distributed optimizer, the gradient norm's and found-inf all-reduces use
 // (get_grad_stats_parallel_group returns None: the default group); and, with the plain
 // mixed-precision optimizer, the model-parallel group's (tensor x pipeline ranks, Megatron's
-// rank order), over which it all-reduces the gradient norm (clip_grad, 1.0 by default).
+// rank order), over which it all-reduces the gradient norm (clip_grad, 1.0 by default); and on
+// the first and last stages of a model whose embedding is tied to its head, the embedding
+// group's (finalize_model_grads' _allreduce_word_embedding_grads: those two stages' ranks).
 template <typename Add>
-Status AddMegatronGroups(const ParallelismConfig& p, const Add& add) {
+Status AddMegatronGroups(const ParallelismConfig& p, bool embedding_group, const Add& add) {
   if (!IsMegatron(p.sharding)) return Status::Ok();
   int64_t world = 1;
   for (int64_t degree : {p.tensor, p.context, p.data, p.pipeline}) {
@@ -95,12 +97,17 @@ Status AddMegatronGroups(const ParallelismConfig& p, const Add& add) {
     MEMEST_RETURN_IF_ERROR(add(Group{"model parallel", p.tensor * p.pipeline, 0, true}, 1,
                                LocalRanks(p.tensor, 1, p.gpus_per_node) * local_stages));
   }
+  if (embedding_group && p.pipeline > 1) {
+    MEMEST_ASSIGN_OR_RETURN(const int64_t apart, CheckedMul(world / p.pipeline, p.pipeline - 1));
+    MEMEST_RETURN_IF_ERROR(add(Group{"embedding", 2, 0, true}, apart, 0));
+  }
   return Status::Ok();
 }
 
 }  // namespace
 
-StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& device) {
+StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& device,
+                                  bool embedding_group) {
   MEMEST_RETURN_IF_ERROR(ValidateGpusPerNode(p.gpus_per_node));
   NcclMemory out;
   // Megatron-LM's rank order: tensor fastest, then context, data, pipeline.
@@ -141,7 +148,7 @@ StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& 
     MEMEST_RETURN_IF_ERROR(add(g, stride));
     MEMEST_ASSIGN_OR_RETURN(stride, CheckedMul(stride, g.size));
   }
-  MEMEST_RETURN_IF_ERROR(AddMegatronGroups(p, add));
+  MEMEST_RETURN_IF_ERROR(AddMegatronGroups(p, embedding_group, add));
   if (p.expert > 1) {
     // Megatron's expert groups (parallel_state's expert rank order: expert-tensor, expert,
     // expert-data, pipeline; the expert-tensor group is the tensor group's one rank here): the

@@ -79,25 +79,35 @@ void GroupByBlocks(const Graph& g, bool reshard_after_forward, std::vector<FsdpG
 namespace {
 
 // CPUOffloadPolicy's host memory: each shard pinned; each trainable one's gradient, copied to
-// the host by a non-blocking .to("cpu") (pinned); the optimizer state over the shards.
+// the host by a non-blocking .to("cpu") (pinned); the optimizer state over the shards and its
+// step's scratch.
 Status PlanCpuOffload(const Graph& g, const RunConfig& c, Fsdp2View& v) {
   v.cpu_offload = true;
   const int64_t state = CostsOf(c.optimizer, c.runtime).state;
+  int64_t largest = 0;
   for (const FsdpGroup& grp : v.groups) {
     for (size_t j = 0; j < grp.params.size(); ++j) {
       const int64_t shard = grp.shard_bytes[j];
       MEMEST_ASSIGN_OR_RETURN(const int64_t pinned, PinnedHostBytes(shard));
       MEMEST_ASSIGN_OR_RETURN(v.host_bytes, CheckedAdd(v.host_bytes, pinned));
       if (!g.tensors[grp.params[j]].requires_grad) continue;
+      largest = std::max(largest, shard);
       MEMEST_ASSIGN_OR_RETURN(v.host_bytes, CheckedAdd(v.host_bytes, pinned));
       MEMEST_ASSIGN_OR_RETURN(const int64_t states, CheckedMul(shard, state));
       MEMEST_ASSIGN_OR_RETURN(v.host_bytes, CheckedAdd(v.host_bytes, states));
     }
   }
+  MEMEST_ASSIGN_OR_RETURN(const int64_t scratch, CpuStepScratchBytes(c, largest));
+  MEMEST_ASSIGN_OR_RETURN(v.host_bytes, CheckedAdd(v.host_bytes, scratch));
   return Status::Ok();
 }
 
 }  // namespace
+
+StatusOr<int64_t> CpuStepScratchBytes(const RunConfig& c, int64_t largest_shard_bytes) {
+  const OptimizerCosts costs = CostsOf(c.optimizer, c.runtime);
+  return CheckedMul(largest_shard_bytes, costs.loop_scratch + costs.loop_carry);
+}
 
 StatusOr<Fsdp2View> PlanFsdp2(const Graph& g, const RunConfig& c) {
   const ParallelismConfig& p = c.parallelism;

@@ -83,6 +83,11 @@ void GroupByBlocks(const Graph& graph, bool reshard_after_forward,
 // The FSDP2 view of `graph` under config.parallelism (sharding kFsdp2).
 StatusOr<Fsdp2View> PlanFsdp2(const Graph& graph, const RunConfig& config);
 
+// Under CPU offload the optimizer steps the host shards with torch.optim's for-loop (its
+// default for CPU tensors: foreach only where every parameter is on CUDA): its scratch, one
+// shard at a time, is host memory too; the largest shard's, in bytes.
+StatusOr<int64_t> CpuStepScratchBytes(const RunConfig& config, int64_t largest_shard_bytes);
+
 // "over N ranks", or under HSDP "over N ranks, HSDP: sharded within groups of S, replicated R
 // times (the sharded gradients all-reduced across the replicas, in place)".
 std::string FsdpRanksText(const ParallelismConfig& p);

@@ -1,5 +1,6 @@
 #include "engine/passes/fsdp1.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -18,8 +19,10 @@ StatusOr<int64_t> Times(int64_t elements, DType dtype, const char* what) {
 }
 
 // CPUOffload: the pinned `_local_shard` and `_cpu_grad` (each rounded up by PyTorch's pinned
-// allocator), the optimizer's state over the shard when it trains; the unshard's GPU copy.
-Status PlanCpuOffload(const Graph& g, const RunConfig& c, Fsdp1Unit* u, Fsdp1View* v) {
+// allocator), the optimizer's state over the shard when it trains (and *stepped, the largest
+// such shard's bytes, for its step's scratch); the unshard's GPU copy.
+Status PlanCpuOffload(const Graph& g, const RunConfig& c, Fsdp1Unit* u, Fsdp1View* v,
+                      int64_t* stepped) {
   v->cpu_offload = true;
   MEMEST_ASSIGN_OR_RETURN(u->offload_copy_bytes, Times(u->shard, u->flat_shard.dtype, "shard"));
   MEMEST_ASSIGN_OR_RETURN(const int64_t pinned, PinnedHostBytes(u->offload_copy_bytes));
@@ -28,6 +31,7 @@ Status PlanCpuOffload(const Graph& g, const RunConfig& c, Fsdp1Unit* u, Fsdp1Vie
   bool trains = false;
   for (int t : u->group.params) trains |= g.tensors[t].requires_grad;
   if (!trains) return Status::Ok();
+  *stepped = std::max(*stepped, u->offload_copy_bytes);
   MEMEST_ASSIGN_OR_RETURN(
       const int64_t states,
       CheckedMul(u->offload_copy_bytes, CostsOf(c.optimizer, c.runtime).state));
@@ -42,6 +46,7 @@ StatusOr<Fsdp1View> PlanFsdp1(const Graph& g, const RunConfig& c) {
   const int64_t world = ShardRanks(p);  // HSDP: the shard group; replicas hold the same
   std::vector<FsdpGroup> groups;
   Fsdp1View v;
+  int64_t stepped = 0;  // offloaded: the largest shard the CPU optimizer steps
   GroupByBlocks(g, p.reshard_after_forward, &groups, &v.unit_of);
   for (FsdpGroup& grp : groups) {
     Fsdp1Unit u;
@@ -77,10 +82,14 @@ StatusOr<Fsdp1View> PlanFsdp1(const Graph& g, const RunConfig& c) {
     u.flat_shard.role = TensorRole::kParameter;
     u.flat_shard.requires_grad = true;
     if (p.fsdp_cpu_offload && !u.group.params.empty()) {
-      MEMEST_RETURN_IF_ERROR(PlanCpuOffload(g, c, &u, &v));
+      MEMEST_RETURN_IF_ERROR(PlanCpuOffload(g, c, &u, &v, &stepped));
     }
     v.first_param.push_back(u.group.params.empty() ? -1 : u.group.params.front());
     v.units.push_back(std::move(u));
+  }
+  if (v.cpu_offload) {
+    MEMEST_ASSIGN_OR_RETURN(const int64_t scratch, CpuStepScratchBytes(c, stepped));
+    MEMEST_ASSIGN_OR_RETURN(v.host_bytes, CheckedAdd(v.host_bytes, scratch));
   }
   return v;
 }

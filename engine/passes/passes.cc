@@ -108,6 +108,20 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional
 
 void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& inputs, Attrs& attrs) {
   const DType half = b.graph_.autocast;
+  StatusOr<int64_t> inplace = IntAttr(attrs, "inplace", 0, "");
+  const bool in_place_softmax = (kind == "softmax" || kind == "log_softmax") && inplace.ok() &&
+                                *inplace == 1;
+  if (kind == "bmm_into" || in_place_softmax) {
+    // memest.trace records 1.13's TransformerEncoderLayer / MultiheadAttention inference fast
+    // path (bmm_into, an in-place softmax); PyTorch takes their Python path under autocast.
+    b.Fail(InvalidArgument(
+        (b.context_.empty() ? std::string(kind) : b.context_) + ": " + std::string(kind) +
+        (in_place_softmax ? " in place" : "") + " is the inference fast path of "
+        "nn.TransformerEncoderLayer or nn.MultiheadAttention, which PyTorch does not take "
+        "under autocast (config.precision); estimate this graph without autocast (float32 or "
+        "a -pure precision)"));
+    return;
+  }
   const CastPolicy policy = PolicyOf(kind);
   if (policy == CastPolicy::kNone) return;
   if (policy == CastPolicy::kCastsInside) {

@@ -304,4 +304,24 @@ StatusOr<PipelineStage> PlanPipelineStage(const Graph& g, const RunConfig& c, in
   return out;
 }
 
+bool TiedAcrossPipelineEnds(const Graph& g) {
+  if (g.blocks.empty()) return false;
+  const int64_t n = static_cast<int64_t>(g.ops.size());
+  int64_t first = n, last = -1;  // the first block's first op, the last block's last op
+  for (int64_t i = 0; i < n; ++i) {
+    if (first == n && ScopeWithin(g.ops[i].scope, g.blocks.front())) first = i;
+    if (ScopeWithin(g.ops[i].scope, g.blocks.back())) last = i;
+  }
+  std::vector<char> before(g.tensors.size(), 0);
+  for (int64_t i = 0; i < first; ++i) {
+    for (int t : g.ops[i].inputs) before[t] = g.tensors[t].role == TensorRole::kParameter;
+  }
+  for (int64_t i = last + 1; i < n; ++i) {
+    for (int t : g.ops[i].inputs) {
+      if (before[t]) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace memest

@@ -23,6 +23,7 @@ class Fsdp1Hooks : public RankHooks {
       ends_at_[grp.last_op] = k;
     }
     full_.assign(v.units.size(), -1);
+    unsharded_.assign(v.units.size(), false);
     sharded_grad_.assign(v.units.size(), -1);
   }
 
@@ -59,7 +60,10 @@ class Fsdp1Hooks : public RankHooks {
   }
 
   void ForwardOpStarts(RankMemory& m, int op) override {
-    if (op == 0) Unshard(m, Root());
+    if (op == 0) {
+      unsharded_.assign(unsharded_.size(), false);
+      Unshard(m, Root());
+    }
     if (starts_at_[op] >= 0) Unshard(m, starts_at_[op]);
   }
 
@@ -69,7 +73,10 @@ class Fsdp1Hooks : public RankHooks {
     if (k >= 0 && v_.units[k].group.reshard_after_forward) Reshard(m, k);
   }
 
-  void BackwardStarts(RankMemory& /*m*/) override {
+  // The root's pre-backward unshards it first (still gathered: a no-op but for offload's cast).
+  void BackwardStarts(RankMemory& m) override {
+    unsharded_.assign(unsharded_.size(), false);
+    Unshard(m, Root());
     pre_ = post_ = static_cast<int>(blocks_.size()) - 1;
   }
 
@@ -107,9 +114,23 @@ class Fsdp1Hooks : public RankHooks {
 
   // The shard the all-gather reads: `_mp_shard` under mixed precision (offloaded, filled from
   // a GPU copy of the host shard, freed once cast), else offloaded the GPU copy itself.
+  // Offloaded under mixed precision, pre_unshard casts a copy of the host shard into
+  // `_mp_shard` even for a unit still gathered (the root in backward, SHARD_GRAD_OP's blocks),
+  // freed by post_unshard: once per pass, when its own pre-hook or the prefetch first unshards
+  // it.
   void Unshard(RankMemory& m, int k) {
     const Fsdp1Unit& u = v_.units[k];
-    if (full_[k] >= 0 || u.group.params.empty()) return;
+    if (u.group.params.empty()) return;
+    const bool first = !unsharded_[k];
+    unsharded_[k] = true;
+    if (full_[k] >= 0) {
+      if (first && u.mp_shard_bytes > 0 && u.offload_copy_bytes > 0) {
+        const int mp = m.Allocate(u.mp_shard_bytes, Category::kCommunication);
+        m.Deallocate(m.Allocate(u.offload_copy_bytes, Category::kCommunication));
+        m.Deallocate(mp);
+      }
+      return;
+    }
     int input = -1;
     if (u.mp_shard_bytes > 0) {
       input = m.Allocate(u.mp_shard_bytes, Category::kCommunication);
@@ -163,6 +184,7 @@ class Fsdp1Hooks : public RankHooks {
   std::vector<int> blocks_;
   std::vector<int> starts_at_, ends_at_;
   std::vector<int> full_;          // per unit: its _full_param_padded (-1: resharded)
+  std::vector<bool> unsharded_;    // per unit: unsharded once in this pass (forward, backward)
   std::vector<int> sharded_grad_;  // per unit: its sharded gradient (-1: none)
   int pre_ = -1, post_ = -1;
 };

@@ -123,3 +123,21 @@ def test_attention_with_dropout_or_across_sequences_keeps_the_python_path():
 
     for module in (Call(attn, False), Call(nn.MultiheadAttention(16, 2, batch_first=True), True)):
         assert "bmm_into" not in kinds(tracer.trace(module, x, loss=None, training=False))
+
+
+def test_the_fast_path_under_autocast_is_refused_naming_it(tmp_path):
+    """Under autocast PyTorch takes the layer's Python path: a graph recorded with the fast
+    path is refused with --precision bf16 or fp16, and estimated in a -pure precision."""
+    if not pathlib.Path(cli_binary()).exists():
+        pytest.skip(f"memest CLI not built at {cli_binary()}")
+    path = tmp_path / "encoder.json"
+    tracer.save(tracer.trace(layer(), torch.randn(3, 5, 16), loss=None, training=False), path)
+
+    def run(precision):
+        return subprocess.run([cli_binary(), "estimate", "--local", "--model", str(path),
+                               "--mode", "inference", "--precision", precision, "--json",
+                               "--no-advice"], capture_output=True, text=True, timeout=300)
+    for precision in ("bf16", "fp16"):
+        r = run(precision)
+        assert r.returncode == 3 and "fast path" in r.stderr and "autocast" in r.stderr, r.stderr
+    assert run("bf16-pure").returncode == 0

@@ -33,7 +33,8 @@ Python holds each intermediate exactly as long as the C++ code does, so the trac
 say when each is freed. PyTorch 2.x runs the attention through its fused kernels inside the
 fast path; there the layer's Python path is recorded (with scaled_dot_product_attention as one
 op), and so is a call given a padding mask (1.13's encoder turns its input into a nested
-tensor) or an attention without biases.
+tensor) or an attention without biases. Under autocast PyTorch takes the Python path too: the
+engine refuses a graph with these ops under an autocast precision, naming them.
 """
 import contextlib
 
