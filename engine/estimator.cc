@@ -41,9 +41,8 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   if (cpu) step.fixed.cuda_context_bytes = step.fixed.cublas_workspace_bytes = 0;  // no such thing
   if (!cpu) {  // gloo on the CPU keeps its buffers in host memory
     // Megatron's embedding group: the first and last stages of a tied model.
-    const bool end_stage = stage != nullptr && (stage->stage == 0 || stage->stage == stage->stages - 1);
-    const bool embedding_group = end_stage && IsMegatron(config.parallelism.sharding) &&
-                                 TiedAcrossPipelineEnds(built);
+    const bool embedding_group = stage != nullptr && stage->holds_tied_embedding &&
+                                 IsMegatron(config.parallelism.sharding);
     MEMEST_ASSIGN_OR_RETURN(step.nccl,
                             NcclMemoryOf(config.parallelism, step.fixed, embedding_group));
   }

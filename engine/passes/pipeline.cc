@@ -273,6 +273,8 @@ StatusOr<PipelineStage> PlanPipelineStage(const Graph& g, const RunConfig& c, in
   MEMEST_ASSIGN_OR_RETURN(auto ranges, BlockRanges(g));
   PipelineStage out;
   out.stage = stage;
+  out.holds_tied_embedding =
+      (stage == 0 || stage == p.pipeline - 1) && TiedAcrossPipelineEnds(g);
   out.stages = p.pipeline;
   const int64_t per = blocks / (p.pipeline * v);
   // Chunk k of the stage is virtual stage k x pipeline + stage; the first virtual stage also runs

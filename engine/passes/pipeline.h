@@ -72,6 +72,9 @@ struct PipelineStage {
   std::vector<StageChunk> chunks;
   std::vector<PipelineAction> actions;  // its micro-batches, in the order they run
   bool keep_outputs = false;  // the sent output stays whole until its backward
+  // The first or the last stage of a model whose embedding is tied to its head: it holds the
+  // tied weight too (Megatron's embedding group all-reduces its gradient over the two).
+  bool holds_tied_embedding = false;
   std::optional<PipelineFold> fold;  // the same step simulated short; none: simulate `actions`
 };
 

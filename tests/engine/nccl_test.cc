@@ -110,6 +110,46 @@ TEST(NcclTest, MegatronAddsTheWorldAndTheModelParallelGroup) {
   EXPECT_TRUE(NcclMemoryOf(one, Device("h100-80gb")).value().communicators.empty());
 }
 
+// A tied embedding under Megatron's pipeline: its first and last stages all-reduce the
+// weight's gradient over a group of their two ranks (a network pair when the stages are on
+// different nodes); GPT-2 ties wte to its head, Llama does not.
+TEST(NcclTest, MegatronTiedEmbeddingGroupOfTheEndStages) {
+  ParallelismConfig p;
+  p.tensor = 8;
+  p.data = 4;
+  p.pipeline = 4;
+  p.sharding = DataSharding::kMegatronDistOpt;
+  const NcclMemory plain = NcclMemoryOf(p, Device("h100-80gb")).value();
+  const NcclMemory tied = NcclMemoryOf(p, Device("h100-80gb"), true).value();
+  ASSERT_EQ(tied.communicators.size(), plain.communicators.size() + 1);
+  const NcclCommunicator& e = tied.communicators.back();
+  EXPECT_EQ(e.group, "embedding");
+  EXPECT_EQ(e.ranks, 2);
+  EXPECT_EQ(e.local_ranks, 1);  // the stages are 96 ranks apart
+  EXPECT_EQ(e.bytes, 2 * kMiB * (2 + 48) + 2 * 16 * 20 * kMiB);
+  p.sharding = DataSharding::kDdp;  // not Megatron's loop: no such group
+  EXPECT_EQ(NcclMemoryOf(p, Device("h100-80gb"), true).value().communicators.size(), 3u);
+
+  ModelSpec gpt2, llama;
+  gpt2.source = PresetSpec{"gpt2-small", {{"layers", 2}, {"seq", 128}}};
+  llama.source = PresetSpec{"llama-7b", {{"layers", 2}, {"seq", 128}}};
+  RunConfig c;
+  c.batch_size = 4;
+  c.grad_accum_steps = 2;
+  c.device = "h100-80gb";
+  c.precision = Precision::kBf16Pure;
+  c.parallelism.pipeline = 2;
+  c.parallelism.data = 2;
+  c.parallelism.sharding = DataSharding::kMegatronDistOpt;
+  const auto nccl = [&](const ModelSpec& m) {
+    return Estimate(m, c).value().breakdown[static_cast<int>(Category::kNccl)];
+  };
+  const NcclMemory two = NcclMemoryOf(c.parallelism, Device("h100-80gb")).value();
+  const NcclMemory with_pair = NcclMemoryOf(c.parallelism, Device("h100-80gb"), true).value();
+  EXPECT_EQ(nccl(llama), two.bytes);
+  EXPECT_EQ(nccl(gpt2), with_pair.bytes);
+}
+
 TEST(NcclTest, GpusPerNodeIsChecked) {
   ParallelismConfig p;
   p.data = 2;
