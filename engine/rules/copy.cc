@@ -112,15 +112,9 @@ void CopyIntoMemory(const OpCall& c, OpMemory* m) {
 // bmm_nn): no new storage, the output is dst's. PyTorch runs out= variants only without
 // autograd; with grad memest saves what bmm saves for a and b, and dst takes zeros as copy_'s.
 StatusOr<std::vector<OutputSpec>> InferBmmInto(const OpCall& c) {
-  for (size_t i = 0; i < 3; ++i) MEMEST_RETURN_IF_ERROR(RequireRank(c, i, 3, 3));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 3, 3));
   const Tensor& dst = c.in(0);
-  const Shape& a = c.in(1).shape;
-  const Shape& b = c.in(2).shape;
-  if (a[0] != b[0] || a[2] != b[1]) {
-    return InvalidArgument(c.field + ".inputs: bmm shapes " + ShapeToString(a) + " and " +
-                           ShapeToString(b) + " cannot be multiplied");
-  }
-  const Shape product{a[0], a[1], b[2]};
+  MEMEST_ASSIGN_OR_RETURN(const Shape product, BmmProduct(c, 1, 2));
   if (product != dst.shape) {
     return InvalidArgument(InputField(c, 0) + ": the product is " + ShapeToString(product) +
                            ", the destination " + ShapeToString(dst.shape));

@@ -73,6 +73,9 @@ Status RequireRank(const OpCall& c, size_t i, int lo, int hi);
 // Requires input i to be an integer index tensor (not floating, not bool).
 Status RequireIntegerIndex(const OpCall& c, size_t i);
 
+// The shape of bmm(input a, input b), both [n, i, k] x [n, k, j] (matmul.cc).
+StatusOr<Shape> BmmProduct(const OpCall& c, size_t a, size_t b);
+
 // Saves input i if `cond`.
 inline void SaveInputIf(OpMemory* m, bool cond, int i) {
   if (cond) m->saved_inputs.push_back(i);

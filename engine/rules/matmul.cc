@@ -198,15 +198,8 @@ void MatmulMemory(const OpCall& c, OpMemory* m) {
 }
 
 StatusOr<std::vector<OutputSpec>> InferBmm(const OpCall& c) {
-  MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 3, 3));
-  MEMEST_RETURN_IF_ERROR(RequireRank(c, 1, 3, 3));
-  const Shape& a = c.in(0).shape;
-  const Shape& b = c.in(1).shape;
-  if (a[0] != b[0] || a[2] != b[1]) {
-    return InvalidArgument(c.field + ".inputs: bmm shapes " + ShapeToString(a) + " and " +
-                           ShapeToString(b) + " cannot be multiplied");
-  }
-  return std::vector<OutputSpec>{{{a[0], a[1], b[2]}, PromoteTypes(c.in(0).dtype, c.in(1).dtype)}};
+  MEMEST_ASSIGN_OR_RETURN(Shape out, BmmProduct(c, 0, 1));
+  return std::vector<OutputSpec>{{out, PromoteTypes(c.in(0).dtype, c.in(1).dtype)}};
 }
 
 void BmmMemory(const OpCall& c, OpMemory* m) {
@@ -387,6 +380,18 @@ void EinsumMemory(const OpCall& c, OpMemory* m) {
 }
 
 }  // namespace
+
+StatusOr<Shape> BmmProduct(const OpCall& c, size_t a_index, size_t b_index) {
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, a_index, 3, 3));
+  MEMEST_RETURN_IF_ERROR(RequireRank(c, b_index, 3, 3));
+  const Shape& a = c.in(a_index).shape;
+  const Shape& b = c.in(b_index).shape;
+  if (a[0] != b[0] || a[2] != b[1]) {
+    return InvalidArgument(c.field + ".inputs: bmm shapes " + ShapeToString(a) + " and " +
+                           ShapeToString(b) + " cannot be multiplied");
+  }
+  return Shape{a[0], a[1], b[2]};
+}
 
 void RegisterMatmulRules(std::vector<OpRule>* r) {
   r->push_back({"linear", 2, 3, InferLinear, LinearMemory});
