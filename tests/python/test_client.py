@@ -348,7 +348,7 @@ def test_plans_with_offload_where_the_gpus_alone_do_not_fit(client):
     base = dict(preset="llama-7b", seq=1024, batch_size=16, precision="bf16-pure",
                 devices=["rtx-4090"], max_gpus=1, max_plans=4)
     assert client.plan(**base) == []  # 7B's 50 GiB of model states on one 24 GB card
-    plans = client.plan(host_memory_per_gpu=256 << 30, **base)
+    plans = client.plan(host_memory_per_gpu="256GiB", **base)
     assert plans and all(p.gpus == 1 and p.strategy == "deepspeed-zero3" for p in plans)
     for p in plans:
         assert p.offload in ("optimizer", "optimizer+param")
@@ -364,6 +364,8 @@ def test_plans_with_offload_where_the_gpus_alone_do_not_fit(client):
     assert again.data_parallel.host_bytes == p.host_bytes
     with pytest.raises(memest.InvalidArgument, match="host_memory_per_gpu_bytes"):
         client.plan(host_memory_per_gpu=-1, **base)
+    with pytest.raises(memest.InvalidArgument, match="host_memory_per_gpu"):
+        client.plan(host_memory_per_gpu="lots", **base)
 
 
 def test_layers_model_as_dict_file_and_message(client, mlp_model, tmp_path):

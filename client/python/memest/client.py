@@ -123,10 +123,10 @@ VALIDATE_TIMEOUT = 30 * 60.0
 PLAN_DOC = """The ways to split a training job over GPUs that fit, fewest GPUs first, as a list of
 memest.Plan (docs/planning.md). The model and the run as for estimate, with batch_size the
 GLOBAL batch; devices (GPU types, or device=), max_gpus (the GPU budget, default 8), max_plans
-(default 20), host_memory_per_gpu (bytes each GPU's rank may take for CPU offload: where
-nothing fits on the GPUs alone, plans with DeepSpeed's or FSDP's offload are tried; default
-none). on_plan(plan) is called as each arrives. The search honours `timeout` (seconds):
-DeadlineExceeded after it."""
+(default 20), host_memory_per_gpu (what each GPU's rank may take of host memory for CPU
+offload, bytes or a size such as "256GiB": where nothing fits on the GPUs alone, plans with
+DeepSpeed's or FSDP's offload are tried; default none). on_plan(plan) is called as each
+arrives. The search honours `timeout` (seconds): DeadlineExceeded after it."""
 
 
 def validate_request(preset=None, model=None, *, scale_batch_to_fit=False, repeats=None,

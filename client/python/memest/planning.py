@@ -4,7 +4,7 @@ sends."""
 import dataclasses
 
 from memest import v1
-from memest.request import build_request
+from memest.request import build_request, parse_capacity
 from memest.results import format_bytes
 
 STRATEGIES = {v1.DATA_PARALLEL_UNSPECIFIED: "none", v1.DATA_PARALLEL_DDP: "ddp",
@@ -36,15 +36,17 @@ def plan_request(preset=None, model=None, *, devices=None, max_gpus=None, max_pl
                  host_memory_per_gpu=None, **kwargs):
     """The PlanRequest for Client.plan's arguments: the model and the run as for estimate
     (batch_size is the global batch), GPU types, the GPU budget, the most plans, and the host
-    memory (bytes) each GPU's rank may take for CPU offload (None: no offload plans)."""
+    memory each GPU's rank may take for CPU offload (bytes, or a size such as "256GiB"; None: no
+    offload plans)."""
     kwargs.pop("advice", None)
     estimate = build_request(preset=preset, model=model, **kwargs)
     if isinstance(devices, str):
         devices = [devices]
+    host = 0 if host_memory_per_gpu is None else parse_capacity(host_memory_per_gpu,
+                                                                "host_memory_per_gpu")
     return v1.PlanRequest(model=estimate.model, config=estimate.config,
                           devices=list(devices or ()), max_gpus=max_gpus or 0,
-                          max_plans=max_plans or 0,
-                          host_memory_per_gpu_bytes=int(host_memory_per_gpu or 0))
+                          max_plans=max_plans or 0, host_memory_per_gpu_bytes=host)
 
 
 def _offload(par):

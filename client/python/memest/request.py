@@ -108,18 +108,19 @@ def _assign(message, field, value, name):
         raise InvalidArgument("%s: %s" % (name, error)) from None
 
 
-def parse_capacity(value):
-    """Bytes from an int or a string such as "24GiB", "80GB", "85899345920"."""
+def parse_capacity(value, field="capacity_bytes"):
+    """Bytes from an int or a string such as "24GiB", "80GB", "85899345920"; errors name
+    `field`."""
     if isinstance(value, bool):
-        raise InvalidArgument("capacity_bytes: expected bytes or a size such as 24GiB, got %r"
-                              % (value,))
+        raise InvalidArgument("%s: expected bytes or a size such as 24GiB, got %r"
+                              % (field, value))
     if isinstance(value, int):
         return value
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(value))
     unit = match and _CAPACITY_UNITS.get(match.group(2).lower())
     if not unit:
-        raise InvalidArgument('capacity_bytes: expected bytes or a size such as 24GiB, got "%s" '
-                              "(use B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)" % (value,))
+        raise InvalidArgument('%s: expected bytes or a size such as 24GiB, got "%s" '
+                              "(use B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)" % (field, value))
     return int(float(match.group(1)) * unit)
 
 
