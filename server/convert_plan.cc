@@ -73,6 +73,7 @@ void PlanToProto(const Plan& p, v1::ParallelPlan* out) {
   }
   if (p.parallelism.expert > 1) par->set_expert(p.parallelism.expert);
   if (p.parallelism.data_shard > 0) par->set_data_shard(p.parallelism.data_shard);
+  if (p.parallelism.context > 1) par->set_context(p.parallelism.context);
   par->set_offload_optimizer(p.parallelism.offload_optimizer);
   par->set_offload_param(p.parallelism.offload_param);
   par->set_fsdp_cpu_offload(p.parallelism.fsdp_cpu_offload);

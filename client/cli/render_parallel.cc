@@ -96,9 +96,11 @@ void RenderPlan(const v1::ParallelPlan& p, std::ostream& out) {
   const int64_t pipeline = par.pipeline() == 0 ? 1 : par.pipeline();
   const int64_t tensor = par.tensor() == 0 ? 1 : par.tensor();
   // Interleaved 1F1B: "2v2" is 2 stages of 2 model chunks each.
-  const std::string chunks = par.pipeline_virtual_stages() > 1
-                                 ? "v" + std::to_string(par.pipeline_virtual_stages())
-                                 : "";
+  // Context parallelism: "cp4" after the three degrees.
+  const std::string chunks = (par.pipeline_virtual_stages() > 1
+                                  ? "v" + std::to_string(par.pipeline_virtual_stages())
+                                  : "") +
+                             (par.context() > 1 ? " cp" + std::to_string(par.context()) : "");
   PrintLine(out, {std::to_string(p.gpus()), p.device(),
                   std::to_string(par.data()) + " x " + std::to_string(tensor) + " x " +
                       std::to_string(pipeline) + chunks,

@@ -33,6 +33,7 @@ struct Split {
   int64_t expert = 1;          // Megatron's expert-parallel ranks, out of the data ranks
   Offload offload;             // CPU offload (only where nothing fits without)
   int64_t data_shard = 0;      // FSDP's hybrid sharding: the shard group's data ranks
+  int64_t context = 1;         // context-parallel ranks (ring attention)
   const States* states = nullptr;  // the device's one-GPU model states
 };
 
@@ -59,6 +60,7 @@ class Planner {
     c.parallelism.sequence_parallel = s.tensor > 1;
     c.parallelism.expert = s.expert;
     c.parallelism.data_shard = s.data_shard;
+    c.parallelism.context = s.context;
     ApplyOffload(s.offload, &c.parallelism);
     if (!ValidateRunConfig(c).ok()) return std::optional<Plan>();
     MEMEST_RETURN_IF_ERROR(budget_->status());
@@ -145,7 +147,7 @@ class Planner {
   Plan MakePlan(const Split& s, const RunConfig& c, int64_t mb, const Report& r) const {
     Plan p;
     p.device = s.device->name;
-    p.gpus = s.data * s.tensor * s.pipeline;
+    p.gpus = s.data * s.tensor * s.context * s.pipeline;
     p.parallelism = c.parallelism;
     p.micro_batch = mb;
     p.grad_accum_steps = c.grad_accum_steps;
@@ -290,20 +292,23 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
       }
       return why;
     };
-    // The splits of n GPUs that fit, without offload, or with it (where nothing fit without).
-    auto search = [&](bool offload) -> Status {
+    // The splits of n GPUs that fit over `contexts` context-parallel degrees, without offload,
+    // or with it.
+    auto search = [&](const std::vector<int64_t>& contexts, bool offload) -> Status {
     for (size_t k = 0; k < devices.size(); ++k) {
       const DeviceInfo& d = devices[k];
-      if (!offload && states[k].total() / n > d.capacity_bytes) {
-        ++stats->skipped_counts;
+      if (!offload && states[k].total() / n > d.capacity_bytes) {  // context splits none
+        if (contexts.front() == 1) ++stats->skipped_counts;
         continue;
       }
       const int64_t max_tensor = std::min(kMaxPlanTensor, q.run.parallelism.gpus_per_node);
       for (int64_t t = 1; t <= max_tensor && t <= n; t *= 2) {
       if (n % t != 0 || (t > 1 && !planner.tensor_ok())) continue;
-      for (int64_t p : Divisors(n / t)) {
+      for (int64_t cp : contexts) {
+      if (n % (t * cp) != 0) continue;
+      for (int64_t p : Divisors(n / (t * cp))) {
         if (p > 1 && (planner.blocks() == 0 || planner.blocks() % p != 0)) continue;
-        const int64_t data = n / (t * p);
+        const int64_t data = n / (t * cp * p);
         if (q.run.batch_size % data != 0) continue;
         const std::vector<int64_t> mbs = Divisors(q.run.batch_size / data);
         // Megatron's expert parallelism (tensor 1: its MoELayer with tensor parallelism is
@@ -317,8 +322,8 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
           int64_t data_shard = 0;
         };
         std::vector<Candidate> sharded;
-        const int64_t node_data = q.run.parallelism.gpus_per_node % t == 0
-                                      ? q.run.parallelism.gpus_per_node / t : 0;
+        const int64_t node_data = q.run.parallelism.gpus_per_node % (t * cp) == 0
+                                      ? q.run.parallelism.gpus_per_node / (t * cp) : 0;
         if (offload) {
           for (DataSharding sh : strategies) {
             const bool deepspeed = sh == DataSharding::kDeepSpeedZero2 ||
@@ -334,7 +339,7 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
             if (fsdp && node_data > 1 && node_data < data && data % node_data == 0) {
               sharded.push_back({sh, 1, Offload{}, node_data});
             }
-            if (!IsMegatron(sh) || t > 1 || !planner.experts()) continue;
+            if (!IsMegatron(sh) || t > 1 || cp > 1 || !planner.experts()) continue;
             for (int64_t e = 2; e <= data && e <= kMaxExpertParallel; e *= 2) {
               if (data % e == 0) sharded.push_back({sh, e});
             }
@@ -344,7 +349,9 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
           const DataSharding sh = cand.sharding;
           const int64_t e = cand.expert;
           const Offload& o = cand.offload;
-          const int64_t shard = cand.data_shard > 0 ? cand.data_shard : data;
+          // Megatron folds the context ranks into its gradients' and optimizer's sharding.
+          const int64_t shard =
+              cand.data_shard > 0 ? cand.data_shard : (IsMegatron(sh) ? data * cp : data);
           const int64_t bound = o.any() ? OffloadLowerBound(states[k], sh, o, data, t, p)
                                         : LowerBound(states[k], sh, shard, t, p, e, half);
           if (bound > d.capacity_bytes) continue;
@@ -357,6 +364,7 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
             s.expert = e;
             s.offload = o;
             s.data_shard = cand.data_shard;
+            s.context = cp;
             s.states = &states[k];
             // The largest micro-batch that fits (the small ones, a pipeline's costliest
             // estimates, only when the larger do not fit); none at all with every block
@@ -389,11 +397,15 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
         }
       }
       }
+      }
     }
     return Status::Ok();
     };
-    MEMEST_RETURN_IF_ERROR(search(false));
-    if (fits.empty() && q.host_bytes_per_gpu > 0) MEMEST_RETURN_IF_ERROR(search(true));
+    // Context parallelism (ring attention over 2, 4 or 8 ranks), then CPU offload, each only
+    // where nothing fits without it.
+    MEMEST_RETURN_IF_ERROR(search({1}, false));
+    if (fits.empty()) MEMEST_RETURN_IF_ERROR(search({2, 4, 8}, false));
+    if (fits.empty() && q.host_bytes_per_gpu > 0) MEMEST_RETURN_IF_ERROR(search({1}, true));
     std::stable_sort(fits.begin(), fits.end(), Before);
     for (const Plan& p : fits) {
       ++stats->plans;

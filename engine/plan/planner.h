@@ -11,7 +11,8 @@
 // hybrid sharding within a node when d spans nodes; Megatron's expert parallelism for a
 // mixture-of-experts config); checkpointing none or every block; the largest micro-batch that
 // fits (dividing d's share of the batch; the rest is gradient accumulation, or the pipeline's
-// micro-batches); CPU offload only where nothing else fits (PlanQuery.host_bytes_per_gpu).
+// micro-batches); context parallelism (2, 4, 8 ranks) and then CPU offload
+// (PlanQuery.host_bytes_per_gpu) only at counts where nothing fits without them.
 // Every candidate is a real estimate of the rank (or stage) that needs the most.
 //
 // Pruning, none of which can drop a plan that fits:

@@ -135,6 +135,31 @@ TEST(PlannerTest, HybridShardingWithinANode) {
   EXPECT_TRUE(hybrid);
 }
 
+// Context parallelism where nothing else splits a count: one head (no tensor parallelism),
+// two blocks, a batch of one; 4 GPUs take only ring attention over 4 (or 2 x 2 stages).
+TEST(PlannerTest, ContextParallelWhereNothingElseFits) {
+  PlanQuery q;
+  q.model.source = PresetSpec{"llama-7b", {{"seq", 262144}, {"layers", 2}, {"heads", 1},
+                                           {"kv_heads", 1}, {"d_model", 1024}, {"ffn", 2048},
+                                           {"vocab", 1024}}};
+  q.run.batch_size = 1;
+  q.run.precision = Precision::kBf16Pure;
+  q.devices = {"l4"};
+  q.max_gpus = 4;
+  q.max_plans = 1000;
+  bool context = false;
+  for (const Plan& p : Plans(q)) {
+    const ParallelismConfig& par = p.parallelism;
+    EXPECT_EQ(p.gpus, par.data * par.tensor * par.context * par.pipeline);
+    if (par.context == 1) continue;
+    context = true;
+    EXPECT_EQ(p.gpus, 4);  // 1 and 2 GPUs have plans without it
+    const Report r = Estimate(q.model, ConfigOf(q, p)).value();
+    EXPECT_EQ(r.fit->required_bytes, p.required_bytes);
+  }
+  EXPECT_TRUE(context);
+}
+
 // A model that fits one GPU is planned on one GPU first, without recomputation first; the
 // search stops at the count where enough plans fit.
 TEST(PlannerTest, OneGpuFirstAndStopsWhenEnoughFit) {

@@ -315,7 +315,7 @@ def test_plans_fit_fewest_gpus_first(client):
     assert [p.gpus for p in plans] == sorted(p.gpus for p in plans)
     assert plans[0].gpus > 1  # 7B's bf16 model states alone exceed one 40 GB A100
     for p in plans:
-        assert p.gpus == p.data * p.tensor * p.pipeline
+        assert p.gpus == p.data * p.tensor * p.context * p.pipeline
         assert p.sequence_parallel == (p.tensor > 1)
         assert 0 <= p.headroom_bytes == p.capacity_bytes - p.required_bytes
         assert p.micro_batch * p.grad_accum_steps * p.data == 16
@@ -342,6 +342,16 @@ def test_plans_shard_within_a_node(client):
     assert hybrid and all(p.strategy in ("fsdp1", "fsdp2") for p in hybrid)
     assert all(p.data > p.data_shard == 2 // p.tensor for p in hybrid)
     assert "sharded within groups of" in str(hybrid[0])
+
+
+def test_plans_split_the_sequence_where_nothing_else_fits(client):
+    plans = client.plan(preset="llama-7b", seq=262144, batch_size=1, precision="bf16-pure",
+                        device="l4", max_gpus=4, max_plans=1000,
+                        params={"layers": 2, "heads": 1, "kv_heads": 1, "d_model": 1024,
+                                "ffn": 2048, "vocab": 1024})
+    ring = [p for p in plans if p.context > 1]
+    assert ring and all(p.gpus == 4 == p.data * p.tensor * p.context * p.pipeline for p in ring)
+    assert "context" in str(ring[0])
 
 
 def test_plans_with_offload_where_the_gpus_alone_do_not_fit(client):

@@ -62,7 +62,8 @@ class Plan:
     """One way to run the job that fits: `gpus` of `device` as `data` data-parallel ranks
     (`strategy`) x `tensor` tensor-parallel ranks (Megatron's linears, with
     `sequence_parallel`) x `pipeline` stages (of `virtual_stages` model chunks each: Megatron's
-    interleaved 1F1B), `expert` of the data ranks Megatron's expert-parallel group, `data_shard`
+    interleaved 1F1B), `context` context-parallel ranks (ring attention: gpus = data x tensor x
+    context x pipeline), `expert` of the data ranks Megatron's expert-parallel group, `data_shard`
     FSDP's hybrid sharding (shard groups of that many data ranks; 0: none), micro-batches
     of `micro_batch` with `grad_accum_steps` of
     them per rank, `checkpoint`; `required_bytes` of the worst rank out of `capacity_bytes`;
@@ -90,6 +91,7 @@ class Plan:
     sequence_parallel: bool = False
     virtual_stages: int = 1
     expert: int = 1
+    context: int = 1
     data_shard: int = 0
     offload: str = ""
     host_bytes: int = 0
@@ -108,12 +110,14 @@ class Plan:
                    communicated_bytes_per_step=p.communicated_bytes_per_step,
                    tensor=par.tensor or 1, sequence_parallel=par.sequence_parallel,
                    virtual_stages=par.pipeline_virtual_stages or 1, expert=par.expert or 1,
+                   context=par.context or 1,
                    data_shard=par.data_shard, offload=_offload(par), host_bytes=p.host_bytes,
                    host_transfer_bytes_per_step=p.host_transfer_bytes_per_step)
 
     def __str__(self):
         stages = "%d stages" % self.pipeline + (
-            " of %d chunks" % self.virtual_stages if self.virtual_stages > 1 else "")
+            " of %d chunks" % self.virtual_stages if self.virtual_stages > 1 else "") + (
+            " x %d context" % self.context if self.context > 1 else "")
         strategy = self.strategy + (
             ", %d expert-parallel" % self.expert if self.expert > 1 else "") + (
             ", sharded within groups of %d" % self.data_shard if self.data_shard else "") + (
