@@ -32,6 +32,22 @@ StatusOr<std::vector<std::pair<int, int>>> BlockRanges(const Graph& g) {
   return ranges;
 }
 
+// Whether a parameter is read both before op `first` (the first block's first) and after op
+// `last` (the last block's last): an embedding tied to the head, which the first and the last
+// stage each hold.
+bool TiedAcrossEnds(const Graph& g, int first, int last) {
+  std::vector<char> before(g.tensors.size(), 0);
+  for (int i = 0; i < first; ++i) {
+    for (int t : g.ops[i].inputs) before[t] = g.tensors[t].role == TensorRole::kParameter;
+  }
+  for (size_t i = static_cast<size_t>(last) + 1; i < g.ops.size(); ++i) {
+    for (int t : g.ops[i].inputs) {
+      if (before[t]) return true;
+    }
+  }
+  return false;
+}
+
 // The slice of `g` made of ops [lo, hi] (see PlanPipelineStage).
 StatusOr<Graph> Slice(const Graph& g, int lo, int hi, bool last) {
   Graph s;
@@ -273,8 +289,8 @@ StatusOr<PipelineStage> PlanPipelineStage(const Graph& g, const RunConfig& c, in
   MEMEST_ASSIGN_OR_RETURN(auto ranges, BlockRanges(g));
   PipelineStage out;
   out.stage = stage;
-  out.holds_tied_embedding =
-      (stage == 0 || stage == p.pipeline - 1) && TiedAcrossPipelineEnds(g);
+  out.holds_tied_embedding = (stage == 0 || stage == p.pipeline - 1) &&
+                             TiedAcrossEnds(g, ranges.front().first, ranges.back().second);
   out.stages = p.pipeline;
   const int64_t per = blocks / (p.pipeline * v);
   // Chunk k of the stage is virtual stage k x pipeline + stage; the first virtual stage also runs
@@ -304,26 +320,6 @@ StatusOr<PipelineStage> PlanPipelineStage(const Graph& g, const RunConfig& c, in
   out.fold = FoldPipelineActions(p.pipeline_schedule, stage, p.pipeline, v, c.grad_accum_steps);
   out.keep_outputs = p.pipeline_keep_outputs;
   return out;
-}
-
-bool TiedAcrossPipelineEnds(const Graph& g) {
-  if (g.blocks.empty()) return false;
-  const int64_t n = static_cast<int64_t>(g.ops.size());
-  int64_t first = n, last = -1;  // the first block's first op, the last block's last op
-  for (int64_t i = 0; i < n; ++i) {
-    if (first == n && ScopeWithin(g.ops[i].scope, g.blocks.front())) first = i;
-    if (ScopeWithin(g.ops[i].scope, g.blocks.back())) last = i;
-  }
-  std::vector<char> before(g.tensors.size(), 0);
-  for (int64_t i = 0; i < first; ++i) {
-    for (int t : g.ops[i].inputs) before[t] = g.tensors[t].role == TensorRole::kParameter;
-  }
-  for (int64_t i = last + 1; i < n; ++i) {
-    for (int t : g.ops[i].inputs) {
-      if (before[t]) return true;
-    }
-  }
-  return false;
 }
 
 }  // namespace memest

@@ -84,10 +84,6 @@ struct PipelineStage {
 StatusOr<PipelineStage> PlanPipelineStage(const Graph& graph, const RunConfig& config,
                                           int64_t stage);
 
-// Whether a parameter is read both before the first block and after the last (an embedding
-// tied to the head): under a pipeline the first and the last stage each hold it.
-bool TiedAcrossPipelineEnds(const Graph& graph);
-
 // The order of one stage's forwards and backwards.
 std::vector<PipelineAction> PipelineActions(PipelineSchedule schedule, int64_t stage,
                                             int64_t stages, int64_t micro_batches);
