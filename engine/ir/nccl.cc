@@ -65,7 +65,16 @@ int64_t CommunicatorBytes(const NcclCommunicator& c, const DeviceInfo& device) {
   return bytes;
 }
 
-// Megatron-LM's training loop makes two more communicators (megatron/training/initialize.py,
+// A process group of a rank: its size, the peers it sends to point-to-point, and whether it
+// runs collectives.
+struct Group {
+  const char* name;
+  int64_t size;
+  int64_t p2p_peers;
+  bool collectives;
+};
+
+// Megatron-LM's training loop makes more communicators (megatron/training/initialize.py,
 // megatron/core/optimizer/optimizer.py and clip_grads.py): the world's, which
 // init_process_group(device_id=...) creates eagerly and the start-up barrier and, with the
 // distributed optimizer, the gradient norm's and found-inf all-reduces use
@@ -81,12 +90,6 @@ Status AddMegatronGroups(const ParallelismConfig& p, bool embedding_group, const
   for (int64_t degree : {p.tensor, p.context, p.data, p.pipeline}) {
     MEMEST_ASSIGN_OR_RETURN(world, CheckedMul(world, degree));
   }
-  struct Group {
-    const char* name;
-    int64_t size;
-    int64_t p2p_peers;
-    bool collectives;
-  };
   MEMEST_RETURN_IF_ERROR(add(Group{"world", world, 0, true}, 1, 0));
   if (p.sharding == DataSharding::kMegatronDdp && p.tensor * p.pipeline > 1) {
     // Its ranks on one node: the tensor group's, times the pipeline ranks a node holds.
@@ -111,12 +114,6 @@ StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& 
   MEMEST_RETURN_IF_ERROR(ValidateGpusPerNode(p.gpus_per_node));
   NcclMemory out;
   // Megatron-LM's rank order: tensor fastest, then context, data, pipeline.
-  struct Group {
-    const char* name;
-    int64_t size;
-    int64_t p2p_peers;
-    bool collectives;
-  };
   const Group groups[] = {
       {"tensor", p.tensor, 0, true},
       // Ring attention passes keys and values to the next rank and gradients back.
@@ -130,7 +127,7 @@ StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& 
       {"pipeline", p.pipeline, std::min<int64_t>(2, p.pipeline - 1), false},
   };
   // A group of `stride` between its ranks (or, `local` > 0, of that many ranks on a node).
-  auto add = [&](const auto& g, int64_t stride, int64_t local = 0) -> Status {
+  auto add = [&](const Group& g, int64_t stride, int64_t local = 0) -> Status {
     if (g.size <= 1) return Status::Ok();
     NcclCommunicator c;
     c.group = g.name;
