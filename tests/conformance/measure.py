@@ -274,9 +274,9 @@ class AllocTracker:
     ops/add_scalar's first step read each phase's peak in the next phase.)"""
 
     def __init__(self):
-        self.phases = []      # phase names in the order marked; event memest.phase.<i> is phases[i]
-        # The same marks and windows on Python's clock, for the multi-rank traces
-        # (tests/parallel/ranktrace.py), which replay them themselves.
+        # The phases in the order marked (profiler event memest.phase.<i> is marks[i]'s), with
+        # the Python clock's time, and the host-side windows on that clock, for the multi-rank
+        # traces (tests/parallel/ranktrace.py), which replay them themselves.
         self.marks = []       # (time_ns, phase)
         self.excluded = []    # (t0, t1)
         self.suspended = 0
@@ -292,8 +292,7 @@ class AllocTracker:
     def set_phase(self, phase):
         self.phase = phase
         self.marks.append((time.time_ns(), phase))
-        self.phases.append(phase)
-        self._profiler_mark(f"memest.phase.{len(self.phases) - 1}")
+        self._profiler_mark(f"memest.phase.{len(self.marks) - 1}")
 
     @staticmethod
     def _profiler_mark(name):
@@ -322,7 +321,7 @@ class AllocTracker:
             if type(ef).__name__.endswith("Allocation"):
                 events.append((n.start_time_ns, ef.alloc_size, ef.ptr, host))
             elif n.name.startswith("memest.phase."):
-                marks.append((n.start_time_ns, self.phases[int(n.name.rsplit(".", 1)[1])]))
+                marks.append((n.start_time_ns, self.marks[int(n.name.rsplit(".", 1)[1])][1]))
             elif n.name.startswith("memest.host."):
                 windows.append((n.start_time_ns, n.name.endswith(".begin")))
             # The record_function handles (profiler::_record_function_enter's u8[288]) are
