@@ -157,16 +157,24 @@ void AddCommunicated(const RunConfig& config, int64_t per_micro_batch, Report* r
 void AddTensorParallelNotes(const RunConfig& config, const TensorParallelView& tp, Report* r) {
   const ParallelismConfig& p = config.parallelism;
   AddCommunicated(config, tp.communicated_bytes, r);
+  std::string whole_grads;
+  for (const TensorParallelView::ParamBytes& g : tp.whole_grads) {
+    whole_grads += (whole_grads.empty() ? "; the .grad of " : ", ") + Quote(tp.graph.tensors[g.param].name) +
+                   " is the whole table on every rank (" + FormatBytes(g.bytes) + ")";
+  }
   r->notes.push_back(
-      "tensor parallelism over " + std::to_string(p.tensor) + " ranks (Megatron-LM's column- and "
-      "row-parallel linears" + (p.sequence_parallel ? ", with sequence parallelism" : "") + "; " +
+      "tensor parallelism over " + std::to_string(p.tensor) + " ranks (" +
+      (tp.dtensor ? "DTensor's parallelize_module styles, as torchtitan runs them"
+                  : "Megatron-LM's column- and row-parallel linears") +
+      (p.sequence_parallel ? ", with sequence parallelism" : "") + "; " +
       (p.tensor_plan.empty() ? "the default plan" : "the given plan") + " splits " +
       std::to_string(tp.sharded_params) + " parameters): this is one rank, whose layer table, "
       "saved bytes and model states are its shares; the parameter counts are the whole model's; " +
       std::to_string(tp.collectives) + " collectives per forward" +
       (tp.global_buffer_bytes > 0 ? ", and Megatron's global buffer of " +
                                         FormatBytes(tp.global_buffer_bytes) + " for the gathers"
-                                  : std::string()));
+                                  : std::string()) +
+      whole_grads);
 }
 
 void AddContextParallelNotes(const RunConfig& config, const ContextParallelView& cp, Report* r) {

@@ -54,6 +54,10 @@ section "parallel"
 # (tests/parallel/zero3.py; the expected files are read, no PyTorch is needed).
 /usr/bin/python3 tests/parallel/zero3_compare.py --check --memest "${BUILD_DIR:-build}/bin/memest" \
     || failed+=("parallel zero3")
+# memest's DTensor tensor parallelism against PyTorch 2.15's DTensor measured by hand on the CPU
+# (tests/parallel/dtensor_tp.py; the expected files are read, no PyTorch is needed).
+/usr/bin/python3 tests/parallel/dtensor_compare.py --check --memest "${BUILD_DIR:-build}/bin/memest" \
+    || failed+=("parallel dtensor")
 
 # The Python client (client/python): installed into a venv that sees Debian's grpcio,
 # protobuf, pandas and matplotlib (no network), then pytest against a real memest-server on

@@ -89,6 +89,14 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
   out.pipeline_virtual_stages = p.pipeline_virtual_stages() == 0 ? 1 : p.pipeline_virtual_stages();
   out.tensor = p.tensor() == 0 ? 1 : p.tensor();  // the engine refuses a negative count
   out.sequence_parallel = p.sequence_parallel();
+  switch (p.tensor_layers()) {
+    case v1::TENSOR_PARALLEL_LAYERS_UNSPECIFIED:
+    case v1::TENSOR_PARALLEL_LAYERS_MEGATRON: out.tensor_layers = TensorParallelLayers::kMegatron; break;
+    case v1::TENSOR_PARALLEL_LAYERS_DTENSOR: out.tensor_layers = TensorParallelLayers::kDTensor; break;
+    default:
+      return InvalidArgument("config.parallelism.tensor_layers: MEGATRON or DTENSOR, got " +
+                             std::to_string(p.tensor_layers()));
+  }
   out.context = p.context() == 0 ? 1 : p.context();  // the engine refuses a negative count
   out.expert = p.expert() == 0 ? 1 : p.expert();
   out.gpus_per_node = p.gpus_per_node() == 0 ? 8 : p.gpus_per_node();  // refused when negative

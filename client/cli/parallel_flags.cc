@@ -27,6 +27,10 @@ const Word<v1::TensorShardStyle> kStyles[] = {
     {"rowwise", v1::TENSOR_SHARD_STYLE_ROWWISE},
     {"colwise-gathered", v1::TENSOR_SHARD_STYLE_COLWISE_GATHERED},
 };
+const Word<v1::TensorParallelLayers> kLayers[] = {
+    {"megatron", v1::TENSOR_PARALLEL_LAYERS_MEGATRON},
+    {"dtensor", v1::TENSOR_PARALLEL_LAYERS_DTENSOR},
+};
 
 }  // namespace
 
@@ -123,6 +127,11 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                   "('*' matches anything; 'attn.c_proj' matches h.3.attn.c_proj); default: "
                   "the Hugging Face names of the presets")
       ->group(group)->type_name("MODULE=STYLE");
+  app->add_option("--tensor-layers", f->tensor_layers,
+                  "which layers run tensor parallelism: megatron (Megatron-LM's, the default) "
+                  "or dtensor (PyTorch's parallelize_module, as torchtitan runs it: "
+                  "functional collectives, loss_parallel)")
+      ->group(group)->type_name("megatron|dtensor");
   app->add_option("--virtual-stages", f->virtual_stages,
                   "Megatron-LM's interleaved 1F1B: model chunks per pipeline stage (its "
                   "virtual_pipeline_model_parallel_size)")
@@ -150,7 +159,8 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
       !f.reduce_bucket_size && !f.overlap_comm && !f.offload_optimizer && !f.offload_param &&
       !f.no_reshard_after_forward &&
       !f.fsdp_mixed_precision && !f.fsdp_cpu_offload && !f.pipeline && f.pipeline_schedule.empty() &&
-      !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && !f.context &&
+      !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && f.tensor_layers.empty() &&
+      !f.context &&
       !f.expert && !f.virtual_stages && !f.gpus_per_node && !f.data_shard && !f.stage3_prefetch &&
       !f.stage3_max_live && !f.stage3_max_reuse && !f.stage3_persistence) {
     return Status::Ok();
@@ -188,6 +198,11 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (f.stage3_persistence) p->set_stage3_param_persistence_threshold(*f.stage3_persistence);
   if (f.virtual_stages) p->set_pipeline_virtual_stages(*f.virtual_stages);
   p->set_sequence_parallel(f.sequence_parallel);
+  if (!f.tensor_layers.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::TensorParallelLayers layers,
+                            ParseWord("--tensor-layers", f.tensor_layers, kLayers));
+    p->set_tensor_layers(layers);
+  }
   for (const std::string& entry : f.tensor_plan) {
     const size_t eq = entry.rfind('=');
     if (eq == std::string::npos || eq == 0) {

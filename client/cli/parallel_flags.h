@@ -32,6 +32,7 @@ struct ParallelismFlags {
   std::optional<int64_t> tensor;              // tensor-parallel ranks
   bool sequence_parallel = false;
   std::vector<std::string> tensor_plan;       // MODULE=colwise|rowwise
+  std::string tensor_layers;                  // megatron | dtensor
   std::optional<int64_t> context;             // context-parallel ranks
   std::optional<int64_t> expert;              // expert-parallel ranks
   std::optional<int64_t> gpus_per_node;       // which groups NCCL connects within a node

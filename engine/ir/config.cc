@@ -351,4 +351,8 @@ const char* DataShardingName(DataSharding s) {
   return "?";
 }
 
+const char* TensorParallelLayersName(TensorParallelLayers layers) {
+  return layers == TensorParallelLayers::kDTensor ? "dtensor" : "megatron";
+}
+
 }  // namespace memest

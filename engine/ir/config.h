@@ -294,6 +294,14 @@ constexpr int64_t kMaxServingSeqs = int64_t{1} << 20;
 // (Megatron's ColumnParallelLinear(gather_output=True); vLLM's ParallelLMHead, whose
 // LogitsProcessor all-gathers the logits).
 enum class TensorShardStyle : uint8_t { kColwise, kRowwise, kColwiseGathered };
+// Which implementation runs the tensor-parallel layers (engine/passes/tensor_parallel.h):
+// Megatron-LM's column- and row-parallel linears (in-place collectives, the sequence-parallel
+// input gathered into its global buffer and saved as the rank's shard), or PyTorch's DTensor
+// under parallelize_module (torchtitan: functional collectives into new tensors, the gathered
+// input saved, loss_parallel, the row-split embedding's gradient whole on every rank).
+enum class TensorParallelLayers : uint8_t { kMegatron, kDTensor };
+const char* TensorParallelLayersName(TensorParallelLayers layers);  // "megatron", "dtensor"
+
 struct TensorPlanEntry {
   // A module path pattern: '*' matches any run of characters; a pattern matches a module whose
   // whole path it matches, or the part of the path after a '.' ("attn.c_proj" matches
@@ -365,6 +373,7 @@ struct ParallelismConfig {
   bool sequence_parallel = false;
   // Which modules are sharded, and how. Empty: the default plan for the presets' module names.
   std::vector<TensorPlanEntry> tensor_plan;
+  TensorParallelLayers tensor_layers = TensorParallelLayers::kMegatron;
   // The default plan's lm_head all-gathers its logits (kColwiseGathered), as vLLM's does: set by
   // serving (engine/report/serving.h), not a request's setting.
   bool gather_lm_head = false;

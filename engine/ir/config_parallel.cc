@@ -150,10 +150,18 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            std::to_string(kMaxTensorParallel) + "] ranks, got " +
                            std::to_string(p.tensor));
   }
-  if (p.tensor == 1 && (p.sequence_parallel || !p.tensor_plan.empty())) {
+  const bool dtensor = p.tensor_layers == TensorParallelLayers::kDTensor;
+  if (p.tensor == 1 && (p.sequence_parallel || !p.tensor_plan.empty() || dtensor)) {
     return InvalidArgument(std::string("config.parallelism.") +
-                           (p.sequence_parallel ? "sequence_parallel" : "tensor_plan") +
+                           (p.sequence_parallel ? "sequence_parallel"
+                            : dtensor           ? "tensor_layers"
+                                                : "tensor_plan") +
                            ": a tensor-parallel setting, and config.parallelism.tensor is 1 rank");
+  }
+  if (dtensor && IsMegatron(p.sharding)) {
+    return InvalidArgument("config.parallelism.tensor_layers: DTensor's layers are PyTorch's "
+                           "(torchtitan); Megatron-LM's DDP runs its own layers: use "
+                           "megatron layers, or a PyTorch data-parallel strategy");
   }
   if (p.context < 1 || p.context > kMaxTensorParallel) {
     return InvalidArgument("config.parallelism.context: must be in [1, " +

@@ -225,6 +225,13 @@ int64_t CommunicatedBytes(const Graph& g, int64_t t) {
   for (const Op& op : g.ops) {
     const Tensor& y = g.tensors[op.outputs[0]];
     if (op.kind == "tp_all_reduce") add(Bytes(y.shape, y.dtype), 2);
+    if (op.kind == "tp_all_gather") add(Bytes(y.shape, y.dtype), 2);  // and the gradient back
+    if (op.kind == "tp_from_local") add(Bytes(y.shape, y.dtype), 2);  // backward's all-reduce
+    if (op.kind == "dtensor_embedding") {
+      const Tensor& w = g.tensors[op.inputs[0]];
+      // The whole lookup, reduced forward (a scattered output's gradient gathered back).
+      add(Numel(g.tensors[op.inputs[1]].shape) * w.shape[1] * DTypeSize(w.dtype), 2);
+    }
     if (op.kind == "tp_reduce_scatter" || op.kind == "tp_scatter") {
       add(Bytes(g.tensors[op.inputs[0]].shape, y.dtype), 2);  // forward, and the gather back
     }
@@ -238,6 +245,23 @@ int64_t CommunicatedBytes(const Graph& g, int64_t t) {
     if (grad.ok() && *grad == "reduce_scatter") add(whole, 3);  // gathered twice, scattered once
   }
   return total;
+}
+
+// DTensor's optimizer ops redistribute a gradient whose placement is not its parameter's at
+// every op that reads it, two at once in the for-loop Adam (lerp_ one, addcmul_ two): the whole
+// table's gradient to the rank's rows (a chunk copy), a SequenceParallel norm's Partial gradient
+// all-reduced into a new tensor. Norms keep Partial gradients: no finalize_model_grads copy.
+void DTensorOptimizerScratch(TensorParallelView* view) {
+  const Graph& g = view->graph;
+  for (const TensorParallelView::ParamBytes& p : view->whole_grads) {
+    const Tensor& w = g.tensors[p.param];
+    view->optimizer_scratch.push_back({p.param, 2 * Bytes(w.shape, w.dtype)});
+  }
+  for (int p : view->sequence_parallel_params) {
+    const Tensor& w = g.tensors[p];
+    view->optimizer_scratch.push_back({p, 2 * Bytes(w.shape, w.dtype)});
+  }
+  view->sequence_parallel_params.clear();
 }
 
 }  // namespace
@@ -364,12 +388,15 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
     leaf.strides = ContiguousStrides(leaf.shape);
   }
   Sharder sharder(graph, t, config.sequence_parallel, seq, std::move(split), scatter, &view);
+  view.dtensor = config.tensor_layers == TensorParallelLayers::kDTensor;
+  if (view.dtensor) sharder.set_dtensor();
   StatusOr<Graph> out = ReplayGraph(
       leaves, [&](int i, GraphBuilder& b, std::vector<int>& map) { return sharder.Emit(i, b, map); },
       std::nullopt, &view.replay);
   if (!out.ok()) return out.status().Prefixed("config.parallelism.tensor: ");
   view.graph = std::move(*out);
   view.communicated_bytes = CommunicatedBytes(view.graph, t);
+  if (view.dtensor) DTensorOptimizerScratch(&view);
   return view;
 }
 

@@ -1,5 +1,7 @@
 // Tensor parallelism as one rank sees it (docs/parallelism.md): Megatron-LM's column- and
-// row-parallel linears, with or without sequence parallelism, applied to any graph by a plan.
+// row-parallel linears, with or without sequence parallelism, applied to any graph by a plan;
+// or, with config.parallelism.tensor_layers = dtensor, the same plan as PyTorch's DTensor styles
+// run it (tensor_parallel_dtensor.cc says how they differ).
 //
 // The plan names modules (config.parallelism.tensor_plan, or the default plan for the presets'
 // module names, DefaultTensorPlan). A colwise linear keeps 1/t of its output features (weight
@@ -56,6 +58,18 @@ struct TensorParallelView {
   // (norms, row-parallel biases: Megatron's `sequence_parallel` attribute): finalize_model_grads
   // all-reduces their gradients across the group as one flat copy after backward.
   std::vector<int> sequence_parallel_params;
+  // DTensor's layers (config.parallelism.tensor_layers): parameters whose .grad is larger than
+  // the rank's share (a row-split embedding's whole table: its bytes), and the scratch the
+  // optimizer's ops add while they update a parameter (DTensor redistributes a gradient whose
+  // placement is not the parameter's at every op that reads it: the whole table's gradient to
+  // the rank's rows, a norm's Partial gradient all-reduced; two at once).
+  bool dtensor = false;
+  struct ParamBytes {
+    int param = -1;
+    int64_t bytes = 0;
+  };
+  std::vector<ParamBytes> whole_grads;
+  std::vector<ParamBytes> optimizer_scratch;
   int64_t sharded_params = 0;      // parameters the plan split
   int64_t collectives = 0;         // collectives the forward runs (notes)
   // Bytes each rank sends and receives through the group's collectives in one micro-batch's

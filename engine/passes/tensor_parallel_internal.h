@@ -51,6 +51,9 @@ class Sharder {
   // sequence everywhere; attention becomes ring attention, and a position-indexed tensor (a
   // rotary table) meeting a split activation is sliced to the rank's positions.
   void set_context() { context_ = true; }
+  // DTensor's layers (config.parallelism.tensor_layers; tensor_parallel_dtensor.cc) instead of
+  // Megatron's.
+  void set_dtensor() { dtensor_ = true; }
 
   // Adds op i of the whole graph to `b` as the rank runs it and maps its outputs. Errors go
   // to the builder (GraphBuilder::Fail). Always true (for ReplayGraph).
@@ -65,6 +68,14 @@ class Sharder {
   int64_t Parts(const Split& s) const { return s.parts > 0 ? s.parts : t_; }
   Status Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d);
   Status VocabEmbedding(int i, GraphBuilder& b, std::vector<int>& map);
+  // DTensor's ColwiseParallel / RowwiseParallel on a linear, RowwiseParallel on an embedding.
+  Status DTensorLinear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d);
+  Status DTensorEmbedding(int i, GraphBuilder& b, std::vector<int>& map);
+  // The whole of sequence-split tensor x (of g_) on the rank: the module input it views,
+  // all-gathered once (PrepareModuleInput's redistribute to Replicate), viewed as x again.
+  StatusOr<int> Gathered(int x, GraphBuilder& b, const std::vector<int>& map);
+  // Funcol's copies for a collective along dim d of a tensor of whole shape `whole`.
+  static Attrs FuncolCopies(const Shape& whole, int d);
   Status RingAttention(int i, GraphBuilder& b, std::vector<int>& map);
   // Context parallelism: unsplit operands of an elementwise op whose dim meets the split one
   // whole, sliced to the rank's share.
@@ -93,6 +104,11 @@ class Sharder {
   int scatter_;
   TensorParallelView* view_;
   bool context_ = false;
+  bool dtensor_ = false;
+  std::vector<int> gathered_;  // per tensor of g_: its all-gathered whole on the rank, or -1
+  // Under sequence parallelism, the whole shape of the hidden state where the sequence is split
+  // (the layout funcol's copies follow); empty until known.
+  Shape sequence_layout_;
 };
 
 }  // namespace tensor_parallel

@@ -125,11 +125,15 @@ Status Sharder::VocabCrossEntropy(int i, GraphBuilder& b, std::vector<int>& map)
   StatusOr<std::string> reduction = StringAttr(op.attrs, "reduction", "mean", "");
   if (!reduction.ok()) return reduction.status();
   view_->collectives += 3;  // the max, the predicted logits and the sum of exponentials
-  if (*reduction == "none") {
-    return AddChecked(i, b, map, "vocab_parallel_cross_entropy",
-                      {map[op.inputs[0]], map[op.inputs[1]]}, {{"tp", t_}}, {Split{}});
+  // DTensor: F.cross_entropy under loss_parallel() (engine/rules/dtensor.cc).
+  const char* kind = dtensor_ ? "loss_parallel_cross_entropy" : "vocab_parallel_cross_entropy";
+  if (dtensor_ && Rank(op.inputs[1]) != 1) {
+    return Refuse(i, "loss_parallel is modelled for [tokens, vocabulary] logits and [tokens] targets");
   }
-  const int loss = b.Add1("vocab_parallel_cross_entropy", {map[op.inputs[0]], map[op.inputs[1]]}, {{"tp", t_}});
+  if (*reduction == "none") {
+    return AddChecked(i, b, map, kind, {map[op.inputs[0]], map[op.inputs[1]]}, {{"tp", t_}}, {Split{}});
+  }
+  const int loss = b.Add1(kind, {map[op.inputs[0]], map[op.inputs[1]]}, {{"tp", t_}});
   return AddChecked(i, b, map, *reduction == "sum" ? "sum" : "mean", {loss}, {}, {Split{}});
 }
 

@@ -61,7 +61,12 @@ int ReshapedDim(const Shape& in, const Shape& out, int d, int64_t t, int prefer)
 Sharder::Sharder(const Graph& graph, int64_t t, bool sequence_parallel, int sequence_dim,
                  std::vector<Split> split, int scatter, TensorParallelView* view)
     : g_(graph), t_(t), sp_(sequence_parallel), sequence_dim_(sequence_dim),
-      split_(std::move(split)), scatter_(scatter), view_(view) {}
+      split_(std::move(split)), scatter_(scatter), view_(view) {
+  if (scatter_ >= 0) sequence_layout_ = g_.tensors[scatter_].shape;
+  for (size_t t = 0; t < split_.size() && sequence_layout_.empty(); ++t) {
+    if (split_[t].sequence) sequence_layout_ = g_.tensors[t].shape;
+  }
+}
 
 std::string Sharder::Where(int i) const {
   const Op& op = g_.ops[i];
@@ -82,7 +87,7 @@ bool Sharder::Emit(int i, GraphBuilder& b, std::vector<int>& map) {
   b.SetErrorContext("");
   if (b.ok() && scatter_ >= 0) {
     for (int o : g_.ops[i].outputs) {
-      if (o != scatter_) continue;
+      if (o != scatter_ || split_[o].sequence) continue;  // DTensor's embedding scattered it
       const int d = SequenceDimOf(Rank(o));
       map[o] = b.Add1("tp_scatter", {map[o]}, {{"tp", t_}, {"dim", int64_t{d}}});
       split_[o] = Split{d, true};
@@ -97,6 +102,9 @@ Status Sharder::EmitOp(int i, GraphBuilder& b, std::vector<int>& map) {
   std::vector<int> inputs;
   for (int t : op.inputs) inputs.push_back(map[t]);
   if (sp_) NoteSequenceParallelParams(i, map);
+  if (dtensor_ && op.kind == "linear" && !In(i, 1).none()) return DTensorLinear(i, b, map, false);
+  if (dtensor_ && op.kind == "addmm" && !In(i, 2).none()) return DTensorLinear(i, b, map, true);
+  if (dtensor_ && op.kind == "embedding" && !In(i, 0).none()) return DTensorEmbedding(i, b, map);
   if (op.kind == "linear" && !In(i, 1).none()) return Linear(i, b, map, false);
   if (op.kind == "addmm" && !In(i, 2).none()) return Linear(i, b, map, true);
   if (op.kind == "embedding" && !In(i, 0).none()) return VocabEmbedding(i, b, map);

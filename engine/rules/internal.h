@@ -25,6 +25,7 @@ void RegisterCompareRules(std::vector<OpRule>* rules);
 void RegisterSelectRules(std::vector<OpRule>* rules);
 void RegisterDetectionRules(std::vector<OpRule>* rules);
 void RegisterParallelRules(std::vector<OpRule>* rules);
+void RegisterDTensorRules(std::vector<OpRule>* rules);
 void RegisterQuantizedRules(std::vector<OpRule>* rules);
 void RegisterServedQuantizedRules(std::vector<OpRule>* rules);
 void RegisterFusedMoeRules(std::vector<OpRule>* rules);

@@ -93,6 +93,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterSelectRules(t);
     rules::RegisterDetectionRules(t);
     rules::RegisterParallelRules(t);
+    rules::RegisterDTensorRules(t);
     rules::RegisterQuantizedRules(t);
     rules::RegisterServedQuantizedRules(t);
     rules::RegisterFusedMoeRules(t);

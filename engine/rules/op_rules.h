@@ -164,6 +164,10 @@ struct OpMemory {
   // Per input: the strides of the fresh gradient the backward makes (a channels-last
   // convolution's input and weight gradients); empty, or empty for an input: contiguous.
   std::vector<Strides> fresh_grad_strides;
+  // Per input: the bytes of the fresh gradient the backward makes when it is larger than the
+  // input (DTensor's row-split embedding, whose gradient is the whole table); empty, or 0 for an
+  // input: the input's bytes.
+  std::vector<int64_t> fresh_grad_bytes;
   // The backward runs as two autograd nodes (cross_entropy: nll_loss_backward, then
   // _log_softmax_backward_data): the first turns the incoming gradient into the backward
   // scratch, and the incoming gradient is released before the second makes the inputs'

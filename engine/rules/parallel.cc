@@ -12,8 +12,9 @@
 //     backward does with the input's gradient, "all_reduce" (in place: a column-parallel linear
 //     without sequence parallelism), "reduce_scatter" (into a new shard: with it) or "none" (a
 //     row-parallel linear). weight_layout "in_out": an HF Conv1D weight [in, out].
-//   tp_all_reduce(x; tp)        _ReduceFromModelParallelRegion: in place, x itself; backward hands
-//                               the gradient on
+//   tp_all_reduce(x; tp, out_of_place=0)   _ReduceFromModelParallelRegion: in place, x itself;
+//                               backward hands the gradient on. out_of_place: DTensor's
+//                               functional all-reduce, a new tensor (a clone reduced in place)
 //   tp_reduce_scatter(x; tp, dim)  _ReduceScatterToSequenceParallelRegion: a new tensor of x's
 //                               shape with dim divided by tp; backward all-gathers the gradient
 //                               into a new tensor of x's shape
@@ -24,6 +25,9 @@
 //                               gather_output, vLLM's LogitsProcessor._gather_logits): every
 //                               rank's shard along dim, a new tensor tp times x's size there;
 //                               backward keeps the rank's chunk of the gradient, a new tensor
+//                               (DTensor: reduce-scatters it into one)
+//   DTensor's layouts: tp_reduce_scatter and tp_all_gather take scatter_copy and gather_copy
+//   (0 or 1), the copies funcol makes when the sequence is not dim 0 (engine/rules/dtensor.cc)
 //   vocab_parallel_embedding(weight[V/tp, d], ids; tp)   VocabParallelEmbedding before its
 //                               reduction: the rank's rows looked up, the others' tokens zeroed
 //   vocab_parallel_cross_entropy(logits[.., V/tp], target[..]; tp)   _VocabParallelCrossEntropy:
@@ -118,8 +122,17 @@ void MegatronLinearMemory(const OpCall& c, OpMemory* m) {
   }
 }
 
+// DTensor's functional collectives (torch/csrc/distributed/c10d/Functional.cpp and
+// _functional_collectives.py): the attribute says which copies a layout costs.
+bool FuncolFlag(const OpCall& c, const char* name) {
+  StatusOr<int64_t> v = IntAttr(c.op.attrs, name, 0, c.field);
+  return v.ok() && *v != 0;
+}
+
 StatusOr<std::vector<OutputSpec>> InferAllReduce(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(GroupSize(c).status());
+  MEMEST_RETURN_IF_ERROR(IntAttr(c.op.attrs, "out_of_place", 0, c.field).status());
+  if (FuncolFlag(c, "out_of_place")) return std::vector<OutputSpec>{{c.in(0).shape, c.in(0).dtype}};
   return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides)};
 }
 
@@ -143,14 +156,24 @@ StatusOr<std::vector<OutputSpec>> InferGather(const OpCall& c) {
   return std::vector<OutputSpec>{{y, c.in(0).dtype}};
 }
 
-// NCCL gathers into the new output: nothing else, and nothing saved.
-void GatherMemory(const OpCall&, OpMemory*) {}
+// NCCL gathers into the new output: nothing else, and nothing saved. Funcol's all_gather_single
+// (gather_copy) gathers along dim 0 and cats the chunks along the sequence into the output (the
+// dim-0 result freed after); its backward reduce-scatters the gradient, first copied into chunk
+// order when the sequence is not dim 0 (scatter_copy).
+void GatherMemory(const OpCall& c, OpMemory* m) {
+  if (FuncolFlag(c, "gather_copy")) m->forward_temps.push_back(Alloc{BytesOf(c.out(0)), "all-gather before its cat"});
+  if (FuncolFlag(c, "scatter_copy")) m->backward_temps.push_back(Alloc{BytesOf(c.out(0)), "gradient in chunk order"});
+}
 
-// The reduce-scatter reads `input_.contiguous()`: a copy of a strided input while it runs.
+// The reduce-scatter reads `input_.contiguous()`: a copy of a strided input while it runs;
+// funcol's reduce_scatter_tensor along a dim other than 0 copies it into chunk order
+// (scatter_copy). The backward all-gathers the gradient, through a dim-0 result that the cat
+// replaces (gather_copy).
 void ReduceScatterMemory(const OpCall& c, OpMemory* m) {
-  if (!IsContiguous(c.in(0).shape, c.in(0).strides)) {
+  if (!IsContiguous(c.in(0).shape, c.in(0).strides) || FuncolFlag(c, "scatter_copy")) {
     m->forward_temps.push_back(Alloc{BytesOf(c.in(0)), "reduce-scatter input made contiguous"});
   }
+  if (FuncolFlag(c, "gather_copy")) m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "all-gather before its cat"});
 }
 
 // Megatron splits along the first dim, whose chunks are contiguous views; a chunk along a later

@@ -289,8 +289,11 @@ void StepSimulator::RunBackwardOp(int i, bool recompute) {
     // view (on CUDA, PyTorch 2.x; 1.13's CPU runtime sums out of place anyway).
     const bool weight_view = cfg_.runtime == Runtime::kCuda && k == 1 && op.kind == "linear";
     const bool own_layout = k < mem.fresh_grad_strides.size() && !mem.fresh_grad_strides[k].empty();
+    const int64_t bytes = k < mem.fresh_grad_bytes.size() && mem.fresh_grad_bytes[k] > 0
+                              ? mem.fresh_grad_bytes[k]
+                              : Bytes(in.shape, in.dtype);
     flows.push_back({op.inputs[k],
-                     NewGrad(Bytes(in.shape, in.dtype),
+                     NewGrad(bytes,
                              to_grad ? Category::kGradients : Category::kTemporaries),
                      own_layout ? mem.fresh_grad_strides[k] : ContiguousStrides(in.shape), false,
                      static_cast<int>(k), weight_view});

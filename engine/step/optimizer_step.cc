@@ -24,12 +24,14 @@ void StepSimulator::OptimizerStep() {
   hooks_->OptimizerStepStarts(memory());
   const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);
   std::vector<const Tensor*> params;
+  std::vector<int64_t> extra;  // per entry of params: the strategy's scratch (OptimizerScratch)
   for (size_t t = 0; t < g_.tensors.size(); ++t) {
     const Tensor& p = g_.tensors[t];
     if (p.role != TensorRole::kParameter || !p.requires_grad) continue;
     if (param_grad_[t] == kNoGrad && !hooks_->HoldsGrad(static_cast<int>(t))) continue;
     if (const Tensor* owned = hooks_->OptimizerParam(g_, static_cast<int>(t))) {
       params.push_back(owned);
+      extra.push_back(hooks_->OptimizerScratch(static_cast<int>(t)));
     }
   }
   // _init_group creates the state of every parameter before updating, except SGD's momentum
@@ -44,8 +46,19 @@ void StepSimulator::OptimizerStep() {
   if (first && !state_in_loop) {
     for (const Tensor* p : params) AllocOptimizerState(*p);
   }
+  // The strategy's scratch: the multi-tensor kernels' arguments all at once, beside the
+  // foreach ops' own; the for-loop's one parameter at a time, below.
+  std::vector<int> redistributed;
+  for (int64_t bytes : extra) {
+    if (bytes > 0 && impl != OptimizerImpl::kForLoop) {
+      redistributed.push_back(NewBuffer(bytes, Category::kTemporaries));
+    }
+  }
+  if (impl != OptimizerImpl::kForeach) {
+    for (int b : redistributed) FreeBuffer(b);
+  }
   if (impl == OptimizerImpl::kForeach) {
-    std::vector<int> scratch;
+    std::vector<int> scratch = std::move(redistributed);
     for (const Tensor* p : params) {
       const int64_t bytes = ScratchBytes(oc, *p);
       for (int k = 0; k < oc.all_scratch; ++k) {
@@ -55,8 +68,13 @@ void StepSimulator::OptimizerStep() {
     for (int b : scratch) FreeBuffer(b);
   } else if (impl == OptimizerImpl::kForLoop) {
     std::vector<int> carried;  // the previous parameter's scratch that a local still holds
-    for (const Tensor* p : params) {
+    for (size_t k = 0; k < params.size(); ++k) {
+      const Tensor* p = params[k];
       const int64_t bytes = ScratchBytes(oc, *p);
+      // The strategy's redistributions come and go inside the ops before the update's own
+      // scratch (DTensor's lerp_ and addcmul_ before sqrt and div), beside what a local still
+      // holds of the previous parameter.
+      if (extra[k] > 0) FreeBuffer(NewBuffer(extra[k], Category::kTemporaries));
       std::vector<int> scratch;
       for (int k = 0; k < UpcastCopies(oc, *p); ++k) {  // grad.float(), p.float()
         scratch.push_back(NewBuffer(Numel(p->shape) * 4, Category::kTemporaries));

@@ -64,6 +64,10 @@ class RankHooks {
   // Whether the optimizer steps parameter t although it has no .grad of its own (its gradient
   // is held by the strategy: a sharded gradient).
   virtual bool HoldsGrad(int /*t*/) const { return false; }
+  // Bytes of scratch the strategy's tensors add while the optimizer updates parameter t (beside
+  // the implementation's own): DTensor redistributing a gradient whose placement is not the
+  // parameter's.
+  virtual int64_t OptimizerScratch(int /*t*/) const { return 0; }
   // A steady step with zero_grad(set_to_none=False) starts with zeroed gradients: parameter
   // t's .grad as the strategy keeps it: a buffer of its own (by default, `whole` bytes), or
   // kGradInRankBuffer, or kNoGrad when the strategy keeps the zeroed gradient itself.

@@ -7,6 +7,8 @@
 // - finalize_model_grads' _allreduce_layernorm_grads under sequence parallelism: the gradients
 //   of the `sequence_parallel` parameters flattened into one new tensor, all-reduced and copied
 //   back, after the step's last backward (after the data-parallel synchronisation).
+// Under DTensor's layers neither exists; what does is a zeroed whole-table gradient kept by
+// zero_grad(set_to_none=False), and the optimizer's redistributions (TensorParallelView).
 #include "engine/step/rank_hooks.h"
 
 #include "engine/passes/tensor_parallel.h"
@@ -32,7 +34,19 @@ class TensorParallelHooks : public RankHooks {
     return inner_->OptimizerParam(g, t);
   }
   bool HoldsGrad(int t) const override { return inner_->HoldsGrad(t); }
-  int KeptGrad(RankMemory& m, int t, int64_t whole) override { return inner_->KeptGrad(m, t, whole); }
+  int64_t OptimizerScratch(int t) const override {
+    int64_t bytes = inner_->OptimizerScratch(t);
+    for (const TensorParallelView::ParamBytes& p : view_.optimizer_scratch) {
+      if (p.param == t) (void)AddBytes(&bytes, p.bytes);
+    }
+    return bytes;
+  }
+  int KeptGrad(RankMemory& m, int t, int64_t whole) override {
+    for (const TensorParallelView::ParamBytes& p : view_.whole_grads) {
+      if (p.param == t) whole = p.bytes;
+    }
+    return inner_->KeptGrad(m, t, whole);
+  }
   void StepStarts(RankMemory& m) override {
     inner_->StepStarts(m);
     if (steady_) MakeBuffer(m);

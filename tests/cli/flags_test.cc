@@ -140,6 +140,13 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   ASSERT_EQ(tp.tensor_plan_size(), 2);
   EXPECT_EQ(tp.tensor_plan(1).module(), "h.*.attn.c_proj");
   EXPECT_EQ(tp.tensor_plan(1).style(), v1::TENSOR_SHARD_STYLE_ROWWISE);
+  EXPECT_EQ(tp.tensor_layers(), v1::TENSOR_PARALLEL_LAYERS_UNSPECIFIED);
+  flags.parallel.tensor_layers = "dtensor";
+  EXPECT_EQ(BuildEstimateRequest(flags)->config().parallelism().tensor_layers(),
+            v1::TENSOR_PARALLEL_LAYERS_DTENSOR);
+  flags.parallel.tensor_layers = "apex";
+  EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--tensor-layers"), std::string::npos);
+  flags.parallel.tensor_layers.clear();
   flags.parallel.tensor_plan = {"c_attn=diagonal"};
   EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--tensor-plan"), std::string::npos);
   flags.parallel.tensor_plan = {"c_attn"};

@@ -5,7 +5,7 @@ PyTorch 2.x on the CPU, gloo, 2 and 4 processes. By hand, never in CI, with the 
 
   /work/venv-torch2/bin/python tests/parallel/dtensor_tp.py [--case SUBSTRING ...] [--write-expected]
       [--explain] [--lifetimes] [--events SUBSTRING] [--list]
-  /work/venv-torch2/bin/python tests/parallel/dtensor_tp.py --tables | --models | --memest PATH
+  /work/venv-torch2/bin/python tests/parallel/dtensor_tp.py --tables | --models
 
 fsdp2.py's runner and result format, by import (fsdp2.main with this module as the driver);
 the trace is fsdp2_trace.LabelledTrace with DTensor's names (DTensorTrace below). Each rank builds
@@ -38,8 +38,8 @@ tests/parallel/tp.py's Megatron layers have them (the lm's output linear has non
 The numbers are compared with tests/parallel/expected/dtensor_<case>.json to the byte: a change
 fails (exit 1). --events SUBSTRING prints rank 0's allocations and frees of the last step whose
 op path contains it ("all": every one), named. --tables prints the figures and the side-by-side
-with tp.py's Megatron cases from the expected files (no run). --memest PATH prints memest's
-estimate of each case's model file beside the measurement (no run). --models writes the memest model
+with tp.py's Megatron cases from the expected files (no run). memest's estimates against these
+files: tests/parallel/dtensor_compare.py (no run; CI). --models writes the memest model
 files of the unsharded blocks (expected/models/dtensor-<model>.json, traced by memest's own
 tracer from the same modules).
 docs/parallelism-truth.md, "10. DTensor tensor parallelism, measured on PyTorch 2.x", accounts
@@ -616,52 +616,9 @@ def tables():
     return 0
 
 
-# memest's tensor plan for each model file (its module paths; the same styles as plan()).
-MEMEST_PLANS = {"mlp": ("feed_forward.w1=colwise", "feed_forward.w2=rowwise"),
-                "attention": ("attention.wq=colwise", "attention.wk=colwise", "attention.wv=colwise",
-                              "attention.wo=rowwise"),
-                "lm": ("tok_embeddings=rowwise", "output=colwise"),
-                "mlp-sbh": ("feed_forward.w1=colwise", "feed_forward.w2=rowwise"),
-                "attention-sbh": ("attention.wqkv=colwise", "attention.wo=rowwise")}
-
-
-def memest_table(memest):
-    """--memest PATH: memest's estimate (its Megatron-LM style: --tensor-parallel,
-    --sequence-parallel, --tensor-plan) of every case's model file at the case's T, beside the
-    measurement (steady state, without gloo's copies). Information for a DTensor style, not a
-    check: the differences are the terms of docs/parallelism-truth.md 10.6."""
-    import json
-    import subprocess
-    print("| case | saved | FORWARD | LOSS | BACKWARD | OPTIMIZER_STEP |")
-    print("|---|---|---|---|---|---|")
-    for cid, (world, p) in CASES.items():
-        r = _ranks(fsdp2.case_file(cid))[1][0]
-        meas = {"saved": r["saved_for_backward"], **r["steps"][-1]["phases_without_gloo"]}
-        cmd = [memest, "estimate", "--local", "--runtime", "cpu-1.13", "--json", "--no-advice",
-               "--no-hold-outputs", "--model", os.path.join(fsdp2.EXPECTED, "models", f"dtensor-{p['model']}.json"),
-               "--batch", str(DIMS["batch"]), "--precision", "fp32", "--optimizer", "adam",
-               "--optimizer-impl", "for-loop", "--tensor-parallel", str(world)]
-        for entry in MEMEST_PLANS[p["model"]]:
-            cmd += ["--tensor-plan", entry]
-        if p["sp"]:
-            cmd.append("--sequence-parallel")
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        if out.returncode:
-            print(f"| {cid} | refused: {out.stderr.strip()} |||||")
-            continue
-        est = json.loads(out.stdout)
-        got = {"saved": int(est.get("savedForBackwardBytes", 0)),
-               **{x["phase"].replace("PHASE_", ""): int(x.get("allocatedBytes", 0)) for x in est["phases"]}}
-        print(f"| {cid} | " + " | ".join(f"{meas[k]:,} / {got.get(k, 0):,} ({got.get(k, 0) - meas[k]:+,})"
-                                          for k in ("saved", "FORWARD", "LOSS", "BACKWARD", "OPTIMIZER_STEP")) + " |")
-    return 0
-
-
 if __name__ == "__main__":
     if "--models" in sys.argv[1:]:
         sys.exit(write_models())
     if "--tables" in sys.argv[1:]:
         sys.exit(tables())
-    if "--memest" in sys.argv[1:]:
-        sys.exit(memest_table(sys.argv[sys.argv.index("--memest") + 1]))
     sys.exit(fsdp2.main("dtensor_tp"))

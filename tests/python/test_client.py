@@ -274,6 +274,15 @@ def test_tensor_parallel_splits_the_plans_modules(client):
     assert planned.peak.allocated_bytes > 0
     with pytest.raises(memest.InvalidArgument, match="tensor_plan"):
         client.estimate(tensor_parallel=2, tensor_plan={"c_attn": "diagonal"}, **base)
+    # DTensor (torchtitan): the gathered sequence saved, the embedding's whole-table gradient.
+    titan = client.estimate(tensor_parallel=8, sequence_parallel=True, tensor_layers="dtensor", **base)
+    assert titan.saved_for_backward_bytes > eight.saved_for_backward_bytes
+    assert titan.end_of_step.gradients > eight.end_of_step.gradients
+    assert any("DTensor" in n for n in titan.notes)
+    with pytest.raises(memest.InvalidArgument, match="tensor_layers"):
+        client.estimate(tensor_layers="apex", **base)
+    with pytest.raises(memest.InvalidArgument, match="config.parallelism.tensor_layers"):
+        client.estimate(tensor_layers="dtensor", **base)  # without tensor parallelism
     ring = client.estimate(context_parallel=4, **dict(base, seq=1024))
     assert any("context parallelism over 4 ranks" in n for n in ring.notes)
     with pytest.raises(memest.InvalidArgument, match="matches no module"):

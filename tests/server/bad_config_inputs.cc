@@ -379,6 +379,19 @@ std::vector<BadInput> LoraRows() {
       {"LoraWithTensorParallelism",
        Gpt2("lora { rank: 8 target_modules: \"c_attn\" } parallelism { tensor: 2 }"), kInvalid,
        "config.lora"},
+      {"TensorLayersWithoutTensorRanks",
+       Gpt2("parallelism { tensor_layers: TENSOR_PARALLEL_LAYERS_DTENSOR }"), kInvalid,
+       "config.parallelism.tensor_layers"},
+      {"DTensorLayersUnderMegatronDdp",
+       Gpt2("precision: PRECISION_BF16_PURE parallelism { tensor: 2 data: 2 data_parallel: "
+            "DATA_PARALLEL_MEGATRON_DDP tensor_layers: TENSOR_PARALLEL_LAYERS_DTENSOR }"),
+       kInvalid, "config.parallelism.tensor_layers"},
+      {"TensorLayersUndefined", Gpt2("parallelism { tensor: 2 }"), kInvalid,
+       "config.parallelism.tensor_layers",
+       [](v1::EstimateRequest* r) {
+         r->mutable_config()->mutable_parallelism()->set_tensor_layers(
+             static_cast<v1::TensorParallelLayers>(99));
+       }},
   };
 }
 

@@ -161,6 +161,13 @@ TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
   ASSERT_EQ(tp->parallelism.tensor_plan.size(), 1u);
   EXPECT_EQ(tp->parallelism.tensor_plan[0].module, "q_proj");
   EXPECT_EQ(tp->parallelism.tensor_plan[0].style, TensorShardStyle::kColwise);
+  EXPECT_EQ(tp->parallelism.tensor_layers, TensorParallelLayers::kMegatron);
+  proto.mutable_parallelism()->set_tensor_layers(v1::TENSOR_PARALLEL_LAYERS_DTENSOR);
+  EXPECT_EQ(RunConfigFromProto(proto).value().parallelism.tensor_layers, TensorParallelLayers::kDTensor);
+  proto.mutable_parallelism()->set_tensor_layers(static_cast<v1::TensorParallelLayers>(7));
+  EXPECT_NE(RunConfigFromProto(proto).status().message().find("config.parallelism.tensor_layers"),
+            std::string::npos);
+  proto.mutable_parallelism()->clear_tensor_layers();
   entry->set_style(v1::TENSOR_SHARD_STYLE_UNSPECIFIED);
   EXPECT_NE(RunConfigFromProto(proto).status().message().find(
                 "config.parallelism.tensor_plan[0].style"),

@@ -88,7 +88,9 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             needs the most, Estimate.pipeline lists them all,
           tensor_parallel (ranks), sequence_parallel, tensor_plan ({module pattern: "colwise" |
             "rowwise" | "colwise-gathered"}; default: the presets' Hugging Face names): Megatron-LM's column- and
-            row-parallel linears, the estimate is one rank of the group,
+            row-parallel linears, the estimate is one rank of the group; tensor_layers:
+            "megatron" (the default) or "dtensor" (PyTorch's parallelize_module as torchtitan
+            runs it: functional collectives, loss_parallel, the embedding's whole-table grad),
           context_parallel (ranks): each holds its share of every sequence (ring attention),
           expert_parallel (ranks, with dp_strategy "megatron-ddp" or "megatron-distopt"):
             Megatron-LM's expert_model_parallel_size, each rank holds its share of every

@@ -59,6 +59,8 @@ SERVING_SIZES = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_mo
 PIPELINE_SCHEDULES = {"1f1b": v1.PIPELINE_SCHEDULE_1F1B, "gpipe": v1.PIPELINE_SCHEDULE_GPIPE}
 TENSOR_STYLES = {"colwise": v1.TENSOR_SHARD_STYLE_COLWISE, "rowwise": v1.TENSOR_SHARD_STYLE_ROWWISE,
                  "colwise-gathered": v1.TENSOR_SHARD_STYLE_COLWISE_GATHERED}
+TENSOR_LAYERS = {"megatron": v1.TENSOR_PARALLEL_LAYERS_MEGATRON,
+                 "dtensor": v1.TENSOR_PARALLEL_LAYERS_DTENSOR}
 DP_STRATEGIES = {"ddp": v1.DATA_PARALLEL_DDP, "zero1": v1.DATA_PARALLEL_ZERO1,
                  "deepspeed-zero2": v1.DATA_PARALLEL_DEEPSPEED_ZERO2,
                  "deepspeed-zero1": v1.DATA_PARALLEL_DEEPSPEED_ZERO1,
@@ -249,7 +251,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                   fsdp_mixed_precision=False, fsdp_cpu_offload=False,
                   pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
                   tensor_parallel=None, sequence_parallel=False, tensor_plan=None,
-                  context_parallel=None, expert_parallel=None, pipeline_virtual_stages=None,
+                  tensor_layers=None, context_parallel=None, expert_parallel=None, pipeline_virtual_stages=None,
                   gpus_per_node=None,
                   data_shard=None, stage3_prefetch_bucket_size=None,
                   stage3_max_live_parameters=None, stage3_max_reuse_distance=None,
@@ -350,6 +352,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
         _assign(config.parallelism, "tensor", tensor_parallel, "tensor_parallel")
     if sequence_parallel:
         config.parallelism.sequence_parallel = True
+    if tensor_layers is not None:
+        config.parallelism.tensor_layers = _word("tensor_layers", tensor_layers, TENSOR_LAYERS)
     if pipeline_virtual_stages is not None:
         _assign(config.parallelism, "pipeline_virtual_stages", pipeline_virtual_stages,
                 "pipeline_virtual_stages")
