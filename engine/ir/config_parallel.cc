@@ -158,10 +158,12 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                                                 : "tensor_plan") +
                            ": a tensor-parallel setting, and config.parallelism.tensor is 1 rank");
   }
-  if (dtensor && IsMegatron(p.sharding)) {
-    return InvalidArgument("config.parallelism.tensor_layers: DTensor's layers are PyTorch's "
-                           "(torchtitan); Megatron-LM's DDP runs its own layers: use "
-                           "megatron layers, or a PyTorch data-parallel strategy");
+  if (dtensor && p.sharding != DataSharding::kNone && p.sharding != DataSharding::kFsdp2) {
+    return InvalidArgument(std::string("config.parallelism.tensor_layers: DTensor's layers run "
+                                       "with FSDP2 over the data ranks (torchtitan; its DDP with "
+                                       "tensor parallelism is refused there), not ") +
+                           DataShardingName(p.sharding) +
+                           (IsMegatron(p.sharding) ? ", which runs Megatron-LM's own layers" : ""));
   }
   if (p.context < 1 || p.context > kMaxTensorParallel) {
     return InvalidArgument("config.parallelism.context: must be in [1, " +

@@ -253,14 +253,15 @@ int64_t CommunicatedBytes(const Graph& g, int64_t t) {
 // all-reduced into a new tensor. Norms keep Partial gradients: no finalize_model_grads copy.
 void DTensorOptimizerScratch(TensorParallelView* view) {
   const Graph& g = view->graph;
-  for (const TensorParallelView::ParamBytes& p : view->whole_grads) {
-    const Tensor& w = g.tensors[p.param];
-    view->optimizer_scratch.push_back({p.param, 2 * Bytes(w.shape, w.dtype)});
-  }
-  for (int p : view->sequence_parallel_params) {
+  auto two = [&](int p) {
     const Tensor& w = g.tensors[p];
-    view->optimizer_scratch.push_back({p, 2 * Bytes(w.shape, w.dtype)});
-  }
+    int64_t bytes = 0;  // a parameter is at most kMaxTensorBytes: two of one fit
+    (void)AddBytes(&bytes, Bytes(w.shape, w.dtype));
+    (void)AddBytes(&bytes, Bytes(w.shape, w.dtype));
+    view->optimizer_scratch.push_back({p, bytes});
+  };
+  for (const TensorParallelView::ParamBytes& p : view->whole_grads) two(p.param);
+  for (int p : view->sequence_parallel_params) two(p);
   view->sequence_parallel_params.clear();
 }
 

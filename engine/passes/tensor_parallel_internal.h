@@ -5,7 +5,9 @@
 #define MEMEST_ENGINE_PASSES_TENSOR_PARALLEL_INTERNAL_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/ir/graph.h"
@@ -71,11 +73,18 @@ class Sharder {
   // DTensor's ColwiseParallel / RowwiseParallel on a linear, RowwiseParallel on an embedding.
   Status DTensorLinear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d);
   Status DTensorEmbedding(int i, GraphBuilder& b, std::vector<int>& map);
-  // The whole of sequence-split tensor x (of g_) on the rank: the module input it views,
-  // all-gathered once (PrepareModuleInput's redistribute to Replicate), viewed as x again.
-  StatusOr<int> Gathered(int x, GraphBuilder& b, const std::vector<int>& map);
-  // Funcol's copies for a collective along dim d of a tensor of whole shape `whole`.
-  static Attrs FuncolCopies(const Shape& whole, int d);
+  // The module input x (of g_) is a view or cast of, following views and casts that keep its
+  // split; `chain` gets those ops, x's producer first.
+  int ModuleInput(int x, std::vector<int>* chain) const;
+  // What colwise linear op i reads for x on the rank: x's module input through from_local, or
+  // under sequence parallelism all-gathered whole once per module (PrepareModuleInput's
+  // redistribute to Replicate), then viewed and cast as x again.
+  StatusOr<int> ColumnInput(int i, int x, GraphBuilder& b, const std::vector<int>& map);
+  // Before op i: the modules op i is outside of have returned, and their gathered inputs are
+  // held until their last op (module_holds_).
+  void ReleaseModuleHolds(int i, GraphBuilder& b);
+  // Funcol's copies (scatter_copy, gather_copy) for a collective along dim d.
+  static Attrs FuncolCopies(int d);
   Status RingAttention(int i, GraphBuilder& b, std::vector<int>& map);
   // Context parallelism: unsplit operands of an elementwise op whose dim meets the split one
   // whole, sliced to the rank's share.
@@ -105,7 +114,9 @@ class Sharder {
   TensorParallelView* view_;
   bool context_ = false;
   bool dtensor_ = false;
-  std::vector<int> gathered_;  // per tensor of g_: its all-gathered whole on the rank, or -1
+  // (module input of g_, module scope) -> its all-gathered whole on the rank.
+  std::map<std::pair<int, std::string>, int> gathered_;
+  std::vector<std::pair<int, std::string>> module_holds_;  // (gathered tensor on the rank, module)
   // Under sequence parallelism, the whole shape of the hidden state where the sequence is split
   // (the layout funcol's copies follow); empty until known.
   Shape sequence_layout_;

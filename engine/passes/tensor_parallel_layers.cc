@@ -130,10 +130,12 @@ Status Sharder::VocabCrossEntropy(int i, GraphBuilder& b, std::vector<int>& map)
   if (dtensor_ && Rank(op.inputs[1]) != 1) {
     return Refuse(i, "loss_parallel is modelled for [tokens, vocabulary] logits and [tokens] targets");
   }
+  Attrs attrs{{"tp", t_}};
+  if (dtensor_ && HasAttr(op.attrs, "nll_float32")) attrs["nll_float32"] = op.attrs.at("nll_float32");
   if (*reduction == "none") {
-    return AddChecked(i, b, map, kind, {map[op.inputs[0]], map[op.inputs[1]]}, {{"tp", t_}}, {Split{}});
+    return AddChecked(i, b, map, kind, {map[op.inputs[0]], map[op.inputs[1]]}, std::move(attrs), {Split{}});
   }
-  const int loss = b.Add1(kind, {map[op.inputs[0]], map[op.inputs[1]]}, {{"tp", t_}});
+  const int loss = b.Add1(kind, {map[op.inputs[0]], map[op.inputs[1]]}, std::move(attrs));
   return AddChecked(i, b, map, *reduction == "sum" ? "sum" : "mean", {loss}, {}, {Split{}});
 }
 

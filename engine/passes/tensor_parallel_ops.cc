@@ -82,6 +82,7 @@ int Sharder::SequenceDimOf(int rank) const { return rank >= 3 ? sequence_dim_ : 
 
 bool Sharder::Emit(int i, GraphBuilder& b, std::vector<int>& map) {
   b.SetErrorContext(Where(i));
+  if (dtensor_) ReleaseModuleHolds(i, b);
   Status s = EmitOp(i, b, map);
   if (!s.ok()) b.Fail(s);
   b.SetErrorContext("");

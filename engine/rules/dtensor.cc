@@ -16,7 +16,7 @@
 //                               new tensor (-1). Its weight's gradient is the whole [V, d] table
 //                               on every rank (embedding_dense_backward has no row-sharded
 //                               strategy), kept as the parameter's .grad
-//   loss_parallel_cross_entropy(logits[N, V/tp], target[N]; tp)   F.cross_entropy under
+//   loss_parallel_cross_entropy(logits[N, V/tp], target[N]; tp, nll_float32=0)   F.cross_entropy under
 //                               loss_parallel(): the per-token loss, float32, of target's shape
 #include "engine/rules/internal.h"
 
@@ -43,6 +43,13 @@ void FromLocalMemory(const OpCall& c, OpMemory* m) { m->grad_flow = {GradFlow::k
 StatusOr<std::vector<OutputSpec>> InferDTensorEmbedding(const OpCall& c) {
   MEMEST_ASSIGN_OR_RETURN(int64_t tp, GroupOf(c));
   MEMEST_ASSIGN_OR_RETURN(std::vector<OutputSpec> out, InferEmbedding(c));
+  // The weight's gradient is the whole table, tp times the rank's rows: a tensor it must be.
+  StatusOr<int64_t> whole = CheckedMul(BytesOf(c.in(0)), tp);
+  if (!whole.ok() || *whole > kMaxTensorBytes) {
+    return InvalidArgument(AttrField(c, "tp") + ": " + std::to_string(tp) + " ranks' tables of " +
+                           ShapeToString(c.in(0).shape) + " are more than " +
+                           std::to_string(kMaxTensorBytes) + " bytes");
+  }
   MEMEST_ASSIGN_OR_RETURN(int64_t dim, IntAttr(c.op.attrs, "scatter_dim", -1, c.field));
   if (dim < 0) return out;
   Shape& y = out[0].shape;
@@ -83,7 +90,8 @@ void DTensorEmbeddingMemory(const OpCall& c, OpMemory* m) {
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
   if (!c.needs_grad(0)) return;
   m->saved_inputs = {1};  // the ids (the local embedding op on the masked ids keeps the input's)
-  m->fresh_grad_bytes = {Bytes(c.in(0).shape, c.in(0).dtype) * (tp.ok() ? *tp : 1), 0};
+  // The whole table (at most kMaxTensorBytes: checked when the op was inferred).
+  m->fresh_grad_bytes = {BytesOf(c.in(0)) * (tp.ok() ? *tp : 1), 0};
   if (scattered) {
     // The all-gather is a node of its own: its dim-0 result is gone before the table's
     // gradient is made, and the incoming shard with it.
@@ -106,32 +114,44 @@ StatusOr<std::vector<OutputSpec>> InferLossParallel(const OpCall& c) {
   return std::vector<OutputSpec>{{Shape{logits[0]}, DType::kFloat32}};
 }
 
-// torch/distributed/tensor/parallel/loss.py. Forward, _log_softmax: amax [N, 1] and its
-// all-reduce clone, shifted = x - max (freed at the end), exp(shifted) (freed after its sum),
-// the sum [N, 1] and its all-reduce clone, log, result = shifted - logsumexp: the
-// log-probabilities, saved; then _nll_loss_forward's [N] tensors (the masked targets, the
-// gather and its all-reduce, fewer bytes than shifted, freed by then). At most shifted, the
-// result and the [N, 1]s beside the logits. Saved: the log-probabilities, the targets, the
-// total weight.
-// Backward, _nll_loss_and_log_softmax_backward: zeros_like(x), the masked targets and the
-// index_put_ of -1 there, then (grad_input + exp(x)) * grad_output: with the saved
-// log-probabilities at most four [N, V/tp] at once, the last of them the logits' gradient.
+// torch/distributed/tensor/parallel/loss.py (L = N x V/tp elements). Forward, _log_softmax:
+// x.to(float32) (a copy of 16-bit logits, kept by the local until it returns), amax [N, 1] and
+// its all-reduce clone, shifted = x - max, exp(shifted) (freed after its sum), the sum [N, 1] and
+// its all-reduce clone, log, result = shifted - logsumexp, cast back to the logits' dtype: the
+// log-probabilities, saved. The last moment is the largest: the float32 copy, shifted, the
+// float32 result and the cast one. Under autocast (nll_float32) nll_loss then runs on a float32
+// copy of the log-probabilities, which it saves (made after the float32 temporaries are gone:
+// counted in their place). _nll_loss_forward's [N] tensors (the masked targets, the gather and
+// its all-reduce) are fewer bytes and come later. Saved: the log-probabilities, the targets, the
+// total weight. Backward, _nll_loss_and_log_softmax_backward, in the dtype nll_loss saw:
+// zeros_like(x), the masked targets, then (grad_input + exp(x)) * grad_output, with the saved
+// log-probabilities at most four L-tensors at once; under autocast the float32 result is cast
+// to the logits' dtype (their gradient).
 void LossParallelMemory(const OpCall& c, OpMemory* m) {
   const Tensor& x = c.in(0);
   const int64_t n = x.shape[0];
-  const int64_t full = Bytes(x.shape, x.dtype);
-  const int64_t column = n * DTypeSize(x.dtype);
-  m->forward_temps = {{full, "shifted logits"}, {column, "amax"}, {column, "amax all-reduced"},
-                      {column, "sum of exponentials all-reduced"}};
+  const int64_t elements = Numel(x.shape);
+  const int64_t logp = BytesOf(x);          // the log-probabilities, the logits' dtype
+  const int64_t f32 = elements * 4;         // _log_softmax's computation dtype
+  const bool half = x.dtype != DType::kFloat32;
+  StatusOr<int64_t> nll_float32 = IntAttr(c.op.attrs, "nll_float32", 0, c.field);
+  const bool nll32 = half && nll_float32.ok() && *nll_float32 != 0;
+  m->forward_temps = {{f32, "shifted logits"}, {n * 4, "amax"}, {n * 4, "amax all-reduced"},
+                      {n * 4, "sum of exponentials all-reduced"}};
+  if (half) m->forward_temps.push_back({f32, "float32 logits"});
+  if (half && !nll32) m->forward_temps.push_back({f32, "float32 log-probabilities"});
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
   if (!c.needs_grad(0)) {
-    m->forward_temps.push_back({full, "log-probabilities"});
+    m->forward_temps.push_back({logp, "log-probabilities"});
     return;
   }
   m->saved_inputs = {1};  // the targets
-  m->saved_extras = {{full, "log-probabilities"}, {4, "total weight"}};
-  m->backward_temps = {{full, "zeros_like(x)"}, {full, "exp(x), then the sum"},
+  m->saved_extras = {{logp, "log-probabilities"}, {4, "total weight"}};
+  if (nll32) m->saved_extras.push_back({f32, "float32 copy of the log-probabilities (nll_loss)"});
+  const int64_t grad = nll32 ? f32 : logp;
+  m->backward_temps = {{grad, "zeros_like(x)"}, {grad, "exp(x), then the sum"},
                        {8 * n, "masked targets"}};
+  if (nll32) m->backward_temps.push_back({f32, "the float32 gradient before its cast"});
 }
 
 }  // namespace

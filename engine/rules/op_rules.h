@@ -77,6 +77,11 @@
 //   tp_all_gather(x; tp, dim)   (a gathered column-parallel output: vLLM's logits)
 //   vocab_parallel_embedding(weight, ids; tp)  vocab_parallel_cross_entropy(logits, target; tp)
 //   cp_attention(q, k, v; cp, is_causal=0)   (context parallelism: engine/passes/context_parallel.h)
+//   DTensor's (config.parallelism.tensor_layers; engine/rules/dtensor.cc): tp_from_local(x; tp)
+//   dtensor_embedding(weight, ids; tp, scatter_dim=-1, scatter_copy=0, gather_copy=0)
+//   loss_parallel_cross_entropy(logits, target; tp, nll_float32=0); and tp_all_reduce's
+//   out_of_place=1, tp_reduce_scatter's and tp_all_gather's scatter_copy and gather_copy
+//   (funcol's new tensors and layout copies)
 //   linear_4bit(x, weight, bias?; out_features, weight_dtype, double_quant=0, autocast=""):
 //     bitsandbytes' 4-bit linear, added by engine/passes/quantize.h (engine/rules/quantized.cc)
 //   w8a8_linear(x, weight, bias?; out_features, input_type, inputs, asymmetric=0, block_k=0)

@@ -36,6 +36,9 @@ class TensorParallelHooks : public RankHooks {
   bool HoldsGrad(int t) const override { return inner_->HoldsGrad(t); }
   int64_t OptimizerScratch(int t) const override {
     int64_t bytes = inner_->OptimizerScratch(t);
+    // A strategy that holds the sharded gradient (FSDP2) redistributed it to the parameter's
+    // placement before reducing it: the optimizer reads a gradient placed as its parameter.
+    if (inner_->HoldsGrad(t)) return bytes;
     for (const TensorParallelView::ParamBytes& p : view_.optimizer_scratch) {
       if (p.param == t) (void)AddBytes(&bytes, p.bytes);
     }

@@ -8,6 +8,7 @@
 
 #include "engine/estimator.h"
 #include "engine/passes/tensor_parallel.h"
+#include "engine/rules/op_rules.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {
@@ -147,6 +148,90 @@ TEST(DTensorTest, TheRowSplitEmbeddingsGradientIsTheWholeTable) {
   EXPECT_EQ(state(*dtensor), state(*megatron));
 }
 
+// The loss_parallel op on [N, V/t] logits of `dtype` (a parameter, so that it needs grad).
+OpMemory LossParallel(DType dtype, bool nll_float32, Graph* keep) {
+  GraphBuilder b;
+  const int x = b.Parameter("logits", {64, 128}, dtype);
+  const int y = b.Input("y", {64}, DType::kInt64, 0);
+  Attrs attrs{{"tp", int64_t{2}}};
+  if (nll_float32) attrs["nll_float32"] = int64_t{1};
+  b.BeginLoss();
+  b.SetLoss(b.Add1("mean", {b.Add1("loss_parallel_cross_entropy", {x, y}, std::move(attrs))}));
+  *keep = b.Finish().value();
+  const Op& op = keep->ops[0];
+  OpCall call{op, {&keep->tensors[op.inputs[0]], &keep->tensors[op.inputs[1]]},
+              {&keep->tensors[op.outputs[0]]}, "", true, Runtime::kCuda};
+  return OpMemoryOf(call);
+}
+
+int64_t Sum(const std::vector<Alloc>& a) {
+  int64_t n = 0;
+  for (const Alloc& x : a) n += x.bytes;
+  return n;
+}
+
+TEST(DTensorTest, LossParallelComputesInFloat32) {
+  const int64_t l = 64 * 128, columns = 3 * 64 * 4;
+  Graph g;
+  // float32 logits: shifted beside the saved log-probabilities.
+  OpMemory f32 = LossParallel(DType::kFloat32, false, &g);
+  EXPECT_EQ(Sum(f32.forward_temps), 4 * l + columns);
+  EXPECT_EQ(Sum(f32.saved_extras), 4 * l + 4);
+  // bf16 logits: _log_softmax's float32 copy, shifted and result, then the bf16 result saved
+  // (14 bytes an element beside the logits at its last moment).
+  OpMemory bf16 = LossParallel(DType::kBFloat16, false, &g);
+  EXPECT_EQ(Sum(bf16.forward_temps), 12 * l + columns);
+  EXPECT_EQ(Sum(bf16.saved_extras), 2 * l + 4);
+  EXPECT_EQ(Sum(bf16.backward_temps), 4 * l + 8 * 64);  // zeros and exp in bf16
+  // Autocast: nll_loss saves a float32 copy of the bf16 log-probabilities and back-propagates in
+  // float32, cast to bf16 at the end.
+  OpMemory amp = LossParallel(DType::kBFloat16, true, &g);
+  EXPECT_EQ(Sum(amp.saved_extras), 2 * l + 4 * l + 4);
+  EXPECT_EQ(Sum(amp.backward_temps), 12 * l + 8 * 64);
+}
+
+TEST(DTensorTest, AutocastCastsAfterTheGatherWhichTheModuleHolds) {
+  // attention_norm -> attention.wq / wk / wv each reading the norm output, under bf16 autocast:
+  // one gather of the float32 module input, cast for each linear, held until the module returns.
+  GraphBuilder b;
+  const int x = b.Input("x", {kB, kS, kH}, DType::kFloat32, 0);
+  b.PushScope("attention_norm");
+  const int a = b.Add1("layer_norm", {x, b.Parameter("w", {kH}, DType::kFloat32),
+                                      b.Parameter("b", {kH}, DType::kFloat32)});
+  b.PopScope();
+  b.PushScope("attention");
+  int sum = -1;
+  for (const char* m : {"wq", "wk", "wv"}) {
+    b.PushScope(m);
+    const int y = b.Add1("linear", {a, b.Parameter(std::string("attention.") + m + ".weight", {kH, kH},
+                                                   DType::kFloat32)});
+    b.PopScope();
+    sum = sum < 0 ? y : b.Add1("add", {sum, y});
+  }
+  b.PushScope("wo");
+  sum = b.Add1("linear", {sum, b.Parameter("attention.wo.weight", {kH, kH}, DType::kFloat32)});
+  b.PopScope();
+  b.PopScope();
+  b.BeginLoss();
+  b.SetLoss(b.Add1("mean", {b.Add1("add", {x, sum})}));
+  const Graph whole = b.Finish().value();
+  RunConfig c = PlainTraining();
+  c.precision = Precision::kBf16Amp;
+  c.parallelism.tensor = 2;
+  c.parallelism.sequence_parallel = true;
+  c.parallelism.tensor_layers = TensorParallelLayers::kDTensor;
+  c.parallelism.tensor_plan = {{"attention.wq", TensorShardStyle::kColwise},
+                               {"attention.wk", TensorShardStyle::kColwise},
+                               {"attention.wv", TensorShardStyle::kColwise},
+                               {"attention.wo", TensorShardStyle::kRowwise}};
+  StatusOr<Report> r = EstimateGraph(whole, c, {});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  bool one_gather = false;
+  // The gather and wo's reduce-scatter.
+  for (const std::string& n : r->notes) one_gather |= n.find("2 collectives per forward") != std::string::npos;
+  EXPECT_TRUE(one_gather);
+}
+
 TEST(DTensorTest, RefusesWhatItDoesNotModel) {
   RunConfig c = Ranks(1, false, TensorParallelLayers::kDTensor);
   c.parallelism.tensor_plan.clear();
@@ -163,6 +248,22 @@ TEST(DTensorTest, RefusesWhatItDoesNotModel) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("config.parallelism.tensor_layers"), std::string::npos)
       << r.status().message();
+
+  RunConfig ddp = Ranks(2, false, TensorParallelLayers::kDTensor);
+  ddp.parallelism.data = 2;
+  ddp.parallelism.sharding = DataSharding::kDdp;
+  r = EstimateGraph(Mlp(false), ddp, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("FSDP2"), std::string::npos) << r.status().message();
+
+  // A table of 2^40 ranks' rows is no tensor (the dtensor_embedding op in a model file).
+  GraphBuilder big;
+  const int ids = big.Input("ids", {2, 8}, DType::kInt64, 0);
+  big.Add1("dtensor_embedding", {big.Parameter("t", {1 << 20, 4096}, DType::kFloat32), ids},
+           {{"tp", int64_t{1} << 40}});
+  StatusOr<Graph> refused = big.Finish();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("attrs.tp"), std::string::npos) << refused.status().message();
 
   // GPT-2's lm_head reads the embedding's table: a whole-table gradient meeting a sharded one.
   RunConfig gpt2;
