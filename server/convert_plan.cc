@@ -62,6 +62,9 @@ void PlanToProto(const Plan& p, v1::ParallelPlan* out) {
   if (p.parallelism.tensor > 1) {
     par->set_tensor(p.parallelism.tensor);
     par->set_sequence_parallel(p.parallelism.sequence_parallel);
+    if (p.parallelism.tensor_layers == TensorParallelLayers::kDTensor) {
+      par->set_tensor_layers(v1::TENSOR_PARALLEL_LAYERS_DTENSOR);
+    }
   }
   if (p.parallelism.pipeline > 1) {
     par->set_pipeline_schedule(p.parallelism.pipeline_schedule == PipelineSchedule::kGPipe

@@ -122,7 +122,8 @@ void RenderPlanSummary(const v1::PlanSummary& s, std::ostream& out) {
         << " (GPU type, count) pairs ruled out by the model states alone";
   }
   out << ". micro-batch is micro-batch x accumulation (a pipeline's micro-batches) per "
-         "data-parallel rank; tp runs Megatron's linears with sequence parallelism; pp \"4v2\" is "
+         "data-parallel rank; tp runs Megatron's linears (DTensor's with --tensor-layers dtensor) "
+         "with sequence parallelism; pp \"4v2\" is "
          "4 stages of 2 model chunks (interleaved 1F1B); needs is the "
          "worst rank's reserved memory, CUDA context and NCCL buffers.\n";
 }

@@ -58,6 +58,7 @@ class Planner {
     c.parallelism.pipeline_virtual_stages = s.virtual_stages;
     c.parallelism.tensor = s.tensor;
     c.parallelism.sequence_parallel = s.tensor > 1;
+    if (s.tensor == 1) c.parallelism.tensor_layers = TensorParallelLayers::kMegatron;
     c.parallelism.expert = s.expert;
     c.parallelism.data_shard = s.data_shard;
     c.parallelism.context = s.context;
@@ -92,6 +93,7 @@ class Planner {
     RunConfig c = q_.run;
     c.grad_accum_steps = c.batch_size;
     c.device = d.name;
+    c.parallelism.tensor_layers = TensorParallelLayers::kMegatron;  // one GPU: no tensor ranks
     c.checkpoint.policy = CheckpointPolicy::kEveryBlock;
     MEMEST_ASSIGN_OR_RETURN(Graph g, BuildStepGraph(q_.model, c, q_.max_ops, budget_));
     if (g.blocks.empty()) c.checkpoint.policy = CheckpointPolicy::kNone;
@@ -240,7 +242,11 @@ Status CheckQuery(const PlanQuery& q) {
   if (q.devices.empty() && q.run.device.empty()) {
     return InvalidArgument("devices: name at least one GPU type (or config.device_name)");
   }
-  return ValidateRunConfig(q.run);
+  // config.parallelism.tensor_layers says how a plan's tensor parallelism runs (DTensor's
+  // layers only over FSDP2 or none): the planner's own choices are checked plan by plan.
+  RunConfig run = q.run;
+  run.parallelism.tensor_layers = TensorParallelLayers::kMegatron;
+  return ValidateRunConfig(run);
 }
 
 }  // namespace

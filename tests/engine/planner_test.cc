@@ -111,6 +111,33 @@ TEST(PlannerTest, TensorGroupsStayWithinANode) {
   EXPECT_TRUE(tensor);
 }
 
+// With DTensor's layers (torchtitan) the tensor-parallel plans run over FSDP2 or no
+// data-parallel strategy, each its estimate with those layers; plans without tensor
+// parallelism are found as before.
+TEST(PlannerTest, DTensorLayersPlanWithFsdp2) {
+  PlanQuery q = Llama7b("a100-40gb", 4);
+  q.run.parallelism.tensor_layers = TensorParallelLayers::kDTensor;
+  q.max_plans = 100;
+  const std::vector<Plan> plans = Plans(q);
+  bool tensor = false, plain = false;
+  for (const Plan& p : plans) {
+    if (p.parallelism.tensor == 1) {
+      plain = true;
+      continue;
+    }
+    tensor = true;
+    EXPECT_EQ(p.parallelism.tensor_layers, TensorParallelLayers::kDTensor);
+    EXPECT_TRUE(p.parallelism.sharding == DataSharding::kFsdp2 ||
+                p.parallelism.sharding == DataSharding::kNone)
+        << DataShardingName(p.parallelism.sharding);
+    StatusOr<Report> r = Estimate(q.model, ConfigOf(q, p), {});
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->fit->required_bytes, p.required_bytes);
+  }
+  EXPECT_TRUE(tensor);
+  EXPECT_TRUE(plain);
+}
+
 // FSDP's data ranks spanning nodes are also tried as hybrid sharding within a node (the shard
 // group a node's data ranks); each such plan is its estimate.
 TEST(PlannerTest, HybridShardingWithinANode) {

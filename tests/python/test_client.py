@@ -353,6 +353,15 @@ def test_plans_shard_within_a_node(client):
     assert "sharded within groups of" in str(hybrid[0])
 
 
+def test_plans_with_dtensor_layers_run_over_fsdp2(client):
+    plans = client.plan(preset="llama-7b", seq=1024, batch_size=16, precision="bf16-pure",
+                        device="a100-40gb", max_gpus=4, max_plans=100, tensor_layers="dtensor")
+    tensor = [p for p in plans if p.tensor > 1]
+    assert tensor and all(p.tensor_layers == "dtensor" for p in tensor)
+    assert all(p.strategy in ("fsdp2", "none") for p in tensor)
+    assert any(p.tensor == 1 for p in plans)
+
+
 def test_plans_split_the_sequence_where_nothing_else_fits(client):
     plans = client.plan(preset="llama-7b", seq=262144, batch_size=1, precision="bf16-pure",
                         device="l4", max_gpus=4, max_plans=1000,

@@ -60,8 +60,8 @@ def _offload(par):
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """One way to run the job that fits: `gpus` of `device` as `data` data-parallel ranks
-    (`strategy`) x `tensor` tensor-parallel ranks (Megatron's linears, with
-    `sequence_parallel`) x `pipeline` stages (of `virtual_stages` model chunks each: Megatron's
+    (`strategy`) x `tensor` tensor-parallel ranks (`tensor_layers`: Megatron's linears, or
+    DTensor's when the query asked for them; with `sequence_parallel`) x `pipeline` stages (of `virtual_stages` model chunks each: Megatron's
     interleaved 1F1B), `context` context-parallel ranks (ring attention: gpus = data x tensor x
     context x pipeline), `expert` of the data ranks Megatron's expert-parallel group, `data_shard`
     FSDP's hybrid sharding (shard groups of that many data ranks; 0: none), micro-batches
@@ -96,6 +96,7 @@ class Plan:
     offload: str = ""
     host_bytes: int = 0
     host_transfer_bytes_per_step: int = 0
+    tensor_layers: str = "megatron"
 
     @classmethod
     def from_proto(cls, p):
@@ -112,7 +113,9 @@ class Plan:
                    virtual_stages=par.pipeline_virtual_stages or 1, expert=par.expert or 1,
                    context=par.context or 1,
                    data_shard=par.data_shard, offload=_offload(par), host_bytes=p.host_bytes,
-                   host_transfer_bytes_per_step=p.host_transfer_bytes_per_step)
+                   host_transfer_bytes_per_step=p.host_transfer_bytes_per_step,
+                   tensor_layers="dtensor" if par.tensor_layers == v1.TENSOR_PARALLEL_LAYERS_DTENSOR
+                   else "megatron")
 
     def __str__(self):
         stages = "%d stages" % self.pipeline + (
