@@ -110,15 +110,21 @@ StatusOr<Graph> BuildAttributed(const ModelSpec& model, const BuildContext& cont
 
 StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) {
   MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
-  if (context.expert_load != ExpertLoad::kDefault) {
-    const auto* hf = std::get_if<HfConfigSpec>(&model.source);
-    if (hf == nullptr || !HfConfigRoutesExperts(hf->config)) {
-      return InvalidArgument(
-          "config.expert_load: the model has no mixture-of-experts layer for it to apply to "
-          "(Hugging Face configs of mixtral, qwen2_moe and qwen3_moe have them); leave it unset");
-    }
-  }
+  const auto* hf = std::get_if<HfConfigSpec>(&model.source);
+  const bool routes = hf != nullptr && HfConfigRoutesExperts(hf->config);
   StatusOr<Graph> graph = BuildAttributed(model, context);
+  // An op graph with Megatron's MoE dispatch (ep_all_to_all) records its own routing; the load
+  // spreads the tokens its expert-parallel ranks receive (engine/passes/expert_parallel.h).
+  bool dispatch = false;
+  if (graph.ok() && !routes) {
+    for (const Op& op : graph->ops) dispatch = dispatch || op.kind == "ep_all_to_all";
+  }
+  if (context.expert_load != ExpertLoad::kDefault && !routes && !dispatch && graph.ok()) {
+    return InvalidArgument(
+        "config.expert_load: the model has no mixture-of-experts layer for it to apply to "
+        "(Hugging Face configs of mixtral, qwen2_moe and qwen3_moe have them, and op graphs "
+        "with Megatron's ep_all_to_all dispatch); leave it unset");
+  }
   if (graph.ok() && context.mode == Mode::kInference && context.generate_tokens > 0) {
     bool kv_cache = false;
     for (const Tensor& t : graph->tensors) kv_cache = kv_cache || t.kv_cache;

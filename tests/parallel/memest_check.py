@@ -22,6 +22,9 @@ loss peaks against the measured F<j> phases (a micro-batch's forward, its receiv
 backward against the B<j> phases (interleaved: F<j>c<c> and B<j>c<c>, micro-batch j on the
 stage's chunk c).
 
+Expert-parallel cases (ep.py) run memest's Megatron expert parallelism on the one-rank layer
+(check_expert_parallel): the rank receiving the most, its received rows and saved bytes.
+
 Cases memest cannot express are SKIP, with the reason (`not_expressible`).
 """
 import json
@@ -50,7 +53,7 @@ def not_expressible(case):
     p = case.params
     if case.id.startswith("tp/"):
         return None if case.model in TP_PLANS else f"no tensor-parallel plan for model {case.model}"
-    if case.id.startswith("pp/"):
+    if case.id.startswith(("pp/", "ep/")):
         return None
     if not case.id.startswith(("ddp/", "zero/")):
         return "not a data-parallel case"
@@ -240,9 +243,40 @@ def compare(measured, estimated):
     return rows
 
 
+def check_expert_parallel(memest, case, ranks):
+    """ep.py's MoELayer over the whole world: memest's Megatron expert parallelism
+    (--dp-strategy megatron-ddp --data-parallel E --expert-parallel E --expert-load ROUTING, the
+    CUDA runtime Megatron runs on) names the rank that receives the most tokens, which must be
+    among the measured ones; that rank's received rows, and its saved-for-backward bytes, are
+    compared to the byte. The peaks are not: the measurement steps plain .grad with the
+    for-loop SGD on the CPU, memest Megatron's float32 gradient buffer on CUDA."""
+    p = case.params
+    cmd = [memest, "estimate", "--local", "--json", "--no-advice", "--no-hold-outputs", "--model",
+           os.path.join(MODELS, f"{case.model}.json"), "--batch", str(p["batch"]),
+           "--precision", "fp32", "--optimizer", p["optimizer"], "--dp-strategy", "megatron-ddp",
+           "--data-parallel", str(case.world), "--expert-parallel", str(case.world),
+           "--expert-load", p["routing"]]
+    resp = estimate(cmd)
+    ep = resp.get("expertParallel") or {}
+    rank = _int(ep.get("rank"))
+    rows_in = [r["received_rows"] for r in ranks]
+    most = [i for i, n in enumerate(rows_in) if n == max(rows_in)]
+    rows = [{"step": "-", "quantity": "rank receiving the most", "measured": most,
+             "estimated": rank, "rel": None, "ok": rank in most}]
+    measured = {"received rows": rows_in[rank], "least received rows": min(rows_in),
+                "saved_for_backward": ranks[rank]["saved_for_backward"]}
+    estimated = {"received rows": _int(ep.get("receivedRows")),
+                 "least received rows": _int(ep.get("leastReceivedRows")),
+                 "saved_for_backward": _int(resp.get("savedForBackwardBytes"))}
+    rows += [{"step": "-", **r} for r in compare(measured, estimated)]
+    return rows, {"rank": rank}
+
+
 def check(memest, case, ranks):
     """Compares memest with the measured `ranks` of `case`. Returns (rows, info): rows carry
     the step they belong to; info says which rank was compared."""
+    if case.id.startswith("ep/"):
+        return check_expert_parallel(memest, case, ranks)
     if case.id.startswith("pp/"):
         return check_pipeline(memest, case, ranks)
     if case.id.startswith("tp/"):

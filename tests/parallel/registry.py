@@ -10,6 +10,7 @@ import dataclasses
 import functools
 
 import dp
+import ep
 import models
 import pp
 import tp
@@ -85,10 +86,19 @@ for w, v, m in ((2, 2, 4), (2, 2, 8), (4, 2, 8)):
         {"schedule": "interleaved", "virtual_stages": v, "microbatches": m, "layers": 8, "batch": 2,
          "optimizer": "adam"}, "pp-gpt")
 
+# ------------------------------------------------------------------------------ expert parallel
+# Megatron's MoELayer over the whole world as its expert-parallel group (ep.py).
+for w in (2, 4):
+    for routing in ("worst", "balanced"):
+        add(f"ep/moe/e{w}/{routing}", w, ep.run,
+            {"routing": routing, "batch": 2, "optimizer": "sgd"}, f"ep-moe-{routing}")
+
 MODEL_FNS = {"mlp": (dp.MODELS["mlp"], 8), "gpt": (dp.MODELS["gpt"], 4),
              "tp-mlp": (functools.partial(tp.tp_mlp, tp=tp.TP(1)), 2),
              "tp-attention": (functools.partial(tp.tp_attention, tp=tp.TP(1)), 2),
              "tp-lm": (functools.partial(tp.tp_lm, tp=tp.TP(1)), 2),
              "tp-lm-tied": (functools.partial(tp.MODELS["lm-tied"], tp=tp.TP(1)), 2),
              "tp-lm-rope": (functools.partial(tp.MODELS["lm-rope"], tp=tp.TP(1)), 2),
-             "pp-gpt": (functools.partial(models.gpt, layers=8, **pp.GPT), 2)}
+             "pp-gpt": (functools.partial(models.gpt, layers=8, **pp.GPT), 2),
+             "ep-moe-worst": (functools.partial(ep.moe_layer, ep=ep.EP(1), routing="worst"), 2),
+             "ep-moe-balanced": (functools.partial(ep.moe_layer, ep=ep.EP(1), routing="balanced"), 2)}
