@@ -14,6 +14,7 @@
 
 #include "engine/ir/text.h"
 #include "engine/models/decoders.h"
+#include "engine/models/hf_encoders.h"
 #include "engine/models/hf_falcon_opt.h"
 #include "engine/models/hf_fields.h"
 #include "engine/models/hf_gemma.h"
@@ -214,6 +215,7 @@ StatusOr<Gpt2Spec> ReadGpt2(const Fields& f, int64_t seq) {
 }
 
 constexpr Family kFamilies[] = {
+    {"bert", "BertForMaskedLM"},          {"roberta", "RobertaForMaskedLM"},
     {"falcon", "FalconForCausalLM"},      {"gemma", "GemmaForCausalLM"},
     {"gemma2", "Gemma2ForCausalLM"},      {"gemma3_text", "Gemma3ForCausalLM"},
     {"gpt2", "GPT2LMHeadModel"},          {"gpt_neox", "GPTNeoXForCausalLM"},
@@ -246,6 +248,10 @@ StatusOr<Graph> BuildFamily(const Family& family, const Fields& f, int64_t seq, 
     MEMEST_ASSIGN_OR_RETURN(FalconSpec s, ReadFalcon(f, seq));
     if (layers > 0) s.layers = layers;
     MEMEST_RETURN_IF_ERROR(BuildFalconModel(b, context, s, FalconFields()));
+  } else if (type == "bert" || type == "roberta") {
+    MEMEST_ASSIGN_OR_RETURN(BertSpec s, ReadBert(f, type == "roberta", seq));
+    if (layers > 0) s.layers = layers;
+    MEMEST_RETURN_IF_ERROR(BuildBertModel(b, context, s, BertFields()));
   } else if (type == "opt") {
     MEMEST_ASSIGN_OR_RETURN(OptSpec s, ReadOpt(f, seq));
     if (layers > 0) s.layers = layers;

@@ -12,6 +12,7 @@
 
 #include "engine/ir/text.h"
 #include "engine/models/decoders.h"
+#include "engine/models/encoders.h"
 #include "engine/models/layers.h"
 #include "engine/models/op_count.h"
 
@@ -71,80 +72,17 @@ Status BuildLlama(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
 // Encoders: BERT (HF BertForMaskedLM) and ViT-B/16 (torchvision vit_b_16).
 
 Status BuildBert(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
-  const int64_t seq = v.at("seq"), layers = v.at("layers"), d = v.at("d_model");
-  const int64_t heads = v.at("heads"), vocab = v.at("vocab");
-  constexpr int64_t kPositions = 512;
-  if (seq > kPositions) {
-    return ParamError("seq", "must be at most " + Str(kPositions) +
-                                 " (BERT's position embeddings), got " + Str(seq));
+  BertSpec s;  // BERT base's other fields (engine/models/encoders.h)
+  s.seq = v.at("seq");
+  s.layers = v.at("layers");
+  s.d_model = v.at("d_model");
+  s.heads = v.at("heads");
+  s.vocab = v.at("vocab");
+  if (s.d_model > std::numeric_limits<int64_t>::max() / 4) {
+    return ParamError("d_model", "too large for its 4 * d_model FFN, got " + Str(s.d_model));
   }
-  if (d % heads != 0)
-    return ParamError("heads", "must divide d_model " + Str(d) + ", got " + Str(heads));
-  const LayerContext c = Layers(ctx);
-  const int64_t n = ctx.micro_batch;
-  int ids = b.Input("input_ids", {n, seq}, DType::kInt64, 0);
-  int word = -1;
-  int h = -1;
-  {
-    ScopeGuard bert(b, "bert");
-    {
-      ScopeGuard emb(b, "embeddings");
-      int position_ids = b.Buffer("position_ids", {1, kPositions}, DType::kInt64);
-      int token_type_ids = b.Buffer("token_type_ids", {1, kPositions}, DType::kInt64);
-      h = Embedding(b, c, "word_embeddings", ids, vocab, d, &word);
-      // token_type_ids = self.token_type_ids[:, :T].expand(N, T)
-      int tt = b.Add1("slice", {token_type_ids},
-                      {{"dim", AttrInt(1)}, {"start", AttrInt(0)}, {"end", AttrInt(seq)}});
-      tt = b.Add1("expand", {tt}, {{"shape", AttrInts({n, seq})}});
-      int te = Embedding(b, c, "token_type_embeddings", tt, 2, d);
-      h = b.Add1("add", {h, te});
-      int pos = b.Add1("slice", {position_ids},
-                       {{"dim", AttrInt(1)}, {"start", AttrInt(0)}, {"end", AttrInt(seq)}});
-      int pe = Embedding(b, c, "position_embeddings", pos, kPositions, d);
-      h = b.Add1("add_", {h, pe});  // embeddings += position_embeddings
-      h = LayerNorm(b, c, "LayerNorm", h);
-      h = Dropout(b, c, h, 0.1);
-    }
-    AttentionOptions a;
-    a.heads = heads;
-    a.projection = AttentionProjection::kSeparate;
-    a.names = {"self.query", "self.key", "self.value", "output.dense"};
-    a.scale = AttentionScale::kDivideScores;
-    a.attn_dropout = 0.1;
-    a.resid_dropout = 0.1;
-    for (int64_t i = 0; i < layers; ++i) {
-      ScopeGuard block(b, "encoder.layer." + Str(i));
-      b.MarkBlock();
-      // Post-LN: LayerNorm(x + dropout(dense(attention(x)))), then the same around the FFN.
-      int attn = Attention(b, c, "attention", h, a);
-      h = LayerNorm(b, c, "attention.output.LayerNorm", b.Add1("add", {attn, h}));
-      int f = Linear(b, c, "intermediate.dense", h, 4 * d);
-      {
-        ScopeGuard act(b, "intermediate.intermediate_act_fn");
-        f = Activate(b, f, Activation::kGelu);
-      }
-      f = Linear(b, c, "output.dense", f, d);
-      f = Dropout(b, c, f, 0.1);
-      h = LayerNorm(b, c, "output.LayerNorm", b.Add1("add", {f, h}));
-    }
-  }
-  // cls.predictions: transform (dense, gelu, LayerNorm), then the decoder tied to the word
-  // embeddings with its own bias.
-  int logits = -1;
-  {
-    ScopeGuard cls(b, "cls.predictions");
-    h = Linear(b, c, "transform.dense", h, d);
-    {
-      ScopeGuard act(b, "transform.transform_act_fn");
-      h = Activate(b, h, Activation::kGelu);
-    }
-    h = LayerNorm(b, c, "transform.LayerNorm", h);
-    int bias = b.Parameter("bias", {vocab}, c.param_dtype);
-    ScopeGuard decoder(b, "decoder");
-    logits = b.Add1("linear", {h, word, bias});
-  }
-  if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/false);
-  return Status::Ok();
+  s.ffn = 4 * s.d_model;
+  return BuildBertModel(b, ctx, s, PresetField);
 }
 
 Status BuildVit(GraphBuilder& b, const BuildContext& ctx, const Values& v) {

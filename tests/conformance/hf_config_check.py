@@ -49,7 +49,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 
 # model_types memest's --hf-config builds that transformers 4.47.1 has (qwen3 came in 4.51,
 # gemma3_text in 4.50).
-SUPPORTED = ("llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt_neox", "gpt2",
+SUPPORTED = ("bert", "roberta", "llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt_neox", "gpt2",
              "mixtral", "qwen2_moe", "falcon", "falcon_40b", "opt", "opt_350m")
 STEPS = {"training": [("first", True), ("steady", False)], "inference": [("inference", False)]}
 

@@ -84,6 +84,9 @@ INSTANTIATE_TEST_SUITE_P(
                     CountCase{"qwen3-30b-a3b", 30'532'122'624},
                     CountCase{"qwen3-8b", 8'190'735'360},
                     CountCase{"opt-125m", 125'239'296}, CountCase{"opt-350m", 331'196'416},
+                    CountCase{"bert-base-uncased", 109'514'298},
+                    CountCase{"bert-large-uncased", 335'174'458},
+                    CountCase{"roberta-base", 124'697'433},
                     CountCase{"opt-1.3b", 1'315'758'080},
                     CountCase{"opt-6.7b", 6'658'473'984}),
     [](const testing::TestParamInfo<CountCase>& info) {
@@ -91,6 +94,28 @@ INSTANTIATE_TEST_SUITE_P(
       for (char ch : info.param.file) name += std::isalnum(ch) ? ch : '_';
       return name;
     });
+
+TEST(HfConfigTest, BertIsTheBertBasePresetAndRobertaNumbersItsPositions) {
+  const BuildContext ctx = enginetest::MakeContext(2);
+  StatusOr<Graph> from_config = Build(ReadConfig("bert-base-uncased"), 128, ctx);
+  StatusOr<Graph> preset = BuildGraph(ModelSpec{PresetSpec{"bert-base", {{"seq", 128}}}}, ctx);
+  ASSERT_TRUE(from_config.ok()) << from_config.status().ToString();
+  ASSERT_TRUE(preset.ok()) << preset.status().ToString();
+  ASSERT_EQ(from_config->ops.size(), preset->ops.size());
+  for (size_t i = 0; i < preset->ops.size(); ++i) EXPECT_EQ(from_config->ops[i].kind, preset->ops[i].kind);
+  EXPECT_EQ(from_config->ParameterCount(), preset->ParameterCount());
+
+  StatusOr<Graph> r = Build(ReadConfig("roberta-base"), 512, ctx);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  bool cumsum = false;
+  for (const Op& op : r->ops) cumsum |= op.kind == "cumsum";
+  EXPECT_TRUE(cumsum);  // create_position_ids_from_input_ids
+  // 514 positions numbered from pad_token_id + 1 = 2: 512 tokens at most.
+  StatusOr<Graph> too_long = Build(ReadConfig("roberta-base"), 513, ctx);
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.status().message().find("model.hf_config.seq: must be at most 512"),
+            std::string::npos) << too_long.status().message();
+}
 
 TEST(HfConfigTest, Qwen2BiasesQkvButNotTheOutput) {
   StatusOr<Graph> g = Build(Small("qwen2"));
@@ -353,9 +378,9 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, HfBadConfigTest,
     testing::Values(
         BadCase{"UnknownType", {{"model_type", "llama9"}},
-                "model.hf_config.config.model_type: 'llama9' is not supported; supported: falcon, "
-                "gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mixtral, opt, phi3, "
-                "qwen2, qwen2_moe, qwen3, qwen3_moe"},
+                "model.hf_config.config.model_type: 'llama9' is not supported; supported: bert, "
+                "falcon, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mixtral, opt, "
+                "phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, roberta"},
         BadCase{"NoType", {{"model_type", nullptr}}, "model.hf_config.config.model_type: missing"},
         BadCase{"MissingSize", {{"hidden_size", nullptr}},
                 "model.hf_config.config.hidden_size: missing; a llama config must give it"},

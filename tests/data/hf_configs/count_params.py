@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Count the parameters of Hugging Face causal LMs from their config.json.
+"""Count the parameters of Hugging Face causal LMs (and masked-LM encoders) from their config.json.
 
 Each config is loaded with the real `transformers` library and the model is
 built on the meta device (no memory is allocated for weights), then
@@ -30,7 +30,7 @@ import tempfile
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
 
 @contextlib.contextmanager
@@ -88,7 +88,9 @@ def count(path):
     try:
         config = load_config(path)
         with meta_context():
-            model = AutoModelForCausalLM.from_config(config)
+            # the encoders are built as their masked LMs (BertForMaskedLM, RobertaForMaskedLM)
+            auto = AutoModelForMaskedLM if model_type in ("bert", "roberta") else AutoModelForCausalLM
+            model = auto.from_config(config)
     except Exception as e:  # report, keep going with the other files
         row.update(parameters=None, tied=None,
                    error="%s: %s" % (type(e).__name__, str(e).splitlines()[0][:200]))

@@ -1,0 +1,66 @@
+// BERT and RoBERTa configs into BertSpec (engine/models/hf_encoders.h), with the defaults of
+// transformers' BertConfig and RobertaConfig (configuration_bert.py, configuration_roberta.py).
+#include "engine/models/hf_encoders.h"
+
+#include <cmath>
+#include <string>
+
+#include "engine/ir/text.h"
+
+namespace memest::hf {
+
+StatusOr<BertSpec> ReadBert(const Fields& f, bool roberta, int64_t seq) {
+  BertSpec s;
+  s.seq = seq;
+  s.roberta = roberta;
+  MEMEST_ASSIGN_OR_RETURN(s.d_model, f.Size("hidden_size", 768));
+  MEMEST_ASSIGN_OR_RETURN(s.layers, f.Size("num_hidden_layers", 12));
+  MEMEST_ASSIGN_OR_RETURN(s.heads, f.Size("num_attention_heads", 12));
+  MEMEST_ASSIGN_OR_RETURN(s.ffn, f.Size("intermediate_size", 3072));
+  MEMEST_ASSIGN_OR_RETURN(s.vocab, f.Size("vocab_size", 30522));
+  MEMEST_ASSIGN_OR_RETURN(s.positions, f.Size("max_position_embeddings", 512));
+  MEMEST_ASSIGN_OR_RETURN(s.type_vocab, f.Size("type_vocab_size", 2));
+  MEMEST_ASSIGN_OR_RETURN(s.activation, ActivationOf(f, "hidden_act", "gelu"));
+  MEMEST_ASSIGN_OR_RETURN(s.hidden_dropout, f.Probability("hidden_dropout_prob", 0.1));
+  MEMEST_ASSIGN_OR_RETURN(s.attn_dropout, f.Probability("attention_probs_dropout_prob", 0.1));
+  MEMEST_ASSIGN_OR_RETURN(s.tie_embeddings, f.Flag("tie_word_embeddings", true));
+  // RobertaConfig's pad_token_id is 1; RobertaEmbeddings numbers positions after it.
+  if (const JsonValue* pad = f.Get("pad_token_id"); roberta && pad != nullptr) {
+    if (pad->kind != Kind::kNumber) return WrongKind("pad_token_id", "a token id", *pad);
+    if (!(pad->number >= 0 && pad->number < static_cast<double>(kMaxSize)) ||
+        pad->number != std::floor(pad->number)) {
+      return InvalidArgument(Field("pad_token_id") + ": must be a token id, an integer from 0 "
+                             "below " + std::to_string(kMaxSize));
+    }
+    s.padding_idx = static_cast<int64_t>(pad->number);
+  }
+  MEMEST_ASSIGN_OR_RETURN(std::string positions, f.Text("position_embedding_type", "absolute"));
+  if (positions != "absolute") {
+    return InvalidArgument(Field("position_embedding_type") + ": " + Quote(positions) +
+                           " is not modelled (the relative position scores, distance_embedding "
+                           "and its einsums); absolute builds");
+  }
+  MEMEST_RETURN_IF_ERROR(RefuseIfSet(f, "is_decoder", "a BERT decoder (causal mask, cache)"));
+  MEMEST_RETURN_IF_ERROR(RefuseIfSet(f, "add_cross_attention", "the cross-attention layers"));
+  // PretrainedConfig's chunk_size_feed_forward: 0 (what to_dict() writes) runs the FFN whole.
+  if (const JsonValue* chunk = f.Get("chunk_size_feed_forward");
+      chunk != nullptr && !(chunk->kind == Kind::kNumber && chunk->number == 0)) {
+    return InvalidArgument(Field("chunk_size_feed_forward") +
+                           ": not modelled (apply_chunking_to_forward's chunked FFN); 0 builds");
+  }
+  return s;
+}
+
+FieldOf BertFields() {
+  return [](const char* name) {
+    const std::string n = name;
+    if (n == "seq") return std::string("model.hf_config.seq");
+    if (n == "heads") return Field("num_attention_heads");
+    if (n == "d_model") return Field("hidden_size");
+    if (n == "padding_idx") return Field("pad_token_id");
+    if (n == "positions") return Field("max_position_embeddings");
+    return Field(n);
+  };
+}
+
+}  // namespace memest::hf

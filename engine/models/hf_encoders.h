@@ -1,0 +1,25 @@
+// The fields of BERT and RoBERTa configs (engine/models/hf_config.cc dispatches to them;
+// docs/hf-config.md): model_type bert (BertForMaskedLM) and roberta (RobertaForMaskedLM), with
+// the defaults of transformers' BertConfig and RobertaConfig.
+#ifndef MEMEST_ENGINE_MODELS_HF_ENCODERS_H_
+#define MEMEST_ENGINE_MODELS_HF_ENCODERS_H_
+
+#include <cstdint>
+
+#include "engine/ir/status.h"
+#include "engine/models/encoders.h"
+#include "engine/models/hf_fields.h"
+
+namespace memest::hf {
+
+// A bert or roberta config. Refuses position_embedding_type other than absolute (the relative
+// position scores are not modelled), is_decoder and add_cross_attention (a BERT decoder is
+// another model) and chunk_size_feed_forward (the chunked FFN). Errors name the field.
+StatusOr<BertSpec> ReadBert(const Fields& f, bool roberta, int64_t seq);
+
+// What BertSpec's fields are called in these configs, for the builder's errors.
+FieldOf BertFields();
+
+}  // namespace memest::hf
+
+#endif  // MEMEST_ENGINE_MODELS_HF_ENCODERS_H_
