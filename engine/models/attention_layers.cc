@@ -282,6 +282,7 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
 
   int context = -1;
   int weights = -1;  // the probabilities, which HF's eager attention returns with its output
+  int held_scores = -1;  // o.hold_scores: the scores kept by the attention's local
   {
     ModuleScope core(b, "core");
     if (o.scale == AttentionScale::kScaleQK) {
@@ -320,13 +321,16 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
         probs = b.Add1("to", {probs}, {{"dtype", std::string(DTypeName(b.tensor(v).dtype))}});
       }
     }
+    if (o.hold_scores) held_scores = scores;
     probs = Dropout(b, c, probs, o.attn_dropout);
     weights = probs;
     context = b.Add1("matmul", {probs, v});
   }
   const int out = MergeAndProject(b, c, context, n, t, d, o);
   if (o.hold_locals) {
-    for (int local : {x, q, k, v}) b.HoldUntilLastOp(local);
+    for (int local : {x, q, k, v, held_scores, o.hold_scores ? weights : -1}) {
+      b.HoldUntilLastOp(local);
+    }
   }
   if (weights_out != nullptr) *weights_out = weights;
   return out;

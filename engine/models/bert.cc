@@ -76,6 +76,7 @@ Status BuildBertModel(GraphBuilder& b, const BuildContext& ctx, const BertSpec& 
       h = LayerNorm(b, c, "LayerNorm", h);
       h = Dropout(b, c, h, s.hidden_dropout);
     }
+    const int embedding_output = h;  // BertModel.forward's local, until it returns
     AttentionOptions a;
     a.heads = s.heads;
     a.projection = AttentionProjection::kSeparate;
@@ -98,6 +99,7 @@ Status BuildBertModel(GraphBuilder& b, const BuildContext& ctx, const BertSpec& 
       f = Dropout(b, c, f, s.hidden_dropout);
       h = LayerNorm(b, c, "output.LayerNorm", b.Add1("add", {f, h}));
     }
+    b.HoldUntilLastOp(embedding_output);
   }
   // BERT's cls.predictions (transform: dense, act, LayerNorm; decoder) or RoBERTa's lm_head
   // (dense, gelu, layer_norm; decoder), the decoder tied to the word embeddings with its own bias.

@@ -216,6 +216,7 @@ StatusOr<Gpt2Spec> ReadGpt2(const Fields& f, int64_t seq) {
 
 constexpr Family kFamilies[] = {
     {"bert", "BertForMaskedLM"},          {"roberta", "RobertaForMaskedLM"},
+    {"vit", "ViTForImageClassification"},
     {"falcon", "FalconForCausalLM"},      {"gemma", "GemmaForCausalLM"},
     {"gemma2", "Gemma2ForCausalLM"},      {"gemma3_text", "Gemma3ForCausalLM"},
     {"gpt2", "GPT2LMHeadModel"},          {"gpt_neox", "GPTNeoXForCausalLM"},
@@ -248,6 +249,10 @@ StatusOr<Graph> BuildFamily(const Family& family, const Fields& f, int64_t seq, 
     MEMEST_ASSIGN_OR_RETURN(FalconSpec s, ReadFalcon(f, seq));
     if (layers > 0) s.layers = layers;
     MEMEST_RETURN_IF_ERROR(BuildFalconModel(b, context, s, FalconFields()));
+  } else if (type == "vit") {
+    MEMEST_ASSIGN_OR_RETURN(VitSpec s, ReadVit(f));
+    if (layers > 0) s.layers = layers;
+    MEMEST_RETURN_IF_ERROR(BuildVitModel(b, context, s, VitFields()));
   } else if (type == "bert" || type == "roberta") {
     MEMEST_ASSIGN_OR_RETURN(BertSpec s, ReadBert(f, type == "roberta", seq));
     if (layers > 0) s.layers = layers;
@@ -340,11 +345,28 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
                            "quantization (ResolveCheckpointQuantization); this request builds "
                            "the model alone");
   }
-  if (spec.seq <= 0 || spec.seq > kMaxSize) {
+  int64_t seq = spec.seq;
+  if (std::string(family->model_type) == "vit") {
+    // An image model: its tokens are the config's patches and the class token.
+    MEMEST_ASSIGN_OR_RETURN(VitSpec vit, ReadVit(f));
+    const int64_t tokens = VitTokens(vit);
+    if (tokens > kMaxSize) {
+      return InvalidArgument(Field("image_size") + ": " + Str(vit.image) + " pixels in patches of " +
+                             Str(vit.patch) + " make " + Str(tokens) + " tokens, more than " +
+                             Str(kMaxSize));
+    }
+    if (seq != 0 && seq != tokens) {
+      return InvalidArgument("model.hf_config.seq: a vit config's sequence is its patches and "
+                             "the class token, " + Str(tokens) + " (image_size / patch_size "
+                             "squared, + 1); leave it unset, got " + Str(seq));
+    }
+    seq = tokens > 0 ? tokens : 1;  // the builder names a patch_size that does not divide
+  }
+  if (seq <= 0 || seq > kMaxSize) {
     return InvalidArgument("model.hf_config.seq: " +
-                           (spec.seq == 0 ? std::string("required: the tokens per sequence")
-                                          : "must be from 1 to " + Str(kMaxSize) + ", got " +
-                                                Str(spec.seq)));
+                           (seq == 0 ? std::string("required: the tokens per sequence")
+                                     : "must be from 1 to " + Str(kMaxSize) + ", got " +
+                                           Str(seq)));
   }
   MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
   const char* layers_field =
@@ -353,9 +375,9 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
   MEMEST_RETURN_IF_ERROR(CheckLayeredOpCount(
       layers, Field(layers_field), std::string("a ") + family->model_type + " config", context,
       [&](int64_t n, const BuildContext& counting) {
-        return BuildFamily(*family, f, spec.seq, n, counting);
+        return BuildFamily(*family, f, seq, n, counting);
       }));
-  return BuildFamily(*family, f, spec.seq, 0, context);
+  return BuildFamily(*family, f, seq, 0, context);
 }
 
 bool HfConfigRoutesExperts(const JsonValue& config) {

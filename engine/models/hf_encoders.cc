@@ -51,6 +51,44 @@ StatusOr<BertSpec> ReadBert(const Fields& f, bool roberta, int64_t seq) {
   return s;
 }
 
+StatusOr<VitSpec> ReadVit(const Fields& f) {
+  VitSpec s;
+  MEMEST_ASSIGN_OR_RETURN(s.d_model, f.Size("hidden_size", 768));
+  MEMEST_ASSIGN_OR_RETURN(s.layers, f.Size("num_hidden_layers", 12));
+  MEMEST_ASSIGN_OR_RETURN(s.heads, f.Size("num_attention_heads", 12));
+  MEMEST_ASSIGN_OR_RETURN(s.ffn, f.Size("intermediate_size", 3072));
+  MEMEST_ASSIGN_OR_RETURN(s.image, f.Size("image_size", 224));
+  MEMEST_ASSIGN_OR_RETURN(s.patch, f.Size("patch_size", 16));
+  MEMEST_ASSIGN_OR_RETURN(s.channels, f.Size("num_channels", 3));
+  MEMEST_ASSIGN_OR_RETURN(s.activation, ActivationOf(f, "hidden_act", "gelu"));
+  MEMEST_ASSIGN_OR_RETURN(s.hidden_dropout, f.Probability("hidden_dropout_prob", 0.0));
+  MEMEST_ASSIGN_OR_RETURN(s.attn_dropout, f.Probability("attention_probs_dropout_prob", 0.0));
+  MEMEST_ASSIGN_OR_RETURN(s.qkv_bias, f.Flag("qkv_bias", true));
+  // PretrainedConfig: num_labels, else len(id2label), else 2.
+  const JsonValue* labels = f.Get("id2label");
+  int64_t fallback = 2;
+  if (labels != nullptr) {
+    if (labels->kind != Kind::kObject) return WrongKind("id2label", "an object of labels", *labels);
+    if (!labels->items.empty()) fallback = static_cast<int64_t>(labels->items.size());
+  }
+  MEMEST_ASSIGN_OR_RETURN(s.classes, f.Size("num_labels", fallback));
+  if (s.image > (int64_t{1} << 16)) {
+    return InvalidArgument(Field("image_size") + ": must be at most 65536 pixels, got " +
+                           std::to_string(s.image));
+  }
+  return s;
+}
+
+FieldOf VitFields() {
+  return [](const char* name) {
+    const std::string n = name;
+    if (n == "heads") return Field("num_attention_heads");
+    if (n == "d_model") return Field("hidden_size");
+    if (n == "patch") return Field("patch_size");
+    return Field(n);
+  };
+}
+
 FieldOf BertFields() {
   return [](const char* name) {
     const std::string n = name;

@@ -1,6 +1,7 @@
-// The fields of BERT and RoBERTa configs (engine/models/hf_config.cc dispatches to them;
-// docs/hf-config.md): model_type bert (BertForMaskedLM) and roberta (RobertaForMaskedLM), with
-// the defaults of transformers' BertConfig and RobertaConfig.
+// The fields of BERT, RoBERTa and ViT configs (engine/models/hf_config.cc dispatches to them;
+// docs/hf-config.md): model_type bert (BertForMaskedLM), roberta (RobertaForMaskedLM) and vit
+// (ViTForImageClassification), with the defaults of transformers' BertConfig, RobertaConfig and
+// ViTConfig.
 #ifndef MEMEST_ENGINE_MODELS_HF_ENCODERS_H_
 #define MEMEST_ENGINE_MODELS_HF_ENCODERS_H_
 
@@ -19,6 +20,13 @@ StatusOr<BertSpec> ReadBert(const Fields& f, bool roberta, int64_t seq);
 
 // What BertSpec's fields are called in these configs, for the builder's errors.
 FieldOf BertFields();
+
+// A vit config (ViTForImageClassification), with ViTConfig's defaults; num_labels is the
+// config's, else the length of its id2label, else 2. Refuses encoder_stride-only heads and
+// interpolate_pos_encoding (not config fields: the image size is the config's). Errors name
+// the field.
+StatusOr<VitSpec> ReadVit(const Fields& f);
+FieldOf VitFields();
 
 }  // namespace memest::hf
 

@@ -239,6 +239,10 @@ struct AttentionOptions {
   // Hugging Face's attention functions keep their input and q, k, v (after rotary) referenced
   // until they return: held (Graph::held) until the output projection has run.
   bool hold_locals = false;
+  // With hold_locals, eager attention's scores and probabilities too: BERT's and ViT's
+  // self-attention (transformers 4.47's BertSelfAttention, ViTSelfAttention) keep
+  // attention_scores and attention_probs as locals until they return.
+  bool hold_scores = false;
   // Inference: allocate "<scope>.k_cache" / "<scope>.v_cache" [N, kv_heads, kv_cache_len,
   // head_dim] with GraphBuilder::KvCache (0: no cache).
   int64_t kv_cache_len = 0;

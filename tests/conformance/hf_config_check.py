@@ -49,16 +49,24 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 
 # model_types memest's --hf-config builds that transformers 4.47.1 has (qwen3 came in 4.51,
 # gemma3_text in 4.50).
-SUPPORTED = ("bert", "roberta", "llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt_neox", "gpt2",
+SUPPORTED = ("bert", "roberta", "vit", "llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt_neox", "gpt2",
              "mixtral", "qwen2_moe", "falcon", "falcon_40b", "opt", "opt_350m")
 STEPS = {"training": [("first", True), ("steady", False)], "inference": [("inference", False)]}
 
 
+# The zoo's hf_vit (zoo_models._hugging_face): an image classifier, whose sequence is its patches
+# and the class token, (32 / 8)^2 + 1 = 17.
+VIT = ("vit", "ViTConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=128, image_size=32, patch_size=8, num_labels=10))
+SEQ = {"vit": 17}
+
+
 def hf_configs():
-    """(zoo name, Config class name, kwargs) of zoo_models.HF that --hf-config builds."""
+    """(zoo name, Config class name, kwargs) of zoo_models.HF that --hf-config builds, and
+    the zoo's ViT."""
     import zoo_models
     return [(name, cfg_cls, dict(zoo_models.HF_SMALL, **kw))
-            for name, _cls, cfg_cls, kw, _ci in zoo_models.HF if name in SUPPORTED]
+            for name, _cls, cfg_cls, kw, _ci in zoo_models.HF if name in SUPPORTED] + [VIT]
 
 
 def write_config(cfg_cls, kw, path):
@@ -141,8 +149,8 @@ def run_one(name, memest_bin, isa, dump, lora=None):
                                   loss=entry.loss if cfg.training else None, training=cfg.training)
         hf, tr = [], []
         for step, first in STEPS[mode]:
-            h, cmd = hf_estimate(memest_bin, config_path, zoo_models.HF_SEQ, entry.batch, cfg, first,
-                                 extra)
+            h, cmd = hf_estimate(memest_bin, config_path, SEQ.get(name, zoo_models.HF_SEQ),
+                                 entry.batch, cfg, first, extra)
             t = suite.estimate(memest_bin, dict(traced), entry.batch, cfg, first)
             hf.append(h)
             tr.append(t)

@@ -52,7 +52,9 @@ struct CountCase {
 class HfParameterCountTest : public testing::TestWithParam<CountCase> {};
 
 TEST_P(HfParameterCountTest, IsWhatTransformersBuilds) {
-  StatusOr<Graph> g = Build(ReadConfig(GetParam().file));
+  const nlohmann::json config = ReadConfig(GetParam().file);
+  // An image model's sequence is its image's (0: the config's).
+  StatusOr<Graph> g = Build(config, config.value("model_type", "") == "vit" ? 0 : 16);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(g->ParameterCount(), GetParam().parameters);
   EXPECT_EQ(g->TrainableParameterCount(), GetParam().parameters);
@@ -87,6 +89,8 @@ INSTANTIATE_TEST_SUITE_P(
                     CountCase{"bert-base-uncased", 109'514'298},
                     CountCase{"bert-large-uncased", 335'174'458},
                     CountCase{"roberta-base", 124'697'433},
+                    // its id2label's 1000 labels written as num_labels
+                    CountCase{"vit-base-patch16-224", 86'567'656},
                     CountCase{"opt-1.3b", 1'315'758'080},
                     CountCase{"opt-6.7b", 6'658'473'984}),
     [](const testing::TestParamInfo<CountCase>& info) {
@@ -115,6 +119,30 @@ TEST(HfConfigTest, BertIsTheBertBasePresetAndRobertaNumbersItsPositions) {
   ASSERT_FALSE(too_long.ok());
   EXPECT_NE(too_long.status().message().find("model.hf_config.seq: must be at most 512"),
             std::string::npos) << too_long.status().message();
+}
+
+TEST(HfConfigTest, VitTakesItsTokensFromTheImage) {
+  nlohmann::json vit = {{"model_type", "vit"},       {"hidden_size", 64},  {"num_hidden_layers", 2},
+                        {"num_attention_heads", 4}, {"intermediate_size", 128},
+                        {"image_size", 32},         {"patch_size", 8},
+                        {"id2label", {{"0", "a"}, {"1", "b"}, {"2", "c"}}}};
+  StatusOr<Graph> g = Build(vit, 0);  // no seq: (32 / 8)^2 + 1 = 17 tokens
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  bool classifier = false;
+  for (const Tensor& t : g->tensors) {
+    if (t.name == "classifier.weight") classifier = t.shape == Shape{3, 64};  // id2label's 3
+  }
+  EXPECT_TRUE(classifier);
+  EXPECT_TRUE(Build(vit, 17).ok());
+  StatusOr<Graph> wrong = Build(vit, 16);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("model.hf_config.seq: a vit config's sequence"),
+            std::string::npos) << wrong.status().message();
+  vit["patch_size"] = 5;
+  StatusOr<Graph> patch = Build(vit, 0);
+  ASSERT_FALSE(patch.ok());
+  EXPECT_NE(patch.status().message().find("model.hf_config.config.patch_size"), std::string::npos)
+      << patch.status().message();
 }
 
 TEST(HfConfigTest, Qwen2BiasesQkvButNotTheOutput) {
@@ -380,7 +408,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"UnknownType", {{"model_type", "llama9"}},
                 "model.hf_config.config.model_type: 'llama9' is not supported; supported: bert, "
                 "falcon, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mixtral, opt, "
-                "phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, roberta"},
+                "phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, roberta, vit"},
         BadCase{"NoType", {{"model_type", nullptr}}, "model.hf_config.config.model_type: missing"},
         BadCase{"MissingSize", {{"hidden_size", nullptr}},
                 "model.hf_config.config.hidden_size: missing; a llama config must give it"},

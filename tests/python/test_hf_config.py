@@ -90,6 +90,10 @@ SMALL = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_
                                                  num_hidden_layers=2, num_attention_heads=4,
                                                  intermediate_size=96,
                                                  max_position_embeddings=80, pad_token_id=1)),
+    ("ViTForImageClassification", "ViTConfig", dict(hidden_size=64, num_hidden_layers=2,
+                                                    num_attention_heads=4, intermediate_size=96,
+                                                    image_size=32, patch_size=8, num_labels=7,
+                                                    qkv_bias=False)),
     ("OPTForCausalLM", "OPTConfig", dict(vocab_size=512, hidden_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, ffn_dim=128,
                                          word_embed_proj_dim=32, do_layer_norm_before=False,
@@ -103,7 +107,9 @@ def test_a_transformers_config_has_the_models_parameters(client, cls, config, kw
     cfg = getattr(transformers, config)(**kwargs)
     model = getattr(transformers, cls)(cfg)
     real = sum(p.numel() for p in model.parameters())
-    result = client.estimate(hf_config=cfg, seq=16, advice=False)
+    # an image model's sequence is its image's: left unset
+    seq = None if config == "ViTConfig" else 16
+    result = client.estimate(hf_config=cfg, seq=seq, advice=False)
     assert result.parameter_count == real
 
 

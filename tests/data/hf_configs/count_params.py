@@ -30,7 +30,8 @@ import tempfile
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification,
+                          AutoModelForMaskedLM)
 
 
 @contextlib.contextmanager
@@ -89,7 +90,8 @@ def count(path):
         config = load_config(path)
         with meta_context():
             # the encoders are built as their masked LMs (BertForMaskedLM, RobertaForMaskedLM)
-            auto = AutoModelForMaskedLM if model_type in ("bert", "roberta") else AutoModelForCausalLM
+            auto = (AutoModelForMaskedLM if model_type in ("bert", "roberta") else
+                    AutoModelForImageClassification if model_type == "vit" else AutoModelForCausalLM)
             model = auto.from_config(config)
     except Exception as e:  # report, keep going with the other files
         row.update(parameters=None, tied=None,
