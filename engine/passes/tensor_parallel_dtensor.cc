@@ -108,11 +108,8 @@ Status Sharder::DTensorLinear(int i, GraphBuilder& b, std::vector<int>& map, boo
   const bool column = w.dim == (conv1d ? 1 : 0);
   std::vector<int> inputs;
   for (int t : op.inputs) inputs.push_back(map[t]);
+  MEMEST_RETURN_IF_ERROR(CheckLinear(i, conv1d));
   if (column) {
-    if (!x.none() && !x.sequence) {
-      return Refuse(i, "a column-parallel linear reads features that are already split");
-    }
-    if (bias >= 0 && In(i, bias) != Split{0, false}) return Refuse(i, "its bias is not split with its weight");
     MEMEST_ASSIGN_OR_RETURN(inputs[xi], ColumnInput(i, op.inputs[xi], b, map));
     Split y{r - 1, false};
     y.parts = w.parts;
@@ -131,12 +128,6 @@ Status Sharder::DTensorLinear(int i, GraphBuilder& b, std::vector<int>& map, boo
     }
     return b.status();
   }
-  if (x != Split{r - 1, false}) {
-    return Refuse(i, "a row-parallel linear reads input features that no column-parallel linear "
-                     "split (its weight is rowwise in the plan; the linear before it should be "
-                     "colwise)");
-  }
-  if (bias >= 0 && !In(i, bias).none()) return Refuse(i, "a row-parallel linear's bias is split");
   int out = b.Add1(op.kind, std::move(inputs), op.attrs);  // Partial
   ++view_->collectives;
   Split s;

@@ -68,6 +68,7 @@ class Sharder {
   Status Propagate(int i, std::vector<Split>* out, Attrs* attrs);
   // The shares split `s` cuts its dim into.
   int64_t Parts(const Split& s) const { return s.parts > 0 ? s.parts : t_; }
+  Status CheckLinear(int i, bool conv1d) const;
   Status Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d);
   Status VocabEmbedding(int i, GraphBuilder& b, std::vector<int>& map);
   // DTensor's ColwiseParallel / RowwiseParallel on a linear, RowwiseParallel on an embedding.

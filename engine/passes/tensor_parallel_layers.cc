@@ -27,6 +27,30 @@ void Sharder::NoteSequenceParallelParams(int i, const std::vector<int>& map) {
   }
 }
 
+// What either layers refuse of a linear's splits: a column-parallel linear reading features
+// already split, or whose bias is not split with its weight; a row-parallel one reading input
+// features no column-parallel linear split, or whose bias is split.
+Status Sharder::CheckLinear(int i, bool conv1d) const {
+  const Op& op = g_.ops[i];
+  const int xi = conv1d ? 1 : 0, wi = conv1d ? 2 : 1;
+  const int bias = conv1d ? 0 : (op.inputs.size() > 2 ? 2 : -1);
+  const Split x = In(i, xi);
+  if (In(i, wi).dim == (conv1d ? 1 : 0)) {
+    if (!x.none() && !x.sequence) {
+      return Refuse(i, "a column-parallel linear reads features that are already split");
+    }
+    if (bias >= 0 && In(i, bias) != Split{0, false}) return Refuse(i, "its bias is not split with its weight");
+    return Status::Ok();
+  }
+  if (x != Split{Rank(op.inputs[xi]) - 1, false}) {
+    return Refuse(i, "a row-parallel linear reads input features that no column-parallel linear "
+                     "split (its weight is rowwise in the plan; the linear before it should be "
+                     "colwise)");
+  }
+  if (bias >= 0 && !In(i, bias).none()) return Refuse(i, "a row-parallel linear's bias is split");
+  return Status::Ok();
+}
+
 // A linear whose weight the plan split: column-parallel (output features) or row-parallel
 // (input features), as Megatron runs it. conv1d: HF's Conv1D, addmm(bias, x2d, weight[in, out]).
 Status Sharder::Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d) {
@@ -39,14 +63,9 @@ Status Sharder::Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1
   Attrs attrs{{"tp", t_}};
   if (conv1d) attrs["weight_layout"] = std::string("in_out");
   std::vector<int> inputs{map[op.inputs[xi]], map[op.inputs[wi]]};
+  MEMEST_RETURN_IF_ERROR(CheckLinear(i, conv1d));
   if (column) {
-    if (!x.none() && !x.sequence) {
-      return Refuse(i, "a column-parallel linear reads features that are already split");
-    }
-    if (bias >= 0) {
-      if (In(i, bias) != Split{0, false}) return Refuse(i, "its bias is not split with its weight");
-      inputs.push_back(map[op.inputs[bias]]);
-    }
+    if (bias >= 0) inputs.push_back(map[op.inputs[bias]]);
     if (x.sequence) {
       attrs["gather_dim"] = int64_t{x.dim};
       attrs["input_grad"] = std::string("reduce_scatter");
@@ -69,12 +88,6 @@ Status Sharder::Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1
     }
     return b.status();
   }
-  if (x != Split{r - 1, false}) {
-    return Refuse(i, "a row-parallel linear reads input features that no column-parallel linear "
-                     "split (its weight is rowwise in the plan; the linear before it should be "
-                     "colwise)");
-  }
-  if (bias >= 0 && !In(i, bias).none()) return Refuse(i, "a row-parallel linear's bias is split");
   if (bias >= 0 && sp_ && g_.tensors[op.inputs[bias]].requires_grad) {  // meets the scattered output
     std::vector<int>& params = view_->sequence_parallel_params;
     const int p = map[op.inputs[bias]];

@@ -24,24 +24,16 @@ namespace memest {
 namespace rules {
 namespace {
 
-StatusOr<int64_t> GroupOf(const OpCall& c) {
-  MEMEST_ASSIGN_OR_RETURN(int64_t tp, IntAttr(c.op.attrs, "tp", 0, c.field));
-  if (tp < 1) {
-    return InvalidArgument(AttrField(c, "tp") + ": the tensor-parallel group size, at least 1, got " +
-                           std::to_string(tp));
-  }
-  return tp;
-}
 
 StatusOr<std::vector<OutputSpec>> InferFromLocal(const OpCall& c) {
-  MEMEST_RETURN_IF_ERROR(GroupOf(c).status());
+  MEMEST_RETURN_IF_ERROR(TensorGroupSize(c).status());
   return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides)};
 }
 
 void FromLocalMemory(const OpCall& c, OpMemory* m) { m->grad_flow = {GradFlow::kFresh}; }
 
 StatusOr<std::vector<OutputSpec>> InferDTensorEmbedding(const OpCall& c) {
-  MEMEST_ASSIGN_OR_RETURN(int64_t tp, GroupOf(c));
+  MEMEST_ASSIGN_OR_RETURN(int64_t tp, TensorGroupSize(c));
   MEMEST_ASSIGN_OR_RETURN(std::vector<OutputSpec> out, InferEmbedding(c));
   // The weight's gradient is the whole table, tp times the rank's rows: a tensor it must be.
   StatusOr<int64_t> whole = CheckedMul(BytesOf(c.in(0)), tp);
@@ -63,10 +55,6 @@ StatusOr<std::vector<OutputSpec>> InferDTensorEmbedding(const OpCall& c) {
   return out;
 }
 
-bool Flag(const OpCall& c, const char* name) {
-  StatusOr<int64_t> v = IntAttr(c.op.attrs, name, 0, c.field);
-  return v.ok() && *v != 0;
-}
 
 // Forward (_MaskPartial._partition_value, then the reduction): the out-of-range mask (bool,
 // kept by the placement until the reduction), ids.clone() - offset (the masked ids),
@@ -79,14 +67,14 @@ bool Flag(const OpCall& c, const char* name) {
 // result first, then cat, when a dim before the sequence holds more than one), then
 // embedding_dense_backward of the whole [V, d] table: the weight's gradient.
 void DTensorEmbeddingMemory(const OpCall& c, OpMemory* m) {
-  StatusOr<int64_t> tp = GroupOf(c);
+  StatusOr<int64_t> tp = TensorGroupSize(c);
   const int64_t n = Numel(c.in(1).shape);
   Shape whole = c.in(1).shape;
   whole.push_back(c.in(0).shape[1]);
   const int64_t lookup = Bytes(whole, c.in(0).dtype);
   const bool scattered = Numel(c.out(0).shape) != Numel(whole);
   m->forward_temps = {{n, "out-of-range mask"}, {8 * n, "masked ids"}, {lookup, "Partial lookup"}};
-  if (scattered && Flag(c, "scatter_copy")) m->forward_temps.push_back({lookup, "reduce-scatter chunk copy"});
+  if (scattered && FlagAttr(c, "scatter_copy")) m->forward_temps.push_back({lookup, "reduce-scatter chunk copy"});
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
   if (!c.needs_grad(0)) return;
   m->saved_inputs = {1};  // the ids (the local embedding op on the masked ids keeps the input's)
@@ -96,14 +84,14 @@ void DTensorEmbeddingMemory(const OpCall& c, OpMemory* m) {
     // The all-gather is a node of its own: its dim-0 result is gone before the table's
     // gradient is made, and the incoming shard with it.
     m->backward_scratch_consumes_grad = true;
-    if (Flag(c, "gather_copy")) m->backward_first_temps.push_back({lookup, "all-gather before its cat"});
+    if (FlagAttr(c, "gather_copy")) m->backward_first_temps.push_back({lookup, "all-gather before its cat"});
     m->backward_temps.push_back({lookup, "the gradient all-gathered"});
   }
   EmbeddingBackwardScratch(c, m);
 }
 
 StatusOr<std::vector<OutputSpec>> InferLossParallel(const OpCall& c) {
-  MEMEST_RETURN_IF_ERROR(GroupOf(c).status());
+  MEMEST_RETURN_IF_ERROR(TensorGroupSize(c).status());
   MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
   MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 2, 2));
   const Shape& logits = c.in(0).shape;

@@ -36,6 +36,11 @@ StatusOr<std::vector<OutputSpec>> InferReduce(const OpCall& c);
 
 // embedding(weight, indices)'s outputs, and its backward's scratch on CUDA (shape.cc).
 StatusOr<std::vector<OutputSpec>> InferEmbedding(const OpCall& c);
+// The tensor-parallel group size attribute `tp` (at least 1) of the parallel ops
+// (engine/rules/parallel.cc, dtensor.cc).
+StatusOr<int64_t> TensorGroupSize(const OpCall& c);
+// An integer attribute read as a flag: set and not 0.
+bool FlagAttr(const OpCall& c, const char* name);
 void EmbeddingBackwardScratch(const OpCall& c, OpMemory* m);
 
 inline std::string InputField(const OpCall& c, size_t i) {

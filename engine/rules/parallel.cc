@@ -39,9 +39,8 @@
 
 namespace memest {
 namespace rules {
-namespace {
 
-StatusOr<int64_t> GroupSize(const OpCall& c) {
+StatusOr<int64_t> TensorGroupSize(const OpCall& c) {
   MEMEST_ASSIGN_OR_RETURN(int64_t tp, IntAttr(c.op.attrs, "tp", 0, c.field));
   if (tp < 1) {
     return InvalidArgument(AttrField(c, "tp") + ": the tensor-parallel group size, at least 1, got " +
@@ -49,6 +48,13 @@ StatusOr<int64_t> GroupSize(const OpCall& c) {
   }
   return tp;
 }
+
+bool FlagAttr(const OpCall& c, const char* name) {
+  StatusOr<int64_t> v = IntAttr(c.op.attrs, name, 0, c.field);
+  return v.ok() && *v != 0;
+}
+
+namespace {
 
 // The dim attribute of a scatter / reduce-scatter, normalised, dividing evenly by tp.
 StatusOr<int> ShardDim(const OpCall& c, int64_t tp) {
@@ -64,7 +70,7 @@ StatusOr<int> ShardDim(const OpCall& c, int64_t tp) {
 }
 
 StatusOr<std::vector<OutputSpec>> InferMegatronLinear(const OpCall& c) {
-  MEMEST_ASSIGN_OR_RETURN(int64_t tp, GroupSize(c));
+  MEMEST_ASSIGN_OR_RETURN(int64_t tp, TensorGroupSize(c));
   MEMEST_RETURN_IF_ERROR(RequireRank(c, 0, 2, static_cast<int>(kMaxRank)));
   MEMEST_RETURN_IF_ERROR(RequireRank(c, 1, 2, 2));
   MEMEST_ASSIGN_OR_RETURN(std::string layout, StringAttr(c.op.attrs, "weight_layout", "out_in", c.field));
@@ -122,24 +128,17 @@ void MegatronLinearMemory(const OpCall& c, OpMemory* m) {
   }
 }
 
-// DTensor's functional collectives (torch/csrc/distributed/c10d/Functional.cpp and
-// _functional_collectives.py): the attribute says which copies a layout costs.
-bool FuncolFlag(const OpCall& c, const char* name) {
-  StatusOr<int64_t> v = IntAttr(c.op.attrs, name, 0, c.field);
-  return v.ok() && *v != 0;
-}
-
 StatusOr<std::vector<OutputSpec>> InferAllReduce(const OpCall& c) {
-  MEMEST_RETURN_IF_ERROR(GroupSize(c).status());
+  MEMEST_RETURN_IF_ERROR(TensorGroupSize(c).status());
   MEMEST_RETURN_IF_ERROR(IntAttr(c.op.attrs, "out_of_place", 0, c.field).status());
-  if (FuncolFlag(c, "out_of_place")) return std::vector<OutputSpec>{{c.in(0).shape, c.in(0).dtype}};
+  if (FlagAttr(c, "out_of_place")) return std::vector<OutputSpec>{{c.in(0).shape, c.in(0).dtype}};
   return std::vector<OutputSpec>{ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides)};
 }
 
 void PassGradient(const OpCall& c, OpMemory* m) { m->grad_flow = {GradFlow::kPassThrough}; }
 
 StatusOr<std::vector<OutputSpec>> InferShard(const OpCall& c) {
-  MEMEST_ASSIGN_OR_RETURN(int64_t tp, GroupSize(c));
+  MEMEST_ASSIGN_OR_RETURN(int64_t tp, TensorGroupSize(c));
   MEMEST_ASSIGN_OR_RETURN(int d, ShardDim(c, tp));
   Shape y = c.in(0).shape;
   y[d] /= tp;
@@ -147,7 +146,7 @@ StatusOr<std::vector<OutputSpec>> InferShard(const OpCall& c) {
 }
 
 StatusOr<std::vector<OutputSpec>> InferGather(const OpCall& c) {
-  MEMEST_ASSIGN_OR_RETURN(int64_t tp, GroupSize(c));
+  MEMEST_ASSIGN_OR_RETURN(int64_t tp, TensorGroupSize(c));
   MEMEST_ASSIGN_OR_RETURN(int d, ShardDim(c, 1));
   Shape y = c.in(0).shape;
   StatusOr<int64_t> whole = CheckedMul(y[d], tp);
@@ -161,8 +160,8 @@ StatusOr<std::vector<OutputSpec>> InferGather(const OpCall& c) {
 // dim-0 result freed after); its backward reduce-scatters the gradient, first copied into chunk
 // order when the sequence is not dim 0 (scatter_copy).
 void GatherMemory(const OpCall& c, OpMemory* m) {
-  if (FuncolFlag(c, "gather_copy")) m->forward_temps.push_back(Alloc{BytesOf(c.out(0)), "all-gather before its cat"});
-  if (FuncolFlag(c, "scatter_copy")) m->backward_temps.push_back(Alloc{BytesOf(c.out(0)), "gradient in chunk order"});
+  if (FlagAttr(c, "gather_copy")) m->forward_temps.push_back(Alloc{BytesOf(c.out(0)), "all-gather before its cat"});
+  if (FlagAttr(c, "scatter_copy")) m->backward_temps.push_back(Alloc{BytesOf(c.out(0)), "gradient in chunk order"});
 }
 
 // The reduce-scatter reads `input_.contiguous()`: a copy of a strided input while it runs;
@@ -170,10 +169,10 @@ void GatherMemory(const OpCall& c, OpMemory* m) {
 // (scatter_copy). The backward all-gathers the gradient, through a dim-0 result that the cat
 // replaces (gather_copy).
 void ReduceScatterMemory(const OpCall& c, OpMemory* m) {
-  if (!IsContiguous(c.in(0).shape, c.in(0).strides) || FuncolFlag(c, "scatter_copy")) {
+  if (!IsContiguous(c.in(0).shape, c.in(0).strides) || FlagAttr(c, "scatter_copy")) {
     m->forward_temps.push_back(Alloc{BytesOf(c.in(0)), "reduce-scatter input made contiguous"});
   }
-  if (FuncolFlag(c, "gather_copy")) m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "all-gather before its cat"});
+  if (FlagAttr(c, "gather_copy")) m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "all-gather before its cat"});
 }
 
 // Megatron splits along the first dim, whose chunks are contiguous views; a chunk along a later
@@ -187,7 +186,7 @@ void ScatterMemory(const OpCall& c, OpMemory* m) {
 }
 
 StatusOr<std::vector<OutputSpec>> InferVocabEmbedding(const OpCall& c) {
-  MEMEST_RETURN_IF_ERROR(GroupSize(c).status());
+  MEMEST_RETURN_IF_ERROR(TensorGroupSize(c).status());
   return InferEmbedding(c);
 }
 
@@ -219,7 +218,7 @@ void VocabEmbeddingMemory(const OpCall& c, OpMemory* m) {
 }
 
 StatusOr<std::vector<OutputSpec>> InferVocabCrossEntropy(const OpCall& c) {
-  MEMEST_RETURN_IF_ERROR(GroupSize(c).status());
+  MEMEST_RETURN_IF_ERROR(TensorGroupSize(c).status());
   MEMEST_RETURN_IF_ERROR(RequireFloating(c, 0));
   const Shape& logits = c.in(0).shape;
   Shape rows(logits.begin(), logits.end() - (logits.empty() ? 0 : 1));

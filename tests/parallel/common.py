@@ -167,6 +167,55 @@ def saved_by_forward(store, plan, fn, batch):
     return saved
 
 
+def measure_steps(store, plan, fn, batch, optimizer, sync=None, teardown=None, steps=2):
+    """`steps` training steps of `fn` (recorded as `plan`) under one allocator trace, the
+    for-loop `optimizer`: zero_grad(set_to_none) -> DATA -> FORWARD -> BACKWARD -> (GRAD_SYNC:
+    `sync()`, when given) -> OPTIMIZER_STEP. Returns the step results (step_results with each
+    step's end-of-step model states and what else stays live) and the trace's explained live
+    sets. `teardown()`, when given, runs inside the trace after the optimizer is gone (the
+    caller lets go of its own buffers there: TP's global buffer)."""
+    trace = Trace()
+    for n, prm in store.params.items():
+        trace.register(prm, f"parameter {n}")
+    eos = []
+    with trace:
+        opt = measure.make_optimizer(measure.Config(optimizer=optimizer, impl="for-loop"),
+                                     store.trainable())
+        trace.mark("0.END")
+        for s in range(1, steps + 1):
+            opt.zero_grad(set_to_none=True)
+            phases = StepPhases(trace, s)
+            phases.set_phase("DATA")
+            rec = Recorder(store, plan=plan, tracker=phases, training=True)
+            rec.make_inputs()
+            phases.set_phase("FORWARD")
+            loss = rec.take(fn(rec, batch))
+            phases.set_phase("BACKWARD")
+            loss.backward()
+            del loss
+            rec.release_all()
+            del rec
+            if sync is not None:
+                phases.set_phase("GRAD_SYNC")
+                sync()
+            phases.set_phase("OPTIMIZER_STEP")
+            opt.step()
+            trace.mark(f"{s}.END")
+            eos.append(model_state(store.params.values(), optimizer_state_tensors(opt)))
+        trace.mark("TEARDOWN")
+        opt.zero_grad(set_to_none=True)
+        del opt
+        if teardown is not None:
+            teardown()
+    peaks, at_mark, _ = trace.analyse(alive=store.params.values())
+    results = step_results(peaks, at_mark, steps)
+    for r, e in zip(results, eos):
+        r["end_of_step"] = e
+        r["other_at_end"] = r["live_at_end"] - sum(e.values())
+    return results, {"unseen_frees": trace.unseen_frees,
+                     **explained(trace, [f"{s}.{ph}" for s in (1, 2) for ph in PHASES])}
+
+
 def param_storages(tensors):
     return {t.storage().data_ptr() for t in tensors}
 

@@ -27,9 +27,7 @@ import torch
 import torch.distributed as dist
 
 import common
-from common import (ParamStore, Recorder, StepPhases, Trace, model_state,
-                    optimizer_state_tensors, step_results)
-import measure
+from common import ParamStore
 
 EXPERTS, TOP_K, SEQ, DIM, FFN = 4, 2, 8, 16, 24
 # Each position's two experts. worst: every token to the last two; balanced: every expert 4 of
@@ -174,44 +172,9 @@ def run(rank, world, p):
     store = ParamStore(seed=0)
     plan = common.record(store, fn, batch)
     saved = common.saved_by_forward(store, plan, fn, batch)
-    trace = Trace()
-    for n, prm in store.params.items():
-        trace.register(prm, f"parameter {n}")
-    steps, eos = 2, []
-    with trace:
-        opt = measure.make_optimizer(measure.Config(optimizer=p["optimizer"], impl="for-loop"),
-                                     store.trainable())
-        trace.mark("0.END")
-        for s in range(1, steps + 1):
-            opt.zero_grad(set_to_none=True)
-            phases = StepPhases(trace, s)
-            phases.set_phase("DATA")
-            rec = Recorder(store, plan=plan, tracker=phases, training=True)
-            rec.make_inputs()
-            phases.set_phase("FORWARD")
-            loss = rec.take(fn(rec, batch))
-            phases.set_phase("BACKWARD")
-            loss.backward()
-            del loss
-            rec.release_all()
-            del rec
-            phases.set_phase("GRAD_SYNC")
-            grad_sync(store)
-            phases.set_phase("OPTIMIZER_STEP")
-            opt.step()
-            trace.mark(f"{s}.END")
-            eos.append(model_state(store.params.values(), optimizer_state_tensors(opt)))
-        trace.mark("TEARDOWN")
-        opt.zero_grad(set_to_none=True)
-        del opt
-    peaks, at_mark, _ = trace.analyse(alive=store.params.values())
-    results = step_results(peaks, at_mark, steps)
-    for r, e in zip(results, eos):
-        r["end_of_step"] = e
-        r["other_at_end"] = r["live_at_end"] - sum(e.values())
+    results, explained = common.measure_steps(store, plan, fn, batch, p["optimizer"],
+                                              sync=lambda: grad_sync(store))
     counts = [batch * sum(e in q for q in ROUTING[p["routing"]]) for e in range(EXPERTS)]
     dist.barrier(group=common.GROUP)
     return {"saved_for_backward": saved, "steps": results,
-            "received_rows": ep.size * sum(counts[e] for e in ep.mine),
-            "unseen_frees": trace.unseen_frees,
-            **common.explained(trace, [f"{s}.{ph}" for s in (1, 2) for ph in common.PHASES])}
+            "received_rows": ep.size * sum(counts[e] for e in ep.mine), **explained}

@@ -32,9 +32,7 @@ import torch
 import torch.distributed as dist
 
 import common
-from common import (ParamStore, Recorder, StepPhases, Trace, model_state,
-                    optimizer_state_tensors, step_results)
-import measure
+from common import ParamStore
 from tp_vocab import VocabParallelCrossEntropy, vocab_parallel_embedding
 
 
@@ -298,45 +296,13 @@ def run(rank, world, p):
     saved = common.saved_by_forward(store, plan, fn, batch)
 
     tp.buffer = GlobalMemoryBuffer()  # Megatron's: made at the first forward that asks
-    trace = Trace()
-    for n, prm in store.params.items():
-        trace.register(prm, f"parameter {n}")
-    steps, eos = 2, []
-    with trace:
-        opt = measure.make_optimizer(measure.Config(optimizer=p["optimizer"], impl="for-loop"),
-                                     store.trainable())
-        trace.mark("0.END")
-        for s in range(1, steps + 1):
-            opt.zero_grad(set_to_none=True)
-            phases = StepPhases(trace, s)
-            phases.set_phase("DATA")
-            rec = Recorder(store, plan=plan, tracker=phases, training=True)
-            rec.make_inputs()
-            phases.set_phase("FORWARD")
-            loss = rec.take(fn(rec, batch))
-            phases.set_phase("BACKWARD")
-            loss.backward()
-            del loss
-            rec.release_all()
-            del rec
-            if tp.sp:
-                phases.set_phase("GRAD_SYNC")
-                grad_sync(store)
-            phases.set_phase("OPTIMIZER_STEP")
-            opt.step()
-            trace.mark(f"{s}.END")
-            eos.append(model_state(store.params.values(), optimizer_state_tensors(opt)))
-        trace.mark("TEARDOWN")
-        opt.zero_grad(set_to_none=True)
-        del opt
-        buffers = {f"{k[0]}": v.numel() * v.element_size() for k, v in tp.buffer.buffer.items()}
+    buffers = {}
+
+    def teardown():
+        buffers.update({f"{k[0]}": v.numel() * v.element_size() for k, v in tp.buffer.buffer.items()})
         tp.buffer = None
-    peaks, at_mark, _ = trace.analyse(alive=store.params.values())
-    results = step_results(peaks, at_mark, steps)
-    for r, e in zip(results, eos):
-        r["end_of_step"] = e
-        r["other_at_end"] = r["live_at_end"] - sum(e.values())
+    results, explained = common.measure_steps(
+        store, plan, fn, batch, p["optimizer"], sync=(lambda: grad_sync(store)) if tp.sp else None,
+        teardown=teardown)
     dist.barrier(group=common.GROUP)
-    return {"saved_for_backward": saved, "steps": results, "global_buffers": buffers,
-            "unseen_frees": trace.unseen_frees,
-            **common.explained(trace, [f"{s}.{ph}" for s in (1, 2) for ph in common.PHASES])}
+    return {"saved_for_backward": saved, "steps": results, "global_buffers": buffers, **explained}
