@@ -33,6 +33,11 @@ Status BuildBertModel(GraphBuilder& b, const BuildContext& ctx, const BertSpec& 
     return InvalidArgument(field("padding_idx") + ": must be a token id below the vocabulary's " +
                            Str(s.vocab) + ", got " + Str(s.padding_idx));
   }
+  if (s.roberta && offset >= s.positions) {
+    return InvalidArgument(field("padding_idx") + ": RoBERTa numbers its positions from " +
+                           Str(offset) + " (pad_token_id + 1), past its " + Str(s.positions) +
+                           " position embeddings");
+  }
   if (s.seq > s.positions - offset) {
     return InvalidArgument(field("seq") + ": must be at most " + Str(s.positions - offset) + " (" +
                            Str(s.positions) + " position embeddings" +
@@ -84,6 +89,10 @@ Status BuildBertModel(GraphBuilder& b, const BuildContext& ctx, const BertSpec& 
     a.scale = AttentionScale::kDivideScores;
     a.attn_dropout = s.attn_dropout;
     a.resid_dropout = s.hidden_dropout;
+    // Eager BertSelfAttention keeps q, k, v, the scores and the probabilities as locals until
+    // it returns (its scores + the extended mask's add, an all-ones mask's, is not built).
+    a.hold_locals = true;
+    a.hold_scores = true;
     for (int64_t i = 0; i < s.layers && b.ok(); ++i) {
       ScopeGuard block(b, "encoder.layer." + Str(i));
       b.MarkBlock();

@@ -64,14 +64,29 @@ StatusOr<VitSpec> ReadVit(const Fields& f) {
   MEMEST_ASSIGN_OR_RETURN(s.hidden_dropout, f.Probability("hidden_dropout_prob", 0.0));
   MEMEST_ASSIGN_OR_RETURN(s.attn_dropout, f.Probability("attention_probs_dropout_prob", 0.0));
   MEMEST_ASSIGN_OR_RETURN(s.qkv_bias, f.Flag("qkv_bias", true));
-  // PretrainedConfig: num_labels, else len(id2label), else 2.
-  const JsonValue* labels = f.Get("id2label");
-  int64_t fallback = 2;
-  if (labels != nullptr) {
+  // PretrainedConfig: the labels are id2label's when it is given (a num_labels beside it is
+  // overridden, with a warning), else num_labels, else 2.
+  MEMEST_ASSIGN_OR_RETURN(s.classes, f.Size("num_labels", 2));
+  if (const JsonValue* labels = f.Get("id2label")) {
     if (labels->kind != Kind::kObject) return WrongKind("id2label", "an object of labels", *labels);
-    if (!labels->items.empty()) fallback = static_cast<int64_t>(labels->items.size());
+    if (labels->items.empty()) {
+      return InvalidArgument(Field("id2label") + ": no labels: ViTForImageClassification's "
+                             "classifier is then an Identity, not modelled");
+    }
+    s.classes = static_cast<int64_t>(labels->items.size());
   }
-  MEMEST_ASSIGN_OR_RETURN(s.classes, f.Size("num_labels", fallback));
+  // ViTForImageClassification's loss: cross_entropy for single-label classification (the
+  // default for integer labels with more than one label); MSE and BCE are not modelled.
+  MEMEST_ASSIGN_OR_RETURN(std::string problem, f.Text("problem_type", "single_label_classification"));
+  if (problem != "single_label_classification") {
+    return InvalidArgument(Field("problem_type") + ": " + Quote(problem) +
+                           " is not modelled (its MSELoss or BCEWithLogitsLoss); "
+                           "single_label_classification builds");
+  }
+  if (s.classes == 1) {
+    return InvalidArgument(Field("num_labels") + ": 1 label is regression (MSELoss), not "
+                           "modelled; a classifier of 2 or more labels builds");
+  }
   if (s.image > (int64_t{1} << 16)) {
     return InvalidArgument(Field("image_size") + ": must be at most 65536 pixels, got " +
                            std::to_string(s.image));

@@ -21,10 +21,10 @@ StatusOr<BertSpec> ReadBert(const Fields& f, bool roberta, int64_t seq);
 // What BertSpec's fields are called in these configs, for the builder's errors.
 FieldOf BertFields();
 
-// A vit config (ViTForImageClassification), with ViTConfig's defaults; num_labels is the
-// config's, else the length of its id2label, else 2. Refuses encoder_stride-only heads and
-// interpolate_pos_encoding (not config fields: the image size is the config's). Errors name
-// the field.
+// A vit config (ViTForImageClassification), with ViTConfig's defaults; the labels are
+// id2label's when given, else num_labels, else 2. Refuses problem_type other than
+// single_label_classification, one label (regression) and an empty id2label. Errors name the
+// field.
 StatusOr<VitSpec> ReadVit(const Fields& f);
 FieldOf VitFields();
 

@@ -6,16 +6,16 @@
 namespace memest {
 
 int64_t VitTokens(const VitSpec& s) {
-  if (s.patch <= 0 || s.image % s.patch != 0) return 0;
-  const int64_t grid = s.image / s.patch;
+  if (s.patch <= 0 || s.patch > s.image) return 0;
+  const int64_t grid = s.image / s.patch;  // ViTPatchEmbeddings: (H // p) * (W // p) patches
   return grid * grid + 1;  // at most (2^24)^2 + 1: image is a size
 }
 
 Status BuildVitModel(GraphBuilder& b, const BuildContext& ctx, const VitSpec& s,
                      const FieldOf& field) {
   const auto str = [](int64_t v) { return std::to_string(v); };
-  if (s.patch > s.image || s.image % s.patch != 0) {
-    return InvalidArgument(field("patch") + ": must divide the image size " + str(s.image) +
+  if (s.patch > s.image) {
+    return InvalidArgument(field("patch") + ": must be at most the image size " + str(s.image) +
                            " (ViTPatchEmbeddings tiles the image), got " + str(s.patch));
   }
   if (s.d_model % s.heads != 0) {
@@ -25,7 +25,12 @@ Status BuildVitModel(GraphBuilder& b, const BuildContext& ctx, const VitSpec& s,
   const LayerContext c = LayerContextOf(ctx);
   const int64_t n = ctx.micro_batch;
   const int64_t tokens = VitTokens(s);
-  int x = b.Input("pixel_values", {n, s.channels, s.image, s.image}, c.param_dtype, 0);
+  // The image processor's float32 pixels; ViTModel.forward casts them to the parameters' dtype
+  // (pixel_values.to(expected_dtype): a copy when they are 16-bit).
+  int x = b.Input("pixel_values", {n, s.channels, s.image, s.image}, DType::kFloat32, 0);
+  if (c.param_dtype != DType::kFloat32) {
+    x = b.Add1("to", {x}, {{"dtype", std::string(DTypeName(c.param_dtype))}});
+  }
   {
     ScopeGuard vit(b, "vit");
     {
@@ -54,8 +59,8 @@ Status BuildVitModel(GraphBuilder& b, const BuildContext& ctx, const VitSpec& s,
     a.out_bias = true;
     a.attn_dropout = s.attn_dropout;
     a.resid_dropout = s.hidden_dropout;  // ViTSelfOutput's dropout
-  a.hold_locals = true;                // ViTSelfAttention's locals, ViTLayer's argument
-  a.hold_scores = true;
+    a.hold_locals = true;                // ViTSelfAttention's locals, ViTLayer's argument
+    a.hold_scores = true;
     for (int64_t i = 0; i < s.layers && b.ok(); ++i) {
       ScopeGuard block(b, "encoder.layer." + str(i));
       b.MarkBlock();

@@ -138,11 +138,25 @@ TEST(HfConfigTest, VitTakesItsTokensFromTheImage) {
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find("model.hf_config.seq: a vit config's sequence"),
             std::string::npos) << wrong.status().message();
-  vit["patch_size"] = 5;
+  vit["num_labels"] = 1000;  // transformers takes id2label's count over it
+  g = Build(vit, 0);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  for (const Tensor& t : g->tensors) {
+    if (t.name == "classifier.weight") EXPECT_EQ(t.shape, (Shape{3, 64}));
+  }
+  vit["patch_size"] = 5;  // the conv floors: (32 // 5)^2 + 1 = 37 tokens
+  EXPECT_TRUE(Build(vit, 37).ok());
+  vit["patch_size"] = 64;
   StatusOr<Graph> patch = Build(vit, 0);
   ASSERT_FALSE(patch.ok());
   EXPECT_NE(patch.status().message().find("model.hf_config.config.patch_size"), std::string::npos)
       << patch.status().message();
+  vit["patch_size"] = 8;
+  vit["problem_type"] = "regression";
+  StatusOr<Graph> regression = Build(vit, 0);
+  ASSERT_FALSE(regression.ok());
+  EXPECT_NE(regression.status().message().find("model.hf_config.config.problem_type"),
+            std::string::npos) << regression.status().message();
 }
 
 TEST(HfConfigTest, Qwen2BiasesQkvButNotTheOutput) {
