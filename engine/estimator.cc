@@ -186,6 +186,12 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
   if (step.tensor) AddTensorParallelNotes(config, *step.tensor, &r);
   if (step.context) AddContextParallelNotes(config, *step.context, &r);
   if (step.expert) AddExpertParallelNotes(config, *step.expert, &r);
+  if (!step.expert && config.expert_load != ExpertLoad::kDefault && HasExpertDispatch(*step.graph)) {
+    // An op graph's recorded routing stands on one expert-parallel rank.
+    r.notes.push_back("config.expert_load applies to the tokens expert-parallel ranks receive; "
+                      "with one expert-parallel rank the graph's recorded routing (its split "
+                      "sizes) stands, and the load changes nothing");
+  }
   if (config.parallelism.sharding != DataSharding::kNone) {
     r.data_parallel = DataParallelReportOf(step.rank);
     AddDataParallelNotes(config, step.rank, &r);

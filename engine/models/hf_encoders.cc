@@ -100,6 +100,7 @@ FieldOf VitFields() {
     if (n == "heads") return Field("num_attention_heads");
     if (n == "d_model") return Field("hidden_size");
     if (n == "patch") return Field("patch_size");
+    if (n == "image") return Field("image_size");
     return Field(n);
   };
 }

@@ -24,6 +24,16 @@ Status BuildVitModel(GraphBuilder& b, const BuildContext& ctx, const VitSpec& s,
   }
   const LayerContext c = LayerContextOf(ctx);
   const int64_t n = ctx.micro_batch;
+  // The float32 pixels must be a tensor: named here rather than as the input's size.
+  StatusOr<int64_t> pixels = CheckedMul(s.image, s.image);
+  if (pixels.ok()) pixels = CheckedMul(*pixels, s.channels);
+  if (pixels.ok()) pixels = CheckedMul(*pixels, n);
+  if (pixels.ok()) pixels = CheckedMul(*pixels, 4);
+  if (!pixels.ok() || *pixels > kMaxTensorBytes) {
+    return InvalidArgument(field("image") + ": " + str(n) + " images of " + str(s.channels) +
+                           " x " + str(s.image) + " x " + str(s.image) + " float32 pixels are more "
+                           "than " + str(kMaxTensorBytes) + " bytes");
+  }
   const int64_t tokens = VitTokens(s);
   // The image processor's float32 pixels; ViTModel.forward casts them to the parameters' dtype
   // (pixel_values.to(expected_dtype): a copy when they are 16-bit).
