@@ -46,16 +46,14 @@ void StepSimulator::OptimizerStep() {
   if (first && !state_in_loop) {
     for (const Tensor* p : params) AllocOptimizerState(*p);
   }
-  // The strategy's scratch: the multi-tensor kernels' arguments all at once, beside the
-  // foreach ops' own; the for-loop's one parameter at a time, below.
+  // The strategy's scratch (OptimizerScratch): the multi-tensor kernels take every
+  // parameter's at once (beside the foreach ops' own scratch); the for-loop one parameter's at
+  // a time, below.
   std::vector<int> redistributed;
-  for (int64_t bytes : extra) {
-    if (bytes > 0 && impl != OptimizerImpl::kForLoop) {
-      redistributed.push_back(NewBuffer(bytes, Category::kTemporaries));
+  if (impl != OptimizerImpl::kForLoop) {
+    for (int64_t bytes : extra) {
+      if (bytes > 0) redistributed.push_back(NewBuffer(bytes, Category::kTemporaries));
     }
-  }
-  if (impl != OptimizerImpl::kForeach) {
-    for (int b : redistributed) FreeBuffer(b);
   }
   if (impl == OptimizerImpl::kForeach) {
     std::vector<int> scratch = std::move(redistributed);
@@ -68,13 +66,13 @@ void StepSimulator::OptimizerStep() {
     for (int b : scratch) FreeBuffer(b);
   } else if (impl == OptimizerImpl::kForLoop) {
     std::vector<int> carried;  // the previous parameter's scratch that a local still holds
-    for (size_t k = 0; k < params.size(); ++k) {
-      const Tensor* p = params[k];
+    for (size_t j = 0; j < params.size(); ++j) {
+      const Tensor* p = params[j];
       const int64_t bytes = ScratchBytes(oc, *p);
       // The strategy's redistributions come and go inside the ops before the update's own
       // scratch (DTensor's lerp_ and addcmul_ before sqrt and div), beside what a local still
       // holds of the previous parameter.
-      if (extra[k] > 0) FreeBuffer(NewBuffer(extra[k], Category::kTemporaries));
+      if (extra[j] > 0) FreeBuffer(NewBuffer(extra[j], Category::kTemporaries));
       std::vector<int> scratch;
       for (int k = 0; k < UpcastCopies(oc, *p); ++k) {  // grad.float(), p.float()
         scratch.push_back(NewBuffer(Numel(p->shape) * 4, Category::kTemporaries));
@@ -95,6 +93,8 @@ void StepSimulator::OptimizerStep() {
       }
     }
     for (int b : carried) FreeBuffer(b);
+  } else {  // fused: one kernel over every parameter, the redistributions its arguments
+    for (int b : redistributed) FreeBuffer(b);
   }
 }
 
