@@ -46,37 +46,9 @@ def reference(fn, batch, optimizer, keep_grads=False, steps=2):
     (docs/parallelism-truth.md). Per step: phase peaks, live at the end, model-state bytes."""
     store = ParamStore(seed=0)
     plan = record(store, fn, batch)
-    trace = Trace()
-    for n, prm in store.params.items():
-        trace.register(prm, f"parameter {n}")
-    eos = []
-    with trace:
-        opt = measure.make_optimizer(measure.Config(optimizer=optimizer, impl="for-loop"), store.trainable())
-        trace.mark("0.END")
-        for s in range(1, steps + 1):
-            opt.zero_grad(set_to_none=not keep_grads)
-            phases = StepPhases(trace, s)
-            phases.set_phase("DATA")
-            rec = Recorder(store, plan=plan, tracker=phases, training=True)
-            rec.make_inputs()
-            phases.set_phase("FORWARD")
-            loss = rec.take(fn(rec, batch))
-            phases.set_phase("BACKWARD")
-            loss.backward()
-            del loss
-            rec.release_all()
-            del rec
-            phases.set_phase("OPTIMIZER_STEP")
-            opt.step()
-            trace.mark(f"{s}.END")
-            eos.append(model_state(store.params.values(), optimizer_state_tensors(opt)))
-        trace.mark("TEARDOWN")
-        opt.zero_grad(set_to_none=True)
-        del opt
-    peaks, at_mark, _ = trace.analyse(alive=store.params.values())
-    out = step_results(peaks, at_mark, steps)
-    for r, e in zip(out, eos):
-        r["end_of_step"] = e
+    out, _ = measure_steps(store, plan, fn, batch, optimizer, keep_grads=keep_grads, steps=steps)
+    for r in out:
+        del r["other_at_end"]
     return out
 
 
@@ -167,9 +139,10 @@ def saved_by_forward(store, plan, fn, batch):
     return saved
 
 
-def measure_steps(store, plan, fn, batch, optimizer, sync=None, teardown=None, steps=2):
+def measure_steps(store, plan, fn, batch, optimizer, sync=None, teardown=None, steps=2,
+                  keep_grads=False):
     """`steps` training steps of `fn` (recorded as `plan`) under one allocator trace, the
-    for-loop `optimizer`: zero_grad(set_to_none) -> DATA -> FORWARD -> BACKWARD -> (GRAD_SYNC:
+    for-loop `optimizer`: zero_grad(set_to_none, unless `keep_grads`) -> DATA -> FORWARD -> BACKWARD -> (GRAD_SYNC:
     `sync()`, when given) -> OPTIMIZER_STEP. Returns the step results (step_results with each
     step's end-of-step model states and what else stays live) and the trace's explained live
     sets. `teardown()`, when given, runs inside the trace after the optimizer is gone (the
@@ -183,7 +156,7 @@ def measure_steps(store, plan, fn, batch, optimizer, sync=None, teardown=None, s
                                      store.trainable())
         trace.mark("0.END")
         for s in range(1, steps + 1):
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=not keep_grads)
             phases = StepPhases(trace, s)
             phases.set_phase("DATA")
             rec = Recorder(store, plan=plan, tracker=phases, training=True)
