@@ -299,7 +299,7 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
       scores = b.Add1("mul", {scores}, {{"scalar", Float(s)}});
     }
     if (o.softcap > 0) scores = SoftCap(b, scores, o.softcap);
-    if (o.causal && o.additive_mask >= 0) {
+    if (o.additive_mask >= 0) {  // HF's 4-D causal mask, or an encoder's extended padding mask
       scores = b.Add1("add", {scores, o.additive_mask});
     } else if (o.causal) {
       // self.bias[:, :, :T, :T] (the positions a query must not see), filled with finfo.min.

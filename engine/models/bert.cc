@@ -54,7 +54,7 @@ Status BuildBertModel(GraphBuilder& b, const BuildContext& ctx, const BertSpec& 
   // The tokenizer's attention_mask, which every fine-tuning loop passes (all ones: the model
   // attends everywhere; its 4-D form is not built, as transformers skips it when every token
   // is attended under SDPA).
-  b.Input("attention_mask", {n, s.seq}, DType::kInt64, 0);
+  const int attention_mask = b.Input("attention_mask", {n, s.seq}, DType::kInt64, 0);
   int word = -1;
   int h = -1;
   {
@@ -90,9 +90,18 @@ Status BuildBertModel(GraphBuilder& b, const BuildContext& ctx, const BertSpec& 
     a.attn_dropout = s.attn_dropout;
     a.resid_dropout = s.hidden_dropout;
     // Eager BertSelfAttention keeps q, k, v, the scores and the probabilities as locals until
-    // it returns (its scores + the extended mask's add, an all-ones mask's, is not built).
+    // it returns, and adds BertModel's extended mask to its scores: get_extended_attention_mask,
+    // (1.0 - attention_mask[:, None, None, :].to(dtype)) * finfo(dtype).min, made once and read
+    // by every layer. (SDPA takes none for an all-ones mask.)
     a.hold_locals = true;
     a.hold_scores = true;
+    if (c.attention == AttentionImpl::kEager) {
+      int m = b.Add1("unsqueeze", {attention_mask}, {{"dim", AttrInt(1)}});
+      m = b.Add1("unsqueeze", {m}, {{"dim", AttrInt(2)}});
+      m = b.Add1("to", {m}, {{"dtype", std::string(DTypeName(c.param_dtype))}});
+      m = b.Add1("add", {b.Add1("mul", {m}, {{"scalar", -1.0}})}, {{"scalar", 1.0}});  // 1.0 - m
+      a.additive_mask = b.Add1("mul", {m}, {{"scalar", -3.4028234663852886e38}});
+    }
     for (int64_t i = 0; i < s.layers && b.ok(); ++i) {
       ScopeGuard block(b, "encoder.layer." + Str(i));
       b.MarkBlock();

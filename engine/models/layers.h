@@ -197,7 +197,8 @@ struct AttentionOptions {
   bool causal = false;
   // Causal masking: a bool buffer "<scope>.bias" [1, 1, mask_positions, mask_positions] sliced
   // to [1, 1, T, T] and masked_fill (GPT-2); or, when `additive_mask` >= 0, that float tensor
-  // [.., T, T] added to the scores (HF Llama's 4-D causal mask).
+  // [.., T, T] added to the scores (HF Llama's 4-D causal mask). Eager attention adds an
+  // `additive_mask` without `causal` too (BERT's extended padding mask, [N, 1, 1, T]).
   int64_t mask_positions = 0;  // 0: T
   int additive_mask = -1;
   double attn_dropout = 0.0;
