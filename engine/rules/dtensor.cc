@@ -16,14 +16,14 @@
 //                               new tensor (-1). Its weight's gradient is the whole [V, d] table
 //                               on every rank (embedding_dense_backward has no row-sharded
 //                               strategy), kept as the parameter's .grad
-//   loss_parallel_cross_entropy(logits[N, V/tp], target[N]; tp, nll_float32=0)   F.cross_entropy under
-//                               loss_parallel(): the per-token loss, float32, of target's shape
+//   loss_parallel_cross_entropy(logits[N, V/tp], target[N]; tp, nll_float32=0)
+//                               F.cross_entropy under loss_parallel(): the per-token loss,
+//                               float32, of target's shape
 #include "engine/rules/internal.h"
 
 namespace memest {
 namespace rules {
 namespace {
-
 
 StatusOr<std::vector<OutputSpec>> InferFromLocal(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(TensorGroupSize(c).status());
@@ -54,7 +54,6 @@ StatusOr<std::vector<OutputSpec>> InferDTensorEmbedding(const OpCall& c) {
   y[d] /= tp;
   return out;
 }
-
 
 // Forward (_MaskPartial._partition_value, then the reduction): the out-of-range mask (bool,
 // kept by the placement until the reduction), ids.clone() - offset (the masked ids),
