@@ -19,6 +19,7 @@ that the tracer records as one.
 import torch
 
 from cases import SGD, case, lift, loss_of
+from megatron_fns import route_and_permute
 from measure import Config
 
 INFER = Config(mode="inference")
@@ -167,13 +168,6 @@ def _(r, b):
     return loss_of(r, r.megatron_swiglu(x, w))
 
 
-def _routing_bias(r):
-    v = torch.zeros(SEQ, EXPERTS)
-    for s, (first, second) in enumerate(PREFS):
-        v[s, first], v[s, second] = 8.0, 4.0
-    return r.buffer("router.preference", [SEQ, EXPERTS], value=v)
-
-
 def _sort_chunks(r, x, counts):
     """sort_chunks_by_idxs at one rank: split, cat in the same order (a copy)."""
     return r.cat(r.split(x, 0, counts), 0)
@@ -186,23 +180,8 @@ def megatron_moe_layer(r, x):
     n, routed = b * SEQ, b * SEQ * TOP_K
     counts = [b * sum(e in p for p in PREFS) for e in range(EXPERTS)]
     with r.frame() as local:  # the dispatcher's self.probs, self.routing_map
-        flat = r.view(x, [n, DIM])
-        # TopKRouter: logits [s, b, E] (plus the cases' fixed preference), viewed [-1, E];
-        # topk_routing_with_score_function(softmax): top-k of the logits, softmax in float32
-        logits = r.linear(x, r.param("router.weight", [EXPERTS, DIM]))
-        logits = r.view(r.add(logits, _routing_bias(r)), [n, EXPERTS])
-        scores, top = r.topk(logits, TOP_K)
-        probs = r.to(r.softmax(r.to(scores, "float32"), -1), "float32")
-        routing_probs = local(r.scatter(r.full([n, EXPERTS]), top, probs, dim=1))
-        routing_map = local(_routing_map(r, top, n))
-        # permute (the argsort path)
-        by_expert = r.view(r.contiguous(r.transpose(routing_map, 0, 1)), [-1])
-        _, order = r.sort(by_expert, 0, descending=True, stable=True)
-        flat_sorted = r.slice(order, 0, 0, routed)
-        sorted_indices = r.remainder(flat_sorted, n)
-        probs_t = r.view(r.contiguous(r.transpose(routing_probs, 0, 1)), [-1])
-        permuted_probs = r.index(probs_t, flat_sorted)
-        permuted = r.index_select(flat, sorted_indices, 0)
+        sorted_indices, permuted, permuted_probs = route_and_permute(r, x, local, PREFS, EXPERTS,
+                                                                     TOP_K)
         # token_dispatch, dispatch_postprocess
         received = r.ep_all_to_all(permuted, routed, EXPERTS, TOP_K, "dispatch")
         received_probs = r.ep_all_to_all(permuted_probs, routed, EXPERTS, TOP_K, "dispatch")

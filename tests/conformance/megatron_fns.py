@@ -5,6 +5,8 @@ d98e8a64:
 * `AllToAllOneRank`: tensor_parallel/mappings.py `_AllToAll` over an expert-parallel group of
   one rank: forward returns its input (autograd hands back a view of it, `view_as`, no
   allocation); backward runs `_AllToAll.apply` on the gradient, which again returns it.
+* `route_and_permute`: the router and the dispatcher's permute as recorder ops, shared by the
+  conformance layer (cases_megatron_moe.py) and the multi-rank one (tests/parallel/ep.py).
 * `WeightedSwiGLU` / `SwiGLU`: fusions/fused_bias_swiglu.py `WeightedSwiGLUFunction` /
   `SwiGLUFunction`: `ctx.save_for_backward(input, weights)`; the output silu(y1) * y2 (* w)
   made with one allocation, as the fused kernel does on the GPU (silu of the first half into a
@@ -81,3 +83,38 @@ class SwiGLU(torch.autograd.Function):
     def backward(ctx, grad_output):
         input = ctx.saved_tensors[0]
         return swiglu_back(grad_output, input)
+
+
+def route_and_permute(r, x, local, prefs, experts, top_k):
+    """TopKRouter and MoEAlltoAllTokenDispatcher's permute (the argsort path) on one rank's
+    tokens, as the recorder `r` runs them (engine/models/megatron_moe.cc builds the same):
+    x [b, s, d]; `prefs` gives each position's two experts a fixed preference added to the
+    router's logits (far larger than the linear's part, so every pass routes alike); `local`
+    holds what the dispatcher keeps (self.probs, self.routing_map). Returns (sorted_indices,
+    permuted tokens, permuted probabilities)."""
+    b, s, d = x.shape
+    n, routed = b * s, b * s * top_k
+    flat = r.view(x, [n, d])
+    # TopKRouter: logits [s, b, E] (plus the preference), viewed [-1, E];
+    # topk_routing_with_score_function(softmax): top-k of the logits, softmax in float32
+    logits = r.linear(x, r.param("router.weight", [experts, d]))
+    bias = torch.zeros(s, experts)
+    for pos, (first, second) in enumerate(prefs):
+        bias[pos, first], bias[pos, second] = 8.0, 4.0
+    logits = r.view(r.add(logits, r.buffer("router.preference", [s, experts], value=bias)),
+                    [n, experts])
+    scores, top = r.topk(logits, top_k)
+    probs = r.to(r.softmax(r.to(scores, "float32"), -1), "float32")
+    routing_probs = local(r.scatter(r.full([n, experts]), top, probs, dim=1))
+    # zeros_like(logits).int().scatter(1, top_indices, 1).bool()
+    routing_map = r.to(r.full([n, experts]), "int32")
+    routing_map = local(r.to(r.scatter(routing_map, top, dim=1, value=1), "bool"))
+    # permute: the map's nonzeros in expert-major order, the tokens and their weights gathered
+    by_expert = r.view(r.contiguous(r.transpose(routing_map, 0, 1)), [-1])
+    _, order = r.sort(by_expert, 0, descending=True, stable=True)
+    flat_sorted = r.slice(order, 0, 0, routed)
+    sorted_indices = r.remainder(flat_sorted, n)
+    probs_t = r.view(r.contiguous(r.transpose(routing_probs, 0, 1)), [-1])
+    permuted_probs = r.index(probs_t, flat_sorted)
+    permuted = r.index_select(flat, sorted_indices, 0)
+    return sorted_indices, permuted, permuted_probs

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 import common
 from common import ParamStore
+from megatron_fns import route_and_permute
 
 EXPERTS, TOP_K, SEQ, DIM, FFN = 4, 2, 8, 16, 24
 # Each position's two experts. worst: every token to the last two; balanced: every expert 4 of
@@ -66,13 +67,6 @@ class EP:
         return e // self.local
 
 
-def _routing_bias(r, prefs):
-    v = torch.zeros(SEQ, EXPERTS)
-    for s, (first, second) in enumerate(prefs):
-        v[s, first], v[s, second] = 8.0, 4.0
-    return r.buffer("router.preference", [SEQ, EXPERTS], value=v)
-
-
 def _split(r, x, sizes, moe):
     """split along dim 0, marked as megatron_moe.cc marks its splits (`moe`: the expert-parallel
     pass gives them the rank's sizes); always a list."""
@@ -92,21 +86,8 @@ def moe_layer(r, b, ep, routing):
     counts = [b * sum(e in p for p in prefs) for e in range(EXPERTS)]  # every rank's, alike
     x = r.add(r.input("x", [b, SEQ, DIM]), r.param("lift.b", [DIM]))
     with r.scope("mlp"), r.frame() as local:
-        flat = r.view(x, [n, DIM])
-        logits = r.linear(x, r.param("router.weight", [EXPERTS, DIM]))
-        logits = r.view(r.add(logits, _routing_bias(r, prefs)), [n, EXPERTS])
-        scores, top = r.topk(logits, TOP_K)
-        probs = r.to(r.softmax(r.to(scores, "float32"), -1), "float32")
-        routing_probs = local(r.scatter(r.full([n, EXPERTS]), top, probs, dim=1))
-        m = r.to(r.full([n, EXPERTS]), "int32")
-        routing_map = local(r.to(r.scatter(m, top, dim=1, value=1), "bool"))
-        by_expert = r.view(r.contiguous(r.transpose(routing_map, 0, 1)), [-1])
-        _, order = r.sort(by_expert, 0, descending=True, stable=True)
-        flat_sorted = r.slice(order, 0, 0, routed)
-        sorted_indices = r.remainder(flat_sorted, n)
-        probs_t = r.view(r.contiguous(r.transpose(routing_probs, 0, 1)), [-1])
-        permuted_probs = r.index(probs_t, flat_sorted)
-        permuted = r.index_select(flat, sorted_indices, 0)
+        sorted_indices, permuted, permuted_probs = route_and_permute(r, x, local, prefs, EXPERTS,
+                                                                     TOP_K)
         # token_dispatch: each rank's experts' tokens to it, and back in combine
         send = [sum(counts[e] for e in range(EXPERTS) if ep.owner(e) == j) for j in range(ep.size)]
         recv = [sum(counts[e] for e in ep.mine)] * ep.size
