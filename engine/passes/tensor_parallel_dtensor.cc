@@ -101,9 +101,8 @@ void Sharder::ReleaseModuleHolds(int i, GraphBuilder& b) {
 
 Status Sharder::DTensorLinear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d) {
   const Op& op = g_.ops[i];
-  const int xi = conv1d ? 1 : 0, wi = conv1d ? 2 : 1;
-  const int bias = conv1d ? 0 : (op.inputs.size() > 2 ? 2 : -1);
-  const Split x = In(i, xi), w = In(i, wi);
+  const auto [xi, wi, bias] = SlotsOf(op, conv1d);
+  const Split w = In(i, wi);
   const int r = Rank(op.inputs[xi]);
   const bool column = w.dim == (conv1d ? 1 : 0);
   std::vector<int> inputs;

@@ -42,6 +42,16 @@ bool IsElementwise(std::string_view kind);
 // some of d and divides by t; -1 when no dim can hold a 1/t split.
 int ReshapedDim(const Shape& in, const Shape& out, int d, int64_t t, int prefer);
 
+// Where a linear's operands sit among its inputs: linear(x, weight, bias?) or HF Conv1D's
+// addmm(bias, x2d, weight[in, out]). bias -1: none.
+struct LinearSlots {
+  int x, w, bias;
+};
+inline LinearSlots SlotsOf(const Op& op, bool conv1d) {
+  if (conv1d) return {1, 2, 0};
+  return {0, 1, op.inputs.size() > 2 ? 2 : -1};
+}
+
 class Sharder {
  public:
   // `graph` is the whole model's; `split` holds each of its leaves' splits (the plan's

@@ -32,8 +32,7 @@ void Sharder::NoteSequenceParallelParams(int i, const std::vector<int>& map) {
 // features no column-parallel linear split, or whose bias is split.
 Status Sharder::CheckLinear(int i, bool conv1d) const {
   const Op& op = g_.ops[i];
-  const int xi = conv1d ? 1 : 0, wi = conv1d ? 2 : 1;
-  const int bias = conv1d ? 0 : (op.inputs.size() > 2 ? 2 : -1);
+  const auto [xi, wi, bias] = SlotsOf(op, conv1d);
   const Split x = In(i, xi);
   if (In(i, wi).dim == (conv1d ? 1 : 0)) {
     if (!x.none() && !x.sequence) {
@@ -55,8 +54,7 @@ Status Sharder::CheckLinear(int i, bool conv1d) const {
 // (input features), as Megatron runs it. conv1d: HF's Conv1D, addmm(bias, x2d, weight[in, out]).
 Status Sharder::Linear(int i, GraphBuilder& b, std::vector<int>& map, bool conv1d) {
   const Op& op = g_.ops[i];
-  const int xi = conv1d ? 1 : 0, wi = conv1d ? 2 : 1;
-  const int bias = conv1d ? 0 : (op.inputs.size() > 2 ? 2 : -1);
+  const auto [xi, wi, bias] = SlotsOf(op, conv1d);
   const Split x = In(i, xi), w = In(i, wi);
   const int r = Rank(op.inputs[xi]);
   const bool column = w.dim == (conv1d ? 1 : 0);
