@@ -44,7 +44,8 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     const bool embedding_group = stage != nullptr && stage->holds_tied_embedding &&
                                  IsMegatron(config.parallelism.sharding);
     MEMEST_ASSIGN_OR_RETURN(step.nccl,
-                            NcclMemoryOf(config.parallelism, step.fixed, embedding_group));
+                            NcclMemoryOf(config.parallelism, step.fixed, embedding_group,
+                                         HasExpertDispatch(built)));
   }
 
   // Estimate() builds under autocast already; a graph built without it is replayed.
@@ -72,7 +73,8 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     step.graph = &step.context->graph;
   }
   if (config.parallelism.tensor > 1) {
-    MEMEST_ASSIGN_OR_RETURN(TensorParallelView tp, ShardTensorParallel(*step.graph, config.parallelism));
+    MEMEST_ASSIGN_OR_RETURN(TensorParallelView tp, ShardTensorParallel(*step.graph, config.parallelism,
+                                                                       config.expert_load));
     step.tensor = std::make_unique<TensorParallelView>(std::move(tp));
     step.graph = &step.tensor->graph;
   }
@@ -304,7 +306,6 @@ StatusOr<BuildContext> StepBuildContext(const RunConfig& config, int64_t max_ops
   ctx.attention = ResolveAttention(config);
   ctx.expert_load = config.expert_load;
   ctx.megatron = IsMegatron(config.parallelism.sharding);
-  ctx.tensor = config.parallelism.tensor;
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
   ctx.compute_capability = device ? AttentionCapability(*device) : 90;
   if (device) ctx.multiprocessors = device->multiprocessors;

@@ -110,7 +110,7 @@ Status AddMegatronGroups(const ParallelismConfig& p, bool embedding_group, const
 }  // namespace
 
 StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& device,
-                                  bool embedding_group) {
+                                  bool embedding_group, bool moe) {
   MEMEST_RETURN_IF_ERROR(ValidateGpusPerNode(p.gpus_per_node));
   NcclMemory out;
   // Megatron-LM's rank order: tensor fastest, then context, data, pipeline.
@@ -146,22 +146,27 @@ StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& 
     MEMEST_ASSIGN_OR_RETURN(stride, CheckedMul(stride, g.size));
   }
   MEMEST_RETURN_IF_ERROR(AddMegatronGroups(p, embedding_group, add));
-  if (p.expert > 1) {
+  if (p.expert > 1 || (moe && p.tensor > 1)) {
     // Megatron's expert groups (parallel_state's expert rank order: expert-tensor, expert,
-    // expert-data, pipeline; the expert-tensor group is the tensor group's one rank here): the
-    // expert group's ranks next to each other, its all-to-all a send to and a receive from
-    // every peer (NCCL runs it as grouped point-to-point), and the expert-data group across
-    // them, which reduces the experts' gradients.
+    // expert-data, pipeline), each a communicator of its own even where it has another group's
+    // ranks: the expert-tensor group (the tensor group's ranks: expert_tensor_parallel_size
+    // defaults to the tensor size), over which the dispatcher gathers and scatters the tokens;
+    // the expert group's ranks next to each other, its all-to-all a send to and a receive from
+    // every peer (NCCL runs it as grouped point-to-point); the expert-tensor x expert group, over
+    // which the dispatcher all-gathers its token counts every forward (token_dispatcher.py's
+    // tp_ep_group); and the expert-data group across them, which reduces the experts' gradients
+    // (with one expert rank Megatron keeps the experts in the dense buffers: none).
+    const Group expert_tensor = {"expert tensor", p.tensor, 0, true};
     const Group expert = {"expert", p.expert, p.expert - 1, true};
-    const Group expert_data = {"expert data", p.data * p.context / p.expert, 0, true};
-    // The dispatcher all-gathers its token counts over the expert-tensor x expert group every
-    // forward (token_dispatcher.py's tp_ep_group), a communicator of its own even when it has
-    // the expert group's ranks.
     const Group tensor_expert = {"expert tensor x expert", p.tensor * p.expert, 0, true};
+    MEMEST_RETURN_IF_ERROR(add(expert_tensor, 1));
     MEMEST_RETURN_IF_ERROR(add(expert, p.tensor));
     MEMEST_RETURN_IF_ERROR(add(tensor_expert, 1));
-    MEMEST_ASSIGN_OR_RETURN(int64_t across, CheckedMul(p.tensor, p.expert));
-    MEMEST_RETURN_IF_ERROR(add(expert_data, across));
+    if (p.expert > 1) {
+      const Group expert_data = {"expert data", p.data * p.context / p.expert, 0, true};
+      MEMEST_ASSIGN_OR_RETURN(int64_t across, CheckedMul(p.tensor, p.expert));
+      MEMEST_RETURN_IF_ERROR(add(expert_data, across));
+    }
   }
   return out;
 }

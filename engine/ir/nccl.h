@@ -57,9 +57,11 @@ struct NcclMemory {
 // The NCCL memory of one rank under `parallelism` on `device`: none for one GPU. Errors name the
 // field (gpus_per_node out of range). `embedding_group`: the rank is a first or last pipeline
 // stage of a model whose embedding is tied to its head, which Megatron's strategies keep on
-// both and whose gradient they all-reduce over the two (the embedding group).
+// both and whose gradient they all-reduce over the two (the embedding group). `moe`: the model
+// has Megatron-LM's MoE layers, whose expert groups are used under tensor parallelism even with
+// one expert-parallel rank.
 StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& parallelism, const DeviceInfo& device,
-                                  bool embedding_group = false);
+                                  bool embedding_group = false, bool moe = false);
 
 }  // namespace memest
 

@@ -85,10 +85,8 @@ struct LayerContext {
   // Built for vLLM's profile run (BuildContext.serving): layers vLLM runs as one fused kernel
   // are built as that kernel (SparseMoe: FusedMoE).
   bool vllm = false;
-  // Trained by Megatron-LM (BuildContext.megatron): SparseMoe is its MoELayer, over `tensor`
-  // tensor-parallel ranks.
+  // Trained by Megatron-LM (BuildContext.megatron): SparseMoe is its MoELayer.
   bool megatron = false;
-  int64_t tensor = 1;
   bool training() const { return mode == Mode::kTraining; }
 };
 

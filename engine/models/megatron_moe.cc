@@ -88,13 +88,6 @@ int AttachAuxLoss(GraphBuilder& b, int logits, int probs, const MoeOptions& o, D
 
 int MegatronMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions& o) {
   if (!ExpectRank(b, x, 3, "megatron_moe")) return -1;
-  if (c.tensor > 1) {
-    b.Fail(InvalidArgument("config.parallelism.tensor: Megatron-LM's MoELayer over " +
-                           std::to_string(c.tensor) + " tensor-parallel ranks (its experts split "
-                           "by expert_tensor_parallel_size, the tokens all-gathered within the "
-                           "group) is not modelled yet; use expert parallelism with tensor 1"));
-    return -1;
-  }
   if (o.activation != Activation::kSilu) {
     b.Fail(InvalidArgument("model: Megatron-LM's experts fuse the routing weights into SwiGLU "
                            "only (mlp.py: \"Only support fusion of swiglu and quick_gelu with "

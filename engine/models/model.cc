@@ -42,7 +42,6 @@ LayerContext LayerContextOf(const BuildContext& context) {
   c.rotary_local_positions = context.serving ? context.rotary_local_positions : 0;
   c.vllm = context.serving;
   c.megatron = context.megatron;
-  c.tensor = context.tensor;
   return c;
 }
 

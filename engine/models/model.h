@@ -132,10 +132,8 @@ struct BuildContext {
   int64_t rotary_local_positions = 0;  // the sliding-window layers' table (Gemma 3's)
   int multiprocessors = 132;  // the device's, which size vLLM's top-k/top-p scratch
   // Megatron-LM trains the model (config.parallelism's megatron-ddp / megatron-distopt):
-  // mixture-of-experts layers are built as its MoELayer (engine/models/megatron_moe.cc), over
-  // `tensor` tensor-parallel ranks (which it does not model yet: refused).
+  // mixture-of-experts layers are built as its MoELayer (engine/models/megatron_moe.cc).
   bool megatron = false;
-  int64_t tensor = 1;
 };
 
 // The LayerContext (engine/models/layers.h) a front end builds its layers with.

@@ -180,6 +180,13 @@ StatusOr<ExpertParallelView> ShardExpertParallel(const Graph& g, const Paralleli
     const int64_t local = layer.experts / v.size;
     const std::string moe = AttrText(op, "moe");
     Attrs attrs = op.attrs;
+    auto gathered = [&](int64_t rows) {  // the tensor group's rows (rows <= received: fits)
+      StatusOr<int64_t> all = CheckedMul(p.tensor, rows);
+      if (!all.ok()) b.Fail(InvalidArgument(std::string(kField) + ": " + std::to_string(rows) +
+                                            " rows gathered over " + std::to_string(p.tensor) +
+                                            " tensor-parallel ranks overflow 64 bits"));
+      return all.ok() ? *all : 0;
+    };
     if (local == 1 && (moe == "chunks" || moe == "experts")) {
       // One local expert: Megatron sorts nothing (`if self.num_local_experts > 1`) and
       // SequentialMLP calls the expert on its whole input: each split hands its input on, the
@@ -194,14 +201,16 @@ StatusOr<ExpertParallelView> ShardExpertParallel(const Graph& g, const Paralleli
       attrs["ep"] = AttrValue(int64_t{v.size});
       attrs["rows"] = AttrValue(int64_t{dispatch ? layer.received : layer.tokens * layer.top_k});
     } else if (op.kind == "split" && moe == "chunks") {
-      std::vector<int64_t> sizes;  // from each rank of the group, its local experts in order
+      // From each rank of the group, its local experts in order; under tensor parallelism the
+      // rows the tensor group gathered, each rank's alike (engine/passes/tensor_parallel_moe.cc).
+      std::vector<int64_t> sizes;
       for (int64_t s = 0; s < v.size; ++s) {
-        for (int64_t j = 0; j < local; ++j) sizes.push_back(Chunk(layer, local, r, j));
+        for (int64_t j = 0; j < local; ++j) sizes.push_back(gathered(Chunk(layer, local, r, j)));
       }
       attrs["sizes"] = AttrValue(std::move(sizes));
     } else if (op.kind == "split" && moe == "experts") {
       std::vector<int64_t> sizes;  // each local expert's tokens from every rank
-      for (int64_t j = 0; j < local; ++j) sizes.push_back(v.size * Chunk(layer, local, r, j));
+      for (int64_t j = 0; j < local; ++j) sizes.push_back(gathered(v.size * Chunk(layer, local, r, j)));
       attrs["sizes"] = AttrValue(std::move(sizes));
     } else if (!(op.kind == "cat" && moe == "experts")) {
       return false;  // copied (ReplayGraph names a dropped tensor such an op would read)

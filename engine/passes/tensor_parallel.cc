@@ -280,11 +280,12 @@ namespace {
 std::vector<TensorPlanEntry> MakeDefaultPlan(TensorShardStyle head) {
   std::vector<TensorPlanEntry> plan;
   for (const char* m : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "c_attn", "c_fc",
-                        "lm_head", "query", "key", "value", "intermediate.dense", "w1", "w3"}) {
+                        "lm_head", "query", "key", "value", "intermediate.dense", "w1", "w3",
+                        "linear_fc1"}) {
     plan.push_back({m, std::string_view(m) == "lm_head" ? head : TensorShardStyle::kColwise});
   }
   for (const char* m : {"o_proj", "down_proj", "c_proj", "output.dense", "wte", "embed_tokens",
-                        "w2"}) {
+                        "w2", "linear_fc2"}) {
     plan.push_back({m, TensorShardStyle::kRowwise});
   }
   return plan;
@@ -300,7 +301,8 @@ const std::vector<TensorPlanEntry>& DefaultTensorPlan(bool gather_lm_head) {
   return gather_lm_head ? *gathered : *plain;
 }
 
-StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const ParallelismConfig& config) {
+StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const ParallelismConfig& config,
+                                                 ExpertLoad load) {
   const int64_t t = config.tensor;
   const bool given = !config.tensor_plan.empty();
   const std::vector<TensorPlanEntry>& plan =
@@ -391,6 +393,7 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
   Sharder sharder(graph, t, config.sequence_parallel, seq, std::move(split), scatter, &view);
   view.dtensor = config.tensor_layers == TensorParallelLayers::kDTensor;
   if (view.dtensor) sharder.set_dtensor();
+  MEMEST_RETURN_IF_ERROR(sharder.FindMoeLayers(load));
   StatusOr<Graph> out = ReplayGraph(
       leaves, [&](int i, GraphBuilder& b, std::vector<int>& map) { return sharder.Emit(i, b, map); },
       std::nullopt, &view.replay);

@@ -25,7 +25,10 @@
 // row-parallel one reduce-scatters its output. The sequence dim is the inputs' (the one of
 // their first two the micro-batch is not), followed through the ops that make the hidden state
 // (a transpose to Megatron's [s, b, h] moves it to dim 0). An interleaved stage's later model
-// chunks have their received hidden states split too.
+// chunks have their received hidden states split too; a buffer indexed by position that meets
+// the split sequence is read at the rank's positions. Megatron's MoE layer (its dispatch
+// marks it) runs as tensor_parallel_moe.cc says: each rank routes its tokens, the tensor
+// group gathers what it received, the experts are split without collectives of their own.
 //
 // Refused, naming the op and its scope: an op that would mix values across a split dim (a
 // softmax, a norm or a reduction over the features a column-parallel linear split, a matmul
@@ -80,16 +83,19 @@ struct TensorParallelView {
 };
 
 // The rank's view of `graph` under config.parallelism (tensor > 1). `graph` is the whole
-// model's graph, as built for one micro-batch.
-StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const ParallelismConfig& config);
+// model's graph, as built for one micro-batch; `load` spreads a Megatron MoE layer's tokens
+// over its experts (config.expert_load).
+StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const ParallelismConfig& config,
+                                                 ExpertLoad load = ExpertLoad::kDefault);
 
 // The plan used when config.parallelism.tensor_plan is empty: Megatron's split of the presets'
 // transformer modules (Hugging Face's names): q_proj, k_proj, v_proj, gate_proj, up_proj,
 // c_attn, c_fc, lm_head, BERT's query, key, value and intermediate.dense, Mixtral's experts' w1
-// and w3 colwise; o_proj, down_proj, c_proj, BERT's output.dense and Mixtral's w2 rowwise (each
-// expert split as vLLM's FusedMoE and Megatron's experts without expert parallelism split it); the token embeddings (wte, embed_tokens)
-// rowwise, by vocabulary. gather_lm_head: lm_head kColwiseGathered (config.parallelism's
-// gather_lm_head, vLLM's gathered logits).
+// and w3 and Megatron's MoE layer's linear_fc1 (its experts' and shared experts') colwise;
+// o_proj, down_proj, c_proj, BERT's output.dense, Mixtral's w2 and linear_fc2 rowwise (each
+// expert split as vLLM's FusedMoE and Megatron's expert tensor parallelism split it); the token
+// embeddings (wte, embed_tokens) rowwise, by vocabulary. gather_lm_head: lm_head
+// kColwiseGathered (config.parallelism's gather_lm_head, vLLM's gathered logits).
 const std::vector<TensorPlanEntry>& DefaultTensorPlan(bool gather_lm_head = false);
 
 // Whether `pattern` matches module path `module` (TensorPlanEntry::module).

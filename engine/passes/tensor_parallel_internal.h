@@ -59,6 +59,9 @@ class Sharder {
   // split (-1: none).
   Sharder(const Graph& graph, int64_t t, bool sequence_parallel, int sequence_dim,
           std::vector<Split> split, int scatter, TensorParallelView* view);
+  // Megatron-LM's MoE layers (tensor_parallel_moe.cc), found by their dispatch: each rank
+  // routes its share of the tokens, `load` spreading them over the experts.
+  Status FindMoeLayers(ExpertLoad load);
   // Context parallelism (engine/passes/context_parallel.h): t ranks each hold 1/t of the
   // sequence everywhere; attention becomes ring attention, and a position-indexed tensor (a
   // rotary table) meeting a split activation is sliced to the rank's positions.
@@ -97,8 +100,16 @@ class Sharder {
   // Funcol's copies (scatter_copy, gather_copy) for a collective along dim d.
   static Attrs FuncolCopies(int d);
   Status RingAttention(int i, GraphBuilder& b, std::vector<int>& map);
-  // Context parallelism: unsplit operands of an elementwise op whose dim meets the split one
-  // whole, sliced to the rank's share.
+  // Op i of MoE layer moe_of_op_[i] as the rank runs it; *done false: the usual rules run it.
+  Status MoeOp(int i, GraphBuilder& b, std::vector<int>& map, bool* done);
+  Status MoeAllToAll(int i, GraphBuilder& b, std::vector<int>& map);
+  Status ExpertLinear(int i, GraphBuilder& b, std::vector<int>& map);
+  // Adds `kind` and maps op i's outputs with `split`, their shapes the rank's own (the tokens
+  // a rank's experts compute on need not be the whole graph's share).
+  Status AddMoe(int i, GraphBuilder& b, std::vector<int>& map, std::vector<int> inputs,
+                Attrs attrs, Split split);
+  // Unsplit operands of an elementwise op whose dim meets the split one whole, sliced to the
+  // rank's share: under context parallelism any, under sequence parallelism buffers.
   void SliceToShare(int i, const Split& y, GraphBuilder& b, std::vector<int>* inputs);
   Status VocabCrossEntropy(int i, GraphBuilder& b, std::vector<int>& map);
   Status Reduction(int i, std::vector<Split>* out);
@@ -131,6 +142,14 @@ class Sharder {
   // Under sequence parallelism, the whole shape of the hidden state where the sequence is split
   // (the layout funcol's copies follow); empty until known.
   Shape sequence_layout_;
+  struct MoeLayer {
+    std::string scope;  // the layer's (its dispatch's)
+    int64_t tokens = 0, experts = 0, top_k = 0;  // the whole graph's tokens
+    DType probs = DType::kFloat32;  // the routing weights' dtype
+  };
+  std::vector<MoeLayer> moe_;
+  std::vector<int> moe_of_op_;  // per op of g_: its MoE layer, -1: none
+  ExpertLoad load_ = ExpertLoad::kDefault;
 };
 
 }  // namespace tensor_parallel

@@ -175,6 +175,9 @@ void Sharder::SliceToShare(int i, const Split& y, GraphBuilder& b, std::vector<i
   const int64_t whole = g_.tensors[op.outputs[0]].shape[y.dim];
   for (size_t k = 0; k < op.inputs.size(); ++k) {
     if (!In(i, k).none()) continue;
+    // Sequence parallelism: a buffer indexed by position (a per-position table added to a
+    // sequence-split activation) is read at the rank's positions.
+    if (!context_ && (!y.sequence || g_.tensors[op.inputs[k]].role != TensorRole::kBuffer)) continue;
     const int d = y.dim - (r - Rank(op.inputs[k]));
     if (d < 0 || g_.tensors[op.inputs[k]].shape[d] != whole || whole <= 1) continue;
     (*inputs)[k] = b.Add1("slice", {(*inputs)[k]},

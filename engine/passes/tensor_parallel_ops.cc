@@ -103,6 +103,11 @@ Status Sharder::EmitOp(int i, GraphBuilder& b, std::vector<int>& map) {
   std::vector<int> inputs;
   for (int t : op.inputs) inputs.push_back(map[t]);
   if (sp_) NoteSequenceParallelParams(i, map);
+  if (!moe_of_op_.empty() && moe_of_op_[i] >= 0) {
+    bool done = false;
+    MEMEST_RETURN_IF_ERROR(MoeOp(i, b, map, &done));
+    if (done) return Status::Ok();
+  }
   if (dtensor_ && op.kind == "linear" && !In(i, 1).none()) return DTensorLinear(i, b, map, false);
   if (dtensor_ && op.kind == "addmm" && !In(i, 2).none()) return DTensorLinear(i, b, map, true);
   if (dtensor_ && op.kind == "embedding" && !In(i, 0).none()) return DTensorEmbedding(i, b, map);
@@ -116,7 +121,7 @@ Status Sharder::EmitOp(int i, GraphBuilder& b, std::vector<int>& map) {
   std::vector<Split> splits;
   Attrs attrs = op.attrs;
   MEMEST_RETURN_IF_ERROR(Propagate(i, &splits, &attrs));
-  if (context_ && IsElementwise(op.kind) && !splits.empty() && !splits[0].none()) {
+  if ((context_ || sp_) && IsElementwise(op.kind) && !splits.empty() && !splits[0].none()) {
     SliceToShare(i, splits[0], b, &inputs);
   }
   return AddChecked(i, b, map, op.kind, std::move(inputs), std::move(attrs), splits);

@@ -107,6 +107,13 @@ class Planner {
     // Megatron's MoELayer comes from a Hugging Face config with experts (engine/models/hf_moe.cc).
     const auto* hf = std::get_if<HfConfigSpec>(&q_.model.source);
     experts_ = hf != nullptr && HfConfigRoutesExperts(hf->config);
+    megatron_tensor_ok_ = tensor_ok_;
+    if (experts_) {  // its MoELayer splits otherwise than the Hugging Face one
+      c.parallelism.sharding = DataSharding::kMegatronDdp;
+      c.parallelism.data = 2;
+      const Graph* megatron = GraphFor(c);
+      megatron_tensor_ok_ = megatron != nullptr && ShardTensorParallel(*megatron, two).ok();
+    }
     States s;
     s.params = r.end_of_step[static_cast<int>(Category::kParameters)];
     s.grads = r.end_of_step[static_cast<int>(Category::kGradients)];
@@ -115,8 +122,11 @@ class Planner {
   }
 
   int64_t blocks() const { return blocks_; }
-  // Whether the default tensor-parallel plan splits the model (engine/passes/tensor_parallel.h).
-  bool tensor_ok() const { return tensor_ok_; }
+  // Whether the default tensor-parallel plan splits the model (engine/passes/tensor_parallel.h)
+  // as `sharding` builds it (Megatron's MoELayer for a model with experts).
+  bool tensor_ok(DataSharding sharding) const {
+    return experts_ && IsMegatron(sharding) ? megatron_tensor_ok_ : tensor_ok_;
+  }
   // Whether the model has mixture-of-experts layers (Megatron's expert parallelism splits them).
   bool experts() const { return experts_; }
 
@@ -130,13 +140,11 @@ class Planner {
   }
 
   // The graph of one micro-batch: it depends on the micro-batch, the device (its attention
-  // kernels) and, for a model with experts, whether Megatron trains it (its MoELayer, which
-  // refuses tensor parallelism), not on the split otherwise, so each is built once. Null when
-  // it cannot be built.
+  // kernels) and, for a model with experts, whether Megatron trains it (its MoELayer), not on
+  // the split otherwise, so each is built once. Null when it cannot be built.
   const Graph* GraphFor(const RunConfig& c) {
     const bool megatron_moe = experts_ && IsMegatron(c.parallelism.sharding);
-    const auto key = std::make_tuple(c.device, c.micro_batch(), megatron_moe,
-                                     megatron_moe && c.parallelism.tensor > 1);
+    const auto key = std::make_tuple(c.device, c.micro_batch(), megatron_moe);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
       StatusOr<Graph> g = BuildStepGraph(q_.model, c, q_.max_ops, budget_);
@@ -178,9 +186,10 @@ class Planner {
   PlanStats* stats_;
   int64_t blocks_ = 0;
   bool tensor_ok_ = false;
+  bool megatron_tensor_ok_ = false;
   bool experts_ = false;
   // By device, micro-batch, Megatron's MoELayer or not, and that layer under tensor parallelism.
-  std::map<std::tuple<std::string, int64_t, bool, bool>, Graph> graphs_;
+  std::map<std::tuple<std::string, int64_t, bool>, Graph> graphs_;
 };
 
 // A 1F1B plan whose bubble is at least this is tried interleaved as well (the estimates of a
@@ -309,7 +318,10 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
       }
       const int64_t max_tensor = std::min(kMaxPlanTensor, q.run.parallelism.gpus_per_node);
       for (int64_t t = 1; t <= max_tensor && t <= n; t *= 2) {
-      if (n % t != 0 || (t > 1 && !planner.tensor_ok())) continue;
+      if (n % t != 0 || (t > 1 && !planner.tensor_ok(DataSharding::kNone) &&
+                         !planner.tensor_ok(DataSharding::kMegatronDdp))) {
+        continue;
+      }
       for (int64_t cp : contexts) {
       if (n % (t * cp) != 0) continue;
       for (int64_t p : Divisors(n / (t * cp))) {
@@ -317,8 +329,8 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
         const int64_t data = n / (t * cp * p);
         if (q.run.batch_size % data != 0) continue;
         const std::vector<int64_t> mbs = Divisors(q.run.batch_size / data);
-        // Megatron's expert parallelism (tensor 1: its MoELayer with tensor parallelism is
-        // not modelled) over powers of two dividing the data ranks; FSDP's hybrid sharding
+        // Megatron's expert parallelism (without context ranks, which it does not model)
+        // over powers of two dividing the data ranks; FSDP's hybrid sharding
         // within a node's data ranks when the data ranks span nodes; with offload, each
         // strategy's offloads (DeepSpeed's on one rank too).
         struct Candidate {
@@ -345,7 +357,7 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
             if (fsdp && node_data > 1 && node_data < data && data % node_data == 0) {
               sharded.push_back({sh, 1, Offload{}, node_data});
             }
-            if (!IsMegatron(sh) || t > 1 || cp > 1 || !planner.experts()) continue;
+            if (!IsMegatron(sh) || cp > 1 || !planner.experts()) continue;
             for (int64_t e = 2; e <= data && e <= kMaxExpertParallel; e *= 2) {
               if (data % e == 0) sharded.push_back({sh, e});
             }
@@ -353,6 +365,7 @@ Status PlanJob(const PlanQuery& query, Budget* budget,
         }
         for (const Candidate& cand : sharded) {
           const DataSharding sh = cand.sharding;
+          if (t > 1 && !planner.tensor_ok(sh)) continue;
           const int64_t e = cand.expert;
           const Offload& o = cand.offload;
           // Megatron folds the context ranks into its gradients' and optimizer's sharding.

@@ -85,24 +85,27 @@ class SwiGLU(torch.autograd.Function):
         return swiglu_back(grad_output, input)
 
 
-def route_and_permute(r, x, local, prefs, experts, top_k):
+def route_and_permute(r, x, local, prefs, experts, top_k, start=0):
     """TopKRouter and MoEAlltoAllTokenDispatcher's permute (the argsort path) on one rank's
     tokens, as the recorder `r` runs them (engine/models/megatron_moe.cc builds the same):
     x [b, s, d]; `prefs` gives each position's two experts a fixed preference added to the
-    router's logits (far larger than the linear's part, so every pass routes alike); `local`
-    holds what the dispatcher keeps (self.probs, self.routing_map). Returns (sorted_indices,
-    permuted tokens, permuted probabilities)."""
+    router's logits (far larger than the linear's part, so every pass routes alike), a buffer
+    [len(prefs), E] of which x's positions are start .. start + s (sequence parallelism: a
+    rank's share); `local` holds what the dispatcher keeps (self.probs, self.routing_map).
+    Returns (sorted_indices, permuted tokens, permuted probabilities)."""
     b, s, d = x.shape
     n, routed = b * s, b * s * top_k
     flat = r.view(x, [n, d])
     # TopKRouter: logits [s, b, E] (plus the preference), viewed [-1, E];
     # topk_routing_with_score_function(softmax): top-k of the logits, softmax in float32
     logits = r.linear(x, r.param("router.weight", [experts, d]))
-    bias = torch.zeros(s, experts)
+    bias = torch.zeros(len(prefs), experts)
     for pos, (first, second) in enumerate(prefs):
         bias[pos, first], bias[pos, second] = 8.0, 4.0
-    logits = r.view(r.add(logits, r.buffer("router.preference", [s, experts], value=bias)),
-                    [n, experts])
+    preference = r.buffer("router.preference", [len(prefs), experts], value=bias)
+    if s != len(prefs):
+        preference = r.slice(preference, 0, start, start + s)
+    logits = r.view(r.add(logits, preference), [n, experts])
     scores, top = r.topk(logits, top_k)
     probs = r.to(r.softmax(r.to(scores, "float32"), -1), "float32")
     routing_probs = local(r.scatter(r.full([n, experts]), top, probs, dim=1))

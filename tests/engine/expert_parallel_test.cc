@@ -291,7 +291,7 @@ TEST(ExpertParallelTest, RefusesWhatItCannotSplitNamingTheField) {
       {Experts(2, 2), dense, "config.parallelism.expert: the model has no mixture-of-experts"},
       {ddp, SmallMixtral(), "config.parallelism.expert: expert parallelism is modelled as "},
       {Experts(0, 2), SmallMixtral(), "config.parallelism.expert: must be in [1, 1024]"},
-      {tensor, SmallMixtral(), "config.parallelism.tensor: Megatron-LM's MoELayer over 2"},
+      {tensor, SmallMixtral(), "config.parallelism.sequence_parallel: Megatron-LM's MoELayer"},
       {context, SmallMixtral(), "config.parallelism.expert: with context parallelism"},
   };
   for (const Case& k : cases) {

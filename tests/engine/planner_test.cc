@@ -282,7 +282,8 @@ TEST(PlannerTest, ABudgetSpentMidCountEmitsWhatFits) {
 }
 
 // A mixture-of-experts config: Megatron's plans also split the experts over some of the data
-// ranks, and each such plan is what Estimate says of it.
+// ranks, with or without tensor ranks (and sequence parallelism, which its MoELayer needs with
+// them), and each such plan is what Estimate says of it.
 TEST(PlannerTest, MixtureOfExpertsPlansSplitTheExperts) {
   PlanQuery q;
   const nlohmann::json config = {
@@ -295,12 +296,13 @@ TEST(PlannerTest, MixtureOfExpertsPlansSplitTheExperts) {
   q.devices = {"h100-80gb"};
   q.max_gpus = 8;
   q.max_plans = 1000;
-  bool split = false;
+  bool split = false, with_tensor = false;
   for (const Plan& p : Plans(q)) {
     if (p.parallelism.expert == 1) continue;
     split = true;
+    with_tensor |= p.parallelism.tensor > 1;
     EXPECT_TRUE(IsMegatron(p.parallelism.sharding));
-    EXPECT_EQ(p.parallelism.tensor, 1);
+    EXPECT_EQ(p.parallelism.sequence_parallel, p.parallelism.tensor > 1);
     EXPECT_EQ(p.parallelism.data % p.parallelism.expert, 0);
     StatusOr<Report> r = Estimate(q.model, ConfigOf(q, p), {1'000'000, false});
     ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -308,6 +310,7 @@ TEST(PlannerTest, MixtureOfExpertsPlansSplitTheExperts) {
     EXPECT_EQ(r->fit->required_bytes, p.required_bytes);
   }
   EXPECT_TRUE(split);
+  EXPECT_TRUE(with_tensor);
 }
 
 }  // namespace

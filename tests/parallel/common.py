@@ -77,12 +77,13 @@ def distinct_bytes(tensors):
     return sum(seen.values())
 
 
-def model_state(params, opt_state_tensors):
-    """End-of-step bytes: parameters, their .grad and the optimizer's state, as distinct
-    storages (a parameter that is a view into a flat bucket counts the bucket once)."""
+def model_state(params, opt_state_tensors, buffers=()):
+    """End-of-step bytes: parameters (with the model's buffers, as memest files them), their
+    .grad and the optimizer's state, as distinct storages (a parameter that is a view into a
+    flat bucket counts the bucket once)."""
     params = list(params)
     return {
-        "parameters": distinct_bytes(params),
+        "parameters": distinct_bytes(params + list(buffers)),
         "gradients": distinct_bytes([p.grad for p in params if p.grad is not None]),
         "optimizer_state": distinct_bytes(opt_state_tensors),
     }
@@ -150,6 +151,8 @@ def measure_steps(store, plan, fn, batch, optimizer, sync=None, teardown=None, s
     trace = Trace()
     for n, prm in store.params.items():
         trace.register(prm, f"parameter {n}")
+    for n, buf in store.buffers.items():
+        trace.register(buf, f"buffer {n}")
     eos = []
     with trace:
         opt = measure.make_optimizer(measure.Config(optimizer=optimizer, impl="for-loop"),
@@ -174,13 +177,14 @@ def measure_steps(store, plan, fn, batch, optimizer, sync=None, teardown=None, s
             phases.set_phase("OPTIMIZER_STEP")
             opt.step()
             trace.mark(f"{s}.END")
-            eos.append(model_state(store.params.values(), optimizer_state_tensors(opt)))
+            eos.append(model_state(store.params.values(), optimizer_state_tensors(opt),
+                                   store.buffers.values()))
         trace.mark("TEARDOWN")
         opt.zero_grad(set_to_none=True)
         del opt
         if teardown is not None:
             teardown()
-    peaks, at_mark, _ = trace.analyse(alive=store.params.values())
+    peaks, at_mark, _ = trace.analyse(alive=[*store.params.values(), *store.buffers.values()])
     results = step_results(peaks, at_mark, steps)
     for r, e in zip(results, eos):
         r["end_of_step"] = e
@@ -207,18 +211,21 @@ GROUP = None   # the cases' process group: gloo with one worker thread (set by w
 _FLUSH = None
 
 
-def make_group(rank, world):
+def make_group(rank, world, ranks=None, name="memest-parallel"):
+    """A gloo group with one worker thread of the world's `ranks` (all of them by default), made
+    by its members only; `rank` is this process's rank in the world."""
+    ranks = list(range(world)) if ranks is None else list(ranks)
     opts = dist.ProcessGroupGloo._Options()
     opts._devices = [dist.ProcessGroupGloo.create_default_device()]
     opts._threads = 1
     opts._timeout = datetime.timedelta(seconds=120)
-    store = dist.PrefixStore("memest-parallel", dist.distributed_c10d._get_default_store())
-    pg = dist.ProcessGroupGloo(store, rank, world, opts)
+    store = dist.PrefixStore(name, dist.distributed_c10d._get_default_store())
+    pg = dist.ProcessGroupGloo(store, ranks.index(rank), len(ranks), opts)
     # Known to torch.distributed as new_group() would make it (get_rank(group) and the like).
     c10d = dist.distributed_c10d
     c10d._pg_map[pg] = (dist.Backend.GLOO, store)
-    c10d._pg_names[pg] = "memest-parallel"
-    c10d._pg_group_ranks[pg] = {i: i for i in range(world)}
+    c10d._pg_names[pg] = name
+    c10d._pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
     return pg
 
 

@@ -16,10 +16,21 @@ engine/models/megatron_moe.cc builds it, engine/passes/expert_parallel.h splits 
 Routing is the data's: the router's logits get a fixed per-position preference (as the
 conformance case), `worst` sending every token to the last TOP_K experts (what memest's
 --expert-load worst assumes), `balanced` spreading every rank's picks evenly over the experts.
-With the expert-parallel group the whole world, the expert-data-parallel group is one rank:
-no gradient of an expert is reduced; the router's (replicated) is all-reduced after backward
-(phase GRAD_SYNC), as Megatron's DDP all-reduces the dense buffer. The plain model (E = 1) is the
-memest model file (expected/models/ep-moe-<routing>.json).
+With tensor parallelism (TP ranks, Megatron's rank order: tensor fastest, the expert-tensor
+group the tensor group), sequence parallelism splits the sequence: each rank routes its own
+SEQ / TP positions, the all-to-all runs within its expert-parallel group (the ranks of its
+tensor rank), and token_dispatcher.py's dispatch_postprocess gathers what the tensor group
+received (`gather_from_sequence_parallel_region`: a new tensor; backward reduce-scatters the
+gradient into one), the experts hold 1/TP of linear_fc1's rows and linear_fc2's columns and
+communicate nothing (explicit_expert_comm: fc2's output a partial sum), and combine_preprocess
+reduce-scatters the sum back (`reduce_scatter_to_sequence_parallel_region`; backward
+all-gathers) before the all-to-all returns it. Routing is per position, so each tensor rank
+routes its half alike (the balanced preferences are balanced in each half).
+
+With the expert-parallel and tensor groups covering the world, the expert-data-parallel group
+is one rank: no gradient of an expert is reduced; the router's (replicated) is all-reduced after
+backward (phase GRAD_SYNC), as Megatron's DDP all-reduces the dense buffer. The plain model
+(E = 1, TP = 1) is the memest model file (expected/models/ep-moe-<routing>.json).
 """
 import functools
 
@@ -42,29 +53,69 @@ class AllToAll(torch.autograd.Function):
     swapped."""
 
     @staticmethod
-    def forward(ctx, x, output_splits, input_splits):
-        ctx.splits = (output_splits, input_splits)
+    def forward(ctx, x, output_splits, input_splits, group):
+        ctx.splits, ctx.group = (output_splits, input_splits), group
         out = torch.empty((sum(output_splits),) + tuple(x.shape[1:]), dtype=x.dtype)
-        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=common.GROUP)
-        common.flush()
+        dist.all_to_all_single(out, x.contiguous(), output_splits, input_splits, group=group)
+        common.flush(group)
         return out
 
     @staticmethod
     def backward(ctx, g):
         output_splits, input_splits = ctx.splits
-        return AllToAll.apply(g.contiguous(), input_splits, output_splits), None, None
+        return AllToAll.apply(g.contiguous(), input_splits, output_splits, ctx.group), None, None, None
+
+
+class GatherTokens(torch.autograd.Function):
+    """mappings.py _GatherFromSequenceParallelRegion along the first dim (equal splits): a new
+    tensor of the group's rows; backward reduce-scatters the gradient into a new one."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = torch.empty((group.size() * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype)
+        common.all_gather_into_tensor(out, x.contiguous(), group)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return ScatterTokens.apply(g.contiguous(), ctx.group), None
+
+
+class ScatterTokens(torch.autograd.Function):
+    """mappings.py _ReduceScatterToSequenceParallelRegion along the first dim: the group's sum
+    of the rank's rows, a new tensor; backward all-gathers the gradient into a new one."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = torch.empty((x.shape[0] // group.size(),) + tuple(x.shape[1:]), dtype=x.dtype)
+        common.reduce_scatter_tensor(out, x.contiguous(), group)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return GatherTokens.apply(g.contiguous(), ctx.group), None
 
 
 class EP:
-    """An expert-parallel group of `size` ranks (1: the plain layer); this process's rank."""
+    """An expert-parallel group of `size` ranks (1: the plain layer); this process's rank in it.
+    With `tp` > 1 tensor ranks, the rank's tensor rank, its tensor group and its expert
+    group."""
 
-    def __init__(self, size=1, rank=0):
+    def __init__(self, size=1, rank=0, tp=1, tp_rank=0, ep_group=None, tp_group=None):
         self.size, self.rank = size, rank
+        self.tp, self.tp_rank, self.ep_group, self.tp_group = tp, tp_rank, ep_group, tp_group
         self.local = EXPERTS // size
         self.mine = list(range(rank * self.local, (rank + 1) * self.local))
 
     def owner(self, e):
         return e // self.local
+
+    def positions(self, prefs):
+        """The rank's share of the sequence's preferences (sequence parallelism)."""
+        n = len(prefs) // self.tp
+        return prefs[self.tp_rank * n:(self.tp_rank + 1) * n]
 
 
 def _split(r, x, sizes, moe):
@@ -80,14 +131,16 @@ def _cat(r, xs, moe):
 
 
 def moe_layer(r, b, ep, routing):
-    """x [b, SEQ, DIM] (an input lifted by a parameter) -> MoELayer -> mean."""
-    prefs = ROUTING[routing]
-    n, routed = b * SEQ, b * SEQ * TOP_K
-    counts = [b * sum(e in p for p in prefs) for e in range(EXPERTS)]  # every rank's, alike
-    x = r.add(r.input("x", [b, SEQ, DIM]), r.param("lift.b", [DIM]))
+    """x [b, SEQ, DIM] (an input lifted by a parameter; the rank's SEQ / TP positions) ->
+    MoELayer -> mean."""
+    mine = ep.positions(ROUTING[routing])
+    seq = len(mine)
+    n, routed = b * seq, b * seq * TOP_K
+    counts = [b * sum(e in p for p in mine) for e in range(EXPERTS)]  # every rank's, alike
+    x = r.add(r.input("x", [b, seq, DIM]), r.param("lift.b", [DIM]))
     with r.scope("mlp"), r.frame() as local:
-        sorted_indices, permuted, permuted_probs = route_and_permute(r, x, local, prefs, EXPERTS,
-                                                                     TOP_K)
+        sorted_indices, permuted, permuted_probs = route_and_permute(
+            r, x, local, ROUTING[routing], EXPERTS, TOP_K, start=ep.tp_rank * seq)
         # token_dispatch: each rank's experts' tokens to it, and back in combine
         send = [sum(counts[e] for e in range(EXPERTS) if ep.owner(e) == j) for j in range(ep.size)]
         recv = [sum(counts[e] for e in ep.mine)] * ep.size
@@ -97,41 +150,56 @@ def moe_layer(r, b, ep, routing):
                 return r.ep_all_to_all(t, routed, EXPERTS, TOP_K, role)
             attrs = {"ep": ep.size, "rows": routed, "experts": EXPERTS, "top_k": TOP_K, "role": role}
             return r._op("ep_all_to_all", [t], attrs,
-                         lambda t_: AllToAll.apply(t_, out_splits, in_splits))
+                         lambda t_: AllToAll.apply(t_, out_splits, in_splits, ep.ep_group))
+
+        def tp_collective(t, kind, fn):
+            if ep.tp == 1:
+                return t
+            return r._op(kind, [t], {}, lambda t_: fn.apply(t_, ep.tp_group))
 
         received = a2a(permuted, "dispatch", recv, send)
         received_probs = a2a(permuted_probs, "dispatch", recv, send)
-        # sort_chunks_by_idxs: [rank][local expert] -> [local expert][rank]
-        by_rank = [counts[e] for _ in range(ep.size) for e in ep.mine]
-        per_expert = [ep.size * counts[e] for e in ep.mine]
+        # dispatch_postprocess: the tensor group's rows gathered, then sort_chunks_by_idxs:
+        # [tensor rank][expert rank][local expert] -> [local expert][tensor rank, expert rank]
+        gather = "megatron.gather_from_sequence_parallel_region"
+        received = tp_collective(received, gather, GatherTokens)
+        received_probs = tp_collective(received_probs, gather, GatherTokens)
+        sources = ep.tp * ep.size
+        by_rank = [counts[e] for _ in range(sources) for e in ep.mine]
+        per_expert = [sources * counts[e] for e in ep.mine]
 
         def sort(t, sizes, order_):
-            if ep.local == 1 and ep.size > 1:
+            if ep.local == 1 and sources > 1:
                 return t
             pieces = _split(r, t, sizes, "chunks")
             return _cat(r, [pieces[i] for i in order_], "chunks")
-        to_expert = [j * ep.local + l for l in range(ep.local) for j in range(ep.size)]
+        to_expert = [j * ep.local + l for l in range(ep.local) for j in range(sources)]
         received = sort(received, by_rank, to_expert)
         received_probs = sort(received_probs, by_rank, to_expert)
-        # SequentialMLP: one local expert runs on what arrived, as it is
-        one = ep.local == 1 and ep.size > 1
+        # SequentialMLP: one local expert runs on what arrived, as it is; each holds 1/TP of
+        # linear_fc1's rows (both gated halves) and of linear_fc2's columns
+        one = ep.local == 1 and sources > 1
         pieces = [received] if one else _split(r, received, per_expert, "experts")
         weights = [received_probs] if one else _split(r, received_probs, per_expert, "experts")
+        ffn = FFN // ep.tp
         outs = []
         for l, e in enumerate(ep.mine):
             with r.scope(f"experts.local_experts.{l}"):
-                w1 = r.param(f"mlp.experts.local_experts.{l}.linear_fc1.weight", [2 * FFN, DIM])
+                w1 = r.param(f"mlp.experts.local_experts.{l}.linear_fc1.weight", [2 * ffn, DIM])
                 h = r.megatron_swiglu(r.linear(pieces[l], w1), r.unsqueeze(weights[l], -1))
-                w2 = r.param(f"mlp.experts.local_experts.{l}.linear_fc2.weight", [DIM, FFN])
+                w2 = r.param(f"mlp.experts.local_experts.{l}.linear_fc2.weight", [DIM, ffn])
                 outs.append(r.linear(h, w2))
         out = outs[0] if one else _cat(r, outs, "experts")
-        by_expert_sizes = [counts[e] for e in ep.mine for _ in range(ep.size)]
-        to_rank = [l * ep.size + j for j in range(ep.size) for l in range(ep.local)]
+        by_expert_sizes = [counts[e] for e in ep.mine for _ in range(sources)]
+        to_rank = [l * sources + j for j in range(sources) for l in range(ep.local)]
         out = sort(out, by_expert_sizes, to_rank)
+        # combine_preprocess: the partial sums reduce-scattered back to the rank's rows
+        out = tp_collective(out, "megatron.reduce_scatter_to_sequence_parallel_region",
+                            ScatterTokens)
         out = a2a(out, "combine", send, recv)
         where = r.expand(r.unsqueeze(sorted_indices, 1), [routed, DIM])
         restored = r.scatter_add_(r.full([n, DIM]), where, out, 0)
-        y = r.view(restored, [b, SEQ, DIM])
+        y = r.view(restored, [b, seq, DIM])
     return r.mean(r.mul(y, y))
 
 
@@ -146,8 +214,20 @@ def grad_sync(store):
         buf.copy_(synced)
 
 
+_GROUPS = [0]  # groups made so far (every rank runs the same cases: the same names)
+
+
 def run(rank, world, p):
-    ep = EP(world, rank)
+    tp = p.get("tp", 1)
+    size, ep_rank, tp_rank = world // tp, rank // tp, rank % tp
+    ep_group = tp_group = common.GROUP
+    if tp > 1:  # Megatron's rank order: the tensor group's ranks next to each other
+        _GROUPS[0] += 1
+        ep_group = common.make_group(rank, world, [j * tp + tp_rank for j in range(size)],
+                                     f"ep-{_GROUPS[0]}-expert-{tp_rank}")
+        tp_group = common.make_group(rank, world, [ep_rank * tp + j for j in range(tp)],
+                                     f"ep-{_GROUPS[0]}-tensor-{ep_rank}")
+    ep = EP(size, ep_rank, tp, tp_rank, ep_group, tp_group)
     batch = p["batch"]
     fn = functools.partial(moe_layer, ep=ep, routing=p["routing"])
     store = ParamStore(seed=0)
@@ -155,7 +235,8 @@ def run(rank, world, p):
     saved = common.saved_by_forward(store, plan, fn, batch)
     results, explained = common.measure_steps(store, plan, fn, batch, p["optimizer"],
                                               sync=lambda: grad_sync(store))
-    counts = [batch * sum(e in q for q in ROUTING[p["routing"]]) for e in range(EXPERTS)]
+    counts = [batch * sum(e in q for q in ep.positions(ROUTING[p["routing"]]))
+              for e in range(EXPERTS)]
     dist.barrier(group=common.GROUP)
     return {"saved_for_backward": saved, "steps": results,
             "received_rows": ep.size * sum(counts[e] for e in ep.mine), **explained}

@@ -86,12 +86,16 @@ def base_command(memest, case, batch, hold_outputs=False):
 
 
 def tp_command(memest, case, first_step):
+    """tp.py's cases (their plans), and ep.py's with tensor ranks only (the default plan's
+    linear_fc1 and linear_fc2, sequence parallelism, the routing's load)."""
     p = case.params
-    cmd = base_command(memest, case, p["batch"]) + ["--tensor-parallel", str(case.world)]
-    for entry in TP_PLANS[case.model]:
+    cmd = base_command(memest, case, p["batch"]) + ["--tensor-parallel", str(p.get("tp", case.world))]
+    for entry in TP_PLANS.get(case.model, []):
         cmd += ["--tensor-plan", entry]
-    if p["sp"]:
+    if p.get("sp") or "routing" in p:
         cmd.append("--sequence-parallel")
+    if "routing" in p:
+        cmd += ["--expert-load", p["routing"]]
     if first_step:
         cmd.append("--first-step")
     return cmd
@@ -244,30 +248,39 @@ def compare(measured, estimated):
 
 
 def check_expert_parallel(memest, case, ranks):
-    """ep.py's MoELayer over the whole world: memest's Megatron expert parallelism
-    (--dp-strategy megatron-ddp --data-parallel E --expert-parallel E --expert-load ROUTING, the
-    CUDA runtime Megatron runs on) names the rank that receives the most tokens, which must be
-    among the measured ones; that rank's received rows, and its saved-for-backward bytes, are
-    compared to the byte. The peaks are not: the measurement steps plain .grad with the
-    for-loop SGD on the CPU, memest Megatron's float32 gradient buffer on CUDA."""
+    """ep.py's MoELayer over the whole world (TP x E ranks): memest's Megatron expert
+    parallelism (--dp-strategy megatron-ddp --data-parallel E --expert-parallel E --expert-load
+    ROUTING, with --tensor-parallel TP --sequence-parallel; the CUDA runtime Megatron runs on)
+    names the expert rank that receives the most tokens, whose ranks (E x TP + its tensor ranks)
+    must be among the measured ones; that rank's received rows, and its saved-for-backward
+    bytes, are compared to the byte. The peaks are not: the measurement steps plain .grad with
+    the for-loop SGD on the CPU, memest Megatron's float32 gradient buffer on CUDA."""
     p = case.params
+    tp = p.get("tp", 1)
+    size = case.world // tp
+    if size == 1:  # tensor ranks alone: run on the CPU runtime without Megatron's DDP
+        return check_tensor_parallel(memest, case, ranks)
     cmd = [memest, "estimate", "--local", "--json", "--no-advice", "--no-hold-outputs", "--model",
            os.path.join(MODELS, f"{case.model}.json"), "--batch", str(p["batch"]),
            "--precision", "fp32", "--optimizer", p["optimizer"], "--dp-strategy", "megatron-ddp",
-           "--data-parallel", str(case.world), "--expert-parallel", str(case.world),
-           "--expert-load", p["routing"]]
+           "--data-parallel", str(size), "--expert-load", p["routing"]]
+    if size > 1:
+        cmd += ["--expert-parallel", str(size)]
+    if tp > 1:
+        cmd += ["--tensor-parallel", str(tp), "--sequence-parallel"]
     resp = estimate(cmd)
     ep = resp.get("expertParallel") or {}
-    rank = _int(ep.get("rank"))
+    rank = _int(ep.get("rank")) * tp
     rows_in = [r["received_rows"] for r in ranks]
     most = [i for i, n in enumerate(rows_in) if n == max(rows_in)]
     rows = [{"step": "-", "quantity": "rank receiving the most", "measured": most,
              "estimated": rank, "rel": None, "ok": rank in most}]
-    measured = {"received rows": rows_in[rank], "least received rows": min(rows_in),
-                "saved_for_backward": ranks[rank]["saved_for_backward"]}
-    estimated = {"received rows": _int(ep.get("receivedRows")),
-                 "least received rows": _int(ep.get("leastReceivedRows")),
-                 "saved_for_backward": _int(resp.get("savedForBackwardBytes"))}
+    measured = {"saved_for_backward": ranks[rank]["saved_for_backward"]}
+    estimated = {"saved_for_backward": _int(resp.get("savedForBackwardBytes"))}
+    if size > 1:  # memest reports the rows of an expert-parallel rank
+        measured.update({"received rows": rows_in[rank], "least received rows": min(rows_in)})
+        estimated.update({"received rows": _int(ep.get("receivedRows")),
+                          "least received rows": _int(ep.get("leastReceivedRows"))})
     rows += [{"step": "-", **r} for r in compare(measured, estimated)]
     return rows, {"rank": rank}
 

@@ -87,11 +87,16 @@ for w, v, m in ((2, 2, 4), (2, 2, 8), (4, 2, 8)):
          "optimizer": "adam"}, "pp-gpt")
 
 # ------------------------------------------------------------------------------ expert parallel
-# Megatron's MoELayer over the whole world as its expert-parallel group (ep.py).
+# Megatron's MoELayer over the whole world as its expert-parallel group (ep.py); with tensor
+# parallelism (and sequence parallelism), over TP x E ranks.
 for w in (2, 4):
     for routing in ("worst", "balanced"):
         add(f"ep/moe/e{w}/{routing}", w, ep.run,
             {"routing": routing, "batch": 2, "optimizer": "sgd"}, f"ep-moe-{routing}")
+for e in (1, 2):
+    for routing in ("worst", "balanced"):
+        add(f"ep/moe/t2/e{e}/{routing}", 2 * e, ep.run,
+            {"routing": routing, "batch": 2, "optimizer": "sgd", "tp": 2}, f"ep-moe-{routing}")
 
 MODEL_FNS = {"mlp": (dp.MODELS["mlp"], 8), "gpt": (dp.MODELS["gpt"], 4),
              "tp-mlp": (functools.partial(tp.tp_mlp, tp=tp.TP(1)), 2),

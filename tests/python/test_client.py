@@ -314,6 +314,13 @@ def test_expert_parallel_estimates_the_rank_that_receives_the_most(client):
         client.estimate(expert_parallel=3, **base)
     with pytest.raises(memest.InvalidArgument, match="expert_parallel"):
         client.estimate(expert_parallel="two", **base)
+    # Each expert split over 2 tensor ranks as well (Megatron's expert tensor parallelism), which
+    # its MoELayer runs with sequence parallelism only.
+    tensor = client.estimate(expert_parallel=2, tensor_parallel=2, sequence_parallel=True, **base)
+    assert tensor.expert_parallel.rank == 1
+    assert tensor.end_of_step.parameters < split.end_of_step.parameters
+    with pytest.raises(memest.InvalidArgument, match="config.parallelism.sequence_parallel"):
+        client.estimate(expert_parallel=2, tensor_parallel=2, **base)
 
 
 def test_plans_fit_fewest_gpus_first(client):
