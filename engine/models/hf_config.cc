@@ -216,7 +216,7 @@ StatusOr<Gpt2Spec> ReadGpt2(const Fields& f, int64_t seq) {
 
 constexpr Family kFamilies[] = {
     {"bert", "BertForMaskedLM"},          {"roberta", "RobertaForMaskedLM"},
-    {"vit", "ViTForImageClassification"},
+    {"vit", "ViTForImageClassification"}, {"t5", "T5ForConditionalGeneration"},
     {"falcon", "FalconForCausalLM"},      {"gemma", "GemmaForCausalLM"},
     {"gemma2", "Gemma2ForCausalLM"},      {"gemma3_text", "Gemma3ForCausalLM"},
     {"gpt2", "GPT2LMHeadModel"},          {"gpt_neox", "GPTNeoXForCausalLM"},
@@ -253,6 +253,10 @@ StatusOr<Graph> BuildFamily(const Family& family, const Fields& f, int64_t seq, 
     MEMEST_ASSIGN_OR_RETURN(VitSpec s, ReadVit(f));
     if (layers > 0) s.layers = layers;
     MEMEST_RETURN_IF_ERROR(BuildVitModel(b, context, s, VitFields()));
+  } else if (type == "t5") {
+    MEMEST_ASSIGN_OR_RETURN(T5Spec s, ReadT5(f, seq));
+    if (layers > 0) s.layers = s.decoder_layers = layers;
+    MEMEST_RETURN_IF_ERROR(BuildT5Model(b, context, s, T5Fields()));
   } else if (type == "bert" || type == "roberta") {
     MEMEST_ASSIGN_OR_RETURN(BertSpec s, ReadBert(f, type == "roberta", seq));
     if (layers > 0) s.layers = layers;
@@ -369,9 +373,13 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
                                            Str(seq)));
   }
   MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
-  const char* layers_field =
-      std::string(family->model_type) == "gpt2" ? "n_layer" : "num_hidden_layers";
-  MEMEST_ASSIGN_OR_RETURN(int64_t layers, f.Size(layers_field));
+  const std::string type = family->model_type;
+  const char* layers_field = type == "gpt2" ? "n_layer" : type == "t5" ? "num_layers" : "num_hidden_layers";
+  MEMEST_ASSIGN_OR_RETURN(int64_t layers, type == "t5" ? f.Size(layers_field, 6) : f.Size(layers_field));
+  if (type == "t5") {  // the counted build has as many decoder blocks: the larger stack's count
+    MEMEST_ASSIGN_OR_RETURN(const int64_t decoder, f.Size("num_decoder_layers", layers));
+    layers = std::max(layers, decoder);
+  }
   MEMEST_RETURN_IF_ERROR(CheckLayeredOpCount(
       layers, Field(layers_field), std::string("a ") + family->model_type + " config", context,
       [&](int64_t n, const BuildContext& counting) {

@@ -1,5 +1,6 @@
-// BERT and RoBERTa configs into BertSpec (engine/models/hf_encoders.h), with the defaults of
-// transformers' BertConfig and RobertaConfig (configuration_bert.py, configuration_roberta.py).
+// BERT, RoBERTa, ViT and T5 configs into their specs (engine/models/hf_encoders.h), with the
+// defaults of transformers' BertConfig, RobertaConfig, ViTConfig and T5Config
+// (configuration_bert.py, configuration_roberta.py, configuration_vit.py, configuration_t5.py).
 #include "engine/models/hf_encoders.h"
 
 #include <cmath>
@@ -92,6 +93,63 @@ StatusOr<VitSpec> ReadVit(const Fields& f) {
                            std::to_string(s.image));
   }
   return s;
+}
+
+StatusOr<T5Spec> ReadT5(const Fields& f, int64_t seq) {
+  T5Spec s;
+  s.seq = seq;
+  MEMEST_ASSIGN_OR_RETURN(s.d_model, f.Size("d_model", 512));
+  MEMEST_ASSIGN_OR_RETURN(s.d_kv, f.Size("d_kv", 64));
+  MEMEST_ASSIGN_OR_RETURN(s.d_ff, f.Size("d_ff", 2048));
+  MEMEST_ASSIGN_OR_RETURN(s.layers, f.Size("num_layers", 6));
+  // T5Config: num_decoder_layers None (to_dict writes null) is num_layers.
+  MEMEST_ASSIGN_OR_RETURN(s.decoder_layers, f.Size("num_decoder_layers", s.layers));
+  MEMEST_ASSIGN_OR_RETURN(s.heads, f.Size("num_heads", 8));
+  MEMEST_ASSIGN_OR_RETURN(s.vocab, f.Size("vocab_size", 32128));
+  MEMEST_ASSIGN_OR_RETURN(s.buckets, f.Size("relative_attention_num_buckets", 32));
+  MEMEST_RETURN_IF_ERROR(f.Size("relative_attention_max_distance", 128).status());
+  MEMEST_ASSIGN_OR_RETURN(s.dropout, f.Probability("dropout_rate", 0.1));
+  MEMEST_ASSIGN_OR_RETURN(s.eps, f.Positive("layer_norm_epsilon", 1e-6));
+  MEMEST_ASSIGN_OR_RETURN(s.tie_embeddings, f.Flag("tie_word_embeddings", true));
+  // T5Config.__init__: "gated-<act>" or "<act>"; "gated-gelu" is gelu_new (the original T5 v1.1).
+  MEMEST_ASSIGN_OR_RETURN(std::string proj, f.Text("feed_forward_proj", "relu"));
+  const size_t dash = proj.find('-');
+  s.gated = dash != std::string::npos && proj.compare(0, dash, "gated") == 0;
+  std::string act = dash == std::string::npos ? proj : proj.substr(dash + 1);
+  if ((dash != std::string::npos && !s.gated) || act.find('-') != std::string::npos || act.empty()) {
+    return InvalidArgument(Field("feed_forward_proj") + ": " + Quote(proj) + " is not a valid "
+                           "activation; give \"gated-{ACT_FN}\" or \"{ACT_FN}\", e.g. "
+                           "'gated-gelu' or 'relu'");
+  }
+  if (proj == "gated-gelu") act = "gelu_new";
+  if (act == "relu") {
+    s.activation = Activation::kRelu;
+  } else if (act == "gelu_new") {
+    s.activation = Activation::kGeluNew;
+  } else if (act == "gelu") {
+    s.activation = Activation::kGelu;
+  } else if (act == "silu" || act == "swish") {
+    s.activation = Activation::kSilu;
+  } else {
+    return InvalidArgument(Field("feed_forward_proj") + ": the activation " + Quote(act) +
+                           " is not modelled; relu, gelu, gelu_new and silu build");
+  }
+  MEMEST_ASSIGN_OR_RETURN(bool encoder_decoder, f.Flag("is_encoder_decoder", true));
+  if (!encoder_decoder) {
+    return InvalidArgument(Field("is_encoder_decoder") + ": false is not modelled: a t5 config "
+                           "builds T5ForConditionalGeneration (encoder and decoder)");
+  }
+  MEMEST_RETURN_IF_ERROR(RefuseIfSet(f, "is_decoder", "a T5 decoder alone"));
+  return s;
+}
+
+FieldOf T5Fields() {
+  return [](const char* name) {
+    const std::string n = name;
+    if (n == "seq") return std::string("model.hf_config.seq");
+    if (n == "buckets") return Field("relative_attention_num_buckets");
+    return Field(n);
+  };
 }
 
 FieldOf VitFields() {

@@ -1,7 +1,7 @@
-// The fields of BERT, RoBERTa and ViT configs (engine/models/hf_config.cc dispatches to them;
-// docs/hf-config.md): model_type bert (BertForMaskedLM), roberta (RobertaForMaskedLM) and vit
-// (ViTForImageClassification), with the defaults of transformers' BertConfig, RobertaConfig and
-// ViTConfig.
+// The fields of BERT, RoBERTa, ViT and T5 configs (engine/models/hf_config.cc dispatches to
+// them; docs/hf-config.md): model_type bert (BertForMaskedLM), roberta (RobertaForMaskedLM), vit
+// (ViTForImageClassification) and t5 (T5ForConditionalGeneration), with the defaults of
+// transformers' BertConfig, RobertaConfig, ViTConfig and T5Config.
 #ifndef MEMEST_ENGINE_MODELS_HF_ENCODERS_H_
 #define MEMEST_ENGINE_MODELS_HF_ENCODERS_H_
 
@@ -10,6 +10,7 @@
 #include "engine/ir/status.h"
 #include "engine/models/encoders.h"
 #include "engine/models/hf_fields.h"
+#include "engine/models/t5.h"
 
 namespace memest::hf {
 
@@ -27,6 +28,13 @@ FieldOf BertFields();
 // field.
 StatusOr<VitSpec> ReadVit(const Fields& f);
 FieldOf VitFields();
+
+// A t5 config (T5ForConditionalGeneration), with T5Config's defaults: feed_forward_proj "relu"
+// or "gated-<act>" ("gated-gelu" is gelu_new, T5 v1.1 and FLAN-T5), num_decoder_layers null
+// as num_layers. Refuses is_encoder_decoder false and is_decoder (a decoder alone), an
+// activation it does not model. Errors name the field.
+StatusOr<T5Spec> ReadT5(const Fields& f, int64_t seq);
+FieldOf T5Fields();
 
 }  // namespace memest::hf
 

@@ -7,7 +7,7 @@ Usage (an interpreter with PyTorch 1.13, transformers and memest: build/pyenv/bi
 
 For each small config of zoo_models.HF whose model_type `memest estimate --hf-config` builds
 (llama, mistral, qwen2, gemma, gemma2, phi3, gpt_neox, gpt2, mixtral, qwen2_moe, falcon,
-opt; qwen3, qwen3_moe and gemma3_text are not in transformers 4.47.1; the zoo's falcon_40b and
+opt, bert, roberta, vit, t5; qwen3, qwen3_moe and gemma3_text are not in transformers 4.47.1; the zoo's falcon_40b and
 opt_350m are those types too) and each of its zoo modes
 (training: SGD, first step and steady state; inference), in a child process of its own:
   1. the config as the zoo makes it (transformers' Config class with the zoo's kwargs and vocab
@@ -49,7 +49,7 @@ os.environ.setdefault("GLOG_minloglevel", "2")
 
 # model_types memest's --hf-config builds that transformers 4.47.1 has (qwen3 came in 4.51,
 # gemma3_text in 4.50).
-SUPPORTED = ("bert", "roberta", "vit", "llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt_neox", "gpt2",
+SUPPORTED = ("bert", "roberta", "vit", "t5", "llama", "mistral", "qwen2", "gemma", "gemma2", "phi3", "gpt_neox", "gpt2",
              "mixtral", "qwen2_moe", "falcon", "falcon_40b", "opt", "opt_350m")
 STEPS = {"training": [("first", True), ("steady", False)], "inference": [("inference", False)]}
 
@@ -66,7 +66,8 @@ def hf_configs():
     the zoo's ViT."""
     import zoo_models
     return [(name, cfg_cls, dict(zoo_models.HF_SMALL, **kw))
-            for name, _cls, cfg_cls, kw, _ci in zoo_models.HF if name in SUPPORTED] + [VIT]
+            for name, _cls, cfg_cls, kw, _ci in zoo_models.HF + zoo_models.HF_SEQ2SEQ
+            if name in SUPPORTED] + [VIT]
 
 
 def write_config(cfg_cls, kw, path):

@@ -91,6 +91,8 @@ INSTANTIATE_TEST_SUITE_P(
                     CountCase{"roberta-base", 124'697'433},
                     // its id2label's 1000 labels written as num_labels
                     CountCase{"vit-base-patch16-224", 86'567'656},
+                    CountCase{"t5-small", 60'506'624},
+                    CountCase{"flan-t5-base", 247'577'856},
                     CountCase{"opt-1.3b", 1'315'758'080},
                     CountCase{"opt-6.7b", 6'658'473'984}),
     [](const testing::TestParamInfo<CountCase>& info) {

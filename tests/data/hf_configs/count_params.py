@@ -31,7 +31,7 @@ import tempfile
 import torch
 import transformers
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification,
-                          AutoModelForMaskedLM)
+                          AutoModelForMaskedLM, AutoModelForSeq2SeqLM)
 
 
 @contextlib.contextmanager
@@ -89,9 +89,11 @@ def count(path):
     try:
         config = load_config(path)
         with meta_context():
-            # the encoders are built as their masked LMs (BertForMaskedLM, RobertaForMaskedLM)
+            # the encoders are built as their masked LMs (BertForMaskedLM, RobertaForMaskedLM),
+            # T5 as T5ForConditionalGeneration
             auto = (AutoModelForMaskedLM if model_type in ("bert", "roberta") else
-                    AutoModelForImageClassification if model_type == "vit" else AutoModelForCausalLM)
+                    AutoModelForImageClassification if model_type == "vit" else
+                    AutoModelForSeq2SeqLM if model_type == "t5" else AutoModelForCausalLM)
             model = auto.from_config(config)
     except Exception as e:  # report, keep going with the other files
         row.update(parameters=None, tied=None,
