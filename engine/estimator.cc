@@ -45,7 +45,7 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
                                  IsMegatron(config.parallelism.sharding);
     MEMEST_ASSIGN_OR_RETURN(step.nccl,
                             NcclMemoryOf(config.parallelism, step.fixed, embedding_group,
-                                         HasExpertDispatch(built)));
+                                         HasExpertDispatch(built), HasRouterAuxLoss(built)));
   }
 
   // Estimate() builds under autocast already; a graph built without it is replayed.

@@ -110,7 +110,7 @@ Status AddMegatronGroups(const ParallelismConfig& p, bool embedding_group, const
 }  // namespace
 
 StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& device,
-                                  bool embedding_group, bool moe) {
+                                  bool embedding_group, bool moe, bool router_aux_loss) {
   MEMEST_RETURN_IF_ERROR(ValidateGpusPerNode(p.gpus_per_node));
   NcclMemory out;
   // Megatron-LM's rank order: tensor fastest, then context, data, pipeline.
@@ -167,6 +167,21 @@ StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& 
       MEMEST_ASSIGN_OR_RETURN(int64_t across, CheckedMul(p.tensor, p.expert));
       MEMEST_RETURN_IF_ERROR(add(expert_data, across));
     }
+    if (p.expert > 1 && p.sharding == DataSharding::kMegatronDdp) {
+      // The experts' own mixed-precision optimizer clips their gradient norm over the expert
+      // tensor x expert x pipeline group (optimizer/__init__.py: pg_collection.tp_ep_pp): its
+      // expert tensor x expert ranks next to each other, times the stages a node holds.
+      MEMEST_ASSIGN_OR_RETURN(int64_t ranks, CheckedMul(p.tensor * p.expert, p.pipeline));
+      const int64_t stride = ranks / p.pipeline * (p.data * p.context / p.expert);
+      const int64_t local_stages = stride >= p.gpus_per_node ? 1 : LocalRanks(p.pipeline, stride, p.gpus_per_node);
+      MEMEST_RETURN_IF_ERROR(add(Group{"expert tensor x expert x pipeline", ranks, 0, true}, 1,
+                                 LocalRanks(p.tensor * p.expert, 1, p.gpus_per_node) * local_stages));
+    }
+  }
+  if (moe && router_aux_loss && IsMegatron(p.sharding) && p.tensor * p.context > 1) {
+    // The router's load-balancing loss all-reduces its token counts over the tensor x context
+    // group every forward (moe_utils.py get_tokens_per_expert_and_token_count, tp_cp_group).
+    MEMEST_RETURN_IF_ERROR(add(Group{"tensor x context", p.tensor * p.context, 0, true}, 1));
   }
   return out;
 }

@@ -59,9 +59,11 @@ struct NcclMemory {
 // stage of a model whose embedding is tied to its head, which Megatron's strategies keep on
 // both and whose gradient they all-reduce over the two (the embedding group). `moe`: the model
 // has Megatron-LM's MoE layers, whose expert groups are used under tensor parallelism even with
-// one expert-parallel rank.
+// one expert-parallel rank; `router_aux_loss`: their routers' load-balancing loss, whose token
+// counts are all-reduced over the tensor x context group.
 StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& parallelism, const DeviceInfo& device,
-                                  bool embedding_group = false, bool moe = false);
+                                  bool embedding_group = false, bool moe = false,
+                                  bool router_aux_loss = false);
 
 }  // namespace memest
 

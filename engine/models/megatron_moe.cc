@@ -81,7 +81,8 @@ int AttachAuxLoss(GraphBuilder& b, int logits, int probs, const MoeOptions& o, D
   const int counts = b.Add1("to", {tokens}, {{"dtype", std::string("float32")}});
   int aux = b.Add1("sum", {b.Add1("mul", {per_expert, counts})});
   aux = b.Add1("to", {aux}, {{"dtype", DTypeAttr(dtype)}});
-  return b.Add1("add", {probs, aux});
+  // Marked: the token counts are all-reduced over the tensor x context group (NCCL's groups).
+  return b.Add1("add", {probs, aux}, {{"moe", std::string("aux_loss")}});
 }
 
 }  // namespace
@@ -147,6 +148,7 @@ int MegatronMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions&
                           {"role", std::string("dispatch")}};
   int received = b.Add1("ep_all_to_all", {permuted}, dispatch);
   int received_probs = b.Add1("ep_all_to_all", {permuted_probs}, dispatch);
+  const int dispatched = received, dispatched_probs = received_probs;  // custom_forward's
   // dispatch_postprocess: sorted by local expert (a copy, with more than one local expert).
   if (o.experts > 1) {
     received = SortChunks(b, received, counts);
@@ -176,8 +178,12 @@ int MegatronMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions&
     }
   }
 
-  // combine: back in the order the rank sent, back to the senders, unpermuted into place.
+  // combine: back in the order the rank sent (combine_preprocess, before routed_experts_compute
+  // returns: its dispatched_input, permuted_probs and expert_output held until then), back to
+  // the senders, unpermuted into place.
+  const int experts_out = out;
   if (o.experts > 1) out = SortChunks(b, out, counts);
+  for (int local : {received, received_probs, experts_out}) b.HoldUntilLastOp(local);
   Attrs combine = dispatch;
   combine["role"] = std::string("combine");
   out = b.Add1("ep_all_to_all", {out}, combine);
@@ -189,8 +195,11 @@ int MegatronMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions&
   if (shared >= 0) out = b.Add1("add", {out, shared});
   // The dispatcher keeps its last routing (self.probs, self.routing_map) as attributes until the
   // layer's next forward; held here to the forward's end (docs/moe.md: not counted in backward).
-  b.HoldUntilLastOp(routing_probs);
-  b.HoldUntilLastOp(routing_map);
+  // MoELayer's custom_forward holds the permuted tokens (hidden_states) and what the all-to-all
+  // returned (dispatched_input, probs) until it returns.
+  for (int local : {routing_probs, routing_map, permuted, dispatched, dispatched_probs}) {
+    b.HoldUntilLastOp(local);
+  }
   return out;
 }
 

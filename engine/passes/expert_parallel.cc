@@ -119,6 +119,13 @@ bool HasExpertDispatch(const Graph& g) {
   return false;
 }
 
+bool HasRouterAuxLoss(const Graph& g) {
+  for (const Op& op : g.ops) {
+    if (AttrText(op, "moe") == "aux_loss") return true;
+  }
+  return false;
+}
+
 bool IsExpertParameter(const Tensor& t) {
   return t.role == TensorRole::kParameter &&
          t.name.find("experts.local_experts.") != std::string::npos;

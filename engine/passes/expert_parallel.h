@@ -53,6 +53,10 @@ struct ExpertParallelView {
 // Whether `graph` has a Megatron MoE layer's dispatch (a pipeline stage may have none).
 bool HasExpertDispatch(const Graph& graph);
 
+// Whether a Megatron MoE layer of `graph` has the router's load-balancing loss (its token counts
+// all-reduced over the tensor x context group every forward).
+bool HasRouterAuxLoss(const Graph& graph);
+
 // Whether `tensor` is a parameter of a Megatron MoELayer's experts (its name has
 // "experts.local_experts."): Megatron marks them `allreduce = False`, and its DDP keeps them in
 // the expert-parallel buffers.

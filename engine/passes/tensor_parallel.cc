@@ -393,7 +393,7 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
   Sharder sharder(graph, t, config.sequence_parallel, seq, std::move(split), scatter, &view);
   view.dtensor = config.tensor_layers == TensorParallelLayers::kDTensor;
   if (view.dtensor) sharder.set_dtensor();
-  MEMEST_RETURN_IF_ERROR(sharder.FindMoeLayers(load));
+  MEMEST_RETURN_IF_ERROR(sharder.FindMoeLayers(load, config.sharding));
   StatusOr<Graph> out = ReplayGraph(
       leaves, [&](int i, GraphBuilder& b, std::vector<int>& map) { return sharder.Emit(i, b, map); },
       std::nullopt, &view.replay);

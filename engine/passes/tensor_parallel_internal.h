@@ -60,8 +60,9 @@ class Sharder {
   Sharder(const Graph& graph, int64_t t, bool sequence_parallel, int sequence_dim,
           std::vector<Split> split, int scatter, TensorParallelView* view);
   // Megatron-LM's MoE layers (tensor_parallel_moe.cc), found by their dispatch: each rank
-  // routes its share of the tokens, `load` spreading them over the experts.
-  Status FindMoeLayers(ExpertLoad load);
+  // routes its share of the tokens, `load` spreading them over the experts; `sharding` must be
+  // Megatron's (or none).
+  Status FindMoeLayers(ExpertLoad load, DataSharding sharding);
   // Context parallelism (engine/passes/context_parallel.h): t ranks each hold 1/t of the
   // sequence everywhere; attention becomes ring attention, and a position-indexed tensor (a
   // rotary table) meeting a split activation is sliced to the rank's positions.
@@ -146,10 +147,13 @@ class Sharder {
     std::string scope;  // the layer's (its dispatch's)
     int64_t tokens = 0, experts = 0, top_k = 0;  // the whole graph's tokens
     DType probs = DType::kFloat32;  // the routing weights' dtype
+    // The dispatch's outputs (of g_) and the rank's all-to-all outputs before the gather.
+    std::vector<std::pair<int, int>> dispatched;
   };
   std::vector<MoeLayer> moe_;
   std::vector<int> moe_of_op_;  // per op of g_: its MoE layer, -1: none
   ExpertLoad load_ = ExpertLoad::kDefault;
+  DataSharding sharding_ = DataSharding::kNone;
 };
 
 }  // namespace tensor_parallel

@@ -50,8 +50,9 @@ int WeightOf(const Graph& g, int w) {
 
 }  // namespace
 
-Status Sharder::FindMoeLayers(ExpertLoad load) {
+Status Sharder::FindMoeLayers(ExpertLoad load, DataSharding sharding) {
   load_ = load;
+  sharding_ = sharding;
   moe_of_op_.assign(g_.ops.size(), -1);
   for (const Op& op : g_.ops) {
     if (op.kind != "ep_all_to_all" || AttrText(op, "role") != "dispatch") continue;
@@ -75,6 +76,11 @@ Status Sharder::FindMoeLayers(ExpertLoad load) {
           ") over " + std::to_string(t_) + " tensor-parallel ranks needs sequence parallelism "
           "(moe_layer.py: \"performance may degrade if MoE and tensor parallelism are enabled "
           "without also enabling sequence parallelism\", raised in training)");
+    }
+    if (sharding_ != DataSharding::kNone && !IsMegatron(sharding_)) {
+      return InvalidArgument("config.parallelism.data_parallel: Megatron-LM's MoELayer (at " +
+                             Quote(op.scope) + ") runs under Megatron's own data parallelism "
+                             "(megatron-ddp, megatron-distopt), not " + DataShardingName(sharding_));
     }
     if (dtensor_ || context_) {
       return InvalidArgument(std::string("config.parallelism.") +
@@ -171,7 +177,7 @@ Status Sharder::MoeOp(int i, GraphBuilder& b, std::vector<int>& map, bool* done)
 // them.
 Status Sharder::MoeAllToAll(int i, GraphBuilder& b, std::vector<int>& map) {
   const Op& op = g_.ops[i];
-  const MoeLayer& layer = moe_[moe_of_op_[i]];
+  MoeLayer& layer = moe_[moe_of_op_[i]];
   const bool dispatch = AttrText(op, "role") == "dispatch";
   const Split x = In(i, 0);
   int in = map[op.inputs[0]];
@@ -183,8 +189,18 @@ Status Sharder::MoeAllToAll(int i, GraphBuilder& b, std::vector<int>& map) {
   if (!dispatch) {
     const DType dtype = b.tensor(in).dtype;
     if (dtype != layer.probs) in = b.Add1("to", {in}, {{"dtype", std::string(DTypeName(layer.probs))}});
-    in = b.Add1("tp_reduce_scatter", {in}, {{"tp", t_}, {"dim", int64_t{0}}});
+    in = b.Add1("tp_reduce_scatter", {in}, {{"tp", t_}, {"dim", int64_t{0}}, {"flat", int64_t{1}}});
     if (dtype != layer.probs) in = b.Add1("to", {in}, {{"dtype", std::string(DTypeName(dtype))}});
+    // routed_experts_compute's locals (the sorted tokens and weights, the experts' output), held
+    // by the builder to the end of its combine_preprocess, last until the reduce-scatter that
+    // ends it now.
+    const int ended = g_.tensors[op.inputs[0]].producer;
+    for (const HeldTensor& h : g_.held) {
+      if (h.until_op == ended && map[h.tensor] >= 0) b.HoldUntilLastOp(map[h.tensor]);
+    }
+    // No op reads the dispatch's outputs after this one: what MoELayer's custom_forward holds
+    // of them to its end (dispatched_input, probs) is the all-to-all's, not the gathered rows.
+    for (const auto& [whole, rank] : layer.dispatched) map[whole] = rank;
   }
   if (!b.ok()) return b.status();
   Attrs attrs = op.attrs;
@@ -192,7 +208,8 @@ Status Sharder::MoeAllToAll(int i, GraphBuilder& b, std::vector<int>& map) {
   int y = b.Add1("ep_all_to_all", {in}, std::move(attrs));
   Split s{0, true};
   if (dispatch) {
-    y = b.Add1("tp_all_gather", {y}, {{"tp", t_}, {"dim", int64_t{0}}});
+    layer.dispatched.emplace_back(op.outputs[0], y);
+    y = b.Add1("tp_all_gather", {y}, {{"tp", t_}, {"dim", int64_t{0}}, {"flat", int64_t{1}}});
     s = Split{};
   }
   if (!b.ok()) return b.status();

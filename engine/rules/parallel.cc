@@ -28,6 +28,10 @@
 //                               (DTensor: reduce-scatters it into one)
 //   DTensor's layouts: tp_reduce_scatter and tp_all_gather take scatter_copy and gather_copy
 //   (0 or 1), the copies funcol makes when the sequence is not dim 0 (engine/rules/dtensor.cc)
+//   flat (0 or 1): torch.distributed's list all_gather / reduce_scatter (Megatron's with split
+//   sizes: its MoE dispatcher) over equal splits: ProcessGroupNCCL (and gloo) gathers into, or
+//   scatters from, one new flat tensor of the whole (newLikeFlat) and copies it out or in, in
+//   forward and again in backward (the other collective, with the splits)
 //   vocab_parallel_embedding(weight[V/tp, d], ids; tp)   VocabParallelEmbedding before its
 //                               reduction: the rank's rows looked up, the others' tokens zeroed
 //   vocab_parallel_cross_entropy(logits[.., V/tp], target[..]; tp)   _VocabParallelCrossEntropy:
@@ -162,6 +166,10 @@ StatusOr<std::vector<OutputSpec>> InferGather(const OpCall& c) {
 void GatherMemory(const OpCall& c, OpMemory* m) {
   if (FlagAttr(c, "gather_copy")) m->forward_temps.push_back(Alloc{BytesOf(c.out(0)), "all-gather before its cat"});
   if (FlagAttr(c, "scatter_copy")) m->backward_temps.push_back(Alloc{BytesOf(c.out(0)), "gradient in chunk order"});
+  if (FlagAttr(c, "flat")) {
+    m->forward_temps.push_back(Alloc{BytesOf(c.out(0)), "all_gather's flattened output (equal splits)"});
+    m->backward_temps.push_back(Alloc{BytesOf(c.out(0)), "reduce_scatter's flattened input"});
+  }
 }
 
 // The reduce-scatter reads `input_.contiguous()`: a copy of a strided input while it runs;
@@ -173,6 +181,10 @@ void ReduceScatterMemory(const OpCall& c, OpMemory* m) {
     m->forward_temps.push_back(Alloc{BytesOf(c.in(0)), "reduce-scatter input made contiguous"});
   }
   if (FlagAttr(c, "gather_copy")) m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "all-gather before its cat"});
+  if (FlagAttr(c, "flat")) {
+    m->forward_temps.push_back(Alloc{BytesOf(c.in(0)), "reduce_scatter's flattened input"});
+    m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "all_gather's flattened output (equal splits)"});
+  }
 }
 
 // Megatron splits along the first dim, whose chunks are contiguous views; a chunk along a later

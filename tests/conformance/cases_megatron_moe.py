@@ -179,26 +179,31 @@ def megatron_moe_layer(r, x):
     b = x.shape[0]
     n, routed = b * SEQ, b * SEQ * TOP_K
     counts = [b * sum(e in p for p in PREFS) for e in range(EXPERTS)]
-    with r.frame() as local:  # the dispatcher's self.probs, self.routing_map
+    # custom_forward: the dispatcher's self.probs, self.routing_map, and its own locals (the
+    # permuted tokens, what the all-to-all returned) until it returns
+    with r.frame() as local:
         sorted_indices, permuted, permuted_probs = route_and_permute(r, x, local, PREFS, EXPERTS,
                                                                      TOP_K)
-        # token_dispatch, dispatch_postprocess
-        received = r.ep_all_to_all(permuted, routed, EXPERTS, TOP_K, "dispatch")
-        received_probs = r.ep_all_to_all(permuted_probs, routed, EXPERTS, TOP_K, "dispatch")
-        received = _sort_chunks(r, received, counts)
-        received_probs = _sort_chunks(r, received_probs, counts)
-        # SequentialMLP
-        pieces = r.split(received, 0, counts)
-        weights = r.split(received_probs, 0, counts)
-        outs = []
-        for e in range(EXPERTS):
-            with r.scope(f"experts.local_experts.{e}"):
-                h = r.linear(pieces[e], r.param(f"experts.{e}.fc1", [2 * FFN, DIM]))
-                h = r.megatron_swiglu(h, r.unsqueeze(weights[e], -1))
-                outs.append(r.linear(h, r.param(f"experts.{e}.fc2", [DIM, FFN])))
-        out = r.cat(outs, 0)
-        # combine_preprocess, token_combine, combine_postprocess (unpermute)
-        out = _sort_chunks(r, out, counts)
+        local(permuted)
+        # token_dispatch
+        received = local(r.ep_all_to_all(permuted, routed, EXPERTS, TOP_K, "dispatch"))
+        received_probs = local(r.ep_all_to_all(permuted_probs, routed, EXPERTS, TOP_K, "dispatch"))
+        # routed_experts_compute: dispatch_postprocess, SequentialMLP, combine_preprocess, its
+        # locals (dispatched_input, permuted_probs, expert_output) held until it returns
+        with r.frame() as experts_local:
+            received = experts_local(_sort_chunks(r, received, counts))
+            received_probs = experts_local(_sort_chunks(r, received_probs, counts))
+            pieces = r.split(received, 0, counts)
+            weights = r.split(received_probs, 0, counts)
+            outs = []
+            for e in range(EXPERTS):
+                with r.scope(f"experts.local_experts.{e}"):
+                    h = r.linear(pieces[e], r.param(f"experts.{e}.fc1", [2 * FFN, DIM]))
+                    h = r.megatron_swiglu(h, r.unsqueeze(weights[e], -1))
+                    outs.append(r.linear(h, r.param(f"experts.{e}.fc2", [DIM, FFN])))
+            out = experts_local(r.cat(outs, 0))
+            out = _sort_chunks(r, out, counts)
+        # token_combine, combine_postprocess (unpermute)
         out = r.ep_all_to_all(out, routed, EXPERTS, TOP_K, "combine")
         where = r.expand(r.unsqueeze(sorted_indices, 1), [routed, DIM])
         restored = r.scatter_add_(r.full([n, DIM]), where, out, 0)

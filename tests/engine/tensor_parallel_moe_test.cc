@@ -143,18 +143,55 @@ TEST(TensorParallelMoeTest, EstimatesAndConnectsTheExpertTensorGroup) {
   EXPECT_EQ(ranks["expert tensor"], 2);           // the dispatcher's gather and scatter
   EXPECT_EQ(ranks["expert tensor x expert"], 2);  // its token counts
   EXPECT_EQ(ranks.count("expert data"), 0u);      // one expert rank: experts in the dense buffers
+  EXPECT_EQ(ranks.count("tensor x context"), 0u);  // no load-balancing loss
+  ranks.clear();
+  ParallelismConfig both = Parallel(2, 2);  // megatron-ddp: the experts' optimizer clips alone
+  for (const NcclCommunicator& n : NcclMemoryOf(both, h100, false, true, true).value().communicators) {
+    ranks[n.group] = n.ranks;
+  }
+  EXPECT_EQ(ranks["tensor x context"], 2);  // the router's token counts, every forward
+  EXPECT_EQ(ranks["expert tensor x expert x pipeline"], 4);
   for (const NcclCommunicator& n : NcclMemoryOf(Parallel(2, 1), h100).value().communicators) {
     EXPECT_EQ(n.group.find("expert"), std::string::npos) << n.group;  // a dense model: none
   }
 }
 
-TEST(TensorParallelMoeTest, RefusesTensorRanksWithoutSequenceParallelism) {
+TEST(TensorParallelMoeTest, RefusesTensorRanksWithoutSequenceParallelismOrMegatron) {
   StatusOr<TensorParallelView> v = ShardTensorParallel(Megatron(ExpertLoad::kWorst),
                                                        Parallel(2, 1, /*sp=*/false));
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(v.status().message().find("config.parallelism.sequence_parallel: Megatron-LM's MoELayer"),
             std::string::npos) << v.status().message();
+  ParallelismConfig ddp = Parallel(2, 1);
+  ddp.sharding = DataSharding::kDdp;
+  v = ShardTensorParallel(Megatron(ExpertLoad::kWorst), ddp);
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.status().message().find("config.parallelism.data_parallel: Megatron-LM's MoELayer"),
+            std::string::npos) << v.status().message();
+}
+
+// Megatron passes split sizes: torch.distributed's list collectives, which gather into (and
+// scatter from) one flat tensor of the whole; and MoELayer's functions hold their locals.
+TEST(TensorParallelMoeTest, ListCollectivesAndTheLayersLocals) {
+  StatusOr<TensorParallelView> v = ShardTensorParallel(Megatron(ExpertLoad::kBalanced), Parallel(2, 1),
+                                                       ExpertLoad::kBalanced);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  const Graph& g = v->graph;
+  for (const std::string kind : {"tp_all_gather", "tp_reduce_scatter"}) {
+    for (const Op* op : InLayer(g, kind)) EXPECT_EQ(IntAttr(op->attrs, "flat", 0, "").value(), 1);
+  }
+  // The experts' output is held through the reduce-scatter that ends combine_preprocess; the
+  // all-to-all's outputs (not the gathered rows) to the layer's end.
+  const Op* scatter = InLayer(g, "tp_reduce_scatter")[0];
+  const int scatter_op = static_cast<int>(scatter - g.ops.data());
+  int through = 0;
+  for (const HeldTensor& h : g.held) through += h.until_op >= scatter_op && h.until_op <= scatter_op + 1;
+  EXPECT_GE(through, 3);  // the sorted tokens and weights, the experts' output
+  for (const HeldTensor& h : g.held) {
+    const int producer = g.tensors[h.tensor].producer;
+    EXPECT_TRUE(producer < 0 || g.ops[producer].kind != "tp_all_gather") << "a gathered tensor held";
+  }
 }
 
 }  // namespace

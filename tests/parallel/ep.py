@@ -20,11 +20,16 @@ With tensor parallelism (TP ranks, Megatron's rank order: tensor fastest, the ex
 group the tensor group), sequence parallelism splits the sequence: each rank routes its own
 SEQ / TP positions, the all-to-all runs within its expert-parallel group (the ranks of its
 tensor rank), and token_dispatcher.py's dispatch_postprocess gathers what the tensor group
-received (`gather_from_sequence_parallel_region`: a new tensor; backward reduce-scatters the
-gradient into one), the experts hold 1/TP of linear_fc1's rows and linear_fc2's columns and
-communicate nothing (explicit_expert_comm: fc2's output a partial sum), and combine_preprocess
-reduce-scatters the sum back (`reduce_scatter_to_sequence_parallel_region`; backward
-all-gathers) before the all-to-all returns it. Routing is per position, so each tensor rank
+received (`gather_from_sequence_parallel_region` with split sizes: torch.distributed's list
+all_gather, which gathers through one new flat tensor of the whole; backward the list
+reduce_scatter, written here as ProcessGroupNCCL runs it, through a flat copy of its input),
+the experts hold 1/TP of linear_fc1's rows and linear_fc2's columns and communicate nothing
+(explicit_expert_comm: fc2's output a partial sum), and combine_preprocess reduce-scatters the
+sum back (`reduce_scatter_to_sequence_parallel_region`, the list collective again; backward
+all-gathers) before the all-to-all returns it. As MoELayer's functions hold them:
+custom_forward the permuted tokens and the all-to-all's outputs until the layer returns,
+routed_experts_compute the sorted tokens and weights and the experts' output until
+combine_preprocess has run. Routing is per position, so each tensor rank
 routes its half alike (the balanced preferences are balanced in each half).
 
 With the expert-parallel and tensor groups covering the world, the expert-data-parallel group
@@ -66,36 +71,59 @@ class AllToAll(torch.autograd.Function):
         return AllToAll.apply(g.contiguous(), input_splits, output_splits, ctx.group), None, None, None
 
 
+def _gather(x, group):
+    """mappings.py _gather_along_first_dim with output_split_sizes (equal): a new output split
+    into views, torch.distributed.all_gather into the list (gloo, as NCCL, gathers into one new
+    flat tensor and copies it out)."""
+    out = torch.empty((group.size() * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype)
+    if x.numel():  # the group's ranks receive alike: none of them any (gloo fails on nothing)
+        dist.all_gather(list(out.split([x.shape[0]] * group.size())), x.contiguous(), group=group)
+        common.flush(group)
+    return out
+
+
+def _reduce_scatter(x, group):
+    """mappings.py _reduce_scatter_along_first_dim with input_split_sizes (equal):
+    torch.distributed.reduce_scatter(output, list of x's chunks), as ProcessGroupNCCL runs it
+    (gloo has none): the output (empty_like a chunk), then one new flat tensor of x's size with
+    the chunks copied in, reduced, the rank's chunk copied out."""
+    n = x.shape[0] // group.size()
+    out = torch.empty((n,) + tuple(x.shape[1:]), dtype=x.dtype)
+    flat = torch.empty(x.shape, dtype=x.dtype)
+    flat.copy_(x)
+    if x.numel():
+        common.all_reduce(flat, group)
+    out.copy_(flat[group.rank() * n:(group.rank() + 1) * n])
+    del flat
+    return out
+
+
 class GatherTokens(torch.autograd.Function):
-    """mappings.py _GatherFromSequenceParallelRegion along the first dim (equal splits): a new
-    tensor of the group's rows; backward reduce-scatters the gradient into a new one."""
+    """mappings.py _GatherFromSequenceParallelRegion with split sizes: the group's rows;
+    backward reduce-scatters the gradient."""
 
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        out = torch.empty((group.size() * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype)
-        common.all_gather_into_tensor(out, x.contiguous(), group)
-        return out
+        return _gather(x, group)
 
     @staticmethod
     def backward(ctx, g):
-        return ScatterTokens.apply(g.contiguous(), ctx.group), None
+        return _reduce_scatter(g, ctx.group), None
 
 
 class ScatterTokens(torch.autograd.Function):
-    """mappings.py _ReduceScatterToSequenceParallelRegion along the first dim: the group's sum
-    of the rank's rows, a new tensor; backward all-gathers the gradient into a new one."""
+    """mappings.py _ReduceScatterToSequenceParallelRegion with split sizes: the group's sum of
+    the rank's rows; backward all-gathers the gradient."""
 
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        out = torch.empty((x.shape[0] // group.size(),) + tuple(x.shape[1:]), dtype=x.dtype)
-        common.reduce_scatter_tensor(out, x.contiguous(), group)
-        return out
+        return _reduce_scatter(x, group)
 
     @staticmethod
     def backward(ctx, g):
-        return GatherTokens.apply(g.contiguous(), ctx.group), None
+        return _gather(g, ctx.group), None
 
 
 class EP:
@@ -157,45 +185,51 @@ def moe_layer(r, b, ep, routing):
                 return t
             return r._op(kind, [t], {}, lambda t_: fn.apply(t_, ep.tp_group))
 
-        received = a2a(permuted, "dispatch", recv, send)
-        received_probs = a2a(permuted_probs, "dispatch", recv, send)
-        # dispatch_postprocess: the tensor group's rows gathered, then sort_chunks_by_idxs:
-        # [tensor rank][expert rank][local expert] -> [local expert][tensor rank, expert rank]
-        gather = "megatron.gather_from_sequence_parallel_region"
-        received = tp_collective(received, gather, GatherTokens)
-        received_probs = tp_collective(received_probs, gather, GatherTokens)
-        sources = ep.tp * ep.size
-        by_rank = [counts[e] for _ in range(sources) for e in ep.mine]
-        per_expert = [sources * counts[e] for e in ep.mine]
+        # MoELayer's custom_forward holds the permuted tokens and what the all-to-all returned
+        # until it returns
+        local(permuted)
+        received = local(a2a(permuted, "dispatch", recv, send))
+        received_probs = local(a2a(permuted_probs, "dispatch", recv, send))
+        # routed_experts_compute, its locals (dispatched_input, permuted_probs, expert_output)
+        # held until it returns, after combine_preprocess
+        with r.frame() as experts_local:
+            # dispatch_postprocess: the tensor group's rows gathered, then sort_chunks_by_idxs:
+            # [tensor rank][expert rank][local expert] -> [local expert][tensor rank, expert rank]
+            gather = "megatron.gather_from_sequence_parallel_region"
+            received = tp_collective(received, gather, GatherTokens)
+            received_probs = tp_collective(received_probs, gather, GatherTokens)
+            sources = ep.tp * ep.size
+            by_rank = [counts[e] for _ in range(sources) for e in ep.mine]
+            per_expert = [sources * counts[e] for e in ep.mine]
 
-        def sort(t, sizes, order_):
-            if ep.local == 1 and sources > 1:
-                return t
-            pieces = _split(r, t, sizes, "chunks")
-            return _cat(r, [pieces[i] for i in order_], "chunks")
-        to_expert = [j * ep.local + l for l in range(ep.local) for j in range(sources)]
-        received = sort(received, by_rank, to_expert)
-        received_probs = sort(received_probs, by_rank, to_expert)
-        # SequentialMLP: one local expert runs on what arrived, as it is; each holds 1/TP of
-        # linear_fc1's rows (both gated halves) and of linear_fc2's columns
-        one = ep.local == 1 and sources > 1
-        pieces = [received] if one else _split(r, received, per_expert, "experts")
-        weights = [received_probs] if one else _split(r, received_probs, per_expert, "experts")
-        ffn = FFN // ep.tp
-        outs = []
-        for l, e in enumerate(ep.mine):
-            with r.scope(f"experts.local_experts.{l}"):
-                w1 = r.param(f"mlp.experts.local_experts.{l}.linear_fc1.weight", [2 * ffn, DIM])
-                h = r.megatron_swiglu(r.linear(pieces[l], w1), r.unsqueeze(weights[l], -1))
-                w2 = r.param(f"mlp.experts.local_experts.{l}.linear_fc2.weight", [DIM, ffn])
-                outs.append(r.linear(h, w2))
-        out = outs[0] if one else _cat(r, outs, "experts")
-        by_expert_sizes = [counts[e] for e in ep.mine for _ in range(sources)]
-        to_rank = [l * sources + j for j in range(sources) for l in range(ep.local)]
-        out = sort(out, by_expert_sizes, to_rank)
-        # combine_preprocess: the partial sums reduce-scattered back to the rank's rows
-        out = tp_collective(out, "megatron.reduce_scatter_to_sequence_parallel_region",
-                            ScatterTokens)
+            def sort(t, sizes, order_):
+                if ep.local == 1 and sources > 1:
+                    return t
+                pieces = _split(r, t, sizes, "chunks")
+                return _cat(r, [pieces[i] for i in order_], "chunks")
+            to_expert = [j * ep.local + l for l in range(ep.local) for j in range(sources)]
+            received = experts_local(sort(received, by_rank, to_expert))
+            received_probs = experts_local(sort(received_probs, by_rank, to_expert))
+            # SequentialMLP: one local expert runs on what arrived, as it is; each holds 1/TP of
+            # linear_fc1's rows (both gated halves) and of linear_fc2's columns
+            one = ep.local == 1 and sources > 1
+            pieces = [received] if one else _split(r, received, per_expert, "experts")
+            weights = [received_probs] if one else _split(r, received_probs, per_expert, "experts")
+            ffn = FFN // ep.tp
+            outs = []
+            for l, e in enumerate(ep.mine):
+                with r.scope(f"experts.local_experts.{l}"):
+                    w1 = r.param(f"mlp.experts.local_experts.{l}.linear_fc1.weight", [2 * ffn, DIM])
+                    h = r.megatron_swiglu(r.linear(pieces[l], w1), r.unsqueeze(weights[l], -1))
+                    w2 = r.param(f"mlp.experts.local_experts.{l}.linear_fc2.weight", [DIM, ffn])
+                    outs.append(r.linear(h, w2))
+            out = experts_local(outs[0] if one else _cat(r, outs, "experts"))
+            by_expert_sizes = [counts[e] for e in ep.mine for _ in range(sources)]
+            to_rank = [l * sources + j for j in range(sources) for l in range(ep.local)]
+            out = sort(out, by_expert_sizes, to_rank)
+            # combine_preprocess: the partial sums reduce-scattered back to the rank's rows
+            out = tp_collective(out, "megatron.reduce_scatter_to_sequence_parallel_region",
+                                ScatterTokens)
         out = a2a(out, "combine", send, recv)
         where = r.expand(r.unsqueeze(sorted_indices, 1), [routed, DIM])
         restored = r.scatter_add_(r.full([n, DIM]), where, out, 0)
