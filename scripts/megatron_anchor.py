@@ -41,9 +41,15 @@ def attr(v):
     return {"i": v} if isinstance(v, int) else {"f": v}
 
 
-def megatron_gpt(s, b, h, a, v, layers):
-    """Megatron-LM's GPTModel (local layers, learned positions, tied output), op by op."""
+def megatron_gpt(s, b, h, a, v, layers, groups=None, ffn=None, tied=True, fused=False):
+    """Megatron-LM's GPTModel (local layers, learned positions), op by op: by default the tied
+    output and the eager attention (scaled softmax, its dropout mask). `groups`: GQA's query
+    groups (the fused QKV [s, b, g, (a/g + 2) hd]); `ffn`: the MLP's width (4h); tied False: an
+    `output.weight` of its own; fused: the attention one SDPA op (TransformerEngine's or
+    PyTorch's fused kernel, causal, its dropout inside)."""
     hd = h // a
+    g = groups or a
+    ffn = ffn or 4 * h
     tensors, ops = [], []
 
     def leaf(name, shape, role="TENSOR_ROLE_PARAMETER", dtype="bfloat16", **kw):
@@ -67,25 +73,34 @@ def megatron_gpt(s, b, h, a, v, layers):
         sc = f"h.{i}"
         p = lambda n, shape: leaf(f"{sc}.{n}", shape)
         ln = op("layer_norm", [x, p("ln1.weight", [h]), p("ln1.bias", [h])], sc)
-        qkv = op("linear", [ln, p("attn.qkv.weight", [3 * h, h]), p("attn.qkv.bias", [3 * h])], sc)
-        q, k, val = op("split", [op("view", [qkv], sc, shape=[s, b, a, 3 * hd])], sc, 3,
-                       dim=3, sizes=[hd, hd, hd])
+        qkv_out = (a + 2 * g) * hd
+        qkv = op("linear", [ln, p("attn.qkv.weight", [qkv_out, h]), p("attn.qkv.bias", [qkv_out])], sc)
+        q, k, val = op("split", [op("view", [qkv], sc, shape=[s, b, g, (a // g + 2) * hd])], sc, 3,
+                       dim=3, sizes=[a // g * hd, hd, hd])
         core = sc + ".attn.core"
-        scores = op("matmul", [op("permute", [q], core, dims=[1, 2, 0, 3]),
-                               op("permute", [k], core, dims=[1, 2, 3, 0])], core)
-        probs = op("softmax", [op("div", [scores], core, scalar=float(hd) ** 0.5)], core, dim=-1)
-        probs = op("dropout", [probs], core, p=0.1)
-        ctx = op("matmul", [probs, op("permute", [val], core, dims=[1, 2, 0, 3])], core)
+        if fused:
+            q = op("reshape", [op("contiguous", [q], core)], core, shape=[s, b, a, hd])
+            k, val = op("contiguous", [k], core), op("contiguous", [val], core)
+            ctx = op("scaled_dot_product_attention",
+                     [op("permute", [t], core, dims=[1, 2, 0, 3]) for t in (q, k, val)], core,
+                     fused=1, is_causal=1, dropout_p=0.1)
+        else:
+            scores = op("matmul", [op("permute", [q], core, dims=[1, 2, 0, 3]),
+                                   op("permute", [k], core, dims=[1, 2, 3, 0])], core)
+            probs = op("softmax", [op("div", [scores], core, scalar=float(hd) ** 0.5)], core, dim=-1)
+            probs = op("dropout", [probs], core, p=0.1)
+            ctx = op("matmul", [probs, op("permute", [val], core, dims=[1, 2, 0, 3])], core)
         ctx = op("reshape", [op("permute", [ctx], core, dims=[2, 0, 1, 3])], core, shape=[s, b, h])
         y = op("linear", [ctx, p("attn.proj.weight", [h, h]), p("attn.proj.bias", [h])], sc)
         x = op("add", [x, op("dropout", [y], sc, p=0.1)], sc)
         ln = op("layer_norm", [x, p("ln2.weight", [h]), p("ln2.bias", [h])], sc)
-        y = op("linear", [ln, p("mlp.fc1.weight", [4 * h, h]), p("mlp.fc1.bias", [4 * h])], sc)
-        y = op("linear", [op("gelu", [y], sc), p("mlp.fc2.weight", [h, 4 * h]),
+        y = op("linear", [ln, p("mlp.fc1.weight", [ffn, h]), p("mlp.fc1.bias", [ffn])], sc)
+        y = op("linear", [op("gelu", [y], sc), p("mlp.fc2.weight", [h, ffn]),
                           p("mlp.fc2.bias", [h])], sc)
         x = op("add", [x, op("dropout", [y], sc, p=0.1)], sc)
     x = op("layer_norm", [x, leaf("ln_f.weight", [h]), leaf("ln_f.bias", [h])], "ln_f")
-    logits = op("view", [op("linear", [x, wte], "output")], "loss", shape=[s * b, v])
+    head = wte if tied else leaf("output.weight", [v, h])
+    logits = op("view", [op("linear", [x, head], "output")], "loss", shape=[s * b, v])
     labels = leaf("labels", [s, b], "TENSOR_ROLE_TARGET", "int64", batchDim=1)
     loss = op("cross_entropy", [logits, op("view", [labels], "loss", shape=[s * b])], "loss")
     return {"ops": {"tensors": tensors, "ops": ops, "tracedBatch": b, "loss": loss,
