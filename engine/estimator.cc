@@ -37,6 +37,11 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   MEMEST_ASSIGN_OR_RETURN(step.device, ResolveDevice(config));
   step.fixed = step.device ? *step.device : BareDevice(0);
   step.fixed.cuda_context_bytes = CudaContextBytes(step.fixed, config.module_loading);
+  if (!config.cublas_workspace_config.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(step.fixed.cublas_workspace_bytes,
+                            CublasWorkspaceBytes(config.cublas_workspace_config,
+                                                 "config.cublas_workspace_config"));
+  }
   const bool cpu = config.runtime == Runtime::kCpuTorch113;
   if (cpu) step.fixed.cuda_context_bytes = step.fixed.cublas_workspace_bytes = 0;  // no such thing
   if (!cpu) {  // gloo on the CPU keeps its buffers in host memory

@@ -29,8 +29,9 @@ from megatron_anchor import megatron_gpt  # noqa: E402
 # multiple of 128 x tensor ranks; bf16, the distributed optimizer, AdamW (weight decay 0.01),
 # no recomputation, no gradient-accumulation fusion, dropout 0.1, fused attention.
 GPT7B = dict(s=8192, h=4096, a=32, groups=8, layers=32, tied=False, fused=True)
+# Every case's ENV_VARS set CUBLAS_WORKSPACE_CONFIG=:4096:8.
 OPTIM = ["--precision", "bf16-pure", "--optimizer", "adamw", "--weight-decay", "0.01",
-         "--optimizer-impl", "fused", "--no-hold-outputs"]
+         "--optimizer-impl", "fused", "--no-hold-outputs", "--cublas-workspace-config=:4096:8"]
 PLAN = ["wte=rowwise", "qkv=colwise", "proj=rowwise", "fc1=colwise", "fc2=rowwise",
         "output=colwise"]
 

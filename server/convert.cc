@@ -492,6 +492,16 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
                             ModuleLoadingFromProto(config.cuda_module_loading(),
                                                    "config.cuda_module_loading"));
   }
+  if (config.has_cublas_workspace_config()) {
+    MEMEST_RETURN_IF_ERROR(CheckNameSize(config.cublas_workspace_config(), "config.cublas_workspace_config"));
+    if (out.runtime != Runtime::kCuda) {
+      return InvalidArgument("config.cublas_workspace_config: applies to the CUDA runtime only; "
+                             "the step runs on " + std::string(RuntimeName(out.runtime)));
+    }
+    MEMEST_RETURN_IF_ERROR(CublasWorkspaceBytes(config.cublas_workspace_config(),
+                                                "config.cublas_workspace_config").status());
+    out.cublas_workspace_config = config.cublas_workspace_config();
+  }
   if (config.has_parallelism()) {
     MEMEST_ASSIGN_OR_RETURN(out.parallelism, ParallelismFromProto(config.parallelism()));
   }

@@ -224,6 +224,9 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
         ParseWord("--cuda-module-loading", flags.cuda_module_loading, kModuleLoadings));
     config->set_cuda_module_loading(m);
   }
+  if (!flags.cublas_workspace_config.empty()) {
+    config->set_cublas_workspace_config(flags.cublas_workspace_config);
+  }
   if (!flags.expert_load.empty()) {
     MEMEST_ASSIGN_OR_RETURN(v1::ExpertLoad l,
                             ParseWord("--expert-load", flags.expert_load, kExpertLoads));
@@ -341,6 +344,11 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
   app->add_option("--cuda-module-loading", f->cuda_module_loading,
                   "CUDA_MODULE_LOADING: lazy (default since PyTorch 1.13 / CUDA 11.7) or eager "
                   "(a larger CUDA context)")
+      ->group(run);
+  app->add_option("--cublas-workspace-config", f->cublas_workspace_config,
+                  "CUBLAS_WORKSPACE_CONFIG as the run sets it, \":SIZE_KIB:COUNT\" pairs (\":4096:8\": "
+                  "32 MiB a handle, as deterministic runs set it; default PyTorch's: 32 MiB on "
+                  "sm_90+, else 8 MiB + 128 KiB)")
       ->group(run);
   app->add_option("--expert-load", f->expert_load,
                   "how a mixture-of-experts router spreads the tokens: worst (default: every "

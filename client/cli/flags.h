@@ -65,6 +65,7 @@ struct EstimateFlags {
   std::optional<int64_t> cpu_l2_cache;
   std::string attention;            // eager | sdpa | flash | mem-efficient | cudnn (HF names too)
   std::string cuda_module_loading;  // lazy | eager
+  std::string cublas_workspace_config;  // CUBLAS_WORKSPACE_CONFIG
   std::string expert_load;          // worst | balanced
   ParallelismFlags parallel;
   LoraFlags lora;

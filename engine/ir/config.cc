@@ -200,6 +200,10 @@ Status ValidateSettingsApply(const RunConfig& c) {
           "config.cuda_module_loading: sets how the CUDA context loads kernels; the cpu-1.13 "
           "runtime has no CUDA context");
     }
+    if (!c.cublas_workspace_config.empty()) {
+      return InvalidArgument("config.cublas_workspace_config: sizes cuBLAS's CUDA workspace; the "
+                             "cpu-1.13 runtime has none");
+    }
     if (c.attention != AttentionImpl::kDefault && c.attention != AttentionImpl::kEager) {
       return InvalidArgument(std::string("config.attention: ") + AttentionImplName(c.attention) +
                              " needs torch.nn.functional.scaled_dot_product_attention, which "

@@ -440,6 +440,9 @@ struct RunConfig {
   bool hold_outputs = true;
   AttentionImpl attention = AttentionImpl::kDefault;
   ModuleLoading module_loading = ModuleLoading::kLazy;  // the CUDA runtime only
+  // CUBLAS_WORKSPACE_CONFIG (":SIZE_KIB:COUNT" pairs) as the run sets it; empty: PyTorch's
+  // default for the device (CublasWorkspaceBytes). The CUDA runtime only.
+  std::string cublas_workspace_config;
   ParallelismConfig parallelism;  // training only
   LoraConfig lora;
   QuantizationConfig quantization;

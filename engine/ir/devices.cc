@@ -17,6 +17,8 @@
 // and later, ":4096:2:16:8" (2 x 4 MiB + 8 x 16 KiB = 8 MiB + 128 KiB) on earlier GPUs.
 #include "engine/ir/devices.h"
 
+#include "engine/ir/shape.h"
+
 #include <algorithm>
 #include <cctype>
 #include <utility>
@@ -225,6 +227,40 @@ int64_t CudaContextBytes(const DeviceInfo& device, ModuleLoading loading) {
 
 int AttentionCapability(const DeviceInfo& device) {
   return device.cuda ? device.compute_capability : 90;
+}
+
+StatusOr<int64_t> CublasWorkspaceBytes(const std::string& config, const std::string& field) {
+  // getChosenWorkspaceSize: std::regex ":[0-9]+:[0-9]+" over the variable; each match adds
+  // size * 1024 * count. memest takes only text made of such pairs (anything else there is a
+  // typo PyTorch would skip silently).
+  const auto bad = [&](const std::string& why) {
+    return InvalidArgument(field + ": " + why + "; CUBLAS_WORKSPACE_CONFIG is \":SIZE_KIB:COUNT\" "
+                           "pairs, e.g. \":4096:8\" (32 MiB) or \":4096:2:16:8\" (8 MiB + 128 KiB)");
+  };
+  if (config.size() > 256) return bad("longer than 256 characters");
+  size_t i = 0;
+  int64_t total = 0;
+  while (i < config.size()) {
+    int64_t numbers[2] = {0, 0};
+    for (int64_t& n : numbers) {
+      if (config[i] != ':') return bad("expected ':' at character " + std::to_string(i));
+      ++i;
+      const size_t start = i;
+      while (i < config.size() && config[i] >= '0' && config[i] <= '9') {
+        if (n > (int64_t{1} << 40)) return bad("a number too large");
+        n = 10 * n + (config[i] - '0');
+        ++i;
+      }
+      if (i == start) return bad("expected a number at character " + std::to_string(start));
+      if (i < config.size() && config[i] != ':') return bad("unexpected '" + config.substr(i, 1) + "'");
+    }
+    StatusOr<int64_t> bytes = CheckedMul(numbers[0] * 1024, numbers[1]);  // numbers < 2^44
+    if (bytes.ok()) bytes = CheckedAdd(total, *bytes);
+    if (!bytes.ok() || *bytes > (int64_t{1} << 40)) return bad("more than 1 TiB of workspace");
+    total = *bytes;
+  }
+  if (config.empty()) return bad("empty");
+  return total;
 }
 
 }  // namespace memest

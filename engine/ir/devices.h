@@ -64,6 +64,11 @@ int64_t CudaContextBytes(const DeviceInfo& device, ModuleLoading loading);
 // sm_90's do for the shapes memest builds, 90.
 int AttentionCapability(const DeviceInfo& device);
 
+// The cuBLAS workspace one handle and stream takes under CUBLAS_WORKSPACE_CONFIG `config`, as
+// PyTorch's CublasHandlePool parses it: the sum of SIZE KiB x COUNT over its ":SIZE:COUNT"
+// pairs. Refuses text that is not such pairs, naming `field`.
+StatusOr<int64_t> CublasWorkspaceBytes(const std::string& config, const std::string& field);
+
 }  // namespace memest
 
 #endif  // MEMEST_ENGINE_IR_DEVICES_H_

@@ -227,10 +227,12 @@ TEST(BuildEstimateRequestTest, AttentionAndModuleLoading) {
   EstimateFlags flags;
   flags.preset = "mlp";
   flags.cuda_module_loading = "eager";
+  flags.cublas_workspace_config = ":4096:8";
   flags.optimizer = "hf-adafactor";
   StatusOr<v1::EstimateRequest> request = BuildEstimateRequest(flags);
   ASSERT_TRUE(request.ok());
   EXPECT_EQ(request->config().cuda_module_loading(), v1::CUDA_MODULE_LOADING_EAGER);
+  EXPECT_EQ(request->config().cublas_workspace_config(), ":4096:8");
   EXPECT_EQ(request->config().optimizer().kind(), v1::OPTIMIZER_KIND_HF_ADAFACTOR);
   flags.attention = "xformers";
   EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--attention"),

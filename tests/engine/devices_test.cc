@@ -127,6 +127,20 @@ TEST(DevicesTest, EagerModuleLoadingGrowsTheContext) {
   EXPECT_EQ(CudaContextBytes(d, ModuleLoading::kEager), 430 * kMiB + 379'584'512);
 }
 
+// CUBLAS_WORKSPACE_CONFIG as PyTorch's CublasHandlePool parses it: SIZE KiB x COUNT summed.
+TEST(DevicesTest, CublasWorkspaceConfigIsParsedAsPyTorchDoes) {
+  EXPECT_EQ(CublasWorkspaceBytes(":4096:8", "f").value(), 32 * 1024 * 1024);
+  EXPECT_EQ(CublasWorkspaceBytes(":4096:2:16:8", "f").value(), 8 * 1024 * 1024 + 128 * 1024);
+  EXPECT_EQ(CublasWorkspaceBytes(":16:8", "f").value(), 128 * 1024);
+  EXPECT_EQ(CublasWorkspaceBytes(":0:8", "f").value(), 0);
+  for (const char* bad : {"", "4096:8", ":4096", ":4096:8:", ":4096:x", ": 4096:8", ":-1:8",
+                          ":1099511627777:1", ":1048576:1048577"}) {
+    StatusOr<int64_t> b = CublasWorkspaceBytes(bad, "config.cublas_workspace_config");
+    ASSERT_FALSE(b.ok()) << bad;
+    EXPECT_EQ(b.status().message().rfind("config.cublas_workspace_config: ", 0), 0u) << bad;
+  }
+}
+
 TEST(DevicesTest, UnknownDeviceIsNotFoundAndListsTheCatalog) {
   StatusOr<DeviceInfo> d = FindDevice("tpu-v5");
   ASSERT_FALSE(d.ok());

@@ -106,6 +106,13 @@ def test_attention_module_loading_and_hf_optimizers(client):
     lazy = client.estimate(device="Tesla-T4", **base)
     eager_ctx = client.estimate(device="Tesla-T4", cuda_module_loading="eager", **base)
     assert eager_ctx.breakdown.cuda_context > lazy.breakdown.cuda_context
+    # a T4's default workspace is 8 MiB + 128 KiB a handle; :4096:8 is 32 MiB
+    wide = client.estimate(device="Tesla-T4", cublas_workspace_config=":4096:8", **base)
+    assert wide.end_of_step.workspace == lazy.end_of_step.workspace // (8 * 1024 + 128) * 32 * 1024
+    with pytest.raises(memest.InvalidArgument, match="config.cublas_workspace_config"):
+        client.estimate(cublas_workspace_config="4096:8", **base)
+    with pytest.raises(memest.InvalidArgument, match="cublas_workspace_config"):
+        client.estimate(cublas_workspace_config=4096, **base)
     adafactor = client.estimate(optimizer="hf-adafactor", **base)
     adamw = client.estimate(optimizer="hf-adamw", **base)
     assert 0 < adafactor.breakdown.optimizer_state < adamw.breakdown.optimizer_state

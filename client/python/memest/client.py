@@ -55,6 +55,8 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           attention: eager | sdpa | flash | mem-efficient | cudnn (HF's flash_attention_2 is
             flash; unset: sdpa on CUDA, eager on cpu-1.13),
           cuda_module_loading: lazy | eager (CUDA_MODULE_LOADING; unset: lazy),
+          cublas_workspace_config: CUBLAS_WORKSPACE_CONFIG's text, ":SIZE_KIB:COUNT" pairs
+            (":4096:8" as deterministic runs set it; unset: PyTorch's default),
           expert_load: worst | balanced, how a mixture-of-experts router spreads the tokens
             (unset: worst, every token to the same top-k experts; balanced: evenly),
           serving: the model served by vLLM's engine on each GPU (docs/serving.md): True, or a

@@ -244,7 +244,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                   capacity_bytes=None, generate_tokens=None, expandable_segments=False,
                   runtime=None, cpu_isa=None, cpu_l1_cache_bytes=None, cpu_l2_cache_bytes=None,
                   hold_outputs=None, attention=None,
-                  cuda_module_loading=None, data_parallel=None, dp_strategy=None,
+                  cuda_module_loading=None, cublas_workspace_config=None, data_parallel=None,
+                  dp_strategy=None,
                   bucket_cap_mb=None, gradient_as_bucket_view=False, reduce_bucket_size=None,
                   overlap_comm=False, offload_optimizer=False, offload_param=False,
                   reshard_after_forward=None,
@@ -317,6 +318,11 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
     if cuda_module_loading is not None:
         config.cuda_module_loading = _word("cuda_module_loading", cuda_module_loading,
                                            MODULE_LOADINGS)
+    if cublas_workspace_config is not None:
+        if not isinstance(cublas_workspace_config, str):
+            raise InvalidArgument("cublas_workspace_config: CUBLAS_WORKSPACE_CONFIG's text, e.g. "
+                                  "':4096:8', got " + repr(cublas_workspace_config))
+        config.cublas_workspace_config = cublas_workspace_config
     if expert_load is not None:
         config.expert_load = _word("expert_load", expert_load, EXPERT_LOADS)
     if data_parallel is not None:
