@@ -15,9 +15,15 @@
 // table of its own per micro-batch. Its steady state runs a forward and a backward before their
 // sends (send_forward_backward_recv_forward_backward; with overlap_p2p_comm the free waits for
 // the next forward), so the forward's output is freed only after that backward.
+// Megatron's model keeps more: set_input_tensor stores each chunk's received input on its
+// TransformerBlock (self.input_tensor, transformer_block.py, never reset), and backward_step
+// calls retain_grad() on it, so the chunk's last input and its gradient stay after its last
+// backward, through the optimizer step, until the chunk's first forward of the next step sets a
+// new one (only with Megatron's data parallelism: megatron-ddp, megatron-distopt).
 #include <utility>
 #include <vector>
 
+#include "engine/ir/config.h"
 #include "engine/step/fold.h"
 #include "engine/step/simulator.h"
 
@@ -38,6 +44,34 @@ void StepSimulator::RunPipeline() {
   std::vector<int> sent_grads;  // the previous backward's input gradients (input_tensor_grad)
   InFlight* deferred = nullptr;  // interleaved: the forward whose output the next backward keeps
   int deferred_out = -1;
+  // Megatron's TransformerBlock.input_tensor per chunk: the received input (and its retained
+  // gradient) of the chunk's latest forward, once its micro-batch's backward is done.
+  const bool megatron = IsMegatron(cfg_.parallelism.sharding);
+  std::vector<std::vector<int>> retained(static_cast<size_t>(chunks));
+  std::vector<int64_t> received_bytes(static_cast<size_t>(chunks), 0);
+  auto chunk_of_op = [&](int op) {
+    for (int c = 0; c < chunks; ++c) {
+      if (chunks == 1 || (op >= p.chunks[c].first_op && op <= p.chunks[c].last_op)) return c;
+    }
+    return -1;
+  };
+  auto received = [&](int t) {  // a chunk's received activation: an input that takes a gradient
+    const Tensor& x = g_.tensors[t];
+    return x.role == TensorRole::kInput && x.requires_grad;
+  };
+  if (megatron) {
+    for (size_t t = 0; t < g_.tensors.size(); ++t) {
+      const int c = received(static_cast<int>(t)) ? chunk_of_op(first_reader_[t]) : -1;
+      if (c >= 0) received_bytes[c] += Bytes(g_.tensors[t].shape, g_.tensors[t].dtype);
+    }
+    if (cfg_.step == StepKind::kSteadyState) {  // the previous step's, still on the blocks
+      for (int c = 0; c < chunks; ++c) {
+        if (received_bytes[c] == 0) continue;
+        retained[c] = {NewBuffer(received_bytes[c], Category::kInputs),
+                       NewBuffer(received_bytes[c], Category::kGradients)};
+      }
+    }
+  }
   // deallocate_output_tensor: out.data = torch.empty((1,)) (the pin stays, harmless).
   auto deallocate_output = [&](StorageTable& table, int out, InFlight& f) {
     FreeBuffer(table.buffer[out]);
@@ -68,6 +102,8 @@ void StepSimulator::RunPipeline() {
       op_saved_.assign(g_.ops.size(), SavedByOp{});
       rng_state_of_.assign(regions_.size(), -1);
       AllocMicroBatchInputs();
+      for (int b : retained[a.chunk]) FreeBuffer(b);  // set_input_tensor replaces the last one
+      retained[a.chunk].clear();
       const int64_t before = saved_bytes_;
       Forward();
       if (failed()) return;
@@ -93,8 +129,20 @@ void StepSimulator::RunPipeline() {
     swap_in(f);
     Backward();
     if (failed()) return;
+    // The chunk's last micro-batch: its input was the latest set on the block, and stays with
+    // its gradient.
+    const bool retain = megatron && mb_ == micro_batches_ - 1;
     std::vector<int> grads;
     for (size_t t = 0; t < g_.tensors.size(); ++t) {
+      if (retain && received(static_cast<int>(t)) && main_.buffer[t] >= 0 &&
+          chunk_of_op(first_reader_[t]) == a.chunk) {
+        retained[a.chunk].push_back(main_.buffer[t]);
+        main_.buffer[t] = -1;
+        main_.pins[t] = 0;
+        if (param_grad_[t] >= 0) retained[a.chunk].push_back(param_grad_[t]);
+        param_grad_[t] = kNoGrad;
+        continue;
+      }
       if (g_.tensors[t].role == TensorRole::kInput && param_grad_[t] >= 0) {
         grads.push_back(param_grad_[t]);
         param_grad_[t] = kNoGrad;

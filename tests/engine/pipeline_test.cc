@@ -148,6 +148,26 @@ TEST(PipelineTest, InterleavedStagesHoldTheirChunks) {
   EXPECT_NE(ValidateRunConfig(c).message().find("groups of the 2 stages"), std::string::npos);
 }
 
+// Megatron's TransformerBlock keeps each chunk's last received input (set_input_tensor) and its
+// retained gradient after the chunk's last backward, into the next step until the chunk's
+// first forward replaces it; a plain pipeline lets both go.
+TEST(PipelineTest, MegatronsBlocksKeepTheirLastInputAndItsGradient) {
+  const Graph g = Blocks(8);
+  RunConfig c = Pipelined(2, 4);
+  c.runtime = Runtime::kCuda;
+  c.parallelism.pipeline_virtual_stages = 2;
+  c.parallelism.data = 2;
+  c.parallelism.sharding = DataSharding::kMegatronDdp;
+  const Report megatron = EstimateGraph(g, c, {1'000'000, false}).value();
+  c.parallelism.sharding = DataSharding::kDdp;
+  const Report ddp = EstimateGraph(g, c, {1'000'000, false}).value();
+  ASSERT_EQ(megatron.pipeline->worst_stage, ddp.pipeline->worst_stage);
+  // Stage 0's first chunk starts from the data; every other chunk receives [8, 64] float32.
+  const int64_t receiving = megatron.pipeline->worst_stage == 0 ? 1 : 2;
+  const auto at_end = [](const Report& r, Category k) { return r.end_of_step[static_cast<int>(k)]; };
+  EXPECT_EQ(at_end(megatron, Category::kInputs) - at_end(ddp, Category::kInputs), receiving * 8 * 64 * 4);
+}
+
 TEST(PipelineTest, BlocksThatDoNotSplitEvenlyAreRefused) {
   const Graph g = Blocks(4);
   EXPECT_NE(PlanPipelineStage(g, Pipelined(3, 4), 0).status().message().find(
