@@ -26,7 +26,8 @@ int T5Norm(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
   const int xf = b.tensor(x).dtype == DType::kFloat32 ? x : b.Add1("to", {x}, To(DType::kFloat32));
   const int variance = b.Add1("mean", {b.Add1("pow", {xf}, {{"exponent", Float(2.0)}})},
                               {{"dim", Ints({-1})}, {"keepdim", Int(1)}});
-  int h = b.Add1("mul", {x, b.Add1("rsqrt", {b.Add1("add", {variance}, {{"scalar", Float(eps)}})})});
+  int h =
+      b.Add1("mul", {x, b.Add1("rsqrt", {b.Add1("add", {variance}, {{"scalar", Float(eps)}})})});
   if (c.param_dtype == DType::kBFloat16 || c.param_dtype == DType::kFloat16) {
     h = b.Add1("to", {h}, To(c.param_dtype));
   }
@@ -63,7 +64,8 @@ int T5Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, i
   const int q = Heads(b, Linear(b, c, "q", x, inner, /*bias=*/false), s.heads, s.d_kv);
   const int k = Heads(b, Linear(b, c, "k", src, inner, /*bias=*/false), s.heads, s.d_kv);
   const int v = Heads(b, Linear(b, c, "v", src, inner, /*bias=*/false), s.heads, s.d_kv);
-  int scores = b.Add1("matmul", {q, b.Add1("transpose", {k}, {{"dim0", Int(3)}, {"dim1", Int(2)}})});
+  int scores =
+      b.Add1("matmul", {q, b.Add1("transpose", {k}, {{"dim0", Int(3)}, {"dim1", Int(2)}})});
   if (!b.ok()) return -1;
   const DType dtype = b.tensor(scores).dtype;
   if (bias->position < 0) {
@@ -71,12 +73,15 @@ int T5Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, i
     if (relative) {
       // compute_bias: the relative positions' buckets [T, S] (integers, made without autograd),
       // looked up [T, S, heads], permuted and unsqueezed to [1, heads, T, S].
-      const int buckets = b.Add1("full", {}, {{"shape", Ints({t, len})}, {"dtype", std::string("int64")}});
+      const int buckets =
+          b.Add1("full", {}, {{"shape", Ints({t, len})}, {"dtype", std::string("int64")}});
       position = Embedding(b, c, "relative_attention_bias", buckets, s.buckets, s.heads);
       position = b.Add1("permute", {position}, {{"dims", Ints({2, 0, 1})}});
       position = b.Add1("unsqueeze", {position}, {{"dim", Int(0)}});
     } else {
-      position = b.Add1("full", {}, {{"shape", Ints({1, s.heads, t, len})}, {"dtype", std::string(DTypeName(dtype))}});
+      position =
+          b.Add1("full", {},
+                 {{"shape", Ints({1, s.heads, t, len})}, {"dtype", std::string(DTypeName(dtype))}});
     }
     if (bias->mask >= 0) position = b.Add1("add", {position, bias->mask});
     bias->position = position;
@@ -100,7 +105,8 @@ int T5Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, i
 
 // T5LayerSelfAttention / T5LayerCrossAttention: x + dropout(attention(layer_norm(x))).
 int AttentionLayer(GraphBuilder& b, const LayerContext& c, const std::string& name,
-                   const char* attention, int x, int kv, const T5Spec& s, bool relative, Bias* bias) {
+                   const char* attention, int x, int kv, const T5Spec& s, bool relative,
+                   Bias* bias) {
   ModuleScope scope(b, name);
   const int normed = T5Norm(b, c, "layer_norm", x, s.eps);
   const int a = T5Attention(b, c, attention, normed, kv, s, relative, bias);
@@ -184,7 +190,8 @@ int Stack(GraphBuilder& b, const LayerContext& c, const T5Spec& s, int ids, int 
     const int in = h;
     h = Clamp(b, AttentionLayer(b, c, "layer.0", "SelfAttention", h, -1, s, i == 0, &self));
     if (decoder) {
-      h = Clamp(b, AttentionLayer(b, c, "layer.1", "EncDecAttention", h, encoder_out, s, false, &cross));
+      h = Clamp(
+          b, AttentionLayer(b, c, "layer.1", "EncDecAttention", h, encoder_out, s, false, &cross));
     }
     h = Clamp(b, FeedForwardLayer(b, c, decoder ? "layer.2" : "layer.1", h, s));
     b.HoldUntilLastOp(in);  // the stack's loop variable until the block returns
@@ -202,10 +209,13 @@ int Stack(GraphBuilder& b, const LayerContext& c, const T5Spec& s, int ids, int 
 
 }  // namespace
 
-Status BuildT5Model(GraphBuilder& b, const BuildContext& ctx, const T5Spec& s, const FieldOf& field) {
+Status BuildT5Model(GraphBuilder& b, const BuildContext& ctx, const T5Spec& s,
+                    const FieldOf& field) {
   if (s.buckets < 2) {
-    return InvalidArgument(field("buckets") + ": must be at least 2 (half of them for each "
-                           "direction in the encoder), got " + Str(s.buckets));
+    return InvalidArgument(field("buckets") +
+                           ": must be at least 2 (half of them for each "
+                           "direction in the encoder), got " +
+                           Str(s.buckets));
   }
   const LayerContext c = LayerContextOf(ctx);
   const int64_t n = ctx.micro_batch;
@@ -216,11 +226,13 @@ Status BuildT5Model(GraphBuilder& b, const BuildContext& ctx, const T5Spec& s, c
   const int sequence_output = Stack(b, c, s, decoder_ids, shared, encoder_out);
   int h = sequence_output;
   // Rescale output before projecting on vocab (mesh TensorFlow's tied head).
-  if (s.tie_embeddings) h = b.Add1("mul", {h}, {{"scalar", Float(1.0 / std::sqrt(double(s.d_model)))}});
+  if (s.tie_embeddings)
+    h = b.Add1("mul", {h}, {{"scalar", Float(1.0 / std::sqrt(double(s.d_model)))}});
   int logits = -1;
   {
     ModuleScope head(b, "lm_head");
-    const int weight = s.tie_embeddings ? shared : b.Parameter("weight", {s.vocab, s.d_model}, c.param_dtype);
+    const int weight =
+        s.tie_embeddings ? shared : b.Parameter("weight", {s.vocab, s.d_model}, c.param_dtype);
     logits = b.Add1("linear", {h, weight});
   }
   for (int local : {encoder_out, sequence_output, h}) b.HoldUntilLastOp(local);

@@ -73,14 +73,17 @@ Status Sharder::FindMoeLayers(ExpertLoad load, DataSharding sharding) {
     if (!sp_) {
       return InvalidArgument(
           "config.parallelism.sequence_parallel: Megatron-LM's MoELayer (at " + Quote(op.scope) +
-          ") over " + std::to_string(t_) + " tensor-parallel ranks needs sequence parallelism "
+          ") over " + std::to_string(t_) +
+          " tensor-parallel ranks needs sequence parallelism "
           "(moe_layer.py: \"performance may degrade if MoE and tensor parallelism are enabled "
           "without also enabling sequence parallelism\", raised in training)");
     }
     if (sharding_ != DataSharding::kNone && !IsMegatron(sharding_)) {
       return InvalidArgument("config.parallelism.data_parallel: Megatron-LM's MoELayer (at " +
-                             Quote(op.scope) + ") runs under Megatron's own data parallelism "
-                             "(megatron-ddp, megatron-distopt), not " + DataShardingName(sharding_));
+                             Quote(op.scope) +
+                             ") runs under Megatron's own data parallelism "
+                             "(megatron-ddp, megatron-distopt), not " +
+                             DataShardingName(sharding_));
     }
     if (dtensor_ || context_) {
       return InvalidArgument(std::string("config.parallelism.") +
@@ -133,7 +136,8 @@ Status Sharder::MoeOp(int i, GraphBuilder& b, std::vector<int>& map, bool* done)
   const std::string moe = AttrText(op, "moe");
   const int64_t rank_tokens = layer.tokens / t_;
   if (op.kind == "ep_all_to_all") return MoeAllToAll(i, b, map);
-  if (op.kind == "linear" && op.inputs.size() >= 2 && IsExpertParameter(g_.tensors[WeightOf(g_, op.inputs[1])])) {
+  if (op.kind == "linear" && op.inputs.size() >= 2 &&
+      IsExpertParameter(g_.tensors[WeightOf(g_, op.inputs[1])])) {
     return ExpertLinear(i, b, map);
   }
   if (op.kind == "full") {  // the routing's [tokens, experts], the output's [tokens, hidden]
@@ -151,7 +155,8 @@ Status Sharder::MoeOp(int i, GraphBuilder& b, std::vector<int>& map, bool* done)
   if (op.kind == "split" && (moe == "chunks" || moe == "experts")) {
     // The gathered rows by expert: each expert's rows from every rank of the group.
     if (!x.none()) return Refuse(i, "splits the routed tokens before the group gathered them");
-    const std::vector<int64_t> counts = ExpertTokens(rank_tokens, layer.experts, layer.top_k, load_);
+    const std::vector<int64_t> counts =
+        ExpertTokens(rank_tokens, layer.experts, layer.top_k, load_);
     std::vector<int64_t> sizes;
     for (int64_t c : counts) sizes.push_back(c * t_);  // at most the layer's tokens x top_k
     Attrs attrs = op.attrs;
@@ -188,7 +193,8 @@ Status Sharder::MoeAllToAll(int i, GraphBuilder& b, std::vector<int>& map) {
   view_->collectives += 1;
   if (!dispatch) {
     const DType dtype = b.tensor(in).dtype;
-    if (dtype != layer.probs) in = b.Add1("to", {in}, {{"dtype", std::string(DTypeName(layer.probs))}});
+    if (dtype != layer.probs)
+      in = b.Add1("to", {in}, {{"dtype", std::string(DTypeName(layer.probs))}});
     in = b.Add1("tp_reduce_scatter", {in}, {{"tp", t_}, {"dim", int64_t{0}}, {"flat", int64_t{1}}});
     if (dtype != layer.probs) in = b.Add1("to", {in}, {{"dtype", std::string(DTypeName(dtype))}});
     // routed_experts_compute's locals (the sorted tokens and weights, the experts' output), held
@@ -222,13 +228,15 @@ Status Sharder::MoeAllToAll(int i, GraphBuilder& b, std::vector<int>& map) {
 // explicit_expert_comm: the plain product on the rank's share, no collective either way.
 Status Sharder::ExpertLinear(int i, GraphBuilder& b, std::vector<int>& map) {
   const Op& op = g_.ops[i];
-  if (op.inputs.size() != 2) return Refuse(i, "an expert's linear with a bias (Megatron's have none)");
+  if (op.inputs.size() != 2)
+    return Refuse(i, "an expert's linear with a bias (Megatron's have none)");
   const Split x = In(i, 0), w = In(i, 1);
   const int r = Rank(op.inputs[0]);
   if (w.none()) {
-    return Refuse(i, "an expert's linear whose weight the plan does not split (Megatron splits "
-                     "every expert over the expert-tensor-parallel group: linear_fc1 colwise, "
-                     "linear_fc2 rowwise)");
+    return Refuse(i,
+                  "an expert's linear whose weight the plan does not split (Megatron splits "
+                  "every expert over the expert-tensor-parallel group: linear_fc1 colwise, "
+                  "linear_fc2 rowwise)");
   }
   if (w.dim == 0 && !x.none()) return Refuse(i, "a column-parallel expert linear reads split rows");
   if (w.dim == 1 && x != Split{r - 1, false}) {

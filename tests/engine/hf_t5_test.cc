@@ -4,8 +4,8 @@
 // naming the field. Parameter counts are in hf_config_test.cc; the graph against real
 // transformers in tests/conformance/hf_config_check.py.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "engine/models/hf_config.h"
@@ -18,7 +18,7 @@ namespace {
 using enginetest::FromJson;
 
 nlohmann::json SmallT5() {
-  return {{"model_type", "t5"}, {"d_model", 64}, {"d_kv", 16}, {"d_ff", 128},
+  return {{"model_type", "t5"}, {"d_model", 64},  {"d_kv", 16},       {"d_ff", 128},
           {"num_layers", 2},    {"num_heads", 4}, {"vocab_size", 512}};
 }
 
@@ -57,9 +57,12 @@ TEST(HfT5Test, TheDecoderAttendsToTheEncodersOutput) {
   EXPECT_EQ(cross_inputs, 4);  // k and v of 2 decoder blocks
   // One relative_attention_bias a stack (block 0's self-attention), looked up once; the
   // cross-attention's bias is zeros, made once; every attention adds its bias in place.
-  EXPECT_NE(Named(*g, "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"), nullptr);
-  EXPECT_NE(Named(*g, "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"), nullptr);
-  EXPECT_EQ(Named(*g, "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight"), nullptr);
+  EXPECT_NE(Named(*g, "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+            nullptr);
+  EXPECT_NE(Named(*g, "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+            nullptr);
+  EXPECT_EQ(Named(*g, "encoder.block.1.layer.0.SelfAttention.relative_attention_bias.weight"),
+            nullptr);
   EXPECT_EQ(Count(*g, "embedding", "relative_attention_bias"), 2);
   EXPECT_EQ(Count(*g, "add_", "Attention"), 6);  // 2 encoder, 2 decoder self, 2 cross
   EXPECT_EQ(g->blocks.size(), 4u);               // both stacks' blocks checkpoint
@@ -76,7 +79,8 @@ TEST(HfT5Test, GatedFeedForwardAndAnUntiedHead) {
   StatusOr<Graph> g = Build(flan);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_NE(Named(*g, "decoder.block.2.layer.2.DenseReluDense.wi_1.weight"), nullptr);
-  EXPECT_EQ(Named(*g, "encoder.block.2.layer.0.SelfAttention.q.weight"), nullptr);  // 2 encoder blocks
+  EXPECT_EQ(Named(*g, "encoder.block.2.layer.0.SelfAttention.q.weight"),
+            nullptr);  // 2 encoder blocks
   ASSERT_NE(Named(*g, "lm_head.weight"), nullptr);
   EXPECT_EQ(Named(*g, "lm_head.weight")->shape, (Shape{512, 64}));
   EXPECT_EQ(Count(*g, "tanh", "DenseReluDense.act"), 5);  // gelu_new in each of 5 blocks
@@ -89,11 +93,14 @@ TEST(HfT5Test, RefusesWhatItDoesNotBuildNamingTheField) {
     const char* message;
   };
   const Case cases[] = {
-      {"feed_forward_proj", "gated-gelu-x", "model.hf_config.config.feed_forward_proj: 'gated-gelu-x'"},
-      {"feed_forward_proj", "relu6", "model.hf_config.config.feed_forward_proj: the activation 'relu6'"},
+      {"feed_forward_proj", "gated-gelu-x",
+       "model.hf_config.config.feed_forward_proj: 'gated-gelu-x'"},
+      {"feed_forward_proj", "relu6",
+       "model.hf_config.config.feed_forward_proj: the activation 'relu6'"},
       {"is_encoder_decoder", false, "model.hf_config.config.is_encoder_decoder"},
       {"is_decoder", true, "model.hf_config.config.is_decoder"},
-      {"relative_attention_num_buckets", 1, "model.hf_config.config.relative_attention_num_buckets"},
+      {"relative_attention_num_buckets", 1,
+       "model.hf_config.config.relative_attention_num_buckets"},
       {"num_decoder_layers", 0, "model.hf_config.config.num_decoder_layers"},
       {"d_kv", "sixteen", "model.hf_config.config.d_kv"},
   };

@@ -71,7 +71,8 @@ std::vector<int64_t> ExpertSplit(const Graph& g) {
 
 TEST(TensorParallelMoeTest, EachRankRoutesItsShareAndTheGroupGathersIt) {
   const Graph whole = Megatron(ExpertLoad::kBalanced);
-  StatusOr<TensorParallelView> v = ShardTensorParallel(whole, Parallel(2, 1), ExpertLoad::kBalanced);
+  StatusOr<TensorParallelView> v =
+      ShardTensorParallel(whole, Parallel(2, 1), ExpertLoad::kBalanced);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   const Graph& g = v->graph;
   const std::string expert = "model.layers.0.block_sparse_moe.experts.local_experts.1.";
@@ -115,8 +116,10 @@ TEST(TensorParallelMoeTest, ExpertRanksComputeOnTheirTensorGroupsRows) {
   std::vector<const Op*> gathers = InLayer(ep->graph, "tp_all_gather");
   ASSERT_EQ(gathers.size(), 2u);
   EXPECT_EQ(ep->graph.tensors[gathers[0]->outputs[0]].shape, (Shape{128, 64}));
-  EXPECT_EQ(Named(ep->graph, "model.layers.1.block_sparse_moe.experts.local_experts.1.linear_fc1.weight").shape,
-            (Shape{96, 64}));
+  EXPECT_EQ(
+      Named(ep->graph, "model.layers.1.block_sparse_moe.experts.local_experts.1.linear_fc1.weight")
+          .shape,
+      (Shape{96, 64}));
 }
 
 TEST(TensorParallelMoeTest, EstimatesAndConnectsTheExpertTensorGroup) {
@@ -137,16 +140,18 @@ TEST(TensorParallelMoeTest, EstimatesAndConnectsTheExpertTensorGroup) {
 
   DeviceInfo h100 = FindDevice("h100-80gb").value();
   std::map<std::string, int64_t> ranks;
-  for (const NcclCommunicator& n : NcclMemoryOf(Parallel(2, 1), h100, false, true).value().communicators) {
+  for (const NcclCommunicator& n :
+       NcclMemoryOf(Parallel(2, 1), h100, false, true).value().communicators) {
     ranks[n.group] = n.ranks;
   }
-  EXPECT_EQ(ranks["expert tensor"], 2);           // the dispatcher's gather and scatter
-  EXPECT_EQ(ranks["expert tensor x expert"], 2);  // its token counts
-  EXPECT_EQ(ranks.count("expert data"), 0u);      // one expert rank: experts in the dense buffers
+  EXPECT_EQ(ranks["expert tensor"], 2);            // the dispatcher's gather and scatter
+  EXPECT_EQ(ranks["expert tensor x expert"], 2);   // its token counts
+  EXPECT_EQ(ranks.count("expert data"), 0u);       // one expert rank: experts in the dense buffers
   EXPECT_EQ(ranks.count("tensor x context"), 0u);  // no load-balancing loss
   ranks.clear();
   ParallelismConfig both = Parallel(2, 2);  // megatron-ddp: the experts' optimizer clips alone
-  for (const NcclCommunicator& n : NcclMemoryOf(both, h100, false, true, true).value().communicators) {
+  for (const NcclCommunicator& n :
+       NcclMemoryOf(both, h100, false, true, true).value().communicators) {
     ranks[n.group] = n.ranks;
   }
   EXPECT_EQ(ranks["tensor x context"], 2);  // the router's token counts, every forward
@@ -157,25 +162,28 @@ TEST(TensorParallelMoeTest, EstimatesAndConnectsTheExpertTensorGroup) {
 }
 
 TEST(TensorParallelMoeTest, RefusesTensorRanksWithoutSequenceParallelismOrMegatron) {
-  StatusOr<TensorParallelView> v = ShardTensorParallel(Megatron(ExpertLoad::kWorst),
-                                                       Parallel(2, 1, /*sp=*/false));
+  StatusOr<TensorParallelView> v =
+      ShardTensorParallel(Megatron(ExpertLoad::kWorst), Parallel(2, 1, /*sp=*/false));
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(v.status().message().find("config.parallelism.sequence_parallel: Megatron-LM's MoELayer"),
-            std::string::npos) << v.status().message();
+  EXPECT_NE(
+      v.status().message().find("config.parallelism.sequence_parallel: Megatron-LM's MoELayer"),
+      std::string::npos)
+      << v.status().message();
   ParallelismConfig ddp = Parallel(2, 1);
   ddp.sharding = DataSharding::kDdp;
   v = ShardTensorParallel(Megatron(ExpertLoad::kWorst), ddp);
   ASSERT_FALSE(v.ok());
   EXPECT_NE(v.status().message().find("config.parallelism.data_parallel: Megatron-LM's MoELayer"),
-            std::string::npos) << v.status().message();
+            std::string::npos)
+      << v.status().message();
 }
 
 // Megatron passes split sizes: torch.distributed's list collectives, which gather into (and
 // scatter from) one flat tensor of the whole; and MoELayer's functions hold their locals.
 TEST(TensorParallelMoeTest, ListCollectivesAndTheLayersLocals) {
-  StatusOr<TensorParallelView> v = ShardTensorParallel(Megatron(ExpertLoad::kBalanced), Parallel(2, 1),
-                                                       ExpertLoad::kBalanced);
+  StatusOr<TensorParallelView> v =
+      ShardTensorParallel(Megatron(ExpertLoad::kBalanced), Parallel(2, 1), ExpertLoad::kBalanced);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   const Graph& g = v->graph;
   for (const std::string kind : {"tp_all_gather", "tp_reduce_scatter"}) {
@@ -186,11 +194,13 @@ TEST(TensorParallelMoeTest, ListCollectivesAndTheLayersLocals) {
   const Op* scatter = InLayer(g, "tp_reduce_scatter")[0];
   const int scatter_op = static_cast<int>(scatter - g.ops.data());
   int through = 0;
-  for (const HeldTensor& h : g.held) through += h.until_op >= scatter_op && h.until_op <= scatter_op + 1;
+  for (const HeldTensor& h : g.held)
+    through += h.until_op >= scatter_op && h.until_op <= scatter_op + 1;
   EXPECT_GE(through, 3);  // the sorted tokens and weights, the experts' output
   for (const HeldTensor& h : g.held) {
     const int producer = g.tensors[h.tensor].producer;
-    EXPECT_TRUE(producer < 0 || g.ops[producer].kind != "tp_all_gather") << "a gathered tensor held";
+    EXPECT_TRUE(producer < 0 || g.ops[producer].kind != "tp_all_gather")
+        << "a gathered tensor held";
   }
 }
 
