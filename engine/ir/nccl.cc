@@ -173,9 +173,10 @@ StatusOr<NcclMemory> NcclMemoryOf(const ParallelismConfig& p, const DeviceInfo& 
       // expert tensor x expert ranks next to each other, times the stages a node holds.
       MEMEST_ASSIGN_OR_RETURN(int64_t ranks, CheckedMul(p.tensor * p.expert, p.pipeline));
       const int64_t stride = ranks / p.pipeline * (p.data * p.context / p.expert);
-      const int64_t local_stages = stride >= p.gpus_per_node ? 1 : LocalRanks(p.pipeline, stride, p.gpus_per_node);
-      MEMEST_RETURN_IF_ERROR(add(Group{"expert tensor x expert x pipeline", ranks, 0, true}, 1,
-                                 LocalRanks(p.tensor * p.expert, 1, p.gpus_per_node) * local_stages));
+      const int64_t local_stages =
+          stride >= p.gpus_per_node ? 1 : LocalRanks(p.pipeline, stride, p.gpus_per_node);
+      const int64_t local = LocalRanks(p.tensor * p.expert, 1, p.gpus_per_node) * local_stages;
+      MEMEST_RETURN_IF_ERROR(add(Group{"expert tensor x expert x pipeline", ranks, 0, true}, 1, local));
     }
   }
   if (moe && router_aux_loss && IsMegatron(p.sharding) && p.tensor * p.context > 1) {
