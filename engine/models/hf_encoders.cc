@@ -122,6 +122,10 @@ StatusOr<T5Spec> ReadT5(const Fields& f, int64_t seq) {
                            "'gated-gelu' or 'relu'");
   }
   if (proj == "gated-gelu") act = "gelu_new";
+  // A saved config carries the derived dense_act_fn and is_gated_act too; PretrainedConfig sets
+  // them after T5Config.__init__ derived its own, so they win.
+  MEMEST_ASSIGN_OR_RETURN(act, f.Text("dense_act_fn", act));
+  MEMEST_ASSIGN_OR_RETURN(s.gated, f.Flag("is_gated_act", s.gated));
   if (act == "relu") {
     s.activation = Activation::kRelu;
   } else if (act == "gelu_new") {
@@ -131,7 +135,8 @@ StatusOr<T5Spec> ReadT5(const Fields& f, int64_t seq) {
   } else if (act == "silu" || act == "swish") {
     s.activation = Activation::kSilu;
   } else {
-    return InvalidArgument(Field("feed_forward_proj") + ": the activation " + Quote(act) +
+    return InvalidArgument(Field(f.Get("dense_act_fn") != nullptr ? "dense_act_fn" : "feed_forward_proj") +
+                           ": the activation " + Quote(act) +
                            " is not modelled; relu, gelu, gelu_new and silu build");
   }
   MEMEST_ASSIGN_OR_RETURN(bool encoder_decoder, f.Flag("is_encoder_decoder", true));

@@ -116,7 +116,8 @@ int AttentionLayer(GraphBuilder& b, const LayerContext& c, const std::string& na
 }
 
 // T5LayerFF: x + dropout(DenseReluDense(layer_norm(x))); the hidden state cast to wo's dtype
-// when it differs (autocast's half products against float32 weights).
+// when it differs (autocast's half products against float32 weights; a float16 model's float32
+// wo).
 int FeedForwardLayer(GraphBuilder& b, const LayerContext& c, const std::string& name, int x,
                      const T5Spec& s) {
   ModuleScope scope(b, name);
@@ -137,8 +138,12 @@ int FeedForwardLayer(GraphBuilder& b, const LayerContext& c, const std::string& 
       h = Activate(b, h, s.activation);
     }
     h = Dropout(b, c, h, s.dropout);
-    if (b.ok() && b.tensor(h).dtype != c.param_dtype) h = b.Add1("to", {h}, To(c.param_dtype));
-    h = Linear(b, c, "wo", h, s.d_model, /*bias=*/false);
+    // T5PreTrainedModel._keep_in_fp32_modules = ["wo"]: from_pretrained in float16 keeps wo
+    // in float32 (its output then promotes the residual stream to float32).
+    LayerContext wo = c;
+    if (c.param_dtype == DType::kFloat16) wo.param_dtype = DType::kFloat32;
+    if (b.ok() && b.tensor(h).dtype != wo.param_dtype) h = b.Add1("to", {h}, To(wo.param_dtype));
+    h = Linear(b, wo, "wo", h, s.d_model, /*bias=*/false);
   }
   const int out = b.Add1("add", {x, Dropout(b, c, h, s.dropout)});
   b.HoldUntilLastOp(normed);

@@ -86,6 +86,27 @@ TEST(HfT5Test, GatedFeedForwardAndAnUntiedHead) {
   EXPECT_EQ(Count(*g, "tanh", "DenseReluDense.act"), 5);  // gelu_new in each of 5 blocks
 }
 
+// A saved config's dense_act_fn and is_gated_act win over feed_forward_proj (PretrainedConfig
+// sets them after T5Config derived its own); float16 keeps wo in float32
+// (_keep_in_fp32_modules), whose output promotes the residual stream.
+TEST(HfT5Test, SavedActivationFieldsAndAFloat32Wo) {
+  nlohmann::json t5 = SmallT5();
+  t5["dense_act_fn"] = "gelu_new";
+  t5["is_gated_act"] = true;
+  StatusOr<Graph> g = Build(t5);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_NE(Named(*g, "encoder.block.0.layer.1.DenseReluDense.wi_0.weight"), nullptr);
+  EXPECT_EQ(Count(*g, "tanh", "DenseReluDense.act"), 4);
+  BuildContext half = enginetest::MakeContext(2, Mode::kTraining, DType::kFloat16);
+  StatusOr<Graph> h = BuildHfConfig(HfConfigSpec{FromJson(SmallT5()), 16}, half);
+  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_EQ(Named(*h, "encoder.block.0.layer.1.DenseReluDense.wo.weight")->dtype, DType::kFloat32);
+  EXPECT_EQ(Named(*h, "encoder.block.0.layer.1.DenseReluDense.wi.weight")->dtype, DType::kFloat16);
+  // The clamps run while the residual stream is float16: block 0's attention layer only.
+  EXPECT_EQ(Count(*h, "clamp", "encoder.block.0"), 1);
+  EXPECT_EQ(Count(*h, "clamp", "encoder.block.1"), 0);
+}
+
 TEST(HfT5Test, RefusesWhatItDoesNotBuildNamingTheField) {
   struct Case {
     const char* key;
@@ -103,6 +124,8 @@ TEST(HfT5Test, RefusesWhatItDoesNotBuildNamingTheField) {
        "model.hf_config.config.relative_attention_num_buckets"},
       {"num_decoder_layers", 0, "model.hf_config.config.num_decoder_layers"},
       {"d_kv", "sixteen", "model.hf_config.config.d_kv"},
+      {"dense_act_fn", "relu6", "model.hf_config.config.dense_act_fn: the activation 'relu6'"},
+      {"is_gated_act", "yes", "model.hf_config.config.is_gated_act"},
   };
   for (const Case& k : cases) {
     nlohmann::json config = SmallT5();
