@@ -104,13 +104,12 @@ int64_t LocalExpertOf(const MoeLayer& l, const std::string& scope) {
   return j;
 }
 
-// A string attribute the builder set, or "" (absent or not a string).
+}  // namespace
+
 std::string AttrText(const Op& op, std::string_view name) {
   StatusOr<std::string> text = StringAttr(op.attrs, name, "", "op");
   return text.ok() ? *text : std::string();
 }
-
-}  // namespace
 
 bool HasExpertDispatch(const Graph& g) {
   for (const Op& op : g.ops) {

@@ -50,6 +50,9 @@ struct ExpertParallelView {
   ReplayMap replay;            // where the whole graph's tensors and ops went
 };
 
+// A string attribute the builder set on `op` ("role", "moe"), or "" (absent or not a string).
+std::string AttrText(const Op& op, std::string_view name);
+
 // Whether `graph` has a Megatron MoE layer's dispatch (a pipeline stage may have none).
 bool HasExpertDispatch(const Graph& graph);
 

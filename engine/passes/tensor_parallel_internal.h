@@ -42,6 +42,12 @@ bool IsElementwise(std::string_view kind);
 // some of d and divides by t; -1 when no dim can hold a 1/t split.
 int ReshapedDim(const Shape& in, const Shape& out, int d, int64_t t, int prefer);
 
+// What tensor t is a cast of (autocast's `to` of a parameter), or t itself.
+inline int UncastOf(const Graph& g, int t) {
+  const int p = g.tensors[t].producer;
+  return p >= 0 && g.ops[p].kind == "to" ? g.ops[p].inputs[0] : t;
+}
+
 // Where a linear's operands sit among its inputs: linear(x, weight, bias?) or HF Conv1D's
 // addmm(bias, x2d, weight[in, out]). bias -1: none.
 struct LinearSlots {

@@ -17,9 +17,7 @@ void Sharder::NoteSequenceParallelParams(int i, const std::vector<int>& map) {
   for (size_t k = 0; k < op.inputs.size(); ++k) sequence |= In(i, k).sequence;
   if (!sequence) return;
   for (int in : op.inputs) {
-    int p = in;
-    const Tensor& x = g_.tensors[in];
-    if (x.producer >= 0 && g_.ops[x.producer].kind == "to") p = g_.ops[x.producer].inputs[0];
+    const int p = UncastOf(g_, in);
     const Tensor& param = g_.tensors[p];
     if (param.role != TensorRole::kParameter || !param.requires_grad || !split_[p].none()) continue;
     std::vector<int>& params = view_->sequence_parallel_params;

@@ -29,23 +29,12 @@ namespace tensor_parallel {
 
 namespace {
 
-std::string AttrText(const Op& op, std::string_view name) {
-  StatusOr<std::string> text = StringAttr(op.attrs, name, "", "op");
-  return text.ok() ? *text : std::string();
-}
-
 // Ops of the router and the permutation that each rank runs on its own tokens: whatever dim
 // they work along, the rank's rows are its own.
 bool IsTokenLocal(std::string_view kind) {
   return kind == "topk" || kind == "sort" || kind == "scatter" || kind == "scatter_add_" ||
          kind == "index" || kind == "index_select" || kind == "remainder" ||
          kind == "megatron_swiglu";
-}
-
-// The parameter a linear's weight operand is, looking through autocast's cast of it.
-int WeightOf(const Graph& g, int w) {
-  const int p = g.tensors[w].producer;
-  return p >= 0 && g.ops[p].kind == "to" ? g.ops[p].inputs[0] : w;
 }
 
 }  // namespace
@@ -137,7 +126,7 @@ Status Sharder::MoeOp(int i, GraphBuilder& b, std::vector<int>& map, bool* done)
   const int64_t rank_tokens = layer.tokens / t_;
   if (op.kind == "ep_all_to_all") return MoeAllToAll(i, b, map);
   if (op.kind == "linear" && op.inputs.size() >= 2 &&
-      IsExpertParameter(g_.tensors[WeightOf(g_, op.inputs[1])])) {
+      IsExpertParameter(g_.tensors[UncastOf(g_, op.inputs[1])])) {
     return ExpertLinear(i, b, map);
   }
   if (op.kind == "full") {  // the routing's [tokens, experts], the output's [tokens, hidden]
