@@ -10,6 +10,24 @@
 #include "engine/step/python_refs.h"
 
 namespace memest {
+namespace {
+
+// The bytes of the distinct storages of `tensors` that are activations (a view's is its base's).
+int64_t HeldStorageBytes(const Graph& graph, const std::vector<int>& tensors) {
+  std::vector<char> seen(graph.tensors.size(), 0);
+  int64_t bytes = 0;
+  for (int t : tensors) {
+    while (graph.tensors[t].alias_of >= 0) t = graph.tensors[t].alias_of;
+    const Tensor& base = graph.tensors[t];
+    if (seen[t] || base.role != TensorRole::kActivation) continue;
+    seen[t] = 1;
+    // Alive together in the walked step, whose totals stay within kMaxBytes: no overflow.
+    if (!AddBytes(&bytes, Bytes(base.shape, base.dtype))) break;
+  }
+  return bytes;
+}
+
+}  // namespace
 
 void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegions& regions,
               bool has_device, int64_t moe_workspace_bytes, Report* r) {
@@ -95,17 +113,20 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
                          std::to_string(regions.size()) + " regions recomputed in backward");
     }
     if (config.hold_outputs && config.parallelism.pipeline == 1) {  // a schedule's own loop
-      int64_t bytes = 0;
-      for (int t : ModelOutputs(graph, config.mode)) {
-        if (graph.tensors[t].role != TensorRole::kActivation) continue;
-        // Alive together in the walked step, whose totals stay within kMaxBytes: no overflow.
-        if (!AddBytes(&bytes, Bytes(graph.tensors[t].shape, graph.tensors[t].dtype))) break;
-      }
-      r->notes.push_back("the loop holds the model's outputs (" + FormatBytes(bytes) +
+      const bool cache = OutputsHoldCache(config) && !graph.cache.empty();
+      const int64_t bytes = HeldStorageBytes(graph, ModelOutputs(graph, config.mode, cache));
+      std::string note = "the loop holds the model's outputs (" + FormatBytes(bytes) +
                          ") through backward and the optimizer step, as `outputs = "
                          "model(**batch)` does; a steady-state step starts with the previous "
                          "step's (hold_outputs=false: a loop that lets them go once the loss "
-                         "exists, as Hugging Face's Trainer and Lightning do)");
+                         "exists, as Hugging Face's Trainer and Lightning do)";
+      if (cache) {
+        note += "; of them " + FormatBytes(HeldStorageBytes(graph, graph.cache)) +
+                " are every layer's keys and values, which the forward returns in "
+                "past_key_values under use_cache (true in Hugging Face's configs): "
+                "use_cache=False in training, or gradient checkpointing, returns none";
+      }
+      r->notes.push_back(note);
     }
     if (config.precision == Precision::kFp16Amp) {
       r->notes.push_back("fp16 autocast: GradScaler's scalars are negligible and not listed");

@@ -340,6 +340,14 @@ void GraphBuilder::HoldUntilLastOp(int tensor) {
   graph_.held.push_back({tensor, static_cast<int>(graph_.ops.size()) - 1});
 }
 
+void GraphBuilder::MarkOutput(int tensor) {
+  if (ok() && tensor >= 0) graph_.outputs.push_back(tensor);
+}
+
+void GraphBuilder::MarkCache(int tensor) {
+  if (ok() && tensor >= 0) graph_.cache.push_back(tensor);
+}
+
 void GraphBuilder::BeginLoss() { graph_.loss_begin = static_cast<int>(graph_.ops.size()); }
 
 void GraphBuilder::SetLoss(int tensor) {

@@ -89,6 +89,11 @@ struct Graph {
   // tensors the loss reads in training, the last op's outputs in inference (ModelOutputs in
   // engine/step/python_refs.h).
   std::vector<int> outputs;
+  // The keys and values the forward also returns in its cache (Hugging Face's past_key_values
+  // under the use_cache their configs set): the loop's outputs hold them too, unless the blocks
+  // are checkpointed (gradient_checkpointing_enable() turns use_cache off in training:
+  // ModelOutputs in engine/step/python_refs.h). Views keep their whole storage.
+  std::vector<int> cache;
   // The dtype torch.autocast cast to while the graph was built (its casts are ops of the graph);
   // float32 when it was built without autocast.
   DType autocast = DType::kFloat32;
@@ -167,6 +172,10 @@ class GraphBuilder {
   // local of a function that returns after that op): Graph::held. Nothing once failed, for a
   // negative id, or before any op.
   void HoldUntilLastOp(int tensor);
+  // The model's forward returns `tensor` (Graph::outputs), or returns it in its cache
+  // (Graph::cache). Nothing once failed, or for a negative id.
+  void MarkOutput(int tensor);
+  void MarkCache(int tensor);
   // Ops added from now on compute the loss.
   void BeginLoss();
   void SetLoss(int tensor);

@@ -261,6 +261,10 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
       k = ApplyRotary(b, k, cos, sin);
     }
   }
+  if (c.use_cache) {  // DynamicCache.update(key_states, value_states): k after the rotary
+    b.MarkCache(k);
+    b.MarkCache(v);
+  }
   if (!c.training() && o.kv_cache_len > 0) {
     b.KvCache("k_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
     b.KvCache("v_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);

@@ -160,6 +160,10 @@ int FalconAttention(GraphBuilder& b, const LayerContext& c, int x, const FalconS
   const int sin = b.Add1("unsqueeze", {shared.sin}, {{"dim", Int(1)}});
   q = ApplyRotary(b, q, cos, sin);
   k = ApplyRotary(b, k, cos, sin);
+  if (c.use_cache) {  // layer_past.update(key_layer, value_layer): k after the rotary
+    b.MarkCache(k);
+    b.MarkCache(v);
+  }
   if (!c.training() && shared.kv_cache_len > 0) {
     b.KvCache("k_cache", {n, kv, shared.kv_cache_len, hd}, c.param_dtype);
     b.KvCache("v_cache", {n, kv, shared.kv_cache_len, hd}, c.param_dtype);

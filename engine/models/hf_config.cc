@@ -374,6 +374,11 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
   }
   MEMEST_RETURN_IF_ERROR(ValidateBuildContext(context));
   const std::string type = family->model_type;
+  // The decoders (and T5's decoder) return their keys and values under use_cache, which their
+  // configs set by default; encoders return none.
+  BuildContext built = context;
+  MEMEST_ASSIGN_OR_RETURN(const bool use_cache, f.Flag("use_cache", true));
+  built.use_cache = use_cache && type != "bert" && type != "roberta" && type != "vit";
   const char* layers_field = type == "gpt2" ? "n_layer" : type == "t5" ? "num_layers" : "num_hidden_layers";
   MEMEST_ASSIGN_OR_RETURN(int64_t layers, type == "t5" ? f.Size(layers_field, 6) : f.Size(layers_field));
   if (type == "t5") {  // the counted build has as many decoder blocks: the larger stack's count
@@ -381,11 +386,11 @@ StatusOr<Graph> BuildHfConfig(const HfConfigSpec& spec, const BuildContext& cont
     layers = std::max(layers, decoder);
   }
   MEMEST_RETURN_IF_ERROR(CheckLayeredOpCount(
-      layers, Field(layers_field), std::string("a ") + family->model_type + " config", context,
+      layers, Field(layers_field), std::string("a ") + family->model_type + " config", built,
       [&](int64_t n, const BuildContext& counting) {
         return BuildFamily(*family, f, seq, n, counting);
       }));
-  return BuildFamily(*family, f, seq, 0, context);
+  return BuildFamily(*family, f, seq, 0, built);
 }
 
 bool HfConfigRoutesExperts(const JsonValue& config) {

@@ -42,6 +42,7 @@ LayerContext LayerContextOf(const BuildContext& context) {
   c.rotary_local_positions = context.serving ? context.rotary_local_positions : 0;
   c.vllm = context.serving;
   c.megatron = context.megatron;
+  c.use_cache = context.use_cache && context.mode == Mode::kTraining && !context.megatron;
   return c;
 }
 

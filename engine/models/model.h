@@ -134,6 +134,10 @@ struct BuildContext {
   // Megatron-LM trains the model (config.parallelism's megatron-ddp / megatron-distopt):
   // mixture-of-experts layers are built as its MoELayer (engine/models/megatron_moe.cc).
   bool megatron = false;
+  // The model returns its keys and values with its outputs (Hugging Face's use_cache, which its
+  // decoders' configs set): in training (not under Megatron-LM, whose models return none) the
+  // attention layers mark what the cache holds (Graph::cache).
+  bool use_cache = false;
 };
 
 // The LayerContext (engine/models/layers.h) a front end builds its layers with.

@@ -82,6 +82,10 @@ int OptAttention(GraphBuilder& b, const LayerContext& c, int x, const OptSpec& s
   const int k = Heads(b, Linear(b, c, "k_proj", x, s.d_model, s.bias), s.heads);
   const int v = Heads(b, Linear(b, c, "v_proj", x, s.d_model, s.bias), s.heads);
   q = Heads(b, q, s.heads);
+  if (c.use_cache) {  // past_key_value = (key_states, value_states): the copies
+    b.MarkCache(k);
+    b.MarkCache(v);
+  }
   if (!c.training() && kv_cache_len > 0) {
     b.KvCache("k_cache", {n, s.heads, kv_cache_len, hd}, c.param_dtype);
     b.KvCache("v_cache", {n, s.heads, kv_cache_len, hd}, c.param_dtype);

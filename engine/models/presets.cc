@@ -44,6 +44,13 @@ bool Training(const BuildContext& ctx) { return ctx.mode == Mode::kTraining; }
 
 std::string PresetField(const char* name) { return ParamField(name); }
 
+// The decoders run as their Hugging Face configs set them: with use_cache.
+BuildContext Cached(const BuildContext& ctx) {
+  BuildContext cached = ctx;
+  cached.use_cache = true;
+  return cached;
+}
+
 Status BuildGpt2(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
   Gpt2Spec s;
   s.seq = v.at("seq");
@@ -53,7 +60,7 @@ Status BuildGpt2(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
   s.vocab = v.at("vocab");
   // n_positions is 1024 for every GPT-2; a longer sequence grows the position table.
   s.positions = std::max<int64_t>(1024, s.seq);
-  return BuildGpt2Model(b, ctx, s, PresetField);
+  return BuildGpt2Model(b, Cached(ctx), s, PresetField);
 }
 
 Status BuildLlama(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
@@ -65,7 +72,7 @@ Status BuildLlama(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
   s.kv_heads = v.at("kv_heads");
   s.ffn = v.at("ffn");
   s.vocab = v.at("vocab");
-  return BuildLlamaModel(b, ctx, s, PresetField);
+  return BuildLlamaModel(b, Cached(ctx), s, PresetField);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -327,15 +334,17 @@ std::vector<PresetParam> LlamaParams(int64_t layers, int64_t d, int64_t heads, i
 std::string Gpt2Description(const char* size, int64_t params) {
   return std::string("GPT-2 ") + size + " (HF GPT2LMHeadModel): " + Str(params) +
          " parameters with the lm_head tied to wte; pre-LN blocks, gelu_new MLP, "
-         "dropout 0.1; training ends in cross_entropy over the vocabulary; inference keeps a KV "
-         "cache of seq + generated tokens and computes the last position's logits";
+         "dropout 0.1; training ends in cross_entropy over the vocabulary, the forward "
+         "returning every layer's keys and values (use_cache, as its config sets it); inference "
+         "keeps a KV cache of seq + generated tokens and computes the last position's logits";
 }
 
 std::string LlamaDescription(const char* size, int64_t params) {
   return std::string("Llama-2 ") + size +
          " (HF LlamaForCausalLM): " + Str(params) +
          " parameters, untied lm_head; RMSNorm, rotary, grouped-query attention, "
-         "SwiGLU MLP; training ends in cross_entropy over the vocabulary; inference keeps a KV "
+         "SwiGLU MLP; training ends in cross_entropy over the vocabulary, the forward returning "
+         "every layer's keys and values (use_cache, as its config sets it); inference keeps a KV "
          "cache of seq + generated tokens and computes the last position's logits";
 }
 

@@ -64,6 +64,10 @@ int T5Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, i
   const int q = Heads(b, Linear(b, c, "q", x, inner, /*bias=*/false), s.heads, s.d_kv);
   const int k = Heads(b, Linear(b, c, "k", src, inner, /*bias=*/false), s.heads, s.d_kv);
   const int v = Heads(b, Linear(b, c, "v", src, inner, /*bias=*/false), s.heads, s.d_kv);
+  if (c.use_cache) {  // the decoder's self- and cross-attention caches: curr_past_key_value.update
+    b.MarkCache(k);
+    b.MarkCache(v);
+  }
   int scores =
       b.Add1("matmul", {q, b.Add1("transpose", {k}, {{"dim0", Int(3)}, {"dim1", Int(2)}})});
   if (!b.ok()) return -1;
@@ -223,11 +227,13 @@ Status BuildT5Model(GraphBuilder& b, const BuildContext& ctx, const T5Spec& s,
                            Str(s.buckets));
   }
   const LayerContext c = LayerContextOf(ctx);
+  LayerContext encoder = c;  // T5Model.forward runs the encoder with use_cache=False
+  encoder.use_cache = false;
   const int64_t n = ctx.micro_batch;
   const int ids = b.Input("input_ids", {n, s.seq}, DType::kInt64, 0);
   const int decoder_ids = b.Input("decoder_input_ids", {n, s.seq}, DType::kInt64, 0);
   const int shared = b.Parameter("shared.weight", {s.vocab, s.d_model}, c.param_dtype);
-  const int encoder_out = Stack(b, c, s, ids, shared, -1);
+  const int encoder_out = Stack(b, encoder, s, ids, shared, -1);
   const int sequence_output = Stack(b, c, s, decoder_ids, shared, encoder_out);
   int h = sequence_output;
   // Rescale output before projecting on vocab (mesh TensorFlow's tied head).
@@ -241,7 +247,12 @@ Status BuildT5Model(GraphBuilder& b, const BuildContext& ctx, const T5Spec& s,
     logits = b.Add1("linear", {h, weight});
   }
   for (int local : {encoder_out, sequence_output, h}) b.HoldUntilLastOp(local);
-  if (ctx.mode == Mode::kTraining) CrossEntropyLoss(b, logits, /*upcast=*/false);
+  if (ctx.mode == Mode::kTraining) {
+    CrossEntropyLoss(b, logits, /*upcast=*/false);
+    // Seq2SeqLMOutput: the logits and the encoder's last hidden state (and the cache).
+    b.MarkOutput(logits);
+    b.MarkOutput(encoder_out);
+  }
   return b.status();
 }
 

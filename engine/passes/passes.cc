@@ -102,6 +102,9 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional
   for (int t : g.outputs) {
     if (map[t] >= 0) out.outputs.push_back(map[t]);
   }
+  for (int t : g.cache) {
+    if (map[t] >= 0) out.cache.push_back(map[t]);
+  }
   if (replay != nullptr) *replay = ReplayMap{std::move(map), std::move(first_op), std::move(last_op)};
   return out;
 }

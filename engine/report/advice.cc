@@ -9,6 +9,7 @@
 
 #include "engine/estimator.h"
 #include "engine/passes/passes.h"
+#include "engine/step/python_refs.h"
 
 namespace memest {
 
@@ -241,6 +242,18 @@ StatusOr<std::vector<Advice>> MakeAdvice(const ModelSpec& model, const Graph& gr
                    " are scaled after q @ k^T, which makes a second score-sized tensor; scale q "
                    "and k by d^-1/4 each before the product instead",
                0, graph.ops[qk->second].scope});
+    }
+    if (config.hold_outputs && config.parallelism.pipeline == 1 && OutputsHoldCache(config) &&
+        !graph.cache.empty()) {
+      Graph without = graph;
+      without.cache.clear();
+      measure(EstimateGraph(without, config, quiet),
+              {"use_cache",
+               "the forward returns every layer's keys and values (past_key_values: use_cache is "
+               "true in the model's config) and the loop's outputs hold them through backward "
+               "and the optimizer step; call the model with use_cache=False in training (or set "
+               "model.config.use_cache = False)",
+               0, ""});
     }
     // (A model that checkpoints in its own code gets no checkpoint policy advice.)
     const bool blocks = graph.blocks.size() >= 2 && graph.checkpoints.empty();

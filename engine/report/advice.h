@@ -18,6 +18,8 @@ namespace memest {
 //   broadcast_reduce   a broadcast multiply reduced by sum/mean, written as one einsum
 //   fused_activation   x * sigmoid(x) written as silu(x)
 //   attention_scaling  the score matrix scaled by a scalar, moved onto queries and keys
+//   use_cache          the model called with use_cache=False: the loop's outputs hold no keys
+//                      and values
 //   checkpoint         torch.utils.checkpoint every block, or every sqrt(L) blocks
 //   micro_batch        half the micro-batch with twice the gradient accumulation
 //   optimizer          a for-loop or fused optimizer instead of foreach

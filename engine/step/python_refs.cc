@@ -12,30 +12,47 @@ void AppendNew(const std::vector<int>& ids, std::vector<char>& seen, std::vector
   }
 }
 
-}  // namespace
-
-std::vector<int> ModelOutputs(const Graph& g, Mode mode) {
-  std::vector<char> seen(g.tensors.size(), 0);
-  std::vector<int> out;
+// ModelOutputs without the cache.
+void ReturnedTensors(const Graph& g, Mode mode, std::vector<char>& seen, std::vector<int>* out) {
   if (!g.outputs.empty()) {
-    AppendNew(g.outputs, seen, &out);
-    return out;
+    AppendNew(g.outputs, seen, out);
+    return;
   }
   const int n = static_cast<int>(g.ops.size());
   if (mode == Mode::kTraining && g.loss_begin > 0) {
     for (int i = g.loss_begin; i < n; ++i) {
       for (int t : g.ops[i].inputs) {
         const int p = g.tensors[t].producer;
-        if (p >= 0 && p < g.loss_begin) AppendNew({t}, seen, &out);
+        if (p >= 0 && p < g.loss_begin) AppendNew({t}, seen, out);
       }
     }
-    if (!out.empty()) return out;
+    if (!out->empty()) return;
   }
-  if (n > 0) AppendNew(g.ops.back().outputs, seen, &out);
+  if (n > 0) AppendNew(g.ops.back().outputs, seen, out);
+}
+
+}  // namespace
+
+std::vector<int> ModelOutputs(const Graph& g, Mode mode, bool cache) {
+  std::vector<char> seen(g.tensors.size(), 0);
+  std::vector<int> out;
+  ReturnedTensors(g, mode, seen, &out);
+  if (cache) AppendNew(g.cache, seen, &out);
   return out;
 }
 
-PythonRefs PlanPythonRefs(const Graph& g, const std::vector<int>& base, Mode mode) {
+bool OutputsHoldCache(const RunConfig& config) {
+  switch (config.checkpoint.policy) {
+    case CheckpointPolicy::kEveryBlock:
+    case CheckpointPolicy::kEveryKBlocks:
+    case CheckpointPolicy::kSqrtBlocks:
+      return false;
+    default:
+      return config.mode == Mode::kTraining;
+  }
+}
+
+PythonRefs PlanPythonRefs(const Graph& g, const std::vector<int>& base, Mode mode, bool cache) {
   PythonRefs refs;
   refs.release_after.resize(g.ops.size());
   for (const HeldTensor& h : g.held) {
@@ -45,7 +62,7 @@ PythonRefs PlanPythonRefs(const Graph& g, const std::vector<int>& base, Mode mod
   }
   std::vector<char> seen(g.tensors.size(), 0);
   std::vector<int> storages;
-  for (int t : ModelOutputs(g, mode)) storages.push_back(base[t]);
+  for (int t : ModelOutputs(g, mode, cache)) storages.push_back(base[t]);
   AppendNew(storages, seen, &refs.outputs);
   for (int s : refs.outputs) {
     if (g.tensors[s].role == TensorRole::kActivation) refs.held_outputs.push_back(s);

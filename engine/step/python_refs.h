@@ -22,8 +22,14 @@ namespace memest {
 // The tensors the model's forward returns: Graph::outputs when the graph names them; otherwise,
 // in training, the tensors made before the loss (ops before Graph::loss_begin) that the loss's
 // ops read (the logits a loss function is given), and in inference (or a graph whose loss has
-// no ops of its own) the last op's outputs. In graph order, each once.
-std::vector<int> ModelOutputs(const Graph& graph, Mode mode);
+// no ops of its own) the last op's outputs; with `cache`, Graph::cache after them. In graph
+// order, each once.
+std::vector<int> ModelOutputs(const Graph& graph, Mode mode, bool cache = false);
+
+// Whether the model's outputs hold Graph::cache in a step under `config`: in training, unless
+// torch.utils.checkpoint wraps blocks (Hugging Face's gradient_checkpointing_enable() makes its
+// models run with use_cache=False in training; they warn and return no cache).
+bool OutputsHoldCache(const RunConfig& config);
 
 struct PythonRefs {
   // Per op index: storages whose Python reference dies right after that op has run. Every
@@ -40,7 +46,9 @@ struct PythonRefs {
 // Plans the references of `graph` for a step in `mode`. `base[t]` is the storage of tensor t
 // (its own id, or that of the tensor it views or shares). Graph::held entries must name a
 // tensor and an op of the graph (BuildOpGraph and ReplayGraph keep them so).
-PythonRefs PlanPythonRefs(const Graph& graph, const std::vector<int>& base, Mode mode);
+// `cache`: the outputs hold Graph::cache (OutputsHoldCache).
+PythonRefs PlanPythonRefs(const Graph& graph, const std::vector<int>& base, Mode mode,
+                          bool cache = false);
 
 }  // namespace memest
 

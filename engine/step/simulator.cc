@@ -33,7 +33,7 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
       else if (eval_identity) base_[o] = base_[op.inputs[0]];
     }
   }
-  refs_ = PlanPythonRefs(g, base_, cfg.mode);
+  refs_ = PlanPythonRefs(g, base_, cfg.mode, OutputsHoldCache(cfg));
   region_of_.assign(g.ops.size(), -1);
   for (size_t r = 0; r < regions.size(); ++r) {
     for (int i = regions[r].first; i <= regions[r].second; ++i) region_of_[i] = static_cast<int>(r);

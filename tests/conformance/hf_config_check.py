@@ -28,6 +28,10 @@ with torch 1.13; e.g. '{"r": 8, "target_modules": ["q_proj", "v_proj"], "lora_dr
 before it is traced and measured, and gives memest the LoraConfig's to_dict() as its
 adapter_config.json (--lora-config).
 
+--use-cache writes the configs with use_cache true and measures training with a loop that
+holds the model's whole output (its past_key_values, T5's encoder output) through backward and
+the optimizer step into the next forward, estimated with --hold-outputs.
+
 --dump DIR keeps the config.json and both estimates' JSON replies per model, mode and step;
 --layers prints, per mode, the per-layer rows (memest's `layers`) where the hf-config estimate
 and the traced one differ, and each estimate's peak op and scope.
@@ -70,13 +74,13 @@ def hf_configs():
             if name in SUPPORTED] + [VIT]
 
 
-def write_config(cfg_cls, kw, path):
-    """The zoo's config (zoo_models._hf: the Config class with its kwargs, use_cache False) as a
-    config.json."""
+def write_config(cfg_cls, kw, path, use_cache=False):
+    """The zoo's config (zoo_models._hf: the Config class with its kwargs, use_cache False unless
+    asked) as a config.json."""
     import transformers
     transformers.logging.set_verbosity_error()
     config = getattr(transformers, cfg_cls)(**kw)
-    config.use_cache = False
+    config.use_cache = use_cache
     with open(path, "w") as f:
         json.dump(config.to_dict(), f, indent=1)
     return config
@@ -106,7 +110,17 @@ def hf_estimate(memest, config_path, seq, batch, cfg, first_step, extra=()):
 
 # ------------------------------------------------------------------ one model (child process)
 
-def run_one(name, memest_bin, isa, dump, lora=None):
+def with_cache(run):
+    """Makes a zoo model (zoo_models._hf sets use_cache False) return its cache, the whole output
+    of an encoder-decoder too."""
+    module = run.module
+    if hasattr(module, "full_output"):
+        module.full_output = True
+        module = module.model
+    module.config.use_cache = True
+
+
+def run_one(name, memest_bin, isa, dump, lora=None, use_cache=False):
     import torch
     import memest
     import run as suite
@@ -122,7 +136,7 @@ def run_one(name, memest_bin, isa, dump, lora=None):
     workdir = dump or tempfile.mkdtemp(prefix="hf_config_check.")
     os.makedirs(workdir, exist_ok=True)
     config_path = os.path.join(workdir, f"{name}.config.json")
-    write_config(cfg_cls, kw, config_path)
+    write_config(cfg_cls, kw, config_path, use_cache)
     extra = []
     if name in zoo_models.HF_ROUTES:  # the zoo's routers route as this load assumes
         extra = ["--expert-load", zoo_models.HF_ROUTES[name]]
@@ -133,10 +147,14 @@ def run_one(name, memest_bin, isa, dump, lora=None):
     out = {"name": name, "config": config_path, "batch": entry.batch, "seq": zoo_models.HF_SEQ,
            "modes": []}
     for mode in entry.modes:
-        cfg = Config() if mode == zoo_models.TRAIN else Config(mode="inference")
+        if use_cache and name == "gemma2" and mode != zoo_models.TRAIN:
+            continue  # 4.47's Gemma 2 makes its inference cache with torch._dynamo (not in 1.13)
+        cfg = Config(hold_outputs=use_cache) if mode == zoo_models.TRAIN else Config(mode="inference")
         res = {"mode": mode, "config": cfg.label(), "steps": []}
         out["modes"].append(res)
         run = ModuleRun(entry, cfg)
+        if use_cache:
+            with_cache(run)
         if lora:
             import peft
             from zoo_measure import _Store
@@ -262,6 +280,8 @@ def run_child(name, args, isa):
         cmd += ["--dump", args.dump]
     if args.lora:
         cmd += ["--lora", args.lora]
+    if args.use_cache:
+        cmd += ["--use-cache"]
     try:
         return run_json_child(cmd, args.timeout, tail=5)
     except Exception as e:
@@ -277,6 +297,9 @@ def main():
     ap.add_argument("--layers", action="store_true", help="print the per-layer rows where the estimates differ")
     ap.add_argument("--report", help="write the results as JSON here")
     ap.add_argument("--lora", help="LoraConfig kwargs as JSON: each model is wrapped by PEFT's get_peft_model")
+    ap.add_argument("--use-cache", action="store_true",
+                    help="configs with use_cache true, training loops that hold the outputs "
+                         "(memest --hold-outputs): the keys and values the model returns")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per model (default 1200)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -289,7 +312,7 @@ def main():
         args.dump = os.path.abspath(args.dump)
     if args.one:
         res = run_one(args.one, args.memest, args.isa, args.dump,
-                      json.loads(args.lora) if args.lora else None)
+                      json.loads(args.lora) if args.lora else None, args.use_cache)
         with open(args.out, "w") as f:
             json.dump(res, f)
         return 0

@@ -14,7 +14,8 @@ Step: zero_grad -> DATA (the inputs and the target, one allocation each) -> FORW
 (`out = module(*inputs)`) -> LOSS (the loss memest.trace applies to the output, from its first
 op) -> BACKWARD -> OPTIMIZER_STEP. The loop holds only the loss across backward: the module's
 output is dropped once the loss is made, inputs and target at the end of the step, as memest's
-step model assumes (docs/step-model.md). Inference: module.eval(), torch.no_grad(), the output
+step model assumes (docs/step-model.md); with the config's hold_outputs, every tensor of the
+output is held until the next step's forward returns (memest --hold-outputs). Inference: module.eval(), torch.no_grad(), the output
 held to the end.
 """
 import contextlib
@@ -23,7 +24,23 @@ import gc
 import torch
 import torch.nn.functional as F
 
-from measure import AllocTracker, SavedStorages, _baseline, end_of_step, make_optimizer
+from measure import AllocTracker, SavedStorages, _baseline, _register_held, end_of_step, make_optimizer
+
+
+def output_tensors(out):
+    """Every tensor a model's output holds: itself, a model output's fields, nested tuples and
+    lists (the legacy past_key_values), a cache's key_cache and value_cache."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        vals = list(out.values())
+    elif isinstance(out, (tuple, list)):
+        vals = list(out)
+    elif hasattr(out, "key_cache"):
+        vals = list(out.key_cache) + list(out.value_cache)
+    else:
+        return []
+    return [t for v in vals for t in output_tensors(v)]
 
 
 def first_tensor(out):
@@ -105,12 +122,14 @@ class ModuleRun:
         cfg, entry = self.cfg, self.entry
         opt = make_optimizer(cfg, self.store.trainable()) if cfg.training else None
         results = []
+        held = []  # the loop's `outputs` (cfg.hold_outputs): every tensor of the module's output
         for _ in range(steps):
             if opt is not None:
                 opt.zero_grad(set_to_none=not cfg.keep_grads)
             gc.collect()
             tracker = AllocTracker()
             _baseline(tracker, self.store, opt)
+            _register_held(tracker, held)  # the previous step's, still held
             with tracker, (contextlib.nullcontext() if cfg.training else torch.no_grad()):
                 tracker.set_phase("DATA")
                 inputs, tgt = self.example()
@@ -118,10 +137,15 @@ class ModuleRun:
                 out = self.module(*inputs)
                 if cfg.training:
                     y = first_tensor(out)
+                    outputs = output_tensors(out) if cfg.hold_outputs else []
                     del out
                     tracker.set_phase("LOSS")
                     loss = apply_loss(y, entry.loss, tgt)
                     del y
+                    # `outputs = model(**batch)` with the labels (the loss computed in the
+                    # forward, as memest's step has it) returned: the previous ones go.
+                    held = outputs
+                    del outputs
                     tracker.set_phase("BACKWARD")
                     loss.backward()
                     del loss

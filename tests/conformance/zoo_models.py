@@ -338,9 +338,11 @@ class HFSeq2Seq(nn.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
+        self.full_output = False  # the whole Seq2SeqLMOutput (the cache, the encoder's output)
 
     def forward(self, input_ids, decoder_input_ids):
-        return self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits
+        out = self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids)
+        return out if self.full_output else out.logits
 
 
 def route_experts(model, load):

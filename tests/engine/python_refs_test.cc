@@ -106,6 +106,27 @@ TEST(PythonRefsTest, ModelOutputsAreTheLossInputsOrTheLastOpsOrNamed) {
   Graph named = train;
   named.outputs = {train.ops[2].outputs[0], d, d};
   EXPECT_EQ(ModelOutputs(named, Mode::kTraining), (std::vector<int>{named.outputs[0], d}));
+  // The cache comes after them, each tensor once, when the outputs hold it.
+  Graph cached = train;
+  const int b = train.ops[1].outputs[0];
+  cached.cache = {b, d, b};
+  EXPECT_EQ(ModelOutputs(cached, Mode::kTraining), std::vector<int>{d});
+  EXPECT_EQ(ModelOutputs(cached, Mode::kTraining, true), (std::vector<int>{d, b}));
+}
+
+TEST(PythonRefsTest, OutputsHoldTheCacheInTrainingWithoutCheckpointedBlocks) {
+  RunConfig c;
+  EXPECT_TRUE(OutputsHoldCache(c));
+  c.checkpoint.policy = CheckpointPolicy::kAttentionCore;  // selective: the model's flag is off
+  EXPECT_TRUE(OutputsHoldCache(c));
+  for (CheckpointPolicy p : {CheckpointPolicy::kEveryBlock, CheckpointPolicy::kEveryKBlocks,
+                             CheckpointPolicy::kSqrtBlocks}) {
+    c.checkpoint.policy = p;
+    EXPECT_FALSE(OutputsHoldCache(c));
+  }
+  c.checkpoint.policy = CheckpointPolicy::kNone;
+  c.mode = Mode::kInference;
+  EXPECT_FALSE(OutputsHoldCache(c));
 }
 
 // x [4, 64] -> linear(W1 [64, 64]) -> relu -> linear(W2 [256, 64]) logits [4, 256] (4096 B) ->
