@@ -36,6 +36,7 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
     int residual = x;
     int h = LayerNorm(b, c, "ln_1", x);
     h = Attention(b, c, "attn", h, a, &weights);
+    const int attn_output = h;  // GPT2Block's local (and attn_outputs'), until it returns
     x = b.Add1("add", {h, residual});
     residual = x;
     h = LayerNorm(b, c, "ln_2", x);
@@ -52,7 +53,10 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
     }
     if (o.hold_locals) b.HoldUntilLastOp(mlp_input);
     const int out = b.Add1("add", {residual, h});
-    if (o.hold_locals) b.HoldUntilLastOp(input);
+    if (o.hold_locals) {
+      b.HoldUntilLastOp(input);
+      b.HoldUntilLastOp(attn_output);
+    }
     return out;
   }
   // Llama.
@@ -90,6 +94,8 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   int residual = x;
   int h = norm("input_layernorm", x);
   h = Attention(b, c, "self_attn", h, a, &weights);
+  // Phi3DecoderLayer's `attn_outputs` (transformers 4.47), until the layer returns.
+  const int attn_outputs = o.fused_projections ? h : -1;
   if (o.sandwich_norms) h = norm("post_attention_layernorm", h);
   x = b.Add1("add", {residual, h});
   residual = x;
@@ -129,7 +135,10 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   if (o.hold_locals) b.HoldUntilLastOp(mlp_input);
   if (o.sandwich_norms) h = norm("post_feedforward_layernorm", h);
   const int out = b.Add1("add", {residual, h});
-  if (o.hold_locals) b.HoldUntilLastOp(input);
+  if (o.hold_locals) {
+    b.HoldUntilLastOp(input);
+    b.HoldUntilLastOp(attn_outputs);
+  }
   if (router_logits >= 0 && o.router_logits == nullptr) b.HoldUntilLastOp(router_logits);
   return out;
 }

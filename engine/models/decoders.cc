@@ -119,8 +119,10 @@ BlockOptions WindowedLayerOptions(GraphBuilder& b, const LayerContext& c, const 
   } else if (s.sliding_window <= s.seq && c.attention != AttentionImpl::kFlash) {
     o.sdpa_mask = AdditiveCausalMask(b, c, s.seq, "sliding_window_mask");
   }
-  if (o.kv_cache_len > 0) {
-    o.kv_cache_len = std::min(o.kv_cache_len, std::max(s.seq, s.sliding_window));
+  if (o.kv_cache_len > 0) {  // the window's room, less the prompt's keys the forward returns
+    const int64_t prompt = c.use_cache ? s.seq : 0;
+    o.kv_cache_len =
+        std::min(o.kv_cache_len + prompt, std::max(s.seq, s.sliding_window)) - prompt;
   }
   return o;
 }

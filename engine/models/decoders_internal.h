@@ -17,10 +17,12 @@ inline std::string Str(int64_t v) { return std::to_string(v); }
 
 inline bool Training(const BuildContext& ctx) { return ctx.mode == Mode::kTraining; }
 
-// The KV cache the graph holds: none in training, nor in vLLM's profile run (its paged pool comes
-// after); in inference the prompt's and the generated tokens'.
+// The KV cache the graph allocates: none in training, nor in vLLM's profile run (its paged pool
+// comes after); in inference the generated tokens' room beside the prompt's keys and values,
+// which the forward returns (Graph::cache), or, without use_cache, room for both.
 inline int64_t KvCacheLength(const BuildContext& ctx, int64_t seq) {
-  return Training(ctx) || ctx.serving ? 0 : seq + ctx.generate_tokens;
+  if (Training(ctx) || ctx.serving) return 0;
+  return ctx.use_cache ? ctx.generate_tokens : seq + ctx.generate_tokens;
 }
 
 // A spec field's own name where it came from: "d_model" for a preset, "hidden_size" for a config.

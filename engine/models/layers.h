@@ -87,7 +87,7 @@ struct LayerContext {
   bool vllm = false;
   // Trained by Megatron-LM (BuildContext.megatron): SparseMoe is its MoELayer.
   bool megatron = false;
-  // In training, the attention layers mark the keys and values the model returns in its cache
+  // The attention layers mark the keys and values the model returns in its cache
   // (BuildContext.use_cache): GraphBuilder::MarkCache.
   bool use_cache = false;
   bool training() const { return mode == Mode::kTraining; }

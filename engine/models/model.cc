@@ -42,7 +42,7 @@ LayerContext LayerContextOf(const BuildContext& context) {
   c.rotary_local_positions = context.serving ? context.rotary_local_positions : 0;
   c.vllm = context.serving;
   c.megatron = context.megatron;
-  c.use_cache = context.use_cache && context.mode == Mode::kTraining && !context.megatron;
+  c.use_cache = context.use_cache && !context.serving && !context.megatron;
   return c;
 }
 
@@ -126,7 +126,7 @@ StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) 
         "with Megatron's ep_all_to_all dispatch); leave it unset");
   }
   if (graph.ok() && context.mode == Mode::kInference && context.generate_tokens > 0) {
-    bool kv_cache = false;
+    bool kv_cache = !graph->cache.empty();  // the prompt's, returned by the forward
     for (const Tensor& t : graph->tensors) kv_cache = kv_cache || t.kv_cache;
     if (!kv_cache) {
       return InvalidArgument(

@@ -135,8 +135,9 @@ struct BuildContext {
   // mixture-of-experts layers are built as its MoELayer (engine/models/megatron_moe.cc).
   bool megatron = false;
   // The model returns its keys and values with its outputs (Hugging Face's use_cache, which its
-  // decoders' configs set): in training (not under Megatron-LM, whose models return none) the
-  // attention layers mark what the cache holds (Graph::cache).
+  // decoders' configs set): the attention layers mark what the cache holds (Graph::cache), in
+  // training and in inference, where it is the prompt's cache that generation goes on from
+  // (not in vLLM's profile run, nor under Megatron-LM, whose models return none).
   bool use_cache = false;
 };
 

@@ -226,6 +226,10 @@ Status BuildT5Model(GraphBuilder& b, const BuildContext& ctx, const T5Spec& s,
                            "direction in the encoder), got " +
                            Str(s.buckets));
   }
+  if (ctx.mode == Mode::kInference && ctx.generate_tokens > 0) {
+    return InvalidArgument("config.generate_tokens: T5's generation is not modelled (the decoder "
+                           "reads seq decoder_input_ids in one forward); leave it 0");
+  }
   const LayerContext c = LayerContextOf(ctx);
   LayerContext encoder = c;  // T5Model.forward runs the encoder with use_cache=False
   encoder.use_cache = false;

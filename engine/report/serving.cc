@@ -124,6 +124,8 @@ StatusOr<KvPages> ReadKvPages(const ModelSpec& model, const RunConfig& config, i
     graph = std::move(view.graph);
   }
   const KvCacheDType kv = config.serving.kv_cache_dtype;
+  // With use_cache the prompt's token is the forward's (Graph::cache), the room the rest.
+  const int64_t prompt = graph.cache.empty() ? 0 : 1;
   std::vector<KvLayer> layers;
   for (const Tensor& cache : graph.tensors) {
     // The keys' cache [1, kv_heads, positions, head_dim]; the values' is its twin.
@@ -132,7 +134,8 @@ StatusOr<KvPages> ReadKvPages(const ModelSpec& model, const RunConfig& config, i
       continue;
     }
     const int64_t element = kv == KvCacheDType::kAuto ? DTypeSize(cache.dtype) : 1;
-    const int64_t window = cache.shape[2] < full ? cache.shape[2] : 0;
+    const int64_t positions = cache.shape[2] + prompt;
+    const int64_t window = positions < full ? positions : 0;
     layers.push_back({2 * cache.shape[1] * cache.shape[3] * element, window});
     if (kv == KvCacheDType::kAuto) s->kv_cache_dtype = std::string(DTypeName(cache.dtype));
   }

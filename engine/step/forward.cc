@@ -160,8 +160,9 @@ void StepSimulator::RunForwardOp(int i, StorageTable& st, bool grad, Phase phase
     if (s != o || st.buffer[s] >= 0) continue;
     int64_t bytes = Bytes(g_.tensors[o].shape, g_.tensors[o].dtype);
     if (k < mem.output_storage_bytes.size()) bytes = std::max(bytes, mem.output_storage_bytes[k]);
-    st.buffer[s] =
-        NewBuffer(bytes, weight_cast ? Category::kMasterAndCasts : Category::kTemporaries);
+    st.buffer[s] = NewBuffer(bytes, weight_cast    ? Category::kMasterAndCasts
+                                    : kv_cache_[s] ? Category::kKvCache
+                                                   : Category::kTemporaries);
     if (row) Sum(&row->output_bytes, bytes);
     if (weight_cast && cast_cache) {
       ++st.pins[s];

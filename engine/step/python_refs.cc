@@ -42,13 +42,14 @@ std::vector<int> ModelOutputs(const Graph& g, Mode mode, bool cache) {
 }
 
 bool OutputsHoldCache(const RunConfig& config) {
+  if (config.mode != Mode::kTraining) return true;
   switch (config.checkpoint.policy) {
     case CheckpointPolicy::kEveryBlock:
     case CheckpointPolicy::kEveryKBlocks:
     case CheckpointPolicy::kSqrtBlocks:
       return false;
     default:
-      return config.mode == Mode::kTraining;
+      return true;
   }
 }
 

@@ -26,9 +26,10 @@ namespace memest {
 // order, each once.
 std::vector<int> ModelOutputs(const Graph& graph, Mode mode, bool cache = false);
 
-// Whether the model's outputs hold Graph::cache in a step under `config`: in training, unless
-// torch.utils.checkpoint wraps blocks (Hugging Face's gradient_checkpointing_enable() makes its
-// models run with use_cache=False in training; they warn and return no cache).
+// Whether the model's outputs hold Graph::cache in a step under `config`: in inference (the
+// prompt's cache, which generation goes on from), and in training unless torch.utils.checkpoint
+// wraps blocks (Hugging Face's gradient_checkpointing_enable() makes its models run with
+// use_cache=False in training; they warn and return no cache).
 bool OutputsHoldCache(const RunConfig& config);
 
 struct PythonRefs {

@@ -34,6 +34,10 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
     }
   }
   refs_ = PlanPythonRefs(g, base_, cfg.mode, OutputsHoldCache(cfg));
+  kv_cache_.assign(n, 0);
+  if (!training_) {
+    for (int t : g.cache) kv_cache_[base_[t]] = 1;
+  }
   region_of_.assign(g.ops.size(), -1);
   for (size_t r = 0; r < regions.size(); ++r) {
     for (int i = regions[r].first; i <= regions[r].second; ++i) region_of_[i] = static_cast<int>(r);

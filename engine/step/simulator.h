@@ -264,6 +264,9 @@ class StepSimulator : private RankMemory {
   std::vector<bool> non_reentrant_;  // per region: use_reentrant=False
   StorageTable main_;
   PythonRefs refs_;
+  // Per storage: the prompt's KV cache the forward returns in inference (Graph::cache), counted
+  // as kv_cache.
+  std::vector<char> kv_cache_;
   std::vector<int> loop_outputs_;  // buffers of the outputs the training loop holds
   std::vector<int> param_grad_;
   std::vector<int> first_reader_;  // per grad leaf, the first op that reads it (else -1)

@@ -72,13 +72,16 @@ TEST(HfFalconTest, MultiQuerySharesOneKeyAndValueHead) {
   // k and v are x[..., [-2], :] and x[..., [-1], :]: copies; the MLP adds the attention in place.
   EXPECT_EQ(Count(*g, "transformer.h.0.self_attention", "index"), 2);
   EXPECT_EQ(Count(*g, "transformer.h.0", "add_"), 1);
-  // Inference: the cache holds the one shared head.
+  // Inference: the cache holds the one shared head, the prompt's the forward returns and room
+  // for the 8 generated tokens.
   StatusOr<Graph> inference =
       Build(SmallFalcon(), 16, Context(AttentionImpl::kEager, Mode::kInference, 8));
   ASSERT_TRUE(inference.ok()) << inference.status().ToString();
   const Tensor* cache = Named(*inference, "transformer.h.0.self_attention.k_cache");
   ASSERT_NE(cache, nullptr);
-  EXPECT_EQ(cache->shape, (Shape{2, 1, 24, 16}));
+  EXPECT_EQ(cache->shape, (Shape{2, 1, 8, 16}));
+  ASSERT_EQ(inference->cache.size(), 4u);
+  EXPECT_EQ(inference->tensors[inference->cache[0]].shape, (Shape{2, 1, 16, 16}));
 }
 
 TEST(HfFalconTest, NewDecoderArchitectureGroupsKeysAndNormsTwice) {
@@ -98,7 +101,8 @@ TEST(HfFalconTest, NewDecoderArchitectureGroupsKeysAndNormsTwice) {
   // The groups' k and v are broadcast to every head before the cache takes them.
   const Tensor* cache = Named(*g, "transformer.h.0.self_attention.v_cache");
   ASSERT_NE(cache, nullptr);
-  EXPECT_EQ(cache->shape, (Shape{2, 4, 24, 16}));
+  EXPECT_EQ(cache->shape, (Shape{2, 4, 8, 16}));
+  EXPECT_EQ(g->tensors[g->cache[1]].shape, (Shape{2, 4, 16, 16}));
   // One norm when num_ln_in_parallel_attn is 1.
   config["num_ln_in_parallel_attn"] = 1;
   StatusOr<Graph> one = Build(config);
@@ -148,7 +152,9 @@ TEST(HfOptTest, InferenceComputesEveryPositionsLogits) {
   for (const Op& op : g->ops) {
     if (op.scope == "lm_head") EXPECT_EQ(g->tensors[op.outputs[0]].shape, (Shape{2, 16, 512}));
   }
-  EXPECT_EQ(Named(*g, "model.decoder.layers.0.self_attn.k_cache")->shape, (Shape{2, 4, 20, 16}));
+  // The generated tokens' room; the prompt's keys and values are the forward's copies.
+  EXPECT_EQ(Named(*g, "model.decoder.layers.0.self_attn.k_cache")->shape, (Shape{2, 4, 4, 16}));
+  EXPECT_EQ(g->tensors[g->cache[0]].shape, (Shape{2, 4, 16, 16}));
 }
 
 TEST(HfOptTest, BiasAndAffineNormsFollowTheConfig) {

@@ -158,7 +158,7 @@ TEST(HfGemmaTest, Gemma2AlternatesWindowedAndGlobalLayers) {
 }
 
 // Inference: a windowed layer's cache keeps min(seq + generated, max(seq, window)) positions,
-// a global layer's all of them.
+// a global layer's all of them: the prompt's keys the forward returns, and room for the rest.
 TEST(HfGemmaTest, WindowedLayersCacheTheWindow) {
   StatusOr<Graph> g =
       Build(Small("gemma2"), 6, Context(AttentionImpl::kSdpa, Mode::kInference, 100));
@@ -169,16 +169,15 @@ TEST(HfGemmaTest, WindowedLayersCacheTheWindow) {
     }
     return int64_t{-1};
   };
-  EXPECT_EQ(cached("model.layers.0.self_attn.k_cache"), 8);
-  EXPECT_EQ(cached("model.layers.1.self_attn.k_cache"), 106);
+  EXPECT_EQ(cached("model.layers.0.self_attn.k_cache"), 8 - 6);
+  EXPECT_EQ(cached("model.layers.1.self_attn.k_cache"), 100);
+  EXPECT_EQ(g->tensors[g->cache[0]].shape[2], 6);
   StatusOr<Graph> longer =
       Build(Small("gemma2"), 16, Context(AttentionImpl::kSdpa, Mode::kInference, 100));
   ASSERT_TRUE(longer.ok());
-  for (const Tensor& t : longer->tensors) {
-    if (t.name == "model.layers.0.self_attn.v_cache") {
-      EXPECT_EQ(t.shape[2], 16);
-    }
-  }
+  // The prompt is past the window: its 16 keys are all the windowed layer keeps, no room more.
+  for (const Tensor& t : longer->tensors) EXPECT_NE(t.name, "model.layers.0.self_attn.v_cache");
+  EXPECT_EQ(longer->tensors[longer->cache[1]].shape[2], 16);
 }
 
 // Gemma 3: every sliding_window_pattern-th layer global; q_norm and k_norm GemmaRMSNorms over

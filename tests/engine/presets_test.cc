@@ -269,8 +269,9 @@ TEST(PresetsTest, ParametersTakeTheParamDtype) {
   }
 }
 
-// KV cache in inference: per layer k and v of [B, kv_heads, seq + generated, head_dim] in the
-// parameter dtype, so bytes = layers * 2 * B * kv_heads * (seq + gen) * head_dim * 2 (bf16).
+// KV cache in inference: per layer the prompt's k and v, [B, kv_heads, seq, head_dim], which the
+// forward returns (Graph::cache), and room for the generated tokens, [B, kv_heads, gen,
+// head_dim], in the parameter dtype (bf16): layers * 2 * B * kv_heads * gen * head_dim * 2.
 struct KvCase {
   std::string name;
   int64_t seq, gen, batch;
@@ -297,10 +298,12 @@ TEST(PresetsTest, InferenceAllocatesKvCache) {
       bytes += Bytes(t.shape, t.dtype);
       EXPECT_EQ(t.role, TensorRole::kBuffer);
       EXPECT_EQ(t.dtype, DType::kBFloat16);
-      EXPECT_EQ(t.shape, (Shape{c.batch, c.kv_heads, c.seq + c.gen, c.head_dim})) << t.name;
+      EXPECT_EQ(t.shape, (Shape{c.batch, c.kv_heads, c.gen, c.head_dim})) << t.name;
     }
-    EXPECT_EQ(caches, 2 * c.layers);
-    EXPECT_EQ(bytes, c.layers * 2 * c.batch * c.kv_heads * (c.seq + c.gen) * c.head_dim * 2);
+    EXPECT_EQ(caches, c.gen > 0 ? 2 * c.layers : 0);
+    EXPECT_EQ(bytes, c.layers * 2 * c.batch * c.kv_heads * c.gen * c.head_dim * 2);
+    ASSERT_EQ(g->cache.size(), static_cast<size_t>(2 * c.layers));
+    for (int t : g->cache) EXPECT_EQ(g->tensors[t].shape[2], c.seq);
     // Only the last position's logits: [B, 1, V].
     EXPECT_EQ(g->tensors[g->ops.back().outputs[0]].shape.size(), 3u);
     EXPECT_EQ(g->tensors[g->ops.back().outputs[0]].shape[1], 1);

@@ -321,10 +321,12 @@ TEST(TensorParallelTest, InferenceKeepsTheRanksKeyValueHeads) {
   int caches = 0;
   for (const Tensor& t : v->graph.tensors) {
     if (!t.kv_cache) continue;
-    EXPECT_EQ(t.shape, (Shape{1, 32 / 4, 256 + 16, 128})) << t.name;  // 32 heads, 4 ranks
+    EXPECT_EQ(t.shape, (Shape{1, 32 / 4, 16, 128})) << t.name;  // 32 heads, 4 ranks
     ++caches;
   }
-  EXPECT_EQ(caches, 4);  // k and v of 2 layers
+  EXPECT_EQ(caches, 4);  // k and v of 2 layers: the generated tokens' room
+  ASSERT_EQ(v->graph.cache.size(), 4u);  // and the prompt's, which the forward returns
+  EXPECT_EQ(v->graph.tensors[v->graph.cache[0]].shape, (Shape{1, 32 / 4, 256, 128}));
   c.parallelism.tensor = 64;  // more ranks than heads: refused where the heads split
   EXPECT_FALSE(ShardTensorParallel(*whole, c.parallelism).ok());
 }
