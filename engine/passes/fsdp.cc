@@ -194,9 +194,10 @@ void AddFsdp2Notes(const RunConfig& c, const Fsdp2View& v, Report* r) {
         "and each reduce-scatter's output goes to the host");
   }
   r->notes.push_back(
-      "not counted: FSDP2 allocates its all-gather and reduce-scatter buffers on their own CUDA "
-      "streams, whose cached blocks the compute stream does not reuse: the reserved memory can "
-      "be higher than estimated here");
+      "FSDP2's streams: the all-gather outputs (and their mixed-precision copy-in) are allocated "
+      "on all_gather_copy_in_stream, the reduce-scatter outputs and the sharded gradients on "
+      "reduce_scatter_stream; the caching allocator keeps each stream's cached blocks apart, "
+      "which the reserved memory counts");
 }
 
 }  // namespace memest

@@ -12,7 +12,7 @@
 
 namespace memest {
 
-enum class Category : int {
+enum class Category : uint8_t {
   kParameters,         // parameters and module buffers (BatchNorm statistics, causal masks)
   kGradients,          // parameter .grad tensors
   kOptimizerState,     // exp_avg, exp_avg_sq, momentum buffers, ...

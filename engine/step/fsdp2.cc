@@ -1,5 +1,12 @@
 // FSDP2's hooks on one rank's step (engine/step/rank_hooks.h; the groups and their sizes are
 // planned by engine/passes/fsdp.h, which says what each buffer is and when PyTorch makes it).
+//
+// The streams (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): foreach_all_gather
+// makes its copy-in casts and output on all_gather_copy_in_stream (forward and pre-backward,
+// where FSDP2 prefetches implicitly: FSDPCommContext.get_all_gather_streams), the copy-out's
+// unsharded parameters on the default stream; foreach_reduce makes its input on the default
+// stream and the output, its cast and the sharded gradients (views of it) on
+// reduce_scatter_stream. The caching allocator keeps each stream's blocks apart.
 #include <memory>
 #include <vector>
 
@@ -51,8 +58,9 @@ class Fsdp2Hooks : public RankHooks {
   int KeptGrad(RankMemory& m, int t, int64_t /*whole*/) override {
     const int k = v_.group_of[t];
     if (v_.cpu_offload) return kNoGrad;  // on the host
-    if (sharded_grad_[k] < 0) {
-      sharded_grad_[k] = m.Allocate(v_.groups[k].sharded_grad_bytes, Category::kGradients);
+    if (sharded_grad_[k] < 0) {  // made by the first step's reduce-scatter, on its stream
+      sharded_grad_[k] = m.Allocate(v_.groups[k].sharded_grad_bytes, Category::kGradients,
+                                    kReduceScatterStream);
     }
     return kNoGrad;
   }
@@ -111,9 +119,9 @@ class Fsdp2Hooks : public RankHooks {
     if (v_.cpu_offload) {
       OffloadedInputs(m, grp, &inputs);
     } else if (grp.copy_in_bytes > 0) {
-      inputs.push_back(m.Allocate(grp.copy_in_bytes, Category::kCommunication));
+      inputs.push_back(m.Allocate(grp.copy_in_bytes, Category::kCommunication, kAllGatherStream));
     }
-    flat_[k] = m.Allocate(grp.flat_bytes, Category::kCommunication);
+    flat_[k] = m.Allocate(grp.flat_bytes, Category::kCommunication, kAllGatherStream);
     for (int b : inputs) m.Deallocate(b);
   }
 
@@ -121,12 +129,13 @@ class Fsdp2Hooks : public RankHooks {
   // GPU and, under mixed precision, cast to param_dtype (the copy freed once cast).
   void OffloadedInputs(RankMemory& m, const FsdpGroup& grp, std::vector<int>* inputs) {
     for (size_t j = 0; j < grp.shard_bytes.size(); ++j) {
-      const int copy = m.Allocate(grp.shard_bytes[j], Category::kCommunication);
+      const int copy = m.Allocate(grp.shard_bytes[j], Category::kCommunication, kAllGatherStream);
       if (grp.cast_bytes[j] == 0) {
         inputs->push_back(copy);
         continue;
       }
-      inputs->push_back(m.Allocate(grp.cast_bytes[j], Category::kCommunication));
+      inputs->push_back(
+          m.Allocate(grp.cast_bytes[j], Category::kCommunication, kAllGatherStream));
       m.Deallocate(copy);
     }
   }
@@ -175,10 +184,11 @@ class Fsdp2Hooks : public RankHooks {
     for (int t : with_grad) m.ReleaseGrad(t, false);
     const bool cast = v_.reduce_dtype != v_.sharded_dtype;
     int grads = m.Allocate(grp.reduce_output_bytes,
-                           cast ? Category::kCommunication : Category::kGradients);
+                           cast ? Category::kCommunication : Category::kGradients,
+                           kReduceScatterStream);
     if (cast) {
       const int out = grads;
-      grads = m.Allocate(grp.sharded_grad_bytes, Category::kGradients);
+      grads = m.Allocate(grp.sharded_grad_bytes, Category::kGradients, kReduceScatterStream);
       m.Deallocate(out);
     }
     // Offloaded: each shard's gradient copied to the host; else added into the kept ones

@@ -14,7 +14,7 @@ namespace {
 // CachingAllocatorModel's interface, counting each allocation's own bytes.
 class ExactCounter {
  public:
-  int Malloc(int64_t bytes) {
+  int Malloc(int64_t bytes, int /*stream*/ = 0) {
     if (bytes < 0 || !AddBytes(&allocated_, bytes)) return -1;
     sizes_.push_back(bytes);
     return static_cast<int>(sizes_.size()) - 1;
@@ -159,7 +159,7 @@ class Walker {
           // An empty tensor holds no memory: PyTorch's allocators return a null pointer for 0
           // bytes and make no block.
           if (e.bytes == 0) break;
-          handle_[id] = allocator_.Malloc(e.bytes);
+          handle_[id] = allocator_.Malloc(e.bytes, e.stream);
           if (handle_[id] < 0) {
             return ByteCountTooLarge(context_ >= 0 ? &s_.contexts[context_] : nullptr, g_,
                                      "the bytes reserved at once");

@@ -36,11 +36,21 @@ namespace memest {
 constexpr int kNoGrad = -1;             // .grad is None
 constexpr int kGradInRankBuffer = -2;   // .grad is a view into a buffer the strategy keeps
 
+// The CUDA streams a strategy allocates on: the caching allocator keeps each stream's blocks
+// apart (a block freed on one is not reused by another's requests).
+constexpr int kDefaultStream = 0;
+constexpr int kAllGatherStream = 1;      // FSDP2's all_gather_copy_in_stream
+constexpr int kReduceScatterStream = 2;  // FSDP2's reduce_scatter_stream
+
 // The step's memory as a hook sees it.
 class RankMemory {
  public:
   virtual ~RankMemory() = default;
-  virtual int Allocate(int64_t bytes, Category category) = 0;  // a buffer id
+  // A buffer id; `stream` is the CUDA stream the strategy allocates it on (kDefaultStream...).
+  virtual int Allocate(int64_t bytes, Category category, int stream) = 0;
+  int Allocate(int64_t bytes, Category category) {
+    return Allocate(bytes, category, kDefaultStream);
+  }
   virtual void Deallocate(int buffer) = 0;
   // Whether parameter t has a .grad of its own storage now.
   virtual bool HasOwnGrad(int t) const = 0;

@@ -53,6 +53,10 @@ struct Event {
   Category category;
   int buffer;
   int64_t bytes;
+  // The CUDA stream a kAlloc's block is allocated on (0: the default stream): the caching
+  // allocator keeps each stream's blocks apart (CachingAllocatorModel). A free returns the block
+  // to the pool of the stream it came from.
+  uint8_t stream = 0;
 };
 
 // The storages an op reads and writes at one context of the schedule (recorded only when

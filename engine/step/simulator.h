@@ -129,12 +129,12 @@ class StepSimulator : private RankMemory {
   bool failed() const { return !status_.ok(); }
 
   // ---- events ----
-  int NewBuffer(int64_t bytes, Category c) {
+  int NewBuffer(int64_t bytes, Category c, int stream = kDefaultStream) {
     if ((bytes < 0 || bytes > kMaxBytes) && status_.ok()) {
       status_ = ByteCountTooLarge(CurrentContext(), g_, "one allocation");
     }
     const int id = next_buffer_++;
-    s_.events.push_back({EventKind::kAlloc, c, id, bytes});
+    s_.events.push_back({EventKind::kAlloc, c, id, bytes, static_cast<uint8_t>(stream)});
     return id;
   }
   void FreeBuffer(int id) {
@@ -196,7 +196,10 @@ class StepSimulator : private RankMemory {
   }
 
   // ---- the rank's strategy (engine/step/rank_hooks.h): what its hooks may do ----
-  int Allocate(int64_t bytes, Category category) override { return NewBuffer(bytes, category); }
+  using RankMemory::Allocate;
+  int Allocate(int64_t bytes, Category category, int stream) override {
+    return NewBuffer(bytes, category, stream);
+  }
   void Deallocate(int buffer) override { FreeBuffer(buffer); }
   bool HasOwnGrad(int t) const override { return param_grad_[t] >= 0; }
   void ReleaseGrad(int t, bool into_rank_buffer) override {

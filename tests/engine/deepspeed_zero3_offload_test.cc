@@ -48,7 +48,8 @@ class LoggedMemory : public RankMemory {
     int64_t bytes;
     Category category;
   };
-  int Allocate(int64_t bytes, Category category) override {
+  using RankMemory::Allocate;
+  int Allocate(int64_t bytes, Category category, int /*stream*/) override {
     log.push_back({bytes, category});
     live.push_back(bytes);
     now += bytes;

@@ -87,7 +87,8 @@ TEST(Fsdp1OffloadTest, MixedPrecisionCopiesTheFloat32Shard) {
 
 class LoggedMemory : public RankMemory {
  public:
-  int Allocate(int64_t bytes, Category category) override {
+  using RankMemory::Allocate;
+  int Allocate(int64_t bytes, Category category, int /*stream*/) override {
     log.push_back({bytes, category});
     return static_cast<int>(log.size()) - 1;
   }

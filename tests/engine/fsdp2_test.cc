@@ -8,6 +8,7 @@
 
 #include "engine/estimator.h"
 #include "engine/passes/data_parallel.h"
+#include "engine/step/rank_hooks.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {
@@ -138,6 +139,46 @@ TEST(Fsdp2Test, AccumulationAndKeptGradientsStaySharded) {
   const Liveness l = enginetest::WalkRank(g, keep);
   EXPECT_EQ(Cat(PhasePeak(l, Phase::kData), Category::kGradients), kShards * 4);
   EXPECT_EQ(AtEnd(l, Category::kGradients), kShards * 4);
+}
+
+// The streams PyTorch allocates FSDP2's buffers on (_fsdp_collectives.py): the all-gather's
+// output on all_gather_copy_in_stream, the copy-out and the reduce-scatter input on the default
+// stream, the reduce-scatter output (the sharded gradients) on reduce_scatter_stream. The caching
+// allocator keeps their blocks apart, so the rank reserves more than one pool would.
+TEST(Fsdp2Test, CollectivesAllocateOnTheirOwnStreams) {
+  const Graph g = Stack();
+  const RunConfig c = Fsdp();
+  const RankView view = PlanDataParallel(g, c).value();
+  ScheduleOptions o;
+  o.rank = &view;
+  const Schedule s = BuildSchedule(g, c, {}, o).value();
+  int gathers = 0, reduce_inputs = 0, sharded_grads = 0, unsharded = 0;
+  for (const Event& e : s.events) {
+    if (e.kind != EventKind::kAlloc) continue;
+    if (e.category == Category::kCommunication && e.bytes == kBlockGathered * 4) {
+      // A block's all-gather output (forward and backward) or its reduce-scatter input.
+      if (e.stream == kAllGatherStream) ++gathers;
+      if (e.stream == kDefaultStream) ++reduce_inputs;
+    }
+    if (e.category == Category::kGradients && e.bytes == kBlockShard * 4) {
+      EXPECT_EQ(e.stream, kReduceScatterStream);
+      ++sharded_grads;
+    }
+    if (e.category == Category::kParameters && e.bytes == 64 * 64 * 4) {  // a [64, 64] weight
+      EXPECT_EQ(e.stream, kDefaultStream);
+      ++unsharded;
+    }
+  }
+  EXPECT_EQ(gathers, 2 * kBlocks);  // each block gathered in forward and again in backward
+  EXPECT_EQ(reduce_inputs, kBlocks);
+  EXPECT_EQ(sharded_grads, kBlocks);
+  EXPECT_EQ(unsharded, 2 * kBlocks + 1);  // fc1.weight in forward and backward, the root's in
+  // One pool for every buffer would reserve less.
+  Schedule one = s;
+  for (Event& e : one.events) e.stream = kDefaultStream;
+  const int64_t apart = WalkSchedule(s, g, false).value().peak_reserved;
+  const int64_t pooled = WalkSchedule(one, g, false).value().peak_reserved;
+  EXPECT_GT(apart, pooled);
 }
 
 TEST(Fsdp2Test, SettingsThatMakeNoSenseAreRefused) {
