@@ -228,9 +228,12 @@ void AddDataParallelNotes(const RunConfig& c, const RankView& view, Report* r) {
           "the GPU until backward ends");
     }
     r->notes.push_back(
-        "not counted: FSDP1's record_stream frees (the CUDA caching "
-        "allocator reuses a freed all-gather or gradient block only once the GPU has passed "
-        "it, so the reserved memory can be higher; limit_all_gathers bounds it)");
+        "FSDP1's streams: the unsharded flat parameters are allocated on its unshard stream, "
+        "the mixed-precision and offloaded shard copies on its pre-unshard stream, the "
+        "gradient's copies and the sharded gradients on its post-backward stream, each "
+        "stream's cached blocks apart; not counted: its record_stream frees (the allocator "
+        "reuses such a block only once the GPU has passed it, so the reserved memory can be "
+        "higher; limit_all_gathers bounds it)");
     return;
   }
   if (const auto& mg = view.megatron) {

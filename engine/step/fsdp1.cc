@@ -1,5 +1,13 @@
 // FSDP1's hooks on one rank's step (engine/step/rank_hooks.h; the units and their sizes are
 // planned by engine/passes/fsdp1.h, which says what each buffer is and when PyTorch makes it).
+//
+// The streams (torch/distributed/fsdp/_runtime_utils.py): _unshard runs pre_unshard (the
+// mixed-precision shard, the offloaded shard's copy) on _pre_unshard_stream and unshard (the
+// padded unsharded flat parameter) on _unshard_stream; _post_backward_hook takes autograd's
+// flat gradient (the default stream's) and makes its reduce-dtype copy, the padding, the new
+// sharded gradient and its cast on _post_backward_stream. The caching allocator keeps each
+// stream's blocks apart. Not modelled: the record_stream frees, which keep a block from reuse
+// until the stream's work has run.
 #include <memory>
 #include <vector>
 
@@ -54,7 +62,8 @@ class Fsdp1Hooks : public RankHooks {
     const int k = v_.unit_of[t];
     if (v_.cpu_offload) return kNoGrad;  // _cpu_grad, on the host
     if (v_.first_param[k] == t && sharded_grad_[k] < 0) {
-      sharded_grad_[k] = m.Allocate(ShardedGradBytes(k), Category::kGradients);
+      sharded_grad_[k] =
+          m.Allocate(ShardedGradBytes(k), Category::kGradients, kReduceScatterStream);
     }
     return kNoGrad;
   }
@@ -125,22 +134,24 @@ class Fsdp1Hooks : public RankHooks {
     unsharded_[k] = true;
     if (full_[k] >= 0) {
       if (first && u.mp_shard_bytes > 0 && u.offload_copy_bytes > 0) {
-        const int mp = m.Allocate(u.mp_shard_bytes, Category::kCommunication);
-        m.Deallocate(m.Allocate(u.offload_copy_bytes, Category::kCommunication));
+        const int mp = m.Allocate(u.mp_shard_bytes, Category::kCommunication, kPreAllGatherStream);
+        m.Deallocate(
+            m.Allocate(u.offload_copy_bytes, Category::kCommunication, kPreAllGatherStream));
         m.Deallocate(mp);
       }
       return;
     }
     int input = -1;
     if (u.mp_shard_bytes > 0) {
-      input = m.Allocate(u.mp_shard_bytes, Category::kCommunication);
+      input = m.Allocate(u.mp_shard_bytes, Category::kCommunication, kPreAllGatherStream);
       if (u.offload_copy_bytes > 0) {
-        m.Deallocate(m.Allocate(u.offload_copy_bytes, Category::kCommunication));
+        m.Deallocate(
+            m.Allocate(u.offload_copy_bytes, Category::kCommunication, kPreAllGatherStream));
       }
     } else if (u.offload_copy_bytes > 0) {
-      input = m.Allocate(u.offload_copy_bytes, Category::kCommunication);
+      input = m.Allocate(u.offload_copy_bytes, Category::kCommunication, kPreAllGatherStream);
     }
-    full_[k] = m.Allocate(u.full_bytes, Category::kParameters);
+    full_[k] = m.Allocate(u.full_bytes, Category::kParameters, kAllGatherStream);
     if (input >= 0) m.Deallocate(input);
   }
 
@@ -167,12 +178,14 @@ class Fsdp1Hooks : public RankHooks {
     for (int t : with_grad) m.ReleaseGrad(t, false);
     Reshard(m, k);
     for (int64_t copy : {u.reduce_copy_bytes, u.pad_bytes}) {
-      if (copy > 0) unsharded.push_back(m.Allocate(copy, Category::kCommunication));
+      if (copy > 0) {
+        unsharded.push_back(m.Allocate(copy, Category::kCommunication, kReduceScatterStream));
+      }
     }
-    int shard = m.Allocate(u.sharded_grad_bytes, Category::kGradients);
+    int shard = m.Allocate(u.sharded_grad_bytes, Category::kGradients, kReduceScatterStream);
     for (int b : unsharded) m.Deallocate(b);
     if (u.grad_cast_bytes > 0) {
-      const int cast = m.Allocate(u.grad_cast_bytes, Category::kGradients);
+      const int cast = m.Allocate(u.grad_cast_bytes, Category::kGradients, kReduceScatterStream);
       m.Deallocate(shard);
       shard = cast;
     }

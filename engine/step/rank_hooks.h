@@ -39,8 +39,9 @@ constexpr int kGradInRankBuffer = -2;   // .grad is a view into a buffer the str
 // The CUDA streams a strategy allocates on: the caching allocator keeps each stream's blocks
 // apart (a block freed on one is not reused by another's requests).
 constexpr int kDefaultStream = 0;
-constexpr int kAllGatherStream = 1;      // FSDP2's all_gather_copy_in_stream
-constexpr int kReduceScatterStream = 2;  // FSDP2's reduce_scatter_stream
+constexpr int kAllGatherStream = 1;      // FSDP2's all_gather_copy_in_stream, FSDP1's unshard
+constexpr int kReduceScatterStream = 2;  // FSDP2's reduce_scatter_stream, FSDP1's post_backward
+constexpr int kPreAllGatherStream = 3;   // FSDP1's pre_unshard (mixed-precision, offload copies)
 
 // The step's memory as a hook sees it.
 class RankMemory {

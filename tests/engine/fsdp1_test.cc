@@ -7,6 +7,7 @@
 
 #include "engine/estimator.h"
 #include "engine/passes/data_parallel.h"
+#include "engine/step/rank_hooks.h"
 #include "tests/engine/test_graphs.h"
 
 namespace memest {
@@ -50,6 +51,37 @@ TEST(Fsdp1Test, UnitsAreFlatShardsWithTheirCopies) {
 }
 
 // The rank keeps the flat shards, their gradients and (SGD momentum) one state tensor each.
+// The streams FSDP1 allocates on (_runtime_utils.py): the padded unsharded flat parameters on
+// _unshard_stream, autograd's flat gradient on the default stream, the sharded gradient on
+// _post_backward_stream.
+TEST(Fsdp1Test, UnshardAndReduceAllocateOnTheirOwnStreams) {
+  const Graph g = FsdpStack();
+  const RunConfig c = Fsdp1();
+  const RankView view = PlanDataParallel(g, c).value();
+  ScheduleOptions o;
+  o.rank = &view;
+  const Schedule s = BuildSchedule(g, c, {}, o).value();
+  int full = 0, flat_grads = 0, shards = 0;
+  for (const Event& e : s.events) {
+    if (e.kind != EventKind::kAlloc) continue;
+    if (e.category == Category::kParameters && e.bytes == 4 * kBlockShard * 4) {
+      EXPECT_EQ(e.stream, kAllGatherStream);
+      ++full;
+    }
+    if (e.category == Category::kGradients && e.bytes == kBlockNumel * 4) {
+      EXPECT_EQ(e.stream, kDefaultStream);
+      ++flat_grads;
+    }
+    if (e.category == Category::kGradients && e.bytes == kBlockShard * 4) {
+      EXPECT_EQ(e.stream, kReduceScatterStream);
+      ++shards;
+    }
+  }
+  EXPECT_EQ(full, 2 * 3);  // 3 blocks, unsharded in forward and in backward
+  EXPECT_EQ(flat_grads, 3);
+  EXPECT_EQ(shards, 3);
+}
+
 TEST(Fsdp1Test, ModelStatesAreTheFlatShards) {
   RunConfig c = Fsdp1();
   c.optimizer.kind = OptimizerKind::kSgdMomentum;
