@@ -91,7 +91,7 @@ class Replayer {
           MEMEST_RETURN_IF_ERROR(SampleDevice());
           break;
         case EventKind::kAlloc:
-          MEMEST_RETURN_IF_ERROR(Alloc(e.buffer, e.bytes, e.category));
+          MEMEST_RETURN_IF_ERROR(Alloc(e.buffer, e.bytes, e.category, e.stream));
           if (e.category == Category::kWorkspace) cublas_workspaces_.push_back(e.buffer);
           break;
         case EventKind::kFree:
@@ -116,8 +116,10 @@ class Replayer {
   std::vector<OpRun>& ops() { return ops_; }
 
  private:
-  Status Alloc(int buffer, int64_t bytes, Category c) {
-    const int h = policy_.Malloc(bytes);
+  // As the plan's walk: an empty tensor holds no memory; a block comes from its stream's pool.
+  Status Alloc(int buffer, int64_t bytes, Category c, int stream) {
+    if (bytes == 0) return Status::Ok();
+    const int h = policy_.Malloc(bytes, stream);
     if (h < 0) {  // the plan's own walk kept every total within kMaxBytes
       return Internal("the allocator model refused " + std::to_string(bytes) + " bytes at " +
                       Where() + " that the plan's walk accepted");
@@ -242,7 +244,7 @@ class Replayer {
           handle_.push_back(-1);
           category_.push_back(Category::kWorkspace);
           bytes_.push_back(0);
-          MEMEST_RETURN_IF_ERROR(Alloc(ws_buffer, ws, Category::kWorkspace));
+          MEMEST_RETURN_IF_ERROR(Alloc(ws_buffer, ws, Category::kWorkspace, /*stream=*/0));
           w.workspace = Ptr(ws_buffer);
           w.workspace_bytes = ws;
           run.workspace_bytes = std::max(run.workspace_bytes, ws);

@@ -265,7 +265,9 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     b.MarkCache(k);
     b.MarkCache(v);
   }
-  if (!c.training() && o.kv_cache_len > 0) {
+  // The cache's room (the prompt's keys are the forward's own with use_cache: a layer with no
+  // room left keeps an empty one, which says its window).
+  if (!c.training() && (o.kv_cache_len > 0 || c.use_cache)) {
     b.KvCache("k_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
     b.KvCache("v_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
   }

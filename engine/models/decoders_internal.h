@@ -22,7 +22,7 @@ inline bool Training(const BuildContext& ctx) { return ctx.mode == Mode::kTraini
 // which the forward returns (Graph::cache), or, without use_cache, room for both.
 inline int64_t KvCacheLength(const BuildContext& ctx, int64_t seq) {
   if (Training(ctx) || ctx.serving) return 0;
-  return ctx.use_cache ? ctx.generate_tokens : seq + ctx.generate_tokens;
+  return ReturnsCache(ctx) ? ctx.generate_tokens : seq + ctx.generate_tokens;
 }
 
 // A spec field's own name where it came from: "d_model" for a preset, "hidden_size" for a config.

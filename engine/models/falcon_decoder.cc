@@ -164,7 +164,7 @@ int FalconAttention(GraphBuilder& b, const LayerContext& c, int x, const FalconS
     b.MarkCache(k);
     b.MarkCache(v);
   }
-  if (!c.training() && shared.kv_cache_len > 0) {
+  if (!c.training() && (shared.kv_cache_len > 0 || c.use_cache)) {
     b.KvCache("k_cache", {n, kv, shared.kv_cache_len, hd}, c.param_dtype);
     b.KvCache("v_cache", {n, kv, shared.kv_cache_len, hd}, c.param_dtype);
   }

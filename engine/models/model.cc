@@ -42,8 +42,12 @@ LayerContext LayerContextOf(const BuildContext& context) {
   c.rotary_local_positions = context.serving ? context.rotary_local_positions : 0;
   c.vllm = context.serving;
   c.megatron = context.megatron;
-  c.use_cache = context.use_cache && !context.serving && !context.megatron;
+  c.use_cache = ReturnsCache(context);
   return c;
+}
+
+bool ReturnsCache(const BuildContext& context) {
+  return context.use_cache && !context.serving && !context.megatron;
 }
 
 Status ValidateBuildContext(const BuildContext& context) {

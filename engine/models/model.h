@@ -141,6 +141,10 @@ struct BuildContext {
   bool use_cache = false;
 };
 
+// Whether the model's forward returns its keys and values (Graph::cache): context.use_cache,
+// but not in vLLM's profile run nor under Megatron-LM.
+bool ReturnsCache(const BuildContext& context);
+
 // The LayerContext (engine/models/layers.h) a front end builds its layers with.
 struct LayerContext;
 LayerContext LayerContextOf(const BuildContext& context);

@@ -86,7 +86,7 @@ int OptAttention(GraphBuilder& b, const LayerContext& c, int x, const OptSpec& s
     b.MarkCache(k);
     b.MarkCache(v);
   }
-  if (!c.training() && kv_cache_len > 0) {
+  if (!c.training() && (kv_cache_len > 0 || c.use_cache)) {
     b.KvCache("k_cache", {n, s.heads, kv_cache_len, hd}, c.param_dtype);
     b.KvCache("v_cache", {n, s.heads, kv_cache_len, hd}, c.param_dtype);
   }

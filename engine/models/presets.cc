@@ -336,7 +336,8 @@ std::string Gpt2Description(const char* size, int64_t params) {
          " parameters with the lm_head tied to wte; pre-LN blocks, gelu_new MLP, "
          "dropout 0.1; training ends in cross_entropy over the vocabulary, the forward "
          "returning every layer's keys and values (use_cache, as its config sets it); inference "
-         "keeps a KV cache of seq + generated tokens and computes the last position's logits";
+         "keeps the prompt's keys and values (views of c_attn's output) and room for the "
+         "generated tokens, and computes the last position's logits";
 }
 
 std::string LlamaDescription(const char* size, int64_t params) {
@@ -345,7 +346,8 @@ std::string LlamaDescription(const char* size, int64_t params) {
          " parameters, untied lm_head; RMSNorm, rotary, grouped-query attention, "
          "SwiGLU MLP; training ends in cross_entropy over the vocabulary, the forward returning "
          "every layer's keys and values (use_cache, as its config sets it); inference keeps a KV "
-         "cache of seq + generated tokens and computes the last position's logits";
+         "cache of seq + generated tokens (the prompt's from its forward) and computes the last "
+         "position's logits";
 }
 
 const std::vector<Preset>& Registry() {

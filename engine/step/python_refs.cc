@@ -42,15 +42,8 @@ std::vector<int> ModelOutputs(const Graph& g, Mode mode, bool cache) {
 }
 
 bool OutputsHoldCache(const RunConfig& config) {
-  if (config.mode != Mode::kTraining) return true;
-  switch (config.checkpoint.policy) {
-    case CheckpointPolicy::kEveryBlock:
-    case CheckpointPolicy::kEveryKBlocks:
-    case CheckpointPolicy::kSqrtBlocks:
-      return false;
-    default:
-      return true;
-  }
+  return config.mode != Mode::kTraining ||
+         config.checkpoint.policy != CheckpointPolicy::kEveryBlock;
 }
 
 PythonRefs PlanPythonRefs(const Graph& g, const std::vector<int>& base, Mode mode, bool cache) {

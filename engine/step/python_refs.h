@@ -27,9 +27,11 @@ namespace memest {
 std::vector<int> ModelOutputs(const Graph& graph, Mode mode, bool cache = false);
 
 // Whether the model's outputs hold Graph::cache in a step under `config`: in inference (the
-// prompt's cache, which generation goes on from), and in training unless torch.utils.checkpoint
-// wraps blocks (Hugging Face's gradient_checkpointing_enable() makes its models run with
-// use_cache=False in training; they warn and return no cache).
+// prompt's cache, which generation goes on from), and in training unless every block is
+// checkpointed, as Hugging Face's gradient_checkpointing_enable() does, which makes its models
+// run with use_cache=False in training (they warn and return no cache). Checkpointing every k
+// blocks or sqrt(L) blocks is not something that method does: the model's flag stays off and it
+// returns its cache.
 bool OutputsHoldCache(const RunConfig& config);
 
 struct PythonRefs {

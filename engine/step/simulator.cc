@@ -181,6 +181,7 @@ void StepSimulator::EndMicroBatch() {
   for (size_t t = 0; t < g_.tensors.size(); ++t) {
     const Tensor& ten = g_.tensors[t];
     if (ten.role == TensorRole::kParameter || ten.role == TensorRole::kBuffer) continue;
+    if (kv_cache_[t]) continue;  // inference: the prompt's cache, which generation goes on from
     if (ten.role == TensorRole::kInput && param_grad_[t] >= 0) {
       FreeBuffer(param_grad_[t]);
       param_grad_[t] = -1;

@@ -119,11 +119,12 @@ TEST(PythonRefsTest, OutputsHoldTheCacheUnlessBlocksAreCheckpointed) {
   EXPECT_TRUE(OutputsHoldCache(c));
   c.checkpoint.policy = CheckpointPolicy::kAttentionCore;  // selective: the model's flag is off
   EXPECT_TRUE(OutputsHoldCache(c));
-  for (CheckpointPolicy p : {CheckpointPolicy::kEveryBlock, CheckpointPolicy::kEveryKBlocks,
-                             CheckpointPolicy::kSqrtBlocks}) {
-    c.checkpoint.policy = p;
-    EXPECT_FALSE(OutputsHoldCache(c));
+  for (CheckpointPolicy p : {CheckpointPolicy::kEveryKBlocks, CheckpointPolicy::kSqrtBlocks}) {
+    c.checkpoint.policy = p;  // not what gradient_checkpointing_enable() does
+    EXPECT_TRUE(OutputsHoldCache(c));
   }
+  c.checkpoint.policy = CheckpointPolicy::kEveryBlock;
+  EXPECT_FALSE(OutputsHoldCache(c));
   c.checkpoint.policy = CheckpointPolicy::kNone;
   c.mode = Mode::kInference;  // the prompt's cache, which generation goes on from
   EXPECT_TRUE(OutputsHoldCache(c));

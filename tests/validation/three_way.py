@@ -83,8 +83,9 @@ class Config:
         flags += ["--precision", self.precision, "--optimizer", self.optimizer,
                   "--optimizer-impl", "foreach"]
         # The reference models (torch_models.py) write attention out by hand: memest's eager
-        # form, not the SDPA it assumes by default on CUDA.
-        flags += ["--attention", "eager"]
+        # form, not the SDPA it assumes by default on CUDA. Their forward returns the loss
+        # alone, which the loop holds: no outputs, no past_key_values.
+        flags += ["--attention", "eager", "--no-hold-outputs"]
         return flags
 
     def overrides(self) -> Dict[str, int]:
