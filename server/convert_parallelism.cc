@@ -70,6 +70,7 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
   out.offload_optimizer = p.offload_optimizer();
   out.offload_param = p.offload_param();
   out.reshard_after_forward = !p.has_reshard_after_forward() || p.reshard_after_forward();
+  out.keep_last_block_gathered = p.keep_last_block_gathered();
   out.fsdp_mixed_precision = p.fsdp_mixed_precision();
   out.fsdp_cpu_offload = p.fsdp_cpu_offload();
   out.pipeline = p.pipeline() == 0 ? 1 : p.pipeline();  // the engine refuses a negative count

@@ -72,6 +72,10 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
                 "FSDP2's fully_shard(block, reshard_after_forward=False), FSDP1's "
                 "SHARD_GRAD_OP: blocks keep their gathered parameters from forward to backward")
       ->group(group);
+  app->add_flag("--keep-last-block-gathered", f->keep_last_block_gathered,
+                "FSDP2's fully_shard(last block, reshard_after_forward=False), the others "
+                "resharding: torchtitan's default (backward needs the last block first)")
+      ->group(group);
   app->add_flag("--fsdp-mixed-precision", f->fsdp_mixed_precision,
                 "FSDP's MixedPrecision(Policy)(param_dtype=<--precision's 16-bit dtype>, "
                 "reduce_dtype=float32) over a float32 model (with --precision bf16-pure or "
@@ -157,7 +161,7 @@ void AddParallelismFlags(CLI::App* app, ParallelismFlags* f) {
 Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   if (!f.data && f.strategy.empty() && !f.bucket_cap_mb && !f.gradient_as_bucket_view &&
       !f.reduce_bucket_size && !f.overlap_comm && !f.offload_optimizer && !f.offload_param &&
-      !f.no_reshard_after_forward &&
+      !f.no_reshard_after_forward && !f.keep_last_block_gathered &&
       !f.fsdp_mixed_precision && !f.fsdp_cpu_offload && !f.pipeline && f.pipeline_schedule.empty() &&
       !f.pipeline_keep_outputs && !f.tensor && !f.sequence_parallel && f.tensor_plan.empty() && f.tensor_layers.empty() &&
       !f.context &&
@@ -178,6 +182,7 @@ Status ApplyParallelismFlags(const ParallelismFlags& f, v1::RunConfig* config) {
   p->set_offload_optimizer(f.offload_optimizer);
   p->set_offload_param(f.offload_param);
   if (f.no_reshard_after_forward) p->set_reshard_after_forward(false);
+  p->set_keep_last_block_gathered(f.keep_last_block_gathered);
   p->set_fsdp_mixed_precision(f.fsdp_mixed_precision);
   p->set_fsdp_cpu_offload(f.fsdp_cpu_offload);
   if (f.pipeline) p->set_pipeline(*f.pipeline);

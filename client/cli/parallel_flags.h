@@ -24,6 +24,7 @@ struct ParallelismFlags {
   bool offload_optimizer = false;             // DeepSpeed ZeRO-1/2/3
   bool offload_param = false;                 // DeepSpeed ZeRO-3
   bool no_reshard_after_forward = false;      // FSDP2
+  bool keep_last_block_gathered = false;      // FSDP2
   bool fsdp_mixed_precision = false;          // FSDP2
   bool fsdp_cpu_offload = false;              // FSDP2
   std::optional<int64_t> pipeline;            // pipeline stages

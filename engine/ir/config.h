@@ -333,6 +333,9 @@ struct ParallelismConfig {
   // FSDP2: fully_shard(block, reshard_after_forward=...): a block's gathered parameters are
   // freed after its forward and gathered again for its backward (true, the default), or kept.
   bool reshard_after_forward = true;
+  // FSDP2: fully_shard(last block, reshard_after_forward=False) with the other blocks as
+  // reshard_after_forward says (torchtitan's default: backward needs the last block first).
+  bool keep_last_block_gathered = false;
   // FSDP2: MixedPrecisionPolicy(param_dtype=<the 16-bit dtype of a bf16-pure or fp16-pure
   // precision>, reduce_dtype=float32) over a float32 model: the shards, their gradients and the
   // optimizer state are float32; the gathered parameters and the compute are 16-bit.

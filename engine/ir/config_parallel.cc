@@ -217,6 +217,17 @@ Status ValidateParallelism(const ParallelismConfig& p) {
                            ": an FSDP setting, and the strategy is " +
                            DataShardingName(p.sharding));
   }
+  if (p.keep_last_block_gathered && p.sharding != DataSharding::kFsdp2) {
+    return InvalidArgument(
+        std::string("config.parallelism.keep_last_block_gathered: FSDP2's fully_shard on the "
+                    "last block (FSDP1 wraps every unit alike), and the strategy is ") +
+        DataShardingName(p.sharding));
+  }
+  if (p.keep_last_block_gathered && !p.reshard_after_forward) {
+    return InvalidArgument(
+        "config.parallelism.keep_last_block_gathered: every block stays gathered already "
+        "(reshard_after_forward false); leave one of them unset");
+  }
   if (p.fsdp_cpu_offload && !fsdp) {
     return InvalidArgument(std::string("config.parallelism.fsdp_cpu_offload: FSDP's CPU "
                                        "offload (fsdp1 or fsdp2), and the strategy is ") +

@@ -114,6 +114,13 @@ StatusOr<Fsdp2View> PlanFsdp2(const Graph& g, const RunConfig& c) {
   const int64_t world = ShardRanks(p);  // HSDP: the shard group; replicas hold the same
   Fsdp2View v;
   GroupByBlocks(g, p.reshard_after_forward, &v.groups, &v.group_of);
+  if (p.keep_last_block_gathered) {  // the last block that has parameters (the root is last)
+    for (size_t k = v.groups.size() - 1; k-- > 0;) {
+      if (v.groups[k].params.empty()) continue;
+      v.groups[k].reshard_after_forward = false;
+      break;
+    }
+  }
   v.shards.resize(g.tensors.size());
   // Mixed precision (MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=float32)): the
   // graph computes in the 16-bit dtype, the shards and the reduction are float32.
@@ -183,8 +190,12 @@ void AddFsdp2Notes(const RunConfig& c, const Fsdp2View& v, Report* r) {
       FormatBytes(largest) + " (and its all-gather buffer as much again), the root " +
       FormatBytes(root.flat_bytes) + ", kept from forward to the end of backward; in backward "
       "a block and the one before it (prefetched) are gathered at once" +
-      (p.reshard_after_forward ? "" : "; reshard_after_forward=False: every block stays "
-                                      "gathered from its forward to its backward"));
+      (!p.reshard_after_forward ? "; reshard_after_forward=False: every block stays gathered "
+                                  "from its forward to its backward"
+       : p.keep_last_block_gathered ? "; the last block keeps its parameters gathered from its "
+                                      "forward to its backward (reshard_after_forward=False on "
+                                      "it alone)"
+                                    : ""));
   if (v.cpu_offload) {
     r->notes.push_back(
         "CPUOffloadPolicy: the shards, their gradients and the optimizer state are host memory (" +

@@ -115,9 +115,13 @@ TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   ASSERT_TRUE(p.has_reshard_after_forward());
   EXPECT_FALSE(p.reshard_after_forward());
   EXPECT_TRUE(p.fsdp_mixed_precision());
+  EXPECT_FALSE(p.keep_last_block_gathered());
   // Not given: reshard_after_forward stays unset (the engine's default, true).
   flags.parallel.no_reshard_after_forward = false;
   EXPECT_FALSE(BuildEstimateRequest(flags)->config().parallelism().has_reshard_after_forward());
+  flags.parallel.keep_last_block_gathered = true;
+  EXPECT_TRUE(BuildEstimateRequest(flags)->config().parallelism().keep_last_block_gathered());
+  flags.parallel.keep_last_block_gathered = false;
   flags.parallel.pipeline = 4;
   flags.parallel.pipeline_schedule = "gpipe";
   flags.parallel.pipeline_keep_outputs = true;

@@ -100,6 +100,39 @@ TEST(Fsdp2Test, WithoutReshardAfterForwardEveryBlockStaysGathered) {
             PhasePeak(enginetest::WalkRank(g, Fsdp()), Phase::kLoss).allocated_bytes);
 }
 
+// torchtitan's default: reshard_after_forward=False on the last block alone. It stays gathered
+// through the loss and is not all-gathered again for backward; the others reshard.
+TEST(Fsdp2Test, TheLastBlockCanStayGathered) {
+  const Graph g = Stack();
+  RunConfig c = Fsdp();
+  c.parallelism.keep_last_block_gathered = true;
+  const Fsdp2View v = PlanFsdp2(g, c).value();
+  for (int k = 0; k < kBlocks; ++k) {
+    EXPECT_EQ(v.groups[k].reshard_after_forward, k != kBlocks - 1) << k;
+  }
+  const Liveness l = enginetest::WalkRank(g, c);
+  EXPECT_EQ(Cat(PhasePeak(l, Phase::kLoss), Category::kParameters),
+            (kShards + kRootGathered + kBlockGathered) * 4);
+  const RankView view = PlanDataParallel(g, c).value();
+  ScheduleOptions o;
+  o.rank = &view;
+  int gathers = 0;
+  for (const Event& e : BuildSchedule(g, c, {}, o).value().events) {
+    gathers += e.kind == EventKind::kAlloc && e.stream == kAllGatherStream &&
+               e.bytes == kBlockGathered * 4;
+  }
+  EXPECT_EQ(gathers, 2 * kBlocks - 1);
+  // Only FSDP2 wraps blocks one by one; with every block kept it says nothing.
+  c.parallelism.reshard_after_forward = false;
+  EXPECT_FALSE(ValidateRunConfig(c).ok());
+  c.parallelism.reshard_after_forward = true;
+  c.parallelism.sharding = DataSharding::kFsdp1;
+  const Status fsdp1 = ValidateRunConfig(c);
+  EXPECT_NE(fsdp1.message().find("config.parallelism.keep_last_block_gathered"),
+            std::string::npos)
+      << fsdp1.ToString();
+}
+
 // MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32): the graph computes in
 // bfloat16, the shards and their gradients are float32, the gathered parameters bfloat16, and
 // gradients are reduced in float32.

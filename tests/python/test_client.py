@@ -135,6 +135,9 @@ def test_data_parallel_strategies_shard_what_they_say(client):
     shards = fsdp.end_of_step.gradients
     assert 2 * shards - (1 << 20) < mixed.end_of_step.gradients < 2 * shards + (1 << 20)
     assert fsdp.peak.allocated_bytes < kept.peak.allocated_bytes < ddp.peak.allocated_bytes
+    last = client.estimate(dp_strategy="fsdp2", keep_last_block_gathered=True, **base)
+    assert fsdp.peak.allocated_bytes <= last.peak.allocated_bytes < kept.peak.allocated_bytes
+    assert any("the last block keeps its parameters gathered" in n for n in last.notes)
     assert any(n.startswith("FSDP2 over 4 ranks") for n in fsdp.notes)
     # The bytes sent: DDP all-reduces the gradients once, 2 (d - 1) / d of them.
     assert ddp.communicated_bytes_per_step == int(2 * 3 / 4 * ddp.end_of_step.gradients)

@@ -117,7 +117,11 @@ TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
   ASSERT_TRUE(fsdp.ok()) << fsdp.status().ToString();
   EXPECT_EQ(fsdp->parallelism.sharding, DataSharding::kFsdp2);
   EXPECT_TRUE(fsdp->parallelism.reshard_after_forward);  // unset: fully_shard's default
+  EXPECT_FALSE(fsdp->parallelism.keep_last_block_gathered);
   EXPECT_FALSE(fsdp->parallelism.fsdp_mixed_precision);
+  proto.mutable_parallelism()->set_keep_last_block_gathered(true);
+  EXPECT_TRUE(RunConfigFromProto(proto)->parallelism.keep_last_block_gathered);
+  proto.mutable_parallelism()->set_keep_last_block_gathered(false);
   proto.mutable_parallelism()->set_reshard_after_forward(false);
   proto.mutable_parallelism()->set_fsdp_mixed_precision(true);
   proto.mutable_parallelism()->set_fsdp_cpu_offload(true);

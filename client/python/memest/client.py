@@ -76,7 +76,8 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             offload_optimizer device cpu), offload_param (ZeRO-3's offload_param device cpu;
             for both, Estimate.data_parallel.host_bytes is the host memory the rank takes),
             reshard_after_forward (FSDP2's, for the blocks;
-            unset: True), fsdp_mixed_precision (FSDP2's MixedPrecisionPolicy with float32
+            unset: True), keep_last_block_gathered (FSDP2's reshard_after_forward=False on the
+            last block alone, torchtitan's default), fsdp_mixed_precision (FSDP2's MixedPrecisionPolicy with float32
             shards, with precision bf16-pure or fp16-pure), fsdp_cpu_offload (FSDP2's
             CPUOffloadPolicy or FSDP1's CPUOffload(offload_params=True):
             Estimate.data_parallel.host_bytes holds the shards, their gradients and the

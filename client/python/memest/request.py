@@ -248,7 +248,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                   dp_strategy=None,
                   bucket_cap_mb=None, gradient_as_bucket_view=False, reduce_bucket_size=None,
                   overlap_comm=False, offload_optimizer=False, offload_param=False,
-                  reshard_after_forward=None,
+                  reshard_after_forward=None, keep_last_block_gathered=False,
                   fsdp_mixed_precision=False, fsdp_cpu_offload=False,
                   pipeline=None, pipeline_schedule=None, pipeline_keep_outputs=False,
                   tensor_parallel=None, sequence_parallel=False, tensor_plan=None,
@@ -343,6 +343,8 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
         config.parallelism.offload_param = True
     if reshard_after_forward is not None:
         config.parallelism.reshard_after_forward = bool(reshard_after_forward)
+    if keep_last_block_gathered:
+        config.parallelism.keep_last_block_gathered = True
     if fsdp_mixed_precision:
         config.parallelism.fsdp_mixed_precision = True
     if fsdp_cpu_offload:
