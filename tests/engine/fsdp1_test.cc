@@ -55,12 +55,7 @@ TEST(Fsdp1Test, UnitsAreFlatShardsWithTheirCopies) {
 // _unshard_stream, autograd's flat gradient on the default stream, the sharded gradient on
 // _post_backward_stream.
 TEST(Fsdp1Test, UnshardAndReduceAllocateOnTheirOwnStreams) {
-  const Graph g = FsdpStack();
-  const RunConfig c = Fsdp1();
-  const RankView view = PlanDataParallel(g, c).value();
-  ScheduleOptions o;
-  o.rank = &view;
-  const Schedule s = BuildSchedule(g, c, {}, o).value();
+  const Schedule s = enginetest::RankSchedule(FsdpStack(), Fsdp1());
   int full = 0, flat_grads = 0, shards = 0;
   for (const Event& e : s.events) {
     if (e.kind != EventKind::kAlloc) continue;

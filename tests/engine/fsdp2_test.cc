@@ -113,11 +113,8 @@ TEST(Fsdp2Test, TheLastBlockCanStayGathered) {
   const Liveness l = enginetest::WalkRank(g, c);
   EXPECT_EQ(Cat(PhasePeak(l, Phase::kLoss), Category::kParameters),
             (kShards + kRootGathered + kBlockGathered) * 4);
-  const RankView view = PlanDataParallel(g, c).value();
-  ScheduleOptions o;
-  o.rank = &view;
   int gathers = 0;
-  for (const Event& e : BuildSchedule(g, c, {}, o).value().events) {
+  for (const Event& e : enginetest::RankSchedule(g, c).events) {
     gathers += e.kind == EventKind::kAlloc && e.stream == kAllGatherStream &&
                e.bytes == kBlockGathered * 4;
   }
@@ -180,11 +177,7 @@ TEST(Fsdp2Test, AccumulationAndKeptGradientsStaySharded) {
 // allocator keeps their blocks apart, so the rank reserves more than one pool would.
 TEST(Fsdp2Test, CollectivesAllocateOnTheirOwnStreams) {
   const Graph g = Stack();
-  const RunConfig c = Fsdp();
-  const RankView view = PlanDataParallel(g, c).value();
-  ScheduleOptions o;
-  o.rank = &view;
-  const Schedule s = BuildSchedule(g, c, {}, o).value();
+  const Schedule s = enginetest::RankSchedule(g, Fsdp());
   int gathers = 0, reduce_inputs = 0, sharded_grads = 0, unsharded = 0;
   for (const Event& e : s.events) {
     if (e.kind != EventKind::kAlloc) continue;

@@ -60,12 +60,17 @@ inline const PeakPoint& PhasePeak(const Liveness& l, Phase p) {
 
 inline int64_t Cat(const PeakPoint& p, Category c) { return p.by_category[static_cast<int>(c)]; }
 
-// The step of one data-parallel rank (config.parallelism's view of `g`), exact accounting.
-inline Liveness WalkRank(const Graph& g, const RunConfig& c) {
+// The schedule of one data-parallel rank (config.parallelism's view of `g`).
+inline Schedule RankSchedule(const Graph& g, const RunConfig& c) {
   const RankView view = PlanDataParallel(g, c).value();
   ScheduleOptions o;
   o.rank = &view;
-  return WalkSchedule(BuildSchedule(g, c, {}, o).value(), g, false, Accounting::kExact).value();
+  return BuildSchedule(g, c, {}, o).value();
+}
+
+// The step of one data-parallel rank, exact accounting.
+inline Liveness WalkRank(const Graph& g, const RunConfig& c) {
+  return WalkSchedule(RankSchedule(g, c), g, false, Accounting::kExact).value();
 }
 
 inline int64_t AtEnd(const Liveness& l, Category c) { return l.at_end[static_cast<int>(c)]; }
