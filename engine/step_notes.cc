@@ -124,7 +124,8 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
         note += "; of them " + FormatBytes(HeldStorageBytes(graph, graph.cache)) +
                 " are every layer's keys and values, which the forward returns in "
                 "past_key_values under use_cache (true in Hugging Face's configs): "
-                "use_cache=False in training, or gradient checkpointing, returns none";
+                "use_cache=False in training, or checkpointing every block "
+                "(gradient_checkpointing_enable()), returns none";
       }
       r->notes.push_back(note);
     }
