@@ -185,6 +185,18 @@ int SdpaAttention(GraphBuilder& b, const LayerContext& c, int q, int k, int v,
 
 }  // namespace
 
+void AttentionCache(GraphBuilder& b, const LayerContext& c, int k, int v, int64_t n,
+                    int64_t kv_heads, int64_t room, int64_t head_dim) {
+  if (c.use_cache) {
+    b.MarkCache(k);
+    b.MarkCache(v);
+  }
+  if (!c.training() && (room > 0 || c.use_cache)) {
+    b.KvCache("k_cache", {n, kv_heads, room, head_dim}, c.param_dtype);
+    b.KvCache("v_cache", {n, kv_heads, room, head_dim}, c.param_dtype);
+  }
+}
+
 int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
               const AttentionOptions& o, int* weights_out) {
   if (weights_out != nullptr) *weights_out = -1;
@@ -261,16 +273,8 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
       k = ApplyRotary(b, k, cos, sin);
     }
   }
-  if (c.use_cache) {  // DynamicCache.update(key_states, value_states): k after the rotary
-    b.MarkCache(k);
-    b.MarkCache(v);
-  }
-  // The cache's room (the prompt's keys are the forward's own with use_cache: a layer with no
-  // room left keeps an empty one, which says its window).
-  if (!c.training() && (o.kv_cache_len > 0 || c.use_cache)) {
-    b.KvCache("k_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
-    b.KvCache("v_cache", {n, kv_heads, o.kv_cache_len, hd}, c.param_dtype);
-  }
+  // DynamicCache.update(key_states, value_states): k after the rotary.
+  AttentionCache(b, c, k, v, n, kv_heads, o.kv_cache_len, hd);
   if (c.attention != AttentionImpl::kEager) {
     const int out = SdpaAttention(b, c, q, k, v, {n, t, d, heads, kv_heads, hd}, o);
     if (o.hold_locals) {

@@ -160,14 +160,8 @@ int FalconAttention(GraphBuilder& b, const LayerContext& c, int x, const FalconS
   const int sin = b.Add1("unsqueeze", {shared.sin}, {{"dim", Int(1)}});
   q = ApplyRotary(b, q, cos, sin);
   k = ApplyRotary(b, k, cos, sin);
-  if (c.use_cache) {  // layer_past.update(key_layer, value_layer): k after the rotary
-    b.MarkCache(k);
-    b.MarkCache(v);
-  }
-  if (!c.training() && (shared.kv_cache_len > 0 || c.use_cache)) {
-    b.KvCache("k_cache", {n, kv, shared.kv_cache_len, hd}, c.param_dtype);
-    b.KvCache("v_cache", {n, kv, shared.kv_cache_len, hd}, c.param_dtype);
-  }
+  // layer_past.update(key_layer, value_layer): k after the rotary.
+  AttentionCache(b, c, k, v, n, kv, shared.kv_cache_len, hd);
   int context = c.attention == AttentionImpl::kEager ? FalconEager(b, c, q, k, v, shared.mask)
                                                      : FalconSdpa(b, c, q, k, v, kv);
   context = b.Add1("permute", {context}, {{"dims", Ints({0, 2, 1, 3})}});

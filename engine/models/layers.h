@@ -245,14 +245,21 @@ struct AttentionOptions {
   // self-attention (transformers 4.47's BertSelfAttention, ViTSelfAttention) keep
   // attention_scores and attention_probs as locals until they return.
   bool hold_scores = false;
-  // Inference: allocate "<scope>.k_cache" / "<scope>.v_cache" [N, kv_heads, kv_cache_len,
-  // head_dim] with GraphBuilder::KvCache (0: no cache).
+  // Inference: the KV cache's room, kv_cache_len positions (AttentionCache).
   int64_t kv_cache_len = 0;
 };
 // `weights` (optional) receives the eager probabilities HF's attention returns with its output
 // (-1 for SDPA, which returns none).
 int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
               const AttentionOptions& options, int* weights = nullptr);
+
+// An attention's cache, as Hugging Face's attentions fill it: with use_cache (c.use_cache) the
+// key and value its forward returns (`k`, `v` as the cache takes them: GraphBuilder::MarkCache);
+// in inference the room for `room` more positions, the KV cache buffers "k_cache" and "v_cache"
+// [n, kv_heads, room, head_dim] in the parameter dtype (with use_cache an empty room too, which
+// says a windowed layer has none left).
+void AttentionCache(GraphBuilder& b, const LayerContext& c, int k, int v, int64_t n,
+                    int64_t kv_heads, int64_t room, int64_t head_dim);
 
 // Gemma 2's soft-capping of scores or logits, cap * tanh(x / cap), as the three ops HF writes
 // (`x / cap`, `torch.tanh`, `* cap`): tanh keeps its output for backward.

@@ -82,14 +82,8 @@ int OptAttention(GraphBuilder& b, const LayerContext& c, int x, const OptSpec& s
   const int k = Heads(b, Linear(b, c, "k_proj", x, s.d_model, s.bias), s.heads);
   const int v = Heads(b, Linear(b, c, "v_proj", x, s.d_model, s.bias), s.heads);
   q = Heads(b, q, s.heads);
-  if (c.use_cache) {  // past_key_value = (key_states, value_states): the copies
-    b.MarkCache(k);
-    b.MarkCache(v);
-  }
-  if (!c.training() && (kv_cache_len > 0 || c.use_cache)) {
-    b.KvCache("k_cache", {n, s.heads, kv_cache_len, hd}, c.param_dtype);
-    b.KvCache("v_cache", {n, s.heads, kv_cache_len, hd}, c.param_dtype);
-  }
+  // past_key_value = (key_states, value_states): the copies.
+  AttentionCache(b, c, k, v, n, s.heads, kv_cache_len, hd);
   int context = c.attention == AttentionImpl::kEager ? OptEager(b, c, q, k, v, mask, s.attn_dropout)
                                                      : OptSdpa(b, c, q, k, v, s.attn_dropout);
   context = b.Add1("transpose", {context}, {{"dim0", Int(1)}, {"dim1", Int(2)}});

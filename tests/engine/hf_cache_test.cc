@@ -28,6 +28,12 @@ nlohmann::json SmallLlama() {
 }
 constexpr int64_t kLlamaCacheBytes = 2 * (4096 + 4096);
 
+// d_model 64 in 4 heads of 16, 2 encoder and 2 decoder blocks.
+nlohmann::json SmallT5() {
+  return {{"model_type", "t5"}, {"d_model", 64},  {"d_kv", 16},       {"d_ff", 128},
+          {"num_layers", 2},    {"num_heads", 4}, {"vocab_size", 512}};
+}
+
 ModelSpec Spec(const nlohmann::json& config) { return {HfConfigSpec{FromJson(config), 16}}; }
 
 StatusOr<Graph> Build(const nlohmann::json& config, Mode mode = Mode::kTraining) {
@@ -155,9 +161,7 @@ TEST(HfCacheTest, TheNoteAndTheAdviceMeasureIt) {
 }
 
 TEST(HfCacheTest, T5ReturnsTheDecodersCachesAndTheEncodersOutput) {
-  const nlohmann::json t5 = {{"model_type", "t5"}, {"d_model", 64},   {"d_kv", 16},
-                             {"d_ff", 128},        {"num_layers", 2}, {"num_heads", 4},
-                             {"vocab_size", 512}};
+  const nlohmann::json t5 = SmallT5();
   StatusOr<Graph> g = Build(t5);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   // Each decoder block's self-attention and cross-attention keys and values; the encoder runs
@@ -199,9 +203,7 @@ TEST(HfCacheTest, InferenceKeepsThePromptsCacheAndRoomForTheGeneratedTokens) {
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->cache.size(), 4u);
   // T5's generation is not modelled: refused, naming the field.
-  const nlohmann::json t5 = {{"model_type", "t5"}, {"d_model", 64},   {"d_kv", 16},
-                             {"d_ff", 128},        {"num_layers", 2}, {"num_heads", 4},
-                             {"vocab_size", 512}};
+  const nlohmann::json t5 = SmallT5();
   BuildContext ctx = enginetest::MakeContext(2, Mode::kInference);
   ctx.generate_tokens = 4;
   StatusOr<Graph> refused = BuildHfConfig(HfConfigSpec{FromJson(t5), 16}, ctx);
