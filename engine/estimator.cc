@@ -15,6 +15,7 @@
 #include "engine/passes/passes.h"
 #include "engine/passes/quantize.h"
 #include "engine/passes/rnn_expand.h"
+#include "engine/passes/served_lora.h"
 #include "engine/passes/served_quantize.h"
 #include "engine/passes/tensor_parallel.h"
 #include "engine/report/advice.h"
@@ -89,6 +90,13 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
                                                 config.expert_load, budget));
     step.expert = std::make_unique<ExpertParallelView>(std::move(ep));
     step.graph = &step.expert->graph;
+  }
+  if (config.serving.enabled && config.lora.rank > 0) {
+    // vLLM's adapter slots: each rank's, in the model's dtype (engine/passes/served_lora.h).
+    MEMEST_ASSIGN_OR_RETURN(Graph adapted,
+                            ApplyServedLora(*step.graph, ServedLoraOf(config), budget));
+    step.owned = std::make_unique<Graph>(std::move(adapted));
+    step.graph = step.owned.get();
   }
   if (IsServedWeightFormat(config.quantization.format)) {
     // vLLM quantizes each rank's shard: after tensor parallelism (engine/passes/served_quantize.h).
@@ -183,6 +191,10 @@ Report ReportStep(const Graph& built, const RunConfig& config, const PlannedStep
   }
   AddNotes(*step.graph, config, step.regions, step.device.has_value(), step.moe_workspace_bytes,
            &r);
+  if (config.serving.enabled && config.lora.rank > 0) {  // EstimateServing fills in the rest
+    r.serving.emplace();
+    r.serving->lora_bytes = ServedLoraBytes(*step.graph);
+  }
   if (step.nccl.bytes > 0) r.notes.push_back(NcclNote(step.nccl));
   int64_t recomputed = 0;
   for (const auto& [first, last] : step.regions) recomputed += last - first + 1;

@@ -6,6 +6,7 @@
 #include "engine/ir/text.h"
 #include "engine/passes/lora.h"
 #include "engine/passes/quantize.h"
+#include "engine/passes/served_lora.h"
 #include "engine/passes/served_quantize.h"
 #include "engine/step/python_refs.h"
 
@@ -143,7 +144,10 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
   } else if (config.quantization.format != WeightFormat::kDense) {
     r->notes.push_back(QuantizationNote(graph, PreparedQuantization(config)));
   }
-  if (config.lora.rank > 0) r->notes.push_back(LoraNote(graph, config.lora));
+  if (config.lora.rank > 0) {
+    r->notes.push_back(config.serving.enabled ? ServedLoraNote(graph, ServedLoraOf(config))
+                                              : LoraNote(graph, config.lora));
+  }
   if (!graph.held.empty()) {
     r->notes.push_back(std::to_string(graph.held.size()) +
                        " tensors stay referenced by the model's code past their last use "

@@ -36,6 +36,8 @@ StatusOr<ServingConfig> ServingFromProto(const v1::RunConfig& config) {
   out.max_model_len = s.max_model_len();
   out.request_tokens = s.request_tokens();
   out.concurrency = s.concurrency();
+  out.max_loras = s.max_loras();
+  out.fully_sharded_loras = s.fully_sharded_loras();
   switch (s.kv_cache_dtype()) {
     case v1::KV_CACHE_DTYPE_UNSPECIFIED: out.kv_cache_dtype = KvCacheDType::kAuto; break;
     case v1::KV_CACHE_DTYPE_FP8_E4M3: out.kv_cache_dtype = KvCacheDType::kFp8E4m3; break;
@@ -101,6 +103,7 @@ void ServingToProto(const ServingReport& s, v1::ServingReport* out) {
   out->set_baseline_bytes(Unsigned(s.baseline_bytes));
   out->set_starts(s.starts);
   out->set_refusal(s.refusal);
+  out->set_lora_bytes(Unsigned(s.lora_bytes));
 }
 
 }  // namespace memest

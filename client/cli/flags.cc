@@ -232,8 +232,8 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
                             ParseWord("--expert-load", flags.expert_load, kExpertLoads));
     config->set_expert_load(l);
   }
-  MEMEST_RETURN_IF_ERROR(ApplyLoraFlags(flags.lora, config));
   MEMEST_RETURN_IF_ERROR(ApplyServingFlags(flags.serving, config));
+  MEMEST_RETURN_IF_ERROR(ApplyLoraFlags(flags.lora, config));
   return ApplyParallelismFlags(flags.parallel, config);
 }
 

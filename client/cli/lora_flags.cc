@@ -309,7 +309,7 @@ Status ApplyLoraFlags(const LoraFlags& f, v1::RunConfig* config) {
   if (lora->rank() == 0) {
     return InvalidArgument("--lora-rank: required with the other --lora flags");
   }
-  if (lora->target_modules_size() == 0) {
+  if (lora->target_modules_size() == 0 && !config->has_serving()) {  // vLLM's: every module
     return InvalidArgument("--lora-targets: the modules to adapt are required (names, or "
                            "all-linear)");
   }

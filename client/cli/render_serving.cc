@@ -45,6 +45,7 @@ void RenderServing(const v1::EstimateResponse& response, std::ostream& out) {
   TextTable budget({{"startup budget"}, {"bytes", Align::kRight}});
   budget.AddRow({"requested (total x utilization)", Bytes(s.requested_bytes())});
   budget.AddRow({"  weights", Bytes(s.weights_bytes())});
+  if (s.lora_bytes() > 0) budget.AddRow({"    of which LoRA slots", Bytes(s.lora_bytes())});
   budget.AddRow({"  profile run's activation peak", Bytes(s.activation_peak_bytes())});
   budget.AddRow({"  outside PyTorch's allocator", Bytes(s.non_torch_bytes())});
   budget.AddRow({"  KV cache", FormatBytes(s.kv_cache_bytes())});

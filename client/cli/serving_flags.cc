@@ -45,6 +45,14 @@ void AddServingFlags(CLI::App* app, ServingFlags* f) {
   app->add_option("--concurrency", f->concurrency,
                   "the longest request when this many run at once")
       ->group(group);
+  app->add_option("--max-loras", f->max_loras,
+                  "with --lora-rank (vLLM's --enable-lora and --max-lora-rank; --lora-targets "
+                  "are vLLM's module suffixes, qkv_proj,o_proj,...; none: every module): "
+                  "adapters in one batch (default 1)")
+      ->group(group);
+  app->add_flag("--fully-sharded-loras", f->fully_sharded_loras,
+                "with --lora-rank: the adapters split by tensor parallelism too")
+      ->group(group);
 }
 
 Status ApplyServingFlags(const ServingFlags& f, v1::RunConfig* config) {
@@ -57,6 +65,8 @@ Status ApplyServingFlags(const ServingFlags& f, v1::RunConfig* config) {
                         : !f.kv_cache_dtype.empty() ? "--kv-cache-dtype"
                         : f.request_tokens       ? "--request-tokens"
                         : f.concurrency          ? "--concurrency"
+                        : f.max_loras            ? "--max-loras"
+                        : f.fully_sharded_loras  ? "--fully-sharded-loras"
                                                  : nullptr;
     if (given == nullptr) return Status::Ok();
     return InvalidArgument(std::string(given) + ": a serving setting; add --serve");
@@ -69,6 +79,8 @@ Status ApplyServingFlags(const ServingFlags& f, v1::RunConfig* config) {
   if (f.max_model_len) s->set_max_model_len(*f.max_model_len);
   if (f.request_tokens) s->set_request_tokens(*f.request_tokens);
   if (f.concurrency) s->set_concurrency(*f.concurrency);
+  if (f.max_loras) s->set_max_loras(*f.max_loras);
+  s->set_fully_sharded_loras(f.fully_sharded_loras);
   if (!f.kv_cache_dtype.empty()) {
     MEMEST_ASSIGN_OR_RETURN(v1::KvCacheDtype d,
                             ParseWord("--kv-cache-dtype", f.kv_cache_dtype, kKvCacheDtypes));

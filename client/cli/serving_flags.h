@@ -1,6 +1,6 @@
 // The flags of a served model (`--serve`, vLLM's engine arguments under their own names:
 // `--gpu-memory-utilization 0.9 --max-model-len 8192 --kv-cache-dtype fp8`, and the questions
-// `--request-tokens N`, `--concurrency N`): config.serving.
+// `--request-tokens N`, `--concurrency N`; with --lora-rank, `--max-loras N`): config.serving.
 #ifndef MEMEST_CLIENT_CLI_SERVING_FLAGS_H_
 #define MEMEST_CLIENT_CLI_SERVING_FLAGS_H_
 
@@ -25,6 +25,8 @@ struct ServingFlags {
   std::string kv_cache_dtype;  // auto | fp8 | fp8_e4m3 | fp8_e5m2
   std::optional<int64_t> request_tokens;
   std::optional<int64_t> concurrency;
+  std::optional<int64_t> max_loras;
+  bool fully_sharded_loras = false;
 };
 
 void AddServingFlags(CLI::App* app, ServingFlags* flags);

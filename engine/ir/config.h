@@ -263,6 +263,17 @@ inline constexpr char kLoraAllLinear[] = "all-linear";
 // the fp8 formats store one byte per element (float8_e4m3fn, float8_e5m2).
 enum class KvCacheDType : uint8_t { kAuto, kFp8E4m3, kFp8E5m2 };
 
+// Which of a served model's modules vLLM's LoRA manager wraps beyond its linears, read from the
+// model's class (engine/models/served_model.h, ServedLoraModules). Set by EstimateServing, not
+// by a request.
+struct ServedLoraLayout {
+  // The class lists embedding_modules: embed_tokens gets slots, and lm_head's logits do.
+  bool embeddings = false;
+  // lm_head is embed_tokens itself (Qwen3 with tie_word_embeddings): the manager wraps it a
+  // second time under its second name.
+  bool head_is_embedding = false;
+};
+
 // The model served by vLLM's engine (V1) on each GPU (docs/serving.md): its weights, the profile
 // run it starts with (one forward of max_num_batched_tokens tokens split over up to max_num_seqs
 // requests, then the sampler on each request's last token), and the paged KV cache it allocates
@@ -280,11 +291,19 @@ struct ServingConfig {
   // once (0: max_model_len's), and the longest request when `concurrency` run at once (0: none).
   int64_t request_tokens = 0;
   int64_t concurrency = 0;
+  // vLLM's LoRA serving (--enable-lora), with config.lora: its rank is --max-lora-rank, its
+  // target_modules vLLM's (module suffixes: "qkv_proj", "o_proj", ...; empty: every module the
+  // model supports). max_loras: adapters in one batch, each a slot in every wrapped module (0:
+  // vLLM's default, 1). fully_sharded_loras: the adapters split by tensor parallelism too.
+  int64_t max_loras = 0;
+  bool fully_sharded_loras = false;
+  ServedLoraLayout lora_layout;  // EstimateServing's, from the model
 };
 
 // Serving's limits: counts beyond any server's.
 constexpr int64_t kMaxServingTokens = int64_t{1} << 24;  // max_model_len, batched tokens
 constexpr int64_t kMaxServingSeqs = int64_t{1} << 20;
+constexpr int64_t kMaxServingLoras = int64_t{1} << 16;  // max_loras
 
 // The step as one rank of a multi-GPU job runs it. batch_size stays per rank.
 // How a tensor-parallel plan shards a module's parameters (DTensor's ColwiseParallel and

@@ -1,6 +1,8 @@
 // config.lora's and config.quantization's checks (engine/ir/config.h, ValidateLora and
 // ValidateQuantization).
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,33 @@ Status CheckNames(const std::vector<std::string>& names, const std::string& fiel
     const std::string entry = field + "[" + std::to_string(i) + "]";
     if (names[i].empty()) return InvalidArgument(entry + ": must name a module, got an empty name");
     MEMEST_RETURN_IF_ERROR(CheckNameSize(names[i], entry));
+  }
+  return Status::Ok();
+}
+
+// vLLM's LoRA serving (config.serving with config.lora): the rank is max_lora_rank, one of
+// LoRAConfig's MaxLoRARanks; target_modules are vLLM's module suffixes (empty: every module).
+Status ValidateServedLora(const LoraConfig& l) {
+  static constexpr int64_t kRanks[] = {1, 8, 16, 32, 64, 128, 256, 320, 512};
+  if (std::find(std::begin(kRanks), std::end(kRanks), l.rank) == std::end(kRanks)) {
+    return InvalidArgument("config.lora.rank: vLLM's max_lora_rank is one of 1, 8, 16, 32, 64, "
+                           "128, 256, 320 or 512, got " + std::to_string(l.rank));
+  }
+  if (l.dropout != 0) {
+    return InvalidArgument("config.lora.dropout: a server runs its adapters without dropout; "
+                           "leave it unset");
+  }
+  if (!l.modules_to_save.empty()) {
+    return InvalidArgument("config.lora.modules_to_save: vLLM's adapter slots hold the adapters' "
+                           "A and B only; leave it unset");
+  }
+  MEMEST_RETURN_IF_ERROR(CheckNames(l.target_modules, "config.lora.target_modules"));
+  for (size_t i = 0; i < l.target_modules.size(); ++i) {
+    if (l.target_modules[i] == kLoraAllLinear) {
+      return InvalidArgument("config.lora.target_modules[" + std::to_string(i) +
+                             "]: vLLM's target_modules are module suffixes (\"qkv_proj\", "
+                             "\"o_proj\", ...); leave it empty for every module");
+    }
   }
   return Status::Ok();
 }
@@ -46,6 +75,7 @@ Status ValidateLora(const RunConfig& c) {
     return InvalidArgument("config.lora.dropout: must be in [0, 1], got " +
                            std::to_string(l.dropout));
   }
+  if (c.serving.enabled) return ValidateServedLora(l);
   if (l.target_modules.empty()) {
     return InvalidArgument("config.lora.target_modules: name the modules to adapt (their names, "
                            "as PEFT's target_modules, or \"all-linear\")");

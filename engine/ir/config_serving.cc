@@ -59,8 +59,12 @@ Status ValidateServing(const RunConfig& c) {
                            "parallelism only (vLLM's --tensor-parallel-size, without sequence "
                            "parallelism); data-parallel replicas are each their own estimate");
   }
-  if (c.lora.rank > 0) {
-    return InvalidArgument("config.lora: vLLM's LoRA serving (its adapter slots) is not modelled");
+  MEMEST_RETURN_IF_ERROR(InRange(s.max_loras, kMaxServingLoras, "max_loras"));
+  if (c.lora.rank == 0 && (s.max_loras > 0 || s.fully_sharded_loras)) {
+    return InvalidArgument(std::string("config.serving.") +
+                           (s.max_loras > 0 ? "max_loras" : "fully_sharded_loras") +
+                           ": a LoRA serving setting; set config.lora.rank (vLLM's "
+                           "--max-lora-rank) to serve adapters");
   }
   if (c.quantization.format != WeightFormat::kDense &&
       !IsServedWeightFormat(c.quantization.format)) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "engine/ir/text.h"
 #include "engine/models/hf_fields.h"
 #include "engine/models/presets.h"
 
@@ -160,6 +161,40 @@ StatusOr<ServedRotary> ServedRotaryRows(const ModelSpec& model, int64_t context)
   }
   rows.global = static_cast<int64_t>(global);
   return rows;
+}
+
+StatusOr<ServedLoraLayout> ServedLoraModules(const ModelSpec& model) {
+  std::string type;
+  const JsonValue* config = nullptr;
+  if (const auto* preset = std::get_if<PresetSpec>(&model.source)) {
+    const PresetInfo* info = FindPresetInfo(preset->name);
+    type = info != nullptr ? info->family : "";
+  } else if (const auto* hf = std::get_if<HfConfigSpec>(&model.source)) {
+    config = &hf->config;
+    const JsonValue* t = config->Find("model_type");
+    type = t != nullptr && t->kind == Kind::kString ? t->text : "";
+  }
+  ServedLoraLayout layout;
+  if (type == "llama" || type == "phi3" || type == "qwen3") {
+    layout.embeddings = true;
+    if (type == "qwen3") {  // Qwen3ForCausalLM: lm_head = model.embed_tokens when tied
+      MEMEST_ASSIGN_OR_RETURN(layout.head_is_embedding,
+                              hf::Fields(*config, type).Flag("tie_word_embeddings", false));
+    }
+    return layout;
+  }
+  if (type == "mistral" || type == "qwen2" || type == "gemma" || type == "gemma2" ||
+      type == "gemma3" || type == "gemma3_text" || type == "opt") {
+    return layout;
+  }
+  if (type == "mixtral" || type == "qwen2_moe" || type == "qwen3_moe") {
+    return InvalidArgument("config.lora: LoRA on vLLM's fused experts (FusedMoEWithLoRA, its "
+                           "slots per expert) is not modelled; " + type +
+                           " is a mixture-of-experts model");
+  }
+  return InvalidArgument("config.lora: vLLM serves " + (type.empty() ? std::string("this model")
+                                                                     : Quote(type)) +
+                         " without LoRA (its model class does not implement SupportsLoRA)");
 }
 
 StatusOr<ModelSpec> WithSequence(const ModelSpec& model, int64_t seq) {

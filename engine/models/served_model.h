@@ -31,6 +31,14 @@ struct ServedRotary {
 };
 StatusOr<ServedRotary> ServedRotaryRows(const ModelSpec& model, int64_t context);
 
+// What vLLM's LoRA manager wraps in `model` beyond its linears (engine/passes/served_lora.h),
+// from the model class vLLM 0.19 runs it with: embed_tokens and lm_head where the class lists
+// embedding_modules (LlamaForCausalLM, Phi3ForCausalLM, Qwen3ForCausalLM; MistralForCausalLM
+// empties the list), linears only for Mistral, Qwen2, Gemma 1-3 and OPT. INVALID_ARGUMENT naming
+// config.lora: a class without SupportsLoRA (GPT-2, GPT-NeoX, Falcon), or mixture-of-experts
+// layers (FusedMoEWithLoRA's slots are not modelled).
+StatusOr<ServedLoraLayout> ServedLoraModules(const ModelSpec& model);
+
 // `model` for sequences of `seq` tokens: a preset's "seq" parameter, or the config's seq.
 StatusOr<ModelSpec> WithSequence(const ModelSpec& model, int64_t seq);
 

@@ -141,6 +141,8 @@ struct ServingReport {
   // the KV cache gets requested - weights - activation peak - non-torch.
   int64_t requested_bytes = 0;
   int64_t weights_bytes = 0;          // what load_model allocates: parameters and buffers
+  // Of weights_bytes, with LoRA: the adapter slots and the punica wrapper's index tensors.
+  int64_t lora_bytes = 0;
   int64_t activation_peak_bytes = 0;  // the profile run's peak above the weights
   int64_t non_torch_bytes = 0;        // memory outside PyTorch's allocator the profile adds
   int64_t kv_cache_bytes = 0;         // "Available KV cache memory" (negative: none left)

@@ -111,6 +111,7 @@ StatusOr<KvPages> ReadKvPages(const ModelSpec& model, const RunConfig& config, i
   RunConfig one = config;
   one.serving = ServingConfig{};
   one.quantization = QuantizationConfig{};  // the caches are the same whatever the weights
+  one.lora = LoraConfig{};                  // and whatever the adapters
   one.batch_size = 1;
   one.parallelism = ParallelismConfig{};
   one.generate_tokens = kMaxGenerateTokens - 1;
@@ -306,6 +307,12 @@ StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config
   // where the sampler reads them.
   profile.parallelism.gather_lm_head = true;
   profile.batch_size = s.profile_requests;
+  // The passes read vLLM's settings with its defaults filled in (engine/passes/served_lora.h).
+  profile.serving.max_num_seqs = s.max_num_seqs;
+  profile.serving.max_num_batched_tokens = s.max_num_batched_tokens;
+  if (config.lora.rank > 0) {
+    MEMEST_ASSIGN_OR_RETURN(profile.serving.lora_layout, ServedLoraModules(model));
+  }
   MEMEST_ASSIGN_OR_RETURN(
       ModelSpec run, WithSequence(model, CeilDiv(s.max_num_batched_tokens, s.profile_requests)));
   MEMEST_ASSIGN_OR_RETURN(BuildContext ctx,
@@ -319,6 +326,7 @@ StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config
   EstimateOptions plain = options;
   plain.advice = false;
   MEMEST_ASSIGN_OR_RETURN(Report report, EstimateGraph(graph, profile, plain));
+  if (report.serving) s.lora_bytes = report.serving->lora_bytes;
   DivideMemory(report, *device, config.parallelism.tensor, pages, &s);
   report.fit = ServingFit(*device, report, s, pages.NeededBytes(s.max_model_len));
   AddServingNotes(s, config.parallelism.tensor, pages, &report);

@@ -28,6 +28,7 @@ void RegisterParallelRules(std::vector<OpRule>* rules);
 void RegisterDTensorRules(std::vector<OpRule>* rules);
 void RegisterQuantizedRules(std::vector<OpRule>* rules);
 void RegisterServedQuantizedRules(std::vector<OpRule>* rules);
+void RegisterServedLoraRules(std::vector<OpRule>* rules);
 void RegisterFusedMoeRules(std::vector<OpRule>* rules);
 void RegisterMoeDispatchRules(std::vector<OpRule>* rules);
 

@@ -96,6 +96,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterDTensorRules(t);
     rules::RegisterQuantizedRules(t);
     rules::RegisterServedQuantizedRules(t);
+    rules::RegisterServedLoraRules(t);
     rules::RegisterFusedMoeRules(t);
     rules::RegisterMoeDispatchRules(t);
     std::sort(t->begin(), t->end(),

@@ -88,6 +88,9 @@
 //   wna16_linear(x, weight, bias?; out_features, bits, kernel, act_order=0, multiprocessors):
 //     vLLM's quantized linears, added by engine/passes/served_quantize.h
 //     (engine/rules/served_quantized.cc)
+//   punica_lora_(y, x, slots...; slices, rank, shrink=1, tp=1, fully_sharded="none") in place:
+//     vLLM's LoRA kernels on a wrapped module's output, added by engine/passes/served_lora.h
+//     (engine/rules/served_lora.cc)
 //   fused_experts(x, topk_weights, topk_ids; experts): vLLM's FusedMoE, built for serving by
 //     engine/models/moe_layers.cc (engine/rules/fused_moe.cc)
 //   Megatron-LM's MoELayer, built by engine/models/megatron_moe.cc (engine/rules/moe_dispatch.cc):

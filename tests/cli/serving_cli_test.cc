@@ -114,5 +114,22 @@ TEST(ServingCliTest, ServesAQuantizedCheckpoint) {
   EXPECT_THAT(stray.err, HasSubstr("--quantize: required with the --bnb-*, --quant-*"));
 }
 
+// LoRA serving: --lora-rank is vLLM's --max-lora-rank, --lora-targets optional (every module),
+// the slots listed under the weights; --max-loras without --serve is refused.
+TEST(ServingCliTest, ServesLoraAdapters) {
+  const RunResult r = Serve({"--device", "h100-80gb", "--max-model-len", "8192", "--lora-rank",
+                             "16", "--max-loras", "4", "--lora-targets", "qkv_proj,o_proj"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("of which LoRA slots"));
+  EXPECT_THAT(r.out, HasSubstr("4 adapter slots of rank 16 in 64 modules (o_proj,"));
+  const RunResult alone = ::memest::testing::Run(
+      {kMemest, "estimate", "--local", "--hf-config", kLlama31, "--max-loras", "4"});
+  EXPECT_EQ(alone.exit_code, 3);
+  EXPECT_THAT(alone.err, HasSubstr("--max-loras: a serving setting; add --serve"));
+  const RunResult rank = Serve({"--device", "h100-80gb", "--lora-rank", "12"});
+  EXPECT_EQ(rank.exit_code, 3);
+  EXPECT_THAT(rank.err, HasSubstr("config.lora.rank: vLLM's max_lora_rank is one of"));
+}
+
 }  // namespace
 }  // namespace memest

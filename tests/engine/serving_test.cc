@@ -324,10 +324,6 @@ TEST(ServingTest, RefusesWhatVllmDoesNotRunHere) {
       {"config.generate_tokens", [](RunConfig* c) { c->generate_tokens = 16; }},
       // More ranks than query heads (vLLM: num_heads % tensor_parallel_size).
       {"config.parallelism.tensor", [](RunConfig* c) { c->parallelism.tensor = 64; }},
-      {"config.lora", [](RunConfig* c) {
-         c->lora.rank = 8;
-         c->lora.target_modules = {"q_proj"};
-       }},
   };
   for (const Case& k : cases) {
     RunConfig c = Served("h100-80gb");

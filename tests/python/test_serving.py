@@ -89,3 +89,21 @@ def test_serving_quantization_refusals_name_the_field(client, quantization, mess
     with pytest.raises(memest.InvalidArgument, match=message):
         client.estimate(hf_config=LLAMA31, device="h100-80gb", serving=True,
                         quantization=quantization)
+
+
+def test_serving_lora_adapters(client):
+    """vLLM's --enable-lora --max-loras 4 --max-lora-rank 16 on Llama-3-8B: the slots of every
+    wrapped module (369,426,432 bytes, docs/serving.md) and the punica wrapper's index tensors
+    (56 x 8192 + 24 x 1024 + 24 x 4 + 32 bytes)."""
+    llama3 = str(REPO / "tests" / "data" / "hf_configs" / "llama-3-8b.json")
+    plain = client.estimate(hf_config=llama3, device="h100-80gb", advice=False,
+                            serving={"max_model_len": 8192})
+    e = client.estimate(hf_config=llama3, device="h100-80gb", advice=False, lora={"r": 16},
+                        serving={"max_model_len": 8192, "max_loras": 4})
+    assert e.serving.lora_bytes == 369_426_432 + 56 * 8192 + 24 * 1024 + 24 * 4 + 32
+    assert e.serving.weights_bytes - plain.serving.weights_bytes >= e.serving.lora_bytes
+    assert e.serving.kv_cache_bytes < plain.serving.kv_cache_bytes
+    assert plain.serving.lora_bytes == 0
+    with pytest.raises(memest.InvalidArgument, match="config.lora.target_modules"):
+        client.estimate(hf_config=llama3, device="h100-80gb", advice=False,
+                        lora={"r": 16, "target_modules": ["q_proj"]}, serving=True)

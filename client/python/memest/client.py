@@ -63,7 +63,9 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             dict of its engine arguments: gpu_memory_utilization, block_size, max_num_seqs,
             max_num_batched_tokens, max_model_len, kv_cache_dtype (auto | fp8 | fp8_e4m3 |
             fp8_e5m2), and the questions request_tokens (how many requests of that length fit
-            at once) and concurrency (the longest request with that many at once); give a
+            at once) and concurrency (the longest request with that many at once), and with
+            lora= (vLLM's --enable-lora: its r is max_lora_rank, its target_modules vLLM's
+            module suffixes, none for every module) max_loras and fully_sharded_loras; give a
             device, no batch_size; the answer's .serving holds the budget and the KV cache,
           data_parallel (ranks; batch_size stays per rank), dp_strategy: ddp | zero1 |
             deepspeed-zero1 | deepspeed-zero2 | deepspeed-zero3 | fsdp1 | fsdp2 | megatron-ddp |

@@ -55,7 +55,7 @@ KV_CACHE_DTYPES = {"auto": v1.KV_CACHE_DTYPE_UNSPECIFIED, "fp8": v1.KV_CACHE_DTY
                    "fp8_e4m3": v1.KV_CACHE_DTYPE_FP8_E4M3, "fp8_e5m2": v1.KV_CACHE_DTYPE_FP8_E5M2}
 # vLLM's engine arguments a `serving` dict may give, by their own names.
 SERVING_SIZES = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                 "request_tokens", "concurrency")
+                 "request_tokens", "concurrency", "max_loras")
 PIPELINE_SCHEDULES = {"1f1b": v1.PIPELINE_SCHEDULE_1F1B, "gpipe": v1.PIPELINE_SCHEDULE_GPIPE}
 TENSOR_STYLES = {"colwise": v1.TENSOR_SHARD_STYLE_COLWISE, "rowwise": v1.TENSOR_SHARD_STYLE_ROWWISE,
                  "colwise-gathered": v1.TENSOR_SHARD_STYLE_COLWISE_GATHERED}
@@ -225,7 +225,8 @@ def _apply_serving(config, serving):
         return
     if not isinstance(serving, dict):
         raise InvalidArgument("serving: True or a dict of vLLM's settings, got %r" % (serving,))
-    known = set(SERVING_SIZES) | {"gpu_memory_utilization", "kv_cache_dtype"}
+    known = set(SERVING_SIZES) | {"gpu_memory_utilization", "kv_cache_dtype",
+                                  "fully_sharded_loras"}
     for key, value in serving.items():
         if key not in known:
             raise InvalidArgument("serving[%r]: unknown; known: %s" % (key, ", ".join(sorted(known))))

@@ -175,6 +175,7 @@ class Serving:
     baseline_bytes: int
     starts: bool
     refusal: str
+    lora_bytes: int
 
     from_proto = classmethod(_from_same_named_fields)
 
