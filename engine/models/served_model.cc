@@ -177,7 +177,7 @@ StatusOr<ServedLoraLayout> ServedLoraModules(const ModelSpec& model) {
   ServedLoraLayout layout;
   if (type == "llama" || type == "phi3" || type == "qwen3") {
     layout.embeddings = true;
-    if (type == "qwen3") {  // Qwen3ForCausalLM: lm_head = model.embed_tokens when tied
+    if (type == "qwen3" && config != nullptr) {  // lm_head = model.embed_tokens when tied
       MEMEST_ASSIGN_OR_RETURN(layout.head_is_embedding,
                               hf::Fields(*config, type).Flag("tie_word_embeddings", false));
     }

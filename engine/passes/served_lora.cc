@@ -173,14 +173,12 @@ int64_t Wrapper::Count(int64_t total, const Shape& s, DType d) {
 }
 
 Status Wrapper::Plan() {
-  std::set<std::string> names;
   for (int i = 0; i < static_cast<int>(g_.ops.size()); ++i) {
     const Op& op = g_.ops[i];
     const std::string_view last = LastName(op.scope);
     if (IsLinear(op) && op.inputs.size() >= 2 &&
         g_.tensors[op.inputs[1]].role == TensorRole::kParameter && last != "lm_head") {
       const std::string name = VllmName(last);
-      names.insert(name);
       if (!Wrapped(name)) continue;
       const std::string group = std::string(Parent(op.scope)) + "." + name;
       member_[i] = group;
@@ -188,20 +186,10 @@ Status Wrapper::Plan() {
       dtype_ = g_.tensors[op.inputs[0]].dtype;
     } else if (l_.layout.embeddings && embed_op_ < 0 && last == "embed_tokens" &&
                (op.kind == "embedding" || op.kind == "vocab_parallel_embedding")) {
-      names.insert("embed_tokens");
       embed_op_ = i;
     } else if (l_.layout.embeddings && head_op_ < 0 && last == "lm_head" && IsLinear(op)) {
-      names.insert("lm_head");
       head_op_ = i;
     }
-  }
-  for (size_t k = 0; k < l_.targets.size(); ++k) {
-    if (names.count(l_.targets[k]) > 0) continue;
-    std::string known;
-    for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
-    return InvalidArgument(
-        "config.lora.target_modules[" + std::to_string(k) + "]: " + Quote(l_.targets[k]) +
-        " names none of the modules vLLM wraps in " + "this model (" + known + ")");
   }
   if (embed_op_ >= 0) {
     const Op& op = g_.ops[embed_op_];
@@ -332,7 +320,8 @@ void Wrapper::EmitLogits(int i, GraphBuilder& b, std::vector<int>& map) {
   const int bslot = Leaf(b, std::string("logits_processor") + kSlotB, Slot(L, vocab, r), dtype_);
   if (l_.tensor > 1) {
     // LogitsProcessorWithLoRA._get_logits: logits[:, sharded_to_full_mapping_gpu], a new tensor.
-    const int index = Leaf(b, kLogitsMap, Shape{vocab}, DType::kInt64);
+    // get_sharded_to_full_mapping: one entry per row of the padded table (64 a multiple).
+    const int index = Leaf(b, kLogitsMap, Shape{CeilDiv(vocab, 64) * 64}, DType::kInt64);
     const int y = op.outputs[0];
     map[y] = b.Add1("index", {map[y], index},
                     {{"dim", static_cast<int64_t>(b.shape(map[y]).size()) - 1}});
@@ -404,8 +393,15 @@ std::string ServedLoraNote(const Graph& graph, const ServedLora& lora) {
     names.insert(name);
     modules.insert(std::string(Parent(scope)) + "." + name);
   }
-  std::string wrapped;
+  std::string wrapped, ignored;
   for (const std::string& n : names) wrapped += (wrapped.empty() ? "" : ", ") + n;
+  for (const std::string& t : lora.targets) {
+    if (names.count(t) == 0) ignored += (ignored.empty() ? "" : ", ") + Quote(t);
+  }
+  if (!ignored.empty()) {
+    ignored = "; target_modules " + ignored +
+              " name no module vLLM wraps in this model, and vLLM ignores them";
+  }
   return "serving with LoRA (vLLM's --enable-lora): " + std::to_string(lora.max_loras) +
          " adapter slots of rank " + std::to_string(lora.rank) + " in " +
          std::to_string(modules.size()) + " modules (" + wrapped + ")" +
@@ -414,7 +410,8 @@ std::string ServedLoraNote(const Graph& graph, const ServedLora& lora) {
          " on this GPU with the punica wrapper's index tensors, made at load time in the model's "
          "dtype; the profile run activates no adapter but runs every wrapped module's kernels "
          "(their float32 buffers counted), and CUDA graphs are captured with and without "
-         "adapters (twice as many, outside gpu_memory_utilization)";
+         "adapters (twice as many, outside gpu_memory_utilization)" +
+         ignored;
 }
 
 }  // namespace memest

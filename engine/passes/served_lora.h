@@ -17,7 +17,7 @@
 //   lm_head's logits (LogitsProcessorWithLoRA):           A [L, 1, R, hidden], B [L, 1, vocab, R]
 // With fully_sharded_loras a column linear's A keeps R/t rows and a row linear's B out/t. The
 // logits wrapper with t > 1 keeps the int64 [vocab] map from the gathered logits to token ids
-// and reindexes the logits into a new tensor. The punica wrapper's index tensors
+// (its padded rows, a multiple of 64) and reindexes the logits into a new tensor. The punica wrapper's index tensors
 // (punica_wrapper/punica_base.py, punica_gpu.py, ops/triton_ops/lora_kernel_metadata.py): int64
 // [T] x 3 and [2, T], int64 [B] x 3, and twice int32 [T] x 2, [L + 1] x 2 and [L + 2], for T
 // max_num_batched_tokens and B max_num_seqs.
@@ -55,9 +55,9 @@ struct ServedLora {
 // filled in by EstimateServing).
 ServedLora ServedLoraOf(const RunConfig& config);
 
-// `rank` with vLLM's adapter slots and kernels (see above). INVALID_ARGUMENT naming
-// config.lora's field: a target that names none of the model's modules (the message lists
-// them), a rank fully_sharded_loras cannot divide by the tensor ranks; naming the model: a
+// `rank` with vLLM's adapter slots and kernels (see above); a target that names none of the
+// model's modules is ignored, as vLLM ignores it (ServedLoraNote says so). INVALID_ARGUMENT
+// naming config.lora's field: a rank fully_sharded_loras cannot divide by the tensor ranks, a
 // vocabulary over 258048 with lm_head wrapped (vLLM's limit).
 StatusOr<Graph> ApplyServedLora(const Graph& rank, const ServedLora& lora,
                                 Budget* budget = nullptr);

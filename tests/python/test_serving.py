@@ -104,6 +104,6 @@ def test_serving_lora_adapters(client):
     assert e.serving.weights_bytes - plain.serving.weights_bytes >= e.serving.lora_bytes
     assert e.serving.kv_cache_bytes < plain.serving.kv_cache_bytes
     assert plain.serving.lora_bytes == 0
-    with pytest.raises(memest.InvalidArgument, match="config.lora.target_modules"):
-        client.estimate(hf_config=llama3, device="h100-80gb", advice=False,
-                        lora={"r": 16, "target_modules": ["q_proj"]}, serving=True)
+    with pytest.raises(memest.InvalidArgument, match="config.lora.rank: vLLM's max_lora_rank"):
+        client.estimate(hf_config=llama3, device="h100-80gb", advice=False, lora={"r": 12},
+                        serving=True)
