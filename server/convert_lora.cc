@@ -17,6 +17,7 @@ StatusOr<LoraConfig> LoraFromProto(const v1::Lora& lora) {
   out.target_modules.assign(lora.target_modules().begin(), lora.target_modules().end());
   out.modules_to_save.assign(lora.modules_to_save().begin(), lora.modules_to_save().end());
   out.autocast_adapter_dtype = !lora.keep_adapter_dtype();
+  out.use_dora = lora.use_dora();
   return out;
 }
 

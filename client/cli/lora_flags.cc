@@ -76,7 +76,7 @@ Status LoraFromAdapterConfig(const google::protobuf::Struct& adapter, const std:
     return InvalidArgument(context + "peft_type: " + Quote(it->second.string_value()) +
                            "; memest models LoRA adapters (\"LORA\")");
   }
-  for (const char* key : {"use_dora", "rank_pattern", "layers_to_transform", "layer_replication",
+  for (const char* key : {"rank_pattern", "layers_to_transform", "layer_replication",
                           "lora_bias", "exclude_modules"}) {
     if (Set(adapter, key)) {
       return InvalidArgument(context + key + ": set, and memest models plain LoRA (one rank on "
@@ -90,6 +90,7 @@ Status LoraFromAdapterConfig(const google::protobuf::Struct& adapter, const std:
                            " trains the base model's biases, which memest does not model "
                            "(\"none\" does not)");
   }
+  lora->set_use_dora(Set(adapter, "use_dora"));
   it = f.find("r");
   if (it == f.end() || it->second.kind_case() != Value::kNumberValue) {
     return InvalidArgument(context + "r: the adapters' rank (a number) is required");
@@ -195,6 +196,10 @@ void AddLoraFlags(CLI::App* app, LoraFlags* f) {
   app->add_flag("--quant-act-order", f->act_order, "GPTQ's desc_act")->group(served);
   app->add_flag("--quant-gptq", f->gptq, "a GPTQ checkpoint (its qzeros and g_idx stay loaded)")
       ->group(served);
+  app->add_flag("--lora-use-dora", f->use_dora,
+                "DoRA (LoraConfig(use_dora=True)): a trained magnitude per output feature, the "
+                "base linear recomputed from its weight plus the adapters' product")
+      ->group(group);
   app->add_flag("--lora-keep-adapter-dtype", f->keep_adapter_dtype,
                 "get_peft_model(autocast_adapter_dtype=False): a bf16 or fp16 model's adapters "
                 "keep its dtype (PEFT's default makes them float32)")
@@ -282,7 +287,7 @@ Status ApplyQuantizationFlags(const LoraFlags& f, v1::RunConfig* config) {
 Status ApplyLoraFlags(const LoraFlags& f, v1::RunConfig* config) {
   MEMEST_RETURN_IF_ERROR(ApplyQuantizationFlags(f, config));
   if (f.config.empty() && !f.rank && !f.alpha && !f.dropout && f.targets.empty() &&
-      f.modules_to_save.empty() && !f.keep_adapter_dtype) {
+      f.modules_to_save.empty() && !f.keep_adapter_dtype && !f.use_dora) {
     return Status::Ok();
   }
   v1::Lora* lora = config->mutable_lora();
@@ -306,6 +311,7 @@ Status ApplyLoraFlags(const LoraFlags& f, v1::RunConfig* config) {
     }
   }
   lora->set_keep_adapter_dtype(f.keep_adapter_dtype);
+  if (f.use_dora) lora->set_use_dora(true);
   if (lora->rank() == 0) {
     return InvalidArgument("--lora-rank: required with the other --lora flags");
   }

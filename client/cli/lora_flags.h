@@ -24,6 +24,7 @@ struct LoraFlags {
   std::vector<std::string> targets;          // comma-separated or repeated
   std::vector<std::string> modules_to_save;  // comma-separated or repeated
   bool keep_adapter_dtype = false;
+  bool use_dora = false;
   // QLoRA's base: transformers' BitsAndBytesConfig(load_in_4bit=True, ...).
   std::string quantize;  // bnb-nf4 | bnb-fp4
   bool double_quant = false;

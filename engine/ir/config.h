@@ -252,6 +252,10 @@ struct LoraConfig {
   // bfloat16 model are float32, and each adapted module's input is cast to float32 for them.
   // false: the adapters take the base weight's dtype.
   bool autocast_adapter_dtype = true;
+  // use_dora: DoRA (PEFT's DoraLinearLayer): each adapted Linear also trains a magnitude vector
+  // of its output features, and its forward recomputes the base linear from the weight with
+  // the adapters' product added, normalised by output row.
+  bool use_dora = false;
 };
 
 // LoRA's limits: a rank beyond any layer's width, and name lists beyond any model's modules.

@@ -41,6 +41,9 @@ Status ValidateServedLora(const LoraConfig& l) {
     return InvalidArgument("config.lora.modules_to_save: vLLM's adapter slots hold the adapters' "
                            "A and B only; leave it unset");
   }
+  if (l.use_dora) {
+    return InvalidArgument("config.lora.use_dora: vLLM serves plain LoRA adapters, not DoRA");
+  }
   MEMEST_RETURN_IF_ERROR(CheckNames(l.target_modules, "config.lora.target_modules"));
   for (size_t i = 0; i < l.target_modules.size(); ++i) {
     if (l.target_modules[i] == kLoraAllLinear) {

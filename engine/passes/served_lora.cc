@@ -224,8 +224,7 @@ Status Wrapper::Plan() {
     if (logits.back() > kMaxLogitsVocab) {
       return InvalidArgument(
           "config.lora: vLLM refuses LoRA on a vocabulary over " + std::to_string(kMaxLogitsVocab) +
-          " tokens (LogitsProcessorWithLoRA)"
-          ", and this model's lm_head has " +
+          " tokens (LogitsProcessorWithLoRA), and this model's lm_head has " +
           std::to_string(logits.back()) + "; leave lm_head out of config.lora.target_modules");
     }
     bytes = Count(bytes, Slot(L, r, x.back()), dtype_);
@@ -403,7 +402,7 @@ std::string ServedLoraNote(const Graph& graph, const ServedLora& lora) {
               " name no module vLLM wraps in this model, and vLLM ignores them";
   }
   return "serving with LoRA (vLLM's --enable-lora): " + std::to_string(lora.max_loras) +
-         " adapter slots of rank " + std::to_string(lora.rank) + " in " +
+         (lora.max_loras == 1 ? " adapter slot" : " adapter slots") + " of rank " + std::to_string(lora.rank) + " in " +
          std::to_string(modules.size()) + " modules (" + wrapped + ")" +
          (lora.fully_sharded ? ", fully sharded" : "") + ", " +
          FormatBytes(ServedLoraBytes(graph)) +

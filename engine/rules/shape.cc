@@ -384,6 +384,15 @@ bool ExpandedGradView(const Op& op, const Tensor& in, const Tensor& out, const S
   return true;
 }
 
+// x.detach(): x's storage, outside autograd.
+StatusOr<std::vector<OutputSpec>> InferDetach(const OpCall& c) {
+  OutputSpec y = ViewOf(0, c.in(0).shape, c.in(0).dtype, c.in(0).strides);
+  y.differentiable = false;
+  return std::vector<OutputSpec>{y};
+}
+
+void NoGradient(const OpCall& c, OpMemory* m) { m->grad_flow.assign(c.inputs.size(), GradFlow::kNone); }
+
 // An op whose backward hands each input its own view of the gradient.
 OpRule ViewBackward(OpRule rule, decltype(OpRule::grad_view) grad_view) {
   rule.grad_view = grad_view;
@@ -405,6 +414,7 @@ void RegisterShapeRules(std::vector<OpRule>* r) {
   r->push_back({"slice", 1, 1, InferSlice, FreshGrad});
   r->push_back({"split", 1, 1, InferSplit, FreshGrad});
   r->push_back({"contiguous", 1, 1, InferContiguous, PassThrough});
+  r->push_back({"detach", 1, 1, InferDetach, NoGradient});
   r->push_back(ViewBackward({"cat", 1, -1, InferCat, PassThrough}, nullptr));  // slices
   r->push_back(ViewBackward({"sum", 1, 1, InferReduce, SumMemory}, ExpandedGradView));
   r->push_back({"mean", 1, 1, InferReduce, MeanMemory});

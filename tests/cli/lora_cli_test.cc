@@ -64,13 +64,26 @@ TEST(LoraCliTest, FlagsAndAdapterConfigAgree) {
   EXPECT_EQ(nlohmann::json::parse(rank8.out).at("trainableParameterCount"), "4194304");
 }
 
+// DoRA from the adapter's config or the flag: a magnitude per output feature trains too.
+TEST(LoraCliTest, DoraFromTheConfigOrTheFlag) {
+  nlohmann::json config = PeftAdapterConfig();
+  config["use_dora"] = true;
+  const RunResult file = Estimate({"--lora-config", AdapterDir("dora", config)});
+  ASSERT_EQ(file.exit_code, 0) << file.err;
+  EXPECT_EQ(nlohmann::json::parse(file.out).at("trainableParameterCount"), "8650752");
+  const RunResult flag = Estimate({"--lora-config", AdapterDir("adapter", PeftAdapterConfig()),
+                                   "--lora-use-dora"});
+  ASSERT_EQ(flag.exit_code, 0) << flag.err;
+  EXPECT_EQ(nlohmann::json::parse(flag.out).at("trainableParameterCount"), "8650752");
+}
+
 TEST(LoraCliTest, RefusesWhatItDoesNotModelNamingTheField) {
   struct Case {
     const char* field;
     nlohmann::json value;
     const char* message;
   } cases[] = {
-      {"use_dora", true, "use_dora: set, and memest models plain LoRA"},
+      {"layers_to_transform", {0, 1}, "layers_to_transform: set, and memest models plain LoRA"},
       {"bias", "all", "bias: 'all' trains the base model's biases"},
       {"target_modules", ".*q_proj", "target_modules: '.*q_proj' is a regular expression"},
       {"peft_type", "IA3", "peft_type: 'IA3'; memest models LoRA adapters"},

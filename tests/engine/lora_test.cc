@@ -55,6 +55,37 @@ TEST(LoraTest, TrainableParametersAreTheAdaptersAsPeftCountsThem) {
   EXPECT_NE(Named(*adapted, "model.layers.31.mlp.down_proj.lora_B.default.weight"), nullptr);
 }
 
+// DoRA (use_dora) trains a magnitude per output feature of each adapted Linear beside its
+// adapters (PEFT's print_trainable_parameters: 8,388,608 + 32 x 2 x 4,096), of the adapters'
+// dtype; its forward recomputes the base linear, and keeps x_eye's product to its end.
+TEST(LoraTest, DoraTrainsAMagnitudePerOutputFeature) {
+  const ModelSpec llama = Preset("llama-7b", {{"seq", 128}});
+  RunConfig c = Lora(16, {"q_proj", "v_proj"}, Precision::kBf16Pure);
+  c.lora.use_dora = true;
+  StatusOr<Graph> g = BuildStepGraph(llama, c);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->TrainableParameterCount(), 8'388'608 + 32 * 2 * 4096);
+  const Tensor* magnitude =
+      Named(*g, "model.layers.0.self_attn.q_proj.lora_magnitude_vector.default.weight");
+  ASSERT_NE(magnitude, nullptr);
+  EXPECT_EQ(magnitude->shape, (Shape{4096}));
+  EXPECT_EQ(magnitude->dtype, DType::kFloat32);
+  StatusOr<Report> dora = Estimate(llama, c);
+  c.lora.use_dora = false;
+  StatusOr<Report> plain = Estimate(llama, c);
+  ASSERT_TRUE(dora.ok() && plain.ok());
+  // Each adapted module saves the recomputed base output and lora_B's output beside the plain
+  // adapters' tensors: 2 x [1, 128, 4096] in float32, 64 modules.
+  EXPECT_GE(dora->saved_for_backward_bytes - plain->saved_for_backward_bytes,
+            64 * 2 * 128 * 4096 * 4);
+  // GPT-2's Conv1D: refused (docs/lora.md says why).
+  RunConfig gpt2 = Lora(8, {"c_attn"});
+  gpt2.lora.use_dora = true;
+  StatusOr<Report> conv1d = Estimate(Preset("gpt2-small", {{"seq", 64}}), gpt2);
+  ASSERT_FALSE(conv1d.ok());
+  EXPECT_NE(conv1d.status().message().find("is a Conv1D"), std::string::npos);
+}
+
 // Only the adapters have gradients and optimizer state: AdamW's two float32 moments.
 TEST(LoraTest, OnlyTheAdaptersHaveGradientsAndOptimizerState) {
   RunConfig c = Lora(8, {"c_attn"});

@@ -276,6 +276,14 @@ TEST(QloraTest, LoraOverA4bitBaseClonesItsResult) {
   EXPECT_EQ(clones, 1);
   EXPECT_EQ(Named(*g, "model.layers.0.self_attn.q_proj.lora_A.default.weight")->dtype,
             DType::kFloat32);
+  // DoRA over the 4-bit base (its weight dequantized in every call) is refused, naming it.
+  RunConfig dora = Qlora();
+  dora.lora.use_dora = true;
+  StatusOr<Graph> refused = BuildStepGraph(Llama(1), dora);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message().rfind("config.lora.use_dora: DoRA is modelled on", 0),
+            0u)
+      << refused.status().message();
 }
 
 // bitsandbytes' optimizers on a small float32 model, 256 -> 16 -> 250 -> 400 Linears, every

@@ -150,6 +150,7 @@ TEST(ServedLoraTest, RefusesNamingTheField) {
   const Case cases[] = {
       {"llama-3-8b", "config.lora.rank", [](RunConfig* c) { c->lora.rank = 12; }},
       {"llama-3-8b", "config.lora.dropout", [](RunConfig* c) { c->lora.dropout = 0.05; }},
+      {"llama-3-8b", "config.lora.use_dora", [](RunConfig* c) { c->lora.use_dora = true; }},
       {"llama-3-8b", "config.lora.modules_to_save",
        [](RunConfig* c) { c->lora.modules_to_save = {"lm_head"}; }},
       {"llama-3-8b", "config.lora.target_modules[0]",

@@ -33,7 +33,6 @@ def test_a_lora_config_its_dict_and_its_file_agree(client, tmp_path):
 
 
 @pytest.mark.parametrize("lora, message", [
-    ({"r": 8, "target_modules": ["q_proj"], "use_dora": True}, "lora.use_dora"),
     ({"r": 8, "target_modules": ["q_proj"], "bias": "all"}, "lora.bias"),
     ({"r": 8, "target_modules": r".*\.q_proj"}, "lora.target_modules"),
     ({"target_modules": ["q_proj"]}, "lora.r"),
@@ -61,6 +60,8 @@ EXACT = ("saved_for_backward", "end_of_step.")
     ("llama", {"r": 4, "target_modules": "all-linear", "lora_dropout": 0.1}),
     ("llama", {"r": 8, "target_modules": ["q_proj", "down_proj"], "modules_to_save": ["lm_head"]}),
     ("gpt2", {"r": 8, "target_modules": ["c_attn"], "lora_dropout": 0.1, "fan_in_fan_out": True}),
+    ("llama", {"r": 8, "target_modules": ["q_proj", "v_proj"], "use_dora": True}),
+    ("llama", {"r": 4, "target_modules": "all-linear", "lora_dropout": 0.1, "use_dora": True}),
 ])
 def test_lora_adds_what_peft_adds(name, lora):
     """The zoo's small model measured by real PyTorch with and without PEFT's adapters, and

@@ -4,8 +4,8 @@ config.lora from a LoraConfig, its kwargs as a dict, or the
 adapter_config.json that save_pretrained writes (a path to it or to the adapter's directory).
 
 The fields read are PEFT's: r, lora_alpha, lora_dropout, target_modules (a list of names, or
-"all-linear"), modules_to_save; and get_peft_model's autocast_adapter_dtype (True, PEFT's
-default: a bf16 or fp16 model's adapters are float32). What memest does not model is refused,
+"all-linear"), modules_to_save, use_dora (DoRA); and get_peft_model's autocast_adapter_dtype
+(True, PEFT's default: a bf16 or fp16 model's adapters are float32). What memest does not model is refused,
 naming the field, as `memest estimate --lora-config` refuses it.
 """
 import json
@@ -13,8 +13,8 @@ import os
 
 from memest.errors import InvalidArgument
 
-_PLAIN_ONLY = ("use_dora", "rank_pattern", "layers_to_transform", "layer_replication",
-               "lora_bias", "exclude_modules")
+_PLAIN_ONLY = ("rank_pattern", "layers_to_transform", "layer_replication", "lora_bias",
+               "exclude_modules")
 
 
 def _lora_dict(lora):
@@ -85,6 +85,7 @@ def apply_lora(config, lora):
     out.modules_to_save.extend(_names(data.get("modules_to_save"), "modules_to_save"))
     if data.get("autocast_adapter_dtype") is False:
         out.keep_adapter_dtype = True
+    out.use_dora = bool(data.get("use_dora"))
 
 
 _FORMATS = {"nf4": "WEIGHT_FORMAT_BNB_NF4", "fp4": "WEIGHT_FORMAT_BNB_FP4"}
