@@ -159,8 +159,11 @@ StatusOr<NameSet> Targets(const Graph& g, const LoraConfig& lora,
 //   return (mag_norm_scale - 1) * F.linear(x, weight) + mag_norm_scale * up * scaling
 // Its locals stay referenced until it returns. The magnitude, one per output feature, is a
 // trainable parameter of the adapters' dtype ("<module>.lora_magnitude_vector.default.weight").
+//
+// Under autocast, lora_A(x_eye) runs on autocast's cached cast of lora_A and its node saves the
+// half cast of x_eye, alive until lora_weight dies: the cast is made here and held as long.
 int DoraOutput(GraphBuilder& b, const std::string& scope, int x, int up,
-               std::pair<int, int> adapter, int weight, double scaling, DType dtype,
+               std::pair<int, int> adapter, int weight, double scaling, DType dtype, DType half,
                std::map<std::string, int>& magnitudes) {
   if (!b.ok()) return -1;
   const int64_t in = b.shape(x).back(), out = b.shape(up).back();
@@ -177,8 +180,12 @@ int DoraOutput(GraphBuilder& b, const std::string& scope, int x, int up,
   // product of detached adapters, its intermediate held to the end.
   const int a = b.Add1("detach", {adapter.first});
   const int up_weight = b.Add1("detach", {adapter.second});
+  int eye_in = eye;
+  if (half != DType::kFloat32) {
+    eye_in = b.Add1("to", {eye}, {{"dtype", std::string(DTypeName(half))}});
+  }
   b.SetScope(scope + ".lora_A.default");
-  const int eye_low = b.Add1("linear", {eye, a});
+  const int eye_low = b.Add1("linear", {eye_in, a});
   b.SetScope(scope + ".lora_B.default");
   const int eye_up = b.Add1("linear", {eye_low, up_weight});
   b.SetScope(scope + ".lora_magnitude_vector.default");
@@ -200,7 +207,9 @@ int DoraOutput(GraphBuilder& b, const std::string& scope, int x, int up,
   const int scaled_up = b.Add1("mul", {mag_norm_scale, up});
   const int second = b.Add1("mul", {scaled_up}, {{"scalar", scaling}});
   const int result = b.Add1("add", {first, second});
-  for (int local : {up, eye, eye_low, lora_weight, norm, mag_norm_scale}) b.HoldUntilLastOp(local);
+  for (int local : {up, eye, eye_in, eye_low, lora_weight, norm, mag_norm_scale}) {
+    b.HoldUntilLastOp(local);
+  }
   if (w != weight) b.HoldUntilLastOp(w);
   b.SetScope(scope);
   return result;
@@ -331,12 +340,13 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
     b.SetScope(op.scope);
     if (lora.use_dora) {
       const int dora = DoraOutput(b, op.scope, x, up, it->second, map[base_weight[i]], scaling,
-                                  dtype, magnitudes);
+                                  dtype, frozen.autocast, magnitudes);
       int sum = b.Add1("add", {base_result, dora});
       if (b.ok() && b.tensor(sum).dtype != base) {
         sum = b.Add1("to", {sum}, {{"dtype", std::string(DTypeName(base))}});
       }
-      b.HoldUntilLastOp(cast_input);
+      // `x = dropout(x)` rebinds forward's local: the dropout's output (or the cast) is held.
+      b.HoldUntilLastOp(x);
       b.HoldUntilLastOp(module_input);
       map[op.outputs[0]] = sum;
       return true;
@@ -383,9 +393,11 @@ std::string LoraNote(const Graph& graph, const LoraConfig& lora) {
   if (lora.target_modules.size() > 8) targets += ", ...";
   std::ostringstream p;
   p << lora.dropout;
-  return "LoRA as PEFT's get_peft_model adds it: rank " + std::to_string(lora.rank) + " on " +
+  return std::string(lora.use_dora ? "DoRA" : "LoRA") +
+         " as PEFT's get_peft_model adds it: rank " + std::to_string(lora.rank) + " on " +
          std::to_string(modules) + " modules (" + targets + "), adapters in " + dtype +
          (lora.dropout > 0 ? ", dropout " + p.str() + " on their input" : "") +
+         (lora.use_dora ? ", and a magnitude per output feature of each trains with them" : "") +
          "; every other parameter is frozen (no gradient, no optimizer state)" +
          (copies > 0 ? "; modules_to_save train a copy of their " + std::to_string(copies) +
                            " parameters beside the frozen originals"

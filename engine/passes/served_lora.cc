@@ -402,7 +402,8 @@ std::string ServedLoraNote(const Graph& graph, const ServedLora& lora) {
               " name no module vLLM wraps in this model, and vLLM ignores them";
   }
   return "serving with LoRA (vLLM's --enable-lora): " + std::to_string(lora.max_loras) +
-         (lora.max_loras == 1 ? " adapter slot" : " adapter slots") + " of rank " + std::to_string(lora.rank) + " in " +
+         (lora.max_loras == 1 ? " adapter slot" : " adapter slots") + " of rank " +
+         std::to_string(lora.rank) + " in " +
          std::to_string(modules.size()) + " modules (" + wrapped + ")" +
          (lora.fully_sharded ? ", fully sharded" : "") + ", " +
          FormatBytes(ServedLoraBytes(graph)) +

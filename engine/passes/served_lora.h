@@ -17,10 +17,10 @@
 //   lm_head's logits (LogitsProcessorWithLoRA):           A [L, 1, R, hidden], B [L, 1, vocab, R]
 // With fully_sharded_loras a column linear's A keeps R/t rows and a row linear's B out/t. The
 // logits wrapper with t > 1 keeps the int64 [vocab] map from the gathered logits to token ids
-// (its padded rows, a multiple of 64) and reindexes the logits into a new tensor. The punica wrapper's index tensors
-// (punica_wrapper/punica_base.py, punica_gpu.py, ops/triton_ops/lora_kernel_metadata.py): int64
-// [T] x 3 and [2, T], int64 [B] x 3, and twice int32 [T] x 2, [L + 1] x 2 and [L + 2], for T
-// max_num_batched_tokens and B max_num_seqs.
+// (its padded rows, a multiple of 64) and reindexes the logits into a new tensor. The punica
+// wrapper's index tensors (punica_wrapper/punica_base.py, punica_gpu.py,
+// ops/triton_ops/lora_kernel_metadata.py): int64 [T] x 3 and [2, T], int64 [B] x 3, and twice
+// int32 [T] x 2, [L + 1] x 2 and [L + 2], for T max_num_batched_tokens and B max_num_seqs.
 // The profile run activates no adapter, but every wrapped module still runs vLLM's kernels:
 // after each module's output a punica_lora_ op (engine/rules/served_lora.cc) with the shrink's
 // float32 buffer; the embedding's A rows looked up first (an int64 copy of the ids, then [tokens,

@@ -54,7 +54,8 @@
 //   reshape / view(x; shape=[...], one -1 allowed)  transpose(x; dim0, dim1)  permute(x; dims)
 //   expand(x; shape)  unsqueeze(x; dim)  squeeze(x; dim)  slice(x; dim, start, end, step=1)
 //   split(x; dim, sizes=[...]) -> several views      flatten(x; start_dim=0, end_dim=-1)
-//   detach(x)   x's storage, no gradient   contiguous(x)  to(x; dtype)  cat(xs...; dim=0)  arange(; end, start=0, step=1)
+//   detach(x)   x's storage, no gradient
+//   contiguous(x)  to(x; dtype)  cat(xs...; dim=0)  arange(; end, start=0, step=1)
 //   cross_entropy(logits[N,C,..], target[N,..] int64; reduction="mean"|"sum"|"none")
 //   nll_loss(logp[N,C,..], target[N,..]; reduction)  mse_loss(a, b)
 //   scaled_dot_product_attention(q, k, v, mask?; is_causal=0, dropout_p=0, fused=0, backend)

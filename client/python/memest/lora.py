@@ -5,8 +5,8 @@ adapter_config.json that save_pretrained writes (a path to it or to the adapter'
 
 The fields read are PEFT's: r, lora_alpha, lora_dropout, target_modules (a list of names, or
 "all-linear"), modules_to_save, use_dora (DoRA); and get_peft_model's autocast_adapter_dtype
-(True, PEFT's default: a bf16 or fp16 model's adapters are float32). What memest does not model is refused,
-naming the field, as `memest estimate --lora-config` refuses it.
+(True, PEFT's default: a bf16 or fp16 model's adapters are float32). What memest does not model
+is refused, naming the field, as `memest estimate --lora-config` refuses it.
 """
 import json
 import os
