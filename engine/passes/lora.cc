@@ -241,8 +241,8 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
     base_weight[call.last] = call.weight;
     four_bit[call.last] = graph.ops[call.op].kind == "linear_4bit";
     if (lora.use_dora && graph.ops[call.op].kind != "linear") {
-      // A 4-bit base's weight is dequantized in every call; against PEFT 0.13.2, DoRA on GPT-2's
-      // Conv1D saves 768 B more than this pass does (docs/lora.md).
+      // A 4-bit base's weight is dequantized in every call; on a Conv1D, PEFT's transpose makes
+      // the weight a new trainable leaf for the call (docs/lora.md): neither is modelled.
       return InvalidArgument("config.lora.use_dora: DoRA is modelled on nn.Linear bases; " +
                              Quote(graph.ops[call.op].scope) + " is " +
                              (four_bit[call.last] ? "bitsandbytes' Linear4bit (its weight "
