@@ -92,9 +92,7 @@ StatusOr<Graph> AddFusedMoeWorkspace(const Graph& rank, const FusedMoeWorkspace&
     workspace = b.Add1("full", {}, {{"shape", std::vector<int64_t>{CeilDiv(w.bytes, size)}},
                                     {"dtype", std::string(DTypeName(w.dtype))}});
     const Op& op = rank.ops[i];
-    std::vector<int> inputs;
-    for (int t : op.inputs) inputs.push_back(map[t]);
-    ReplayOp(rank, op, std::move(inputs), op.attrs, b, map);
+    ReplayOp(rank, op, MappedInputs(op, map), op.attrs, b, map);
     return true;
   };
   MEMEST_ASSIGN_OR_RETURN(Graph out, ReplayGraph(rank, emit, std::nullopt, nullptr, budget));

@@ -338,28 +338,22 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
     b.SetScope(op.scope + ".lora_B.default");
     const int up = b.Add1("linear", {low, it->second.second});
     b.SetScope(op.scope);
-    if (lora.use_dora) {
-      const int dora = DoraOutput(b, op.scope, x, up, it->second, map[base_weight[i]], scaling,
-                                  dtype, frozen.autocast, magnitudes);
-      int sum = b.Add1("add", {base_result, dora});
-      if (b.ok() && b.tensor(sum).dtype != base) {
-        sum = b.Add1("to", {sum}, {{"dtype", std::string(DTypeName(base))}});
+    int added = -1, local = cast_input;  // what the sum adds; forward's local `x`
+    if (lora.use_dora) {  // never over a 4-bit base (refused above)
+      added = DoraOutput(b, op.scope, x, up, it->second, map[base_weight[i]], scaling, dtype,
+                         frozen.autocast, magnitudes);
+      local = x;  // `x = dropout(x)` rebinds it: the dropout's output (or the cast) is held
+    } else {
+      added = b.Add1("mul", {up}, {{"scalar", scaling}});
+      if (bnb && !autocast && b.ok() && b.tensor(added).dtype != base) {
+        added = b.Add1("to", {added}, {{"dtype", std::string(DTypeName(base))}});
       }
-      // `x = dropout(x)` rebinds forward's local: the dropout's output (or the cast) is held.
-      b.HoldUntilLastOp(x);
-      b.HoldUntilLastOp(module_input);
-      map[op.outputs[0]] = sum;
-      return true;
     }
-    int scaled = b.Add1("mul", {up}, {{"scalar", scaling}});
-    if (bnb && !autocast && b.ok() && b.tensor(scaled).dtype != base) {
-      scaled = b.Add1("to", {scaled}, {{"dtype", std::string(DTypeName(base))}});
-    }
-    int sum = b.Add1("add", {base_result, scaled});
+    int sum = b.Add1("add", {base_result, added});
     if (!bnb && b.ok() && b.tensor(sum).dtype != base) {
       sum = b.Add1("to", {sum}, {{"dtype", std::string(DTypeName(base))}});
     }
-    b.HoldUntilLastOp(cast_input);
+    b.HoldUntilLastOp(local);
     b.HoldUntilLastOp(module_input);
     map[op.outputs[0]] = sum;
     return true;

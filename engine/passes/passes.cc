@@ -46,6 +46,13 @@ std::vector<std::string> OutputNames(const Graph& g, const Op& op) {
 
 }  // namespace
 
+std::vector<int> MappedInputs(const Op& op, const std::vector<int>& map) {
+  std::vector<int> inputs;
+  inputs.reserve(op.inputs.size());
+  for (int t : op.inputs) inputs.push_back(map[t]);
+  return inputs;
+}
+
 std::vector<int> ReplayOp(const Graph& g, const Op& op, std::vector<int> inputs, Attrs attrs,
                           GraphBuilder& b, std::vector<int>& map) {
   std::vector<int> outs = b.Add(op.kind, std::move(inputs), std::move(attrs), OutputNames(g, op));

@@ -37,6 +37,9 @@ StatusOr<Graph> ReplayGraph(const Graph& graph, const OpEmitter& emit,
                             ReplayMap* replay = nullptr, Budget* budget = nullptr,
                             const std::vector<char>* drop_leaves = nullptr);
 
+// Op `op`'s inputs as `map` takes them to the graph being built.
+std::vector<int> MappedInputs(const Op& op, const std::vector<int>& map);
+
 // For an emitter that adds op `op` of `graph` itself: adds it to `b` with `inputs` (tensor ids in
 // `b`) and `attrs`, its outputs named as in `graph`, and maps its outputs in `map`; returns them
 // (empty on a builder error).

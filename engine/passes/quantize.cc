@@ -62,9 +62,7 @@ bool ReselectForFloat32(const Op& op, GraphBuilder& b, std::vector<int>& map, co
   }
   Attrs attrs = op.attrs;
   attrs["backend"] = std::string("efficient");
-  std::vector<int> inputs;
-  for (int t : op.inputs) inputs.push_back(map[t]);
-  ReplayOp(g, op, std::move(inputs), std::move(attrs), b, map);
+  ReplayOp(g, op, MappedInputs(op, map), std::move(attrs), b, map);
   return true;
 }
 

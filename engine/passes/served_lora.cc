@@ -68,12 +68,6 @@ int Leaf(GraphBuilder& b, const std::string& name, Shape shape, DType dtype) {
   return id;
 }
 
-std::vector<int> Mapped(const Op& op, const std::vector<int>& map) {
-  std::vector<int> inputs;
-  for (int t : op.inputs) inputs.push_back(map[t]);
-  return inputs;
-}
-
 // One slice of a wrapped linear: its slots' shapes and the punica op's settings.
 struct Slice {
   Shape a, b;
@@ -271,7 +265,7 @@ void Wrapper::EmitLinear(int i, GraphBuilder& b, std::vector<int>& map) {
   const std::string& group = member_.at(i);
   const Slice& s = slice_.at(i);
   const int x = map[op.inputs[0]];
-  ReplayOp(g_, op, Mapped(op, map), op.attrs, b, map);
+  ReplayOp(g_, op, MappedInputs(op, map), op.attrs, b, map);
   std::vector<int>& slots = slots_[group];
   slots.insert(slots.begin() + static_cast<long>(slots.size() / 2),
                Leaf(b, op.scope + kSlotA, s.a, dtype_));
@@ -301,7 +295,7 @@ void Wrapper::EmitEmbedding(int i, GraphBuilder& b, std::vector<int>& map) {
     rows_ = b.Add1("embedding", {table, ids});
     slots_["embed_tokens"] = {bslot};
   }
-  ReplayOp(g_, op, Mapped(op, map), op.attrs, b, map);
+  ReplayOp(g_, op, MappedInputs(op, map), op.attrs, b, map);
   if (i != embed_end_) return;
   InPlace(b, map, op.outputs[0], {rows_, slots_["embed_tokens"][0]},
           {{"slices", int64_t{1}}, {"rank", r}, {"shrink", int64_t{0}}});
@@ -310,7 +304,7 @@ void Wrapper::EmitEmbedding(int i, GraphBuilder& b, std::vector<int>& map) {
 void Wrapper::EmitLogits(int i, GraphBuilder& b, std::vector<int>& map) {
   const Op& op = g_.ops[i];
   if (i == head_op_) head_x_ = map[op.inputs[0]];
-  ReplayOp(g_, op, Mapped(op, map), op.attrs, b, map);
+  ReplayOp(g_, op, MappedInputs(op, map), op.attrs, b, map);
   if (i != head_end_) return;
   const int64_t L = l_.max_loras, r = l_.rank;
   const int64_t vocab = g_.tensors[op.outputs[0]].shape.back();

@@ -105,8 +105,7 @@ Status Sharder::DTensorLinear(int i, GraphBuilder& b, std::vector<int>& map, boo
   const Split w = In(i, wi);
   const int r = Rank(op.inputs[xi]);
   const bool column = w.dim == (conv1d ? 1 : 0);
-  std::vector<int> inputs;
-  for (int t : op.inputs) inputs.push_back(map[t]);
+  std::vector<int> inputs = MappedInputs(op, map);
   MEMEST_RETURN_IF_ERROR(CheckLinear(i, conv1d));
   if (column) {
     MEMEST_ASSIGN_OR_RETURN(inputs[xi], ColumnInput(i, op.inputs[xi], b, map));

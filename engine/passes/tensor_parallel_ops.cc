@@ -100,8 +100,7 @@ bool Sharder::Emit(int i, GraphBuilder& b, std::vector<int>& map) {
 
 Status Sharder::EmitOp(int i, GraphBuilder& b, std::vector<int>& map) {
   const Op& op = g_.ops[i];
-  std::vector<int> inputs;
-  for (int t : op.inputs) inputs.push_back(map[t]);
+  std::vector<int> inputs = MappedInputs(op, map);
   if (sp_) NoteSequenceParallelParams(i, map);
   if (!moe_of_op_.empty() && moe_of_op_[i] >= 0) {
     bool done = false;
