@@ -156,10 +156,11 @@ void AddLoraFlags(CLI::App* app, LoraFlags* f) {
                   "modules_to_save: modules trained whole, as a copy beside the frozen "
                   "original (lm_head)")
       ->group(group)->type_name("NAMES");
-  const char* quant = "4-bit base (bitsandbytes, as QLoRA loads it)";
+  const char* quant = "4-bit or 8-bit base (bitsandbytes, as transformers loads it)";
   app->add_option("--quantize", f->quantize,
                   "bnb-nf4 or bnb-fp4: every Linear but the output layer a frozen bitsandbytes "
                   "Linear4bit (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=...)); "
+                  "bnb-int8: a Linear8bitLt, LLM.int8 (load_in_8bit=True); "
                   "with --serve, a quantized checkpoint as vLLM serves it: w8a8-fp8, fp8 "
                   "(vLLM's --quantization fp8: per-tensor scales), w8a8-int8, w4a16, w8a16 "
                   "(an --hf-config's quantization_config is read without it)")
@@ -174,6 +175,15 @@ void AddLoraFlags(CLI::App* app, LoraFlags* f) {
   app->add_flag("--no-kbit-preparation", f->no_kbit_preparation,
                 "skip PEFT's prepare_model_for_kbit_training, which training runs by default "
                 "(it casts the float16/bfloat16 parameters that are not 4-bit to float32)")
+      ->group(quant);
+  app->add_option("--int8-threshold", f->int8_threshold,
+                  "bnb-int8: llm_int8_threshold, the magnitude from which an input value is an "
+                  "outlier (default 6.0; 0: no outlier decomposition)")
+      ->group(quant);
+  app->add_option("--int8-outlier-columns", f->int8_outlier_columns,
+                  "bnb-int8: columns of each 8-bit Linear's input holding an outlier (data; "
+                  "default 7, the LLM.int8 paper's bound to 13B parameters; a layer's input "
+                  "width or more: every column, the worst case)")
       ->group(quant);
   const char* served = "quantized checkpoint served by vLLM (--quantize w8a8-fp8, w8a8-int8, "
                        "w4a16, w8a16; with --serve)";
@@ -210,6 +220,7 @@ namespace {
 
 const Word<v1::WeightFormat> kFormats[] = {
     {"bnb-nf4", v1::WEIGHT_FORMAT_BNB_NF4},   {"bnb-fp4", v1::WEIGHT_FORMAT_BNB_FP4},
+    {"bnb-int8", v1::WEIGHT_FORMAT_BNB_INT8},
     {"w8a8-fp8", v1::WEIGHT_FORMAT_W8A8_FP8}, {"fp8", v1::WEIGHT_FORMAT_W8A8_FP8},
     {"w8a8-int8", v1::WEIGHT_FORMAT_W8A8_INT8}, {"w4a16", v1::WEIGHT_FORMAT_W4A16},
     {"w8a16", v1::WEIGHT_FORMAT_W8A16},
@@ -266,8 +277,8 @@ Status ApplyQuantizationFlags(const LoraFlags& f, v1::RunConfig* config) {
     if (f.double_quant || !f.compute_dtype.empty() || !f.skip_modules.empty() ||
         f.no_kbit_preparation || !f.weight_scales.empty() || !f.block.empty() ||
         !f.inputs.empty() || f.asymmetric_inputs || f.group_size || f.zero_point ||
-        f.act_order || f.gptq) {
-      return InvalidArgument("--quantize: required with the --bnb-*, --quant-* and "
+        f.act_order || f.gptq || f.int8_threshold || f.int8_outlier_columns) {
+      return InvalidArgument("--quantize: required with the --bnb-*, --int8-*, --quant-* and "
                              "--no-kbit-preparation flags");
     }
     return Status::Ok();
@@ -279,6 +290,8 @@ Status ApplyQuantizationFlags(const LoraFlags& f, v1::RunConfig* config) {
   q->set_compute_dtype(f.compute_dtype);
   for (std::string& name : SplitCommas(f.skip_modules)) *q->add_skip_modules() = std::move(name);
   if (f.no_kbit_preparation) q->set_prepare_model_for_kbit_training(false);
+  if (f.int8_threshold) q->set_int8_threshold(*f.int8_threshold);
+  if (f.int8_outlier_columns) q->set_int8_outlier_columns(*f.int8_outlier_columns);
   return ApplyServedQuantizationFlags(f, q);
 }
 

@@ -25,12 +25,14 @@ struct LoraFlags {
   std::vector<std::string> modules_to_save;  // comma-separated or repeated
   bool keep_adapter_dtype = false;
   bool use_dora = false;
-  // QLoRA's base: transformers' BitsAndBytesConfig(load_in_4bit=True, ...).
-  std::string quantize;  // bnb-nf4 | bnb-fp4
+  // QLoRA's base: transformers' BitsAndBytesConfig(load_in_4bit=True, ...), or load_in_8bit.
+  std::string quantize;  // bnb-nf4 | bnb-fp4 | bnb-int8
   bool double_quant = false;
   std::string compute_dtype;
   std::vector<std::string> skip_modules;  // comma-separated or repeated
   bool no_kbit_preparation = false;
+  std::optional<double> int8_threshold;
+  std::optional<int64_t> int8_outlier_columns;
   // A quantized checkpoint served by vLLM (--quantize w8a8-fp8 | fp8 | w8a8-int8 | w4a16 |
   // w8a16, with --serve).
   std::string weight_scales;  // channel | tensor | block

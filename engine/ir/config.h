@@ -163,6 +163,7 @@ enum class WeightFormat {
   kBnbNf4,   // bitsandbytes Linear4bit, NF4 (BitsAndBytesConfig(load_in_4bit=True,
              // bnb_4bit_quant_type="nf4"))
   kBnbFp4,   // the same with bnb_4bit_quant_type="fp4", transformers' default
+  kBnbInt8,  // bitsandbytes Linear8bitLt, LLM.int8 (BitsAndBytesConfig(load_in_8bit=True))
   kW8A8Fp8,  // float8_e4m3 weights with float32 scales, inputs quantized to fp8 (vLLM's "fp8",
              // compressed-tensors' float-quantized FP8 and FP8-dynamic checkpoints)
   kW8A8Int8, // int8 weights with float32 scales, inputs quantized to int8 (compressed-tensors'
@@ -174,6 +175,8 @@ enum class WeightFormat {
 
 // Whether `format` is one vLLM serves (kW8A8Fp8 and after).
 bool IsServedWeightFormat(WeightFormat format);
+// Whether `format` is bitsandbytes' 4-bit (NF4, FP4).
+inline bool IsBnb4bit(WeightFormat f) { return f == WeightFormat::kBnbNf4 || f == WeightFormat::kBnbFp4; }
 
 // A W8A8 weight's scales: one per output channel, one per tensor, or one per block of
 // block_n x block_k values (DeepSeek's and Qwen3's fp8 checkpoints, weight_block_size).
@@ -183,8 +186,14 @@ enum class ScaleGranularity { kChannel, kTensor, kBlock };
 // per tensor as it arrives, or with a static scale from the checkpoint.
 enum class InputQuantization { kDynamicToken, kDynamicTensor, kStatic };
 
-// transformers' BitsAndBytesConfig for load_in_4bit: every nn.Linear but the skipped ones
-// becomes a frozen bitsandbytes Linear4bit; the rest of the model keeps the precision's dtype.
+// LLM.int8's default count of outlier columns in each 8-bit Linear's input: the LLM.int8() paper's
+// |O| <= 7 "for transformers up to 13B" (Dettmers et al. 2022, section 3.2; docs/qlora.md).
+inline constexpr int64_t kDefaultInt8OutlierColumns = 7;
+inline constexpr int64_t kMaxInt8OutlierColumns = int64_t{1} << 30;
+
+// transformers' BitsAndBytesConfig for load_in_4bit or load_in_8bit: every nn.Linear but the
+// skipped ones becomes a frozen bitsandbytes Linear4bit or Linear8bitLt; the rest of the model
+// keeps the precision's dtype.
 struct QuantizationConfig {
   WeightFormat format = WeightFormat::kDense;
   // bnb_4bit_use_double_quant: the per-block absmax constants are themselves quantized.
@@ -196,6 +205,12 @@ struct QuantizationConfig {
   // name that is a component run of the module's path); empty: transformers'
   // get_keys_to_not_convert, the output layer.
   std::vector<std::string> skip_modules;
+  // LLM.int8 (kBnbInt8): llm_int8_threshold, the magnitude from which an input value is an
+  // outlier (0: no mixed-precision decomposition); and how many of each 8-bit Linear's input
+  // columns hold one in a call (the columns the decomposition gathers: data, not config;
+  // capped at each layer's input width, which is the worst case).
+  double int8_threshold = 6.0;
+  int64_t int8_outlier_columns = kDefaultInt8OutlierColumns;
   // PEFT's prepare_model_for_kbit_training: every parameter frozen, every float16 or bfloat16
   // one that is not 4-bit cast to float32 (the QLoRA recipes', and TRL's SFTTrainer's for a
   // 4-bit model with a peft_config). Unset: in training only (KbitPrepared), a training recipe's

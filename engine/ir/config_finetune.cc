@@ -108,6 +108,37 @@ Status ValidateLora(const RunConfig& c) {
   return Status::Ok();
 }
 
+namespace {
+
+// LLM.int8's settings; the 4-bit ones refused.
+Status ValidateInt8(const QuantizationConfig& q) {
+  if (q.double_quant || q.compute_dtype != DType::kFloat32) {
+    return InvalidArgument(std::string("config.quantization.") +
+                           (q.double_quant ? "double_quant" : "compute_dtype") +
+                           ": a 4-bit setting; Linear8bitLt keeps a float32 scale per row and "
+                           "computes in float16 (its input cast to it), returning the input's "
+                           "dtype");
+  }
+  if (!(q.int8_threshold >= 0) || q.int8_threshold > 1e6) {
+    return InvalidArgument("config.quantization.int8_threshold: in [0, 1e6] (llm_int8_threshold; "
+                           "0: no outlier decomposition), got " +
+                           std::to_string(q.int8_threshold));
+  }
+  if (q.int8_outlier_columns < 0 || q.int8_outlier_columns > kMaxInt8OutlierColumns) {
+    return InvalidArgument("config.quantization.int8_outlier_columns: in [0, " +
+                           std::to_string(kMaxInt8OutlierColumns) +
+                           "] (a count at least a layer's input width is every column), got " +
+                           std::to_string(q.int8_outlier_columns));
+  }
+  if (q.int8_threshold == 0 && q.int8_outlier_columns != kDefaultInt8OutlierColumns) {
+    return InvalidArgument("config.quantization.int8_outlier_columns: with int8_threshold 0 "
+                           "nothing is an outlier (no decomposition)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 bool KbitPrepared(const RunConfig& c) {
   return c.quantization.format != WeightFormat::kDense &&
          c.quantization.prepare_for_kbit_training.value_or(c.mode == Mode::kTraining);
@@ -133,10 +164,21 @@ Status ValidateQuantization(const RunConfig& c) {
                              std::string(WeightFormatName(q.format)));
     }
   }
+  const QuantizationConfig plain;
+  const bool int8 = q.format == WeightFormat::kBnbInt8;
+  if (!int8 && (q.int8_threshold != plain.int8_threshold ||
+                q.int8_outlier_columns != plain.int8_outlier_columns)) {
+    return InvalidArgument(std::string("config.quantization.") +
+                           (q.int8_threshold != plain.int8_threshold ? "int8_threshold"
+                                                                     : "int8_outlier_columns") +
+                           ": LLM.int8's setting (bnb-int8), and the format is " +
+                           WeightFormatName(q.format));
+  }
   if (q.format == WeightFormat::kDense) {
     if (q.double_quant || !q.skip_modules.empty() || q.compute_dtype != DType::kFloat32 ||
         q.prepare_for_kbit_training.has_value()) {
-      return InvalidArgument("config.quantization: a 4-bit setting, and no 4-bit format is set");
+      return InvalidArgument("config.quantization: a bitsandbytes setting, and no bitsandbytes "
+                             "format is set");
     }
     return Status::Ok();
   }
@@ -146,16 +188,18 @@ Status ValidateQuantization(const RunConfig& c) {
     return InvalidArgument("config.quantization.compute_dtype: float32, float16 or bfloat16, got " +
                            std::string(DTypeName(q.compute_dtype)));
   }
-  MEMEST_RETURN_IF_ERROR(CheckNames(q.skip_modules, "config.quantization.skip_modules"));
+  if (int8) MEMEST_RETURN_IF_ERROR(ValidateInt8(q));
   if (c.runtime != Runtime::kCuda) {
-    return InvalidArgument(std::string("config.quantization: bitsandbytes' 4-bit layers run on "
-                                       "CUDA; the step runs on ") + RuntimeName(c.runtime));
+    return InvalidArgument(std::string("config.quantization: bitsandbytes' layers are modelled "
+                                       "as they run on CUDA; the step runs on ") +
+                           RuntimeName(c.runtime));
   }
   const ParallelismConfig& p = c.parallelism;
   const bool sharded = p.sharding != DataSharding::kNone && p.sharding != DataSharding::kDdp &&
                        !IsDeepSpeedZero(p.sharding);
   if (p.tensor > 1 || p.context > 1 || p.pipeline > 1 || sharded) {
-    return InvalidArgument("config.quantization: 4-bit weights are modelled on one GPU and under "
+    return InvalidArgument("config.quantization: bitsandbytes' weights are modelled on one GPU and "
+                           "under "
                            "DDP or DeepSpeed ZeRO-1/2, not with " +
                            std::string(p.tensor > 1     ? "tensor parallelism"
                                        : p.context > 1  ? "context parallelism"

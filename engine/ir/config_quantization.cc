@@ -16,6 +16,7 @@ const char* WeightFormatName(WeightFormat f) {
     case WeightFormat::kDense: return "dense";
     case WeightFormat::kBnbNf4: return "bnb-nf4";
     case WeightFormat::kBnbFp4: return "bnb-fp4";
+    case WeightFormat::kBnbInt8: return "bnb-int8";
     case WeightFormat::kW8A8Fp8: return "w8a8-fp8";
     case WeightFormat::kW8A8Int8: return "w8a8-int8";
     case WeightFormat::kW4A16: return "w4a16";

@@ -63,6 +63,16 @@ class Reader {
     }
     return static_cast<int64_t>(v->number);
   }
+  // A number in [lo, hi].
+  StatusOr<double> Real(std::string_view key, double fallback, double lo, double hi) const {
+    const JsonValue* v = Get(key);
+    if (v == nullptr) return fallback;
+    if (v->kind != Kind::kNumber || !(v->number >= lo && v->number <= hi)) {
+      return InvalidArgument(Field(key) + ": must be a number from " + Num(lo) + " to " +
+                             Num(hi) + (v->kind == Kind::kNumber ? ", got " + Num(v->number) : ""));
+    }
+    return v->number;
+  }
   // A list of module names (or "re:" patterns).
   Status Names(std::string_view key, std::vector<std::string>* out) const {
     const JsonValue* v = Get(key);
@@ -111,10 +121,21 @@ StatusOr<QuantizationConfig> Bitsandbytes(const Reader& r) {
   QuantizationConfig q;
   MEMEST_ASSIGN_OR_RETURN(bool four, r.Flag("load_in_4bit", false));
   MEMEST_ASSIGN_OR_RETURN(bool eight, r.Flag("load_in_8bit", false));
-  if (eight || !four) {
-    return InvalidArgument(r.Field(eight ? "load_in_8bit" : "load_in_4bit") +
-                           ": bitsandbytes' 4-bit weights are modelled (load_in_4bit); LLM.int8 "
-                           "(load_in_8bit) is not");
+  if (four == eight) {
+    return InvalidArgument(r.Field("load_in_4bit") + ": one of load_in_4bit and load_in_8bit " +
+                           "must be true, got " + (four ? "both" : "neither"));
+  }
+  MEMEST_RETURN_IF_ERROR(r.Names("llm_int8_skip_modules", &q.skip_modules));
+  if (eight) {  // LLM.int8; BitsAndBytesConfig.to_dict() writes the 4-bit keys too: unread
+    q.format = WeightFormat::kBnbInt8;
+    MEMEST_ASSIGN_OR_RETURN(bool fp16_weights, r.Flag("llm_int8_has_fp16_weight", false));
+    if (fp16_weights) {
+      return InvalidArgument(r.Field("llm_int8_has_fp16_weight") +
+                             ": 8-bit layers that keep and train float16 weights are not "
+                             "modelled (false, transformers' default, is)");
+    }
+    MEMEST_ASSIGN_OR_RETURN(q.int8_threshold, r.Real("llm_int8_threshold", 6.0, 0, 1e6));
+    return q;
   }
   MEMEST_ASSIGN_OR_RETURN(std::string type, r.Text("bnb_4bit_quant_type", "fp4"));
   if (type != "nf4" && type != "fp4") {
@@ -129,7 +150,6 @@ StatusOr<QuantizationConfig> Bitsandbytes(const Reader& r) {
                            Quote(compute));
   }
   q.compute_dtype = *dtype;
-  MEMEST_RETURN_IF_ERROR(r.Names("llm_int8_skip_modules", &q.skip_modules));
   return q;
 }
 

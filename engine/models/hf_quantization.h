@@ -3,7 +3,9 @@
 //
 // quant_method        becomes
 //   bitsandbytes      load_in_4bit: bnb-nf4 / bnb-fp4 with bnb_4bit_use_double_quant,
-//                     bnb_4bit_compute_dtype and llm_int8_skip_modules (load_in_8bit refused)
+//                     bnb_4bit_compute_dtype and llm_int8_skip_modules; load_in_8bit: bnb-int8
+//                     with llm_int8_threshold and llm_int8_skip_modules
+//                     (llm_int8_has_fp16_weight true refused)
 //   fp8               w8a8-fp8: weight_block_size's block scales, else one per tensor;
 //                     activation_scheme dynamic (per tensor; per token group with blocks) or
 //                     static; modules_to_not_convert / ignored_layers skipped

@@ -18,6 +18,7 @@ bool WeightLike(const Graph& g, int t) {
 
 int LinearDataInput(const Graph& g, const Op& op) {
   if ((op.kind == "linear" || op.kind == "linear_4bit") && op.inputs.size() >= 2) return 0;
+  if (op.kind == "linear_8bit" && op.inputs.size() >= 5) return 0;
   if (op.kind == "addmm" && op.inputs.size() == 3 && WeightLike(g, op.inputs[2])) return 1;
   return -1;
 }
@@ -34,6 +35,17 @@ bool LinearPlumbing(std::string_view kind) {
   return kind == "to" || kind == "view" || kind == "reshape" || kind == "contiguous";
 }
 
+int LinearBiasInput(const Op& op, int data_input) {
+  if (data_input != 0) return 0;  // addmm(bias, x, W)
+  const size_t at = op.kind == "linear_8bit" ? 5 : 2;
+  return op.inputs.size() > at ? static_cast<int>(at) : -1;
+}
+
+bool Int8LinearPart(std::string_view kind) {
+  return kind == "int8_quantize_rows" || kind == "int8_outlier_inputs" ||
+         kind == "int8_outlier_weight" || kind == "int8_add_outliers";
+}
+
 std::vector<std::string> LinearModules(const Graph& g) {
   // A module called several times runs its ops once per call: each run of its scope must hold
   // one weighted op and plumbing only.
@@ -47,7 +59,7 @@ std::vector<std::string> LinearModules(const Graph& g) {
     bool plumbing = true;
     for (size_t i = first; i <= last; ++i) {
       if (LinearDataInput(g, g.ops[i]) >= 0) ++weighted;
-      else plumbing &= LinearPlumbing(g.ops[i].kind);
+      else plumbing &= LinearPlumbing(g.ops[i].kind) || Int8LinearPart(g.ops[i].kind);
     }
     auto [it, fresh] = linear_runs.try_emplace(g.ops[first].scope, true);
     if (fresh) order.push_back(g.ops[first].scope);

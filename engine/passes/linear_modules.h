@@ -12,16 +12,21 @@
 
 namespace memest {
 
-// Which input of `op` is the data when it is a module's one weighted op: linear(x, W) and
-// linear_4bit(x, W, ...) read x first; HF Conv1D's addmm(bias, x, W) second (its weight a
-// parameter). -1: not such an op.
+// Which input of `op` is the data when it is a module's one weighted op: linear(x, W),
+// linear_4bit(x, W, ...) and linear_8bit(x, W, ...) read x first; HF Conv1D's addmm(bias, x, W)
+// second (its weight a parameter). -1: not such an op.
 int LinearDataInput(const Graph& graph, const Op& op);
-// The weight input of such an op (1 for linear and linear_4bit, 2 for addmm).
+// The weight input of such an op (1 for linear, linear_4bit and linear_8bit, 2 for addmm).
 inline int LinearWeightInput(int data_input) { return data_input == 0 ? 1 : 2; }
+// Its bias input, -1: none (linear's and linear_4bit's third, linear_8bit's sixth, addmm's
+// first).
+int LinearBiasInput(const Op& op, int data_input);
 
 // Ops a Linear or Conv1D module runs besides its weighted op: autocast's casts and Conv1D's
 // views.
 bool LinearPlumbing(std::string_view kind);
+// The ops of bitsandbytes' Linear8bitLt besides linear_8bit (engine/rules/quantized_int8.cc).
+bool Int8LinearPart(std::string_view kind);
 
 // The scopes whose ops hold exactly one weighted op and otherwise plumbing only, in forward
 // order, each once.
@@ -64,7 +69,7 @@ std::vector<LinearCall> LinearCalls(const Graph& g, const Accept& is_module) {
       if (in < 0) continue;
       LinearCall call{first, last, i, BeforePlumbing(g, op.inputs[in], first),
                       BeforePlumbing(g, op.inputs[LinearWeightInput(in)], first), -1};
-      const int bias = in == 0 ? (op.inputs.size() > 2 ? 2 : -1) : 0;
+      const int bias = LinearBiasInput(op, in);
       if (bias >= 0) call.bias = BeforePlumbing(g, op.inputs[bias], first);
       calls.push_back(call);
     }

@@ -234,20 +234,21 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
   // The adapted calls, by their last op: the adapter runs after it.
   const size_t n = graph.ops.size();
   std::vector<int> adapter_input(n, -1), base_weight(n, -1);
-  std::vector<bool> four_bit(n, false);  // the base is bitsandbytes' Linear4bit
+  std::vector<int> bnb_bits(n, 0);  // the base is bitsandbytes' Linear4bit (4), Linear8bitLt (8)
   for (const LinearCall& call :
        LinearCalls(graph, [&](const std::string& s) { return targets.count(s) > 0; })) {
     adapter_input[call.last] = call.input;
     base_weight[call.last] = call.weight;
-    four_bit[call.last] = graph.ops[call.op].kind == "linear_4bit";
+    const std::string& kind = graph.ops[call.op].kind;
+    bnb_bits[call.last] = kind == "linear_4bit" ? 4 : kind == "linear_8bit" ? 8 : 0;
     if (lora.use_dora && graph.ops[call.op].kind != "linear") {
       // A 4-bit base's weight is dequantized in every call; on a Conv1D, PEFT's transpose makes
       // the weight a new trainable leaf for the call (docs/lora.md): neither is modelled.
       return InvalidArgument("config.lora.use_dora: DoRA is modelled on nn.Linear bases; " +
                              Quote(graph.ops[call.op].scope) + " is " +
-                             (four_bit[call.last] ? "bitsandbytes' Linear4bit (its weight "
-                                                    "dequantized in every call)"
-                                                  : "a Conv1D (fan_in_fan_out)"));
+                             (bnb_bits[call.last] != 0 ? "a bitsandbytes layer (its weight "
+                                                         "dequantized in every call)"
+                                                       : "a Conv1D (fan_in_fan_out)"));
     }
   }
 
@@ -319,12 +320,13 @@ StatusOr<Graph> ApplyLora(const Graph& graph, const LoraConfig& lora, int64_t ma
       it->second.second = b.Parameter("weight", {out, lora.rank}, dtype);
     }
     b.SetScope(op.scope);
-    // peft/tuners/lora/bnb.py, Linear4bit.forward: the base's result is cloned ("defensively"),
-    // and the casts happen only outside autocast, the adapters' output cast before the sum.
-    const bool bnb = four_bit[i];
+    // peft/tuners/lora/bnb.py, Linear4bit.forward and Linear8bitLt.forward: the casts happen
+    // only outside autocast, the adapters' output cast before the sum; a 4-bit base's result is
+    // cloned first ("defensively").
+    const bool bnb = bnb_bits[i] != 0;
     const bool autocast = frozen.autocast != DType::kFloat32;
     int base_result = result;
-    if (bnb) base_result = b.Add1("clone", {result});
+    if (bnb_bits[i] == 4) base_result = b.Add1("clone", {result});
     int cast_input = -1;  // `x = x.to(...)`: a local of forward, alive until it returns
     if (b.tensor(x).dtype != dtype && !(bnb && autocast)) {
       x = cast_input = b.Add1("to", {x}, {{"dtype", std::string(DTypeName(dtype))}});

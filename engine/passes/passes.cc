@@ -29,6 +29,9 @@ CastPolicy PolicyOf(std::string_view kind) {
   // bitsandbytes' MatMul4Bit (no custom_fwd) calls F.linear inside its forward, where autocast
   // casts; the rule makes those casts itself (engine/rules/quantized.cc).
   if (kind == "linear_4bit") return CastPolicy::kCastsInside;
+  // MatMul8bitLt's addmm of the outlier columns (engine/rules/quantized_int8.cc); its other ops
+  // are bitsandbytes' own, which autocast does not touch.
+  if (kind == "int8_add_outliers") return CastPolicy::kCastsInside;
   return CastPolicy::kNone;
 }
 

@@ -1,6 +1,8 @@
 #include "engine/passes/quantize.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -66,6 +68,29 @@ bool ReselectForFloat32(const Op& op, GraphBuilder& b, std::vector<int>& map, co
   return true;
 }
 
+// Linear8bitLt.forward: bnb.matmul(x, weight, bias, state), MatMul8bitLt on x as it comes,
+// written as the ops engine/rules/quantized_int8.cc describes. `scb` is the module's row scales;
+// `n` the outlier columns of x (0: none, or no threshold).
+int EmitLinear8bit(GraphBuilder& b, int x, int weight, int scb, int bias, int64_t n,
+                   double threshold) {
+  const std::vector<int> quantized =
+      b.Add("int8_quantize_rows", {x}, {{"threshold", threshold}, {"outlier_columns", n}});
+  if (quantized.size() < 2) return -1;
+  int sub_a = -1, sub_b = -1;
+  if (n > 0 && quantized.size() == 3) {  // int8_mixed_scaled_mm's outlier part
+    sub_a = b.Add1("int8_outlier_inputs", {x, quantized[2]});
+    sub_b = b.Add1("int8_outlier_weight", {weight, scb, quantized[2]});
+    const DType dtype = b.ok() ? b.tensor(x).dtype : DType::kFloat32;
+    if (dtype != DType::kFloat32) {
+      sub_b = b.Add1("to", {sub_b}, {{"dtype", std::string(DTypeName(dtype))}});
+    }
+  }
+  std::vector<int> inputs = {x, weight, scb, quantized[0], quantized[1]};
+  if (bias >= 0) inputs.push_back(bias);
+  const int y = b.Add1("linear_8bit", std::move(inputs));
+  return sub_a < 0 ? y : b.Add1("int8_add_outliers", {y, sub_a, sub_b});
+}
+
 }  // namespace
 
 int64_t Bnb4bitWeightBytes(int64_t n, bool double_quant) {
@@ -118,10 +143,14 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
                              Quote(op.scope) + " (tied); leave its Linear dense (skip it)");
     }
   }
+  const bool int8 = q.format == WeightFormat::kBnbInt8;
   for (size_t t = 0; t < dense.tensors.size(); ++t) {
     Tensor& leaf = dense.tensors[t];
     if (leaf.role != TensorRole::kParameter) continue;
-    if (packed[t]) {  // Params4bit: frozen, the packed storage in place of the dense weight
+    if (packed[t] && int8) {  // Int8Params: frozen, CB int8 [out, in] in place of the weight
+      leaf.dtype = DType::kInt8;
+      leaf.requires_grad = false;
+    } else if (packed[t]) {  // Params4bit: frozen, the packed storage in place of the weight
       const int64_t n = Numel(leaf.shape);
       leaf.shape = {(n + 1) / 2, 1};
       leaf.dtype = DType::kUInt8;
@@ -133,6 +162,7 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
       if (leaf.dtype == DType::kFloat16 || leaf.dtype == DType::kBFloat16) leaf.dtype = DType::kFloat32;
     }
   }
+  std::map<std::string, int, std::less<>> row_scales;  // an 8-bit module's SCB
   auto emit = [&](int i, GraphBuilder& b, std::vector<int>& map) {
     const Op& op = dense.ops[i];
     if (op.kind == "scaled_dot_product_attention" && graph.autocast == DType::kFloat32) {
@@ -141,6 +171,20 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
     if (quantized.count(op.scope) == 0) return false;
     const LinearCall& call = calls[i];
     if (call.first < 0) return true;  // inside a call: its last op stands for it
+    if (int8) {
+      const Shape& w = graph.tensors[call.weight].shape;  // [out, in]
+      auto [it, fresh] = row_scales.try_emplace(op.scope, -1);
+      const int64_t n =
+          q.int8_threshold > 0 ? std::min(q.int8_outlier_columns, w.back()) : int64_t{0};
+      if (fresh) {  // the module's state: SCB, and the last call's outlier columns (state.idx)
+        it->second = b.Buffer("SCB", {w.front()}, DType::kFloat32);
+        if (n > 0) b.Buffer("state.idx", {n}, DType::kInt64);
+      }
+      const int y = EmitLinear8bit(b, map[call.input], map[call.weight], it->second,
+                                   call.bias >= 0 ? map[call.bias] : -1, n, q.int8_threshold);
+      map[op.outputs[0]] = y;
+      return true;
+    }
     // Linear4bit.forward: x.to(compute_dtype), matmul_4bit, .to(the input's dtype).
     const int64_t n = Numel(graph.tensors[call.weight].shape);
     for (const StateTensor& s : QuantStateTensors(n, q.double_quant)) {
@@ -174,7 +218,47 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
   return out;
 }
 
+namespace {
+
+std::string Int8Note(const Graph& graph, const QuantizationConfig& q) {
+  // Each module's CB (int8, a byte a value) and SCB (a float32 per row): leaves, within the
+  // graph's leaf bytes; summed checked all the same.
+  int64_t modules = 0, bytes = 0;
+  std::set<int> seen;  // a module called twice reads the same weight
+  for (const Op& op : graph.ops) {
+    if (op.kind != "linear_8bit" || op.inputs.size() < 3 || !seen.insert(op.inputs[1]).second) {
+      continue;
+    }
+    ++modules;
+    const int64_t weight = Bytes(graph.tensors[op.inputs[1]].shape, DType::kInt8);
+    const int64_t scales = Bytes(graph.tensors[op.inputs[2]].shape, DType::kFloat32);
+    if (!AddBytes(&bytes, weight) || !AddBytes(&bytes, scales)) bytes = kMaxBytes;
+  }
+  char threshold[32];
+  std::snprintf(threshold, sizeof threshold, "%g", q.int8_threshold);
+  return "8-bit weights as bitsandbytes stores them (LLM.int8): " + std::to_string(modules) +
+         " Linear modules, " + FormatBytes(bytes) +
+         " (int8 [out, in] and a float32 scale per row); each call quantizes its input to int8 "
+         "by row" +
+         (q.int8_threshold > 0
+              ? std::string(" and multiplies the columns holding a value of magnitude ") +
+                    threshold + " or more in the input's dtype: " +
+                    std::to_string(q.int8_outlier_columns) +
+                    " such columns a layer taken (int8_outlier_columns; the LLM.int8 paper's "
+                    "|O| <= 7 up to 13B parameters; they are data)"
+              : std::string(" (threshold 0: no outlier columns)")) +
+         "; in training MatMul8bitLt's node keeps its input (and those columns) until the graph "
+         "is freed, which non-reentrant checkpointing does not change" +
+         (q.prepare_for_kbit_training.value_or(true)
+              ? "; prepare_model_for_kbit_training: every parameter frozen, the float16/bfloat16 "
+                "ones that are not 8-bit in float32"
+              : "");
+}
+
+}  // namespace
+
 std::string QuantizationNote(const Graph& graph, const QuantizationConfig& q) {
+  if (q.format == WeightFormat::kBnbInt8) return Int8Note(graph, q);
   // Each packed weight's value count, out * in of the linear_4bit ops that read it (bounded by
   // the rule's infer): its storage, [(n+1)/2, 1], cannot tell an odd n from n + 1.
   std::vector<int64_t> values_of(graph.tensors.size(), -1);

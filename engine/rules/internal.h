@@ -27,6 +27,7 @@ void RegisterDetectionRules(std::vector<OpRule>* rules);
 void RegisterParallelRules(std::vector<OpRule>* rules);
 void RegisterDTensorRules(std::vector<OpRule>* rules);
 void RegisterQuantizedRules(std::vector<OpRule>* rules);
+void RegisterQuantizedInt8Rules(std::vector<OpRule>* rules);
 void RegisterServedQuantizedRules(std::vector<OpRule>* rules);
 void RegisterServedLoraRules(std::vector<OpRule>* rules);
 void RegisterFusedMoeRules(std::vector<OpRule>* rules);

@@ -95,6 +95,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterParallelRules(t);
     rules::RegisterDTensorRules(t);
     rules::RegisterQuantizedRules(t);
+    rules::RegisterQuantizedInt8Rules(t);
     rules::RegisterServedQuantizedRules(t);
     rules::RegisterServedLoraRules(t);
     rules::RegisterFusedMoeRules(t);

@@ -85,6 +85,10 @@
 //   (funcol's new tensors and layout copies)
 //   linear_4bit(x, weight, bias?; out_features, weight_dtype, double_quant=0, autocast=""):
 //     bitsandbytes' 4-bit linear, added by engine/passes/quantize.h (engine/rules/quantized.cc)
+//   int8_quantize_rows(x; threshold, outlier_columns), int8_outlier_inputs(x, cols),
+//   int8_outlier_weight(weight, SCB, cols), linear_8bit(x, weight, SCB, CA, SCA, bias?),
+//   int8_add_outliers(y, subA, subB; autocast=""): bitsandbytes' LLM.int8 (Linear8bitLt), a
+//     call as engine/passes/quantize.h writes it (engine/rules/quantized_int8.cc)
 //   w8a8_linear(x, weight, bias?; out_features, input_type, inputs, asymmetric=0, block_k=0)
 //   wna16_linear(x, weight, bias?; out_features, bits, kernel, act_order=0, multiprocessors):
 //     vLLM's quantized linears, added by engine/passes/served_quantize.h
@@ -189,6 +193,12 @@ struct OpMemory {
   // reached through another node, as linear's weight through t(), comes last). Empty: the
   // inputs' order. It matters where gradients meet in an InputBuffer (a weight used each step).
   std::vector<int> grad_order;
+  // What the op keeps for backward (saved_inputs, saved_outputs, saved_extras) it keeps as
+  // attributes of its autograd node (a custom Function's `ctx.tensors = ...`), not through
+  // save_for_backward: its backward does not free them, the graph's end does (the node dies with
+  // the graph), and torch.utils.checkpoint's hooks never see them, so a non-reentrant region's
+  // first forward keeps them to the graph's end too (bitsandbytes' MatMul8bitLt).
+  bool saved_until_graph_freed = false;
 };
 
 struct OpRule {

@@ -69,8 +69,11 @@ void StepSimulator::Backward() {
   for (size_t t = 0; t < pending_.size(); ++t) {
     if (IsGradLeaf(g_.tensors[t])) FlushParamGrad(static_cast<int>(t));
   }
-  // Nodes that backward never reached are freed with the graph.
+  // Nodes that backward never reached are freed with the graph, and what nodes kept as their
+  // attributes (OpMemory::saved_until_graph_freed).
   for (auto& saved : op_saved_) ReleaseSaved(saved);
+  for (auto& saved : graph_held_) ReleaseSaved(saved);
+  graph_held_.clear();
   for (size_t t = 0; t < pending_.size(); ++t) {
     if (pending_[t].grad >= 0) Deref(pending_[t].grad);
     pending_[t] = Pending{};
@@ -153,6 +156,11 @@ void StepSimulator::RecomputeAndBackward(int r) {
     --rt.pins[s];
     MaybeFree(rt, s);
   }
+  // A non-reentrant recomputation's graph is dropped once it has run: what its nodes kept as
+  // attributes goes with it (backward uses the first forward's, graph_held_).
+  for (int i = first; i <= stop && !reentrant; ++i) {
+    if (GradMemory(i).saved_until_graph_freed) ReleaseSaved(op_saved_[i]);
+  }
   for (int i = last; i >= first && !failed(); --i) RunBackwardOp(i, true);
   // PyTorch drops the recomputed graph when the checkpoint's backward returns: ops of the
   // region that backward did not reach (dead branches) let go of what they saved now, while
@@ -170,14 +178,20 @@ void StepSimulator::RecomputeAndBackward(int r) {
   }
 }
 
-// Whether op i, run with grad, has autograd keep anything.
-bool StepSimulator::SavesAnything(int i) {
+const OpMemory& StepSimulator::GradMemory(int i) {
   if (!has_memo_[i]) {
     memo_[i] = OpMemoryOf(MakeCall(i, true));
     has_memo_[i] = true;
   }
-  const OpMemory& m = memo_[i];
-  return !m.saved_inputs.empty() || !m.saved_outputs.empty() || !m.saved_extras.empty();
+  return memo_[i];
+}
+
+// Whether op i, run with grad, has autograd keep anything through save_for_backward (what a
+// node keeps as its attributes the recomputation does not make for backward).
+bool StepSimulator::SavesAnything(int i) {
+  const OpMemory& m = GradMemory(i);
+  return !m.saved_until_graph_freed &&
+         (!m.saved_inputs.empty() || !m.saved_outputs.empty() || !m.saved_extras.empty());
 }
 
 void StepSimulator::ReleaseSaved(SavedByOp& saved) {
@@ -217,11 +231,7 @@ void StepSimulator::RunBackwardOp(int i, bool recompute) {
     workspace_seen_bwd_ = true;
     AllocWorkspace();
   }
-  if (!has_memo_[i]) {
-    memo_[i] = OpMemoryOf(MakeCall(i, true));
-    has_memo_[i] = true;
-  }
-  const OpMemory& mem = memo_[i];
+  const OpMemory& mem = GradMemory(i);
   const int out0 = op.outputs[0];
   struct Flow {
     int tensor, grad;
@@ -301,7 +311,7 @@ void StepSimulator::RunBackwardOp(int i, bool recompute) {
   if (!consume_first) make_temps();
   if (opt_.record_operands) RecordBackwardOperands(i, incoming_buffer, flows);
   for (int b : temps) FreeBuffer(b);
-  ReleaseSaved(op_saved_[i]);
+  if (!mem.saved_until_graph_freed) ReleaseSaved(op_saved_[i]);  // else the graph's end
   ReleaseIncomingGrads(op);
   if (!mem.grad_order.empty()) {
     auto rank = [&](const Flow& f) {

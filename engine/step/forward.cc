@@ -46,7 +46,17 @@ void StepSimulator::Forward() {
       }
     }
     const bool grad = training_ && r < 0;
-    RunForwardOp(i, main_, grad, in_loss ? Phase::kLoss : Phase::kForward, false, &cast_cache);
+    // A non-reentrant checkpoint runs its region with grad enabled, the saved tensors packed
+    // away by its hooks; what a node keeps as its attributes escapes them and stays until the
+    // graph is freed (OpMemory::saved_until_graph_freed).
+    const bool node_held = training_ && r >= 0 && non_reentrant_[r] &&
+                           GradMemory(i).saved_until_graph_freed;
+    RunForwardOp(i, main_, grad || node_held, in_loss ? Phase::kLoss : Phase::kForward, false,
+                 &cast_cache);
+    if (node_held) {
+      graph_held_.push_back(std::move(op_saved_[i]));
+      op_saved_[i] = SavedByOp{};
+    }
     ReleaseRefs(main_, i, first_op_);
     hooks_->ForwardOpEnds(memory(), i);
   }

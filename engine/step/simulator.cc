@@ -166,6 +166,7 @@ void StepSimulator::AllocMicroBatchInputs() {
 void StepSimulator::RunMicroBatch() {
   AllocMicroBatchInputs();
   for (auto& s : op_saved_) s = SavedByOp{};
+  graph_held_.clear();
   Forward();
   if (failed()) return;
   if (mb_ == 0) s_.saved_for_backward_bytes = saved_bytes_;

@@ -82,6 +82,7 @@ class StepSimulator : private RankMemory {
   struct InFlight {
     StorageTable table;
     std::vector<SavedByOp> saved;
+    std::vector<SavedByOp> graph_held;
     std::vector<int> rng_state_of;
     int stub = -1;  // the sent output's one-element stub (deallocate_output_tensor)
   };
@@ -107,7 +108,11 @@ class StepSimulator : private RankMemory {
       const Tensor& t = g_.tensors[s];
       if (t.role != TensorRole::kParameter && t.role != TensorRole::kBuffer) {
         Sum(&saved_bytes_, -Bytes(t.shape, t.dtype));
-        if (st.buffer[s] >= 0 && t.role == TensorRole::kActivation && !IsCast(s)) {
+        // A recomputation's table shares the storages made before its region with main_,
+        // whose holds and pins say what they are.
+        const bool shared = &st != &main_ && main_.buffer[s] == st.buffer[s] &&
+                            (main_.saved[s] > 0 || main_.pins[s] > 0);
+        if (st.buffer[s] >= 0 && t.role == TensorRole::kActivation && !IsCast(s) && !shared) {
           Retag(st.buffer[s], Category::kTemporaries);
         }
       }
@@ -239,6 +244,8 @@ class StepSimulator : private RankMemory {
   void Backward();
   void RecomputeAndBackward(int r);
   bool SavesAnything(int i);
+  // Op i's memory behaviour with grad enabled (memo_, computed once).
+  const OpMemory& GradMemory(int i);
   void ReleaseSaved(SavedByOp& saved);
   bool PassThroughStrides(int i, int k, const Strides& out_grad, Strides* in_grad) const;
   void RunBackwardOp(int i, bool recompute);
@@ -276,6 +283,9 @@ class StepSimulator : private RankMemory {
   std::vector<GradBuf> grads_;
   std::vector<Pending> pending_;
   std::vector<SavedByOp> op_saved_;
+  // What the first forward of non-reentrant checkpointed regions kept as nodes' attributes,
+  // released when the graph is (OpMemory::saved_until_graph_freed).
+  std::vector<SavedByOp> graph_held_;
   std::vector<OpMemory> memo_;  // each op's memory behaviour with grad enabled
   std::vector<bool> has_memo_;
   std::map<std::string, size_t> layer_index_;

@@ -81,6 +81,7 @@ void StepSimulator::RunPipeline() {
   auto swap_in = [&](InFlight& f) {
     std::swap(main_, f.table);
     std::swap(op_saved_, f.saved);
+    std::swap(graph_held_, f.graph_held);
     std::swap(rng_state_of_, f.rng_state_of);
   };
   for (size_t k = 0; k < actions.size(); ++k) {
@@ -100,6 +101,7 @@ void StepSimulator::RunPipeline() {
     if (a.forward) {
       main_ = leaves;
       op_saved_.assign(g_.ops.size(), SavedByOp{});
+      graph_held_.clear();
       rng_state_of_.assign(regions_.size(), -1);
       AllocMicroBatchInputs();
       for (int b : retained[a.chunk]) FreeBuffer(b);  // set_input_tensor replaces the last one

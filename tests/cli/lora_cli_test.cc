@@ -127,5 +127,29 @@ TEST(LoraCliTest, QuantizeFlagsStoreTheBaseIn4Bits) {
   EXPECT_THAT(unknown.err, HasSubstr("--quantize: unknown value \"gptq\""));
 }
 
+// LLM.int8: a byte a weight and a float32 per row; the --int8-* flags need --quantize and make
+// sense with bnb-int8 only.
+TEST(LoraCliTest, QuantizeInt8StoresTheBaseInABytePerWeight) {
+  const RunResult dense = Estimate({"--lora-rank", "16", "--lora-targets", "q_proj,v_proj"});
+  const RunResult int8 = Estimate({"--lora-rank", "16", "--lora-targets", "q_proj,v_proj",
+                                   "--quantize", "bnb-int8", "--int8-outlier-columns", "32"});
+  ASSERT_EQ(dense.exit_code, 0) << dense.err;
+  ASSERT_EQ(int8.exit_code, 0) << int8.err;
+  const auto parameters = [](const RunResult& r) {
+    return std::stoll(nlohmann::json::parse(r.out).at("endOfStep").at("parameters").get<std::string>());
+  };
+  // float32 by default: the linears a quarter, the embeddings and the output layer as they were.
+  EXPECT_LT(parameters(int8), parameters(dense) * 3 / 5);
+  EXPECT_THAT(int8.out, HasSubstr("LLM.int8"));
+  EXPECT_THAT(int8.out, HasSubstr("32 such columns a layer"));
+  const RunResult alone = Estimate({"--int8-threshold", "4"});
+  EXPECT_EQ(alone.exit_code, 3);
+  EXPECT_THAT(alone.err, HasSubstr("--quantize: required"));
+  const RunResult nf4 = Estimate({"--lora-rank", "16", "--lora-targets", "q_proj",
+                                  "--quantize", "bnb-nf4", "--int8-threshold", "4"});
+  EXPECT_EQ(nf4.exit_code, 3);
+  EXPECT_THAT(nf4.err, HasSubstr("config.quantization.int8_threshold: LLM.int8's setting"));
+}
+
 }  // namespace
 }  // namespace memest

@@ -111,7 +111,7 @@ TEST(ServingCliTest, ServesAQuantizedCheckpoint) {
   EXPECT_THAT(block.err, HasSubstr("--quant-block: NxK"));
   const RunResult stray = Serve({"--device", "h100-80gb", "--quant-group-size", "64"});
   EXPECT_EQ(stray.exit_code, 3);
-  EXPECT_THAT(stray.err, HasSubstr("--quantize: required with the --bnb-*, --quant-*"));
+  EXPECT_THAT(stray.err, HasSubstr("--quantize: required with the --bnb-*, --int8-*, --quant-*"));
 }
 
 // LoRA serving: --lora-rank is vLLM's --max-lora-rank, --lora-targets optional (every module),

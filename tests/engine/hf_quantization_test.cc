@@ -57,6 +57,14 @@ constexpr const char* kBnb = R"({"_load_in_4bit": true, "_load_in_8bit": false,
   "llm_int8_enable_fp32_cpu_offload": false, "llm_int8_has_fp16_weight": false,
   "llm_int8_skip_modules": null, "llm_int8_threshold": 6.0, "load_in_4bit": true,
   "load_in_8bit": false, "quant_method": "bitsandbytes"})";
+// An 8-bit checkpoint's (BitsAndBytesConfig(load_in_8bit=True).to_dict(): the 4-bit keys at
+// their defaults, unread).
+constexpr const char* kBnb8 = R"({"_load_in_4bit": false, "_load_in_8bit": true,
+  "bnb_4bit_compute_dtype": "float32", "bnb_4bit_quant_storage": "uint8",
+  "bnb_4bit_quant_type": "fp4", "bnb_4bit_use_double_quant": false,
+  "llm_int8_enable_fp32_cpu_offload": false, "llm_int8_has_fp16_weight": false,
+  "llm_int8_skip_modules": ["lm_head", "mlp.down_proj"], "llm_int8_threshold": 5.5,
+  "load_in_4bit": false, "load_in_8bit": true, "quant_method": "bitsandbytes"})";
 
 JsonValue With(const std::string& config, const std::string& block) {
   nlohmann::json j = ReadConfig(config);
@@ -96,6 +104,12 @@ TEST(HfQuantizationTest, ReadsPublishedCheckpoints) {
   EXPECT_EQ(bnb.format, WeightFormat::kBnbNf4);
   EXPECT_TRUE(bnb.double_quant);
   EXPECT_EQ(bnb.compute_dtype, DType::kBFloat16);
+  QuantizationConfig bnb8 = Read(kBnb8);
+  EXPECT_EQ(bnb8.format, WeightFormat::kBnbInt8);
+  EXPECT_EQ(bnb8.int8_threshold, 5.5);
+  EXPECT_EQ(bnb8.skip_modules, (std::vector<std::string>{"lm_head", "mlp.down_proj"}));
+  EXPECT_FALSE(bnb8.double_quant);
+  EXPECT_EQ(bnb8.compute_dtype, DType::kFloat32);
 }
 
 RunConfig Served() {
@@ -213,7 +227,13 @@ TEST(HfQuantizationTest, RefusesWhatIsNotModelled) {
            "dynamic": true}}}})", "config_groups.g.weights.num_bits"},
       {R"({"quant_method": "fp8", "activation_scheme": "sometimes"})", "activation_scheme"},
       {R"({"quant_method": "fp8", "weight_block_size": [128]})", "weight_block_size"},
-      {R"({"quant_method": "bitsandbytes", "load_in_8bit": true})", "load_in_8bit"},
+      {R"({"quant_method": "bitsandbytes", "load_in_8bit": true, "load_in_4bit": true})",
+       "load_in_4bit"},
+      {R"({"quant_method": "bitsandbytes"})", "load_in_4bit"},
+      {R"({"quant_method": "bitsandbytes", "load_in_8bit": true,
+           "llm_int8_has_fp16_weight": true})", "llm_int8_has_fp16_weight"},
+      {R"({"quant_method": "bitsandbytes", "load_in_8bit": true, "llm_int8_threshold": -1})",
+       "llm_int8_threshold"},
       {R"({"quant_method": "compressed-tensors"})", "config_groups"},
       {R"({"quant_method": "compressed-tensors", "sparsity_config": {"format": "sparse-24"},
            "config_groups": {}})", "sparsity_config"},

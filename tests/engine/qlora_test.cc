@@ -351,17 +351,17 @@ TEST(QloraTest, RefusesWhatIsNotModelled) {
   c.runtime = Runtime::kCpuTorch113;
   c.precision = Precision::kFp32;
   c.lora = {};
-  cases.push_back({c, "config.quantization: bitsandbytes' 4-bit layers run on CUDA"});
+  cases.push_back({c, "config.quantization: bitsandbytes' layers are modelled as they run on CUDA"});
   c = Qlora();
   c.parallelism.data = 2;
   c.parallelism.sharding = DataSharding::kFsdp2;
-  cases.push_back({c, "config.quantization: 4-bit weights are modelled on one GPU"});
+  cases.push_back({c, "config.quantization: bitsandbytes' weights are modelled on one GPU"});
   c = Qlora();
   c.quantization.compute_dtype = DType::kInt8;
   cases.push_back({c, "config.quantization.compute_dtype: float32, float16 or bfloat16"});
   c = RunConfig{};
   c.quantization.double_quant = true;
-  cases.push_back({c, "config.quantization: a 4-bit setting, and no 4-bit format is set"});
+  cases.push_back({c, "config.quantization: a bitsandbytes setting, and no bitsandbytes format is set"});
   for (const Case& k : cases) {
     Status s = ValidateRunConfig(k.config);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << k.message;

@@ -121,8 +121,40 @@ def test_a_bits_and_bytes_config_and_its_dict_agree(client):
     assert any("NF4, double quantization" in note for note in a.notes)
 
 
+class _BitsAndBytes8bitConfig:
+    """What transformers' BitsAndBytesConfig(load_in_8bit=True).to_dict() returns (the 4-bit
+    keys at their defaults beside the 8-bit ones)."""
+
+    def to_dict(self):
+        return {"quant_method": "bitsandbytes", "_load_in_8bit": True, "_load_in_4bit": False,
+                "llm_int8_threshold": 6.0, "llm_int8_skip_modules": None,
+                "llm_int8_enable_fp32_cpu_offload": False, "llm_int8_has_fp16_weight": False,
+                "bnb_4bit_quant_type": "fp4", "bnb_4bit_use_double_quant": False,
+                "bnb_4bit_compute_dtype": "float32", "bnb_4bit_quant_storage": "uint8",
+                "load_in_4bit": False, "load_in_8bit": True}
+
+
+def test_an_8bit_base_takes_a_byte_a_weight(client):
+    kwargs = dict(hf_config=str(CONFIGS / "llama-3-8b.json"), seq=1024, precision="bf16-pure",
+                  lora={"r": 16, "target_modules": "all-linear"}, advice=False)
+    a = client.estimate(quantization=_BitsAndBytes8bitConfig(), **kwargs)
+    b = client.estimate(quantization={"load_in_8bit": True}, **kwargs)
+    assert a.response == b.response
+    assert a.parameter_count == 8_030_261_248 + 41_943_040
+    assert any("LLM.int8" in note and "7 such columns" in note for note in a.notes)
+    wider = client.estimate(quantization={"load_in_8bit": True, "int8_outlier_columns": 512},
+                            **kwargs)
+    # More outlier columns: more of each input kept by the 8-bit layers' nodes.
+    assert wider.saved_for_backward_bytes > a.saved_for_backward_bytes
+
+
 @pytest.mark.parametrize("quantization, message", [
-    ({"load_in_8bit": True}, "quantization.load_in_8bit"),
+    ({"load_in_8bit": True, "load_in_4bit": True}, "quantization.load_in_4bit"),
+    ({"load_in_8bit": True, "llm_int8_has_fp16_weight": True},
+     "quantization.llm_int8_has_fp16_weight"),
+    ({"load_in_8bit": True, "llm_int8_threshold": "high"}, "quantization.llm_int8_threshold"),
+    ({"load_in_8bit": True, "int8_outlier_columns": -1},
+     r"config\.quantization\.int8_outlier_columns"),
     ({"load_in_4bit": True, "bnb_4bit_quant_type": "int4"}, "quantization.bnb_4bit_quant_type"),
     ({"load_in_4bit": True, "llm_int8_skip_modules": ["score"]},
      r"config\.quantization\.skip_modules\[0\]: 'score' matches no"),

@@ -151,10 +151,35 @@ def _apply_served(out, data):
     out.skip_modules.extend(_names(data.get("skip_modules"), "skip_modules", "quantization"))
 
 
+def _apply_int8(out, data):
+    """LLM.int8 (load_in_8bit): llm_int8_threshold, llm_int8_skip_modules, memest's
+    int8_outlier_columns and PEFT's prepare_model_for_kbit_training; the 4-bit keys that
+    BitsAndBytesConfig.to_dict() writes beside them are not read."""
+    from memest import v1
+    if data.get("llm_int8_has_fp16_weight"):
+        raise InvalidArgument("quantization.llm_int8_has_fp16_weight: 8-bit layers that keep and "
+                              "train float16 weights are not modelled")
+    out.format = v1.WEIGHT_FORMAT_BNB_INT8
+    threshold = data.get("llm_int8_threshold")
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+            raise InvalidArgument("quantization.llm_int8_threshold: a number, got %r" % (threshold,))
+        out.int8_threshold = float(threshold)
+    if "int8_outlier_columns" in data:
+        if not _is_int(data["int8_outlier_columns"]):
+            raise InvalidArgument("quantization.int8_outlier_columns: an integer, got %r"
+                                  % (data["int8_outlier_columns"],))
+        out.int8_outlier_columns = int(data["int8_outlier_columns"])
+    out.skip_modules.extend(_names(data.get("llm_int8_skip_modules"), "llm_int8_skip_modules"))
+    if "prepare_model_for_kbit_training" in data:
+        out.prepare_model_for_kbit_training = bool(data["prepare_model_for_kbit_training"])
+
+
 def apply_quantization(config, quantization):
     """Sets config.quantization from a transformers BitsAndBytesConfig or a dict of its fields
     (load_in_4bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
-    llm_int8_skip_modules), plus prepare_model_for_kbit_training (PEFT's; default: in training
+    llm_int8_skip_modules; or load_in_8bit, llm_int8_threshold and memest's
+    int8_outlier_columns), plus prepare_model_for_kbit_training (PEFT's; default: in training
     only); or, to serve a quantized checkpoint with vLLM, a dict with "format" (w8a8-fp8, fp8,
     w8a8-int8, w4a16, w8a16) and weight_scales, block, inputs, asymmetric_inputs, group_size,
     zero_point, act_order, gptq, skip_modules."""
@@ -168,17 +193,17 @@ def apply_quantization(config, quantization):
     if "format" in data:
         _apply_served(config.quantization, data)
         return
+    if bool(data.get("load_in_8bit")) == bool(data.get("load_in_4bit")):
+        raise InvalidArgument("quantization.load_in_4bit: one of load_in_4bit and load_in_8bit "
+                              "must be True")
+    from memest import v1
+    out = config.quantization
     if data.get("load_in_8bit"):
-        raise InvalidArgument("quantization.load_in_8bit: LLM.int8 weights are not modelled yet; "
-                              "memest takes load_in_4bit")
-    if not data.get("load_in_4bit"):
-        raise InvalidArgument("quantization.load_in_4bit: required (memest models bitsandbytes' "
-                              "4-bit weights)")
+        _apply_int8(out, data)
+        return
     kind = data.get("bnb_4bit_quant_type", "fp4")
     if kind not in _FORMATS:
         raise InvalidArgument("quantization.bnb_4bit_quant_type: %r; expected nf4 or fp4" % (kind,))
-    from memest import v1
-    out = config.quantization
     out.format = getattr(v1, _FORMATS[kind])
     out.double_quant = bool(data.get("bnb_4bit_use_double_quant", False))
     dtype = data.get("bnb_4bit_compute_dtype")
