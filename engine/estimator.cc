@@ -329,25 +329,6 @@ StatusOr<BuildContext> StepBuildContext(const RunConfig& config, int64_t max_ops
   return ctx;
 }
 
-namespace {
-
-// bitsandbytes' MatMul8bitLt.backward sums grad_output over dim 0 only for the bias, a wrong
-// shape for a batched input that autograd refuses: an 8-bit Linear's bias cannot train.
-Status RefuseTrainedInt8Bias(const Graph& g) {
-  for (const Op& op : g.ops) {
-    if (op.kind == "linear_8bit" && op.inputs.size() == 6 && g.tensors[op.inputs[5]].requires_grad &&
-        g.tensors[op.inputs[0]].shape.size() > 1) {
-      return InvalidArgument("config.quantization: the bias of the 8-bit " + Quote(op.scope) +
-                             " would train, which bitsandbytes' MatMul8bitLt cannot (its "
-                             "backward sums grad_output over dim 0 only); freeze it "
-                             "(prepare_model_for_kbit_training, or adapters)");
-    }
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
 StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, int64_t max_ops,
                                Budget* budget) {
   MEMEST_ASSIGN_OR_RETURN(BuildContext ctx, StepBuildContext(config, max_ops, budget));
@@ -376,16 +357,13 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
                                              : "") +
                              "); add adapters (config.lora), or estimate inference");
     }
-    if (config.mode == Mode::kTraining) MEMEST_RETURN_IF_ERROR(RefuseTrainedInt8Bias(graph));
     return graph;
   }
   LoraConfig lora = config.lora;
   // DeepSpeed's engine casts the whole module to its bf16 or fp16 dtype
   // (_configure_distributed_model: module.bfloat16() / half()), PEFT's float32 adapters too.
   if (IsDeepSpeed(config.parallelism.sharding)) lora.autocast_adapter_dtype = false;
-  MEMEST_ASSIGN_OR_RETURN(graph, ApplyLora(graph, lora, max_ops, budget));
-  if (config.mode == Mode::kTraining) MEMEST_RETURN_IF_ERROR(RefuseTrainedInt8Bias(graph));
-  return graph;
+  return ApplyLora(graph, lora, max_ops, budget);
 }
 
 // A config.json with a quantization_config: the checkpoint's quantization as config.quantization

@@ -27,14 +27,16 @@ StatusOr<QuantizationConfig> QuantizationFromProto(const v1::Quantization& q) {
     case v1::WEIGHT_FORMAT_BNB_NF4: out.format = WeightFormat::kBnbNf4; break;
     case v1::WEIGHT_FORMAT_BNB_FP4: out.format = WeightFormat::kBnbFp4; break;
     case v1::WEIGHT_FORMAT_BNB_INT8: out.format = WeightFormat::kBnbInt8; break;
+    case v1::WEIGHT_FORMAT_TORCHAO_INT4: out.format = WeightFormat::kTorchaoInt4; break;
+    case v1::WEIGHT_FORMAT_TORCHAO_INT8: out.format = WeightFormat::kTorchaoInt8; break;
     case v1::WEIGHT_FORMAT_W8A8_FP8: out.format = WeightFormat::kW8A8Fp8; break;
     case v1::WEIGHT_FORMAT_W8A8_INT8: out.format = WeightFormat::kW8A8Int8; break;
     case v1::WEIGHT_FORMAT_W4A16: out.format = WeightFormat::kW4A16; break;
     case v1::WEIGHT_FORMAT_W8A16: out.format = WeightFormat::kW8A16; break;
     case v1::WEIGHT_FORMAT_UNSPECIFIED:
       return InvalidArgument("config.quantization.format: required when config.quantization is "
-                             "set (WEIGHT_FORMAT_BNB_NF4, _BNB_FP4, _BNB_INT8, _W8A8_FP8, "
-                             "_W8A8_INT8, _W4A16 or _W8A16)");
+                             "set (WEIGHT_FORMAT_BNB_NF4, _BNB_FP4, _BNB_INT8, _TORCHAO_INT4, "
+                             "_TORCHAO_INT8, _W8A8_FP8, _W8A8_INT8, _W4A16 or _W8A16)");
     default:
       return InvalidArgument("config.quantization.format: unknown value " +
                              std::to_string(static_cast<int>(q.format())));

@@ -160,7 +160,9 @@ void AddLoraFlags(CLI::App* app, LoraFlags* f) {
   app->add_option("--quantize", f->quantize,
                   "bnb-nf4 or bnb-fp4: every Linear but the output layer a frozen bitsandbytes "
                   "Linear4bit (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=...)); "
-                  "bnb-int8: a Linear8bitLt, LLM.int8 (load_in_8bit=True); "
+                  "bnb-int8: a Linear8bitLt, LLM.int8 (load_in_8bit=True); torchao-int4, "
+                  "torchao-int8: torchao's weight-only quantization (TorchAoConfig; inference, "
+                  "--quant-group-size for int4); "
                   "with --serve, a quantized checkpoint as vLLM serves it: w8a8-fp8, fp8 "
                   "(vLLM's --quantization fp8: per-tensor scales), w8a8-int8, w4a16, w8a16 "
                   "(an --hf-config's quantization_config is read without it)")
@@ -220,7 +222,8 @@ namespace {
 
 const Word<v1::WeightFormat> kFormats[] = {
     {"bnb-nf4", v1::WEIGHT_FORMAT_BNB_NF4},   {"bnb-fp4", v1::WEIGHT_FORMAT_BNB_FP4},
-    {"bnb-int8", v1::WEIGHT_FORMAT_BNB_INT8},
+    {"bnb-int8", v1::WEIGHT_FORMAT_BNB_INT8}, {"torchao-int4", v1::WEIGHT_FORMAT_TORCHAO_INT4},
+    {"torchao-int8", v1::WEIGHT_FORMAT_TORCHAO_INT8},
     {"w8a8-fp8", v1::WEIGHT_FORMAT_W8A8_FP8}, {"fp8", v1::WEIGHT_FORMAT_W8A8_FP8},
     {"w8a8-int8", v1::WEIGHT_FORMAT_W8A8_INT8}, {"w4a16", v1::WEIGHT_FORMAT_W4A16},
     {"w8a16", v1::WEIGHT_FORMAT_W8A16},

@@ -164,6 +164,8 @@ enum class WeightFormat {
              // bnb_4bit_quant_type="nf4"))
   kBnbFp4,   // the same with bnb_4bit_quant_type="fp4", transformers' default
   kBnbInt8,  // bitsandbytes Linear8bitLt, LLM.int8 (BitsAndBytesConfig(load_in_8bit=True))
+  kTorchaoInt4,  // torchao's Int4WeightOnlyConfig (transformers' TorchAoConfig), inference
+  kTorchaoInt8,  // torchao's Int8WeightOnlyConfig, per row, inference
   kW8A8Fp8,  // float8_e4m3 weights with float32 scales, inputs quantized to fp8 (vLLM's "fp8",
              // compressed-tensors' float-quantized FP8 and FP8-dynamic checkpoints)
   kW8A8Int8, // int8 weights with float32 scales, inputs quantized to int8 (compressed-tensors'
@@ -175,8 +177,10 @@ enum class WeightFormat {
 
 // Whether `format` is one vLLM serves (kW8A8Fp8 and after).
 bool IsServedWeightFormat(WeightFormat format);
-// Whether `format` is bitsandbytes' 4-bit (NF4, FP4).
-inline bool IsBnb4bit(WeightFormat f) { return f == WeightFormat::kBnbNf4 || f == WeightFormat::kBnbFp4; }
+// Whether `format` is one of torchao's weight-only formats (engine/passes/quantize_torchao.h).
+inline bool IsTorchaoFormat(WeightFormat f) {
+  return f == WeightFormat::kTorchaoInt4 || f == WeightFormat::kTorchaoInt8;
+}
 
 // A W8A8 weight's scales: one per output channel, one per tensor, or one per block of
 // block_n x block_k values (DeepSeek's and Qwen3's fp8 checkpoints, weight_block_size).

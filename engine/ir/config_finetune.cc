@@ -137,10 +137,56 @@ Status ValidateInt8(const QuantizationConfig& q) {
   return Status::Ok();
 }
 
+// torchao's weight-only formats (engine/passes/quantize_torchao.h): inference of a model loaded
+// in its dtype, on one GPU.
+Status ValidateTorchao(const RunConfig& c) {
+  const QuantizationConfig& q = c.quantization;
+  const std::string name = WeightFormatName(q.format);
+  if (q.double_quant || q.compute_dtype != DType::kFloat32 ||
+      q.prepare_for_kbit_training.has_value()) {
+    return InvalidArgument(std::string("config.quantization.") +
+                           (q.double_quant                       ? "double_quant"
+                            : q.compute_dtype != DType::kFloat32 ? "compute_dtype"
+                                                                 : "prepare_model_for_kbit_training") +
+                           ": a bitsandbytes setting; the format is " + name);
+  }
+  if (c.mode != Mode::kInference) {
+    return InvalidArgument("config.quantization.format: " + name +
+                           " is torchao's weight-only quantization, for inference (a quantized "
+                           "weight has no gradient; training it is QAT, not modelled)");
+  }
+  if (c.lora.rank > 0) {
+    return InvalidArgument("config.lora: adapters over torchao's weights are not modelled");
+  }
+  if (c.runtime != Runtime::kCuda) {
+    return InvalidArgument("config.quantization: torchao's kernels are modelled as they run on "
+                           "CUDA; the step runs on " + std::string(RuntimeName(c.runtime)));
+  }
+  if (IsAutocast(c.precision)) {
+    return InvalidArgument("config.precision: torchao's weights are the model's dtype; load it "
+                           "in one (bf16-pure, fp16-pure, fp32), not under autocast");
+  }
+  if (q.format == WeightFormat::kTorchaoInt4) {
+    if (ComputeDType(c.precision) != DType::kBFloat16) {
+      return InvalidArgument("config.precision: torchao's int4 kernel (mslk bf16i4bf16_rowwise) "
+                             "takes bfloat16: bf16-pure");
+    }
+    if (q.group_size != 32 && q.group_size != 64 && q.group_size != 128 && q.group_size != 256) {
+      return InvalidArgument("config.quantization.group_size: torchao's int4 takes 32, 64, 128 "
+                             "or 256, got " + std::to_string(q.group_size));
+    }
+  }
+  const ParallelismConfig& p = c.parallelism;
+  if (p.tensor > 1 || p.context > 1 || p.pipeline > 1 || p.sharding != DataSharding::kNone) {
+    return InvalidArgument("config.parallelism: torchao's weights are modelled on one GPU");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool KbitPrepared(const RunConfig& c) {
-  return c.quantization.format != WeightFormat::kDense &&
+  return c.quantization.format != WeightFormat::kDense && !IsTorchaoFormat(c.quantization.format) &&
          c.quantization.prepare_for_kbit_training.value_or(c.mode == Mode::kTraining);
 }
 
@@ -156,7 +202,8 @@ Status ValidateQuantization(const RunConfig& c) {
     const QuantizationConfig plain;
     if (q.weight_scales != plain.weight_scales || q.block_n != plain.block_n ||
         q.block_k != plain.block_k || q.inputs != plain.inputs ||
-        q.asymmetric_inputs != plain.asymmetric_inputs || q.group_size != plain.group_size ||
+        q.asymmetric_inputs != plain.asymmetric_inputs ||
+        (q.group_size != plain.group_size && q.format != WeightFormat::kTorchaoInt4) ||
         q.zero_point != plain.zero_point || q.act_order != plain.act_order ||
         q.gptq_layout != plain.gptq_layout) {
       return InvalidArgument("config.quantization: a setting of the served formats (w8a8-fp8, "
@@ -184,6 +231,7 @@ Status ValidateQuantization(const RunConfig& c) {
   }
   MEMEST_RETURN_IF_ERROR(CheckNames(q.skip_modules, "config.quantization.skip_modules"));
   if (IsServedWeightFormat(q.format)) return ValidateServedQuantization(c);
+  if (IsTorchaoFormat(q.format)) return ValidateTorchao(c);
   if (!IsFloating(q.compute_dtype) || q.compute_dtype == DType::kFloat64) {
     return InvalidArgument("config.quantization.compute_dtype: float32, float16 or bfloat16, got " +
                            std::string(DTypeName(q.compute_dtype)));

@@ -17,6 +17,8 @@ const char* WeightFormatName(WeightFormat f) {
     case WeightFormat::kBnbNf4: return "bnb-nf4";
     case WeightFormat::kBnbFp4: return "bnb-fp4";
     case WeightFormat::kBnbInt8: return "bnb-int8";
+    case WeightFormat::kTorchaoInt4: return "torchao-int4";
+    case WeightFormat::kTorchaoInt8: return "torchao-int8";
     case WeightFormat::kW8A8Fp8: return "w8a8-fp8";
     case WeightFormat::kW8A8Int8: return "w8a8-int8";
     case WeightFormat::kW4A16: return "w4a16";

@@ -161,6 +161,8 @@ class GraphBuilder {
   // From now on, ops are added as under torch.autocast(dtype=half): Add() first inserts the
   // casts autocast would make of their inputs (engine/passes/passes.h, AutocastInputs).
   void EnableAutocast(DType half);
+  // autocast's dtype (EnableAutocast), float32 without it.
+  DType autocast() const { return graph_.autocast; }
 
   // Module scopes: ops added between Push and Pop carry "outer.inner" scopes.
   void PushScope(std::string_view name);

@@ -11,6 +11,7 @@
 #include "engine/ir/text.h"
 #include "engine/passes/linear_modules.h"
 #include "engine/passes/passes.h"
+#include "engine/passes/quantize_torchao.h"
 #include "engine/report/report.h"
 
 namespace memest {
@@ -87,8 +88,17 @@ int EmitLinear8bit(GraphBuilder& b, int x, int weight, int scb, int bias, int64_
   }
   std::vector<int> inputs = {x, weight, scb, quantized[0], quantized[1]};
   if (bias >= 0) inputs.push_back(bias);
-  const int y = b.Add1("linear_8bit", std::move(inputs));
-  return sub_a < 0 ? y : b.Add1("int8_add_outliers", {y, sub_a, sub_b});
+  Attrs attrs;
+  // Under autocast the outliers' addmm is half: MatMul8bitLt's backward starts from that half
+  // gradient and holds it to its end.
+  const DType half = b.autocast();
+  if (sub_a >= 0 && half != DType::kFloat32 && b.ok() && b.tensor(x).dtype != half) {
+    attrs["held_grad"] = std::string(DTypeName(half));
+  }
+  const int y = b.Add1("linear_8bit", std::move(inputs), std::move(attrs));
+  return sub_a < 0 ? y
+                   : b.Add1("int8_add_outliers",
+                            {y, sub_a, sub_b, quantized[0], quantized[1], x});
 }
 
 }  // namespace
@@ -123,14 +133,35 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
                            "beside the skipped ones");
   }
 
-  // Each quantized module's calls, by the last op of the call; the dense weights to pack.
+  const bool torchao = IsTorchaoFormat(q.format);
+  if (torchao) {  // transformers' TorchAoHfQuantizer: nn.Linear only; int4 skips what
+                  // group_size does not divide
+    for (const LinearCall& call :
+         LinearCalls(graph, [&](const std::string& s) { return quantized.count(s) > 0; })) {
+      const int64_t in = graph.tensors[call.input].shape.back();
+      if (graph.ops[call.op].kind != "linear" ||
+          (q.format == WeightFormat::kTorchaoInt4 && in % q.group_size != 0)) {
+        quantized.erase(graph.ops[call.op].scope);
+      }
+    }
+    if (quantized.empty()) {
+      return InvalidArgument("config.quantization: the model has no nn.Linear that torchao " +
+                             std::string(WeightFormatName(q.format)) + " quantizes");
+    }
+  }
+
+  // Each quantized module's calls, by the last op of the call; the dense weights to pack, and
+  // their [out, in] (a Conv1D's weight is [in, out]; bitsandbytes' 8-bit layer transposes it).
   Graph dense = graph;
   std::vector<LinearCall> calls(graph.ops.size());  // by the call's last op
   std::vector<bool> packed(graph.tensors.size(), false);
+  std::vector<Shape> out_in(graph.tensors.size());
   for (const LinearCall& call :
        LinearCalls(graph, [&](const std::string& s) { return quantized.count(s) > 0; })) {
     calls[call.last] = call;
     packed[call.weight] = true;
+    const Shape& y = graph.tensors[graph.ops[call.op].outputs[0]].shape;
+    out_in[call.weight] = {y.back(), graph.tensors[call.input].shape.back()};
   }
   // A weight another module reads too (a tied lm_head's, the embedding's) cannot be packed.
   for (const Op& op : graph.ops) {
@@ -148,8 +179,12 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
     Tensor& leaf = dense.tensors[t];
     if (leaf.role != TensorRole::kParameter) continue;
     if (packed[t] && int8) {  // Int8Params: frozen, CB int8 [out, in] in place of the weight
+      leaf.shape = out_in[t];
+      leaf.strides = ContiguousStrides(leaf.shape);
       leaf.dtype = DType::kInt8;
       leaf.requires_grad = false;
+    } else if (packed[t] && torchao) {  // the tensor subclass's qdata
+      PackTorchaoWeight(q, out_in[t], &leaf);
     } else if (packed[t]) {  // Params4bit: frozen, the packed storage in place of the weight
       const int64_t n = Numel(leaf.shape);
       leaf.shape = {(n + 1) / 2, 1};
@@ -157,12 +192,13 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
       leaf.strides = {1, 1};
       leaf.values_per_element = 2;
       leaf.requires_grad = false;
-    } else if (q.prepare_for_kbit_training.value_or(true)) {
+    } else if (!torchao && q.prepare_for_kbit_training.value_or(true)) {
       leaf.requires_grad = false;
       if (leaf.dtype == DType::kFloat16 || leaf.dtype == DType::kBFloat16) leaf.dtype = DType::kFloat32;
     }
   }
   std::map<std::string, int, std::less<>> row_scales;  // an 8-bit module's SCB
+  std::map<std::string, std::vector<int>, std::less<>> torchao_state;  // its scale, zero point
   auto emit = [&](int i, GraphBuilder& b, std::vector<int>& map) {
     const Op& op = dense.ops[i];
     if (op.kind == "scaled_dot_product_attention" && graph.autocast == DType::kFloat32) {
@@ -171,8 +207,14 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
     if (quantized.count(op.scope) == 0) return false;
     const LinearCall& call = calls[i];
     if (call.first < 0) return true;  // inside a call: its last op stands for it
+    if (torchao) {
+      map[op.outputs[0]] = EmitTorchaoLinear(b, q, map[call.input], map[call.weight],
+                                             call.bias >= 0 ? map[call.bias] : -1,
+                                             &torchao_state[op.scope]);
+      return true;
+    }
     if (int8) {
-      const Shape& w = graph.tensors[call.weight].shape;  // [out, in]
+      const Shape& w = out_in[call.weight];
       auto [it, fresh] = row_scales.try_emplace(op.scope, -1);
       const int64_t n =
           q.int8_threshold > 0 ? std::min(q.int8_outlier_columns, w.back()) : int64_t{0};
@@ -259,6 +301,7 @@ std::string Int8Note(const Graph& graph, const QuantizationConfig& q) {
 
 std::string QuantizationNote(const Graph& graph, const QuantizationConfig& q) {
   if (q.format == WeightFormat::kBnbInt8) return Int8Note(graph, q);
+  if (IsTorchaoFormat(q.format)) return TorchaoNote(graph, q);
   // Each packed weight's value count, out * in of the linear_4bit ops that read it (bounded by
   // the rule's infer): its storage, [(n+1)/2, 1], cannot tell an odd n from n + 1.
   std::vector<int64_t> values_of(graph.tensors.size(), -1);

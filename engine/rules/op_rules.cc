@@ -96,6 +96,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterDTensorRules(t);
     rules::RegisterQuantizedRules(t);
     rules::RegisterQuantizedInt8Rules(t);
+    rules::RegisterQuantizedTorchaoRules(t);
     rules::RegisterServedQuantizedRules(t);
     rules::RegisterServedLoraRules(t);
     rules::RegisterFusedMoeRules(t);

@@ -86,9 +86,13 @@
 //   linear_4bit(x, weight, bias?; out_features, weight_dtype, double_quant=0, autocast=""):
 //     bitsandbytes' 4-bit linear, added by engine/passes/quantize.h (engine/rules/quantized.cc)
 //   int8_quantize_rows(x; threshold, outlier_columns), int8_outlier_inputs(x, cols),
-//   int8_outlier_weight(weight, SCB, cols), linear_8bit(x, weight, SCB, CA, SCA, bias?),
-//   int8_add_outliers(y, subA, subB; autocast=""): bitsandbytes' LLM.int8 (Linear8bitLt), a
-//     call as engine/passes/quantize.h writes it (engine/rules/quantized_int8.cc)
+//   int8_outlier_weight(weight, SCB, cols), linear_8bit(x, weight, SCB, CA, SCA, bias?;
+//   held_grad=""), int8_add_outliers(y, subA, subB, CA, SCA, x; autocast=""): bitsandbytes'
+//     LLM.int8 (Linear8bitLt), a call as engine/passes/quantize.h writes it
+//     (engine/rules/quantized_int8.cc)
+//   torchao_int4_mm(x, qdata, scale, zero_point; group_size), torchao_int8_mm(x, qdata),
+//   torchao_int8_scale(m, scale): torchao's weight-only linears, added by
+//     engine/passes/quantize_torchao.h (engine/rules/quantized_torchao.cc)
 //   w8a8_linear(x, weight, bias?; out_features, input_type, inputs, asymmetric=0, block_k=0)
 //   wna16_linear(x, weight, bias?; out_features, bits, kernel, act_order=0, multiprocessors):
 //     vLLM's quantized linears, added by engine/passes/served_quantize.h
@@ -223,6 +227,9 @@ struct OpRule {
   // sum, cat), not the incoming tensor itself (add, contiguous): AccumulateGrad may then steal
   // it even when another input got a view of the same storage.
   bool backward_makes_views = false;
+  // The op may keep what it saves as attributes of its node (OpMemory::saved_until_graph_freed):
+  // the simulator asks the memory rule only of such ops before they run.
+  bool keeps_node_attributes = false;
 };
 
 // The rule for `kind`, or nullptr.

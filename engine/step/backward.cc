@@ -70,10 +70,21 @@ void StepSimulator::Backward() {
     if (IsGradLeaf(g_.tensors[t])) FlushParamGrad(static_cast<int>(t));
   }
   // Nodes that backward never reached are freed with the graph, and what nodes kept as their
-  // attributes (OpMemory::saved_until_graph_freed).
-  for (auto& saved : op_saved_) ReleaseSaved(saved);
-  for (auto& saved : graph_held_) ReleaseSaved(saved);
-  graph_held_.clear();
+  // attributes (OpMemory::saved_until_graph_freed), unless the loop keeps the graph with its
+  // outputs: then those stay until it lets the outputs go (KeepOutputsInLoop).
+  const bool graph_kept = training_ && hold_outputs_;
+  for (size_t i = 0; i < op_saved_.size(); ++i) {
+    if (graph_kept && has_memo_[i] && memo_[i].saved_until_graph_freed) {
+      graph_held_.push_back(std::move(op_saved_[i]));
+      op_saved_[i] = SavedByOp{};
+    } else {
+      ReleaseSaved(op_saved_[i]);
+    }
+  }
+  if (!graph_kept) {
+    for (auto& saved : graph_held_) ReleaseSaved(saved);
+    graph_held_.clear();
+  }
   for (size_t t = 0; t < pending_.size(); ++t) {
     if (pending_[t].grad >= 0) Deref(pending_[t].grad);
     pending_[t] = Pending{};

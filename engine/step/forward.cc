@@ -49,7 +49,8 @@ void StepSimulator::Forward() {
     // A non-reentrant checkpoint runs its region with grad enabled, the saved tensors packed
     // away by its hooks; what a node keeps as its attributes escapes them and stays until the
     // graph is freed (OpMemory::saved_until_graph_freed).
-    const bool node_held = training_ && r >= 0 && non_reentrant_[r] &&
+    const bool node_held = training_ && r >= 0 && non_reentrant_[r] && rules_[i] != nullptr &&
+                           rules_[i]->keeps_node_attributes &&
                            GradMemory(i).saved_until_graph_freed;
     RunForwardOp(i, main_, grad || node_held, in_loss ? Phase::kLoss : Phase::kForward, false,
                  &cast_cache);
@@ -90,20 +91,59 @@ void StepSimulator::ReleaseRefs(StorageTable& st, int i, int first) {
 }
 
 // The end of a micro-batch whose loop keeps its outputs: they leave the graph's table, and
-// live on until the next forward has made new ones.
+// live on until the next forward has made new ones; and with them the graph, whose nodes keep
+// what they hold as attributes (graph_held_).
 void StepSimulator::KeepOutputsInLoop() {
   for (int s : refs_.held_outputs) {
     if (main_.buffer[s] >= 0) loop_outputs_.push_back(main_.buffer[s]);
     main_.buffer[s] = -1;
     main_.pins[s] = 0;
   }
+  for (SavedByOp& saved : graph_held_) {
+    for (auto [st, s] : saved.holds) {
+      if (st != &main_ || main_.buffer[s] < 0 || --main_.saved[s] > 0) continue;
+      const Tensor& t = g_.tensors[s];
+      if (t.role == TensorRole::kParameter || t.role == TensorRole::kBuffer) continue;
+      Sum(&saved_bytes_, -Bytes(t.shape, t.dtype));
+      loop_outputs_.push_back(main_.buffer[s]);
+      main_.buffer[s] = -1;
+      main_.pins[s] = 0;
+    }
+    for (int b : saved.extras) loop_outputs_.push_back(b);
+    Sum(&saved_bytes_, -saved.extra_bytes);
+  }
+  graph_held_.clear();
 }
 
-// A steady-state step starts with the previous step's outputs, still held by the loop.
+// A steady-state step starts with the previous step's outputs, still held by the loop, and
+// what the previous graph's nodes hold as attributes (KeepOutputsInLoop).
 void StepSimulator::CarryOverOutputs() {
+  std::vector<char> carried(g_.tensors.size(), 0);
   for (int s : refs_.held_outputs) {
     const Tensor& t = g_.tensors[s];
     loop_outputs_.push_back(NewBuffer(Bytes(t.shape, t.dtype), Category::kTemporaries));
+    carried[s] = 1;
+  }
+  for (int i = first_op_; i <= last_op_; ++i) {
+    const int r = region_of_[i];
+    if (r >= 0 && !non_reentrant_[r]) continue;  // a reentrant region's graph is gone already
+    if (rules_[i] == nullptr || !rules_[i]->keeps_node_attributes) continue;
+    const OpMemory& m = GradMemory(i);
+    if (!m.saved_until_graph_freed) continue;
+    auto carry = [&](int t) {
+      const int s = base_[t];
+      const Tensor& ten = g_.tensors[s];
+      if (carried[s] || ten.role == TensorRole::kParameter || ten.role == TensorRole::kBuffer) {
+        return;
+      }
+      carried[s] = 1;
+      loop_outputs_.push_back(NewBuffer(Bytes(ten.shape, ten.dtype), Category::kActivations));
+    };
+    for (int k : m.saved_inputs) carry(g_.ops[i].inputs[k]);
+    for (int k : m.saved_outputs) carry(g_.ops[i].outputs[k]);
+    for (const Alloc& a : m.saved_extras) {
+      loop_outputs_.push_back(NewBuffer(a.bytes, Category::kActivations));
+    }
   }
 }
 

@@ -151,5 +151,30 @@ TEST(LoraCliTest, QuantizeInt8StoresTheBaseInABytePerWeight) {
   EXPECT_THAT(nf4.err, HasSubstr("config.quantization.int8_threshold: LLM.int8's setting"));
 }
 
+// torchao's weight-only formats: inference of a bf16 model; int4 takes --quant-group-size.
+TEST(LoraCliTest, QuantizeTorchaoForInference) {
+  const std::vector<std::string> base = {"--mode", "inference"};  // Estimate's bf16-pure
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more.begin(), more.end());
+    return Estimate(args);
+  };
+  const RunResult dense = with({});
+  const RunResult int4 = with({"--quantize", "torchao-int4", "--quant-group-size", "64"});
+  const RunResult int8 = with({"--quantize", "torchao-int8"});
+  ASSERT_EQ(dense.exit_code, 0) << dense.err;
+  ASSERT_EQ(int4.exit_code, 0) << int4.err;
+  ASSERT_EQ(int8.exit_code, 0) << int8.err;
+  const auto parameters = [](const RunResult& r) {
+    return std::stoll(nlohmann::json::parse(r.out).at("endOfStep").at("parameters").get<std::string>());
+  };
+  EXPECT_LT(parameters(int4), parameters(int8));
+  EXPECT_LT(parameters(int8), parameters(dense));
+  EXPECT_THAT(int4.out, HasSubstr("Int4WeightOnlyConfig, group_size 64"));
+  const RunResult training = Estimate({"--quantize", "torchao-int8"});
+  EXPECT_EQ(training.exit_code, 3);
+  EXPECT_THAT(training.err, HasSubstr("for inference"));
+}
+
 }  // namespace
 }  // namespace memest

@@ -148,6 +148,23 @@ def test_an_8bit_base_takes_a_byte_a_weight(client):
     assert wider.saved_for_backward_bytes > a.saved_for_backward_bytes
 
 
+def test_a_torchao_config_and_memest_names_agree(client):
+    kwargs = dict(hf_config=str(CONFIGS / "llama-3-8b.json"), seq=1024, precision="bf16-pure",
+                  mode="inference", advice=False)
+    # transformers' TorchAoConfig(Int4WeightOnlyConfig(group_size=64)).to_dict()
+    config = {"quant_method": "torchao", "modules_to_not_convert": None,
+              "include_input_output_embeddings": False, "untie_embedding_weights": False,
+              "quant_type": {"default": {"_type": "Int4WeightOnlyConfig", "_version": 2,
+                                         "_data": {"group_size": 64, "version": 2}}}}
+    a = client.estimate(quantization=config, **kwargs)
+    b = client.estimate(quantization={"format": "torchao-int4", "group_size": 64}, **kwargs)
+    assert a.response == b.response
+    assert any("Int4WeightOnlyConfig, group_size 64" in note for note in a.notes)
+    with pytest.raises(memest.InvalidArgument, match="quantization.quant_type"):
+        client.estimate(quantization={"quant_method": "torchao",
+                                      "quant_type": "float8_weight_only"}, **kwargs)
+
+
 @pytest.mark.parametrize("quantization, message", [
     ({"load_in_8bit": True, "load_in_4bit": True}, "quantization.load_in_4bit"),
     ({"load_in_8bit": True, "llm_int8_has_fp16_weight": True},

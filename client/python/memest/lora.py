@@ -93,7 +93,10 @@ _FORMATS = {"nf4": "WEIGHT_FORMAT_BNB_NF4", "fp4": "WEIGHT_FORMAT_BNB_FP4"}
 
 _SERVED = {"w8a8-fp8": "WEIGHT_FORMAT_W8A8_FP8", "fp8": "WEIGHT_FORMAT_W8A8_FP8",
            "w8a8-int8": "WEIGHT_FORMAT_W8A8_INT8", "w4a16": "WEIGHT_FORMAT_W4A16",
-           "w8a16": "WEIGHT_FORMAT_W8A16"}
+           "w8a16": "WEIGHT_FORMAT_W8A16", "torchao-int4": "WEIGHT_FORMAT_TORCHAO_INT4",
+           "torchao-int8": "WEIGHT_FORMAT_TORCHAO_INT8"}
+# transformers' TorchAoConfig(...).to_dict()["quant_type"]["default"]["_type"]
+_TORCHAO = {"Int4WeightOnlyConfig": "torchao-int4", "Int8WeightOnlyConfig": "torchao-int8"}
 _SCALES = {"channel": "SCALE_GRANULARITY_CHANNEL", "tensor": "SCALE_GRANULARITY_TENSOR",
            "block": "SCALE_GRANULARITY_BLOCK"}
 _INPUTS = {"token": "INPUT_QUANTIZATION_DYNAMIC_TOKEN", "tensor": "INPUT_QUANTIZATION_DYNAMIC_TENSOR",
@@ -175,14 +178,38 @@ def _apply_int8(out, data):
         out.prepare_model_for_kbit_training = bool(data["prepare_model_for_kbit_training"])
 
 
+def _torchao(data):
+    """A transformers TorchAoConfig's dict as memest's names: its quant_type's one config
+    (Int4WeightOnlyConfig's group_size; Int8WeightOnlyConfig per row) and
+    modules_to_not_convert."""
+    kind = data.get("quant_type")
+    if isinstance(kind, dict) and set(kind) == {"default"} and isinstance(kind["default"], dict):
+        fields = kind["default"].get("_data") or {}
+        kind = kind["default"].get("_type")
+    else:
+        fields = data.get("quant_type_kwargs") or {}
+        kind = {"int4_weight_only": "Int4WeightOnlyConfig",
+                "int8_weight_only": "Int8WeightOnlyConfig"}.get(kind, kind)
+    if kind not in _TORCHAO:
+        raise InvalidArgument("quantization.quant_type: %r; memest models %s"
+                              % (kind, ", ".join(sorted(_TORCHAO))))
+    out = {"format": _TORCHAO[kind]}
+    if kind == "Int4WeightOnlyConfig" and "group_size" in fields:
+        out["group_size"] = fields["group_size"]
+    if data.get("modules_to_not_convert"):
+        out["skip_modules"] = data["modules_to_not_convert"]
+    return out
+
+
 def apply_quantization(config, quantization):
     """Sets config.quantization from a transformers BitsAndBytesConfig or a dict of its fields
     (load_in_4bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
     llm_int8_skip_modules; or load_in_8bit, llm_int8_threshold and memest's
     int8_outlier_columns), plus prepare_model_for_kbit_training (PEFT's; default: in training
-    only); or, to serve a quantized checkpoint with vLLM, a dict with "format" (w8a8-fp8, fp8,
-    w8a8-int8, w4a16, w8a16) and weight_scales, block, inputs, asymmetric_inputs, group_size,
-    zero_point, act_order, gptq, skip_modules."""
+    only); or a transformers TorchAoConfig (Int4WeightOnlyConfig, Int8WeightOnlyConfig) or its
+    dict; or memest's names, a dict with "format" (torchao-int4, torchao-int8; to serve a
+    quantized checkpoint with vLLM w8a8-fp8, fp8, w8a8-int8, w4a16, w8a16) and weight_scales,
+    block, inputs, asymmetric_inputs, group_size, zero_point, act_order, gptq, skip_modules."""
     if callable(getattr(quantization, "to_dict", None)):
         data = quantization.to_dict()
     elif isinstance(quantization, dict):
@@ -190,6 +217,8 @@ def apply_quantization(config, quantization):
     else:
         raise InvalidArgument("quantization: expected a transformers BitsAndBytesConfig or a "
                               "dict of its fields, got %s" % type(quantization).__name__)
+    if data.get("quant_method") == "torchao":
+        data = _torchao(data)
     if "format" in data:
         _apply_served(config.quantization, data)
         return
