@@ -13,6 +13,7 @@
 #include "engine/models/hf_quantization.h"
 #include "engine/passes/fused_moe_workspace.h"
 #include "engine/passes/passes.h"
+#include "engine/passes/fp8_te.h"
 #include "engine/passes/quantize.h"
 #include "engine/passes/rnn_expand.h"
 #include "engine/passes/served_lora.h"
@@ -342,6 +343,15 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
     ctx.param_dtype = DType::kFloat32;
   }
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));
+  if (config.fp8.recipe != Fp8Recipe::kNone) {  // neither quantization nor adapters (ValidateFp8)
+    if (ctx.compute_capability < 89) {
+      return InvalidArgument("config.fp8: fp8 GEMMs need compute capability 8.9 or later (Ada, "
+                             "Hopper); the device's is " +
+                             std::to_string(ctx.compute_capability / 10) + "." +
+                             std::to_string(ctx.compute_capability % 10));
+    }
+    return ApplyTeFp8(graph, config.fp8, budget);
+  }
   if (config.quantization.format != WeightFormat::kDense) {
     MEMEST_ASSIGN_OR_RETURN(
         graph, ApplyQuantization(graph, PreparedQuantization(config), budget, loaded));

@@ -5,6 +5,7 @@
 
 #include "engine/ir/text.h"
 #include "engine/passes/lora.h"
+#include "engine/passes/fp8_te.h"
 #include "engine/passes/quantize.h"
 #include "engine/passes/served_lora.h"
 #include "engine/passes/served_quantize.h"
@@ -144,6 +145,7 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
   } else if (config.quantization.format != WeightFormat::kDense) {
     r->notes.push_back(QuantizationNote(graph, PreparedQuantization(config)));
   }
+  if (config.fp8.recipe != Fp8Recipe::kNone) r->notes.push_back(TeFp8Note(graph, config.fp8));
   if (config.lora.rank > 0) {
     r->notes.push_back(config.serving.enabled ? ServedLoraNote(graph, ServedLoraOf(config))
                                               : LoraNote(graph, config.lora));

@@ -507,6 +507,20 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
   }
   MEMEST_ASSIGN_OR_RETURN(out.expert_load,
                           ExpertLoadFromProto(config.expert_load(), "config.expert_load"));
+  if (config.has_fp8()) {
+    const v1::Fp8& fp8 = config.fp8();
+    switch (fp8.recipe()) {
+      case v1::FP8_RECIPE_DELAYED: out.fp8.recipe = Fp8Recipe::kDelayed; break;
+      case v1::FP8_RECIPE_CURRENT: out.fp8.recipe = Fp8Recipe::kCurrent; break;
+      case v1::FP8_RECIPE_UNSPECIFIED:
+        return InvalidArgument("config.fp8.recipe: required when config.fp8 is set "
+                               "(FP8_RECIPE_DELAYED or FP8_RECIPE_CURRENT)");
+      default:
+        return InvalidArgument("config.fp8.recipe: unknown value " +
+                               std::to_string(static_cast<int>(fp8.recipe())));
+    }
+    if (fp8.has_amax_history_len()) out.fp8.amax_history_len = fp8.amax_history_len();
+  }
   if (config.has_lora()) {
     MEMEST_ASSIGN_OR_RETURN(out.lora, LoraFromProto(config.lora()));
   }

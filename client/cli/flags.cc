@@ -41,6 +41,10 @@ const Word<v1::Precision> kPrecisions[] = {
     {"bf16-pure", v1::PRECISION_BF16_PURE},
     {"fp16-pure", v1::PRECISION_FP16_PURE},
 };
+const Word<v1::Fp8Recipe> kFp8Recipes[] = {
+    {"delayed", v1::FP8_RECIPE_DELAYED},
+    {"current", v1::FP8_RECIPE_CURRENT},
+};
 
 const Word<v1::OptimizerKind> kOptimizers[] = {
     {"sgd", v1::OPTIMIZER_KIND_SGD},         {"momentum", v1::OPTIMIZER_KIND_SGD_MOMENTUM},
@@ -158,6 +162,13 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
     MEMEST_ASSIGN_OR_RETURN(v1::Precision precision,
                             ParseWord("--precision", flags.precision, kPrecisions));
     config->set_precision(precision);
+  }
+  if (!flags.fp8.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(v1::Fp8Recipe recipe, ParseWord("--fp8", flags.fp8, kFp8Recipes));
+    config->mutable_fp8()->set_recipe(recipe);
+    if (flags.fp8_amax_history) config->mutable_fp8()->set_amax_history_len(*flags.fp8_amax_history);
+  } else if (flags.fp8_amax_history) {
+    return InvalidArgument("--fp8-amax-history: needs --fp8 delayed");
   }
   if (!flags.optimizer.empty()) {
     MEMEST_ASSIGN_OR_RETURN(v1::OptimizerKind kind,
@@ -279,6 +290,14 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
                   "fp32 | fp16 | bf16 | bf16-pure | fp16-pure (fp16/bf16: autocast with fp32 "
                   "master weights; default fp32, or an --hf-config's torch_dtype as the pure "
                   "precision on CUDA)")
+      ->group(run);
+  app->add_option("--fp8", f->fp8,
+                  "delayed | current: fp8 training with TransformerEngine as accelerate runs it "
+                  "(every nn.Linear a te.Linear under fp8_autocast; DelayedScaling or "
+                  "Float8CurrentScaling; docs/fp8.md)")
+      ->group(run);
+  app->add_option("--fp8-amax-history", f->fp8_amax_history,
+                  "--fp8 delayed: amax_history_len (default 1024)")
       ->group(run);
   app->add_option("--optimizer", f->optimizer,
                   "sgd | momentum | adam | adamw | adagrad | rmsprop | lion | adafactor | "

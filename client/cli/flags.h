@@ -44,6 +44,8 @@ struct EstimateFlags {
   std::optional<int64_t> grad_accum;
   std::string mode;                 // training | inference
   std::string precision;            // fp32 | fp16 | bf16 | bf16-pure | fp16-pure
+  std::string fp8;                  // delayed | current: TransformerEngine's fp8 training
+  std::optional<int64_t> fp8_amax_history;
   std::string optimizer;            // sgd | momentum | adam | adamw | ...
   std::string optimizer_impl;       // for-loop | foreach | fused
   std::optional<double> weight_decay;

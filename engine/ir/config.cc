@@ -89,6 +89,7 @@ Status ValidateRunConfig(const RunConfig& c) {
   MEMEST_RETURN_IF_ERROR(ValidateParallelism(c.parallelism));
   MEMEST_RETURN_IF_ERROR(ValidateLora(c));
   MEMEST_RETURN_IF_ERROR(ValidateQuantization(c));
+  MEMEST_RETURN_IF_ERROR(ValidateFp8(c));
   MEMEST_RETURN_IF_ERROR(ValidateServing(c));
   MEMEST_RETURN_IF_ERROR(ValidateSettingsApply(c));
   return Status::Ok();

@@ -243,6 +243,18 @@ struct QuantizationConfig {
   bool gptq_layout = false;
 };
 
+// FP8 training with TransformerEngine (engine/passes/fp8_te.h): te.Linear under fp8_autocast.
+enum class Fp8Recipe {
+  kNone,
+  kDelayed,  // DelayedScaling: per-tensor scales from an amax history (TE's default on H100)
+  kCurrent,  // Float8CurrentScaling: per-tensor scales from each tensor's own amax, no history
+};
+struct Fp8Config {
+  Fp8Recipe recipe = Fp8Recipe::kNone;
+  int64_t amax_history_len = 1024;  // DelayedScaling's amax_history_len
+};
+inline constexpr int64_t kMaxAmaxHistory = int64_t{1} << 20;
+
 struct RunConfig;
 // Whether config.quantization's 4-bit model went through prepare_model_for_kbit_training.
 bool KbitPrepared(const RunConfig& config);
@@ -493,6 +505,7 @@ struct RunConfig {
   QuantizationConfig quantization;
   ExpertLoad expert_load = ExpertLoad::kDefault;
   ServingConfig serving;  // inference only
+  Fp8Config fp8;          // training only
 
   int64_t micro_batch() const { return batch_size / grad_accum_steps; }
 };
@@ -525,6 +538,8 @@ Status ValidateGpusPerNode(int64_t gpus_per_node);
 // DDP and ZeRO-1/2; the served formats with config.serving (ValidateServedQuantization,
 // config_quantization.cc: group and block sizes in range).
 Status ValidateQuantization(const RunConfig& config);
+// config.fp8: training on CUDA, one GPU or data parallelism, no adapters or quantized weights.
+Status ValidateFp8(const RunConfig& config);
 Status ValidateServedQuantization(const RunConfig& config);
 
 // config.serving's fields (config_serving.cc, for ValidateRunConfig): sizes in range, a block

@@ -29,6 +29,7 @@ void RegisterDTensorRules(std::vector<OpRule>* rules);
 void RegisterQuantizedRules(std::vector<OpRule>* rules);
 void RegisterQuantizedInt8Rules(std::vector<OpRule>* rules);
 void RegisterQuantizedTorchaoRules(std::vector<OpRule>* rules);
+void RegisterFp8TeRules(std::vector<OpRule>* rules);
 void RegisterServedQuantizedRules(std::vector<OpRule>* rules);
 void RegisterServedLoraRules(std::vector<OpRule>* rules);
 void RegisterFusedMoeRules(std::vector<OpRule>* rules);

@@ -97,6 +97,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterQuantizedRules(t);
     rules::RegisterQuantizedInt8Rules(t);
     rules::RegisterQuantizedTorchaoRules(t);
+    rules::RegisterFp8TeRules(t);
     rules::RegisterServedQuantizedRules(t);
     rules::RegisterServedLoraRules(t);
     rules::RegisterFusedMoeRules(t);

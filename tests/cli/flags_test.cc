@@ -100,6 +100,22 @@ TEST(BuildEstimateRequestTest, MapsFlagsToTheRequest) {
   EXPECT_TRUE(request->skip_advice());
 }
 
+TEST(BuildEstimateRequestTest, MapsTheFp8Flags) {
+  EstimateFlags flags;
+  flags.preset = "gpt2-small";
+  flags.fp8 = "delayed";
+  flags.fp8_amax_history = 16;
+  StatusOr<v1::EstimateRequest> request = BuildEstimateRequest(flags);
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  EXPECT_EQ(request->config().fp8().recipe(), v1::FP8_RECIPE_DELAYED);
+  EXPECT_EQ(request->config().fp8().amax_history_len(), 16);
+  flags.fp8 = "";
+  EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--fp8-amax-history"),
+            std::string::npos);
+  flags.fp8 = "sometimes";
+  EXPECT_NE(BuildEstimateRequest(flags).status().message().find("--fp8"), std::string::npos);
+}
+
 TEST(BuildEstimateRequestTest, MapsTheParallelismFlags) {
   EstimateFlags flags;
   flags.preset = "gpt2-small";

@@ -148,6 +148,21 @@ def test_an_8bit_base_takes_a_byte_a_weight(client):
     assert wider.saved_for_backward_bytes > a.saved_for_backward_bytes
 
 
+def test_fp8_training_with_transformer_engine(client):
+    kwargs = dict(hf_config=str(CONFIGS / "llama-3-8b.json"), seq=1024, precision="bf16",
+                  device="h100-80gb", advice=False)
+    bf16 = client.estimate(**kwargs)
+    fp8 = client.estimate(fp8="delayed", **kwargs)
+    same = client.estimate(fp8={"recipe": "delayed", "amax_history_len": 1024}, **kwargs)
+    assert fp8.response == same.response
+    assert fp8.saved_for_backward_bytes < bf16.saved_for_backward_bytes
+    assert any("te.Linear" in note for note in fp8.notes)
+    with pytest.raises(memest.InvalidArgument, match="fp8.recipe"):
+        client.estimate(fp8="sometimes", **kwargs)
+    with pytest.raises(memest.InvalidArgument, match="compute capability 8.9"):
+        client.estimate(fp8="current", **dict(kwargs, device="a100-80gb"))
+
+
 def test_a_torchao_config_and_memest_names_agree(client):
     kwargs = dict(hf_config=str(CONFIGS / "llama-3-8b.json"), seq=1024, precision="bf16-pure",
                   mode="inference", advice=False)

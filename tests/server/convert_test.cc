@@ -63,6 +63,8 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   proto.set_runtime(v1::RUNTIME_CPU_TORCH_1_13);
   proto.set_cpu_isa(v1::CPU_ISA_AVX2);
   proto.set_hold_outputs(false);
+  proto.mutable_fp8()->set_recipe(v1::FP8_RECIPE_DELAYED);
+  proto.mutable_fp8()->set_amax_history_len(16);
 
   StatusOr<RunConfig> config = RunConfigFromProto(proto);
   ASSERT_TRUE(config.ok()) << config.status().ToString();
@@ -84,6 +86,8 @@ TEST(RunConfigFromProtoTest, EveryFieldIsCarried) {
   EXPECT_EQ(config->runtime, Runtime::kCpuTorch113);
   EXPECT_EQ(config->cpu_isa, CpuIsa::kAvx2);
   EXPECT_FALSE(config->hold_outputs);
+  EXPECT_EQ(config->fp8.recipe, Fp8Recipe::kDelayed);
+  EXPECT_EQ(config->fp8.amax_history_len, 16);
 }
 
 TEST(RunConfigFromProtoTest, ParallelismIsCarried) {

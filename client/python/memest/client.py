@@ -106,8 +106,10 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
             adapter's directory): the base frozen, the adapters trained,
           quantization: QLoRA's 4-bit base, from a transformers BitsAndBytesConfig or a dict of
             its fields (load_in_4bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant,
-            bnb_4bit_compute_dtype, llm_int8_skip_modules; and prepare_model_for_kbit_training,
-            PEFT's, default True),
+            bnb_4bit_compute_dtype, llm_int8_skip_modules; load_in_8bit, llm_int8_threshold;
+            and prepare_model_for_kbit_training, PEFT's, default True), or a TorchAoConfig,
+          fp8 ("delayed" or "current", or {"recipe": "delayed", "amax_history_len": 16}):
+            fp8 training with TransformerEngine as accelerate runs it (docs/fp8.md),
           gpus_per_node (default 8): which process groups NCCL connects within a node, for
             NCCL's memory (Estimate.breakdown.nccl),
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),

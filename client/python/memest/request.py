@@ -237,6 +237,20 @@ def _apply_serving(config, serving):
             _assign(config.serving, key, value, "serving[%r]" % key)
 
 
+FP8_RECIPES = {"delayed": v1.FP8_RECIPE_DELAYED, "current": v1.FP8_RECIPE_CURRENT}
+
+
+def _apply_fp8(config, fp8):
+    """config.fp8 from "delayed" / "current" or {"recipe": ..., "amax_history_len": n}."""
+    data = {"recipe": fp8} if isinstance(fp8, str) else fp8
+    if not isinstance(data, dict) or set(data) - {"recipe", "amax_history_len"}:
+        raise InvalidArgument("fp8: \"delayed\", \"current\" or a dict of recipe and "
+                              "amax_history_len, got %r" % (fp8,))
+    config.fp8.recipe = _word("fp8.recipe", data.get("recipe"), FP8_RECIPES)
+    if data.get("amax_history_len") is not None:
+        _assign(config.fp8, "amax_history_len", data["amax_history_len"], "fp8.amax_history_len")
+
+
 def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=None, batch_size=1,
                   grad_accum_steps=None, mode=None, precision=None, optimizer=None,
                   optimizer_impl=None, weight_decay=None, keep_grads=False, checkpoint=None,
@@ -258,7 +272,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                   data_shard=None, stage3_prefetch_bucket_size=None,
                   stage3_max_live_parameters=None, stage3_max_reuse_distance=None,
                   stage3_param_persistence_threshold=None, lora=None, quantization=None,
-                  expert_load=None, serving=None, advice=True):
+                  expert_load=None, serving=None, fp8=None, advice=True):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq, hf_config))
     config = request.config
@@ -388,5 +402,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
         apply_lora(config, lora)
     if quantization is not None:
         apply_quantization(config, quantization)
+    if fp8 is not None:
+        _apply_fp8(config, fp8)
     request.skip_advice = not advice
     return request

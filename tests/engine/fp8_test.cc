@@ -1,0 +1,141 @@
+// FP8 training with TransformerEngine as accelerate runs it (engine/passes/fp8_te.h): which
+// Linears become te.Linear, what each keeps and makes, its state, and the requests refused. The
+// facts are read in TransformerEngine 2.20 and accelerate (docs/fp8.md).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "engine/estimator.h"
+#include "engine/passes/fp8_te.h"
+
+namespace memest {
+namespace {
+
+// x [2, 64, 256] -> fc1 (512) -> gelu -> fc2 (256) -> head (10): fc1 and fc2 convert, the head
+// (10 outputs, not a multiple of 16) stays an nn.Linear.
+ModelSpec Mlp() {
+  LayerModelSpec spec;
+  spec.input_shape = {64, 256};
+  spec.layers = {{"linear", "fc1", {{"out_features", int64_t{512}}}},
+                 {"gelu", "act", {}},
+                 {"linear", "fc2", {{"out_features", int64_t{256}}}},
+                 {"linear", "head", {{"out_features", int64_t{10}}}}};
+  return ModelSpec{spec};
+}
+
+RunConfig Fp8(Fp8Recipe recipe = Fp8Recipe::kDelayed) {
+  RunConfig c;
+  c.batch_size = 2;
+  c.precision = Precision::kBf16Amp;  // float32 master weights, autocast bfloat16
+  c.fp8.recipe = recipe;
+  return c;
+}
+
+const Tensor* Named(const Graph& g, const std::string& name) {
+  for (const Tensor& t : g.tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+TEST(Fp8Test, ConvertsTheLinearsWhoseDimsAreMultiplesOf16) {
+  StatusOr<Graph> g = BuildStepGraph(Mlp(), Fp8());
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  int te = 0, plain = 0;
+  for (const Op& op : g->ops) {
+    te += op.kind == "te_linear";
+    plain += op.kind == "linear";
+  }
+  EXPECT_EQ(te, 2);
+  EXPECT_EQ(plain, 1);  // the head
+  // DelayedScaling's fp8_meta per module, and TE's workspace once.
+  const Tensor* fwd = Named(*g, "fc1.fp8_meta.amax_history_fwd");
+  ASSERT_NE(fwd, nullptr);
+  EXPECT_EQ(fwd->shape, (Shape{1024, 3}));
+  EXPECT_EQ(Named(*g, "fc2.fp8_meta.amax_history_bwd")->shape, (Shape{1024, 2}));
+  EXPECT_EQ(Named(*g, "transformer_engine.cublas_workspace")->shape, Shape{kTeWorkspaceBytes});
+  StatusOr<Graph> current = BuildStepGraph(Mlp(), Fp8(Fp8Recipe::kCurrent));
+  ASSERT_TRUE(current.ok());
+  EXPECT_EQ(Named(*current, "fc1.fp8_meta.amax_history_fwd"), nullptr);
+}
+
+// fc1 reads the data batch (no grad): x cast to bfloat16 (2 * 32768 B), its fp8 copy (32768),
+// the weight in fp8 rowwise only (131072 + 4), and its transpose kept for wgrad (32768 + 4).
+// fc2 reads gelu's bfloat16 output [2, 64, 512] (grad): its fp8 copy (65536); kept, its
+// transpose (65536 + 4) and the fp8 weight with its transpose (2 * 131072 + 4).
+TEST(Fp8Test, KeepsTheInputsFp8TransposeAndTheFp8Weight) {
+  StatusOr<Report> r = Estimate(Mlp(), Fp8(), {.advice = false});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  int found = 0;
+  for (const LayerRow& row : r->layers) {
+    if (row.scope == "fc1") {
+      ++found;
+      EXPECT_EQ(row.temporary_bytes, 2 * 32768 + 32768 + 131076);
+      EXPECT_EQ(row.saved_bytes, 32772);
+    } else if (row.scope == "fc2") {
+      ++found;
+      EXPECT_EQ(row.temporary_bytes, 65536);
+      EXPECT_EQ(row.saved_bytes, 65540 + 262148);
+    }
+  }
+  EXPECT_EQ(found, 2);
+  bool noted = false;
+  for (const std::string& n : r->notes) {
+    noted |= n.find("2 nn.Linear modules as te.Linear") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
+}
+
+// Against the bf16 step: each converted linear keeps a byte a value of its input, not two.
+TEST(Fp8Test, SavesLessThanBf16OnALlama) {
+  const ModelSpec llama{PresetSpec{"llama-7b", {{"seq", 512}, {"layers", 2}}}};
+  RunConfig bf16 = Fp8();
+  bf16.batch_size = 1;
+  bf16.fp8 = {};
+  RunConfig fp8 = bf16;
+  fp8.fp8.recipe = Fp8Recipe::kDelayed;
+  StatusOr<Report> a = Estimate(llama, bf16, {.advice = false});
+  StatusOr<Report> b = Estimate(llama, fp8, {.advice = false});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_LT(b->saved_for_backward_bytes, a->saved_for_backward_bytes);
+}
+
+TEST(Fp8Test, RefusesWhatMakesNoSense) {
+  struct Case {
+    void (*set)(RunConfig*);
+    const char* field;
+  };
+  const Case cases[] = {
+      {[](RunConfig* c) { c->mode = Mode::kInference; }, "config.fp8"},
+      {[](RunConfig* c) { c->runtime = Runtime::kCpuTorch113; }, "config.fp8"},
+      {[](RunConfig* c) { c->device = "a100-80gb"; }, "compute capability 8.9"},
+      {[](RunConfig* c) { c->fp8.amax_history_len = 0; }, "config.fp8.amax_history_len"},
+      {[](RunConfig* c) {
+         c->fp8.recipe = Fp8Recipe::kCurrent;
+         c->fp8.amax_history_len = 16;
+       },
+       "config.fp8.amax_history_len"},
+      {[](RunConfig* c) {
+         c->fp8.recipe = Fp8Recipe::kNone;
+         c->fp8.amax_history_len = 16;
+       },
+       "config.fp8.amax_history_len"},
+      {[](RunConfig* c) {
+         c->lora.rank = 4;
+         c->lora.target_modules = {"fc1"};
+       },
+       "config.fp8"},
+      {[](RunConfig* c) { c->parallelism.sharding = DataSharding::kFsdp2; }, "config.fp8"},
+  };
+  for (const Case& k : cases) {
+    RunConfig c = Fp8();
+    k.set(&c);
+    StatusOr<Report> r = Estimate(Mlp(), c, {.advice = false});
+    ASSERT_FALSE(r.ok()) << k.field;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << k.field;
+    EXPECT_NE(r.status().message().find(k.field), std::string::npos) << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace memest
