@@ -344,13 +344,25 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config, 
   }
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(model, ctx));
   if (config.fp8.recipe != Fp8Recipe::kNone) {  // neither quantization nor adapters (ValidateFp8)
-    if (ctx.compute_capability < 89) {
-      return InvalidArgument("config.fp8: fp8 GEMMs need compute capability 8.9 or later (Ada, "
-                             "Hopper); the device's is " +
-                             std::to_string(ctx.compute_capability / 10) + "." +
-                             std::to_string(ctx.compute_capability % 10));
+    MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
+    const int capability = device ? device->compute_capability : 90;  // 0: not CUDA
+    if (capability < 89) {
+      return InvalidArgument("config.fp8: TransformerEngine's fp8 GEMMs need an NVIDIA GPU of "
+                             "compute capability 8.9 or later (Ada, Hopper, Blackwell); " +
+                             std::string(device ? device->name : "") + " is " +
+                             (capability == 0 ? std::string("not one")
+                                              : std::to_string(capability / 10) + "." +
+                                                    std::to_string(capability % 10)));
     }
-    return ApplyTeFp8(graph, config.fp8, budget);
+    return ApplyTeFp8(graph, config.fp8, capability, budget);
+  }
+  if (config.quantization.format == WeightFormat::kTorchaoInt4) {
+    MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));
+    if (device && (device->compute_capability < 90 || device->compute_capability >= 100)) {
+      return InvalidArgument("config.quantization.format: torchao-int4's kernel "
+                             "(mslk.bf16i4bf16_rowwise) runs on sm_90 (H100, H200); " +
+                             device->name + " is not one");
+    }
   }
   if (config.quantization.format != WeightFormat::kDense) {
     MEMEST_ASSIGN_OR_RETURN(

@@ -26,6 +26,11 @@ Status ValidateFp8(const RunConfig& c) {
         "config.fp8: fp8 training; accelerate runs evaluation without "
         "fp8_autocast (use_autocast_during_eval false)");
   }
+  if (c.precision != Precision::kBf16Amp && c.precision != Precision::kBf16Pure) {
+    return InvalidArgument(
+        "config.precision: accelerate's fp8 runs the model under bfloat16 "
+        "autocast (bf16, or bf16-pure for a model loaded in bfloat16)");
+  }
   if (c.runtime != Runtime::kCuda) {
     return InvalidArgument("config.fp8: TransformerEngine runs on CUDA; the step runs on " +
                            std::string(RuntimeName(c.runtime)));

@@ -10,7 +10,9 @@
 // fp8_meta: amax histories [history, 3] (forward: input, weight, output) and [history, 2]
 // (backward: grad_output, grad_input) and their scales, float32 (module/base.py,
 // quantization.py DelayedScalingRecipeState). The first te.Linear call makes TE's cuBLAS
-// workspace, 32 MiB + 1 KiB on sm_90 (cpp_extensions/gemm.py), once per device.
+// workspace, once per device. convert_model returns from a module's children at the first
+// Linear whose dims are not multiples of 16: its later siblings (taken in forward order for
+// registration order) and everything under them stay PyTorch's.
 #ifndef MEMEST_ENGINE_PASSES_FP8_TE_H_
 #define MEMEST_ENGINE_PASSES_FP8_TE_H_
 
@@ -23,12 +25,19 @@
 
 namespace memest {
 
-// TE's cuBLAS workspace on sm_90 and later: 32 MiB + 1024 B.
-inline constexpr int64_t kTeWorkspaceBytes = (int64_t{32} << 20) + 1024;
+// TE's cuBLAS workspace (cpp_extensions/gemm.py): 32 MiB + 1024 B from sm_90, 4 MiB before.
+int64_t TeWorkspaceBytes(int compute_capability);
+// Whether TE makes fp8 transposes on the GPU: fp8 GEMMs take the TN layout only on sm_89,
+// sm_9x and sm_12x (common/transformer_engine.cpp is_non_tn_fp8_gemm_supported).
+bool TeMakesTransposes(int compute_capability);
 
-// `graph` with its nn.Linear calls as te.Linear under fp8_autocast (`fp8`'s recipe); refuses a
-// model with no Linear to convert. `budget` (null: none) can stop the rebuild.
-StatusOr<Graph> ApplyTeFp8(const Graph& graph, const Fp8Config& fp8, Budget* budget = nullptr);
+// `graph` with its nn.Linear calls as te.Linear under fp8_autocast (`fp8`'s recipe) on a GPU of
+// `compute_capability` (89 or more). Refuses a model with no Linear to convert, a tied output
+// layer (accelerate unties it and leaves the copy out of the optimizer) and a model with
+// nn.LayerNorm (accelerate makes it a te.LayerNorm, which runs in bf16 and keeps a bf16 copy of
+// its input: not modelled). `budget` (null: none) can stop the rebuild.
+StatusOr<Graph> ApplyTeFp8(const Graph& graph, const Fp8Config& fp8, int compute_capability,
+                           Budget* budget = nullptr);
 
 // The report's note on the converted graph.
 std::string TeFp8Note(const Graph& graph, const Fp8Config& fp8);

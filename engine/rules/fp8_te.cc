@@ -1,21 +1,19 @@
 // The rule for TransformerEngine's te.Linear under fp8_autocast (engine/passes/fp8_te.h adds it),
 // read in TransformerEngine 2.20.0.dev0 (d0067d0d, 2026-08; transformer_engine/pytorch/module/
-// linear.py `_Linear`, module/base.py, csrc/quantizer.cpp, tensor/float8_tensor.py), on sm_89 and
-// later, where fp8 GEMMs take the TN layout only: every fp8 tensor a GEMM reads transposed is
-// made as a second copy, one byte a value.
+// linear.py `_Linear`, module/base.py, csrc/quantizer.cpp, tensor/float8_tensor.py).
 //
-//   te_linear(x, weight, bias?; activation_dtype)
-//     x is cast to activation_dtype where it is not (autocast's dtype, or the parameters'), then
-//     quantized to fp8 with its transpose in one kernel (rowwise [rows, in] and columnwise
-//     [in, rows]); the weight is quantized the same way (no cache: accelerate passes no
-//     is_first_microbatch). The GEMM writes y [rows, out] in activation_dtype (the bias fused).
-//     After it the input's rowwise copy is dropped: backward keeps its transpose (where the weight
-//     needs a gradient) and the fp8 weight with its transpose (where x needs one); the weight and
-//     bias Parameters themselves by reference. Without grad for x the weight is quantized rowwise
-//     only, for this call. Backward: grad_output (contiguous) quantized to e5m2 with its
-//     transpose; dgrad [rows, in] and wgrad [out, in] in activation_dtype, which autograd casts to
-//     x's and the weight's dtype where they differ (a new tensor each); the bias's gradient
-//     comes out of the same quantization kernel, [out].
+//   te_linear(x, weight, bias?; activation_dtype, transposes)
+//     x is quantized to fp8 in its own dtype (no cast first), the weight too (no cache: accelerate
+//     passes no is_first_microbatch); the GEMM writes y [rows, out] in activation_dtype
+//     (autocast's, or the parameters'), the bias fused. `transposes` (sm_89, sm_9x, sm_12x: fp8
+//     GEMMs take the TN layout only): each fp8 tensor a later GEMM reads transposed is made as a
+//     second copy in the same kernel. With grad, backward keeps x's fp8 data for wgrad (its
+//     transpose; the rowwise copy is dropped after the GEMM) where the weight trains, and the fp8
+//     weight (with its transpose where x needs a gradient). Backward: grad_output (contiguous)
+//     quantized to e5m2 (with its transpose); dgrad [rows, in] and wgrad [out, in] in
+//     activation_dtype, which autograd casts to x's and the weight's dtype where they differ (a new
+//     tensor each); the bias's gradient comes out of the quantization kernel, [out]. TE takes rows
+//     in multiples of 8 and dims in multiples of 16 (utils.py assert_dim_for_fp8_exec).
 #include "engine/ir/text.h"
 #include "engine/rules/internal.h"
 
@@ -50,6 +48,14 @@ StatusOr<std::vector<OutputSpec>> InferTeLinear(const OpCall& c) {
                            "of 16, got " +
                            ShapeToString(w));
   }
+  const int64_t rows = in > 0 ? Numel(c.in(0).shape) / in : 0;
+  if (rows % 8 != 0) {
+    return InvalidArgument(InputField(c, 0) +
+                           ": TransformerEngine's fp8 GEMMs take a multiple "
+                           "of 8 tokens, got " +
+                           std::to_string(rows) + " (batch x sequence)");
+  }
+  MEMEST_RETURN_IF_ERROR(IntAttr(c.op.attrs, "transposes", 1, c.field).status());
   if (c.inputs.size() == 3 && c.in(2).shape != Shape{w[0]}) {
     return InvalidArgument(InputField(c, 2) + ": bias must have shape [" + std::to_string(w[0]) +
                            "], got " + ShapeToString(c.in(2).shape));
@@ -59,7 +65,7 @@ StatusOr<std::vector<OutputSpec>> InferTeLinear(const OpCall& c) {
   return std::vector<OutputSpec>{{y, act}};
 }
 
-// Within kMaxTensorBytes each: x's and the weight's values, one to four bytes a value.
+// Within kMaxTensorBytes each: x's and the weight's values, one to two bytes a value.
 void TeLinearMemory(const OpCall& c, OpMemory* m) {
   const Tensor& x = c.in(0);
   const Tensor& w = c.in(1);
@@ -67,25 +73,24 @@ void TeLinearMemory(const OpCall& c, OpMemory* m) {
   const int64_t x_values = Numel(x.shape), w_values = Numel(w.shape);
   const int64_t y_values = Numel(c.out(0).shape);
   const bool x_grad = c.needs_grad(0), w_grad = c.needs_grad(1);
-  if (x.dtype != act) {
-    m->forward_temps.push_back(
-        Alloc{x_values * DTypeSize(act), "x cast to the activations' dtype"});
-  }
-  m->forward_temps.push_back(Alloc{x_values, "x in fp8"});
-  // The input's transpose: kept for wgrad, else made and dropped (the quantizer's usage is set
-  // from whether backward needs it).
-  if (w_grad) {
-    m->saved_extras.push_back(Alloc{x_values + 4, "x's fp8 transpose"});
-  }
-  if (x_grad) {
-    m->saved_extras.push_back(Alloc{2 * w_values + 4, "the fp8 weight and its transpose"});
-  } else {
-    m->forward_temps.push_back(Alloc{w_values + 4, "the weight in fp8"});
-  }
+  StatusOr<int64_t> t = IntAttr(c.op.attrs, "transposes", 1, c.field);
+  const bool transposes = !t.ok() || *t != 0;
   m->grad_flow.assign(c.inputs.size(), GradFlow::kFresh);
-  if (!x_grad && !w_grad) return;
+  if (!x_grad && !w_grad) {  // no_grad: the fp8 copies live while the GEMM runs
+    m->forward_temps = {Alloc{x_values, "x in fp8"}, Alloc{w_values + 4, "the weight in fp8"}};
+    return;
+  }
+  // x's fp8 data: with transposes the rowwise copy feeds the GEMM and the transpose is kept.
+  if (transposes) m->forward_temps.push_back(Alloc{x_values, "x in fp8, rowwise"});
+  if (w_grad) {
+    m->saved_extras.push_back(Alloc{x_values + 4, "x in fp8 for wgrad"});
+  } else if (!transposes) {
+    m->forward_temps.push_back(Alloc{x_values, "x in fp8"});
+  }
+  m->saved_extras.push_back(
+      Alloc{(transposes && x_grad ? 2 : 1) * w_values + 4, "the weight in fp8"});
   m->backward_needs_contiguous_grad = true;
-  m->backward_temps.push_back(Alloc{2 * y_values, "grad_output in fp8 and its transpose"});
+  m->backward_temps.push_back(Alloc{(transposes ? 2 : 1) * y_values, "grad_output in e5m2"});
   if (x_grad && x.dtype != act) {
     m->backward_temps.push_back(Alloc{x_values * DTypeSize(act), "dgrad before autograd's cast"});
   }

@@ -93,8 +93,8 @@
 //   torchao_int4_mm(x, qdata, scale, zero_point; group_size), torchao_int8_mm(x, qdata),
 //   torchao_int8_scale(m, scale): torchao's weight-only linears, added by
 //     engine/passes/quantize_torchao.h (engine/rules/quantized_torchao.cc)
-//   te_linear(x, weight, bias?; activation_dtype): TransformerEngine's te.Linear under
-//     fp8_autocast, added by engine/passes/fp8_te.h (engine/rules/fp8_te.cc)
+//   te_linear(x, weight, bias?; activation_dtype, transposes=1): TransformerEngine's te.Linear
+//     under fp8_autocast, added by engine/passes/fp8_te.h (engine/rules/fp8_te.cc)
 //   w8a8_linear(x, weight, bias?; out_features, input_type, inputs, asymmetric=0, block_k=0)
 //   wna16_linear(x, weight, bias?; out_features, bits, kernel, act_order=0, multiprocessors):
 //     vLLM's quantized linears, added by engine/passes/served_quantize.h

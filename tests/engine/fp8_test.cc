@@ -7,6 +7,7 @@
 
 #include "engine/estimator.h"
 #include "engine/passes/fp8_te.h"
+#include "tests/engine/hf_json.h"
 
 namespace memest {
 namespace {
@@ -53,16 +54,18 @@ TEST(Fp8Test, ConvertsTheLinearsWhoseDimsAreMultiplesOf16) {
   ASSERT_NE(fwd, nullptr);
   EXPECT_EQ(fwd->shape, (Shape{1024, 3}));
   EXPECT_EQ(Named(*g, "fc2.fp8_meta.amax_history_bwd")->shape, (Shape{1024, 2}));
-  EXPECT_EQ(Named(*g, "transformer_engine.cublas_workspace")->shape, Shape{kTeWorkspaceBytes});
+  EXPECT_EQ(Named(*g, "transformer_engine.cublas_workspace")->shape,
+            Shape{(int64_t{32} << 20) + 1024});
   StatusOr<Graph> current = BuildStepGraph(Mlp(), Fp8(Fp8Recipe::kCurrent));
   ASSERT_TRUE(current.ok());
   EXPECT_EQ(Named(*current, "fc1.fp8_meta.amax_history_fwd"), nullptr);
 }
 
-// fc1 reads the data batch (no grad): x cast to bfloat16 (2 * 32768 B), its fp8 copy (32768),
-// the weight in fp8 rowwise only (131072 + 4), and its transpose kept for wgrad (32768 + 4).
-// fc2 reads gelu's bfloat16 output [2, 64, 512] (grad): its fp8 copy (65536); kept, its
-// transpose (65536 + 4) and the fp8 weight with its transpose (2 * 131072 + 4).
+// fc1 reads the data batch (no grad): its fp8 rowwise copy while the GEMM runs (32768 B); kept,
+// the fp8 data wgrad reads (32768 + 4) and the weight in fp8, rowwise only (131072 + 4). fc2 reads
+// gelu's bfloat16 output [2, 64, 512] (grad): its rowwise copy (65536); kept, the transpose
+// (65536 + 4) and the weight with its transpose (2 * 131072 + 4). No cast of x: TE quantizes it
+// in its own dtype.
 TEST(Fp8Test, KeepsTheInputsFp8TransposeAndTheFp8Weight) {
   StatusOr<Report> r = Estimate(Mlp(), Fp8(), {.advice = false});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -70,8 +73,8 @@ TEST(Fp8Test, KeepsTheInputsFp8TransposeAndTheFp8Weight) {
   for (const LayerRow& row : r->layers) {
     if (row.scope == "fc1") {
       ++found;
-      EXPECT_EQ(row.temporary_bytes, 2 * 32768 + 32768 + 131076);
-      EXPECT_EQ(row.saved_bytes, 32772);
+      EXPECT_EQ(row.temporary_bytes, 32768);
+      EXPECT_EQ(row.saved_bytes, 32772 + 131076);
     } else if (row.scope == "fc2") {
       ++found;
       EXPECT_EQ(row.temporary_bytes, 65536);
@@ -84,6 +87,30 @@ TEST(Fp8Test, KeepsTheInputsFp8TransposeAndTheFp8Weight) {
     noted |= n.find("2 nn.Linear modules as te.Linear") != std::string::npos;
   }
   EXPECT_TRUE(noted);
+}
+
+// On a B200 (sm_100) fp8 GEMMs take other layouts: no transposes. fc2 keeps its input's fp8 data
+// (65536 + 4) and the weight's (131072 + 4), and makes no other copy. TE's workspace: 32 MiB + 1
+// KiB from sm_90, 4 MiB on an L4 (sm_89).
+TEST(Fp8Test, BlackwellMakesNoTransposes) {
+  RunConfig c = Fp8();
+  c.device = "b200";
+  StatusOr<Report> r = Estimate(Mlp(), c, {.advice = false});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  bool found = false;
+  for (const LayerRow& row : r->layers) {
+    if (row.scope != "fc2") continue;
+    found = true;
+    EXPECT_EQ(row.temporary_bytes, 0);
+    EXPECT_EQ(row.saved_bytes, 65540 + 131076);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(TeWorkspaceBytes(100), (int64_t{32} << 20) + 1024);
+  EXPECT_EQ(TeWorkspaceBytes(89), int64_t{4} << 20);
+  c.device = "l4";
+  StatusOr<Graph> g = BuildStepGraph(Mlp(), c);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(Named(*g, "transformer_engine.cublas_workspace")->shape, Shape{int64_t{4} << 20});
 }
 
 // Against the bf16 step: each converted linear keeps a byte a value of its input, not two.
@@ -126,6 +153,9 @@ TEST(Fp8Test, RefusesWhatMakesNoSense) {
        },
        "config.fp8"},
       {[](RunConfig* c) { c->parallelism.sharding = DataSharding::kFsdp2; }, "config.fp8"},
+      {[](RunConfig* c) { c->precision = Precision::kFp32; }, "config.precision"},
+      {[](RunConfig* c) { c->precision = Precision::kFp16Amp; }, "config.precision"},
+      {[](RunConfig* c) { c->device = "mi300x"; }, "compute capability 8.9"},
   };
   for (const Case& k : cases) {
     RunConfig c = Fp8();
@@ -135,6 +165,34 @@ TEST(Fp8Test, RefusesWhatMakesNoSense) {
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << k.field;
     EXPECT_NE(r.status().message().find(k.field), std::string::npos) << r.status().message();
   }
+}
+
+// TransformerEngine takes batch x sequence in multiples of 8: one sequence of 63 tokens is not.
+TEST(Fp8Test, RefusesTokensNotInMultiplesOf8) {
+  LayerModelSpec spec;
+  spec.input_shape = {63, 256};
+  spec.layers = {{"linear", "fc1", {{"out_features", int64_t{512}}}},
+                 {"linear", "head", {{"out_features", int64_t{10}}}}};
+  RunConfig c = Fp8();
+  c.batch_size = 1;
+  StatusOr<Report> r = Estimate(ModelSpec{spec}, c, {.advice = false});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("multiple of 8 tokens, got 63"), std::string::npos)
+      << r.status().message();
+}
+
+// accelerate makes an nn.LayerNorm a te.LayerNorm (bfloat16, a bfloat16 copy of its input
+// kept) and unties a tied output layer from the optimizer: both refused.
+TEST(Fp8Test, RefusesLayerNormAndTiedOutputLayers) {
+  StatusOr<Report> ln =
+      Estimate(ModelSpec{PresetSpec{"gpt2-small", {{"layers", 1}}}}, Fp8(), {.advice = false});
+  ASSERT_FALSE(ln.ok());
+  EXPECT_NE(ln.status().message().find("LayerNorm"), std::string::npos) << ln.status().message();
+  ModelSpec tied;
+  tied.source = HfConfigSpec{enginetest::FromJson(enginetest::ReadConfig("llama-3.2-1b")), 64};
+  StatusOr<Report> r = Estimate(tied, Fp8(), {.advice = false});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("(tied)"), std::string::npos) << r.status().message();
 }
 
 }  // namespace

@@ -124,6 +124,8 @@ TEST(TorchaoTest, RefusesWhatMakesNoSense) {
          c->quantization.group_size = 64;
        },
        "config.quantization"},
+      {[](RunConfig* c) { c->device = "a100-80gb"; }, "runs on sm_90"},
+      {[](RunConfig* c) { c->device = "b200"; }, "runs on sm_90"},
   };
   for (const Case& k : cases) {
     RunConfig c = Torchao(WeightFormat::kTorchaoInt4);

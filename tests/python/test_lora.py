@@ -178,6 +178,11 @@ def test_a_torchao_config_and_memest_names_agree(client):
     with pytest.raises(memest.InvalidArgument, match="quantization.quant_type"):
         client.estimate(quantization={"quant_method": "torchao",
                                       "quant_type": "float8_weight_only"}, **kwargs)
+    preshuffled = {"quant_method": "torchao", "quant_type": {"default": {
+        "_type": "Int4WeightOnlyConfig",
+        "_data": {"group_size": 128, "int4_packing_format": "preshuffled"}}}}
+    with pytest.raises(memest.InvalidArgument, match="int4_packing_format"):
+        client.estimate(quantization=preshuffled, **kwargs)
 
 
 @pytest.mark.parametrize("quantization, message", [

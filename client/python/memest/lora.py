@@ -193,6 +193,21 @@ def _torchao(data):
     if kind not in _TORCHAO:
         raise InvalidArgument("quantization.quant_type: %r; memest models %s"
                               % (kind, ", ".join(sorted(_TORCHAO))))
+    # Settings that change the tensors or the kernels, refused unless at their defaults.
+    for key, default in (("int4_packing_format", "plain"), ("packing_format", "plain")):
+        value = fields.get(key)
+        if value is not None and str(value).lower().split(".")[-1] != default:
+            raise InvalidArgument("quantization.quant_type.%s: %r; memest models the %s packing"
+                                  % (key, value, default))
+    granularity = fields.get("granularity")
+    if kind == "Int8WeightOnlyConfig" and granularity not in (None, "PerRow", "PerRow()") and not (
+            isinstance(granularity, dict) and granularity.get("_type") == "PerRow"):
+        raise InvalidArgument("quantization.quant_type.granularity: %r; memest models PerRow"
+                              % (granularity,))
+    for key in ("include_input_output_embeddings", "untie_embedding_weights"):
+        if data.get(key):
+            raise InvalidArgument("quantization.%s: True is not modelled (the embeddings stay "
+                                  "in the model's dtype)" % key)
     out = {"format": _TORCHAO[kind]}
     if kind == "Int4WeightOnlyConfig" and "group_size" in fields:
         out["group_size"] = fields["group_size"]
