@@ -6,11 +6,14 @@
 #include <string>
 
 #include "engine/estimator.h"
+#include "tests/engine/test_graphs.h"
 #include "engine/passes/fp8_te.h"
 #include "tests/engine/hf_json.h"
 
 namespace memest {
 namespace {
+
+using enginetest::Named;
 
 // x [2, 64, 256] -> fc1 (512) -> gelu -> fc2 (256) -> head (10): fc1 and fc2 convert, the head
 // (10 outputs, not a multiple of 16) stays an nn.Linear.
@@ -30,13 +33,6 @@ RunConfig Fp8(Fp8Recipe recipe = Fp8Recipe::kDelayed) {
   c.precision = Precision::kBf16Amp;  // float32 master weights, autocast bfloat16
   c.fp8.recipe = recipe;
   return c;
-}
-
-const Tensor* Named(const Graph& g, const std::string& name) {
-  for (const Tensor& t : g.tensors) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
 }
 
 TEST(Fp8Test, ConvertsTheLinearsWhoseDimsAreMultiplesOf16) {

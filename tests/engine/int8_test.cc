@@ -17,6 +17,8 @@ namespace {
 
 using enginetest::AtEnd;
 using enginetest::Cat;
+using enginetest::KindsIn;
+using enginetest::Named;
 using enginetest::PhasePeak;
 using enginetest::Walk;
 
@@ -33,21 +35,6 @@ RunConfig Int8Lora() {
   c.lora.rank = 16;
   c.lora.target_modules = {"all-linear"};
   return c;
-}
-
-const Tensor* Named(const Graph& g, const std::string& name) {
-  for (const Tensor& t : g.tensors) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
-}
-
-std::vector<std::string> KindsIn(const Graph& g, const std::string& scope) {
-  std::vector<std::string> kinds;
-  for (const Op& op : g.ops) {
-    if (op.scope == scope) kinds.push_back(op.kind);
-  }
-  return kinds;
 }
 
 // Int8Params keeps CB, int8 [out, in], in place of the weight; the module's state its float32

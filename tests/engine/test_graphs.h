@@ -3,6 +3,7 @@
 #define MEMEST_TESTS_ENGINE_TEST_GRAPHS_H_
 
 #include <string>
+#include <vector>
 
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
@@ -13,6 +14,23 @@
 
 namespace memest {
 namespace enginetest {
+
+// The tensor of `g` named `name`, or nullptr.
+inline const Tensor* Named(const Graph& g, const std::string& name) {
+  for (const Tensor& t : g.tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+// The kinds of the ops of `g` in `scope`, in order.
+inline std::vector<std::string> KindsIn(const Graph& g, const std::string& scope) {
+  std::vector<std::string> kinds;
+  for (const Op& op : g.ops) {
+    if (op.scope == scope) kinds.push_back(op.kind);
+  }
+  return kinds;
+}
 
 // The context front ends build a micro-batch in.
 inline BuildContext MakeContext(int64_t micro_batch = 8, Mode mode = Mode::kTraining,

@@ -7,9 +7,13 @@
 #include <vector>
 
 #include "engine/estimator.h"
+#include "tests/engine/test_graphs.h"
 
 namespace memest {
 namespace {
+
+using enginetest::KindsIn;
+using enginetest::Named;
 
 ModelSpec Llama(int64_t layers, int64_t seq = 256) {
   return ModelSpec{PresetSpec{"llama-7b", {{"seq", seq}, {"layers", layers}}}};
@@ -22,21 +26,6 @@ RunConfig Torchao(WeightFormat format) {
   c.precision = Precision::kBf16Pure;
   c.quantization.format = format;
   return c;
-}
-
-const Tensor* Named(const Graph& g, const std::string& name) {
-  for (const Tensor& t : g.tensors) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
-}
-
-std::vector<std::string> KindsIn(const Graph& g, const std::string& scope) {
-  std::vector<std::string> kinds;
-  for (const Op& op : g.ops) {
-    if (op.scope == scope) kinds.push_back(op.kind);
-  }
-  return kinds;
 }
 
 // Int4Tensor: qdata int8 [out, in / 2], a bfloat16 scale and zero point per group of 128 input
