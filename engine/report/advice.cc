@@ -255,6 +255,32 @@ StatusOr<std::vector<Advice>> MakeAdvice(const ModelSpec& model, const Graph& gr
                "model.config.use_cache = False)",
                0, ""});
     }
+    // bitsandbytes' 8-bit layers keep their inputs as attributes of their autograd nodes, which
+    // live as long as the graph (OpMemory::saved_until_graph_freed): what frees the graph sooner.
+    bool int8 = false;
+    for (const Op& op : graph.ops) int8 = int8 || op.kind == "linear_8bit";
+    if (int8 && config.checkpoint.non_reentrant &&
+        config.checkpoint.policy != CheckpointPolicy::kNone) {
+      RunConfig alt = config;
+      alt.checkpoint.non_reentrant = false;
+      measure(EstimateGraph(graph, alt, quiet),
+              {"reentrant_checkpoint",
+               "bitsandbytes' 8-bit layers keep their inputs as attributes of their autograd "
+               "nodes, which non-reentrant checkpointing's hooks never free; checkpoint with "
+               "use_reentrant=True (gradient_checkpointing_kwargs={\"use_reentrant\": True}): "
+               "the recomputed region's nodes go with its backward",
+               0, ""});
+    }
+    if (int8 && config.hold_outputs && config.parallelism.pipeline == 1) {
+      RunConfig alt = config;
+      alt.hold_outputs = false;
+      measure(EstimateGraph(graph, alt, quiet),
+              {"free_graph",
+               "the loop keeps the outputs and the loss, and with them the graph, whose 8-bit "
+               "layers' nodes keep their inputs into the next step's forward; drop them once "
+               "loss.backward() has run (del outputs, loss; or loss = loss.item())",
+               0, ""});
+    }
     // (A model that checkpoints in its own code gets no checkpoint policy advice.)
     const bool blocks = graph.blocks.size() >= 2 && graph.checkpoints.empty();
     if (blocks && config.checkpoint.policy == CheckpointPolicy::kNone) {
