@@ -42,6 +42,7 @@ std::vector<BadInput> BadConfigInputs();
 std::vector<BadInput> BadSizeInputs();
 std::vector<BadInput> BadHfConfigInputs();
 std::vector<BadInput> BadServingInputs();
+std::vector<BadInput> BadPrecisionInputs();
 
 // Small models to build rows on, as text-format EstimateRequest fields (no config).
 // GPT-2 small cut to 2 blocks of seq 32: a decoder with a KV cache in inference.

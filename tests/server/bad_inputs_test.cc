@@ -120,6 +120,7 @@ std::vector<BadInput> AllRows() {
   for (BadInput& row : BadSizeInputs()) rows.push_back(std::move(row));
   for (BadInput& row : BadHfConfigInputs()) rows.push_back(std::move(row));
   for (BadInput& row : BadServingInputs()) rows.push_back(std::move(row));
+  for (BadInput& row : BadPrecisionInputs()) rows.push_back(std::move(row));
   return rows;
 }
 
