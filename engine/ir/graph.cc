@@ -31,6 +31,11 @@ bool ScopeWithin(std::string_view scope, std::string_view prefix) {
   return scope.size() == prefix.size() || scope[prefix.size()] == '.';
 }
 
+std::string_view ScopeParent(std::string_view scope) {
+  const size_t dot = scope.rfind('.');
+  return dot == std::string_view::npos ? std::string_view() : scope.substr(0, dot);
+}
+
 const char* TensorRoleName(TensorRole role) {
   switch (role) {
     case TensorRole::kActivation:

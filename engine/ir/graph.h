@@ -107,6 +107,8 @@ const char* TensorRoleName(TensorRole role);
 
 // True if `scope` is `prefix` or lies inside it ("h.3.attn" is inside "h.3", "h.30" is not).
 bool ScopeWithin(std::string_view scope, std::string_view prefix);
+// The scope `scope` lies in ("h.3" for "h.3.attn"; "" at the top).
+std::string_view ScopeParent(std::string_view scope);
 
 // Attribute accessors: each returns the attribute or `fallback` when absent, and an error
 // naming `<context>.attrs.<name>` when present with the wrong type.

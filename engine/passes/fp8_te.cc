@@ -1,8 +1,6 @@
 #include "engine/passes/fp8_te.h"
 
-#include <map>
 #include <set>
-#include <string_view>
 #include <vector>
 
 #include "engine/ir/text.h"
@@ -19,21 +17,6 @@ int64_t TeWorkspaceBytes(int compute_capability) {
 bool TeMakesTransposes(int compute_capability) {
   return compute_capability < 100 || (compute_capability >= 120 && compute_capability < 130);
 }
-
-namespace {
-
-std::string_view Parent(std::string_view scope) {
-  const size_t dot = scope.rfind('.');
-  return dot == std::string_view::npos ? std::string_view() : scope.substr(0, dot);
-}
-
-bool Within(std::string_view scope, std::string_view parent) {
-  return parent.empty() ||
-         (scope.size() > parent.size() && scope.substr(0, parent.size()) == parent &&
-          scope[parent.size()] == '.');
-}
-
-}  // namespace
 
 StatusOr<Graph> ApplyTeFp8(const Graph& graph, const Fp8Config& fp8, int compute_capability,
                            Budget* budget) {
@@ -55,11 +38,11 @@ StatusOr<Graph> ApplyTeFp8(const Graph& graph, const Fp8Config& fp8, int compute
     const Op& op = graph.ops[call.op];
     if (op.kind != "linear") continue;  // a Conv1D is not an nn.Linear
     bool skipped = false;
-    for (const std::string& p : stopped) skipped = skipped || Within(op.scope, p);
+    for (const std::string& p : stopped) skipped = skipped || ScopeWithin(op.scope, p);
     if (skipped) continue;
     const Shape& w = graph.tensors[call.weight].shape;
     if (w.size() != 2 || w[0] % 16 != 0 || w[1] % 16 != 0) {
-      stopped.emplace_back(Parent(op.scope));  // convert_model's `return`
+      stopped.emplace_back(ScopeParent(op.scope));  // convert_model's `return`
       continue;
     }
     calls[call.last] = call;
@@ -72,20 +55,15 @@ StatusOr<Graph> ApplyTeFp8(const Graph& graph, const Fp8Config& fp8, int compute
   }
   // A converted weight read outside its module (a tied output layer): accelerate's new
   // te.Linear unties it, and its optimizer mapping leaves the copy out.
-  for (const Op& op : graph.ops) {
-    if (converted.count(op.scope) > 0) continue;
-    for (int t : op.inputs) {
-      const int w = BeforePlumbing(graph, t);
-      for (size_t i = 0; i < calls.size(); ++i) {
-        if (calls[i].first >= 0 && calls[i].weight == w) {
-          return InvalidArgument("config.fp8: the weight of " +
-                                 Quote(graph.ops[calls[i].op].scope) + " is also read in " +
-                                 Quote(op.scope) +
-                                 " (tied); accelerate's te.Linear unties it and leaves the "
-                                 "copy out of the optimizer, not modelled");
-        }
-      }
-    }
+  std::vector<bool> weights(graph.tensors.size(), false);
+  for (const LinearCall& call : calls) {
+    if (call.first >= 0) weights[call.weight] = true;
+  }
+  if (const std::optional<TiedRead> tied = ReadOutside(graph, weights, converted)) {
+    return InvalidArgument("config.fp8: the weight " + Quote(graph.tensors[tied->weight].name) +
+                           " is also read in " + Quote(graph.ops[tied->op].scope) +
+                           " (tied); accelerate's te.Linear unties it and leaves the copy out "
+                           "of the optimizer, not modelled");
   }
   const bool delayed = fp8.recipe == Fp8Recipe::kDelayed;
   const int64_t history = fp8.amax_history_len;

@@ -46,6 +46,19 @@ bool Int8LinearPart(std::string_view kind) {
          kind == "int8_outlier_weight" || kind == "int8_add_outliers";
 }
 
+std::optional<TiedRead> ReadOutside(const Graph& g, const std::vector<bool>& weights,
+                                    const std::set<std::string, std::less<>>& modules) {
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    if (modules.count(op.scope) > 0) continue;
+    for (int t : op.inputs) {
+      const int w = BeforePlumbing(g, t);
+      if (weights[t] || weights[w]) return TiedRead{static_cast<int>(i), weights[t] ? t : w};
+    }
+  }
+  return std::nullopt;
+}
+
 std::vector<std::string> LinearModules(const Graph& g) {
   // A module called several times runs its ops once per call: each run of its scope must hold
   // one weighted op and plumbing only.

@@ -4,6 +4,8 @@
 #ifndef MEMEST_ENGINE_PASSES_LINEAR_MODULES_H_
 #define MEMEST_ENGINE_PASSES_LINEAR_MODULES_H_
 
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +52,16 @@ std::vector<LinearCall> LinearCalls(const Graph& graph, const Accept& is_module)
 // `t` back through the casts and views ops from `first` on made of it (LinearPlumbing): what
 // a module whose ops start at `first` was given.
 int BeforePlumbing(const Graph& graph, int t, int first = 0);
+
+// An op outside `modules` that reads one of `weights` (by tensor id), directly or through
+// plumbing: a weight tied to another module's.
+struct TiedRead {
+  int op = -1;
+  int weight = -1;
+};
+// The first such op, or nullopt.
+std::optional<TiedRead> ReadOutside(const Graph& graph, const std::vector<bool>& weights,
+                                    const std::set<std::string, std::less<>>& modules);
 
 // The output layer: the module of the last weighted op before the loss (the whole graph
 // without one); "" when there is none. transformers' get_output_embeddings() for a causal LM,

@@ -164,15 +164,11 @@ StatusOr<Graph> ApplyQuantization(const Graph& graph, const QuantizationConfig& 
     out_in[call.weight] = {y.back(), graph.tensors[call.input].shape.back()};
   }
   // A weight another module reads too (a tied lm_head's, the embedding's) cannot be packed.
-  for (const Op& op : graph.ops) {
-    if (quantized.count(op.scope) > 0) continue;
-    for (int t : op.inputs) {
-      const int w = BeforePlumbing(graph, t);
-      if (!packed[t] && !packed[w]) continue;
-      return InvalidArgument("config.quantization.skip_modules: the weight " +
-                             Quote(graph.tensors[packed[t] ? t : w].name) + " is also read in " +
-                             Quote(op.scope) + " (tied); leave its Linear dense (skip it)");
-    }
+  if (const std::optional<TiedRead> tied = ReadOutside(graph, packed, quantized)) {
+    return InvalidArgument("config.quantization.skip_modules: the weight " +
+                           Quote(graph.tensors[tied->weight].name) + " is also read in " +
+                           Quote(graph.ops[tied->op].scope) + " (tied); leave its Linear dense "
+                           "(skip it)");
   }
   const bool int8 = q.format == WeightFormat::kBnbInt8;
   for (size_t t = 0; t < dense.tensors.size(); ++t) {

@@ -27,11 +27,6 @@ std::string_view LastName(std::string_view scope) {
   return dot == std::string_view::npos ? scope : scope.substr(dot + 1);
 }
 
-std::string_view Parent(std::string_view scope) {
-  const size_t dot = scope.rfind('.');
-  return dot == std::string_view::npos ? std::string_view() : scope.substr(0, dot);
-}
-
 // The vLLM module a Hugging Face projection is a slice of (packed_modules_mapping).
 std::string VllmName(std::string_view hf) {
   if (hf == "q_proj" || hf == "k_proj" || hf == "v_proj") return "qkv_proj";
@@ -174,7 +169,7 @@ Status Wrapper::Plan() {
         g_.tensors[op.inputs[1]].role == TensorRole::kParameter && last != "lm_head") {
       const std::string name = VllmName(last);
       if (!Wrapped(name)) continue;
-      const std::string group = std::string(Parent(op.scope)) + "." + name;
+      const std::string group = std::string(ScopeParent(op.scope)) + "." + name;
       member_[i] = group;
       group_[group].push_back(i);
       dtype_ = g_.tensors[op.inputs[0]].dtype;
@@ -384,7 +379,7 @@ std::string ServedLoraNote(const Graph& graph, const ServedLora& lora) {
     const std::string scope = t.name.substr(0, t.name.size() - (sizeof(kSlotB) - 1));
     const std::string name = scope == "logits_processor" ? "lm_head" : VllmName(LastName(scope));
     names.insert(name);
-    modules.insert(std::string(Parent(scope)) + "." + name);
+    modules.insert(std::string(ScopeParent(scope)) + "." + name);
   }
   std::string wrapped, ignored;
   for (const std::string& n : names) wrapped += (wrapped.empty() ? "" : ", ") + n;

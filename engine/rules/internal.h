@@ -86,6 +86,10 @@ Status RequireIntegerIndex(const OpCall& c, size_t i);
 // The shape of bmm(input a, input b), both [n, i, k] x [n, k, j] (matmul.cc).
 StatusOr<Shape> BmmProduct(const OpCall& c, size_t a, size_t b);
 
+// A memory rule for ops nothing flows back through (indices, masks, views outside autograd):
+// no input gets a gradient, nothing is kept, no scratch.
+void NoGradient(const OpCall& c, OpMemory* m);
+
 // Saves input i if `cond`.
 inline void SaveInputIf(OpMemory* m, bool cond, int i) {
   if (cond) m->saved_inputs.push_back(i);

@@ -16,6 +16,10 @@ Status RequireFloating(const OpCall& c, size_t i) {
   return Status::Ok();
 }
 
+void NoGradient(const OpCall& c, OpMemory* m) {
+  m->grad_flow.assign(c.inputs.size(), GradFlow::kNone);
+}
+
 Status RequireIntegerIndex(const OpCall& c, size_t i) {
   if (!IsFloating(c.in(i).dtype) && c.in(i).dtype != DType::kBool) return Status::Ok();
   return InvalidArgument(InputField(c, i) + ": " + c.op.kind +

@@ -139,8 +139,6 @@ StatusOr<std::vector<OutputSpec>> InferOutlierInputs(const OpCall& c) {
   return std::vector<OutputSpec>{Detached(sub, c.in(0).dtype)};  // out of autograd's sight
 }
 
-void NoGrad(const OpCall& c, OpMemory* m) { m->grad_flow.assign(c.inputs.size(), GradFlow::kNone); }
-
 StatusOr<std::vector<OutputSpec>> InferOutlierWeight(const OpCall& c) {
   MEMEST_RETURN_IF_ERROR(RequireInt8Weight(c, 0));
   const int64_t out = c.in(0).shape[0];
@@ -154,7 +152,7 @@ StatusOr<std::vector<OutputSpec>> InferOutlierWeight(const OpCall& c) {
 }
 
 void OutlierWeightMemory(const OpCall& c, OpMemory* m) {
-  NoGrad(c, m);
+  NoGradient(c, m);
   const int64_t values = Numel(c.out(0).shape);  // within the weight's
   m->forward_temps = {Alloc{values, "CB[:, cols].contiguous()"},
                       Alloc{4 * values, "CB[:, cols] * SCB in float32"}};
@@ -270,7 +268,7 @@ void AddOutliersMemory(const OpCall& c, OpMemory* m) {
 
 void RegisterQuantizedInt8Rules(std::vector<OpRule>* r) {
   r->push_back({"int8_quantize_rows", 1, 1, InferQuantizeRows, QuantizeRowsMemory});
-  r->push_back({"int8_outlier_inputs", 2, 2, InferOutlierInputs, NoGrad});
+  r->push_back({"int8_outlier_inputs", 2, 2, InferOutlierInputs, NoGradient});
   r->push_back({"int8_outlier_weight", 3, 3, InferOutlierWeight, OutlierWeightMemory});
   OpRule linear{"linear_8bit", 5, 6, InferLinear8bit, Linear8bitMemory};
   linear.keeps_node_attributes = true;

@@ -94,14 +94,10 @@ void ScaleMemory(const OpCall& c, OpMemory* m) {
   }
 }
 
-void NoScratch(const OpCall& c, OpMemory* m) {
-  m->grad_flow.assign(c.inputs.size(), GradFlow::kNone);
-}
-
 }  // namespace
 
 void RegisterQuantizedTorchaoRules(std::vector<OpRule>* r) {
-  r->push_back({"torchao_int4_mm", 4, 4, InferInt4, NoScratch});
+  r->push_back({"torchao_int4_mm", 4, 4, InferInt4, NoGradient});
   r->push_back({"torchao_int8_mm", 2, 2, InferInt8, Int8Memory});
   r->push_back({"torchao_int8_scale", 2, 2, InferScale, ScaleMemory});
 }

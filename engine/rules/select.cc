@@ -29,11 +29,6 @@ StatusOr<std::vector<OutputSpec>> InferNonzero(const OpCall& c) {
   return std::vector<OutputSpec>{{{count, rank}, DType::kInt64, {}, -1, false}};
 }
 
-// Only its result (measured on 1.13's CPU). On CUDA, nonzero's cub passes (a count, then a
-// selection) take temporary storage of their own, not counted.
-void NoGradient(const OpCall& c, OpMemory* m) {
-  m->grad_flow.assign(c.inputs.size(), GradFlow::kNone);
-}
 
 // The dim of a topk / sort, normalised.
 StatusOr<int> SelectDim(const OpCall& c) {
@@ -141,6 +136,8 @@ void IndexPutMemory(const OpCall& c, OpMemory* m) {
 }  // namespace
 
 void RegisterSelectRules(std::vector<OpRule>* r) {
+  // Only its result (measured on 1.13's CPU). On CUDA, nonzero's cub passes (a count, then a
+  // selection) take temporary storage of their own, not counted.
   r->push_back({"nonzero", 1, 1, InferNonzero, NoGradient});
   r->push_back({"topk", 1, 1, InferTopk, SelectMemory});
   r->push_back({"sort", 1, 1, InferSort, SelectMemory});

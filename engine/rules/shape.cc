@@ -391,8 +391,6 @@ StatusOr<std::vector<OutputSpec>> InferDetach(const OpCall& c) {
   return std::vector<OutputSpec>{y};
 }
 
-void NoGradient(const OpCall& c, OpMemory* m) { m->grad_flow.assign(c.inputs.size(), GradFlow::kNone); }
-
 // An op whose backward hands each input its own view of the gradient.
 OpRule ViewBackward(OpRule rule, decltype(OpRule::grad_view) grad_view) {
   rule.grad_view = grad_view;
