@@ -274,7 +274,8 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
       ->group(model)->type_name("FILE");
   app->add_option("--hf-config", f->hf_config,
                   "a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, "
-                  "qwen3_moe, gemma, gemma2, gemma3_text, phi3, gpt_neox, gpt2, falcon, opt) or a "
+                  "qwen3_moe, deepseek_v3, gemma, gemma2, gemma3_text, phi3, gpt_neox, gpt2, "
+                  "falcon, opt, bert, roberta, t5, vit) or a "
                   "model directory holding one, built offline without weights; give --seq")
       ->group(model)->type_name("FILE|DIR");
 

@@ -153,10 +153,6 @@ int MergeAndProject(GraphBuilder& b, const LayerContext& c, int context, int64_t
   return Dropout(b, c, out, o.resid_dropout);
 }
 
-struct AttentionDims {
-  int64_t n, t, d, heads, kv_heads, head_dim;
-};
-
 // The core as one F.scaled_dot_product_attention call (see Attention in layers.h).
 int SdpaAttention(GraphBuilder& b, const LayerContext& c, int q, int k, int v,
                   const AttentionDims& dims, const AttentionOptions& o) {
@@ -167,6 +163,7 @@ int SdpaAttention(GraphBuilder& b, const LayerContext& c, int q, int k, int v,
     b.Buffer("bias", {1, 1, positions, positions}, DType::kBool);
   }
   SdpaParams p = SdpaCallOf(b, c, q, dims.kv_heads, o.causal && o.sdpa_mask < 0, o.attn_dropout);
+  p.head_dim_v = LastDim(b, v);
   p.has_mask = o.sdpa_mask >= 0;
   StatusOr<SdpaBackend> backend = SelectSdpaBackend(p, c.attention);
   if (!backend.ok()) {
@@ -179,27 +176,32 @@ int SdpaAttention(GraphBuilder& b, const LayerContext& c, int q, int k, int v,
   }
   std::vector<int> inputs = {q, k, v};
   if (p.has_mask) inputs.push_back(o.sdpa_mask);
-  const int context = SdpaCore(b, std::move(inputs), *backend, p);
+  int context = SdpaCore(b, std::move(inputs), *backend, p);
+  if (dims.keep_dim > 0) {  // attn_output[:, :, :, :v_head_dim]
+    context = b.Add1("slice", {context}, {{"dim", Int(3)}, {"start", Int(0)}, {"end", Int(dims.keep_dim)}});
+  }
   return MergeAndProject(b, c, context, dims.n, dims.t, dims.d, o);
 }
 
 }  // namespace
 
 void AttentionCache(GraphBuilder& b, const LayerContext& c, int k, int v, int64_t n,
-                    int64_t kv_heads, int64_t room, int64_t head_dim) {
+                    int64_t kv_heads, int64_t room, int64_t head_dim, int64_t v_head_dim) {
   if (c.use_cache) {
     b.MarkCache(k);
     b.MarkCache(v);
   }
   if (!c.training() && (room > 0 || c.use_cache)) {
     b.KvCache("k_cache", {n, kv_heads, room, head_dim}, c.param_dtype);
-    b.KvCache("v_cache", {n, kv_heads, room, head_dim}, c.param_dtype);
+    b.KvCache("v_cache", {n, kv_heads, room, v_head_dim > 0 ? v_head_dim : head_dim},
+              c.param_dtype);
   }
 }
 
 int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
               const AttentionOptions& o, int* weights_out) {
   if (weights_out != nullptr) *weights_out = -1;
+  if (o.mla) return MlaAttention(b, c, name, x, o, weights_out);
   if (!ExpectRank(b, x, 3, "attention")) return -1;
   const Shape in_shape = b.shape(x);
   const int64_t n = in_shape[0], t = in_shape[1], d = in_shape[2];
@@ -275,8 +277,17 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
   }
   // DynamicCache.update(key_states, value_states): k after the rotary.
   AttentionCache(b, c, k, v, n, kv_heads, o.kv_cache_len, hd);
+  return AttendAndProject(b, c, x, q, k, v, {n, t, d, heads, kv_heads, hd}, o, weights_out);
+}
+
+namespace layers_internal {
+
+int AttendAndProject(GraphBuilder& b, const LayerContext& c, int x, int q, int k, int v,
+                     const AttentionDims& dims, const AttentionOptions& o, int* weights_out) {
+  const int64_t n = dims.n, t = dims.t, d = dims.d, heads = dims.heads;
+  const int64_t kv_heads = dims.kv_heads, hd = dims.head_dim;
   if (c.attention != AttentionImpl::kEager) {
-    const int out = SdpaAttention(b, c, q, k, v, {n, t, d, heads, kv_heads, hd}, o);
+    const int out = SdpaAttention(b, c, q, k, v, dims, o);
     if (o.hold_locals) {
       for (int local : {x, q, k, v}) b.HoldUntilLastOp(local);
     }
@@ -345,5 +356,7 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
   if (weights_out != nullptr) *weights_out = weights;
   return out;
 }
+
+}  // namespace layers_internal
 
 }  // namespace memest

@@ -78,6 +78,7 @@ int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view na
   a.rotary_cos = o.rotary_cos;
   a.rotary_sin = o.rotary_sin;
   a.additive_mask = o.additive_mask;
+  a.mla = o.mla;
   if (a.rotary_cos < 0 && o.heads > 0) {
     const int64_t head_dim = o.head_dim > 0 ? o.head_dim : d / o.heads;
     RotaryBuffers(b, c, t, o.rotary_dim > 0 ? o.rotary_dim : head_dim, &a.rotary_cos,

@@ -82,7 +82,7 @@ Status CheckRotaryDim(const FieldOf& field, const char* name, int64_t rotary_dim
 // Whether layer i of a Llama-family model has the sparse MoE MLP (Qwen2MoeDecoderLayer: not in
 // mlp_only_layers, and (i + 1) % decoder_sparse_step == 0).
 bool SparseLayer(const LlamaSpec& s, int64_t i) {
-  if (s.moe.experts <= 0) return false;
+  if (s.moe.experts <= 0 || i < s.first_dense_layers) return false;
   for (int64_t dense : s.dense_layers) {
     if (dense == i) return false;
   }
@@ -241,6 +241,18 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
                                              Str(s.kv_heads));
   }
   MEMEST_RETURN_IF_ERROR(CheckMoe(field, s));
+  if (s.mla && ctx.serving) {
+    return FieldError(field, "kv_lora_rank",
+                      "serving latent attention is not modelled: vLLM caches the latents "
+                      "(kv_lora_rank + qk_rope_head_dim a token) and runs its MLA kernels; "
+                      "estimate inference without --serve (transformers' cache of every head's "
+                      "keys and values)");
+  }
+  if (s.moe.deepseek && ctx.megatron) {
+    return FieldError(field, "n_routed_experts",
+                      "Megatron-LM's MoELayer with DeepSeek's grouped sigmoid router is not "
+                      "modelled; estimate the model as transformers runs it");
+  }
   const LayerContext c = LayerContextOf(ctx);
   int ids = b.Input("input_ids", {ctx.micro_batch, s.seq}, DType::kInt64, 0);
   int embed = -1;
@@ -299,6 +311,7 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     o.moe.router_aux_loss =
         Training(ctx) && (s.router_aux_loss || (ctx.megatron && s.router_aux_loss_coef > 0));
     o.moe_name = s.moe_name;
+    o.mla = s.mla;
     std::vector<int> router_logits;  // MixtralModel's all_router_logits
     if (s.router_aux_loss && Training(ctx)) o.router_logits = &router_logits;
     const BlockOptions windowed_o = layered ? WindowedLayerOptions(b, c, s, rotary_dim, o) : o;

@@ -91,6 +91,10 @@ struct LlamaSpec {
   std::string moe_name = "mlp";
   int64_t moe_every = 1;
   std::vector<int64_t> dense_layers;
+  int64_t first_dense_layers = 0;  // DeepSeek-V3's first_k_dense_replace: dense MLPs first
+  // DeepSeek-V3: latent attention (MlaOptions; head_dim is then qk_rope_head_dim, the rotary
+  // tables' width, and attn_scaling the scores' scale).
+  std::optional<MlaOptions> mla;
   // HF's output_router_logits: in training the loss adds router_aux_loss_coef times
   // load_balancing_loss_func over every MoE layer's router logits, which the model keeps until
   // then.

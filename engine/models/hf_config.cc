@@ -17,6 +17,7 @@
 #include "engine/models/hf_encoders.h"
 #include "engine/models/hf_falcon_opt.h"
 #include "engine/models/hf_fields.h"
+#include "engine/models/hf_deepseek.h"
 #include "engine/models/hf_gemma.h"
 #include "engine/models/hf_moe.h"
 #include "engine/models/op_count.h"
@@ -99,6 +100,7 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
   // and 3 and Qwen3-MoE, and 32 for Qwen2 and Qwen3 (their classes' defaults).
   const bool heads_default = type == "llama" || type == "phi3";
   const int64_t kv_default = heads_default || f.Present("num_key_value_heads") ? s.heads
+                             : type == "deepseek_v3"                            ? 128
                              : type == "mistral" || type == "mixtral"           ? 8
                              : type == "gemma" || type == "qwen2_moe"           ? 16
                              : type == "qwen2" || type == "qwen3"               ? 32
@@ -162,6 +164,7 @@ StatusOr<LlamaSpec> ReadLlama(const Fields& f, const std::string& type, int64_t 
         "every layer, which holds at least as much"));
   }
   MEMEST_RETURN_IF_ERROR(ReadMoe(f, type, &s));
+  MEMEST_RETURN_IF_ERROR(ReadDeepseek(f, type, &s));
   MEMEST_RETURN_IF_ERROR(ReadGemma2(f, type, &s));
   return s;
 }
@@ -216,6 +219,7 @@ StatusOr<Gpt2Spec> ReadGpt2(const Fields& f, int64_t seq) {
 
 constexpr Family kFamilies[] = {
     {"bert", "BertForMaskedLM"},          {"roberta", "RobertaForMaskedLM"},
+    {"deepseek_v3", "DeepseekV3ForCausalLM"},
     {"vit", "ViTForImageClassification"}, {"t5", "T5ForConditionalGeneration"},
     {"falcon", "FalconForCausalLM"},      {"gemma", "GemmaForCausalLM"},
     {"gemma2", "Gemma2ForCausalLM"},      {"gemma3_text", "Gemma3ForCausalLM"},

@@ -8,11 +8,13 @@
 namespace memest::hf {
 
 bool IsMoeType(const std::string& type) {
-  return type == "mixtral" || type == "qwen2_moe" || type == "qwen3_moe";
+  return type == "mixtral" || type == "qwen2_moe" || type == "qwen3_moe" || type == "deepseek_v3";
 }
 
 const char* ExpertsKey(const std::string& type) {
-  return type == "mixtral" ? "num_local_experts" : "num_experts";
+  return type == "mixtral" ? "num_local_experts"
+         : type == "deepseek_v3" ? "n_routed_experts"
+                                 : "num_experts";
 }
 
 namespace {
@@ -40,7 +42,7 @@ Status ReadDenseLayers(const Fields& f, int64_t layers, std::vector<int64_t>* ou
 }  // namespace
 
 Status ReadMoe(const Fields& f, const std::string& type, LlamaSpec* s) {
-  if (!IsMoeType(type)) return Status::Ok();
+  if (!IsMoeType(type) || type == "deepseek_v3") return Status::Ok();  // hf_deepseek.cc
   MoeOptions& moe = s->moe;
   moe.activation = s->activation;
   if (type == "mixtral") {

@@ -192,6 +192,22 @@ enum class AttentionProjection {
   kFusedPerHead,   // GPT-NeoX: query_key_value Linear to 3 * d viewed [N, T, heads, 3 * hd],
                    // transposed, chunked into q, k, v along the last dim; dense (names[3])
 };
+// DeepSeek's multi-head latent attention (transformers 4.57's DeepseekV3Attention;
+// engine/models/mla_attention.cc): the query through q_proj, or through q_a_proj (to
+// q_lora_rank), q_a_layernorm and q_b_proj; kv_a_proj_with_mqa to kv_lora_rank + one rotary
+// key of qk_rope_head_dim shared by every head; kv_a_layernorm and kv_b_proj to each head's
+// qk_nope_head_dim key and v_head_dim value; the rotary on the last qk_rope_head_dim dims of
+// q and on the shared key (interleaved pairs first with rope_interleave: a view, a transpose
+// and a copying reshape), the key expanded to every head and both cat with their rotary part.
+struct MlaOptions {
+  int64_t q_lora_rank = 0;  // 0: q_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  bool rope_interleave = true;
+};
+
 struct AttentionOptions {
   int64_t heads = 0;
   int64_t kv_heads = 0;  // 0: heads
@@ -247,6 +263,9 @@ struct AttentionOptions {
   bool hold_scores = false;
   // Inference: the KV cache's room, kv_cache_len positions (AttentionCache).
   int64_t kv_cache_len = 0;
+  // DeepSeek's latent attention instead of the projections above (MlaOptions); its scores are
+  // multiplied by `scaling`, with `bias` on q_a_proj, kv_a_proj_with_mqa and o_proj.
+  std::optional<MlaOptions> mla;
 };
 // `weights` (optional) receives the eager probabilities HF's attention returns with its output
 // (-1 for SDPA, which returns none).
@@ -259,7 +278,7 @@ int Attention(GraphBuilder& b, const LayerContext& c, std::string_view name, int
 // [n, kv_heads, room, head_dim] in the parameter dtype (with use_cache an empty room too, which
 // says a windowed layer has none left).
 void AttentionCache(GraphBuilder& b, const LayerContext& c, int k, int v, int64_t n,
-                    int64_t kv_heads, int64_t room, int64_t head_dim);
+                    int64_t kv_heads, int64_t room, int64_t head_dim, int64_t v_head_dim = 0);
 
 // Gemma 2's soft-capping of scores or logits, cap * tanh(x / cap), as the three ops HF writes
 // (`x / cap`, `torch.tanh`, `* cap`): tanh keeps its output for backward.
@@ -293,6 +312,16 @@ struct MoeOptions {
   // The expert MLP's Linear modules: Mixtral's {"w1", "w3", "w2"}, Qwen's {"gate_proj",
   // "up_proj", "down_proj"}.
   std::vector<std::string> names = {"gate_proj", "up_proj", "down_proj"};
+  // DeepSeek-V3's DeepseekV3MoE (transformers 4.57; engine/models/deepseek_moe.cc): the router
+  // "gate" a float32 sigmoid over the experts, whose top-k is chosen without gradient among
+  // the `topk_groups` best of `groups` groups (each scored by its two best), the weights
+  // gathered from the sigmoid, renormalised when norm_topk_prob and scaled by routed_scaling;
+  // the experts' outputs weighted and summed in the weights' dtype; `shared_expert_ffn` an
+  // ungated MLP "shared_experts" on the block's input, added last.
+  bool deepseek = false;
+  int64_t groups = 1;
+  int64_t topk_groups = 1;
+  double routed_scaling = 1.0;
   // In training, the router's load-balancing loss (HF's output_router_logits; under Megatron-LM
   // a positive router_aux_loss_coef, its moe_aux_loss_coeff): Megatron's layer attaches its own
   // (engine/models/megatron_moe.cc); HF's comes from RouterAuxLoss.
@@ -374,6 +403,8 @@ struct BlockOptions {
   MoeOptions moe;
   std::string moe_name = "mlp";
   std::vector<int>* router_logits = nullptr;
+  // DeepSeek's latent attention (AttentionOptions::mla), its scores scaled by attn_scaling.
+  std::optional<MlaOptions> mla;
 };
 int TransformerBlock(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
                      const BlockOptions& options);

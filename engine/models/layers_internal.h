@@ -39,6 +39,33 @@ inline bool ExpectRank(GraphBuilder& b, int x, size_t rank, std::string_view wha
 }
 
 
+// An attention's sizes: batch, tokens, model width, query and key-value heads, the query's
+// head dim; keep_dim > 0: the core's output sliced to its first keep_dim dims (values padded
+// to the query's width, as Hugging Face pads MLA's for flash-attn).
+struct AttentionDims {
+  int64_t n, t, d, heads, kv_heads, head_dim;
+  int64_t keep_dim = 0;
+};
+
+// Attention's tail (and MlaAttention's): the core on q, k, v [N, H, T, hd] (v's hd its own)
+// as c.attention runs it, the heads merged and the output projection, the locals held with
+// o.hold_locals; `weights_out` (optional) receives eager's probabilities.
+int AttendAndProject(GraphBuilder& b, const LayerContext& c, int x, int q, int k, int v,
+                     const AttentionDims& dims, const AttentionOptions& o, int* weights_out);
+
+// DeepSeek's latent attention (AttentionOptions::mla; engine/models/mla_attention.cc).
+int MlaAttention(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
+                 const AttentionOptions& o, int* weights_out);
+
+// An expert's MLP (MixtralBlockSparseTop2MLP, Qwen2MoeMLP, DeepseekV3MLP): out(act(first(x)) *
+// second(x)), the Linear modules MoeOptions::names, without bias.
+int ExpertMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, int64_t ffn,
+              const MoeOptions& o);
+
+// DeepSeek-V3's MoE block (MoeOptions::deepseek; engine/models/deepseek_moe.cc) on x
+// [N, T, d], under the block's scope.
+int DeepseekMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions& o);
+
 // F.softmax(x, dim, dtype=torch.float32) as ATen runs it: _softmax(half_to_float=true) for
 // float16, otherwise a cast first (a float32 copy of bfloat16, a no-op view of float32).
 inline int SoftmaxFloat32(GraphBuilder& b, int x, int64_t dim) {

@@ -9,12 +9,10 @@
 #include "engine/models/layers_internal.h"
 
 namespace memest {
-namespace {
 
 using namespace layers_internal;  // NOLINT
 
-// An expert's MLP (MixtralBlockSparseTop2MLP, Qwen2MoeMLP): out(act(first(x)) * second(x)).
-int ExpertMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, int64_t ffn,
+int layers_internal::ExpertMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, int64_t ffn,
               const MoeOptions& o) {
   if (o.names.size() != 3) {
     b.Fail(Internal("SparseMoe: an expert MLP names three Linear modules"));
@@ -30,6 +28,8 @@ int ExpertMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int
   const int up = Linear(b, c, o.names[1], x, ffn, /*bias=*/false);
   return Linear(b, c, o.names[2], b.Add1("mul", {gate, up}), d, /*bias=*/false);
 }
+
+namespace {
 
 // vLLM's FusedMoE (model_executor/layers/fused_moe/layer.py, 0.17-0.19): the router's logits,
 // fused_topk's weights and choices (here a float32 softmax and topk, a little more than its
@@ -73,6 +73,7 @@ int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     return -1;
   }
   ModuleScope scope(b, name);
+  if (o.deepseek) return DeepseekMoe(b, c, x, o);
   if (c.megatron) return MegatronMoe(b, c, x, o);
   if (c.vllm && !c.training()) return VllmFusedMoe(b, c, x, in, o);
   const DType dtype = b.tensor(x).dtype;

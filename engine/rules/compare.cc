@@ -64,6 +64,16 @@ StatusOr<std::vector<OutputSpec>> InferBitwise(const OpCall& c) {
   return std::vector<OutputSpec>{out};
 }
 
+// bitwise_not(x): `~mask`, like x, for bool or integer x; not differentiable.
+StatusOr<std::vector<OutputSpec>> InferBitwiseNot(const OpCall& c) {
+  if (IsFloating(c.in(0).dtype)) {
+    return InvalidArgument(InputField(c, 0) + ": bitwise_not takes a bool or integer tensor, got " +
+                           std::string(DTypeName(c.in(0).dtype)));
+  }
+  return std::vector<OutputSpec>{
+      {c.in(0).shape, c.in(0).dtype, DenseStridesLike(c.in(0)), -1, false}};
+}
+
 // maximum / minimum(a, b): the promoted type (a 0-dim floating tensor does not promote a
 // dimensioned one of another floating type, as for add).
 StatusOr<std::vector<OutputSpec>> InferExtremum(const OpCall& c) {
@@ -157,6 +167,7 @@ void RegisterCompareRules(std::vector<OpRule>* r) {
   }
   r->push_back({"bitwise_and", 2, 2, InferBitwise, CompareMemory});
   r->push_back({"bitwise_or", 2, 2, InferBitwise, CompareMemory});
+  r->push_back({"bitwise_not", 1, 1, InferBitwiseNot, CompareMemory});
   r->push_back({"maximum", 2, 2, InferExtremum, ExtremumMemory});
   r->push_back({"minimum", 2, 2, InferExtremum, ExtremumMemory});
   r->push_back({"cumsum", 1, 1, InferCumsum, CumsumMemory});

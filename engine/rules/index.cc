@@ -1,5 +1,5 @@
 // Rules for ops that make tensors or follow indices: arange, full, index (advanced indexing
-// with integer index tensors for consecutive dims), index_add_, scatter_, one_hot and
+// with integer index tensors for consecutive dims), gather, index_add_, scatter_, one_hot and
 // embedding_bag.
 //
 // derivatives.yaml: index.Tensor keeps its indices and self's sizes; its backward is
@@ -110,6 +110,32 @@ void IndexMemory(const OpCall& c, OpMemory* m) {
     m->backward_temps.push_back(
         Alloc{4 * Numel(indices) * 8, "index_put_ sort: linear, sorted, original, range"});
   }
+}
+
+// ---- gather(x, idx; dim): x.gather(dim, idx), idx x's rank and no larger than x in the
+// other dims; the result has idx's shape ----
+
+StatusOr<std::vector<OutputSpec>> InferGather(const OpCall& c) {
+  const Shape& x = c.in(0).shape;
+  const Shape& idx = c.in(1).shape;
+  MEMEST_RETURN_IF_ERROR(RequireIntegerIndex(c, 1));
+  MEMEST_ASSIGN_OR_RETURN(int64_t dim, IntAttr(c.op.attrs, "dim", -1, c.field));
+  MEMEST_ASSIGN_OR_RETURN(int d, NormalizeDim(dim, static_cast<int>(x.size()), AttrField(c, "dim")));
+  bool fits = idx.size() == x.size();
+  for (size_t i = 0; fits && i < idx.size(); ++i) fits = static_cast<int>(i) == d || idx[i] <= x[i];
+  if (!fits) {
+    return InvalidArgument(InputField(c, 1) + ": index " + ShapeToString(idx) +
+                           " must have the rank of " + ShapeToString(x) +
+                           " and no larger size outside dim " + std::to_string(d));
+  }
+  return std::vector<OutputSpec>{{idx, c.in(0).dtype}};
+}
+
+// derivatives.yaml gather: self's gradient gather_backward(grad, self, dim, index), zeros of
+// self's shape that the gradient is scattered into (fresh); the index kept.
+void GatherMemory(const OpCall& c, OpMemory* m) {
+  m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
+  if (c.needs_grad(0)) m->saved_inputs.push_back(1);
 }
 
 // ---- index_add_(x, idx, source; dim=0): x.index_add_(dim, idx, source), in place; idx a 1-D
@@ -377,6 +403,7 @@ void RegisterIndexRules(std::vector<OpRule>* r) {
   r->push_back({"full", 0, 0, InferFull, NoMemory});
   r->push_back({"index", 2, -1, InferIndex, IndexMemory});
   r->push_back({"index_add_", 3, 3, InferIndexAdd, IndexAddMemory});
+  r->push_back({"gather", 2, 2, InferGather, GatherMemory});
   r->push_back({"scatter_", 2, 2, InferScatter, ScatterMemory});
   r->push_back({"one_hot", 1, 1, InferOneHot, OneHotMemory});
   r->push_back({"embedding_bag", 2, 4, InferEmbeddingBag, EmbeddingBagMemory});

@@ -37,6 +37,7 @@
 //   index(x, idx...; dim=0)   x[:, ..., idx1, idx2, ..] with integer index tensors (broadcast)
 //   index_put_(x, idx, values; dim=0, accumulate=0) in place: x[:, ..., idx] = values
 //   index_add_(x, idx, source; dim=0) in place: x.index_add_(dim, idx, source)
+//   gather(x, idx; dim) -> idx's shape: x.gather(dim, idx)
 //   scatter_(x, idx; dim, value) in place   one_hot(ids; num_classes) -> int64 [..., num_classes]
 //   nonzero(x; count) -> int64 [count, rank]   (count: the data's, as traced)
 //   topk(x; k, dim=-1, largest=1, sorted=1) -> (values, indices)   sort(x; dim=-1, descending=0)
@@ -45,7 +46,7 @@
 //   add_ / mul_ / div_ (a, b) in place on a
 //   masked_fill(x, mask; value)  where(cond, a, b)
 //   eq / ne / lt / le / gt / ge(a, b) or (a; scalar) -> bool, not differentiable
-//   bitwise_and / bitwise_or(a, b) integer or bool, not differentiable
+//   bitwise_and / bitwise_or(a, b) integer or bool, not differentiable   bitwise_not(x) (~x)
 //   maximum / minimum(a, b)   cumsum(x; dim) (an integral x sums into int64)
 //   nms(boxes[N, 4], scores[N]; iou_threshold, count) -> int64 [count]   (torchvision.ops)
 //   roi_align(x[N, C, H, W], rois[K, 5]; output_size, spatial_scale, sampling_ratio, aligned)

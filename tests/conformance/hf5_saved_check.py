@@ -10,8 +10,13 @@ attention, float32, batch 2, sequence 16, and compares it with `memest estimate 
 (the CUDA runtime: PyTorch 2.x's autograd; SGD, the loop holding only the loss). Peaks are not
 compared: the CPU has no caching allocator to model.
 
+--cases deepseek measures DeepSeek-V3's latent attention and grouped-router MoE instead
+(DeepseekV3ForCausalLM as transformers 4.57 writes it, whose experts loop over nn.Linear
+modules: transformers 5 fuses them into 3-D parameters, which memest does not model); run it with
+transformers 4.5x.
+
 Usage:
-  PY2 tests/conformance/hf5_saved_check.py measure DIR   # torch 2.x, transformers >= 4.50
+  PY2 tests/conformance/hf5_saved_check.py measure DIR [--cases deepseek]  # torch 2.x, transformers >= 4.50
   python3 tests/conformance/hf5_saved_check.py compare DIR [--memest build/bin/memest]
   PY2 tests/conformance/hf5_saved_check.py run DIR [--memest PATH]   # both, one interpreter
 
@@ -31,9 +36,11 @@ import sys
 SMALL = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, intermediate_size=128,
              max_position_embeddings=64, sliding_window=8)
-# name: (Config class, model class, kwargs, rotary table pairs transformers 5 computes)
+# name: (Config class, model class, kwargs, rotary table pairs transformers 5 computes[, their
+# width: head_dim when left out])
 CASES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(SMALL, sliding_window=None), 1),
+    "llama": ("LlamaConfig", "LlamaForCausalLM",
+              {k: v for k, v in SMALL.items() if k != "sliding_window"}, 1),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", SMALL, 1),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                dict(SMALL, num_hidden_layers=3, sliding_window_pattern=3), 2),
@@ -41,11 +48,37 @@ CASES = {
                              dict(SMALL, num_hidden_layers=3, sliding_window_pattern=3,
                                   final_logit_softcapping=30.0), 2),
 }
+# DeepSeek-V3 (transformers 4.57.1): a dense first layer, then the MoE of 8 experts in 2 groups;
+# the rotary tables are qk_rope_head_dim wide.
+DS = dict(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+          n_routed_experts=8, routed_scaling_factor=2.5, kv_lora_rank=32, q_lora_rank=48,
+          qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16, n_group=2, topk_group=1,
+          num_experts_per_tok=2, first_k_dense_replace=1, norm_topk_prob=True,
+          max_position_embeddings=64)
+YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32,
+        "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+DEEPSEEK_CASES = {
+    name: ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(DS, **kw), 1, 8)
+    for name, kw in {
+        "deepseek_v3": {},
+        "deepseek_v3_no_q_lora": dict(q_lora_rank=None),
+        "deepseek_v3_no_interleave": dict(rope_interleave=False),
+        "deepseek_v3_one_group_no_norm": dict(norm_topk_prob=False, n_group=1, topk_group=1),
+        "deepseek_v3_two_shared": dict(n_shared_experts=2, first_k_dense_replace=0),
+        "deepseek_v3_yarn": dict(rope_scaling=YARN),
+    }.items()
+}
 BATCH, SEQ = 2, 16
-TABLE_PAIR = 2 * SEQ * SMALL["head_dim"] * 4
 
 
-def measure(out_dir):
+def table_pair(case):
+    """The bytes of a float32 cos and sin pair [1, T, width] that memest keeps as buffers."""
+    width = case[4] if len(case) > 4 else SMALL["head_dim"]
+    return 2 * SEQ * width * 4
+
+
+def measure(out_dir, cases):
     import torch
     import torch.nn.functional as F
     import transformers
@@ -54,8 +87,7 @@ def measure(out_dir):
     torch.manual_seed(0)
     os.makedirs(out_dir, exist_ok=True)
     measured = {"torch": torch.__version__, "transformers": transformers.__version__, "saved": {}}
-    for name, (cfg_cls, cls, kw, _) in CASES.items():
-        kw = {k: v for k, v in kw.items() if v is not None}
+    for name, (cfg_cls, cls, kw, *_) in cases.items():
         config = getattr(transformers, cfg_cls)(attn_implementation="eager", **kw)
         config.use_cache = False
         model = getattr(transformers, cls)(config).train()
@@ -76,8 +108,8 @@ def measure(out_dir):
                 saved[st.data_ptr()] = [StorageWeakRef(st), st.nbytes()]
             return t.detach()
 
-        ids = torch.randint(0, SMALL["vocab_size"], (BATCH, SEQ))
-        target = torch.randint(0, SMALL["vocab_size"], (BATCH, SEQ))
+        ids = torch.randint(0, kw["vocab_size"], (BATCH, SEQ))
+        target = torch.randint(0, kw["vocab_size"], (BATCH, SEQ))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             logits = model(ids).logits
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
@@ -89,14 +121,14 @@ def measure(out_dir):
     return measured
 
 
-def compare(out_dir, memest):
+def compare(out_dir, memest, cases):
     with open(os.path.join(out_dir, "measured.json")) as f:
         measured = json.load(f)
     print(f"saved for backward, bytes (torch {measured['torch']}, transformers "
           f"{measured['transformers']}, CPU, eager, float32, batch {BATCH}, sequence {SEQ})")
-    print(f"  {'config':<22} {'measured':>10} {'memest':>10} {'difference':>11} {'expected':>9}")
+    print(f"  {"config":<30} {'measured':>10} {'memest':>10} {'difference':>11} {'expected':>9}")
     bad = 0
-    for name, (_, _, _, pairs) in CASES.items():
+    for name, case in cases.items():
         cmd = [memest, "estimate", "--local", "--hf-config", os.path.join(out_dir, f"{name}.json"),
                "--seq", str(SEQ), "--batch", str(BATCH), "--precision", "fp32", "--attention",
                "eager", "--optimizer", "sgd", "--no-hold-outputs", "--json", "--no-advice"]
@@ -107,10 +139,10 @@ def compare(out_dir, memest):
             continue
         estimated = int(json.loads(p.stdout)["savedForBackwardBytes"])
         m = measured["saved"][name]
-        expected = -pairs * TABLE_PAIR
+        expected = -case[3] * table_pair(case)
         ok = estimated - m == expected
         bad += not ok
-        print(f"  {name:<22} {m:>10,} {estimated:>10,} {estimated - m:>+11,} {expected:>+9,}"
+        print(f"  {name:<30} {m:>10,} {estimated:>10,} {estimated - m:>+11,} {expected:>+9,}"
               f"{'' if ok else '  !!'}")
     return 1 if bad else 0
 
@@ -121,14 +153,18 @@ def main():
     ap.add_argument("action", choices=("measure", "compare", "run"))
     ap.add_argument("dir")
     ap.add_argument("--memest", help="the memest binary (default: build/bin/memest)")
+    ap.add_argument("--cases", choices=("hf5", "deepseek"), default="hf5",
+                    help="Gemma 2 and 3 under transformers 5 (default), or DeepSeek-V3 under "
+                         "transformers 4.57")
     args = ap.parse_args()
+    cases = DEEPSEEK_CASES if args.cases == "deepseek" else CASES
     if args.memest is None:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         args.memest = os.path.join(root, "build", "bin", "memest")
     if args.action in ("measure", "run"):
-        measure(args.dir)
+        measure(args.dir, cases)
     if args.action in ("compare", "run"):
-        return compare(args.dir, args.memest)
+        return compare(args.dir, args.memest, cases)
     return 0
 
 

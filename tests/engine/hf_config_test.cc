@@ -423,8 +423,8 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(
         BadCase{"UnknownType", {{"model_type", "llama9"}},
                 "model.hf_config.config.model_type: 'llama9' is not supported; supported: bert, "
-                "falcon, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, mixtral, opt, "
-                "phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, roberta, t5, vit"},
+                "deepseek_v3, falcon, gemma, gemma2, gemma3_text, gpt2, gpt_neox, llama, mistral, "
+                "mixtral, opt, phi3, qwen2, qwen2_moe, qwen3, qwen3_moe, roberta, t5, vit"},
         BadCase{"NoType", {{"model_type", nullptr}}, "model.hf_config.config.model_type: missing"},
         BadCase{"MissingSize", {{"hidden_size", nullptr}},
                 "model.hf_config.config.hidden_size: missing; a llama config must give it"},

@@ -30,8 +30,8 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
         memest.v1.Model, e.g. {"layers": {...}} as in examples/mlp.json, a path to such a JSON
         file, or a memest.v1.Model), or `hf_config` with `seq` (a Hugging Face config.json's
         path, its dict, or a transformers PretrainedConfig: model_type llama, mistral, mixtral,
-        qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi3, gpt_neox, gpt2,
-        falcon or opt, built without weights; its torch_dtype is the precision when none is given).
+        qwen2, qwen2_moe, qwen3, qwen3_moe, deepseek_v3, gemma, gemma2, gemma3_text, phi3,
+        gpt_neox, gpt2, falcon, opt, bert, roberta, t5 or vit, built without weights; its torch_dtype is the precision when none is given).
 
         The run, in the `memest estimate` command's words:
           batch_size (samples per optimizer step, default 1), grad_accum_steps,
