@@ -241,13 +241,6 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
                                              Str(s.kv_heads));
   }
   MEMEST_RETURN_IF_ERROR(CheckMoe(field, s));
-  if (s.mla && ctx.serving) {
-    return FieldError(field, "kv_lora_rank",
-                      "serving latent attention is not modelled: vLLM caches the latents "
-                      "(kv_lora_rank + qk_rope_head_dim a token) and runs its MLA kernels; "
-                      "estimate inference without --serve (transformers' cache of every head's "
-                      "keys and values)");
-  }
   if (s.moe.deepseek && ctx.megatron) {
     return FieldError(field, "n_routed_experts",
                       "Megatron-LM's MoELayer with DeepSeek's grouped sigmoid router is not "

@@ -85,6 +85,7 @@ struct LayerContext {
   // Built for vLLM's profile run (BuildContext.serving): layers vLLM runs as one fused kernel
   // are built as that kernel (SparseMoe: FusedMoE).
   bool vllm = false;
+  int64_t mla_workspace_rows = 0;  // BuildContext's
   // Trained by Megatron-LM (BuildContext.megatron): SparseMoe is its MoELayer.
   bool megatron = false;
   // The attention layers mark the keys and values the model returns in its cache

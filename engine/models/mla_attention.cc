@@ -23,6 +23,58 @@ int Deinterleave(GraphBuilder& b, int x) {
   return b.Add1("reshape", {v}, {{"shape", Ints({s[0], s[1], s[2], s[3]})}});
 }
 
+// vLLM's MultiHeadLatentAttentionWrapper.forward (0.19, model_executor/layers/mla.py) in the
+// profile run: fused_qkv_a_proj (q_a_proj and kv_a_proj_with_mqa as one replicated linear) or
+// kv_a_proj_with_mqa and q_proj; the norms; kv_b_proj's weight (over no token: the profile
+// does not up-project); the rotary in place (no op); MLAAttention with no
+// metadata (mla_profile_attention: its output and the chunked prefill's placeholder, which
+// tensor parallelism cuts by heads as q is); o_proj.
+int VllmMla(GraphBuilder& b, const LayerContext& c, int x, const AttentionOptions& o,
+            const MlaOptions& m) {
+  const Shape in = b.shape(x);
+  const int64_t n = in[0], t = in[1], d = in[2], heads = o.heads;
+  const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim, latent = m.kv_lora_rank + m.qk_rope_head_dim;
+  if (c.mla_workspace_rows <= 0) {
+    b.Fail(Internal("attention: vLLM's latent attention needs its chunked-prefill workspace rows"));
+    return -1;
+  }
+  int q = -1, kv_lora = -1;
+  if (m.q_lora_rank > 0) {
+    const int qkv = Linear(b, c, "fused_qkv_a_proj", x, m.q_lora_rank + latent, o.bias);
+    std::vector<int> parts =
+        b.Add("split", {qkv}, {{"dim", Int(2)}, {"sizes", Ints({m.q_lora_rank, latent})}});
+    if (parts.size() != 2) return -1;
+    kv_lora = parts[1];
+    q = Linear(b, c, "q_b_proj", RmsNorm(b, c, "q_a_layernorm", parts[0], true), heads * qk,
+               /*bias=*/false);
+  } else {
+    kv_lora = Linear(b, c, "kv_a_proj_with_mqa", x, latent, o.bias);
+    q = Linear(b, c, "q_proj", x, heads * qk, /*bias=*/false);
+  }
+  std::vector<int> kv = b.Add("split", {kv_lora}, {{"dim", Int(2)}, {"sizes", Ints({m.kv_lora_rank, m.qk_rope_head_dim})}});
+  if (kv.size() != 2) return -1;
+  const int kv_c_normed = RmsNorm(b, c, "kv_a_layernorm", kv[0], true);
+  {
+    // kv_b_proj, which the profile does not run (the prefill's up-projection): its weight, over
+    // no token, for the passes that split and quantize it.
+    const int none =
+        b.Add1("slice", {kv_c_normed}, {{"dim", Int(1)}, {"start", Int(0)}, {"end", Int(0)}});
+    Linear(b, c, "kv_b_proj", none, heads * (m.qk_nope_head_dim + m.v_head_dim), false);
+  }
+  q = b.Add1("view", {q}, {{"shape", Ints({n, t, heads, qk})}});
+  const int k_pe = b.Add1("unsqueeze", {kv[1]}, {{"dim", Int(2)}});
+  int out = -1;
+  {
+    ModuleScope core(b, "mla_attn");
+    out = b.Add1("mla_profile_attention", {q, kv_c_normed, k_pe},
+                 {{"workspace_rows", Int(c.mla_workspace_rows)},
+                  {"v_head_dim", Int(m.v_head_dim)},
+                  {"kv_head_dim", Int(m.qk_nope_head_dim + m.v_head_dim)}});
+  }
+  out = b.Add1("view", {out}, {{"shape", Ints({n, t, heads * m.v_head_dim})}});
+  return Linear(b, c, "o_proj", out, d, o.out_bias.value_or(o.bias));
+}
+
 }  // namespace
 
 int layers_internal::MlaAttention(GraphBuilder& b, const LayerContext& c, std::string_view name,
@@ -41,6 +93,7 @@ int layers_internal::MlaAttention(GraphBuilder& b, const LayerContext& c, std::s
     return -1;
   }
   ModuleScope scope(b, name);
+  if (c.vllm && !c.training()) return VllmMla(b, c, x, o, m);
   int q_states = -1;
   if (m.q_lora_rank == 0) {
     q_states = Linear(b, c, "q_proj", x, heads * qk, /*bias=*/false);

@@ -41,6 +41,7 @@ LayerContext LayerContextOf(const BuildContext& context) {
   c.rotary_positions = context.serving ? context.rotary_positions : 0;
   c.rotary_local_positions = context.serving ? context.rotary_local_positions : 0;
   c.vllm = context.serving;
+  c.mla_workspace_rows = context.mla_workspace_rows;
   c.megatron = context.megatron;
   c.use_cache = ReturnsCache(context);
   return c;

@@ -131,6 +131,9 @@ struct BuildContext {
   int64_t rotary_positions = 0;
   int64_t rotary_local_positions = 0;  // the sliding-window layers' table (Gemma 3's)
   int multiprocessors = 132;  // the device's, which size vLLM's top-k/top-p scratch
+  // vLLM's chunked-prefill workspace rows for latent attention (MLACommonMetadataBuilder's
+  // determine_chunked_prefill_workspace_size), which its profile run allocates per layer.
+  int64_t mla_workspace_rows = 0;
   // Megatron-LM trains the model (config.parallelism's megatron-ddp / megatron-distopt):
   // mixture-of-experts layers are built as its MoELayer (engine/models/megatron_moe.cc).
   bool megatron = false;

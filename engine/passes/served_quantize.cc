@@ -101,6 +101,9 @@ struct Plan {
   int64_t full_in = 0;  // the whole layer's input features (a row-parallel shard's t times)
   bool row_parallel = false;
   Kernel kernel = Kernel::kCutlass;
+  // Latent attention's kv_b_proj: MLAAttention.process_weights_after_loading keeps it dequantized
+  // to the model's dtype besides (W_UK_T and W_UV, views of one [out, in] copy).
+  bool dequantized_copy = false;
 };
 
 std::string Shard(const std::string& module, int64_t out, int64_t in) {
@@ -236,6 +239,9 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
   }
   std::vector<Plan> plans(rank.ops.size());
   std::vector<bool> matched(q.skip_modules.size(), false);
+  const bool latent = std::any_of(rank.ops.begin(), rank.ops.end(), [](const Op& op) {
+    return op.kind == "mla_profile_attention";
+  });
   Graph packed = rank;
   const int bits = q.format == WeightFormat::kW4A16 ? 4 : 8;
   bool any = false;
@@ -256,6 +262,7 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
     }
     Plan& p = plans[i];
     p.quantize = true;
+    p.dequantized_copy = latent && last == "kv_b_proj";
     p.out = weight.shape[0];
     p.in = weight.shape[1];
     p.row_parallel = op.kind == "megatron_linear" && op.attrs.count("input_grad") == 0;
@@ -339,6 +346,7 @@ StatusOr<Graph> ApplyServedQuantization(const Graph& rank, const QuantizationCon
                                       {"dtype", std::string("uint8")}});
     }
     AddState(q, p, b.tensor(x).dtype, bits, device.multiprocessors, b);
+    if (p.dequantized_copy) b.Buffer("W_UK_T_W_UV", {p.out, p.in}, b.tensor(x).dtype);
     std::vector<int> in{x, map[op.inputs[1]]};
     if (op.inputs.size() > 2) in.push_back(map[op.inputs[2]]);
     Attrs attrs{{"out_features", p.out}};

@@ -246,6 +246,8 @@ Status Sharder::Propagate(int i, std::vector<Split>* out, Attrs* attrs) {
     for (size_t k = 1; k < op.inputs.size(); ++k) {
       if (In(i, k) != x) return Refuse(i, "concatenates tensors split differently");
     }
+  } else if (kind == "mla_profile_attention") {  // vLLM's latent attention: the rank's heads
+    if (x.dim != 2) return Refuse(i, "latent attention over a split other than its query's heads");
   } else if (kind == "scaled_dot_product_attention" || kind == "cp_attention") {
     if (x.dim >= r - 2) return Refuse(i, "attends over a split sequence or head dim");
     for (size_t k = 1; k < 3 && k < op.inputs.size(); ++k) {

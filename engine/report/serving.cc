@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/ir/devices.h"
@@ -100,12 +102,47 @@ StatusOr<ServingReport> ResolveSettings(int64_t context, const RunConfig& config
   return s;
 }
 
+// MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size (vLLM 0.19): eight requests
+// of max_model_len or four pages a request, at most 64 Ki tokens, at least a page a request.
+// Within serving's limits (2^24 tokens, 2^20 requests, blocks of at most 2^16 tokens's worth of
+// checks in ResolveSettings): no overflow.
+int64_t MlaWorkspaceRows(const ServingReport& s) {
+  const int64_t pages = s.max_num_seqs * s.block_size;
+  return std::max(std::min(std::max(8 * s.max_model_len, 4 * pages), int64_t{64} * 1024), pages);
+}
+
+// Latent attention (DeepSeek's): vLLM caches kv_a_proj_with_mqa's output, the latent and the
+// rotary key, as one "head" a token a layer (MLAAttentionSpec), whole on every rank. The layers
+// of `graph` (built for transformers, whose caches hold every head's keys and values) that have
+// one; none for another model.
+std::vector<KvLayer> LatentLayers(const Graph& graph, KvCacheDType kv, ServingReport* s) {
+  static constexpr std::string_view kLatent = ".kv_a_proj_with_mqa.weight";
+  std::unordered_map<std::string_view, int64_t> width;  // attention scope -> latent width
+  for (const Tensor& t : graph.tensors) {
+    const std::string_view name = t.name;
+    if (name.size() > kLatent.size() && name.substr(name.size() - kLatent.size()) == kLatent) {
+      width[name.substr(0, name.size() - kLatent.size())] = t.shape[0];
+    }
+  }
+  std::vector<KvLayer> layers;
+  if (width.empty()) return layers;
+  for (const Tensor& cache : graph.tensors) {
+    if (!cache.kv_cache || cache.name.find("k_cache") == std::string::npos) continue;
+    auto it = width.find(std::string_view(cache.name).substr(0, cache.name.rfind('.')));
+    if (it == width.end()) continue;
+    const int64_t element = kv == KvCacheDType::kAuto ? DTypeSize(cache.dtype) : 1;
+    layers.push_back({it->second * element, 0});
+    if (kv == KvCacheDType::kAuto) s->kv_cache_dtype = std::string(DTypeName(cache.dtype));
+  }
+  return layers;
+}
+
 // The layers' KV caches on this GPU, as vLLM's pages: the model built for one token of one
 // sequence in inference, with room for the most tokens a request may generate so that a
 // sliding-window layer's cache stops at its window (transformers 5's, which the builders follow)
 // where a full one does not; tensor parallelism applied (each rank's max(1, kv_heads / t) heads);
-// the elements at the served element type. Sets s->kv_layers, s->kv_bytes_per_token and
-// s->kv_cache_dtype.
+// the elements at the served element type; latent attention's layers as LatentLayers says. Sets
+// s->kv_layers, s->kv_bytes_per_token and s->kv_cache_dtype.
 StatusOr<KvPages> ReadKvPages(const ModelSpec& model, const RunConfig& config, int64_t max_ops,
                               Budget* budget, ServingReport* s) {
   RunConfig one = config;
@@ -118,27 +155,30 @@ StatusOr<KvPages> ReadKvPages(const ModelSpec& model, const RunConfig& config, i
   const int64_t full = 1 + one.generate_tokens;
   MEMEST_ASSIGN_OR_RETURN(ModelSpec token, WithSequence(model, 1));
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildStepGraph(token, one, max_ops, budget));
+  const KvCacheDType kv = config.serving.kv_cache_dtype;
+  std::vector<KvLayer> layers = LatentLayers(graph, kv, s);
   const int64_t t = config.parallelism.tensor;
-  if (t > 1) {  // each rank's KV heads: max(1, kv_heads / t) (replicated below one)
+  if (layers.empty() && t > 1) {  // each rank's KV heads: max(1, kv_heads / t) (replicated
+                                  // below one)
     MEMEST_ASSIGN_OR_RETURN(TensorParallelView view,
                             ShardTensorParallel(graph, config.parallelism));
     graph = std::move(view.graph);
   }
-  const KvCacheDType kv = config.serving.kv_cache_dtype;
-  // With use_cache the prompt's token is the forward's (Graph::cache), the room the rest.
-  const int64_t prompt = graph.cache.empty() ? 0 : 1;
-  std::vector<KvLayer> layers;
-  for (const Tensor& cache : graph.tensors) {
-    // The keys' cache [1, kv_heads, positions, head_dim]; the values' is its twin.
-    if (!cache.kv_cache || cache.shape.size() != 4 || cache.name.find("k_cache") ==
-                                                          std::string::npos) {
-      continue;
+  if (layers.empty()) {
+    // With use_cache the prompt's token is the forward's (Graph::cache), the room the rest.
+    const int64_t prompt = graph.cache.empty() ? 0 : 1;
+    for (const Tensor& cache : graph.tensors) {
+      // The keys' cache [1, kv_heads, positions, head_dim]; the values' is its twin.
+      if (!cache.kv_cache || cache.shape.size() != 4 ||
+          cache.name.find("k_cache") == std::string::npos) {
+        continue;
+      }
+      const int64_t element = kv == KvCacheDType::kAuto ? DTypeSize(cache.dtype) : 1;
+      const int64_t positions = cache.shape[2] + prompt;
+      const int64_t window = positions < full ? positions : 0;
+      layers.push_back({2 * cache.shape[1] * cache.shape[3] * element, window});
+      if (kv == KvCacheDType::kAuto) s->kv_cache_dtype = std::string(DTypeName(cache.dtype));
     }
-    const int64_t element = kv == KvCacheDType::kAuto ? DTypeSize(cache.dtype) : 1;
-    const int64_t positions = cache.shape[2] + prompt;
-    const int64_t window = positions < full ? positions : 0;
-    layers.push_back({2 * cache.shape[1] * cache.shape[3] * element, window});
-    if (kv == KvCacheDType::kAuto) s->kv_cache_dtype = std::string(DTypeName(cache.dtype));
   }
   if (kv != KvCacheDType::kAuto) s->kv_cache_dtype = KvCacheDTypeName(kv);
   MEMEST_ASSIGN_OR_RETURN(KvPages pages,
@@ -318,6 +358,7 @@ StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config
   MEMEST_ASSIGN_OR_RETURN(BuildContext ctx,
                           StepBuildContext(profile, options.max_ops, options.budget));
   ctx.serving = true;
+  ctx.mla_workspace_rows = MlaWorkspaceRows(s);
   ctx.rotary_positions = rotary.global;
   ctx.rotary_local_positions = rotary.local;
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(run, ctx));

@@ -32,6 +32,7 @@ void RegisterQuantizedTorchaoRules(std::vector<OpRule>* rules);
 void RegisterFp8TeRules(std::vector<OpRule>* rules);
 void RegisterServedQuantizedRules(std::vector<OpRule>* rules);
 void RegisterServedLoraRules(std::vector<OpRule>* rules);
+void RegisterServedMlaRules(std::vector<OpRule>* rules);
 void RegisterFusedMoeRules(std::vector<OpRule>* rules);
 void RegisterMoeDispatchRules(std::vector<OpRule>* rules);
 

@@ -104,6 +104,7 @@ const std::vector<OpRule>& Table() {
     rules::RegisterFp8TeRules(t);
     rules::RegisterServedQuantizedRules(t);
     rules::RegisterServedLoraRules(t);
+    rules::RegisterServedMlaRules(t);
     rules::RegisterFusedMoeRules(t);
     rules::RegisterMoeDispatchRules(t);
     std::sort(t->begin(), t->end(),

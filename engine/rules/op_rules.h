@@ -38,6 +38,8 @@
 //   index_put_(x, idx, values; dim=0, accumulate=0) in place: x[:, ..., idx] = values
 //   index_add_(x, idx, source; dim=0) in place: x.index_add_(dim, idx, source)
 //   gather(x, idx; dim) -> idx's shape: x.gather(dim, idx)
+//   mla_profile_attention(q, kv_c_normed, k_pe; workspace_rows, v_head_dim, kv_head_dim)
+//       vLLM's latent attention in its profile run (engine/rules/served_mla.cc)
 //   scatter_(x, idx; dim, value) in place   one_hot(ids; num_classes) -> int64 [..., num_classes]
 //   nonzero(x; count) -> int64 [count, rank]   (count: the data's, as traced)
 //   topk(x; k, dim=-1, largest=1, sorted=1) -> (values, indices)   sort(x; dim=-1, descending=0)
