@@ -63,7 +63,7 @@ const std::vector<DeviceInfo>& Catalog() {
         Gpu("a100-80gb", "NVIDIA A100 80GB (SXM4/PCIe)", 85'051'572'224, 430 * kMiB, 80, 108, true),
         Gpu("h100-80gb", "NVIDIA H100 80GB HBM3 (SXM)", 85'031'714'816, 500 * kMiB, 90, 132, true),
         Gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 81008 * kMiB, 500 * kMiB, 90, 114, true),
-        Gpu("h200-141gb", "NVIDIA H200 141GB HBM3e", 150'754'820'096, 500 * kMiB, 90, 132, true),
+        Gpu("h200-141gb", "NVIDIA H200 141GB HBM3e", 143156 * kMiB, 500 * kMiB, 90, 132, true),
         Gpu("b200", "NVIDIA B200 180GB HBM3e", 182631 * kMiB, 500 * kMiB, 100, 148, true),
         Gpu("l4", "NVIDIA L4 24GB", 23'580'639'232, 380 * kMiB, 89, 58, true),
         Gpu("t4", "NVIDIA Tesla T4 16GB", 15109 * kMiB, 310 * kMiB, 75, 40, true),

@@ -273,16 +273,18 @@ DeviceFit ServingFit(const DeviceInfo& device, const Report& profile, const Serv
   return fit;
 }
 
-// The largest CUDA-graph pool vLLM 0.19.0's H100 logs show (llm-d-planner's: 0.51-1.85 GiB, 51
-// + 51 graphs up to 512 tokens), captured after the KV cache, outside the budget.
-constexpr int64_t kLargestGraphPool = 1895 * kMiB;
+// The largest CUDA-graph pool vLLM 0.18-0.19's logs show, captured after the KV cache, outside
+// the budget: 2.27 GiB for DeepSeek-R1 at TP 8 on H200 (Red Hat's records); 0.51-1.85 GiB for
+// dense and MoE models on H100 (llm-d-planner's, 51 + 51 graphs up to 512 tokens).
+constexpr int64_t kLargestGraphPool = 2325 * kMiB;
 
 void AddServingNotes(const ServingReport& s, int64_t tensor, const KvPages& pages, Report* r) {
   if (s.starts && r->fit && r->fit->headroom_bytes < kLargestGraphPool) {
     r->notes.push_back(
         "serving: after the server's share the GPU has " + Gib(r->fit->headroom_bytes) +
         " GiB left, less than the " + Gib(kLargestGraphPool) +
-        " GiB of CUDA graphs vLLM 0.19.0 captured on H100 after its KV cache: capturing them "
+        " GiB of CUDA graphs vLLM 0.19.0 captured after its KV cache (DeepSeek-R1 on eight "
+        "H200s; 0.5-1.9 GiB for dense and MoE models on H100): capturing them "
         "may run out of memory; a lower gpu_memory_utilization leaves them room");
   }
   r->notes.push_back(
@@ -296,7 +298,8 @@ void AddServingNotes(const ServingReport& s, int64_t tensor, const KvPages& page
       "measured it on H100 (" + Gib(NonTorchBytes(tensor)) + " GiB " +
       (tensor > 1 ? "with tensor parallelism" : "on one GPU") +
       "); CUDA graphs are captured after the KV cache, outside gpu_memory_utilization "
-      "(0.5-1.9 GiB on H100), so the rest of the GPU must hold them");
+      "(0.5-1.9 GiB on H100, 2.3 GiB for DeepSeek-R1 on H200), so the rest of the GPU must "
+      "hold them");
   if (pages.sliding()) {
     r->notes.push_back("serving: full-attention and sliding-window layers grouped as vLLM's "
                        "hybrid KV cache manager groups them, in " + Str(pages.groups()) +

@@ -102,5 +102,23 @@ TEST(ServedMlaTest, DeepseekV3Fp8OnEightH200s) {
   EXPECT_EQ(TemporaryBytes(*r, "model.layers.3.self_attn.mla_attn"), int64_t{65536} * 16 * 256 * 2);
 }
 
+// Red Hat's vLLM 0.19.0 record of DeepSeek-R1-0528 (this architecture, its fp8 checkpoint) on
+// eight H200s, `--tensor-parallel-size 8 --gpu-memory-utilization 0.92 --max-model-len 8192`
+// (docs/serving.md, "Latent attention"): "Model loading took 79.74 GiB", "GPU KV cache size:
+// 653,808 tokens". memest's cache is at most the log's and within 3% of it, its weights within
+// 0.25 GiB.
+TEST(ServedMlaTest, AgreesWithVllmsDeepseekR1Record) {
+  RunConfig c = Served(8);
+  c.device = "h200-141gb";
+  c.serving.gpu_memory_utilization = 0.92;
+  c.serving.max_model_len = 8192;
+  StatusOr<Report> r = Serve("deepseek-v3", c);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  EXPECT_NEAR(static_cast<double>(r->serving->weights_bytes) / gib, 79.74, 0.25);
+  EXPECT_LE(r->serving->kv_tokens, 653'808);
+  EXPECT_GE(static_cast<double>(r->serving->kv_tokens), 0.97 * 653'808);
+}
+
 }  // namespace
 }  // namespace memest
