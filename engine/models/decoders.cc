@@ -241,6 +241,15 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
                                              Str(s.kv_heads));
   }
   MEMEST_RETURN_IF_ERROR(CheckMoe(field, s));
+  if (s.mla && ctx.attention == AttentionImpl::kFlash &&
+      s.mla->v_head_dim > s.mla->qk_nope_head_dim + s.mla->qk_rope_head_dim) {
+    return FieldError(field, "v_head_dim",
+                      "flash-attn pads the values to the queries' width (qk_nope_head_dim + "
+                      "qk_rope_head_dim " +
+                          Str(s.mla->qk_nope_head_dim + s.mla->qk_rope_head_dim) +
+                          "), which must be at least v_head_dim, got " + Str(s.mla->v_head_dim) +
+                          " (transformers' F.pad fails); use sdpa or eager attention");
+  }
   if (s.moe.deepseek && ctx.megatron) {
     return FieldError(field, "n_routed_experts",
                       "Megatron-LM's MoELayer with DeepSeek's grouped sigmoid router is not "

@@ -74,37 +74,32 @@ bool Route(GraphBuilder& b, const LayerContext& c, int flat, const MoeOptions& o
 }
 
 // vLLM's DeepseekV2MoE (0.19, model_executor/models/deepseek_v2.py; SharedFusedMoE's runner,
-// fused_moe/runner/default_moe_runner.py) in the profile run: past 256 tokens the shared experts
-// run first, their output kept through the routed ones; the router GateLinear (the model's
-// dtype whatever the weights' format) and its float32 e_score_correction_bias; the grouped
+// fused_moe/runner/default_moe_runner.py) in the profile run: the router GateLinear (the
+// model's dtype whatever the weights' format) with its float32 e_score_correction_bias; past
+// 256 tokens the shared experts then, their output kept through the routed ones; the grouped
 // top-k (here a float32 sigmoid and topk, [tokens, experts] more than vLLM's fused kernel
-// keeps); fused_experts over every token; the scaling and the shared output added in place.
+// keeps); fused_experts over every token with FusedMoE's stacked weights; the scaling and the
+// shared output added in place.
 int VllmDeepseekMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions& o) {
   const Shape in = b.shape(x);
   const int64_t d = in[2];
   const int flat = b.Add1("view", {x}, {{"shape", Ints({-1, d})}});
+  const int logits = Linear(b, c, "gate", flat, o.experts, /*bias=*/false);
+  int bias = -1;
+  {
+    ModuleScope gate(b, "gate");
+    bias = b.Buffer("e_score_correction_bias", {o.experts}, DType::kFloat32);
+  }
   const int shared = o.shared_expert_ffn > 0
                          ? ExpertMlp(b, c, "shared_experts", flat, o.shared_expert_ffn, o)
                          : -1;
-  const int logits = Linear(b, c, "gate", flat, o.experts, /*bias=*/false);
-  std::vector<int> top;
-  {
-    ModuleScope gate(b, "gate");
-    const int bias = b.Buffer("e_score_correction_bias", {o.experts}, DType::kFloat32);
-    const std::string f32(DTypeName(DType::kFloat32));
-    const int scores = b.Add1("sigmoid", {b.Add1("to", {logits}, {{"dtype", f32}})});
-    top = b.Add("topk", {b.Add1("add", {scores, b.Add1("unsqueeze", {bias}, {{"dim", Int(0)}})})},
-                {{"k", Int(o.top_k)}, {"dim", Int(-1)}});
-  }
+  const std::string f32(DTypeName(DType::kFloat32));
+  const int scores = b.Add1("sigmoid", {b.Add1("to", {logits}, {{"dtype", f32}})});
+  std::vector<int> top =
+      b.Add("topk", {b.Add1("add", {scores, b.Add1("unsqueeze", {bias}, {{"dim", Int(0)}})})},
+            {{"k", Int(o.top_k)}, {"dim", Int(-1)}});
   if (top.size() != 2) return -1;
-  {
-    // The experts' weights, as FusedMoE's w13 and w2 hold them: their modules over no token.
-    ModuleScope experts(b, "experts");
-    const int none = b.Add1("slice", {flat}, {{"dim", Int(0)}, {"start", Int(0)}, {"end", Int(0)}});
-    for (int64_t e = 0; e < o.experts && b.ok(); ++e) {
-      ExpertMlp(b, c, std::to_string(e), none, o.expert_ffn, o);
-    }
-  }
+  FusedMoeWeights(b, c, flat, o);
   int out = b.Add1("fused_experts", {flat, top[0], top[1]}, {{"experts", Int(o.experts)}});
   out = b.Add1("mul_", {out}, {{"scalar", Float(o.routed_scaling)}});
   if (shared >= 0) out = b.Add1("add_", {out, shared});

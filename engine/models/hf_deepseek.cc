@@ -123,6 +123,16 @@ Status ReadDeepseek(const Fields& f, const std::string& type, LlamaSpec* s) {
     return InvalidArgument(Field("num_experts_per_tok") + ": must be at most the " +
                            Str(moe.experts) + " n_routed_experts, got " + Str(moe.top_k));
   }
+  // moe_layer_freq: transformers' DeepseekV3 reads none (every layer past the dense ones is an
+  // MoE), vLLM's deepseek_v2.py builds the MoE where the index divides by it: only 1 agrees.
+  MEMEST_ASSIGN_OR_RETURN(const int64_t freq, f.Size("moe_layer_freq", 1));
+  if (freq != 1) {
+    return InvalidArgument(Field("moe_layer_freq") +
+                           ": transformers builds an MoE in every layer from "
+                           "first_k_dense_replace on and vLLM one in every moe_layer_freq-th; "
+                           "only 1, where they agree, is modelled, got " +
+                           Str(freq));
+  }
   // DeepseekV3DecoderLayer: the MoE from layer first_k_dense_replace on.
   MEMEST_ASSIGN_OR_RETURN(const int64_t dense, Count(f, "first_k_dense_replace", 3));
   s->first_dense_layers = dense;

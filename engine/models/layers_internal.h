@@ -62,6 +62,12 @@ int MlaAttention(GraphBuilder& b, const LayerContext& c, std::string_view name, 
 int ExpertMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int x, int64_t ffn,
               const MoeOptions& o);
 
+// vLLM's FusedMoE weights, stacked as its w13_weight [experts, 2 * ffn, d] (each expert's first
+// and second projections) and w2_weight [experts, d, ffn] are, one allocation each: the modules
+// "experts.w13" (out experts * 2 * ffn) and "experts.w2" (in experts * ffn) over no token, for
+// the passes that split (by rows and by columns, each expert's ffn by t) and quantize them.
+void FusedMoeWeights(GraphBuilder& b, const LayerContext& c, int flat, const MoeOptions& o);
+
 // DeepSeek-V3's MoE block (MoeOptions::deepseek; engine/models/deepseek_moe.cc) on x
 // [N, T, d], under the block's scope.
 int DeepseekMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions& o);

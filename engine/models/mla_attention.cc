@@ -33,7 +33,8 @@ int VllmMla(GraphBuilder& b, const LayerContext& c, int x, const AttentionOption
             const MlaOptions& m) {
   const Shape in = b.shape(x);
   const int64_t n = in[0], t = in[1], d = in[2], heads = o.heads;
-  const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim, latent = m.kv_lora_rank + m.qk_rope_head_dim;
+  const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim,
+                latent = m.kv_lora_rank + m.qk_rope_head_dim;
   if (c.mla_workspace_rows <= 0) {
     b.Fail(Internal("attention: vLLM's latent attention needs its chunked-prefill workspace rows"));
     return -1;
@@ -51,7 +52,8 @@ int VllmMla(GraphBuilder& b, const LayerContext& c, int x, const AttentionOption
     kv_lora = Linear(b, c, "kv_a_proj_with_mqa", x, latent, o.bias);
     q = Linear(b, c, "q_proj", x, heads * qk, /*bias=*/false);
   }
-  std::vector<int> kv = b.Add("split", {kv_lora}, {{"dim", Int(2)}, {"sizes", Ints({m.kv_lora_rank, m.qk_rope_head_dim})}});
+  std::vector<int> kv = b.Add(
+      "split", {kv_lora}, {{"dim", Int(2)}, {"sizes", Ints({m.kv_lora_rank, m.qk_rope_head_dim})}});
   if (kv.size() != 2) return -1;
   const int kv_c_normed = RmsNorm(b, c, "kv_a_layernorm", kv[0], true);
   {

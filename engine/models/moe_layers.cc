@@ -31,6 +31,22 @@ int layers_internal::ExpertMlp(GraphBuilder& b, const LayerContext& c, std::stri
 
 namespace {
 
+}  // namespace
+
+void layers_internal::FusedMoeWeights(GraphBuilder& b, const LayerContext& c, int flat,
+                                      const MoeOptions& o) {
+  ModuleScope experts(b, "experts");
+  const int64_t d = LastDim(b, flat);
+  const int none = b.Add1("slice", {flat}, {{"dim", Int(0)}, {"start", Int(0)}, {"end", Int(0)}});
+  const int w13 = Linear(b, c, "w13", none, o.experts * 2 * o.expert_ffn, /*bias=*/false);
+  // w2 reads what would be the activation's product: half w13's width (split as w13 is).
+  const int half = b.Add1("slice", {w13}, {{"dim", Int(1)}, {"start", Int(0)},
+                                          {"end", Int(o.experts * o.expert_ffn)}});
+  Linear(b, c, "w2", half, d, /*bias=*/false);
+}
+
+namespace {
+
 // vLLM's FusedMoE (model_executor/layers/fused_moe/layer.py, 0.17-0.19): the router's logits,
 // fused_topk's weights and choices (here a float32 softmax and topk, a little more than its
 // kernel keeps), one fused_experts over every token; the shared expert as a plain MLP.
@@ -42,14 +58,7 @@ int VllmFusedMoe(GraphBuilder& b, const LayerContext& c, int x, const Shape& in,
   std::vector<int> top =
       b.Add("topk", {SoftmaxFloat32(b, logits, 1)}, {{"k", Int(o.top_k)}, {"dim", Int(-1)}});
   if (top.size() != 2) return -1;
-  {
-    // The experts' weights, as FusedMoE's w13 and w2 hold them: their modules over no token.
-    ModuleScope experts(b, "experts");
-    const int none = b.Add1("slice", {flat}, {{"dim", Int(0)}, {"start", Int(0)}, {"end", Int(0)}});
-    for (int64_t e = 0; e < o.experts && b.ok(); ++e) {
-      ExpertMlp(b, c, std::to_string(e), none, o.expert_ffn, o);
-    }
-  }
+  FusedMoeWeights(b, c, flat, o);
   int out = b.Add1("fused_experts", {flat, top[0], top[1]}, {{"experts", Int(o.experts)}});
   if (o.shared_expert_ffn > 0) {
     int y = ExpertMlp(b, c, "shared_expert", flat, o.shared_expert_ffn, o);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/ir/shape.h"
@@ -43,7 +44,21 @@ StatusOr<Block> BlockOf(const Graph& g, int router) {
   const Shape& scores = g.tensors[topk.inputs[0]].shape;
   StatusOr<int64_t> k = IntAttr(topk.attrs, "k", 1, "");
   if (!k.ok() || scores.size() != 2 || x.shape.empty() || y.shape.empty()) return Block{};
-  const int64_t tokens = scores[0], hidden = x.shape.back(), n = 2 * y.shape.back();
+  // N: an expert's first linear's rows twice (transformers' loop), or FusedMoE's stacked w13's
+  // rows over its experts (the serving build's "experts.w13").
+  int64_t n = 2 * y.shape.back();
+  const std::string_view module = g.ops[gate].scope;
+  if (module.size() >= 4 && module.substr(module.size() - 4) == ".w13") {
+    int64_t experts = 0;
+    for (size_t i = gate + 1; i < g.ops.size() && experts == 0; ++i) {
+      if (g.ops[i].kind != "fused_experts") continue;
+      StatusOr<int64_t> e = IntAttr(g.ops[i].attrs, "experts", 0, "");
+      experts = e.ok() ? *e : 0;
+    }
+    if (experts <= 0) return Block{};
+    n = y.shape.back() / experts;
+  }
+  const int64_t tokens = scores[0], hidden = x.shape.back();
   const int64_t size = DTypeSize(y.dtype);
   // max(M * top_k * max(N / 2, K), M * K) and M * top_k * max(N, K) values; bounded by the
   // graph's sizes all the same, checked.

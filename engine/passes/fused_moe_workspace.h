@@ -12,8 +12,9 @@
 // is held to the end of the run (the sampler's peak included).
 //
 // The graph's MoE blocks are found by their router: a `topk` op whose scope S has experts'
-// linears in "S.experts." (the serving build's fused_experts blocks, engine/models/layers.h
-// SparseMoe, or transformers' expert loop). The workspace is added before the first block's
+// linears in "S.experts." (the serving build's fused_experts blocks with FusedMoE's stacked
+// "experts.w13" and "experts.w2", engine/models/layers.h SparseMoe, or transformers' expert
+// loop). The workspace is added before the first block's
 // first expert op, as a `full` held until the graph's last op.
 #ifndef MEMEST_ENGINE_PASSES_FUSED_MOE_WORKSPACE_H_
 #define MEMEST_ENGINE_PASSES_FUSED_MOE_WORKSPACE_H_

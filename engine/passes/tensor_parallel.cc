@@ -281,7 +281,7 @@ std::vector<TensorPlanEntry> MakeDefaultPlan(TensorShardStyle head) {
   std::vector<TensorPlanEntry> plan;
   for (const char* m : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "c_attn", "c_fc",
                         "lm_head", "query", "key", "value", "intermediate.dense", "w1", "w3",
-                        "linear_fc1", "q_b_proj", "kv_b_proj"}) {
+                        "linear_fc1", "q_b_proj", "kv_b_proj", "w13"}) {
     plan.push_back({m, std::string_view(m) == "lm_head" ? head : TensorShardStyle::kColwise});
   }
   for (const char* m : {"o_proj", "down_proj", "c_proj", "output.dense", "wte", "embed_tokens",

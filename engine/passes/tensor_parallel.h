@@ -91,9 +91,9 @@ StatusOr<TensorParallelView> ShardTensorParallel(const Graph& graph, const Paral
 // The plan used when config.parallelism.tensor_plan is empty: Megatron's split of the presets'
 // transformer modules (Hugging Face's names): q_proj, k_proj, v_proj, gate_proj, up_proj,
 // c_attn, c_fc, lm_head, BERT's query, key, value and intermediate.dense, Mixtral's experts' w1
-// and w3, Megatron's MoE layer's linear_fc1 (its experts' and shared experts') and DeepSeek's
-// latent attention's q_b_proj and kv_b_proj (vLLM's; the latents' projections replicated)
-// colwise;
+// and w3 (vLLM's stacked w13 too), Megatron's MoE layer's linear_fc1 (its experts' and shared
+// experts') and DeepSeek's latent attention's q_b_proj and kv_b_proj (vLLM's; the latents'
+// projections replicated) colwise;
 // o_proj, down_proj, c_proj, BERT's output.dense, Mixtral's w2 and linear_fc2 rowwise (each
 // expert split as vLLM's FusedMoE and Megatron's expert tensor parallelism split it); the token
 // embeddings (wte, embed_tokens) rowwise, by vocabulary. gather_lm_head: lm_head

@@ -104,10 +104,12 @@ StatusOr<ServingReport> ResolveSettings(int64_t context, const RunConfig& config
 
 // MLACommonMetadataBuilder.determine_chunked_prefill_workspace_size (vLLM 0.19): eight requests
 // of max_model_len or four pages a request, at most 64 Ki tokens, at least a page a request.
-// Within serving's limits (2^24 tokens, 2^20 requests, blocks of at most 2^16 tokens's worth of
-// checks in ResolveSettings): no overflow.
-int64_t MlaWorkspaceRows(const ServingReport& s) {
-  const int64_t pages = s.max_num_seqs * s.block_size;
+// With an fp8 cache vLLM runs FlashMLA, whose pages are 64 tokens when --block-size is unset:
+// the larger of that and the setting. ResolveSettings bounds max_model_len (2^24), max_num_seqs
+// (2^20) and block_size: no overflow.
+int64_t MlaWorkspaceRows(const ServingReport& s, bool fp8_cache) {
+  const int64_t block = fp8_cache ? std::max<int64_t>(s.block_size, 64) : s.block_size;
+  const int64_t pages = s.max_num_seqs * block;
   return std::max(std::min(std::max(8 * s.max_model_len, 4 * pages), int64_t{64} * 1024), pages);
 }
 
@@ -361,7 +363,8 @@ StatusOr<Report> EstimateServing(const ModelSpec& model, const RunConfig& config
   MEMEST_ASSIGN_OR_RETURN(BuildContext ctx,
                           StepBuildContext(profile, options.max_ops, options.budget));
   ctx.serving = true;
-  ctx.mla_workspace_rows = MlaWorkspaceRows(s);
+  ctx.mla_workspace_rows =
+      MlaWorkspaceRows(s, config.serving.kv_cache_dtype != KvCacheDType::kAuto);
   ctx.rotary_positions = rotary.global;
   ctx.rotary_local_positions = rotary.local;
   MEMEST_ASSIGN_OR_RETURN(Graph graph, BuildGraph(run, ctx));

@@ -126,7 +126,7 @@ def compare(out_dir, memest, cases):
         measured = json.load(f)
     print(f"saved for backward, bytes (torch {measured['torch']}, transformers "
           f"{measured['transformers']}, CPU, eager, float32, batch {BATCH}, sequence {SEQ})")
-    print(f"  {"config":<30} {'measured':>10} {'memest':>10} {'difference':>11} {'expected':>9}")
+    print(f"  {'config':<30} {'measured':>10} {'memest':>10} {'difference':>11} {'expected':>9}")
     bad = 0
     for name, case in cases.items():
         cmd = [memest, "estimate", "--local", "--hf-config", os.path.join(out_dir, f"{name}.json"),

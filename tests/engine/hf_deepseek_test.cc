@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -210,7 +211,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"NegativeDenseLayers", {{"first_k_dense_replace", -1}}, "first_k_dense_replace"},
         BadCase{"ZeroLatent", {{"kv_lora_rank", 0}}, "kv_lora_rank"},
         BadCase{"NoSharedExpert", {{"n_shared_experts", 0}}, "n_shared_experts"},
-        BadCase{"InfiniteScaling", {{"routed_scaling_factor", "big"}}, "routed_scaling_factor"},
+        BadCase{"ScalingNotANumber", {{"routed_scaling_factor", "big"}}, "routed_scaling_factor"},
+        BadCase{"InfiniteScaling",
+                {{"routed_scaling_factor", std::numeric_limits<double>::infinity()}},
+                "routed_scaling_factor"},
+        BadCase{"MoeEveryOtherLayer", {{"moe_layer_freq", 2}}, "moe_layer_freq"},
         BadCase{"MscaleWithoutFactor",
                 {{"rope_scaling", {{"type", "yarn"}, {"mscale_all_dim", 1.0}}}},
                 "rope_scaling.factor"}),
