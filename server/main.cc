@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "server/serve.h"
+#include "version/version.h"
 
 namespace {
 
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   double grace_seconds = 5.0;
 
   CLI::App app{"memest-server: predicts the GPU memory of PyTorch steps, over gRPC"};
+  app.set_version_flag("--version", memest::VersionString("memest-server"), "print the build's version and exit");
   app.add_option("--address", options.address, "HOST:PORT to listen on (port 0: any free port)")
       ->capture_default_str();
   app.add_option("--max-ops", options.service.max_ops,
@@ -104,9 +106,9 @@ int main(int argc, char** argv) {
   }
   std::printf("memest-server listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
-  spdlog::info("listening on {} (max_ops={}, max_op_steps={}, max_message_bytes={})",
-               (*server)->address(), options.service.max_ops, options.service.max_op_steps,
-               options.max_message_bytes);
+  spdlog::info("{} listening on {} (max_ops={}, max_op_steps={}, max_message_bytes={})",
+               memest::VersionString("memest-server"), (*server)->address(),
+               options.service.max_ops, options.service.max_op_steps, options.max_message_bytes);
 
   std::thread stopper([&server, &stop_signals, grace_seconds] {
     const int signal = WaitForStopSignal(stop_signals);

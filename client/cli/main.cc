@@ -9,6 +9,7 @@
 #include "client/cli/commands.h"
 #include "client/cli/exit_codes.h"
 #include "client/cli/flags.h"
+#include "version/version.h"
 
 int main(int argc, char** argv) {
   using namespace memest::cli;  // NOLINT(build/namespaces)
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
   CLI::App app{"memest: predicts the GPU memory of a PyTorch training or inference step, op by op",
                "memest"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", memest::VersionString("memest"), "print the build's version and exit");
   app.footer(ExitCodesHelp());
 
   ConnectionFlags connection;

@@ -371,6 +371,21 @@ TEST(CliTest, HelpDocumentsExitCodes) {
   EXPECT_THAT(r.out, HasSubstr("--checkpoint"));
 }
 
+// Every binary says which build it is: the project's version and the commit (git describe,
+// "-dirty" for a changed tree, "unknown" outside a checkout), and exits 0.
+TEST(CliTest, EveryBinaryPrintsItsVersion) {
+  const std::string worker =
+      kServer.substr(0, kServer.rfind('/') + 1) + "memest-validate-worker";
+  for (const auto& [binary, name] : std::vector<std::pair<std::string, std::string>>{
+           {kMemest, "memest"}, {kServer, "memest-server"}, {worker, "memest-validate-worker"}}) {
+    const RunResult r = memest::testing::Run({binary, "--version"});
+    EXPECT_EQ(r.exit_code, 0) << binary << ": " << r.err;
+    EXPECT_THAT(r.out, ::testing::MatchesRegex(name + " [0-9]+\\.[0-9]+\\.[0-9]+ \\(commit "
+                                                    "([0-9a-f]+(-dirty)?|unknown)\\)\n"))
+        << r.out;
+  }
+}
+
 TEST(CliTest, PresetsAndDevicesLocally) {
   const RunResult presets = Memest({"presets", "--local"});
   ASSERT_EQ(presets.exit_code, 0) << presets.err;
