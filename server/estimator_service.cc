@@ -12,6 +12,7 @@
 #include "engine/ir/text.h"
 #include "engine/models/presets.h"
 #include "server/convert.h"
+#include "server/request_id.h"
 #include "server/status_conversion.h"
 #include "server/stream_reactor.h"
 #include "server/validate_convert.h"
@@ -36,16 +37,18 @@ Status TooMany(const char* field, const char* what, int count, int64_t max_ops) 
                            " exceed this server's limit of " + std::to_string(max_ops));
 }
 
-// Logs the request as one line and finishes the RPC with `status` mapped to gRPC.
+// Logs the request as one line, with its id (server/request_id.h), and finishes the RPC with
+// `status` mapped to gRPC.
 grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const char* method,
-                                 const std::string& model, Clock::time_point start,
-                                 const Status& status) {
+                                 const std::string& id, const std::string& model,
+                                 Clock::time_point start, const Status& status) {
   const auto micros =
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
   if (status.ok()) {
-    spdlog::info("rpc={} model={} code=OK us={} peer={}", method, model, micros, context->peer());
+    spdlog::info("rpc={} id={} model={} code=OK us={} peer={}", method, id, model, micros,
+                 context->peer());
   } else {
-    spdlog::info("rpc={} model={} code={} us={} peer={} error=\"{}\"", method, model,
+    spdlog::info("rpc={} id={} model={} code={} us={} peer={} error=\"{}\"", method, id, model,
                  StatusCodeName(status.code()), micros, context->peer(),
                  BoundMessage(status.message(), kMaxLoggedError));
   }
@@ -111,6 +114,7 @@ grpc::ServerUnaryReactor* EstimatorService::Estimate(grpc::CallbackServerContext
                                                      grpc::ByteBuffer* response_bytes) {
   const Clock::time_point start = Clock::now();
   HeapTrimmer::Request in_flight(trimmer_);  // made first: it ends after the request is freed
+  const std::string id = TagRequest(context);
   v1::EstimateRequest request;
   v1::EstimateResponse response;
   Status status = ParseRequest(*request_bytes, &request);
@@ -129,7 +133,7 @@ grpc::ServerUnaryReactor* EstimatorService::Estimate(grpc::CallbackServerContext
   // request is in flight, so that the server returns to its idle size after a big model
   // (measured: 473 MiB kept after three 90,000-op requests, without this).
   if (Clock::now() - start > kTrimAfter) in_flight.MarkLarge();
-  return Finish(context, "Estimate", DescribeModel(request.model()), start, status);
+  return Finish(context, "Estimate", id, DescribeModel(request.model()), start, status);
 }
 
 grpc::ServerUnaryReactor* EstimatorService::ListPresets(grpc::CallbackServerContext* context,
@@ -137,8 +141,9 @@ grpc::ServerUnaryReactor* EstimatorService::ListPresets(grpc::CallbackServerCont
                                                         v1::ListPresetsResponse* response) {
   const Clock::time_point start = Clock::now();
   HeapTrimmer::Request in_flight(trimmer_);
+  const std::string id = TagRequest(context);
   PresetsToProto(memest::ListPresets(), response);
-  return Finish(context, "ListPresets", "-", start, Status::Ok());
+  return Finish(context, "ListPresets", id, "-", start, Status::Ok());
 }
 
 grpc::ServerUnaryReactor* EstimatorService::ListDevices(grpc::CallbackServerContext* context,
@@ -146,8 +151,9 @@ grpc::ServerUnaryReactor* EstimatorService::ListDevices(grpc::CallbackServerCont
                                                         v1::ListDevicesResponse* response) {
   const Clock::time_point start = Clock::now();
   HeapTrimmer::Request in_flight(trimmer_);
+  const std::string id = TagRequest(context);
   DevicesToProto(memest::ListDevices(), response);
-  return Finish(context, "ListDevices", "-", start, Status::Ok());
+  return Finish(context, "ListDevices", id, "-", start, Status::Ok());
 }
 
 Status HandlePlan(const v1::PlanRequest& request, const ServiceOptions& options, Budget* budget,

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "engine/ir/text.h"
+#include "server/request_id.h"
 #include "server/status_conversion.h"
 #include "server/wire.h"
 
@@ -21,7 +22,8 @@ StreamReactor::StreamReactor(grpc::CallbackServerContext* context, std::string m
     : context_(context),
       start_(std::chrono::steady_clock::now()),
       method_(std::move(method)),
-      model_(std::move(model)) {
+      model_(std::move(model)),
+      id_(TagRequest(context)) {
   thread_ = std::thread([this, work = std::move(work)] {
     Complete(work([this](const google::protobuf::Message& m) { return Send(m); },
                   [this] { return Stopped(); }));
@@ -74,11 +76,11 @@ void StreamReactor::Complete(const Status& status) {
                           std::chrono::steady_clock::now() - start_)
                           .count();
   if (status.ok()) {
-    spdlog::info("rpc={} model={} code=OK us={} peer={}", method_, model_, micros,
+    spdlog::info("rpc={} id={} model={} code=OK us={} peer={}", method_, id_, model_, micros,
                  context_->peer());
   } else {
-    spdlog::info("rpc={} model={} code={} us={} peer={} error=\"{}\"", method_, model_,
-                 StatusCodeName(status.code()), micros, context_->peer(),
+    spdlog::info("rpc={} id={} model={} code={} us={} peer={} error=\"{}\"", method_, id_,
+                 model_, StatusCodeName(status.code()), micros, context_->peer(),
                  BoundMessage(status.message(), kMaxLoggedError));
   }
   bool finish = false;

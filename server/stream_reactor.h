@@ -46,6 +46,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   grpc::CallbackServerContext* context_;
   const std::chrono::steady_clock::time_point start_;
   const std::string method_, model_;
+  const std::string id_;  // server/request_id.h
   std::thread thread_;
   std::mutex mu_;
   std::deque<grpc::ByteBuffer> pending_;  // front: being written
