@@ -141,14 +141,12 @@ int layers_internal::DeepseekMoe(GraphBuilder& b, const LayerContext& c, int x,
   const std::vector<int64_t> counts = ExpertTokens(tokens, o.experts, o.top_k, o.load);
   for (int64_t e = 0; e < o.experts && b.ok(); ++e) {
     ModuleScope experts(b, "experts");
-    int row = b.Add1("slice", {mask}, {{"dim", Int(0)}, {"start", Int(e)}, {"end", Int(e + 1)}});
-    row = b.Add1("squeeze", {row}, {{"dim", Int(0)}});
-    const int found = b.Add1("nonzero", {row}, {{"count", Int(counts[e])}});
-    std::vector<int> columns = b.Add("split", {found}, {{"dim", Int(1)}, {"sizes", Ints({1, 1})}});
-    if (columns.size() != 2) return -1;
-    const int token_indices = b.Add1("squeeze", {columns[0]}, {{"dim", Int(1)}});
-    const int weight_indices = b.Add1("squeeze", {columns[1]}, {{"dim", Int(1)}});
-    reassign(0, found);
+    // token_indices, weight_indices = torch.where(expert_mask[expert_idx])
+    const ExpertWhere where = WhereExpert(b, mask, e, counts[e]);
+    if (where.found < 0) return -1;
+    const int token_indices = where.first;
+    const int weight_indices = where.second;
+    reassign(0, where.found);
     const int expert_weights = b.Add1("index", {weights, token_indices, weight_indices});
     reassign(1, expert_weights);
     const int expert_input = b.Add1("index", {flat, token_indices});

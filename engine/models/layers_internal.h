@@ -68,6 +68,14 @@ int ExpertMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int
 // the passes that split (by rows and by columns, each expert's ffn by t) and quantize them.
 void FusedMoeWeights(GraphBuilder& b, const LayerContext& c, int flat, const MoeOptions& o);
 
+// torch.where(expert_mask[e]) in an expert loop: the mask's row e (slice, squeeze), nonzero of
+// it (`count` rows: the tokens the data gives the expert) and its two columns, squeezed views
+// that keep it.
+struct ExpertWhere {
+  int found = -1, first = -1, second = -1;
+};
+ExpertWhere WhereExpert(GraphBuilder& b, int mask, int64_t e, int64_t count);
+
 // DeepSeek-V3's MoE block (MoeOptions::deepseek; engine/models/deepseek_moe.cc) on x
 // [N, T, d], under the block's scope.
 int DeepseekMoe(GraphBuilder& b, const LayerContext& c, int x, const MoeOptions& o);

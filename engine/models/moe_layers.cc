@@ -70,6 +70,19 @@ int VllmFusedMoe(GraphBuilder& b, const LayerContext& c, int x, const Shape& in,
 
 }  // namespace
 
+ExpertWhere layers_internal::WhereExpert(GraphBuilder& b, int mask, int64_t e, int64_t count) {
+  int row = b.Add1("slice", {mask}, {{"dim", Int(0)}, {"start", Int(e)}, {"end", Int(e + 1)}});
+  row = b.Add1("squeeze", {row}, {{"dim", Int(0)}});
+  ExpertWhere w;
+  const int found = b.Add1("nonzero", {row}, {{"count", Int(count)}});
+  std::vector<int> columns = b.Add("split", {found}, {{"dim", Int(1)}, {"sizes", Ints({1, 1})}});
+  if (columns.size() != 2) return w;
+  w.found = found;
+  w.first = b.Add1("squeeze", {columns[0]}, {{"dim", Int(1)}});
+  w.second = b.Add1("squeeze", {columns[1]}, {{"dim", Int(1)}});
+  return w;
+}
+
 int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int x,
               const MoeOptions& o, int* router_logits) {
   if (!ExpectRank(b, x, 3, "sparse_moe")) return -1;
@@ -117,15 +130,11 @@ int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     // weights get gradients (full-size zeros) all the same.
     ModuleScope experts(b, "experts");
     // idx, top_x = torch.where(expert_mask[expert_idx]): nonzero, then its two columns.
-    int row = b.Add1("slice", {mask}, {{"dim", Int(0)}, {"start", Int(e)}, {"end", Int(e + 1)}});
-    row = b.Add1("squeeze", {row}, {{"dim", Int(0)}});
-    const int found = b.Add1("nonzero", {row}, {{"count", Int(counts[e])}});
-    std::vector<int> columns =
-        b.Add("split", {found}, {{"dim", Int(1)}, {"sizes", Ints({1, 1})}});
-    if (columns.size() != 2) return -1;
-    const int idx = b.Add1("squeeze", {columns[0]}, {{"dim", Int(1)}});
-    const int top_x = b.Add1("squeeze", {columns[1]}, {{"dim", Int(1)}});
-    reassign(0, found);
+    const ExpertWhere where = WhereExpert(b, mask, e, counts[e]);
+    if (where.found < 0) return -1;
+    const int idx = where.first;
+    const int top_x = where.second;
+    reassign(0, where.found);
     // current_state = hidden_states[None, top_x].reshape(-1, hidden_dim): aten indexes the
     // [1, N*T, d] view along dim 1; its rows are hidden_states[top_x]'s, the same bytes, saved
     // and gradient alike.
