@@ -109,6 +109,10 @@ std::string DescribeModel(const v1::Model& model) {
   return "unset";
 }
 
+Status EstimatorService::Authorize(const grpc::CallbackServerContext& context) {
+  return options_.auth != nullptr ? options_.auth->Check(context) : Status::Ok();
+}
+
 grpc::ServerUnaryReactor* EstimatorService::Estimate(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request_bytes,
                                                      grpc::ByteBuffer* response_bytes) {
@@ -117,7 +121,8 @@ grpc::ServerUnaryReactor* EstimatorService::Estimate(grpc::CallbackServerContext
   const std::string id = TagRequest(context);
   v1::EstimateRequest request;
   v1::EstimateResponse response;
-  Status status = ParseRequest(*request_bytes, &request);
+  Status status = Authorize(*context);
+  if (status.ok()) status = ParseRequest(*request_bytes, &request);
   if (status.ok()) {
     // The caller's deadline and cancellation reach the engine, which checks them as it works.
     const auto left = context->deadline() - std::chrono::system_clock::now();
@@ -142,8 +147,9 @@ grpc::ServerUnaryReactor* EstimatorService::ListPresets(grpc::CallbackServerCont
   const Clock::time_point start = Clock::now();
   HeapTrimmer::Request in_flight(trimmer_);
   const std::string id = TagRequest(context);
-  PresetsToProto(memest::ListPresets(), response);
-  return Finish(context, "ListPresets", id, "-", start, Status::Ok());
+  const Status status = Authorize(*context);
+  if (status.ok()) PresetsToProto(memest::ListPresets(), response);
+  return Finish(context, "ListPresets", id, "-", start, status);
 }
 
 grpc::ServerUnaryReactor* EstimatorService::ListDevices(grpc::CallbackServerContext* context,
@@ -152,8 +158,9 @@ grpc::ServerUnaryReactor* EstimatorService::ListDevices(grpc::CallbackServerCont
   const Clock::time_point start = Clock::now();
   HeapTrimmer::Request in_flight(trimmer_);
   const std::string id = TagRequest(context);
-  DevicesToProto(memest::ListDevices(), response);
-  return Finish(context, "ListDevices", id, "-", start, Status::Ok());
+  const Status status = Authorize(*context);
+  if (status.ok()) DevicesToProto(memest::ListDevices(), response);
+  return Finish(context, "ListDevices", id, "-", start, status);
 }
 
 Status HandlePlan(const v1::PlanRequest& request, const ServiceOptions& options, Budget* budget,
@@ -180,7 +187,8 @@ Status HandlePlan(const v1::PlanRequest& request, const ServiceOptions& options,
 grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Plan(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes) {
   auto request = std::make_shared<v1::PlanRequest>();
-  const Status parsed = ParseRequest(*request_bytes, request.get());
+  Status parsed = Authorize(*context);
+  if (parsed.ok()) parsed = ParseRequest(*request_bytes, request.get());
   const ServiceOptions& options = options_;
   HeapTrimmer& trimmer = trimmer_;
   return new StreamReactor(
@@ -204,7 +212,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Plan(
 grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Validate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes) {
   auto request = std::make_shared<v1::ValidateRequest>();
-  const Status parsed = ParseRequest(*request_bytes, request.get());
+  Status parsed = Authorize(*context);
+  if (parsed.ok()) parsed = ParseRequest(*request_bytes, request.get());
   const ServiceOptions& options = options_;
   ValidationRunner* runner = validations_.get();
   return new StreamReactor(

@@ -22,6 +22,7 @@
 #include "engine/ir/status.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "memest/v1/memest.pb.h"
+#include "server/auth.h"
 #include "server/heap_trim.h"
 #include "server/validation_runner.h"
 
@@ -41,6 +42,8 @@ struct ServiceOptions {
   int64_t max_plan_op_steps = 100'000'000;
   // Validate: which device, which worker, how long the queue may grow.
   ValidationOptions validation;
+  // The bearer token the calls must carry (server/auth.h); null: none.
+  std::shared_ptr<TokenAuth> auth;
 };
 
 // Refuses a request larger than `max_ops` allows, with RESOURCE_EXHAUSTED naming the field,
@@ -101,6 +104,9 @@ class EstimatorService final : public MemoryEstimatorBase {
   ValidationRunner& validations() { return *validations_; }
 
  private:
+  // OK, or UNAUTHENTICATED when the server has a token the call does not carry.
+  Status Authorize(const grpc::CallbackServerContext& context);
+
   const ServiceOptions options_;
   std::unique_ptr<ValidationRunner> validations_;
   // Validate is left out: it waits for minutes, its memory is the worker process's.

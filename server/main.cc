@@ -64,6 +64,9 @@ int main(int argc, char** argv) {
                  "largest request accepted, in bytes")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--auth-token-file", options.auth_token_file,
+                 "a file holding the bearer token every estimator call must carry ('authorization: "
+                 "Bearer <token>'); reread when it changes; health checks stay open");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));

@@ -45,9 +45,15 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
     return InvalidArgument("max_ops: must be positive, got " +
                            std::to_string(options.service.max_ops));
   }
+  ServerOptions checked = options;
+  if (!options.auth_token_file.empty()) {
+    MEMEST_ASSIGN_OR_RETURN(std::unique_ptr<TokenAuth> auth,
+                            TokenAuth::Open(options.auth_token_file));
+    checked.service.auth = std::move(auth);
+  }
   // Before any call is parsed: protobuf's log handler is not safe to replace while in use.
   InstallProtobufLogHandler();
-  std::unique_ptr<EstimatorServer> server(new EstimatorServer(options));
+  std::unique_ptr<EstimatorServer> server(new EstimatorServer(checked));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -20,6 +20,9 @@ struct ServerOptions {
   std::string address = "127.0.0.1:50051";
   // The largest request accepted, in bytes; larger ones get RESOURCE_EXHAUSTED from gRPC.
   int max_message_bytes = 64 << 20;
+  // A file holding the bearer token every estimator call must carry (server/auth.h); empty:
+  // calls need none.
+  std::string auth_token_file;
   ServiceOptions service;
 };
 

@@ -24,6 +24,8 @@ grpc::StatusCode ToGrpcCode(StatusCode code) {
       return grpc::StatusCode::CANCELLED;
     case StatusCode::kDeadlineExceeded:
       return grpc::StatusCode::DEADLINE_EXCEEDED;
+    case StatusCode::kUnauthenticated:
+      return grpc::StatusCode::UNAUTHENTICATED;
   }
   return grpc::StatusCode::UNKNOWN;
 }

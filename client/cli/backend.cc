@@ -3,9 +3,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "engine/ir/devices.h"
+#include "engine/ir/text.h"
 #include "engine/models/presets.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "server/convert.h"
@@ -35,28 +38,29 @@ CallResult FromGrpc(const grpc::Status& status, const std::string& address) {
 
 class RemoteBackend : public Backend {
  public:
-  RemoteBackend(std::string address, int64_t deadline_ms)
+  RemoteBackend(std::string address, int64_t deadline_ms, StatusOr<std::string> token)
       : address_(std::move(address)),
         deadline_ms_(deadline_ms),
+        token_(std::move(token)),
         channel_(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials())),
         stub_(v1::MemoryEstimator::NewStub(channel_)) {}
 
   CallResult Estimate(const v1::EstimateRequest& request,
                       v1::EstimateResponse* response) override {
     grpc::ClientContext context;
-    SetDeadline(&context);
+    if (!Prepare(&context)) return FromStatus(token_.status());
     return FromGrpc(stub_->Estimate(&context, request, response), address_);
   }
 
   CallResult ListPresets(v1::ListPresetsResponse* response) override {
     grpc::ClientContext context;
-    SetDeadline(&context);
+    if (!Prepare(&context)) return FromStatus(token_.status());
     return FromGrpc(stub_->ListPresets(&context, v1::ListPresetsRequest(), response), address_);
   }
 
   CallResult ListDevices(v1::ListDevicesResponse* response) override {
     grpc::ClientContext context;
-    SetDeadline(&context);
+    if (!Prepare(&context)) return FromStatus(token_.status());
     return FromGrpc(stub_->ListDevices(&context, v1::ListDevicesRequest(), response), address_);
   }
 
@@ -64,7 +68,7 @@ class RemoteBackend : public Backend {
                       const std::function<void(const v1::ValidateProgress&)>& progress,
                       v1::ValidationResult* result) override {
     grpc::ClientContext context;
-    SetDeadline(&context);
+    if (!Prepare(&context)) return FromStatus(token_.status());
     std::unique_ptr<grpc::ClientReader<v1::ValidateEvent>> reader = stub_->Validate(&context, request);
     v1::ValidateEvent event;
     while (reader->Read(&event)) {
@@ -80,7 +84,7 @@ class RemoteBackend : public Backend {
   CallResult Plan(const v1::PlanRequest& request,
                   const std::function<void(const v1::PlanEvent&)>& on_event) override {
     grpc::ClientContext context;
-    SetDeadline(&context);
+    if (!Prepare(&context)) return FromStatus(token_.status());
     std::unique_ptr<grpc::ClientReader<v1::PlanEvent>> reader = stub_->Plan(&context, request);
     v1::PlanEvent event;
     while (reader->Read(&event)) on_event(event);
@@ -88,13 +92,20 @@ class RemoteBackend : public Backend {
   }
 
  private:
-  void SetDeadline(grpc::ClientContext* context) const {
+  // The call's deadline and bearer token; false when the token file could not be read.
+  bool Prepare(grpc::ClientContext* context) const {
+    if (!token_.ok()) return false;
     context->set_deadline(std::chrono::system_clock::now() +
                           std::chrono::milliseconds(deadline_ms_));
+    if (!token_->empty()) context->AddMetadata("authorization", "Bearer " + *token_);
+    return true;
   }
+
+  static CallResult FromStatus(const Status& status) { return FromGrpc(ToGrpcStatus(status), ""); }
 
   std::string address_;
   int64_t deadline_ms_;
+  StatusOr<std::string> token_;  // "": none
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::MemoryEstimator::Stub> stub_;
 };
@@ -143,8 +154,26 @@ class LocalBackend : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeRemoteBackend(const std::string& address, int64_t deadline_ms) {
-  return std::make_unique<RemoteBackend>(address, deadline_ms);
+StatusOr<std::string> ReadToken(const std::string& path) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in.good() && !in.eof()) {
+    return InvalidArgument("--auth-token-file: cannot read " + Quote(path));
+  }
+  std::string token = text.str();
+  const size_t begin = token.find_first_not_of(" \t\r\n");
+  token = begin == std::string::npos
+              ? ""
+              : token.substr(begin, token.find_last_not_of(" \t\r\n") - begin + 1);
+  if (token.empty()) return InvalidArgument("--auth-token-file: " + Quote(path) + " is empty");
+  return token;
+}
+
+std::unique_ptr<Backend> MakeRemoteBackend(const std::string& address, int64_t deadline_ms,
+                                           const std::string& token_file) {
+  return std::make_unique<RemoteBackend>(address, deadline_ms, ReadToken(token_file));
 }
 
 std::unique_ptr<Backend> MakeLocalBackend() { return std::make_unique<LocalBackend>(); }

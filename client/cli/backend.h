@@ -44,7 +44,11 @@ class Backend {
 
 // Calls memest.v1.MemoryEstimator at `address` (HOST:PORT) over an insecure channel, each call
 // with a deadline of `deadline_ms`.
-std::unique_ptr<Backend> MakeRemoteBackend(const std::string& address, int64_t deadline_ms);
+// Calls memest-server at `address`; with `token_file`, each call carries its bearer token
+// (memest-server --auth-token-file), and an unreadable or empty file fails every call as bad
+// input naming --auth-token-file.
+std::unique_ptr<Backend> MakeRemoteBackend(const std::string& address, int64_t deadline_ms,
+                                           const std::string& token_file = "");
 
 // Runs the engine in this process. It cannot validate: that needs a server with a GPU.
 std::unique_ptr<Backend> MakeLocalBackend();

@@ -13,7 +13,7 @@ namespace {
 
 std::unique_ptr<Backend> MakeBackend(const ConnectionFlags& connection) {
   if (connection.local) return MakeLocalBackend();
-  return MakeRemoteBackend(connection.server, connection.deadline_ms);
+  return MakeRemoteBackend(connection.server, connection.deadline_ms, connection.auth_token_file);
 }
 
 int Fail(const CallResult& result) {

@@ -258,6 +258,9 @@ void AddConnectionFlags(CLI::App* app, ConnectionFlags* flags) {
   app->add_flag("--json", flags->json, "print the response as the proto's JSON mapping");
   app->add_option("--deadline-ms", flags->deadline_ms, "deadline of the call in milliseconds")
       ->capture_default_str();
+  app->add_option("--auth-token-file", flags->auth_token_file,
+                  "a file holding the server's bearer token (memest-server --auth-token-file)")
+      ->type_name("FILE");
 }
 
 void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {

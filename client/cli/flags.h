@@ -29,6 +29,7 @@ struct ConnectionFlags {
   bool local = false;       // run the engine in-process instead of calling a server
   bool json = false;        // print the proto's JSON mapping of the response
   int64_t deadline_ms = 30000;
+  std::string auth_token_file;  // the server's bearer token (memest-server --auth-token-file)
 };
 
 struct EstimateFlags {

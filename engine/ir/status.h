@@ -24,6 +24,7 @@ enum class StatusCode {
   kInternal,           // a bug in memest: an invariant did not hold
   kCancelled,          // the caller cancelled (a validation stopped between ops)
   kDeadlineExceeded,   // the caller's deadline passed first
+  kUnauthenticated,    // the server asks for a token the call did not carry (server/auth.h)
 };
 
 class Status {
@@ -57,6 +58,7 @@ inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+inline Status Unauthenticated(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
 
 const char* StatusCodeName(StatusCode code);
 

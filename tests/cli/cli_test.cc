@@ -419,6 +419,24 @@ std::string ListeningAddress(Child& server) {
   return server.WaitForLine("memest-server listening on ", std::chrono::seconds(20));
 }
 
+// A server with --auth-token-file answers the CLI that passes its token, refuses one that does
+// not (UNAUTHENTICATED, exit 4), and an unreadable token file is bad input (exit 3).
+TEST(CliTest, BearerTokenAgainstRealServer) {
+  const std::string token = WriteTempFile("server-token", "cli-s3cret\n");
+  Child server({kServer, "--address", "127.0.0.1:0", "--auth-token-file", token});
+  const std::string address = ListeningAddress(server);
+  ASSERT_THAT(address, HasSubstr("127.0.0.1:")) << server.Output();
+  const RunResult ok = Memest({"devices", "--server", address, "--auth-token-file", token});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  const RunResult none = Memest({"devices", "--server", address});
+  EXPECT_EQ(none.exit_code, 4) << none.err;
+  EXPECT_THAT(none.err, HasSubstr("UNAUTHENTICATED"));
+  const RunResult unreadable =
+      Memest({"devices", "--server", address, "--auth-token-file", "/nonexistent/token"});
+  EXPECT_EQ(unreadable.exit_code, 3) << unreadable.err;
+  EXPECT_THAT(unreadable.err, HasSubstr("--auth-token-file"));
+}
+
 // The real server on port 0: the CLI's answers over gRPC equal the local ones, errors keep
 // their field names and exit codes, and SIGTERM stops the server cleanly.
 TEST(CliTest, AgainstRealServer) {

@@ -1,5 +1,7 @@
 """memest.serve(): a child memest-server on a free port, stopped on request."""
 
+import asyncio
+
 import pytest
 
 import memest
@@ -41,3 +43,33 @@ def test_serve_reports_a_server_that_does_not_start(server):
     # The session's server holds its port; a second one on it must fail, with the log.
     with pytest.raises(memest.ServerError, match="did not start"):
         memest.serve(binary=server_binary(), address=server.address, timeout=10)
+
+
+def test_a_server_with_a_token_answers_only_clients_that_carry_it(tmp_path):
+    """memest-server --auth-token-file: memest.Client(token=) and memest.aio.Client(token=)
+    are answered, a client without the token gets memest.Unauthenticated; bad tokens are
+    refused before any call."""
+    token = tmp_path / "token"
+    token.write_text("py-s3cret\n")
+    server = memest.serve(binary=server_binary(),
+                          args=["--log-level", "warn", "--auth-token-file", str(token)])
+    try:
+        with memest.Client(server, token="py-s3cret") as c:
+            assert any(d.name == "h100-80gb" for d in c.devices())
+            assert c.estimate(preset="gpt2-small", seq=64).peak.allocated_bytes > 0
+        with memest.Client(server) as c:
+            with pytest.raises(memest.Unauthenticated, match="bearer token"):
+                c.devices()
+        with memest.Client(server, token="wrong") as c:
+            with pytest.raises(memest.Unauthenticated):
+                c.estimate(preset="gpt2-small", seq=64)
+
+        async def devices():
+            async with memest.aio.Client(server, token="py-s3cret") as c:
+                return await c.devices()
+        assert asyncio.run(devices())
+    finally:
+        server.stop()
+    for bad in ("", "two words", "caf\u00e9"):
+        with pytest.raises(ValueError, match="token"):
+            memest.Client("127.0.0.1:1", token=bad)

@@ -15,7 +15,8 @@ into a model description the server estimates (torch is imported only when it is
 from memest import v1
 from memest.client import Client
 from memest.errors import (Cancelled, DeadlineExceeded, FailedPrecondition, Internal,
-                           InvalidArgument, MemestError, NotFound, ResourceExhausted, Unavailable)
+                           InvalidArgument, MemestError, NotFound, ResourceExhausted,
+                           Unauthenticated, Unavailable)
 from memest.results import (Advice, DeviceInfo, Estimate, Fit, LayerRow, MemoryByCategory,
                             Peak, PresetInfo, PresetParam, Serving, format_bytes)
 from memest.planning import Plan
@@ -41,6 +42,6 @@ __all__ = [
     "FailedPrecondition", "Fit", "Internal", "InvalidArgument", "LayerRow", "MemestError",
     "MemoryByCategory", "NotFound", "OpTiming", "Peak", "PhaseComparison", "Plan", "PresetInfo",
     "PresetParam", "Progress", "ResourceExhausted", "Server", "ServerError", "Serving",
-    "TracedModel", "Unavailable", "UnsupportedOp", "Validation", "aio", "format_bytes", "save",
+    "TracedModel", "Unauthenticated", "Unavailable", "UnsupportedOp", "Validation", "aio", "format_bytes", "save",
     "serve", "trace", "v1",
 ]

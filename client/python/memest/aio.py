@@ -13,7 +13,7 @@ import grpc.aio
 from memest import v1
 from memest.client import (CHANNEL_OPTIONS, ESTIMATE_DOC, VALIDATE_DOC, VALIDATE_TIMEOUT,
                            PLAN_DOC, request_label, validate_request)
-from memest.errors import MemestError, from_rpc_error
+from memest.errors import MemestError, from_rpc_error, token_metadata
 from memest.planning import PlanCollector, plan_request
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
@@ -21,11 +21,13 @@ from memest.validation import _Collector
 
 
 class Client:
-    """An asyncio connection to a memest-server at `address` ("host:port" or memest.Server)."""
+    """An asyncio connection to a memest-server at `address` ("host:port" or memest.Server);
+    `token` as memest.Client's."""
 
-    def __init__(self, address, timeout=30.0):
+    def __init__(self, address, timeout=30.0, token=None):
         self.address = getattr(address, "address", address)
         self.timeout = timeout
+        self._metadata = token_metadata(token)
         self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         self._stub = v1.MemoryEstimatorStub(self._channel)
         self._closed = False
@@ -34,7 +36,8 @@ class Client:
         if self._closed:
             raise MemestError("%r: closed" % self)
         try:
-            return await method(request, timeout=self.timeout if timeout is None else timeout)
+            return await method(request, timeout=self.timeout if timeout is None else timeout,
+                                metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
@@ -56,7 +59,8 @@ class Client:
             raise MemestError("%r: closed" % self)
         events = _Collector(progress, label)
         try:
-            async for event in self._stub.Validate(request, timeout=timeout or VALIDATE_TIMEOUT):
+            async for event in self._stub.Validate(request, timeout=timeout or VALIDATE_TIMEOUT,
+                                             metadata=self._metadata):
                 events.take(event)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
@@ -70,7 +74,8 @@ class Client:
             raise MemestError("%r: closed" % self)
         plans = PlanCollector(on_plan)
         try:
-            async for event in self._stub.Plan(request, timeout=timeout or self.timeout):
+            async for event in self._stub.Plan(request, timeout=timeout or self.timeout,
+                                         metadata=self._metadata):
                 plans.take(event)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None

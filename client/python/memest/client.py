@@ -12,7 +12,7 @@ call raises a memest.MemestError subclass carrying the server's message.
 import grpc
 
 from memest import v1
-from memest.errors import MemestError, from_rpc_error
+from memest.errors import MemestError, from_rpc_error, token_metadata
 from memest.planning import PlanCollector, plan_request
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
@@ -167,11 +167,16 @@ def request_label(request):
 
 
 class Client:
-    """A connection to a memest-server at `address` ("host:port", or a memest.Server)."""
+    """A connection to a memest-server at `address` ("host:port", or a memest.Server).
 
-    def __init__(self, address, timeout=30.0):
+    token: the server's bearer token, for a server started with --auth-token-file (each call
+    carries 'authorization: Bearer <token>'; without it the server answers Unauthenticated).
+    """
+
+    def __init__(self, address, timeout=30.0, token=None):
         self.address = getattr(address, "address", address)
         self.timeout = timeout
+        self._metadata = token_metadata(token)
         self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         self._stub = v1.MemoryEstimatorStub(self._channel)
         self._closed = False
@@ -180,7 +185,8 @@ class Client:
         if self._closed:
             raise MemestError("%r: closed" % self)
         try:
-            return method(request, timeout=self.timeout if timeout is None else timeout)
+            return method(request, timeout=self.timeout if timeout is None else timeout,
+                          metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
@@ -202,7 +208,8 @@ class Client:
             raise MemestError("%r: closed" % self)
         events = _Collector(progress, label)
         try:
-            for event in self._stub.Validate(request, timeout=timeout or VALIDATE_TIMEOUT):
+            for event in self._stub.Validate(request, timeout=timeout or VALIDATE_TIMEOUT,
+                                             metadata=self._metadata):
                 events.take(event)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
@@ -216,7 +223,8 @@ class Client:
             raise MemestError("%r: closed" % self)
         plans = PlanCollector(on_plan)
         try:
-            for event in self._stub.Plan(request, timeout=timeout or self.timeout):
+            for event in self._stub.Plan(request, timeout=timeout or self.timeout,
+                                         metadata=self._metadata):
                 plans.take(event)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None

@@ -72,9 +72,26 @@ class Cancelled(MemestError):
     code = grpc.StatusCode.CANCELLED
 
 
+class Unauthenticated(MemestError):
+    """The server asks for its bearer token (memest-server --auth-token-file): Client(token=)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, ResourceExhausted,
                                       FailedPrecondition, Unavailable, DeadlineExceeded,
-                                      Internal, Cancelled)}
+                                      Internal, Cancelled, Unauthenticated)}
+
+
+def token_metadata(token):
+    """The call metadata that carries `token` to a memest-server started with
+    --auth-token-file ('authorization: Bearer <token>'); () without one."""
+    if token is None:
+        return ()
+    token = str(token).strip()
+    if not token or any(not (0x21 <= ord(c) <= 0x7e) for c in token):
+        raise ValueError("token: printable ASCII without spaces, as the server's token file holds")
+    return (("authorization", "Bearer " + token),)
 
 
 def from_rpc_error(error):
