@@ -89,9 +89,10 @@ Status TokenAuth::Check(const grpc::CallbackServerContext& context) {
       return Status::Ok();
     }
   }
-  return Unauthenticated("this server requires its bearer token: metadata 'authorization: "
-                         "Bearer <token>' (memest --auth-token-file FILE, "
-                         "memest.Client(..., token=...))");
+  return Unauthenticated(
+      "this server requires its bearer token: metadata 'authorization: "
+      "Bearer <token>' (memest --auth-token-file FILE, "
+      "memest.Client(..., token=...))");
 }
 
 }  // namespace memest

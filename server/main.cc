@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
   double grace_seconds = 5.0;
 
   CLI::App app{"memest-server: predicts the GPU memory of PyTorch steps, over gRPC"};
-  app.set_version_flag("--version", memest::VersionString("memest-server"), "print the build's version and exit");
+  app.set_version_flag("--version", memest::VersionString("memest-server"),
+                       "print the build's version and exit");
   app.add_option("--address", options.address, "HOST:PORT to listen on (port 0: any free port)")
       ->capture_default_str();
   app.add_option("--max-ops", options.service.max_ops,

@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
   double fake_gib = 0;
   int fake_run_ms = 0, fake_abort_after = -1;
   CLI::App app{"memest-validate-worker: one validation on a GPU, for memest-server"};
-  app.set_version_flag("--version", memest::VersionString("memest-validate-worker"), "print the build's version and exit");
+  app.set_version_flag("--version", memest::VersionString("memest-validate-worker"),
+                       "print the build's version and exit");
   app.add_option("--device", device, "CUDA device ordinal")->capture_default_str();
   app.add_flag("--probe", probe, "open the device and report whether it can validate");
   app.add_option("--fake-device-gib", fake_gib, "tests: a fake device of this many GiB instead of a GPU");

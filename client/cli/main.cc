@@ -17,7 +17,8 @@ int main(int argc, char** argv) {
   CLI::App app{"memest: predicts the GPU memory of a PyTorch training or inference step, op by op",
                "memest"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", memest::VersionString("memest"), "print the build's version and exit");
+  app.set_version_flag("--version", memest::VersionString("memest"),
+                       "print the build's version and exit");
   app.footer(ExitCodesHelp());
 
   ConnectionFlags connection;

@@ -6,10 +6,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <fstream>
 #include <string>
-#include <thread>
 
 #include "server/serve.h"
 #include "tests/server/health_client.h"
@@ -81,9 +79,8 @@ TEST(AuthTest, TheTokenIsRereadWhenItsFileChanges) {
 }
 
 TEST(AuthTest, AFileWithoutATokenIsRefusedAtStart) {
-  for (const std::string& path :
-       {std::string("/nonexistent/token"), WriteToken("empty", " \n"),
-        WriteToken("spaced", "two words")}) {
+  for (const std::string& path : {std::string("/nonexistent/token"), WriteToken("empty", " \n"),
+                                  WriteToken("spaced", "two words")}) {
     ServerOptions options;
     options.address = "127.0.0.1:0";
     options.auth_token_file = path;
