@@ -29,7 +29,8 @@ int GroupedTopK(GraphBuilder& b, const LayerContext& c, int scores, const MoeOpt
   std::vector<int> groups =
       b.Add("topk", {group_scores}, {{"k", Int(o.topk_groups)}, {"dim", Int(-1)}});
   if (groups.size() != 2) return -1;
-  const int64_t tokens = b.ok() ? b.shape(group_scores)[0] : 0;
+  if (!b.ok()) return -1;
+  const int64_t tokens = b.shape(group_scores)[0];
   int group_mask =
       b.Add1("full", {},
              {{"shape", Ints({tokens, g})}, {"dtype", DTypeAttr(b.tensor(group_scores).dtype)}});
@@ -42,9 +43,9 @@ int GroupedTopK(GraphBuilder& b, const LayerContext& c, int scores, const MoeOpt
   const int chosen = b.Add1("masked_fill", {biased, keep}, {{"value", Float(0)}});
   std::vector<int> top = b.Add("topk", {chosen}, {{"k", Int(o.top_k)}, {"dim", Int(-1)}});
   if (top.size() != 2) return -1;
-  // The function's locals until it returns.
-  for (int local : {biased, best2[0], best2[1], group_scores, groups[0], groups[1], group_mask,
-                    score_mask, chosen, top[0]}) {
+  // The function's locals until it returns: scores_for_choice (masked now), group_scores,
+  // group_idx, group_mask, score_mask; topk's values and the first scores_for_choice are gone.
+  for (int local : {chosen, group_scores, groups[1], group_mask, score_mask}) {
     b.HoldUntilLastOp(local);
   }
   return top[1];
