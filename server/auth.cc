@@ -7,19 +7,30 @@
 #include <sstream>
 #include <utility>
 
+#include "engine/ir/text.h"
+
 namespace memest {
 namespace {
 
 constexpr char kFlag[] = "--auth-token-file";
 constexpr size_t kMaxToken = 4096;
 
-std::string Trim(const std::string& s) {
+}  // namespace
+
+StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in.good() && !in.eof()) {
+    return InvalidArgument(std::string(kFlag) + ": cannot read " + Quote(path));
+  }
+  const std::string s = text.str();
   const size_t begin = s.find_first_not_of(" \t\r\n");
-  if (begin == std::string::npos) return "";
+  if (begin == std::string::npos) {
+    return InvalidArgument(std::string(kFlag) + ": " + Quote(path) + " holds no token");
+  }
   return s.substr(begin, s.find_last_not_of(" \t\r\n") - begin + 1);
 }
-
-}  // namespace
 
 bool SameToken(std::string_view a, std::string_view b) {
   const size_t n = a.size() > b.size() ? a.size() : b.size();
@@ -42,7 +53,7 @@ StatusOr<std::unique_ptr<TokenAuth>> TokenAuth::Open(const std::string& path) {
 Status TokenAuth::Reload() {
   struct stat st;
   if (stat(path_.c_str(), &st) != 0) {
-    return InvalidArgument(std::string(kFlag) + ": cannot read the token file");
+    return InvalidArgument(std::string(kFlag) + ": cannot read " + Quote(path_));
   }
   const long long mtime =
       static_cast<long long>(st.st_mtim.tv_sec) * 1'000'000'000LL + st.st_mtim.tv_nsec;
@@ -51,14 +62,7 @@ Status TokenAuth::Reload() {
     return InvalidArgument(std::string(kFlag) + ": the token file holds more than " +
                            std::to_string(kMaxToken) + " bytes");
   }
-  std::ifstream in(path_, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) {
-    return InvalidArgument(std::string(kFlag) + ": cannot read the token file");
-  }
-  const std::string token = Trim(text.str());
-  if (token.empty()) return InvalidArgument(std::string(kFlag) + ": the token file is empty");
+  MEMEST_ASSIGN_OR_RETURN(const std::string token, ReadTokenFile(path_));
   for (char c : token) {
     if (c < 0x21 || c > 0x7e) {
       return InvalidArgument(std::string(kFlag) +

@@ -40,6 +40,11 @@ class TokenAuth {
   long long size_ = -1;
 };
 
+// The token a --auth-token-file holds, surrounding whitespace trimmed (the server's and the
+// CLI's reader): INVALID_ARGUMENT naming the flag and the path when the file cannot be read or
+// holds nothing else.
+StatusOr<std::string> ReadTokenFile(const std::string& path);
+
 // Whether `a` and `b` are equal, in time that depends on their lengths only.
 bool SameToken(std::string_view a, std::string_view b);
 

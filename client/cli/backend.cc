@@ -3,15 +3,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "engine/ir/devices.h"
-#include "engine/ir/text.h"
 #include "engine/models/presets.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "server/convert.h"
+#include "server/auth.h"
 #include "server/estimator_service.h"
 #include "server/status_conversion.h"
 
@@ -154,26 +152,11 @@ class LocalBackend : public Backend {
 
 }  // namespace
 
-StatusOr<std::string> ReadToken(const std::string& path) {
-  if (path.empty()) return std::string();
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) {
-    return InvalidArgument("--auth-token-file: cannot read " + Quote(path));
-  }
-  std::string token = text.str();
-  const size_t begin = token.find_first_not_of(" \t\r\n");
-  token = begin == std::string::npos
-              ? ""
-              : token.substr(begin, token.find_last_not_of(" \t\r\n") - begin + 1);
-  if (token.empty()) return InvalidArgument("--auth-token-file: " + Quote(path) + " is empty");
-  return token;
-}
-
 std::unique_ptr<Backend> MakeRemoteBackend(const std::string& address, int64_t deadline_ms,
                                            const std::string& token_file) {
-  return std::make_unique<RemoteBackend>(address, deadline_ms, ReadToken(token_file));
+  return std::make_unique<RemoteBackend>(
+      address, deadline_ms,
+      token_file.empty() ? StatusOr<std::string>(std::string()) : ReadTokenFile(token_file));
 }
 
 std::unique_ptr<Backend> MakeLocalBackend() { return std::make_unique<LocalBackend>(); }

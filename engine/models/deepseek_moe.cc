@@ -134,11 +134,7 @@ int layers_internal::DeepseekMoe(GraphBuilder& b, const LayerContext& c, int x,
   // returns. transformers skips an expert no token chose; memest runs it on no tokens, which
   // allocates nothing but gives its weights a gradient (every expert is chosen in a step of
   // many tokens).
-  std::vector<int> locals(5, -1);
-  auto reassign = [&](size_t k, int now) {
-    b.HoldUntilLastOp(locals[k]);
-    locals[k] = now;
-  };
+  LoopLocals locals(b, 5);
   const std::vector<int64_t> counts = ExpertTokens(tokens, o.experts, o.top_k, o.load);
   for (int64_t e = 0; e < o.experts && b.ok(); ++e) {
     ModuleScope experts(b, "experts");
@@ -147,22 +143,22 @@ int layers_internal::DeepseekMoe(GraphBuilder& b, const LayerContext& c, int x,
     if (where.found < 0) return -1;
     const int token_indices = where.first;
     const int weight_indices = where.second;
-    reassign(0, where.found);
+    locals.Assign(0, where.found);
     const int expert_weights = b.Add1("index", {weights, token_indices, weight_indices});
-    reassign(1, expert_weights);
+    locals.Assign(1, expert_weights);
     const int expert_input = b.Add1("index", {flat, token_indices});
-    reassign(2, expert_input);
+    locals.Assign(2, expert_input);
     const int y = ExpertMlp(b, c, std::to_string(e), expert_input, o.expert_ffn, o);
-    reassign(3, y);
+    locals.Assign(3, y);
     const int w = b.Add1("unsqueeze", {expert_weights}, {{"dim", Int(-1)}});
     const int weighted = b.Add1("mul", {y, w});
-    reassign(4, weighted);
+    locals.Assign(4, weighted);
     out = b.Add1("index_add_", {out, token_indices, weighted}, {{"dim", Int(0)}});
   }
   const int summed = out;
   out = b.Add1("to", {out}, {{"dtype", DTypeAttr(b.tensor(x).dtype)}});
   for (int local : {summed, mask}) b.HoldUntilLastOp(local);
-  for (int local : locals) b.HoldUntilLastOp(local);
+  locals.HoldToLastOp();
   out = b.Add1("view", {out}, {{"shape", Ints({in[0], in[1], d})}});
   if (o.shared_expert_ffn > 0) {
     out = b.Add1("add", {out, ExpertMlp(b, c, "shared_experts", x, o.shared_expert_ffn, o)});

@@ -10,19 +10,6 @@ namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// A count that may be 0 (first_k_dense_replace), at most kMaxSize.
-StatusOr<int64_t> Count(const Fields& f, const char* key, int64_t fallback) {
-  const JsonValue* v = f.Get(key);
-  if (v == nullptr) return fallback;
-  if (v->kind != Kind::kNumber || !(v->number >= 0 && v->number <= double(kMaxSize)) ||
-      v->number != std::floor(v->number)) {
-    if (v->kind != Kind::kNumber) return WrongKind(key, "an integer >= 0", *v);
-    return InvalidArgument(Field(key) + ": must be an integer from 0 to " + Str(kMaxSize) +
-                           ", got " + Fields::JsonNumber(v->number));
-  }
-  return static_cast<int64_t>(v->number);
-}
-
 // DeepseekV3Attention's softmax scale: qk_head_dim ** -0.5, times yarn_get_mscale(factor,
 // mscale_all_dim) squared when rope_scaling sets mscale_all_dim (the scores' value only).
 StatusOr<double> Scaling(const Fields& f, int64_t qk_head_dim) {
@@ -134,7 +121,7 @@ Status ReadDeepseek(const Fields& f, const std::string& type, LlamaSpec* s) {
                            Str(freq));
   }
   // DeepseekV3DecoderLayer: the MoE from layer first_k_dense_replace on.
-  MEMEST_ASSIGN_OR_RETURN(const int64_t dense, Count(f, "first_k_dense_replace", 3));
+  MEMEST_ASSIGN_OR_RETURN(const int64_t dense, f.Count("first_k_dense_replace", 3));
   s->first_dense_layers = dense;
   return Status::Ok();
 }

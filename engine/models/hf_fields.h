@@ -51,15 +51,11 @@ class Fields {
     return Size(key, 0);
   }
   StatusOr<int64_t> Size(std::string_view key, int64_t fallback) const {
-    const JsonValue* v = Get(key);
-    if (v == nullptr) return fallback;
-    if (v->kind != Kind::kNumber) return WrongKind(key, "a positive integer", *v);
-    if (!(v->number >= 1 && v->number <= static_cast<double>(kMaxSize)) ||
-        v->number != std::floor(v->number)) {
-      return InvalidArgument(Field(key) + ": must be an integer from 1 to " +
-                             std::to_string(kMaxSize) + ", got " + JsonNumber(v->number));
-    }
-    return static_cast<int64_t>(v->number);
+    return Integer(key, fallback, 1, "a positive integer");
+  }
+  // An integer from 0 to kMaxSize (a count that may be none: first_k_dense_replace).
+  StatusOr<int64_t> Count(std::string_view key, int64_t fallback) const {
+    return Integer(key, fallback, 0, "an integer >= 0");
   }
   StatusOr<bool> Flag(std::string_view key, bool fallback) const {
     const JsonValue* v = Get(key);
@@ -114,6 +110,20 @@ class Fields {
   }
 
  private:
+  StatusOr<int64_t> Integer(std::string_view key, int64_t fallback, int64_t lowest,
+                            const char* kind) const {
+    const JsonValue* v = Get(key);
+    if (v == nullptr) return fallback;
+    if (v->kind != Kind::kNumber) return WrongKind(key, kind, *v);
+    if (!(v->number >= static_cast<double>(lowest) &&
+          v->number <= static_cast<double>(kMaxSize)) ||
+        v->number != std::floor(v->number)) {
+      return InvalidArgument(Field(key) + ": must be an integer from " + std::to_string(lowest) +
+                             " to " + std::to_string(kMaxSize) + ", got " + JsonNumber(v->number));
+    }
+    return static_cast<int64_t>(v->number);
+  }
+
   const JsonValue& config_;
   std::string model_type_;
 };

@@ -68,6 +68,24 @@ int ExpertMlp(GraphBuilder& b, const LayerContext& c, std::string_view name, int
 // the passes that split (by rows and by columns, each expert's ffn by t) and quantize them.
 void FusedMoeWeights(GraphBuilder& b, const LayerContext& c, int flat, const MoeOptions& o);
 
+// A Python loop's locals: each slot keeps its tensor until the next iteration assigns the slot
+// again, the last ones until HoldToLastOp (the function's return).
+class LoopLocals {
+ public:
+  LoopLocals(GraphBuilder& b, size_t slots) : b_(b), held_(slots, -1) {}
+  void Assign(size_t slot, int now) {
+    b_.HoldUntilLastOp(held_[slot]);  // nothing for the first iteration's -1
+    held_[slot] = now;
+  }
+  void HoldToLastOp() {
+    for (int t : held_) b_.HoldUntilLastOp(t);
+  }
+
+ private:
+  GraphBuilder& b_;
+  std::vector<int> held_;
+};
+
 // torch.where(expert_mask[e]) in an expert loop: the mask's row e (slice, squeeze), nonzero of
 // it (`count` rows: the tokens the data gives the expert) and its two columns, squeezed views
 // that keep it.

@@ -117,12 +117,7 @@ int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int
 
   // The loop's locals (idx, top_x, current_state, current_hidden_states) live until the next
   // iteration assigns them again, the last ones until the block returns.
-  std::vector<int> locals;
-  auto reassign = [&](size_t k, int now) {
-    if (k < locals.size() && locals[k] >= 0) b.HoldUntilLastOp(locals[k]);
-    if (locals.size() <= k) locals.resize(k + 1, -1);
-    locals[k] = now;
-  };
+  LoopLocals locals(b, 3);
   if (!b.ok()) return -1;
   const std::vector<int64_t> counts = ExpertTokens(tokens, o.experts, o.top_k, o.load);
   for (int64_t e = 0; e < o.experts && b.ok(); ++e) {
@@ -134,18 +129,18 @@ int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int
     if (where.found < 0) return -1;
     const int idx = where.first;
     const int top_x = where.second;
-    reassign(0, where.found);
+    locals.Assign(0, where.found);
     // current_state = hidden_states[None, top_x].reshape(-1, hidden_dim): aten indexes the
     // [1, N*T, d] view along dim 1; its rows are hidden_states[top_x]'s, the same bytes, saved
     // and gradient alike.
     const int state = b.Add1("index", {flat, top_x});
-    reassign(1, state);
+    locals.Assign(1, state);
     int y = ExpertMlp(b, c, std::to_string(e), state, o.expert_ffn, o);
     // * routing_weights[top_x, idx, None]: the None first, then the two index tensors
     int w = b.Add1("unsqueeze", {weights}, {{"dim", Int(2)}});
     w = b.Add1("index", {w, top_x, idx});
     y = b.Add1("mul", {y, w});
-    reassign(2, y);
+    locals.Assign(2, y);
     if (b.ok() && b.tensor(y).dtype != dtype) y = b.Add1("to", {y}, {{"dtype", DTypeAttr(dtype)}});
     out = b.Add1("index_add_", {out, top_x, y}, {{"dim", Int(0)}});
   }
@@ -160,7 +155,7 @@ int SparseMoe(GraphBuilder& b, const LayerContext& c, std::string_view name, int
   // The block's locals until it returns: the routing weights, the choices, the expert mask and
   // the last iteration's.
   for (int local : {weights, selected, mask}) b.HoldUntilLastOp(local);
-  for (int local : locals) b.HoldUntilLastOp(local);
+  locals.HoldToLastOp();
   if (router_logits != nullptr) *router_logits = logits;
   return out;
 }

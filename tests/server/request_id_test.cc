@@ -25,7 +25,7 @@ TEST(RequestIdTest, KeepsPlainTokensOnly) {
   for (const char* id : {"a", "req-42", "2026-11-29T17:00:00.123Z", "trace_id.span:7"}) {
     EXPECT_TRUE(ValidRequestId(id)) << id;
   }
-  for (const std::string id :
+  for (const std::string& id :
        {std::string(), std::string(65, 'a'), std::string("two words"), std::string("line\nforged"),
         std::string("quote\""), std::string("caf\xc3\xa9")}) {
     EXPECT_FALSE(ValidRequestId(id)) << id;
