@@ -37,11 +37,11 @@ Status TooMany(const char* field, const char* what, int count, int64_t max_ops) 
                            " exceed this server's limit of " + std::to_string(max_ops));
 }
 
-// Logs the request as one line, with its id (server/request_id.h), and finishes the RPC with
-// `status` mapped to gRPC.
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const char* method,
-                                 const std::string& id, const std::string& model,
-                                 Clock::time_point start, const Status& status) {
+// Logs the request as one line, with its id (server/request_id.h), and finishes the RPC through
+// `reactor` (the context's default one) with `status` mapped to gRPC.
+void Finish(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
+            const char* method, const std::string& id, const std::string& model,
+            Clock::time_point start, const Status& status) {
   const auto micros =
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count();
   if (status.ok()) {
@@ -52,9 +52,7 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const cha
                  StatusCodeName(status.code()), micros, context->peer(),
                  BoundMessage(status.message(), kMaxLoggedError));
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
-  return reactor;
 }
 
 }  // namespace
@@ -113,32 +111,66 @@ Status EstimatorService::Authorize(const grpc::CallbackServerContext& context) {
   return options_.auth != nullptr ? options_.auth->Check(context) : Status::Ok();
 }
 
+EstimatorService::EstimatorService(ServiceOptions options) : options_(std::move(options)) {
+  validations_ = std::make_unique<ValidationRunner>(options_.validation);
+  const int threads = options_.work_threads > 0 ? options_.work_threads : DefaultWorkThreads();
+  work_ = std::make_unique<WorkPool>(threads,
+                                     options_.max_queued >= 0 ? options_.max_queued : 8 * threads);
+}
+
+Status EstimatorService::Busy() const {
+  const WorkPool::Load load = work_->load();
+  return ResourceExhausted("the server is busy: estimates and plans running " +
+                           std::to_string(load.running) + ", waiting " +
+                           std::to_string(load.queued) + ", as many as it queues (" +
+                           "--max-queued-estimates " + std::to_string(work_->max_queued()) +
+                           "); retry later or elsewhere");
+}
+
 grpc::ServerUnaryReactor* EstimatorService::Estimate(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request_bytes,
                                                      grpc::ByteBuffer* response_bytes) {
   const Clock::time_point start = Clock::now();
-  HeapTrimmer::Request in_flight(trimmer_);  // made first: it ends after the request is freed
   const std::string id = TagRequest(context);
+  Status status = Authorize(*context);
+  // Made here, once: the pool's thread finishes the call through it, maybe before this returns.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (status.ok() && work_->TrySubmit([=] {
+        RunEstimate(context, reactor, *request_bytes, response_bytes, id, start);
+      })) {
+    return reactor;
+  }
+  if (status.ok()) status = Busy();
+  // A refusal parses nothing: the log names no model.
+  Finish(context, reactor, "Estimate", id, "-", start, status);
+  return reactor;
+}
+
+void EstimatorService::RunEstimate(grpc::CallbackServerContext* context,
+                                   grpc::ServerUnaryReactor* reactor,
+                                   const grpc::ByteBuffer& request_bytes,
+                                   grpc::ByteBuffer* response_bytes, const std::string& id,
+                                   Clock::time_point start) {
+  HeapTrimmer::Request in_flight(trimmer_);  // made first: it ends after the request is freed
   v1::EstimateRequest request;
   v1::EstimateResponse response;
-  Status status = Authorize(*context);
-  if (status.ok()) status = ParseRequest(*request_bytes, &request);
-  if (status.ok()) {
-    // The caller's deadline and cancellation reach the engine, which checks them as it works.
-    const auto left = context->deadline() - std::chrono::system_clock::now();
-    Budget budget;
-    budget.set_max_op_steps(options_.max_op_steps)
-        .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max()
-                                                          : start + left)
-        .set_cancelled([context] { return context->IsCancelled(); });
-    status = HandleEstimate(request, options_, &response, &budget);
-  }
+  // The caller's deadline and cancellation reach the engine, which checks them as it works; a
+  // call whose caller left while it waited is not started.
+  const auto left = context->deadline() - std::chrono::system_clock::now();
+  Budget budget;
+  budget.set_max_op_steps(options_.max_op_steps)
+      .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max()
+                                                        : Clock::now() + left)
+      .set_cancelled([context] { return context->IsCancelled(); });
+  Status status = budget.Check();
+  if (status.ok()) status = ParseRequest(request_bytes, &request);
+  if (status.ok()) status = HandleEstimate(request, options_, &response, &budget);
   if (status.ok()) status = SerializeReply(response, response_bytes);
   // glibc keeps a large request's freed pages in its arenas: they are given back once no
   // request is in flight, so that the server returns to its idle size after a big model
   // (measured: 473 MiB kept after three 90,000-op requests, without this).
   if (Clock::now() - start > kTrimAfter) in_flight.MarkLarge();
-  return Finish(context, "Estimate", id, DescribeModel(request.model()), start, status);
+  Finish(context, reactor, "Estimate", id, DescribeModel(request.model()), start, status);
 }
 
 grpc::ServerUnaryReactor* EstimatorService::ListPresets(grpc::CallbackServerContext* context,
@@ -149,7 +181,9 @@ grpc::ServerUnaryReactor* EstimatorService::ListPresets(grpc::CallbackServerCont
   const std::string id = TagRequest(context);
   const Status status = Authorize(*context);
   if (status.ok()) PresetsToProto(memest::ListPresets(), response);
-  return Finish(context, "ListPresets", id, "-", start, status);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Finish(context, reactor, "ListPresets", id, "-", start, status);
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* EstimatorService::ListDevices(grpc::CallbackServerContext* context,
@@ -160,7 +194,9 @@ grpc::ServerUnaryReactor* EstimatorService::ListDevices(grpc::CallbackServerCont
   const std::string id = TagRequest(context);
   const Status status = Authorize(*context);
   if (status.ok()) DevicesToProto(memest::ListDevices(), response);
-  return Finish(context, "ListDevices", id, "-", start, status);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Finish(context, reactor, "ListDevices", id, "-", start, status);
+  return reactor;
 }
 
 Status HandlePlan(const v1::PlanRequest& request, const ServiceOptions& options, Budget* budget,
@@ -169,12 +205,15 @@ Status HandlePlan(const v1::PlanRequest& request, const ServiceOptions& options,
   MEMEST_ASSIGN_OR_RETURN(PlanQuery query, PlanQueryFromProto(request, options.max_ops));
   PlanStats stats;
   bool gone = false;
-  MEMEST_RETURN_IF_ERROR(PlanJob(query, budget, [&](const Plan& p) {
-    v1::PlanEvent e;
-    PlanToProto(p, e.mutable_plan());
-    gone = !send(e);
-    return !gone;
-  }, &stats));
+  MEMEST_RETURN_IF_ERROR(PlanJob(
+      query, budget,
+      [&](const Plan& p) {
+        v1::PlanEvent e;
+        PlanToProto(p, e.mutable_plan());
+        gone = !send(e);
+        return !gone;
+      },
+      &stats));
   if (gone) return Cancelled("the caller went away");
   v1::PlanEvent summary;
   summary.mutable_summary()->set_plans(stats.plans);
@@ -204,9 +243,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Plan(
             .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max()
                                                               : Clock::now() + left)
             .set_cancelled(stopped);
+        MEMEST_RETURN_IF_ERROR(budget.Check());  // its caller left while it waited
         return HandlePlan(*request, options, &budget,
                           [&send](const v1::PlanEvent& e) { return send(e); });
-      });
+      },
+      work_.get(), [this, parsed] { return parsed.ok() ? Busy() : parsed; });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Validate(

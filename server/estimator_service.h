@@ -13,6 +13,7 @@
 #ifndef MEMEST_SERVER_ESTIMATOR_SERVICE_H_
 #define MEMEST_SERVER_ESTIMATOR_SERVICE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "server/auth.h"
 #include "server/heap_trim.h"
 #include "server/validation_runner.h"
+#include "server/work_pool.h"
 
 namespace memest {
 
@@ -40,6 +42,10 @@ struct ServiceOptions {
   // The same for one Plan: its search runs many estimates (docs/planning.md), bounded by the
   // caller's deadline too.
   int64_t max_plan_op_steps = 100'000'000;
+  // Threads that run estimates and plans (0: one per core, DefaultWorkThreads()), and how many
+  // may wait for one (-1: 8 per thread); a call beyond that is refused at once.
+  int work_threads = 0;
+  int max_queued = -1;
   // Validate: which device, which worker, how long the queue may grow.
   ValidationOptions validation;
   // The bearer token the calls must carry (server/auth.h); null: none.
@@ -72,13 +78,11 @@ using MemoryEstimatorBase = v1::MemoryEstimator::WithRawCallbackMethod_Estimate<
     v1::MemoryEstimator::WithCallbackMethod_ListPresets<
         v1::MemoryEstimator::WithCallbackMethod_ListDevices<
             v1::MemoryEstimator::WithRawCallbackMethod_Validate<
-                v1::MemoryEstimator::WithRawCallbackMethod_Plan<
-                    v1::MemoryEstimator::Service>>>>>;
+                v1::MemoryEstimator::WithRawCallbackMethod_Plan<v1::MemoryEstimator::Service>>>>>;
 
 class EstimatorService final : public MemoryEstimatorBase {
  public:
-  explicit EstimatorService(ServiceOptions options = {})
-      : options_(options), validations_(std::make_unique<ValidationRunner>(options.validation)) {}
+  explicit EstimatorService(ServiceOptions options = {});
 
   // `request` holds an EstimateRequest's bytes; `response` gets the EstimateResponse's.
   grpc::ServerUnaryReactor* Estimate(grpc::CallbackServerContext* context,
@@ -102,15 +106,24 @@ class EstimatorService final : public MemoryEstimatorBase {
                                                    const grpc::ByteBuffer* request) override;
 
   ValidationRunner& validations() { return *validations_; }
+  const WorkPool& work() const { return *work_; }
 
  private:
   // OK, or UNAUTHENTICATED when the server has a token the call does not carry.
   Status Authorize(const grpc::CallbackServerContext& context);
+  // RESOURCE_EXHAUSTED: the pool's queue is full.
+  Status Busy() const;
+  // One Estimate, on a thread of the pool: parse, estimate, reply, then finish `reactor`.
+  void RunEstimate(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
+                   const grpc::ByteBuffer& request_bytes, grpc::ByteBuffer* response_bytes,
+                   const std::string& id, std::chrono::steady_clock::time_point start);
 
   const ServiceOptions options_;
   std::unique_ptr<ValidationRunner> validations_;
   // Validate is left out: it waits for minutes, its memory is the worker process's.
   HeapTrimmer trimmer_;
+  // Last: destroyed first, running what is still queued while the rest is alive.
+  std::unique_ptr<WorkPool> work_;
 };
 
 }  // namespace memest

@@ -3,15 +3,19 @@
 //   memest-server --address 127.0.0.1:0
 //
 // Once listening it prints "memest-server listening on HOST:PORT" on stdout (the chosen port
-// when asked for port 0), so scripts and tests can read the port. SIGTERM and SIGINT shut it
-// down gracefully: calls in flight get --grace-seconds to finish; the exit status is then 0.
+// when asked for port 0), so scripts and tests can read the port. SIGTERM and SIGINT drain it:
+// health says NOT_SERVING at once while calls are still taken for --drain-delay-seconds (load
+// balancers stop sending), then the listener closes and the calls in flight and queued get
+// --grace-seconds to finish; the rest are cancelled, and the exit status is 0.
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -40,12 +44,19 @@ int WaitForStopSignal(const sigset_t& signals) {
   return signal;
 }
 
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::min(seconds, 1e9) * 1000));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   memest::ServerOptions options;
   std::string log_level = "info";
-  double grace_seconds = 5.0;
+  double grace_seconds = 30.0;
+  double drain_delay_seconds = 0;
+  double max_connection_age_seconds = 300, max_connection_age_grace_seconds = 60;
+  double keepalive_seconds = 60, min_client_ping_seconds = 10;
 
   CLI::App app{"memest-server: predicts the GPU memory of PyTorch steps, over gRPC"};
   app.set_version_flag("--version", memest::VersionString("memest-server"),
@@ -71,12 +82,45 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
-  app.add_option("--grace-seconds", grace_seconds,
-                 "on SIGTERM/SIGINT, how long calls in flight may take to finish")
+  app.add_option("--work-threads", options.service.work_threads,
+                 "threads that run estimates and plans (0: one per core the process may use)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--device", options.service.validation.device,
-                 "CUDA device to validate on (enables Validate); without it Validate is UNAVAILABLE")
+  app.add_option("--max-queued-estimates", options.service.max_queued,
+                 "estimates and plans that may wait for a thread; more are refused at once "
+                 "(RESOURCE_EXHAUSTED); -1: 8 per thread")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 1 << 20));
+  app.add_option("--drain-delay-seconds", drain_delay_seconds,
+                 "on SIGTERM/SIGINT, how long health says NOT_SERVING while calls are still "
+                 "taken, before the listener closes")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--grace-seconds", grace_seconds,
+                 "then how long calls in flight and queued may take to finish")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-connection-age-seconds", max_connection_age_seconds,
+                 "close a connection this old (clients reconnect and spread over replicas); 0: "
+                 "never")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-connection-age-grace-seconds", max_connection_age_grace_seconds,
+                 "how long an aged connection's calls may take to finish")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keepalive-seconds", keepalive_seconds,
+                 "ping a connection idle this long; drop it if the ping is not answered in 20 s")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--min-client-ping-seconds", min_client_ping_seconds,
+                 "the shortest interval between a client's keepalive pings; faster pingers are "
+                 "disconnected (too_many_pings)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option(
+         "--device", options.service.validation.device,
+         "CUDA device to validate on (enables Validate); without it Validate is UNAVAILABLE")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--validate-worker", options.service.validation.worker_path,
                  "the memest-validate-worker binary (default: next to this one)");
@@ -94,6 +138,10 @@ int main(int argc, char** argv) {
       ->group("");  // for tests; not in --help
   CLI11_PARSE(app, argc, argv);
   options.service.validation.max_duration = std::chrono::seconds(max_validation_seconds);
+  options.max_connection_age = Millis(max_connection_age_seconds);
+  options.max_connection_age_grace = Millis(max_connection_age_grace_seconds);
+  options.keepalive_time = Millis(keepalive_seconds);
+  options.min_client_ping_interval = Millis(min_client_ping_seconds);
 
   // Logs go to stderr; stdout carries only the "listening on" line.
   spdlog::set_default_logger(spdlog::stderr_color_mt("memest-server"));
@@ -110,17 +158,24 @@ int main(int argc, char** argv) {
   }
   std::printf("memest-server listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
-  spdlog::info("{} listening on {} (max_ops={}, max_op_steps={}, max_message_bytes={})",
-               memest::VersionString("memest-server"), (*server)->address(),
-               options.service.max_ops, options.service.max_op_steps, options.max_message_bytes);
+  spdlog::info(
+      "{} listening on {} (work_threads={}, max_queued={}, max_ops={}, max_op_steps={}, "
+      "max_message_bytes={})",
+      memest::VersionString("memest-server"), (*server)->address(), (*server)->threads(),
+      (*server)->max_queued(), options.service.max_ops, options.service.max_op_steps,
+      options.max_message_bytes);
 
-  std::thread stopper([&server, &stop_signals, grace_seconds] {
+  std::thread stopper([&server, &stop_signals, grace_seconds, drain_delay_seconds] {
     const int signal = WaitForStopSignal(stop_signals);
-    spdlog::info("received {}, shutting down (grace {}s)", signal == SIGTERM ? "SIGTERM" : "SIGINT",
-                 grace_seconds);
-    const auto grace = std::chrono::duration_cast<std::chrono::system_clock::duration>(
-        std::chrono::duration<double>(grace_seconds));
-    (*server)->Shutdown(std::chrono::system_clock::now() + grace);
+    const auto load = (*server)->load();
+    spdlog::info(
+        "received {}: NOT_SERVING; {} estimates running, {} queued; closing in {}s, "
+        "then a grace of {}s",
+        signal == SIGTERM ? "SIGTERM" : "SIGINT", load.running, load.queued, drain_delay_seconds,
+        grace_seconds);
+    (*server)->StopServing();
+    std::this_thread::sleep_for(Millis(drain_delay_seconds));
+    (*server)->Shutdown(std::chrono::system_clock::now() + Millis(grace_seconds));
   });
   (*server)->Wait();
   stopper.join();

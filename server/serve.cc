@@ -2,9 +2,14 @@
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <spdlog/spdlog.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <utility>
 
 #include "engine/ir/text.h"
 #include "server/wire.h"
@@ -19,6 +24,24 @@ std::string HostOf(const std::string& address) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) return "";
   return address.substr(0, colon);
+}
+
+int Millis(std::chrono::milliseconds duration) {
+  return static_cast<int>(std::min<int64_t>(duration.count(), std::numeric_limits<int>::max()));
+}
+
+void AddConnectionArguments(const ServerOptions& options, grpc::ServerBuilder& builder) {
+  if (options.max_connection_age.count() > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, Millis(options.max_connection_age));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               Millis(options.max_connection_age_grace));
+  }
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, Millis(options.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Millis(options.keepalive_timeout));
+  // Clients' pings: accepted without calls too, as often as the interval allows.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             Millis(options.min_client_ping_interval));
 }
 
 }  // namespace
@@ -41,6 +64,17 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
     return InvalidArgument("max_message_bytes: must be positive, got " +
                            std::to_string(options.max_message_bytes));
   }
+  for (const auto& [name, value] :
+       {std::pair{"max_connection_age", options.max_connection_age},
+        {"max_connection_age_grace", options.max_connection_age_grace},
+        {"keepalive_time", options.keepalive_time},
+        {"keepalive_timeout", options.keepalive_timeout},
+        {"min_client_ping_interval", options.min_client_ping_interval}}) {
+    if (value.count() < 0) {
+      return InvalidArgument(std::string(name) + ": must not be negative, got " +
+                             std::to_string(value.count()) + " ms");
+    }
+  }
   if (options.service.max_ops <= 0) {
     return InvalidArgument("max_ops: must be positive, got " +
                            std::to_string(options.service.max_ops));
@@ -62,6 +96,7 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   // A second server on a port in use must fail, not silently share it (SO_REUSEPORT).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  AddConnectionArguments(options, builder);
   builder.RegisterService(&server->service_);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
@@ -76,7 +111,8 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
   if (options.service.validation.device >= 0) {
     const Status probe = server->service_.validations().Probe();
     if (probe.ok()) {
-      spdlog::info("validation on device {}: {}", options.service.validation.device, probe.message());
+      spdlog::info("validation on device {}: {}", options.service.validation.device,
+                   probe.message());
     } else {
       spdlog::warn("validation unavailable: {}", probe.message());
     }
@@ -86,10 +122,14 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
 
 std::string EstimatorServer::address() const { return host_ + ":" + std::to_string(port_); }
 
-void EstimatorServer::Shutdown(std::chrono::system_clock::time_point deadline) {
+void EstimatorServer::StopServing() {
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-    health->Shutdown();
+    health->Shutdown();  // every service NOT_SERVING, and no later change
   }
+}
+
+void EstimatorServer::Shutdown(std::chrono::system_clock::time_point deadline) {
+  StopServing();
   server_->Shutdown(deadline);
 }
 

@@ -23,6 +23,17 @@ struct ServerOptions {
   // A file holding the bearer token every estimator call must carry (server/auth.h); empty:
   // calls need none.
   std::string auth_token_file;
+  // Connections. A connection is closed after `max_connection_age` (gRPC adds up to 10% of
+  // jitter; zero: never), its calls given `max_connection_age_grace` to finish, so that clients
+  // reconnect and Kubernetes spreads them over the replicas. The server pings a connection idle
+  // for `keepalive_time` and drops it without an answer within `keepalive_timeout`; a client may
+  // ping as often as every `min_client_ping_interval`, with or without calls (more often and the
+  // connection is closed, "too_many_pings").
+  std::chrono::milliseconds max_connection_age = std::chrono::minutes(5);
+  std::chrono::milliseconds max_connection_age_grace = std::chrono::minutes(1);
+  std::chrono::milliseconds keepalive_time = std::chrono::minutes(1);
+  std::chrono::milliseconds keepalive_timeout = std::chrono::seconds(20);
+  std::chrono::milliseconds min_client_ping_interval = std::chrono::seconds(10);
   ServiceOptions service;
 };
 
@@ -40,9 +51,17 @@ class EstimatorServer {
   // "<host>:<port>" with the bound port, e.g. "127.0.0.1:41027".
   std::string address() const;
 
-  // Stops accepting calls, marks health NOT_SERVING, lets calls in flight finish until
-  // `deadline`, then cancels the rest. Safe to call from any thread, more than once.
+  // Marks health NOT_SERVING for good, while calls are still taken: the first step of a drain,
+  // so that load balancers that read health stop sending before the listener closes.
+  void StopServing();
+  // Stops serving (as StopServing), stops accepting calls, lets the calls in flight and those
+  // queued for the work pool finish until `deadline`, then cancels the rest (the engine sees the
+  // cancellation and stops). Safe to call from any thread, more than once.
   void Shutdown(std::chrono::system_clock::time_point deadline);
+  // The estimates running and waiting now; the pool's threads and queue bound.
+  WorkPool::Load load() const { return service_.work().load(); }
+  int threads() const { return service_.work().threads(); }
+  int max_queued() const { return service_.work().max_queued(); }
   // Blocks until the server has shut down.
   void Wait();
 

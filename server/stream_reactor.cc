@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <thread>
 #include <utility>
 
 #include "engine/ir/text.h"
@@ -18,16 +19,24 @@ constexpr size_t kMaxLoggedError = 1024;
 }  // namespace
 
 StreamReactor::StreamReactor(grpc::CallbackServerContext* context, std::string method,
-                             std::string model, Work work)
+                             std::string model, Work work, WorkPool* pool,
+                             const std::function<Status()>& busy)
     : context_(context),
       start_(std::chrono::steady_clock::now()),
       method_(std::move(method)),
       model_(std::move(model)),
       id_(TagRequest(context)) {
-  thread_ = std::thread([this, work = std::move(work)] {
+  auto run = [this, work = std::move(work)] {
     Complete(work([this](const google::protobuf::Message& m) { return Send(m); },
                   [this] { return Stopped(); }));
-  });
+    Release();
+  };
+  if (pool == nullptr) {
+    std::thread(std::move(run)).detach();
+  } else if (!pool->TrySubmit(std::move(run))) {
+    Complete(busy());
+    Release();
+  }
 }
 
 void StreamReactor::OnWriteDone(bool ok) {
@@ -47,9 +56,8 @@ void StreamReactor::OnWriteDone(bool ok) {
   if (finish) Finish(status_);
 }
 
-void StreamReactor::OnDone() {
-  thread_.join();
-  delete this;
+void StreamReactor::Release() {
+  if (owners_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
 }
 
 bool StreamReactor::Stopped() {
@@ -79,8 +87,8 @@ void StreamReactor::Complete(const Status& status) {
     spdlog::info("rpc={} id={} model={} code=OK us={} peer={}", method_, id_, model_, micros,
                  context_->peer());
   } else {
-    spdlog::info("rpc={} id={} model={} code={} us={} peer={} error=\"{}\"", method_, id_,
-                 model_, StatusCodeName(status.code()), micros, context_->peer(),
+    spdlog::info("rpc={} id={} model={} code={} us={} peer={} error=\"{}\"", method_, id_, model_,
+                 StatusCodeName(status.code()), micros, context_->peer(),
                  BoundMessage(status.message(), kMaxLoggedError));
   }
   bool finish = false;

@@ -1,5 +1,6 @@
-// A server-streaming call whose work runs on a thread of its own (never on gRPC's callback
-// threads): Validate waits for its turn and its worker, Plan searches for seconds.
+// A server-streaming call whose work runs on a thread of its own or on the service's WorkPool
+// (never on gRPC's callback threads): Validate waits for its turn and its worker on a thread of
+// its own; Plan searches for seconds on the pool, refused as busy when its queue is full.
 //
 // The work gets `send` (queue one reply; false once the client went away or cancelled) and
 // `stopped` (true once it did), and returns the call's status; the reactor writes the replies
@@ -17,9 +18,9 @@
 #include <functional>
 #include <mutex>
 #include <string>
-#include <thread>
 
 #include "engine/ir/status.h"
+#include "server/work_pool.h"
 
 namespace memest {
 
@@ -29,15 +30,18 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   using StoppedFn = std::function<bool()>;
   using Work = std::function<Status(const SendFn& send, const StoppedFn& stopped)>;
 
-  // Starts `work` on its thread. `method` and `model` name the call in its log line.
+  // Starts `work` on a thread of its own (`pool` null) or queues it on `pool`; when the pool is
+  // full the call finishes with `busy()`. `method` and `model` name the call in its log line.
   StreamReactor(grpc::CallbackServerContext* context, std::string method, std::string model,
-                Work work);
+                Work work, WorkPool* pool = nullptr, const std::function<Status()>& busy = nullptr);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override { cancelled_ = true; }
-  void OnDone() override;
+  void OnDone() override { Release(); }
 
  private:
+  // The work and gRPC (OnDone) each hold the reactor; the last to let go deletes it.
+  void Release();
   bool Stopped();
   bool Send(const google::protobuf::Message& reply);
   void Complete(const Status& status);
@@ -47,7 +51,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   const std::chrono::steady_clock::time_point start_;
   const std::string method_, model_;
   const std::string id_;  // server/request_id.h
-  std::thread thread_;
+  std::atomic<int> owners_{2};
   std::mutex mu_;
   std::deque<grpc::ByteBuffer> pending_;  // front: being written
   std::atomic<bool> cancelled_{false};

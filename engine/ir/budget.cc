@@ -13,10 +13,10 @@ Status Budget::Check() {
                                 " op steps (ops simulated once each, forward, backward or "
                                 "recomputed, advice included); set skip_advice, or ask about a "
                                 "smaller model");
+  } else if (Clock::now() >= deadline_) {  // first: gRPC also cancels a call past its deadline
+    status_ = DeadlineExceeded("request: its deadline passed while memest was working on it");
   } else if (cancelled_ && cancelled_()) {
     status_ = Cancelled("request: cancelled by the caller");
-  } else if (Clock::now() >= deadline_) {
-    status_ = DeadlineExceeded("request: its deadline passed while memest was working on it");
   }
   return status_;
 }

@@ -29,6 +29,7 @@ class Child {
   Child& operator=(const Child&) = delete;
 
   bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }  // -1 once stopped
   // Everything the child has written so far (stdout and stderr interleaved).
   std::string Output() const;
   // Polls the output until `prefix` appears at the start of a line, and returns the rest of

@@ -11,6 +11,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <string>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "health_client.h"
+#include "memest/v1/memest.grpc.pb.h"
 
 extern char** environ;
 
@@ -142,6 +145,85 @@ void ExpectCleanExitOn(int signal) {
 TEST(ServerProcessTest, ServesHealthAndExitsCleanlyOnSigterm) { ExpectCleanExitOn(SIGTERM); }
 
 TEST(ServerProcessTest, ExitsCleanlyOnSigint) { ExpectCleanExitOn(SIGINT); }
+
+v1::EstimateRequest Gpt2(int64_t layers) {
+  v1::EstimateRequest request;
+  v1::Preset* preset = request.mutable_model()->mutable_preset();
+  preset->set_name("gpt2-small");
+  (*preset->mutable_params())["seq"] = 128;
+  (*preset->mutable_params())["layers"] = layers;
+  request.mutable_config()->set_batch_size(2);
+  request.mutable_config()->set_device_name("a100-80gb");
+  return request;
+}
+
+// `count` Estimate calls of `request` started at once on `channel`, each with a 60 s deadline.
+std::vector<std::future<grpc::Status>> StartCalls(const std::shared_ptr<grpc::Channel>& channel,
+                                                  const v1::EstimateRequest& request, int count) {
+  std::vector<std::future<grpc::Status>> calls;
+  for (int i = 0; i < count; ++i) {
+    calls.push_back(std::async(std::launch::async, [channel, request] {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      v1::EstimateResponse response;
+      return v1::MemoryEstimator::NewStub(channel)->Estimate(&context, request, &response);
+    }));
+  }
+  return calls;
+}
+
+// SIGTERM with calls running and queued: health says NOT_SERVING at once while calls are still
+// taken for the drain delay; then every call in flight or queued finishes, and the exit is 0.
+TEST(ServerProcessTest, DrainsTheCallsInFlightAndQueuedOnSigterm) {
+  ServerProcess process({MEMEST_SERVER_BINARY, "--address", "127.0.0.1:0", "--log-level", "warn",
+                         "--work-threads", "1", "--drain-delay-seconds", "1", "--grace-seconds",
+                         "30"});
+  const std::string address = StartAndReadAddress(process);
+  ASSERT_FALSE(address.empty());
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  ASSERT_EQ(testing::CheckHealth(channel, ""), grpc::health::v1::HealthCheckResponse::SERVING);
+  // gpt2-small with 300 layers and advice: about 0.6 s each, one at a time.
+  auto calls = StartCalls(channel, Gpt2(300), 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // all four reach the server
+  ASSERT_TRUE(process.Signal(SIGTERM));
+  const Clock::time_point signalled = Clock::now();
+  EXPECT_EQ(testing::CheckHealth(channel, ""), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  auto late = StartCalls(channel, Gpt2(2), 1);  // within the drain delay: still taken
+  for (auto& call : calls) {
+    const grpc::Status status = call.get();
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
+  const grpc::Status late_status = late[0].get();
+  EXPECT_TRUE(late_status.ok()) << late_status.error_message();
+  std::optional<int> status = process.WaitForExit(std::chrono::seconds(30));
+  ASSERT_TRUE(status.has_value()) << "still running 30 s after SIGTERM";
+  ASSERT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+  EXPECT_GE(Clock::now() - signalled, std::chrono::seconds(1)) << "the drain delay is 1 s";
+}
+
+// Calls that outlast the grace period are cancelled, the engine stops, and the process exits
+// soon after the grace period, not when the calls would have ended.
+TEST(ServerProcessTest, CancelsWhatIsLeftWhenTheGracePeriodEnds) {
+  ServerProcess process({MEMEST_SERVER_BINARY, "--address", "127.0.0.1:0", "--log-level", "warn",
+                         "--work-threads", "1", "--grace-seconds", "1", "--max-op-steps",
+                         "1000000000000"});
+  const std::string address = StartAndReadAddress(process);
+  ASSERT_FALSE(address.empty());
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  ASSERT_EQ(testing::CheckHealth(channel, ""), grpc::health::v1::HealthCheckResponse::SERVING);
+  // gpt2-small with 4,000 layers and advice: several seconds each.
+  auto calls = StartCalls(channel, Gpt2(4000), 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(process.Signal(SIGTERM));
+  const Clock::time_point signalled = Clock::now();
+  std::optional<int> status = process.WaitForExit(std::chrono::seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_LT(Clock::now() - signalled, std::chrono::seconds(3)) << "the grace period is 1 s";
+  ASSERT_TRUE(WIFEXITED(*status));
+  EXPECT_EQ(WEXITSTATUS(*status), 0);
+  for (auto& call : calls) EXPECT_FALSE(call.get().ok());
+}
 
 TEST(ServerProcessTest, RefusesAnAddressInUse) {
   ServerProcess first({MEMEST_SERVER_BINARY, "--address", "127.0.0.1:0", "--log-level", "off"});
