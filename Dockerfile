@@ -30,11 +30,12 @@ RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
 FROM debian:12-slim
 
 # The runtime halves of the -dev packages in scripts/install-deps.sh that the binaries link:
-# gRPC (+ reflection, which ships in libgrpc++1.51), protobuf, spdlog (pulls libfmt9).
+# gRPC (+ reflection, which ships in libgrpc++1.51), protobuf, spdlog (pulls libfmt9), OpenSSL
+# (the server checks its TLS files with it).
 # CLI11 and nlohmann-json are header-only.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      libgrpc++1.51 libgrpc29 libprotobuf32 libspdlog1.10 ca-certificates \
+      libgrpc++1.51 libgrpc29 libprotobuf32 libspdlog1.10 libssl3 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin memest
 

@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,16 +79,18 @@ std::shared_ptr<grpc::Channel> NewConnection(const std::string& address) {
 
 struct Results {
   std::mutex mu;
-  std::map<std::string, int64_t> codes;            // status code name -> calls
-  std::vector<double> ok_ms;                       // latencies of the calls that succeeded
-  std::map<std::string, std::string> first_error;  // code -> its first message
-  int64_t sent_before_sigterm_in_flight = 0;       // calls in flight when SIGTERM was sent
-  int64_t failed_after_sigterm = 0;                // of those, how many did not succeed
+  std::map<std::string, int64_t> codes;                   // status code name -> calls
+  std::vector<double> ok_ms;                              // latencies of the calls that succeeded
+  std::map<std::string, std::string> first_error;         // code -> its first message
+  std::map<std::string, std::pair<double, double>> when;  // code -> first and last, s into the run
+  std::map<std::string, std::set<int>> callers;           // code -> the callers that got it
+  int64_t sent_before_sigterm_in_flight = 0;              // calls in flight when SIGTERM was sent
+  int64_t failed_after_sigterm = 0;                       // of those, how many did not succeed
 };
 
 struct Run {
   std::string address;
-  Clock::time_point end;
+  Clock::time_point start, end;
   std::atomic<bool> draining{false};  // the prober saw NOT_SERVING: send nothing new
   std::atomic<bool> sigterm_sent{false};
   int deadline_ms = 60'000;
@@ -113,6 +116,11 @@ void Caller(Run& run, int index) {
     if (status.ok()) run.results.ok_ms.push_back(ms);
     if (!status.ok() && run.results.first_error.count(code) == 0) {
       run.results.first_error[code] = status.error_message();
+      run.results.when[code].first = Seconds(start - run.start);
+    }
+    if (!status.ok()) {
+      run.results.when[code].second = Seconds(start - run.start);
+      run.results.callers[code].insert(index);
     }
     if (before_sigterm && run.sigterm_sent) {  // in flight when the server was told to stop
       ++run.results.sent_before_sigterm_in_flight;
@@ -238,9 +246,13 @@ int main(int argc, char** argv) {
   for (const auto& [code, n] : r.codes) {
     calls += n;
     if (code != "OK" && !(allow_busy && code == "RESOURCE_EXHAUSTED")) failed += n;
-    std::printf("  %-20s %lld%s%s\n", code.c_str(), static_cast<long long>(n),
-                r.first_error.count(code) ? "  first: " : "",
-                r.first_error.count(code) ? r.first_error[code].substr(0, 160).c_str() : "");
+    std::printf("  %-20s %lld", code.c_str(), static_cast<long long>(n));
+    if (r.first_error.count(code)) {
+      std::printf("  to %zu callers, sent %.1f s to %.1f s in; first: %s", r.callers[code].size(),
+                  r.when[code].first, r.when[code].second,
+                  r.first_error[code].substr(0, 160).c_str());
+    }
+    std::printf("\n");
   }
   std::printf("  calls %lld (%.1f/s), failed %lld\n", static_cast<long long>(calls),
               calls / elapsed, static_cast<long long>(failed));

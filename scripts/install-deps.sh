@@ -16,6 +16,7 @@ readonly PACKAGES=(
   ninja-build
   pkg-config
   libgrpc++-dev
+  libssl-dev
   protobuf-compiler-grpc
   libprotobuf-dev
   protobuf-compiler
@@ -44,6 +45,7 @@ readonly TEST_PACKAGES=(
   python3-wheel
   python3-grpcio
   python3-protobuf
+  python3-cryptography
   python3-pandas
   python3-matplotlib
   python3-pytest

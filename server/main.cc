@@ -79,6 +79,24 @@ int main(int argc, char** argv) {
   app.add_option("--auth-token-file", options.auth_token_file,
                  "a file holding the bearer token every estimator call must carry ('authorization: "
                  "Bearer <token>'); reread when it changes; health checks stay open");
+  app.add_option("--tls-cert", options.tls.cert_file,
+                 "the server's certificate chain (PEM): serve TLS only; reread when it changes")
+      ->group("TLS");
+  app.add_option("--tls-key", options.tls.key_file, "the certificate's private key (PEM)")
+      ->group("TLS");
+  app.add_option("--tls-client-ca", options.tls.client_ca_file,
+                 "mutual TLS: every client must present a certificate that chains to this CA "
+                 "(PEM)")
+      ->group("TLS");
+  int64_t tls_reload_seconds = options.tls.reload_interval.count();
+  app.add_option("--tls-reload-seconds", tls_reload_seconds,
+                 "how often the certificate files are checked for changes")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->group("TLS");
+  app.add_option("--health-address", options.health_address,
+                 "HOST:PORT of a plaintext port serving only grpc.health.v1, for probes that "
+                 "cannot speak TLS (Kubernetes' gRPC probe)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
@@ -138,6 +156,7 @@ int main(int argc, char** argv) {
       ->group("");  // for tests; not in --help
   CLI11_PARSE(app, argc, argv);
   options.service.validation.max_duration = std::chrono::seconds(max_validation_seconds);
+  options.tls.reload_interval = std::chrono::seconds(tls_reload_seconds);
   options.max_connection_age = Millis(max_connection_age_seconds);
   options.max_connection_age_grace = Millis(max_connection_age_grace_seconds);
   options.keepalive_time = Millis(keepalive_seconds);
@@ -164,6 +183,16 @@ int main(int argc, char** argv) {
       memest::VersionString("memest-server"), (*server)->address(), (*server)->threads(),
       (*server)->max_queued(), options.service.max_ops, options.service.max_op_steps,
       options.max_message_bytes);
+  if ((*server)->health_port() != 0) {
+    spdlog::info("health checks, plaintext, on port {}", (*server)->health_port());
+  }
+  if (options.tls.enabled()) {
+    spdlog::info("TLS{} with {} (reread every {}s)",
+                 options.tls.client_ca_file.empty()
+                     ? ""
+                     : ", clients verified against " + options.tls.client_ca_file,
+                 options.tls.cert_file, tls_reload_seconds);
+  }
 
   std::thread stopper([&server, &stop_signals, grace_seconds, drain_delay_seconds] {
     const int signal = WaitForStopSignal(stop_signals);

@@ -50,9 +50,10 @@ EstimatorServer::EstimatorServer(const ServerOptions& options)
     : host_(HostOf(options.address)), service_(options.service) {}
 
 EstimatorServer::~EstimatorServer() {
-  if (server_ != nullptr) {
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
+  for (grpc::Server* server : {server_.get(), health_server_.get()}) {
+    if (server == nullptr) continue;
+    server->Shutdown(std::chrono::system_clock::now());
+    server->Wait();
   }
 }
 
@@ -89,10 +90,19 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
   InstallProtobufLogHandler();
   std::unique_ptr<EstimatorServer> server(new EstimatorServer(checked));
 
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (options.tls.enabled()) {
+    MEMEST_ASSIGN_OR_RETURN(credentials, WatchedTlsCredentials(options.tls));
+  }
+  if (!options.health_address.empty() && HostOf(options.health_address).empty()) {
+    return InvalidArgument("health_address: expected HOST:PORT, got " +
+                           Quote(options.health_address));
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.address, credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   // A second server on a port in use must fail, not silently share it (SO_REUSEPORT).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -105,6 +115,22 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
   }
   if (grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService()) {
     health->SetServingStatus(kServiceName, true);
+  }
+  if (!options.health_address.empty()) {
+    // Its own server: a port of the main one would serve every service, in plaintext.
+    grpc::ServerBuilder health_builder;
+    health_builder.AddListeningPort(options.health_address, grpc::InsecureServerCredentials(),
+                                    &server->health_port_);
+    health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    server->health_server_ = health_builder.BuildAndStart();
+    if (server->health_server_ == nullptr || server->health_port_ == 0) {
+      server->health_server_.reset();
+      return Unavailable("could not listen on " + options.health_address + " (health_address)");
+    }
+    if (grpc::HealthCheckServiceInterface* health =
+            server->health_server_->GetHealthCheckService()) {
+      health->SetServingStatus(kServiceName, true);
+    }
   }
   // Whether Validate can run here is asked once, now: the answer (or why not) is logged, and
   // Validate answers UNAVAILABLE with it. Estimate is unaffected either way.
@@ -123,16 +149,23 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
 std::string EstimatorServer::address() const { return host_ + ":" + std::to_string(port_); }
 
 void EstimatorServer::StopServing() {
-  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-    health->Shutdown();  // every service NOT_SERVING, and no later change
+  for (grpc::Server* server : {server_.get(), health_server_.get()}) {
+    if (server == nullptr) continue;
+    if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
+      health->Shutdown();  // every service NOT_SERVING, and no later change
+    }
   }
 }
 
 void EstimatorServer::Shutdown(std::chrono::system_clock::time_point deadline) {
   StopServing();
   server_->Shutdown(deadline);
+  if (health_server_ != nullptr) health_server_->Shutdown(deadline);
 }
 
-void EstimatorServer::Wait() { server_->Wait(); }
+void EstimatorServer::Wait() {
+  server_->Wait();
+  if (health_server_ != nullptr) health_server_->Wait();
+}
 
 }  // namespace memest

@@ -12,12 +12,19 @@
 
 #include "engine/ir/status.h"
 #include "server/estimator_service.h"
+#include "server/tls.h"
 
 namespace memest {
 
 struct ServerOptions {
-  // HOST:PORT to listen on, without TLS. Port 0 picks a free port (see EstimatorServer::port).
+  // HOST:PORT to listen on. Port 0 picks a free port (see EstimatorServer::port).
   std::string address = "127.0.0.1:50051";
+  // TLS or mutual TLS on `address` (server/tls.h); none: plaintext.
+  TlsOptions tls;
+  // A second HOST:PORT, plaintext, that serves only grpc.health.v1 (the same statuses): for
+  // probes that cannot speak TLS (Kubernetes' gRPC probe) or hold no client certificate. Empty:
+  // none.
+  std::string health_address;
   // The largest request accepted, in bytes; larger ones get RESOURCE_EXHAUSTED from gRPC.
   int max_message_bytes = 64 << 20;
   // A file holding the bearer token every estimator call must carry (server/auth.h); empty:
@@ -46,8 +53,9 @@ class EstimatorServer {
 
   ~EstimatorServer();  // shuts down immediately if Shutdown() was not called
 
-  // The bound port (the chosen one when the address asked for port 0).
+  // The bound port (the chosen one when the address asked for port 0), and the health port's.
   int port() const { return port_; }
+  int health_port() const { return health_port_; }
   // "<host>:<port>" with the bound port, e.g. "127.0.0.1:41027".
   std::string address() const;
 
@@ -70,8 +78,10 @@ class EstimatorServer {
 
   std::string host_;
   int port_ = 0;
+  int health_port_ = 0;
   EstimatorService service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::Server> health_server_;  // on health_address; null without one
 };
 
 }  // namespace memest

@@ -42,13 +42,26 @@ class Backend {
                           const std::function<void(const v1::PlanEvent&)>& on_event) = 0;
 };
 
-// Calls memest.v1.MemoryEstimator at `address` (HOST:PORT) over an insecure channel, each call
-// with a deadline of `deadline_ms`.
-// Calls memest-server at `address`; with `token_file`, each call carries its bearer token
-// (memest-server --auth-token-file), and an unreadable or empty file fails every call as bad
-// input naming --auth-token-file.
+// How the CLI reaches a server that speaks TLS (memest-server --tls-cert): `enabled` (--tls) or
+// any file given turns it on. The server's CA (--tls-ca; default: the system's roots), the
+// client's certificate and key for mutual TLS (--tls-cert, --tls-key), and the name the
+// server's certificate must carry when it is not the address's host (--tls-server-name).
+struct ClientTls {
+  bool enabled = false;
+  std::string ca_file, cert_file, key_file, server_name;
+  bool on() const {
+    return enabled || !ca_file.empty() || !cert_file.empty() || !key_file.empty() ||
+           !server_name.empty();
+  }
+};
+
+// Calls memest.v1.MemoryEstimator at `address` (HOST:PORT), each call with a deadline of
+// `deadline_ms`, in plaintext or over `tls`. With `token_file`, each call carries its bearer
+// token (memest-server --auth-token-file). A file that cannot be read (the token, a certificate)
+// fails every call as bad input naming its flag.
 std::unique_ptr<Backend> MakeRemoteBackend(const std::string& address, int64_t deadline_ms,
-                                           const std::string& token_file = "");
+                                           const std::string& token_file = "",
+                                           const ClientTls& tls = {});
 
 // Runs the engine in this process. It cannot validate: that needs a server with a GPU.
 std::unique_ptr<Backend> MakeLocalBackend();

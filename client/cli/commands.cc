@@ -13,7 +13,8 @@ namespace {
 
 std::unique_ptr<Backend> MakeBackend(const ConnectionFlags& connection) {
   if (connection.local) return MakeLocalBackend();
-  return MakeRemoteBackend(connection.server, connection.deadline_ms, connection.auth_token_file);
+  return MakeRemoteBackend(connection.server, connection.deadline_ms, connection.auth_token_file,
+                           connection.tls);
 }
 
 int Fail(const CallResult& result) {

@@ -8,8 +8,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "client/cli/capacity.h"
 #include "client/cli/words.h"
@@ -35,10 +35,8 @@ const Word<v1::CpuIsa> kCpuIsas[] = {
 };
 
 const Word<v1::Precision> kPrecisions[] = {
-    {"fp32", v1::PRECISION_FP32},
-    {"fp16", v1::PRECISION_FP16_AMP},
-    {"bf16", v1::PRECISION_BF16_AMP},
-    {"bf16-pure", v1::PRECISION_BF16_PURE},
+    {"fp32", v1::PRECISION_FP32},           {"fp16", v1::PRECISION_FP16_AMP},
+    {"bf16", v1::PRECISION_BF16_AMP},       {"bf16-pure", v1::PRECISION_BF16_PURE},
     {"fp16-pure", v1::PRECISION_FP16_PURE},
 };
 const Word<v1::Fp8Recipe> kFp8Recipes[] = {
@@ -47,11 +45,16 @@ const Word<v1::Fp8Recipe> kFp8Recipes[] = {
 };
 
 const Word<v1::OptimizerKind> kOptimizers[] = {
-    {"sgd", v1::OPTIMIZER_KIND_SGD},         {"momentum", v1::OPTIMIZER_KIND_SGD_MOMENTUM},
-    {"adam", v1::OPTIMIZER_KIND_ADAM},       {"adamw", v1::OPTIMIZER_KIND_ADAMW},
-    {"adagrad", v1::OPTIMIZER_KIND_ADAGRAD}, {"rmsprop", v1::OPTIMIZER_KIND_RMSPROP},
-    {"lion", v1::OPTIMIZER_KIND_LION},       {"adafactor", v1::OPTIMIZER_KIND_ADAFACTOR},
-    {"hf-adamw", v1::OPTIMIZER_KIND_HF_ADAMW}, {"hf-adafactor", v1::OPTIMIZER_KIND_HF_ADAFACTOR},
+    {"sgd", v1::OPTIMIZER_KIND_SGD},
+    {"momentum", v1::OPTIMIZER_KIND_SGD_MOMENTUM},
+    {"adam", v1::OPTIMIZER_KIND_ADAM},
+    {"adamw", v1::OPTIMIZER_KIND_ADAMW},
+    {"adagrad", v1::OPTIMIZER_KIND_ADAGRAD},
+    {"rmsprop", v1::OPTIMIZER_KIND_RMSPROP},
+    {"lion", v1::OPTIMIZER_KIND_LION},
+    {"adafactor", v1::OPTIMIZER_KIND_ADAFACTOR},
+    {"hf-adamw", v1::OPTIMIZER_KIND_HF_ADAMW},
+    {"hf-adafactor", v1::OPTIMIZER_KIND_HF_ADAFACTOR},
     {"adamw-bnb-8bit", v1::OPTIMIZER_KIND_BNB_ADAMW_8BIT},
     {"paged-adamw-8bit", v1::OPTIMIZER_KIND_BNB_PAGED_ADAMW_8BIT},
     {"paged-adamw-32bit", v1::OPTIMIZER_KIND_BNB_PAGED_ADAMW_32BIT},
@@ -166,7 +169,8 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
   if (!flags.fp8.empty()) {
     MEMEST_ASSIGN_OR_RETURN(v1::Fp8Recipe recipe, ParseWord("--fp8", flags.fp8, kFp8Recipes));
     config->mutable_fp8()->set_recipe(recipe);
-    if (flags.fp8_amax_history) config->mutable_fp8()->set_amax_history_len(*flags.fp8_amax_history);
+    if (flags.fp8_amax_history)
+      config->mutable_fp8()->set_amax_history_len(*flags.fp8_amax_history);
   } else if (flags.fp8_amax_history) {
     return InvalidArgument("--fp8-amax-history: needs --fp8 delayed");
   }
@@ -215,18 +219,21 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
     MEMEST_ASSIGN_OR_RETURN(v1::CpuIsa isa, ParseWord("--cpu-isa", flags.cpu_isa, kCpuIsas));
     config->set_cpu_isa(isa);
   }
-  for (const auto& [name, bytes] : {std::pair<const char*, std::optional<int64_t>>{
-                                        "--cpu-l1-cache", flags.cpu_l1_cache},
-                                    {"--cpu-l2-cache", flags.cpu_l2_cache}}) {
+  for (const auto& [name, bytes] :
+       {std::pair<const char*, std::optional<int64_t>>{"--cpu-l1-cache", flags.cpu_l1_cache},
+        {"--cpu-l2-cache", flags.cpu_l2_cache}}) {
     if (bytes && *bytes <= 0) {
       return InvalidArgument(std::string(name) + ": a cache size in bytes, got " +
                              std::to_string(*bytes));
     }
   }
-  if (flags.cpu_l1_cache) config->set_cpu_l1_cache_bytes(static_cast<uint64_t>(*flags.cpu_l1_cache));
-  if (flags.cpu_l2_cache) config->set_cpu_l2_cache_bytes(static_cast<uint64_t>(*flags.cpu_l2_cache));
+  if (flags.cpu_l1_cache)
+    config->set_cpu_l1_cache_bytes(static_cast<uint64_t>(*flags.cpu_l1_cache));
+  if (flags.cpu_l2_cache)
+    config->set_cpu_l2_cache_bytes(static_cast<uint64_t>(*flags.cpu_l2_cache));
   if (!flags.attention.empty()) {
-    MEMEST_ASSIGN_OR_RETURN(v1::Attention a, ParseWord("--attention", flags.attention, kAttentions));
+    MEMEST_ASSIGN_OR_RETURN(v1::Attention a,
+                            ParseWord("--attention", flags.attention, kAttentions));
     config->set_attention(a);
   }
   if (!flags.cuda_module_loading.empty()) {
@@ -261,34 +268,53 @@ void AddConnectionFlags(CLI::App* app, ConnectionFlags* flags) {
   app->add_option("--auth-token-file", flags->auth_token_file,
                   "a file holding the server's bearer token (memest-server --auth-token-file)")
       ->type_name("FILE");
+  const char* tls = "TLS (memest-server --tls-cert)";
+  app->add_flag("--tls", flags->tls.enabled,
+                "call the server over TLS, trusting the system's CAs (implied by the flags below)")
+      ->group(tls);
+  app->add_option("--tls-ca", flags->tls.ca_file, "the CA that signed the server's certificate")
+      ->type_name("FILE")
+      ->group(tls);
+  app->add_option("--tls-cert", flags->tls.cert_file,
+                  "this client's certificate, for a server that asks for one (--tls-client-ca)")
+      ->type_name("FILE")
+      ->group(tls);
+  app->add_option("--tls-key", flags->tls.key_file, "the private key of --tls-cert")
+      ->type_name("FILE")
+      ->group(tls);
+  app->add_option("--tls-server-name", flags->tls.server_name,
+                  "the name the server's certificate carries, when --server's host is not it")
+      ->group(tls);
 }
 
 void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
   const char* model = "Model";
-  app->add_option("--preset", f->preset, "built-in model (see `memest presets`)")
-      ->group(model);
+  app->add_option("--preset", f->preset, "built-in model (see `memest presets`)")->group(model);
   app->add_option("--param", f->params, "preset parameter NAME=INTEGER (repeatable)")
-      ->group(model)->type_name("NAME=INT");
+      ->group(model)
+      ->type_name("NAME=INT");
   app->add_option("--seq", f->seq,
                   "sequence length: shortcut for --param seq=N; required with --hf-config")
       ->group(model);
-  app->add_option("--model", f->model_file,
-                  "model file: the proto JSON mapping of memest.v1.Model, in JSON or (.yaml/.yml) YAML")
-      ->group(model)->type_name("FILE");
+  app->add_option(
+         "--model", f->model_file,
+         "model file: the proto JSON mapping of memest.v1.Model, in JSON or (.yaml/.yml) YAML")
+      ->group(model)
+      ->type_name("FILE");
   app->add_option("--hf-config", f->hf_config,
                   "a Hugging Face config.json (llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, "
                   "qwen3_moe, deepseek_v3, gemma, gemma2, gemma3_text, phi3, gpt_neox, gpt2, "
                   "falcon, opt, bert, roberta, t5, vit) or a "
                   "model directory holding one, built offline without weights; give --seq")
-      ->group(model)->type_name("FILE|DIR");
+      ->group(model)
+      ->type_name("FILE|DIR");
 
   const char* run = "Run";
   app->add_option("--batch", f->batch,
                   "samples per optimizer step (default 1; an op graph without a traced batch: "
                   "its own batch)")
       ->group(run);
-  app->add_option("--grad-accum", f->grad_accum, "micro-batches per step (default 1)")
-      ->group(run);
+  app->add_option("--grad-accum", f->grad_accum, "micro-batches per step (default 1)")->group(run);
   app->add_option("--mode", f->mode, "training | inference (default training)")->group(run);
   app->add_option("--precision", f->precision,
                   "fp32 | fp16 | bf16 | bf16-pure | fp16-pure (fp16/bf16: autocast with fp32 "
@@ -318,8 +344,7 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
   app->add_option("--checkpoint", f->checkpoint,
                   "none | every-block | every-k | sqrt | attention | scopes (default none)")
       ->group(run);
-  app->add_option("--checkpoint-k", f->checkpoint_k, "blocks per region for every-k")
-      ->group(run);
+  app->add_option("--checkpoint-k", f->checkpoint_k, "blocks per region for every-k")->group(run);
   app->add_option("--checkpoint-scope", f->checkpoint_scopes,
                   "scope to checkpoint for scopes (repeatable)")
       ->group(run);
@@ -368,10 +393,11 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
                   "CUDA_MODULE_LOADING: lazy (default since PyTorch 1.13 / CUDA 11.7) or eager "
                   "(a larger CUDA context)")
       ->group(run);
-  app->add_option("--cublas-workspace-config", f->cublas_workspace_config,
-                  "CUBLAS_WORKSPACE_CONFIG as the run sets it, \":SIZE_KIB:COUNT\" pairs (\":4096:8\": "
-                  "32 MiB a handle, as deterministic runs set it; default PyTorch's: 32 MiB on "
-                  "sm_90+, else 8 MiB + 128 KiB)")
+  app->add_option(
+         "--cublas-workspace-config", f->cublas_workspace_config,
+         "CUBLAS_WORKSPACE_CONFIG as the run sets it, \":SIZE_KIB:COUNT\" pairs (\":4096:8\": "
+         "32 MiB a handle, as deterministic runs set it; default PyTorch's: 32 MiB on "
+         "sm_90+, else 8 MiB + 128 KiB)")
       ->group(run);
   app->add_option("--expert-load", f->expert_load,
                   "how a mixture-of-experts router spreads the tokens: worst (default: every "
@@ -387,7 +413,8 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
   app->add_option("--device", f->device, "GPU from the catalog (see `memest devices`)")
       ->group(device);
   app->add_option("--capacity", f->capacity, "bare device capacity: bytes, or e.g. 80GiB, 24GB")
-      ->group(device)->type_name("BYTES");
+      ->group(device)
+      ->type_name("BYTES");
 }
 
 // An op graph without traced_batch is estimated at the batch it was written at: without
@@ -399,9 +426,9 @@ std::optional<int64_t> OwnBatch(const EstimateFlags& flags, const v1::Model& mod
   const int64_t accum = std::max<int64_t>(1, flags.grad_accum.value_or(1));
   for (bool inputs : {true, false}) {  // the inputs fix the batch; targets when no input does
     for (const v1::TensorDecl& t : model.ops().tensors()) {
-      const bool role = inputs ? t.role() == v1::TENSOR_ROLE_INPUT ||
-                                     t.role() == v1::TENSOR_ROLE_UNSPECIFIED
-                               : t.role() == v1::TENSOR_ROLE_TARGET;
+      const bool role =
+          inputs ? t.role() == v1::TENSOR_ROLE_INPUT || t.role() == v1::TENSOR_ROLE_UNSPECIFIED
+                 : t.role() == v1::TENSOR_ROLE_TARGET;
       if (!role || t.batch_dim() < 0 || t.batch_dim() >= t.shape_size()) continue;
       return t.shape(t.batch_dim()) * accum;
     }

@@ -9,12 +9,12 @@
 #define MEMEST_CLIENT_CLI_FLAGS_H_
 
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "client/cli/backend.h"
 #include "client/cli/lora_flags.h"
 #include "client/cli/parallel_flags.h"
 #include "client/cli/serving_flags.h"
@@ -26,10 +26,11 @@ namespace memest::cli {
 // Where requests go and how the answer is printed; shared by every subcommand.
 struct ConnectionFlags {
   std::string server = "127.0.0.1:50051";
-  bool local = false;       // run the engine in-process instead of calling a server
-  bool json = false;        // print the proto's JSON mapping of the response
+  bool local = false;  // run the engine in-process instead of calling a server
+  bool json = false;   // print the proto's JSON mapping of the response
   int64_t deadline_ms = 30000;
   std::string auth_token_file;  // the server's bearer token (memest-server --auth-token-file)
+  ClientTls tls;                // --tls, --tls-ca, --tls-cert, --tls-key, --tls-server-name
 };
 
 struct EstimateFlags {
@@ -43,33 +44,33 @@ struct EstimateFlags {
   // The run.
   std::optional<int64_t> batch;
   std::optional<int64_t> grad_accum;
-  std::string mode;                 // training | inference
-  std::string precision;            // fp32 | fp16 | bf16 | bf16-pure | fp16-pure
-  std::string fp8;                  // delayed | current: TransformerEngine's fp8 training
+  std::string mode;       // training | inference
+  std::string precision;  // fp32 | fp16 | bf16 | bf16-pure | fp16-pure
+  std::string fp8;        // delayed | current: TransformerEngine's fp8 training
   std::optional<int64_t> fp8_amax_history;
-  std::string optimizer;            // sgd | momentum | adam | adamw | ...
-  std::string optimizer_impl;       // for-loop | foreach | fused
+  std::string optimizer;       // sgd | momentum | adam | adamw | ...
+  std::string optimizer_impl;  // for-loop | foreach | fused
   std::optional<double> weight_decay;
-  bool keep_grads = false;          // zero_grad(set_to_none=False)
-  std::string checkpoint;           // none | every-block | every-k | sqrt | attention | scopes
+  bool keep_grads = false;  // zero_grad(set_to_none=False)
+  std::string checkpoint;   // none | every-block | every-k | sqrt | attention | scopes
   std::optional<int64_t> checkpoint_k;
   std::vector<std::string> checkpoint_scopes;
-  bool non_reentrant = false;       // torch.utils.checkpoint(use_reentrant=False)
+  bool non_reentrant = false;  // torch.utils.checkpoint(use_reentrant=False)
   bool first_step = false;
   std::optional<std::string> device;  // catalog name; given empty, the engine refuses it
-  std::string capacity;             // bytes or "80GiB"
+  std::string capacity;               // bytes or "80GiB"
   std::optional<int64_t> generate_tokens;
   bool expandable_segments = false;
-  bool hold_outputs = false;        // the loop keeps the model's outputs (the default)
-  bool no_hold_outputs = false;     // the loop lets them go once the loss exists
-  std::string runtime;              // cuda | cpu-1.13
-  std::string cpu_isa;              // avx512 | avx2 (cpu-1.13 only)
+  bool hold_outputs = false;            // the loop keeps the model's outputs (the default)
+  bool no_hold_outputs = false;         // the loop lets them go once the loss exists
+  std::string runtime;                  // cuda | cpu-1.13
+  std::string cpu_isa;                  // avx512 | avx2 (cpu-1.13 only)
   std::optional<int64_t> cpu_l1_cache;  // bytes (cpu-1.13 only)
   std::optional<int64_t> cpu_l2_cache;
   std::string attention;            // eager | sdpa | flash | mem-efficient | cudnn (HF names too)
   std::string cuda_module_loading;  // lazy | eager
   std::string cublas_workspace_config;  // CUBLAS_WORKSPACE_CONFIG
-  std::string expert_load;          // worst | balanced
+  std::string expert_load;              // worst | balanced
   ParallelismFlags parallel;
   LoraFlags lora;
   ServingFlags serving;
@@ -77,10 +78,10 @@ struct EstimateFlags {
 };
 
 struct ValidateFlags {
-  EstimateFlags model;              // the model and the run, as for estimate
+  EstimateFlags model;  // the model and the run, as for estimate
   bool scale_batch_to_fit = false;
-  int repeats = 0;                  // 0: the server's default (3)
-  bool quiet = false;               // no progress on stderr
+  int repeats = 0;     // 0: the server's default (3)
+  bool quiet = false;  // no progress on stderr
 };
 
 void AddConnectionFlags(CLI::App* app, ConnectionFlags* flags);

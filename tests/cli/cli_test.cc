@@ -1,20 +1,20 @@
 // Tests of the `memest` command as a user runs it: the built binary, with --local (the engine
 // in-process) and against a real memest-server started on port 0. They check what a user and
 // a script rely on: the table's sections, the JSON mapping, model files, and exit codes.
-#include <signal.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
+#include <signal.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "tests/cli/subprocess.h"
+#include "tests/server/test_certs.h"
 
 namespace memest {
 namespace {
@@ -31,13 +31,12 @@ const std::string kSourceDir = MEMEST_SOURCE_DIR;
 
 // The categories every breakdown lists, as the table and the JSON mapping name them.
 const char* const kCategoryNames[] = {
-    "parameters",  "gradients", "optimizer_state", "master_and_casts",   "activations",
-    "temporaries", "inputs",    "kv_cache",        "workspace",          "allocator_overhead",
-    "cuda_context"};
+    "parameters",  "gradients",          "optimizer_state", "master_and_casts",
+    "activations", "temporaries",        "inputs",          "kv_cache",
+    "workspace",   "allocator_overhead", "cuda_context"};
 const char* const kCategoryJsonKeys[] = {
-    "parameters",  "gradients", "optimizerState", "masterAndCasts",    "activations",
-    "temporaries", "inputs",    "kvCache",        "workspace",         "allocatorOverhead",
-    "cudaContext"};
+    "parameters", "gradients", "optimizerState", "masterAndCasts",    "activations", "temporaries",
+    "inputs",     "kvCache",   "workspace",      "allocatorOverhead", "cudaContext"};
 
 // `memest <args...>`.
 RunResult Memest(std::vector<std::string> args) {
@@ -56,9 +55,9 @@ std::string WriteTempFile(const std::string& name, const std::string& text) {
 
 // A small GPT-2 step: quick to estimate, with every phase and category.
 std::vector<std::string> SmallGpt2(std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {"estimate", "--preset", "gpt2-small", "--batch", "2",
-                                   "--seq",    "128",      "--optimizer", "adamw",
-                                   "--precision", "bf16"};
+  std::vector<std::string> args = {"estimate", "--preset",    "gpt2-small", "--batch",
+                                   "2",        "--seq",       "128",        "--optimizer",
+                                   "adamw",    "--precision", "bf16"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -154,7 +153,8 @@ TEST(CliTest, YamlAndJsonModelFilesAgree) {
 }
 
 TEST(CliTest, YamlSyntaxErrorNamesFileAndLine) {
-  const std::string path = WriteTempFile("bad-model.yaml", "layers:\n  input_shape: [8\n  loss: sum\n");
+  const std::string path =
+      WriteTempFile("bad-model.yaml", "layers:\n  input_shape: [8\n  loss: sum\n");
   const RunResult r = Memest({"estimate", "--local", "--model", path});
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_THAT(r.err, HasSubstr(path));
@@ -163,9 +163,8 @@ TEST(CliTest, YamlSyntaxErrorNamesFileAndLine) {
 
 // What the README says of examples/swish.json: the advice names silu.
 TEST(CliTest, SwishExampleAdvisesSilu) {
-  const RunResult r = Memest({"estimate", "--local", "--model",
-                              kSourceDir + "/examples/swish.json", "--batch", "4096",
-                              "--optimizer", "adam"});
+  const RunResult r = Memest({"estimate", "--local", "--model", kSourceDir + "/examples/swish.json",
+                              "--batch", "4096", "--optimizer", "adam"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("Advice:"));
   EXPECT_THAT(r.out, HasSubstr("silu"));
@@ -206,10 +205,10 @@ TEST_P(BadInputTest, ExitsThreeNamingTheField) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, BadInputTest,
     ::testing::Values(
-        BadInputCase{"NegativeBatch", {"estimate", "--preset", "gpt2-small", "--batch=-4"},
-                     "batch_size"},
-        BadInputCase{"ZeroBatch", {"estimate", "--preset", "gpt2-small", "--batch", "0"},
-                     "batch_size"},
+        BadInputCase{
+            "NegativeBatch", {"estimate", "--preset", "gpt2-small", "--batch=-4"}, "batch_size"},
+        BadInputCase{
+            "ZeroBatch", {"estimate", "--preset", "gpt2-small", "--batch", "0"}, "batch_size"},
         BadInputCase{"UnknownPreset", {"estimate", "--preset", "gpt5-huge"}, "gpt5-huge"},
         BadInputCase{"BadPresetParam",
                      {"estimate", "--preset", "gpt2-small", "--param", "seq=-7"},
@@ -224,14 +223,15 @@ INSTANTIATE_TEST_SUITE_P(
                      {"estimate", "--preset", "gpt2-small", "--optimizer", "adamax"},
                      "--optimizer"},
         BadInputCase{"UnknownDevice",
-                     {"estimate", "--preset", "gpt2-small", "--device", "tpu-v5"}, "tpu-v5"},
+                     {"estimate", "--preset", "gpt2-small", "--device", "tpu-v5"},
+                     "tpu-v5"},
         BadInputCase{"BadCapacity",
                      {"estimate", "--preset", "gpt2-small", "--capacity", "80 parsecs"},
                      "--capacity"},
-        BadInputCase{"OptimizerInInference",
-                     {"estimate", "--preset", "gpt2-small", "--mode", "inference", "--optimizer",
-                      "adam"},
-                     "config.optimizer.kind"},
+        BadInputCase{
+            "OptimizerInInference",
+            {"estimate", "--preset", "gpt2-small", "--mode", "inference", "--optimizer", "adam"},
+            "config.optimizer.kind"},
         BadInputCase{"CheckpointInInference",
                      {"estimate", "--preset", "gpt2-small", "--mode", "inference", "--checkpoint",
                       "every-block"},
@@ -248,10 +248,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadInputCase{"GenerateTokensInTraining",
                      {"estimate", "--preset", "gpt2-small", "--generate-tokens", "8"},
                      "config.generate_tokens"},
-        BadInputCase{"GenerateTokensWithoutKvCache",
-                     {"estimate", "--preset", "mlp", "--mode", "inference", "--generate-tokens",
-                      "8"},
-                     "config.generate_tokens"},
+        BadInputCase{
+            "GenerateTokensWithoutKvCache",
+            {"estimate", "--preset", "mlp", "--mode", "inference", "--generate-tokens", "8"},
+            "config.generate_tokens"},
         BadInputCase{"CheckpointKBeyondBlocks",
                      {"estimate", "--preset", "gpt2-small", "--checkpoint", "every-k",
                       "--checkpoint-k", "40"},
@@ -259,27 +259,27 @@ INSTANTIATE_TEST_SUITE_P(
         BadInputCase{"CheckpointKWithoutEveryK",
                      {"estimate", "--preset", "gpt2-small", "--checkpoint-k", "2"},
                      "config.checkpoint.every_k"},
-        BadInputCase{"ExpandableSegmentsOnCpu",
-                     {"estimate", "--preset", "mlp", "--runtime", "cpu-1.13",
-                      "--expandable-segments"},
-                     "config.expandable_segments"},
+        BadInputCase{
+            "ExpandableSegmentsOnCpu",
+            {"estimate", "--preset", "mlp", "--runtime", "cpu-1.13", "--expandable-segments"},
+            "config.expandable_segments"},
         BadInputCase{"GpuOnCpu",
                      {"estimate", "--preset", "mlp", "--runtime", "cpu-1.13", "--device", "a100"},
                      "config.device_name"},
-        BadInputCase{"EmptyDevice", {"estimate", "--preset", "mlp", "--device", ""},
-                     "config.device_name"},
+        BadInputCase{
+            "EmptyDevice", {"estimate", "--preset", "mlp", "--device", ""}, "config.device_name"},
         BadInputCase{"NoModel", {"estimate", "--batch", "8"}, "--preset, --model or --hf-config"},
-        BadInputCase{"MissingModelFile",
-                     {"estimate", "--model", "/nonexistent/model.json"}, "--model"},
-        BadInputCase{"HfConfigWithoutSeq",
-                     {"estimate", "--hf-config",
-                      kSourceDir + "/tests/data/hf_configs/llama-3.2-1b.json"},
-                     "model.hf_config.seq: required"},
-        BadInputCase{"HfConfigWithParam",
-                     {"estimate", "--hf-config",
-                      kSourceDir + "/tests/data/hf_configs/llama-3.2-1b.json", "--seq", "128",
-                      "--param", "layers=2"},
-                     "--param: only applies to --preset"},
+        BadInputCase{
+            "MissingModelFile", {"estimate", "--model", "/nonexistent/model.json"}, "--model"},
+        BadInputCase{
+            "HfConfigWithoutSeq",
+            {"estimate", "--hf-config", kSourceDir + "/tests/data/hf_configs/llama-3.2-1b.json"},
+            "model.hf_config.seq: required"},
+        BadInputCase{
+            "HfConfigWithParam",
+            {"estimate", "--hf-config", kSourceDir + "/tests/data/hf_configs/llama-3.2-1b.json",
+             "--seq", "128", "--param", "layers=2"},
+            "--param: only applies to --preset"},
         BadInputCase{"PresetAndHfConfig",
                      {"estimate", "--preset", "mlp", "--hf-config",
                       kSourceDir + "/tests/data/hf_configs/gpt2.json"},
@@ -287,8 +287,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadInputCase{"MissingHfConfig",
                      {"estimate", "--hf-config", "/nonexistent/config.json", "--seq", "8"},
                      "--hf-config /nonexistent/config.json: cannot open"},
-        BadInputCase{"UnknownFlag", {"estimate", "--preset", "gpt2-small", "--frobnicate"},
-                     "--frobnicate"},
+        BadInputCase{
+            "UnknownFlag", {"estimate", "--preset", "gpt2-small", "--frobnicate"}, "--frobnicate"},
         BadInputCase{"NoSubcommand", {}, "subcommand"}),
     [](const ::testing::TestParamInfo<BadInputCase>& info) { return info.param.name; });
 
@@ -296,8 +296,8 @@ INSTANTIATE_TEST_SUITE_P(
 // the presets are names over the builders the configs use.
 TEST(CliTest, HfConfigsEstimateAsTheirPresets) {
   auto estimate = [](std::vector<std::string> model) {
-    std::vector<std::string> args = {"estimate", "--local", "--batch", "2", "--precision",
-                                     "bf16", "--json", "--no-advice"};
+    std::vector<std::string> args = {"estimate",    "--local", "--batch", "2",
+                                     "--precision", "bf16",    "--json",  "--no-advice"};
     args.insert(args.end(), model.begin(), model.end());
     const RunResult r = Memest(args);
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -315,8 +315,8 @@ TEST(CliTest, HfConfigsEstimateAsTheirPresets) {
 TEST(CliTest, Gemma2TrainingUnderSdpaSaysEagerIsRecommended) {
   const std::string config = kSourceDir + "/tests/data/hf_configs/gemma-2-2b.json";
   auto recommends_eager = [&](std::vector<std::string> extra) {
-    std::vector<std::string> args = {"estimate", "--local", "--hf-config", config, "--seq",
-                                     "64",       "--json",  "--no-advice"};
+    std::vector<std::string> args = {"estimate", "--local", "--hf-config", config,
+                                     "--seq",    "64",      "--json",      "--no-advice"};
     args.insert(args.end(), extra.begin(), extra.end());
     const RunResult r = Memest(args);
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -339,8 +339,8 @@ TEST(CliTest, HfConfigDirectoryReadsItsConfigJson) {
   std::filesystem::create_directories(model_dir);
   std::filesystem::copy_file(dir + "/gpt2.json", model_dir + "/config.json",
                              std::filesystem::copy_options::overwrite_existing);
-  const RunResult r = Memest({"estimate", "--local", "--hf-config", model_dir, "--seq", "64",
-                              "--json", "--no-advice"});
+  const RunResult r = Memest(
+      {"estimate", "--local", "--hf-config", model_dir, "--seq", "64", "--json", "--no-advice"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out).at("parameterCount"), "124439808");
   const RunResult empty = Memest({"estimate", "--local", "--hf-config", dir, "--seq", "64"});
@@ -374,14 +374,13 @@ TEST(CliTest, HelpDocumentsExitCodes) {
 // Every binary says which build it is: the project's version and the commit (git describe,
 // "-dirty" for a changed tree, "unknown" outside a checkout), and exits 0.
 TEST(CliTest, EveryBinaryPrintsItsVersion) {
-  const std::string worker =
-      kServer.substr(0, kServer.rfind('/') + 1) + "memest-validate-worker";
+  const std::string worker = kServer.substr(0, kServer.rfind('/') + 1) + "memest-validate-worker";
   for (const auto& [binary, name] : std::vector<std::pair<std::string, std::string>>{
            {kMemest, "memest"}, {kServer, "memest-server"}, {worker, "memest-validate-worker"}}) {
     const RunResult r = memest::testing::Run({binary, "--version"});
     EXPECT_EQ(r.exit_code, 0) << binary << ": " << r.err;
     EXPECT_THAT(r.out, ::testing::MatchesRegex(name + " [0-9]+\\.[0-9]+\\.[0-9]+ \\(commit "
-                                                    "([0-9a-f]+(-dirty)?|unknown)\\)\n"))
+                                                      "([0-9a-f]+(-dirty)?|unknown)\\)\n"))
         << r.out;
   }
 }
@@ -407,8 +406,8 @@ TEST(CliTest, PresetsAndDevicesLocally) {
 
 TEST(CliTest, UnreachableServerExitsFour) {
   // Port 1 (tcpmux) is not served here; the connection is refused at once.
-  const RunResult r = Memest({"estimate", "--preset", "gpt2-small", "--server", "127.0.0.1:1",
-                              "--deadline-ms", "3000"});
+  const RunResult r = Memest(
+      {"estimate", "--preset", "gpt2-small", "--server", "127.0.0.1:1", "--deadline-ms", "3000"});
   EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1"));
 }
@@ -437,6 +436,49 @@ TEST(CliTest, BearerTokenAgainstRealServer) {
   EXPECT_THAT(unreadable.err, HasSubstr("--auth-token-file"));
 }
 
+// Mutual TLS: the CLI with the server's CA and its own certificate gets an answer; without its
+// certificate, or trusting another CA, it cannot connect (UNAVAILABLE, exit 4); a flag's file
+// that cannot be read is bad input naming the flag (exit 3).
+TEST(CliTest, MutualTlsAgainstRealServer) {
+  char pattern[] = "/tmp/memest-cli-tls.XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  testing::TestCa ca("cli test CA"), other("another CA");
+  ca.WriteCertificate(dir + "/ca.pem");
+  other.WriteCertificate(dir + "/other.pem");
+  ca.Issue(dir + "/server.pem", dir + "/server.key", "memest-server");
+  ca.Issue(dir + "/client.pem", dir + "/client.key", "trainer-1");
+  Child server({kServer, "--address", "127.0.0.1:0", "--tls-cert", dir + "/server.pem", "--tls-key",
+                dir + "/server.key", "--tls-client-ca", dir + "/ca.pem"});
+  const std::string address = ListeningAddress(server);
+  ASSERT_THAT(address, HasSubstr("127.0.0.1:")) << server.Output();
+  const std::vector<std::string> devices = {"devices", "--server", address};
+  const auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = devices;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return Memest(args);
+  };
+  const RunResult ok = with({"--tls-ca", dir + "/ca.pem", "--tls-cert", dir + "/client.pem",
+                             "--tls-key", dir + "/client.key"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_THAT(ok.out, HasSubstr("h100-80gb"));
+  const RunResult plaintext = with({"--deadline-ms", "3000"});
+  EXPECT_EQ(plaintext.exit_code, 4) << plaintext.err;
+  const RunResult no_cert = with({"--tls-ca", dir + "/ca.pem", "--deadline-ms", "3000"});
+  EXPECT_EQ(no_cert.exit_code, 4) << no_cert.err;
+  const RunResult untrusted =
+      with({"--tls-ca", dir + "/other.pem", "--tls-cert", dir + "/client.pem", "--tls-key",
+            dir + "/client.key", "--deadline-ms", "3000"});
+  EXPECT_EQ(untrusted.exit_code, 4) << untrusted.err;
+  const RunResult missing = with({"--tls-ca", dir + "/missing.pem"});
+  EXPECT_EQ(missing.exit_code, 3) << missing.err;
+  EXPECT_THAT(missing.err, HasSubstr("--tls-ca: cannot read"));
+  const RunResult half = with({"--tls-ca", dir + "/ca.pem", "--tls-cert", dir + "/client.pem"});
+  EXPECT_EQ(half.exit_code, 3) << half.err;
+  EXPECT_THAT(half.err, HasSubstr("--tls-key: mutual TLS needs both --tls-cert and --tls-key"));
+  std::filesystem::remove_all(dir);
+}
+
 // The real server on port 0: the CLI's answers over gRPC equal the local ones, errors keep
 // their field names and exit codes, and SIGTERM stops the server cleanly.
 TEST(CliTest, AgainstRealServer) {
@@ -454,8 +496,8 @@ TEST(CliTest, AgainstRealServer) {
   EXPECT_EQ(table.exit_code, 2) << table.err;
   EXPECT_THAT(table.out, HasSubstr("DOES NOT FIT"));
 
-  const RunResult bad = Memest({"estimate", "--server", address, "--preset", "gpt2-small",
-                                "--batch=-4"});
+  const RunResult bad =
+      Memest({"estimate", "--server", address, "--preset", "gpt2-small", "--batch=-4"});
   EXPECT_EQ(bad.exit_code, 3);
   EXPECT_THAT(bad.err, HasSubstr("INVALID_ARGUMENT"));
   EXPECT_THAT(bad.err, HasSubstr("batch_size"));
@@ -478,8 +520,8 @@ TEST(CliTest, ValidateAgainstAServerWithAFakeDevice) {
   const std::string address = ListeningAddress(server);
   ASSERT_THAT(address, HasSubstr("127.0.0.1:")) << server.Output();
 
-  const std::vector<std::string> model = {"--preset", "gpt2-small", "--seq", "128", "--batch", "2",
-                                          "--repeats", "1", "--server", address};
+  const std::vector<std::string> model = {"--preset", "gpt2-small", "--seq", "128",      "--batch",
+                                          "2",        "--repeats",  "1",     "--server", address};
   std::vector<std::string> args = {"validate"};
   args.insert(args.end(), model.begin(), model.end());
   const RunResult table = Memest(args);
@@ -496,11 +538,12 @@ TEST(CliTest, ValidateAgainstAServerWithAFakeDevice) {
   ASSERT_EQ(json.exit_code, 0) << json.err;
   EXPECT_EQ(json.err, "");
   const nlohmann::json j = nlohmann::json::parse(json.out);
-  EXPECT_EQ(JsonInt(j["peakAllocated"]["predictedBytes"]), JsonInt(j["peakAllocated"]["measuredBytes"]));
+  EXPECT_EQ(JsonInt(j["peakAllocated"]["predictedBytes"]),
+            JsonInt(j["peakAllocated"]["measuredBytes"]));
   EXPECT_GT(j["ops"].size(), 100u);
 
-  const RunResult too_big = Memest({"validate", "--preset", "gpt2-large", "--batch", "16",
-                                    "--server", address, "-q"});
+  const RunResult too_big =
+      Memest({"validate", "--preset", "gpt2-large", "--batch", "16", "--server", address, "-q"});
   EXPECT_EQ(too_big.exit_code, 3) << too_big.err;  // FAILED_PRECONDITION: the request, as asked
   EXPECT_THAT(too_big.err, HasSubstr("short by"));
   EXPECT_EQ(server.Stop(SIGTERM), 0) << server.Output();

@@ -21,6 +21,7 @@ from memest.results import (Advice, DeviceInfo, Estimate, Fit, LayerRow, MemoryB
                             Peak, PresetInfo, PresetParam, Serving, format_bytes)
 from memest.planning import Plan
 from memest.server import Server, ServerError, serve
+from memest.tls import Tls
 from memest.validation import Comparison, OpTiming, PhaseComparison, Progress, Validation
 from memest import aio  # noqa: E402  (after Client: aio reuses its helpers)
 
@@ -42,6 +43,6 @@ __all__ = [
     "FailedPrecondition", "Fit", "Internal", "InvalidArgument", "LayerRow", "MemestError",
     "MemoryByCategory", "NotFound", "OpTiming", "Peak", "PhaseComparison", "Plan", "PresetInfo",
     "PresetParam", "Progress", "ResourceExhausted", "Server", "ServerError", "Serving",
-    "TracedModel", "Unauthenticated", "Unavailable", "UnsupportedOp", "Validation", "aio", "format_bytes", "save",
+    "Tls", "TracedModel", "Unauthenticated", "Unavailable", "UnsupportedOp", "Validation", "aio", "format_bytes", "save",
     "serve", "trace", "v1",
 ]

@@ -14,6 +14,7 @@ from memest import v1
 from memest.client import (CHANNEL_OPTIONS, ESTIMATE_DOC, VALIDATE_DOC, VALIDATE_TIMEOUT,
                            PLAN_DOC, request_label, validate_request)
 from memest.errors import MemestError, from_rpc_error, token_metadata
+from memest.tls import channel
 from memest.planning import PlanCollector, plan_request
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
@@ -22,13 +23,13 @@ from memest.validation import _Collector
 
 class Client:
     """An asyncio connection to a memest-server at `address` ("host:port" or memest.Server);
-    `token` as memest.Client's."""
+    `token` and `tls` as memest.Client's."""
 
-    def __init__(self, address, timeout=30.0, token=None):
+    def __init__(self, address, timeout=30.0, token=None, tls=None):
         self.address = getattr(address, "address", address)
         self.timeout = timeout
         self._metadata = token_metadata(token)
-        self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self._channel = channel(self.address, tls, CHANNEL_OPTIONS, aio=True)
         self._stub = v1.MemoryEstimatorStub(self._channel)
         self._closed = False
 

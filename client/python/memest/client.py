@@ -13,6 +13,7 @@ import grpc
 
 from memest import v1
 from memest.errors import MemestError, from_rpc_error, token_metadata
+from memest.tls import channel
 from memest.planning import PlanCollector, plan_request
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
@@ -171,13 +172,15 @@ class Client:
 
     token: the server's bearer token, for a server started with --auth-token-file (each call
     carries 'authorization: Bearer <token>'; without it the server answers Unauthenticated).
+    tls: for a server started with --tls-cert: True (trust the system's CAs) or a memest.Tls
+    (the server's CA, this client's certificate for mutual TLS, the server's name).
     """
 
-    def __init__(self, address, timeout=30.0, token=None):
+    def __init__(self, address, timeout=30.0, token=None, tls=None):
         self.address = getattr(address, "address", address)
         self.timeout = timeout
         self._metadata = token_metadata(token)
-        self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        self._channel = channel(self.address, tls, CHANNEL_OPTIONS)
         self._stub = v1.MemoryEstimatorStub(self._channel)
         self._closed = False
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 
 from memest.errors import MemestError, Unavailable
+from memest.tls import channel as tls_channel
 
 SERVICE_NAME = "memest.v1.MemoryEstimator"
 _LISTENING = "memest-server listening on "
@@ -65,10 +66,11 @@ def _is_serving(response):
     return response == b"\x08\x01"
 
 
-def wait_until_serving(address, timeout):
-    """Waits until the gRPC health service at `address` reports memest as SERVING."""
+def wait_until_serving(address, timeout, tls=None):
+    """Waits until the gRPC health service at `address` reports memest as SERVING (`tls` as
+    memest.Client's, for a server started with --tls-cert)."""
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as channel:
+    with tls_channel(address, tls, ()) as channel:
         check = channel.unary_unary(_HEALTH_CHECK)
         last = "no answer"
         while True:
@@ -153,12 +155,13 @@ def _read_listening_line(process, timeout):
     return line[len(_LISTENING):] if line.startswith(_LISTENING) else None
 
 
-def serve(binary=None, address="127.0.0.1:0", *, args=(), timeout=30.0):
+def serve(binary=None, address="127.0.0.1:0", *, args=(), timeout=30.0, tls=None):
     """Starts memest-server on `address` (port 0: a free port) and returns a Server.
 
     Waits until it listens and its health service reports SERVING; it is stopped (SIGTERM)
     when the interpreter exits, or by Server.stop(). `args` are extra server flags, e.g.
-    ["--max-ops", "1000"]. The server's log goes to a temporary file (Server.log()).
+    ["--max-ops", "1000"]; with TLS flags, `tls` is how to reach it (as memest.Client's). The
+    server's log goes to a temporary file (Server.log()).
     Raises ServerError when the binary is missing or the server does not start.
     """
     path = find_binary(binary)
@@ -175,7 +178,7 @@ def serve(binary=None, address="127.0.0.1:0", *, args=(), timeout=30.0):
                           % (" ".join(command), process.returncode, log_text.strip()))
     server.address = bound
     try:
-        wait_until_serving(bound, timeout)
+        wait_until_serving(bound, timeout, tls)
     except MemestError:
         server.stop()
         raise
