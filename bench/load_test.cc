@@ -205,6 +205,7 @@ int main(int argc, char** argv) {
   }
   const double rss_start = RssMib(server.pid());
   const Clock::time_point start = Clock::now();
+  run.start = start;
   run.end =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 
@@ -264,9 +265,16 @@ int main(int argc, char** argv) {
       "  max %.1f\n",
       probe.ms.size(), static_cast<long long>(probe.failed), probe_timeout_ms,
       Percentile(probe.ms, 50), Percentile(probe.ms, 99), Percentile(probe.ms, 100));
-  const auto [low, high] = std::minmax_element(rss.begin(), rss.end());
-  std::printf("  server RSS MiB: start %.1f, under load %.1f to %.1f, last %.1f", rss_start,
-              rss.empty() ? 0 : *low, rss.empty() ? 0 : *high, rss.empty() ? 0 : rss.back());
+  // Flat means the last third of the run peaks no higher than the first third did.
+  const auto peak = [&rss](size_t from, size_t to) {
+    return from < to ? *std::max_element(rss.begin() + from, rss.begin() + to) : 0.0;
+  };
+  const size_t third = rss.size() / 3;
+  std::printf(
+      "  server RSS MiB: start %.1f, peak in the first third %.1f, in the last third "
+      "%.1f, last %.1f",
+      rss_start, peak(0, third), peak(rss.size() - third, rss.size()),
+      rss.empty() ? 0 : rss.back());
   if (rss_idle > 0) std::printf(", idle %.0f s later %.1f", idle_seconds, rss_idle);
   std::printf("\n");
   if (run.sigterm_sent) {

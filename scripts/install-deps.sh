@@ -17,6 +17,7 @@ readonly PACKAGES=(
   pkg-config
   libgrpc++-dev
   libssl-dev
+  prometheus-cpp-dev
   protobuf-compiler-grpc
   libprotobuf-dev
   protobuf-compiler

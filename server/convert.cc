@@ -466,8 +466,10 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
   MEMEST_ASSIGN_OR_RETURN(out.runtime, RuntimeFromProto(config.runtime(), "config.runtime"));
   MEMEST_ASSIGN_OR_RETURN(out.cpu_isa, CpuIsaFromProto(config.cpu_isa(), "config.cpu_isa"));
   if (config.cpu_isa() != v1::CPU_ISA_UNSPECIFIED && out.runtime != Runtime::kCpuTorch113) {
-    return InvalidArgument("config.cpu_isa: applies to the cpu-1.13 runtime only; the step runs "
-                           "on " + std::string(RuntimeName(out.runtime)));
+    return InvalidArgument(
+        "config.cpu_isa: applies to the cpu-1.13 runtime only; the step runs "
+        "on " +
+        std::string(RuntimeName(out.runtime)));
   }
   // Past kMaxCpuCacheBytes a uint64 would not survive the cast: refused here, the rest in
   // ValidateRunConfig.
@@ -475,31 +477,39 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
       config.cpu_l2_cache_bytes() > static_cast<uint64_t>(kMaxCpuCacheBytes)) {
     return InvalidArgument(std::string("config.") +
                            (config.cpu_l1_cache_bytes() > static_cast<uint64_t>(kMaxCpuCacheBytes)
-                                ? "cpu_l1_cache_bytes" : "cpu_l2_cache_bytes") +
+                                ? "cpu_l1_cache_bytes"
+                                : "cpu_l2_cache_bytes") +
                            ": at most " + std::to_string(kMaxCpuCacheBytes) + " bytes");
   }
   out.cpu_l1_bytes = static_cast<int64_t>(config.cpu_l1_cache_bytes());
   out.cpu_l2_bytes = static_cast<int64_t>(config.cpu_l2_cache_bytes());
   if (config.has_attention()) {
-    MEMEST_ASSIGN_OR_RETURN(out.attention, AttentionFromProto(config.attention(), "config.attention"));
+    MEMEST_ASSIGN_OR_RETURN(out.attention,
+                            AttentionFromProto(config.attention(), "config.attention"));
   }
   if (config.has_cuda_module_loading()) {
     if (out.runtime != Runtime::kCuda) {
-      return InvalidArgument("config.cuda_module_loading: applies to the CUDA runtime only; the "
-                             "step runs on " + std::string(RuntimeName(out.runtime)));
+      return InvalidArgument(
+          "config.cuda_module_loading: applies to the CUDA runtime only; the "
+          "step runs on " +
+          std::string(RuntimeName(out.runtime)));
     }
-    MEMEST_ASSIGN_OR_RETURN(out.module_loading,
-                            ModuleLoadingFromProto(config.cuda_module_loading(),
-                                                   "config.cuda_module_loading"));
+    MEMEST_ASSIGN_OR_RETURN(
+        out.module_loading,
+        ModuleLoadingFromProto(config.cuda_module_loading(), "config.cuda_module_loading"));
   }
   if (config.has_cublas_workspace_config()) {
-    MEMEST_RETURN_IF_ERROR(CheckNameSize(config.cublas_workspace_config(), "config.cublas_workspace_config"));
+    MEMEST_RETURN_IF_ERROR(
+        CheckNameSize(config.cublas_workspace_config(), "config.cublas_workspace_config"));
     if (out.runtime != Runtime::kCuda) {
-      return InvalidArgument("config.cublas_workspace_config: applies to the CUDA runtime only; "
-                             "the step runs on " + std::string(RuntimeName(out.runtime)));
+      return InvalidArgument(
+          "config.cublas_workspace_config: applies to the CUDA runtime only; "
+          "the step runs on " +
+          std::string(RuntimeName(out.runtime)));
     }
-    MEMEST_RETURN_IF_ERROR(CublasWorkspaceBytes(config.cublas_workspace_config(),
-                                                "config.cublas_workspace_config").status());
+    MEMEST_RETURN_IF_ERROR(
+        CublasWorkspaceBytes(config.cublas_workspace_config(), "config.cublas_workspace_config")
+            .status());
     out.cublas_workspace_config = config.cublas_workspace_config();
   }
   if (config.has_parallelism()) {
@@ -510,11 +520,16 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
   if (config.has_fp8()) {
     const v1::Fp8& fp8 = config.fp8();
     switch (fp8.recipe()) {
-      case v1::FP8_RECIPE_DELAYED: out.fp8.recipe = Fp8Recipe::kDelayed; break;
-      case v1::FP8_RECIPE_CURRENT: out.fp8.recipe = Fp8Recipe::kCurrent; break;
+      case v1::FP8_RECIPE_DELAYED:
+        out.fp8.recipe = Fp8Recipe::kDelayed;
+        break;
+      case v1::FP8_RECIPE_CURRENT:
+        out.fp8.recipe = Fp8Recipe::kCurrent;
+        break;
       case v1::FP8_RECIPE_UNSPECIFIED:
-        return InvalidArgument("config.fp8.recipe: required when config.fp8 is set "
-                               "(FP8_RECIPE_DELAYED or FP8_RECIPE_CURRENT)");
+        return InvalidArgument(
+            "config.fp8.recipe: required when config.fp8 is set "
+            "(FP8_RECIPE_DELAYED or FP8_RECIPE_CURRENT)");
       default:
         return InvalidArgument("config.fp8.recipe: unknown value " +
                                std::to_string(static_cast<int>(fp8.recipe())));
@@ -575,7 +590,8 @@ void ReportToProto(const Report& report, v1::EstimateResponse* out) {
     a->set_scope(advice.scope);
   }
   for (const std::string& note : report.notes) out->add_notes(note);
-  if (report.data_parallel) DataParallelToProto(*report.data_parallel, out->mutable_data_parallel());
+  if (report.data_parallel)
+    DataParallelToProto(*report.data_parallel, out->mutable_data_parallel());
   if (report.pipeline) PipelineToProto(*report.pipeline, out->mutable_pipeline());
   if (report.serving) ServingToProto(*report.serving, out->mutable_serving());
   if (report.expert_parallel) {

@@ -16,8 +16,8 @@ StatusOr<JsonValue> ObjectFromProto(const google::protobuf::Struct& object, int 
 
 StatusOr<JsonValue> FromProto(const google::protobuf::Value& value, int depth) {
   if (depth > kMaxDepth) {
-    return InvalidArgument("model.hf_config.config: nested more than " +
-                           std::to_string(kMaxDepth) + " levels deep");
+    return InvalidArgument("model.hf_config.config: nested more than " + std::to_string(kMaxDepth) +
+                           " levels deep");
   }
   JsonValue out;
   switch (value.kind_case()) {
@@ -112,8 +112,8 @@ Status ApplyModelHints(const ModelSpec& model, const v1::RunConfig& proto, RunCo
     }
   }
   const JsonValue* type = hf->config.Find("model_type");
-  const bool gemma2 = type != nullptr && type->kind == JsonValue::Kind::kString &&
-                      type->text == "gemma2";
+  const bool gemma2 =
+      type != nullptr && type->kind == JsonValue::Kind::kString && type->text == "gemma2";
   if (gemma2 && notes != nullptr && run->mode == Mode::kTraining &&
       ResolveAttention(*run) != AttentionImpl::kEager) {
     notes->push_back(std::string("attention ") + AttentionImplName(ResolveAttention(*run)) +

@@ -24,19 +24,38 @@ StatusOr<LoraConfig> LoraFromProto(const v1::Lora& lora) {
 StatusOr<QuantizationConfig> QuantizationFromProto(const v1::Quantization& q) {
   QuantizationConfig out;
   switch (q.format()) {
-    case v1::WEIGHT_FORMAT_BNB_NF4: out.format = WeightFormat::kBnbNf4; break;
-    case v1::WEIGHT_FORMAT_BNB_FP4: out.format = WeightFormat::kBnbFp4; break;
-    case v1::WEIGHT_FORMAT_BNB_INT8: out.format = WeightFormat::kBnbInt8; break;
-    case v1::WEIGHT_FORMAT_TORCHAO_INT4: out.format = WeightFormat::kTorchaoInt4; break;
-    case v1::WEIGHT_FORMAT_TORCHAO_INT8: out.format = WeightFormat::kTorchaoInt8; break;
-    case v1::WEIGHT_FORMAT_W8A8_FP8: out.format = WeightFormat::kW8A8Fp8; break;
-    case v1::WEIGHT_FORMAT_W8A8_INT8: out.format = WeightFormat::kW8A8Int8; break;
-    case v1::WEIGHT_FORMAT_W4A16: out.format = WeightFormat::kW4A16; break;
-    case v1::WEIGHT_FORMAT_W8A16: out.format = WeightFormat::kW8A16; break;
+    case v1::WEIGHT_FORMAT_BNB_NF4:
+      out.format = WeightFormat::kBnbNf4;
+      break;
+    case v1::WEIGHT_FORMAT_BNB_FP4:
+      out.format = WeightFormat::kBnbFp4;
+      break;
+    case v1::WEIGHT_FORMAT_BNB_INT8:
+      out.format = WeightFormat::kBnbInt8;
+      break;
+    case v1::WEIGHT_FORMAT_TORCHAO_INT4:
+      out.format = WeightFormat::kTorchaoInt4;
+      break;
+    case v1::WEIGHT_FORMAT_TORCHAO_INT8:
+      out.format = WeightFormat::kTorchaoInt8;
+      break;
+    case v1::WEIGHT_FORMAT_W8A8_FP8:
+      out.format = WeightFormat::kW8A8Fp8;
+      break;
+    case v1::WEIGHT_FORMAT_W8A8_INT8:
+      out.format = WeightFormat::kW8A8Int8;
+      break;
+    case v1::WEIGHT_FORMAT_W4A16:
+      out.format = WeightFormat::kW4A16;
+      break;
+    case v1::WEIGHT_FORMAT_W8A16:
+      out.format = WeightFormat::kW8A16;
+      break;
     case v1::WEIGHT_FORMAT_UNSPECIFIED:
-      return InvalidArgument("config.quantization.format: required when config.quantization is "
-                             "set (WEIGHT_FORMAT_BNB_NF4, _BNB_FP4, _BNB_INT8, _TORCHAO_INT4, "
-                             "_TORCHAO_INT8, _W8A8_FP8, _W8A8_INT8, _W4A16 or _W8A16)");
+      return InvalidArgument(
+          "config.quantization.format: required when config.quantization is "
+          "set (WEIGHT_FORMAT_BNB_NF4, _BNB_FP4, _BNB_INT8, _TORCHAO_INT4, "
+          "_TORCHAO_INT8, _W8A8_FP8, _W8A8_INT8, _W4A16 or _W8A16)");
     default:
       return InvalidArgument("config.quantization.format: unknown value " +
                              std::to_string(static_cast<int>(q.format())));
@@ -55,20 +74,30 @@ StatusOr<QuantizationConfig> QuantizationFromProto(const v1::Quantization& q) {
   if (q.has_int8_outlier_columns()) out.int8_outlier_columns = q.int8_outlier_columns();
   switch (q.weight_scales()) {
     case v1::SCALE_GRANULARITY_UNSPECIFIED:
-    case v1::SCALE_GRANULARITY_CHANNEL: out.weight_scales = ScaleGranularity::kChannel; break;
-    case v1::SCALE_GRANULARITY_TENSOR: out.weight_scales = ScaleGranularity::kTensor; break;
-    case v1::SCALE_GRANULARITY_BLOCK: out.weight_scales = ScaleGranularity::kBlock; break;
+    case v1::SCALE_GRANULARITY_CHANNEL:
+      out.weight_scales = ScaleGranularity::kChannel;
+      break;
+    case v1::SCALE_GRANULARITY_TENSOR:
+      out.weight_scales = ScaleGranularity::kTensor;
+      break;
+    case v1::SCALE_GRANULARITY_BLOCK:
+      out.weight_scales = ScaleGranularity::kBlock;
+      break;
     default:
       return InvalidArgument("config.quantization.weight_scales: unknown value " +
                              std::to_string(static_cast<int>(q.weight_scales())));
   }
   switch (q.inputs()) {
     case v1::INPUT_QUANTIZATION_UNSPECIFIED:
-    case v1::INPUT_QUANTIZATION_DYNAMIC_TOKEN: out.inputs = InputQuantization::kDynamicToken; break;
+    case v1::INPUT_QUANTIZATION_DYNAMIC_TOKEN:
+      out.inputs = InputQuantization::kDynamicToken;
+      break;
     case v1::INPUT_QUANTIZATION_DYNAMIC_TENSOR:
       out.inputs = InputQuantization::kDynamicTensor;
       break;
-    case v1::INPUT_QUANTIZATION_STATIC: out.inputs = InputQuantization::kStatic; break;
+    case v1::INPUT_QUANTIZATION_STATIC:
+      out.inputs = InputQuantization::kStatic;
+      break;
     default:
       return InvalidArgument("config.quantization.inputs: unknown value " +
                              std::to_string(static_cast<int>(q.inputs())));

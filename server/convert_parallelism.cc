@@ -48,8 +48,10 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
   if (p.has_bucket_cap_mb()) {
     const double mb = p.bucket_cap_mb();
     if (!std::isfinite(mb) || mb <= 0 || mb > double(kMaxBucketCapBytes >> 20)) {
-      return InvalidArgument("config.parallelism.bucket_cap_mb: must be positive and at most "
-                             "2^20 (MiB), got " + std::to_string(mb));
+      return InvalidArgument(
+          "config.parallelism.bucket_cap_mb: must be positive and at most "
+          "2^20 (MiB), got " +
+          std::to_string(mb));
     }
     out.bucket_cap_bytes = static_cast<int64_t>(mb * 1024 * 1024);  // int(), as DDP does
     if (out.bucket_cap_bytes == 0) {
@@ -92,8 +94,12 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
   out.sequence_parallel = p.sequence_parallel();
   switch (p.tensor_layers()) {
     case v1::TENSOR_PARALLEL_LAYERS_UNSPECIFIED:
-    case v1::TENSOR_PARALLEL_LAYERS_MEGATRON: out.tensor_layers = TensorParallelLayers::kMegatron; break;
-    case v1::TENSOR_PARALLEL_LAYERS_DTENSOR: out.tensor_layers = TensorParallelLayers::kDTensor; break;
+    case v1::TENSOR_PARALLEL_LAYERS_MEGATRON:
+      out.tensor_layers = TensorParallelLayers::kMegatron;
+      break;
+    case v1::TENSOR_PARALLEL_LAYERS_DTENSOR:
+      out.tensor_layers = TensorParallelLayers::kDTensor;
+      break;
     default:
       return InvalidArgument("config.parallelism.tensor_layers: MEGATRON or DTENSOR, got " +
                              std::to_string(p.tensor_layers()));
@@ -125,8 +131,12 @@ StatusOr<ParallelismConfig> ParallelismFromProto(const v1::Parallelism& p) {
     TensorPlanEntry entry;
     entry.module = e.module();
     switch (e.style()) {
-      case v1::TENSOR_SHARD_STYLE_COLWISE: entry.style = TensorShardStyle::kColwise; break;
-      case v1::TENSOR_SHARD_STYLE_ROWWISE: entry.style = TensorShardStyle::kRowwise; break;
+      case v1::TENSOR_SHARD_STYLE_COLWISE:
+        entry.style = TensorShardStyle::kColwise;
+        break;
+      case v1::TENSOR_SHARD_STYLE_ROWWISE:
+        entry.style = TensorShardStyle::kRowwise;
+        break;
       case v1::TENSOR_SHARD_STYLE_COLWISE_GATHERED:
         entry.style = TensorShardStyle::kColwiseGathered;
         break;

@@ -11,28 +11,44 @@ constexpr int64_t kDefaultMaxPlans = 20;
 
 v1::DataParallel StrategyToProto(DataSharding s) {
   switch (s) {
-    case DataSharding::kNone: return v1::DATA_PARALLEL_UNSPECIFIED;
-    case DataSharding::kDdp: return v1::DATA_PARALLEL_DDP;
-    case DataSharding::kZero1: return v1::DATA_PARALLEL_ZERO1;
-    case DataSharding::kDeepSpeedZero2: return v1::DATA_PARALLEL_DEEPSPEED_ZERO2;
-    case DataSharding::kDeepSpeedZero1: return v1::DATA_PARALLEL_DEEPSPEED_ZERO1;
-    case DataSharding::kDeepSpeedZero3: return v1::DATA_PARALLEL_DEEPSPEED_ZERO3;
-    case DataSharding::kFsdp1: return v1::DATA_PARALLEL_FSDP1;
-    case DataSharding::kFsdp2: return v1::DATA_PARALLEL_FSDP2;
-    case DataSharding::kMegatronDdp: return v1::DATA_PARALLEL_MEGATRON_DDP;
-    case DataSharding::kMegatronDistOpt: return v1::DATA_PARALLEL_MEGATRON_DISTOPT;
+    case DataSharding::kNone:
+      return v1::DATA_PARALLEL_UNSPECIFIED;
+    case DataSharding::kDdp:
+      return v1::DATA_PARALLEL_DDP;
+    case DataSharding::kZero1:
+      return v1::DATA_PARALLEL_ZERO1;
+    case DataSharding::kDeepSpeedZero2:
+      return v1::DATA_PARALLEL_DEEPSPEED_ZERO2;
+    case DataSharding::kDeepSpeedZero1:
+      return v1::DATA_PARALLEL_DEEPSPEED_ZERO1;
+    case DataSharding::kDeepSpeedZero3:
+      return v1::DATA_PARALLEL_DEEPSPEED_ZERO3;
+    case DataSharding::kFsdp1:
+      return v1::DATA_PARALLEL_FSDP1;
+    case DataSharding::kFsdp2:
+      return v1::DATA_PARALLEL_FSDP2;
+    case DataSharding::kMegatronDdp:
+      return v1::DATA_PARALLEL_MEGATRON_DDP;
+    case DataSharding::kMegatronDistOpt:
+      return v1::DATA_PARALLEL_MEGATRON_DISTOPT;
   }
   return v1::DATA_PARALLEL_UNSPECIFIED;
 }
 
 v1::CheckpointPolicy CheckpointToProto(CheckpointPolicy p) {
   switch (p) {
-    case CheckpointPolicy::kNone: return v1::CHECKPOINT_POLICY_NONE;
-    case CheckpointPolicy::kEveryBlock: return v1::CHECKPOINT_POLICY_EVERY_BLOCK;
-    case CheckpointPolicy::kEveryKBlocks: return v1::CHECKPOINT_POLICY_EVERY_K_BLOCKS;
-    case CheckpointPolicy::kSqrtBlocks: return v1::CHECKPOINT_POLICY_SQRT_BLOCKS;
-    case CheckpointPolicy::kAttentionCore: return v1::CHECKPOINT_POLICY_ATTENTION_CORE;
-    case CheckpointPolicy::kScopes: return v1::CHECKPOINT_POLICY_SCOPES;
+    case CheckpointPolicy::kNone:
+      return v1::CHECKPOINT_POLICY_NONE;
+    case CheckpointPolicy::kEveryBlock:
+      return v1::CHECKPOINT_POLICY_EVERY_BLOCK;
+    case CheckpointPolicy::kEveryKBlocks:
+      return v1::CHECKPOINT_POLICY_EVERY_K_BLOCKS;
+    case CheckpointPolicy::kSqrtBlocks:
+      return v1::CHECKPOINT_POLICY_SQRT_BLOCKS;
+    case CheckpointPolicy::kAttentionCore:
+      return v1::CHECKPOINT_POLICY_ATTENTION_CORE;
+    case CheckpointPolicy::kScopes:
+      return v1::CHECKPOINT_POLICY_SCOPES;
   }
   return v1::CHECKPOINT_POLICY_UNSPECIFIED;
 }

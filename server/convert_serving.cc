@@ -18,8 +18,9 @@ uint64_t Unsigned(int64_t v) { return v < 0 ? 0 : static_cast<uint64_t>(v); }
 StatusOr<ServingConfig> ServingFromProto(const v1::RunConfig& config) {
   const v1::Serving& s = config.serving();
   if (config.batch_size() != 0) {
-    return InvalidArgument("config.batch_size: a server's batches are its scheduler's "
-                           "(config.serving.max_num_seqs, max_num_batched_tokens); leave it unset");
+    return InvalidArgument(
+        "config.batch_size: a server's batches are its scheduler's "
+        "(config.serving.max_num_seqs, max_num_batched_tokens); leave it unset");
   }
   ServingConfig out;
   out.enabled = true;
@@ -39,9 +40,15 @@ StatusOr<ServingConfig> ServingFromProto(const v1::RunConfig& config) {
   out.max_loras = s.max_loras();
   out.fully_sharded_loras = s.fully_sharded_loras();
   switch (s.kv_cache_dtype()) {
-    case v1::KV_CACHE_DTYPE_UNSPECIFIED: out.kv_cache_dtype = KvCacheDType::kAuto; break;
-    case v1::KV_CACHE_DTYPE_FP8_E4M3: out.kv_cache_dtype = KvCacheDType::kFp8E4m3; break;
-    case v1::KV_CACHE_DTYPE_FP8_E5M2: out.kv_cache_dtype = KvCacheDType::kFp8E5m2; break;
+    case v1::KV_CACHE_DTYPE_UNSPECIFIED:
+      out.kv_cache_dtype = KvCacheDType::kAuto;
+      break;
+    case v1::KV_CACHE_DTYPE_FP8_E4M3:
+      out.kv_cache_dtype = KvCacheDType::kFp8E4m3;
+      break;
+    case v1::KV_CACHE_DTYPE_FP8_E5M2:
+      out.kv_cache_dtype = KvCacheDType::kFp8E5m2;
+      break;
     default:
       return InvalidArgument("config.serving.kv_cache_dtype: unknown value " +
                              std::to_string(static_cast<int>(s.kv_cache_dtype())));
@@ -64,8 +71,8 @@ Status ApplyServingDtype(const ModelSpec& model, const v1::RunConfig& proto, Run
     if (device.ok()) capability = device->compute_capability;
   }
   const bool bf16 = capability == 0 || capability >= 80;
-  run->precision = config_dtype == DType::kFloat16 || !bf16 ? Precision::kFp16Pure
-                                                            : Precision::kBf16Pure;
+  run->precision =
+      config_dtype == DType::kFloat16 || !bf16 ? Precision::kFp16Pure : Precision::kBf16Pure;
   if (notes != nullptr) {
     notes->push_back(std::string("precision ") + PrecisionName(run->precision) +
                      " as vLLM's dtype auto picks it (config/model.py, _resolve_auto_dtype: the "

@@ -8,8 +8,7 @@
 // themselves, so a request that does not parse gets INVALID_ARGUMENT naming the field, not the
 // UNIMPLEMENTED with an empty message of gRPC's generated handlers.
 //
-// Every request is logged as one line (spdlog, info): method, model source, status code,
-// microseconds, peer, and the error; request text in it is escaped and bounded (engine/ir/text.h).
+// Every request is logged as one line and counted in the metrics (server/call_log.h).
 #ifndef MEMEST_SERVER_ESTIMATOR_SERVICE_H_
 #define MEMEST_SERVER_ESTIMATOR_SERVICE_H_
 
@@ -24,6 +23,7 @@
 #include "memest/v1/memest.grpc.pb.h"
 #include "memest/v1/memest.pb.h"
 #include "server/auth.h"
+#include "server/call_log.h"
 #include "server/heap_trim.h"
 #include "server/validation_runner.h"
 #include "server/work_pool.h"
@@ -106,6 +106,8 @@ class EstimatorService final : public MemoryEstimatorBase {
                                                    const grpc::ByteBuffer* request) override;
 
   ValidationRunner& validations() { return *validations_; }
+  // Where finished calls are counted (null: nowhere); set before the server starts.
+  void set_metrics(Metrics* metrics) { metrics_ = metrics; }
   const WorkPool& work() const { return *work_; }
 
  private:
@@ -116,12 +118,16 @@ class EstimatorService final : public MemoryEstimatorBase {
   // One Estimate, on a thread of the pool: parse, estimate, reply, then finish `reactor`.
   void RunEstimate(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
                    const grpc::ByteBuffer& request_bytes, grpc::ByteBuffer* response_bytes,
-                   const std::string& id, std::chrono::steady_clock::time_point start);
+                   CallRecord call);
+  // Logs and counts the call (server/call_log.h), then finishes it with `status`.
+  void Reply(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
+             const CallRecord& call, const Status& status);
 
   const ServiceOptions options_;
   std::unique_ptr<ValidationRunner> validations_;
   // Validate is left out: it waits for minutes, its memory is the worker process's.
   HeapTrimmer trimmer_;
+  Metrics* metrics_ = nullptr;
   // Last: destroyed first, running what is still queued while the rest is alive.
   std::unique_ptr<WorkPool> work_;
 };

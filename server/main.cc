@@ -97,6 +97,8 @@ int main(int argc, char** argv) {
   app.add_option("--health-address", options.health_address,
                  "HOST:PORT of a plaintext port serving only grpc.health.v1, for probes that "
                  "cannot speak TLS (Kubernetes' gRPC probe)");
+  app.add_option("--metrics-address", options.metrics_address,
+                 "HOST:PORT of an HTTP port serving Prometheus metrics at /metrics");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
@@ -157,6 +159,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   options.service.validation.max_duration = std::chrono::seconds(max_validation_seconds);
   options.tls.reload_interval = std::chrono::seconds(tls_reload_seconds);
+  options.version = memest::VersionString("memest-server");
   options.max_connection_age = Millis(max_connection_age_seconds);
   options.max_connection_age_grace = Millis(max_connection_age_grace_seconds);
   options.keepalive_time = Millis(keepalive_seconds);
@@ -183,6 +186,9 @@ int main(int argc, char** argv) {
       memest::VersionString("memest-server"), (*server)->address(), (*server)->threads(),
       (*server)->max_queued(), options.service.max_ops, options.service.max_op_steps,
       options.max_message_bytes);
+  if ((*server)->metrics_port() != 0) {
+    spdlog::info("metrics on http port {} at /metrics", (*server)->metrics_port());
+  }
   if ((*server)->health_port() != 0) {
     spdlog::info("health checks, plaintext, on port {}", (*server)->health_port());
   }

@@ -89,6 +89,18 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
   // Before any call is parsed: protobuf's log handler is not safe to replace while in use.
   InstallProtobufLogHandler();
   std::unique_ptr<EstimatorServer> server(new EstimatorServer(checked));
+  if (!options.metrics_address.empty()) {
+    const EstimatorService& service = server->service_;
+    Metrics::Sources sources;
+    sources.work = [&service] { return service.work().load(); };
+    sources.threads = service.work().threads();
+    sources.max_queued = service.work().max_queued();
+    ValidationRunner* validations = &server->service_.validations();
+    sources.validations_in_queue = [validations] { return validations->in_queue(); };
+    sources.version = options.version;
+    MEMEST_ASSIGN_OR_RETURN(server->metrics_, Metrics::Start(options.metrics_address, sources));
+    server->service_.set_metrics(server->metrics_.get());
+  }
 
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   if (options.tls.enabled()) {

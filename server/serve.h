@@ -12,6 +12,7 @@
 
 #include "engine/ir/status.h"
 #include "server/estimator_service.h"
+#include "server/metrics.h"
 #include "server/tls.h"
 
 namespace memest {
@@ -25,6 +26,11 @@ struct ServerOptions {
   // probes that cannot speak TLS (Kubernetes' gRPC probe) or hold no client certificate. Empty:
   // none.
   std::string health_address;
+  // HOST:PORT of an HTTP port serving Prometheus metrics at /metrics (server/metrics.h). Empty:
+  // none.
+  std::string metrics_address;
+  // The build, as --version prints it: memest_build_info's label.
+  std::string version;
   // The largest request accepted, in bytes; larger ones get RESOURCE_EXHAUSTED from gRPC.
   int max_message_bytes = 64 << 20;
   // A file holding the bearer token every estimator call must carry (server/auth.h); empty:
@@ -56,6 +62,7 @@ class EstimatorServer {
   // The bound port (the chosen one when the address asked for port 0), and the health port's.
   int port() const { return port_; }
   int health_port() const { return health_port_; }
+  int metrics_port() const { return metrics_ != nullptr ? metrics_->port() : 0; }
   // "<host>:<port>" with the bound port, e.g. "127.0.0.1:41027".
   std::string address() const;
 
@@ -79,6 +86,7 @@ class EstimatorServer {
   std::string host_;
   int port_ = 0;
   int health_port_ = 0;
+  std::unique_ptr<Metrics> metrics_;  // before service_, which counts calls in it
   EstimatorService service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<grpc::Server> health_server_;  // on health_address; null without one

@@ -1,32 +1,25 @@
 #include "server/stream_reactor.h"
 
-#include <spdlog/spdlog.h>
-
 #include <thread>
 #include <utility>
 
-#include "engine/ir/text.h"
 #include "server/request_id.h"
 #include "server/status_conversion.h"
 #include "server/wire.h"
 
 namespace memest {
-namespace {
 
-// The most bytes of an error a log line repeats (as in estimator_service.cc).
-constexpr size_t kMaxLoggedError = 1024;
-
-}  // namespace
-
-StreamReactor::StreamReactor(grpc::CallbackServerContext* context, std::string method,
-                             std::string model, Work work, WorkPool* pool,
+StreamReactor::StreamReactor(grpc::CallbackServerContext* context, CallRecord call,
+                             Metrics* metrics, Work work, WorkPool* pool,
                              const std::function<Status()>& busy)
-    : context_(context),
-      start_(std::chrono::steady_clock::now()),
-      method_(std::move(method)),
-      model_(std::move(model)),
-      id_(TagRequest(context)) {
-  auto run = [this, work = std::move(work)] {
+    : context_(context), call_(std::move(call)), metrics_(metrics) {
+  call_.id = TagRequest(context);
+  call_.start = std::chrono::steady_clock::now();
+  auto run = [this, work = std::move(work), pooled = pool != nullptr] {
+    if (pooled && metrics_ != nullptr) {
+      metrics_->Waited(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - call_.start).count());
+    }
     Complete(work([this](const google::protobuf::Message& m) { return Send(m); },
                   [this] { return Stopped(); }));
     Release();
@@ -80,17 +73,7 @@ bool StreamReactor::Send(const google::protobuf::Message& reply) {
 }
 
 void StreamReactor::Complete(const Status& status) {
-  const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(
-                          std::chrono::steady_clock::now() - start_)
-                          .count();
-  if (status.ok()) {
-    spdlog::info("rpc={} id={} model={} code=OK us={} peer={}", method_, id_, model_, micros,
-                 context_->peer());
-  } else {
-    spdlog::info("rpc={} id={} model={} code={} us={} peer={} error=\"{}\"", method_, id_, model_,
-                 StatusCodeName(status.code()), micros, context_->peer(),
-                 BoundMessage(status.message(), kMaxLoggedError));
-  }
+  RecordCall(*context_, call_, status, metrics_);
   bool finish = false;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "engine/ir/status.h"
+#include "server/call_log.h"
 #include "server/work_pool.h"
 
 namespace memest {
@@ -31,9 +32,10 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   using Work = std::function<Status(const SendFn& send, const StoppedFn& stopped)>;
 
   // Starts `work` on a thread of its own (`pool` null) or queues it on `pool`; when the pool is
-  // full the call finishes with `busy()`. `method` and `model` name the call in its log line.
-  StreamReactor(grpc::CallbackServerContext* context, std::string method, std::string model,
-                Work work, WorkPool* pool = nullptr, const std::function<Status()>& busy = nullptr);
+  // full the call finishes with `busy()`. `call` names the call in its log line (its id and
+  // start are filled in here); `metrics` (null: none) counts it.
+  StreamReactor(grpc::CallbackServerContext* context, CallRecord call, Metrics* metrics, Work work,
+                WorkPool* pool = nullptr, const std::function<Status()>& busy = nullptr);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override { cancelled_ = true; }
@@ -48,9 +50,8 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool TakeFinishLocked();
 
   grpc::CallbackServerContext* context_;
-  const std::chrono::steady_clock::time_point start_;
-  const std::string method_, model_;
-  const std::string id_;  // server/request_id.h
+  CallRecord call_;
+  Metrics* const metrics_;
   std::atomic<int> owners_{2};
   std::mutex mu_;
   std::deque<grpc::ByteBuffer> pending_;  // front: being written

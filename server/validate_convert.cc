@@ -82,10 +82,18 @@ void ValidationToProto(const validate::Validation& v, v1::ValidationResult* out)
 void ProgressToProto(const validate::Progress& p, v1::ValidateProgress* out) {
   using S = validate::Progress::Stage;
   switch (p.stage) {
-    case S::kProbing: out->set_stage(v1::ValidateProgress::STAGE_PROBING); break;
-    case S::kPlanning: out->set_stage(v1::ValidateProgress::STAGE_PLANNING); break;
-    case S::kReplaying: out->set_stage(v1::ValidateProgress::STAGE_REPLAYING); break;
-    case S::kFinishing: out->set_stage(v1::ValidateProgress::STAGE_FINISHING); break;
+    case S::kProbing:
+      out->set_stage(v1::ValidateProgress::STAGE_PROBING);
+      break;
+    case S::kPlanning:
+      out->set_stage(v1::ValidateProgress::STAGE_PLANNING);
+      break;
+    case S::kReplaying:
+      out->set_stage(v1::ValidateProgress::STAGE_REPLAYING);
+      break;
+    case S::kFinishing:
+      out->set_stage(v1::ValidateProgress::STAGE_FINISHING);
+      break;
   }
   out->set_ops_done(Unsigned(p.ops_done));
   out->set_ops_total(Unsigned(p.ops_total));

@@ -62,15 +62,17 @@ StatusOr<std::unique_ptr<validate::Device>> OpenDevice(int device, double fake_g
   if (!cuda.ok()) return cuda.status();
   return std::unique_ptr<validate::Device>(std::move(*cuda));
 #else
-  return memest::Unavailable("this memest was built without CUDA: it estimates but cannot validate "
-                             "on a GPU (rebuild where nvcc and the CUDA toolkit are found)");
+  return memest::Unavailable(
+      "this memest was built without CUDA: it estimates but cannot validate "
+      "on a GPU (rebuild where nvcc and the CUDA toolkit are found)");
 #endif
 }
 
 Status Validate(validate::Device& device, int out) {
   std::string bytes((std::istreambuf_iterator<char>(std::cin)), std::istreambuf_iterator<char>());
   memest::v1::ValidateRequest request;
-  if (!request.ParseFromString(bytes)) return memest::InvalidArgument("request: not a ValidateRequest");
+  if (!request.ParseFromString(bytes))
+    return memest::InvalidArgument("request: not a ValidateRequest");
   MEMEST_ASSIGN_OR_RETURN(memest::ValidateInput in, memest::ValidateInputFromProto(request));
   in.options.progress = [out](const validate::Progress& p) {
     memest::v1::ValidateEvent e;
@@ -97,7 +99,8 @@ int main(int argc, char** argv) {
                        "print the build's version and exit");
   app.add_option("--device", device, "CUDA device ordinal")->capture_default_str();
   app.add_flag("--probe", probe, "open the device and report whether it can validate");
-  app.add_option("--fake-device-gib", fake_gib, "tests: a fake device of this many GiB instead of a GPU");
+  app.add_option("--fake-device-gib", fake_gib,
+                 "tests: a fake device of this many GiB instead of a GPU");
   app.add_option("--fake-run-ms", fake_run_ms, "tests: each fake kernel takes this long");
   app.add_option("--fake-abort-after-runs", fake_abort_after,
                  "tests: abort (as a CUDA fault would) after this many kernels");

@@ -31,7 +31,8 @@ std::string DescribeExit(int wstatus) {
   if (WIFSIGNALED(wstatus)) {
     const int sig = WTERMSIG(wstatus);
     const char* name = sigabbrev_np(sig);
-    return std::string("killed by signal ") + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+    return std::string("killed by signal ") + std::to_string(sig) +
+           (name ? std::string(" (SIG") + name + ")" : "");
   }
   return "exited with status " + std::to_string(WEXITSTATUS(wstatus));
 }
@@ -57,8 +58,9 @@ ValidationRunner::ValidationRunner(ValidationOptions options)
     : options_(std::move(options)),
       worker_(options_.worker_path.empty() ? SiblingWorker() : options_.worker_path) {
   if (options_.device < 0) {
-    available_ = Unavailable("this memest-server was started without --device: it estimates but "
-                             "does not validate (start it with --device 0 on a machine with a GPU)");
+    available_ = Unavailable(
+        "this memest-server was started without --device: it estimates but "
+        "does not validate (start it with --device 0 on a machine with a GPU)");
   } else {
     available_ = Unavailable("the device has not been probed yet");
   }
@@ -76,11 +78,13 @@ Status ValidationRunner::Probe() {
   args.push_back("--probe");
   // A driver that hangs must not hold the server's start for ever.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  Status s = RunWorker(args, "", [](const v1::ValidateEvent&) { return true; }, [until] {
-    return std::chrono::steady_clock::now() < until
-               ? Status::Ok()
-               : DeadlineExceeded("the device did not answer within 60 s");
-  });
+  Status s = RunWorker(
+      args, "", [](const v1::ValidateEvent&) { return true; },
+      [until] {
+        return std::chrono::steady_clock::now() < until
+                   ? Status::Ok()
+                   : DeadlineExceeded("the device did not answer within 60 s");
+      });
   std::lock_guard<std::mutex> lock(mu_);
   available_ = s.ok() ? Status::Ok()
                       : Unavailable("device " + std::to_string(options_.device) +
@@ -128,8 +132,8 @@ Status ValidationRunner::Validate(const v1::ValidateRequest& request,
     queue_.push_back(ticket);
     int reported = -1;
     while (queue_.front() != ticket) {
-      const int position = static_cast<int>(
-          std::find(queue_.begin(), queue_.end(), ticket) - queue_.begin());
+      const int position =
+          static_cast<int>(std::find(queue_.begin(), queue_.end(), ticket) - queue_.begin());
       if (position != reported) {
         reported = position;
         v1::ValidateEvent e;
@@ -187,7 +191,7 @@ Status ValidationRunner::RunWorker(const std::vector<std::string>& args, const s
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, worker_.c_str(), &actions, nullptr, argv.data(), environ);
+  const int rc = worker::SpawnWithDefaultSignals(&pid, worker_, &actions, argv.data());
   posix_spawn_file_actions_destroy(&actions);
   close(in[0]);
   close(out[1]);
@@ -213,7 +217,8 @@ Status ValidationRunner::RunWorker(const std::vector<std::string>& args, const s
     const int n = poll(fds, to_child >= 0 ? 2 : 1, 100);
     if (n < 0 && errno != EINTR) break;
     if (to_child >= 0 && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      const ssize_t w = worker::WriteWithoutSigpipe(to_child, input.data() + sent, input.size() - sent);
+      const ssize_t w =
+          worker::WriteWithoutSigpipe(to_child, input.data() + sent, input.size() - sent);
       if (w > 0) sent += static_cast<size_t>(w);
       if ((w < 0 && errno != EAGAIN && errno != EINTR) || sent == input.size()) {
         close(to_child);  // all sent, or the child stopped reading (it reports why)

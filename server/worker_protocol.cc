@@ -6,6 +6,8 @@
 #include <time.h>
 #include <unistd.h>
 
+extern char** environ;
+
 namespace memest::worker {
 
 ssize_t WriteWithoutSigpipe(int fd, const char* data, size_t size) {
@@ -23,6 +25,22 @@ ssize_t WriteWithoutSigpipe(int fd, const char* data, size_t size) {
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   errno = err;
   return w;
+}
+
+int SpawnWithDefaultSignals(pid_t* pid, const std::string& path,
+                            const posix_spawn_file_actions_t* actions, char* const argv[]) {
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none, defaults;
+  sigemptyset(&none);
+  sigemptyset(&defaults);
+  for (int signal : {SIGTERM, SIGINT, SIGPIPE}) sigaddset(&defaults, signal);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  const int rc = posix_spawn(pid, path.c_str(), actions, &attributes, argv, environ);
+  posix_spawnattr_destroy(&attributes);
+  return rc;
 }
 
 bool WriteFrame(int fd, char type, const std::string& payload) {
@@ -57,7 +75,8 @@ Status ParseStatus(const std::string& payload) {
     code = std::stoi(payload.substr(0, nl));
   } catch (...) {
   }
-  if (nl == std::string::npos || code < 0 || code > static_cast<int>(StatusCode::kDeadlineExceeded)) {
+  if (nl == std::string::npos || code < 0 ||
+      code > static_cast<int>(StatusCode::kDeadlineExceeded)) {
     return Internal("validation worker: malformed status frame");
   }
   return Status(static_cast<StatusCode>(code), payload.substr(nl + 1));
@@ -66,7 +85,8 @@ Status ParseStatus(const std::string& payload) {
 StatusOr<std::optional<FrameReader::Frame>> FrameReader::Next() {
   if (buffer_.size() < 5) return std::optional<Frame>();
   uint32_t n = 0;
-  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<unsigned char>(buffer_[1 + i])) << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    n |= static_cast<uint32_t>(static_cast<unsigned char>(buffer_[1 + i])) << (8 * i);
   if ((buffer_[0] != kEventFrame && buffer_[0] != kStatusFrame) || n > kMaxFrameBytes) {
     return Internal("validation worker: malformed frame");
   }

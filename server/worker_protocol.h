@@ -9,6 +9,7 @@
 #ifndef MEMEST_SERVER_WORKER_PROTOCOL_H_
 #define MEMEST_SERVER_WORKER_PROTOCOL_H_
 
+#include <spawn.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -35,6 +36,14 @@ Status ParseStatus(const std::string& payload);
 // in the calling thread for the call, and the one a broken pipe raises (directed at this
 // thread) is consumed before the mask is restored. A gone reader is then -1 with errno EPIPE.
 ssize_t WriteWithoutSigpipe(int fd, const char* data, size_t size);
+
+// posix_spawn of the worker at `path` with a clean signal state: an empty mask, and SIGTERM,
+// SIGINT and SIGPIPE at their defaults, whatever the calling thread blocks or the process
+// ignores. memest-server blocks SIGTERM and SIGINT in every thread (they are taken by sigwait),
+// and the metrics' HTTP server ignores SIGPIPE; a child inherits both across exec, and a worker
+// that blocks SIGTERM cannot be stopped gently. Returns posix_spawn's error number.
+int SpawnWithDefaultSignals(pid_t* pid, const std::string& path,
+                            const posix_spawn_file_actions_t* actions, char* const argv[]);
 
 // Accumulates bytes read from the pipe and cuts them into frames.
 class FrameReader {
