@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/ir/text.h"
+#include "server/json_log.h"
 #include "server/status_conversion.h"
 
 namespace memest {
@@ -17,7 +18,17 @@ void RecordCall(const grpc::CallbackServerContext& context, const CallRecord& ca
                 const Status& status, Metrics* metrics) {
   const auto elapsed = std::chrono::steady_clock::now() - call.start;
   const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(elapsed).count();
-  if (status.ok()) {
+  if (JsonLogs()) {
+    std::string fields = "\"rpc\":" + JsonString(call.method) + ",\"id\":" + JsonString(call.id) +
+                         ",\"model\":" + JsonString(call.model) +
+                         ",\"code\":" + JsonString(StatusCodeName(status.code())) +
+                         ",\"us\":" + std::to_string(micros) +
+                         ",\"peer\":" + JsonString(context.peer());
+    if (!status.ok()) {
+      fields += ",\"error\":" + JsonString(BoundMessage(status.message(), kMaxLoggedError));
+    }
+    spdlog::info("{}", JsonFields(fields));
+  } else if (status.ok()) {
     spdlog::info("rpc={} id={} model={} code=OK us={} peer={}", call.method, call.id, call.model,
                  micros, context.peer());
   } else {

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -21,6 +22,7 @@
 #include <string>
 #include <thread>
 
+#include "server/json_log.h"
 #include "server/serve.h"
 #include "version/version.h"
 
@@ -99,6 +101,12 @@ int main(int argc, char** argv) {
                  "cannot speak TLS (Kubernetes' gRPC probe)");
   app.add_option("--metrics-address", options.metrics_address,
                  "HOST:PORT of an HTTP port serving Prometheus metrics at /metrics");
+  std::string log_format = "text";
+  app.add_option("--log-format", log_format,
+                 "text, or json: one JSON object a line, a call's fields (rpc, id, model, code, "
+                 "us, peer, error) as keys")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"text", "json"}));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
@@ -166,7 +174,12 @@ int main(int argc, char** argv) {
   options.min_client_ping_interval = Millis(min_client_ping_seconds);
 
   // Logs go to stderr; stdout carries only the "listening on" line.
-  spdlog::set_default_logger(spdlog::stderr_color_mt("memest-server"));
+  if (log_format == "json") {
+    spdlog::set_default_logger(spdlog::stderr_logger_mt("memest-server"));
+    memest::UseJsonLogs(*spdlog::default_logger());
+  } else {
+    spdlog::set_default_logger(spdlog::stderr_color_mt("memest-server"));
+  }
   spdlog::set_level(spdlog::level::from_str(log_level));
 
   // Block the stop signals before gRPC starts its threads, which inherit the mask.
