@@ -153,7 +153,7 @@ void EstimatorService::RunEstimate(grpc::CallbackServerContext* context,
   Status status = budget.Check();
   if (status.ok()) status = ParseRequest(request_bytes, &request);
   if (status.ok()) {
-    status = HandleEstimate(request, options_, &response, &budget);
+    status = CatchAll([&] { return HandleEstimate(request, options_, &response, &budget); });
     if (metrics_ != nullptr) {
       metrics_->Engine(std::chrono::duration<double>(Clock::now() - begun).count());
     }
@@ -220,15 +220,18 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Plan(
   auto request = std::make_shared<v1::PlanRequest>();
   Status parsed = Authorize(*context);
   if (parsed.ok()) parsed = ParseRequest(*request_bytes, request.get());
+  if (!parsed.ok()) {
+    return new StreamReactor(context, {"Plan", "", "-", {}, Length(*request_bytes)}, metrics_,
+                             parsed);
+  }
   const ServiceOptions& options = options_;
   HeapTrimmer& trimmer = trimmer_;
   return new StreamReactor(
       context, {"Plan", "", DescribeModel(request->model()), {}, Length(*request_bytes)}, metrics_,
-      [context, request, parsed, &options, &trimmer](const StreamReactor::SendFn& send,
-                                                     const StreamReactor::StoppedFn& stopped) {
+      [context, request, &options, &trimmer](const StreamReactor::SendFn& send,
+                                             const StreamReactor::StoppedFn& stopped) {
         HeapTrimmer::Request in_flight(trimmer);
         in_flight.MarkLarge();  // a search builds many graphs: give their pages back after it
-        MEMEST_RETURN_IF_ERROR(parsed);
         const auto left = context->deadline() - std::chrono::system_clock::now();
         Budget budget;
         budget.set_max_op_steps(options.max_plan_op_steps)
@@ -239,7 +242,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Plan(
         return HandlePlan(*request, options, &budget,
                           [&send](const v1::PlanEvent& e) { return send(e); });
       },
-      work_.get(), [this, parsed] { return parsed.ok() ? Busy() : parsed; });
+      work_.get(), [this] { return Busy(); });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Validate(
@@ -247,15 +250,18 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Validate(
   auto request = std::make_shared<v1::ValidateRequest>();
   Status parsed = Authorize(*context);
   if (parsed.ok()) parsed = ParseRequest(*request_bytes, request.get());
+  if (!parsed.ok()) {
+    return new StreamReactor(context, {"Validate", "", "-", {}, Length(*request_bytes)}, metrics_,
+                             parsed);
+  }
   const ServiceOptions& options = options_;
   ValidationRunner* runner = validations_.get();
   return new StreamReactor(
       context, {"Validate", "", DescribeModel(request->model()), {}, Length(*request_bytes)},
       metrics_,
-      [context, request, parsed, &options, runner](const StreamReactor::SendFn& send,
-                                                   const StreamReactor::StoppedFn& stopped) {
-        Status status = parsed;
-        if (status.ok()) status = CheckModelSize(request->model(), options.max_ops);
+      [context, request, &options, runner](const StreamReactor::SendFn& send,
+                                           const StreamReactor::StoppedFn& stopped) {
+        Status status = CheckModelSize(request->model(), options.max_ops);
         if (status.ok()) status = runner->Available();
         if (status.ok()) {
           // Converted here only to refuse a malformed request before it waits in the queue;

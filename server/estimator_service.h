@@ -100,8 +100,8 @@ class EstimatorService final : public MemoryEstimatorBase {
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Validate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
 
-  // Streams the plans of a PlanRequest's bytes (PlanEvents, as bytes), searched on a thread of
-  // its own.
+  // Streams the plans of a PlanRequest's bytes (PlanEvents, as bytes), searched on the work pool
+  // (refused as busy when its queue is full).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Plan(grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer* request) override;
 

@@ -16,8 +16,10 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -46,8 +48,28 @@ int WaitForStopSignal(const sigset_t& signals) {
   return signal;
 }
 
+// Durations in seconds: finite, at most a year, and not between 0 and 1 ms (which would round
+// to 0, "never" for some of them).
+constexpr double kMaxSeconds = 365 * 24 * 3600;
+const auto kSeconds = CLI::Validator(
+    [](std::string& text) -> std::string {
+      double value = 0;
+      try {
+        value = std::stod(text);
+      } catch (const std::exception&) {
+        return "not a number of seconds: " + text;
+      }
+      if (!std::isfinite(value) || value < 0 || value > kMaxSeconds) {
+        return "seconds: expected 0 to " + std::to_string(static_cast<int64_t>(kMaxSeconds)) +
+               ", got " + text;
+      }
+      if (value > 0 && value < 0.001) return "seconds: at least 0.001 when not 0, got " + text;
+      return "";
+    },
+    "SECONDS");
+
 std::chrono::milliseconds Millis(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(std::min(seconds, 1e9) * 1000));
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
 }
 
 }  // namespace
@@ -94,7 +116,7 @@ int main(int argc, char** argv) {
   app.add_option("--tls-reload-seconds", tls_reload_seconds,
                  "how often the certificate files are checked for changes")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber)
+      ->check(CLI::Range(1, 31536000))
       ->group("TLS");
   app.add_option("--health-address", options.health_address,
                  "HOST:PORT of a plaintext port serving only grpc.health.v1, for probes that "
@@ -113,7 +135,7 @@ int main(int argc, char** argv) {
   app.add_option("--work-threads", options.service.work_threads,
                  "threads that run estimates and plans (0: one per core the process may use)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1024));
   app.add_option("--max-queued-estimates", options.service.max_queued,
                  "estimates and plans that may wait for a thread; more are refused at once "
                  "(RESOURCE_EXHAUSTED); -1: 8 per thread")
@@ -123,29 +145,29 @@ int main(int argc, char** argv) {
                  "on SIGTERM/SIGINT, how long health says NOT_SERVING while calls are still "
                  "taken, before the listener closes")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kSeconds);
   app.add_option("--grace-seconds", grace_seconds,
                  "then how long calls in flight and queued may take to finish")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kSeconds);
   app.add_option("--max-connection-age-seconds", max_connection_age_seconds,
                  "close a connection this old (clients reconnect and spread over replicas); 0: "
                  "never")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kSeconds);
   app.add_option("--max-connection-age-grace-seconds", max_connection_age_grace_seconds,
                  "how long an aged connection's calls may take to finish")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kSeconds);
   app.add_option("--keepalive-seconds", keepalive_seconds,
                  "ping a connection idle this long; drop it if the ping is not answered in 20 s")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(kSeconds & CLI::PositiveNumber);
   app.add_option("--min-client-ping-seconds", min_client_ping_seconds,
                  "the shortest interval between a client's keepalive pings; faster pingers are "
                  "disconnected (too_many_pings)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(kSeconds);
   app.add_option(
          "--device", options.service.validation.device,
          "CUDA device to validate on (enables Validate); without it Validate is UNAVAILABLE")

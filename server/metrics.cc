@@ -81,11 +81,12 @@ StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& address, So
                         .Help("How long an estimate or plan waited for a thread")
                         .Register(registry)
                         .Add({}, kSeconds);
-  metrics->engine_ = &prometheus::BuildHistogram()
-                          .Name("memest_engine_seconds")
-                          .Help("Time an estimate took once it had a thread: conversion, engine and advice")
-                          .Register(registry)
-                          .Add({}, kSeconds);
+  metrics->engine_ =
+      &prometheus::BuildHistogram()
+           .Name("memest_engine_seconds")
+           .Help("Time an estimate took once it had a thread: conversion, engine and advice")
+           .Register(registry)
+           .Add({}, kSeconds);
   metrics->gauges_ = std::make_shared<LoadGauges>(std::move(sources));
   try {
     metrics->exposer_ = std::make_unique<prometheus::Exposer>(address, 1);

@@ -5,7 +5,8 @@
 //   memest_request_duration_seconds{method}       their latency, arrival to reply (histogram)
 //   memest_request_bytes{method}                  request sizes (histogram)
 //   memest_queue_wait_seconds                     how long estimates and plans waited for a thread
-//   memest_engine_seconds                         an estimate's time once it had a thread: conversion,
+//   memest_engine_seconds                         an estimate's time once it had a thread:
+//   conversion,
 //                                                 engine and advice (histogram)
 //   memest_work_running, memest_work_queued       estimates and plans running and waiting now
 //   memest_work_threads, memest_work_queue_limit  the pool's size and queue bound

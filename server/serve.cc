@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "engine/ir/text.h"
 #include "server/wire.h"
@@ -25,6 +26,16 @@ std::string HostOf(const std::string& address) {
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) return "";
   return address.substr(0, colon);
 }
+
+// Drops the builder's plugins: the reflection plugin registers itself for every server built
+// in the process, and the health port must serve health alone.
+class WithoutPlugins final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->clear();
+  }
+};
 
 int Millis(std::chrono::milliseconds duration) {
   return static_cast<int>(std::min<int64_t>(duration.count(), std::numeric_limits<int>::max()));
@@ -134,6 +145,10 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
     health_builder.AddListeningPort(options.health_address, grpc::InsecureServerCredentials(),
                                     &server->health_port_);
     health_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    health_builder.SetOption(std::make_unique<WithoutPlugins>());
+    // Every other method is UNIMPLEMENTED; a server needs one service of its own to start (the
+    // default health service is added after that check).
+    health_builder.RegisterCallbackGenericService(&server->unimplemented_);
     server->health_server_ = health_builder.BuildAndStart();
     if (server->health_server_ == nullptr || server->health_port_ == 0) {
       server->health_server_.reset();

@@ -4,6 +4,7 @@
 #ifndef MEMEST_SERVER_SERVE_H_
 #define MEMEST_SERVER_SERVE_H_
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/server.h>
 
 #include <chrono>
@@ -86,9 +87,12 @@ class EstimatorServer {
   std::string host_;
   int port_ = 0;
   int health_port_ = 0;
-  std::unique_ptr<Metrics> metrics_;  // before service_, which counts calls in it
   EstimatorService service_;
+  // After service_: its gauges read the service's pool and validation queue, so it stops serving
+  // scrapes before they go. The servers below stop first, and with them the calls it counts.
+  std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<grpc::Server> server_;
+  grpc::CallbackGenericService unimplemented_;    // the health port's other methods
   std::unique_ptr<grpc::Server> health_server_;  // on health_address; null without one
 };
 

@@ -1,5 +1,8 @@
 #include "server/status_conversion.h"
 
+#include <exception>
+#include <string>
+
 #include "engine/ir/text.h"
 
 namespace memest {
@@ -33,6 +36,16 @@ grpc::StatusCode ToGrpcCode(StatusCode code) {
 grpc::Status ToGrpcStatus(const Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(ToGrpcCode(status.code()), BoundMessage(status.message(), kMaxStatusMessage));
+}
+
+Status CatchAll(const std::function<Status()>& work) {
+  try {
+    return work();
+  } catch (const std::exception& error) {
+    return Internal(std::string("the server failed on this request: ") + error.what());
+  } catch (...) {
+    return Internal("the server failed on this request");
+  }
 }
 
 }  // namespace memest

@@ -11,6 +11,7 @@
 #include <grpcpp/support/status.h>
 
 #include <cstddef>
+#include <functional>
 
 #include "engine/ir/status.h"
 
@@ -31,6 +32,10 @@ inline constexpr size_t kMaxStatusMessage = 1024;
 // not UTF-8 escaped, cut to kMaxStatusMessage bytes at a character boundary; engine/ir/text.h's
 // BoundMessage); OK for OK.
 grpc::Status ToGrpcStatus(const Status& status);
+
+// Runs `work`; an exception that escapes it (std::bad_alloc, say) becomes INTERNAL naming it, so
+// that one request cannot take down the server's worker thread and with it the process.
+Status CatchAll(const std::function<Status()>& work);
 
 }  // namespace memest
 

@@ -20,8 +20,10 @@ StreamReactor::StreamReactor(grpc::CallbackServerContext* context, CallRecord ca
       metrics_->Waited(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - call_.start).count());
     }
-    Complete(work([this](const google::protobuf::Message& m) { return Send(m); },
-                  [this] { return Stopped(); }));
+    Complete(CatchAll([&] {
+      return work([this](const google::protobuf::Message& m) { return Send(m); },
+                  [this] { return Stopped(); });
+    }));
     Release();
   };
   if (pool == nullptr) {
@@ -30,6 +32,15 @@ StreamReactor::StreamReactor(grpc::CallbackServerContext* context, CallRecord ca
     Complete(busy());
     Release();
   }
+}
+
+StreamReactor::StreamReactor(grpc::CallbackServerContext* context, CallRecord call,
+                             Metrics* metrics, const Status& refusal)
+    : context_(context), call_(std::move(call)), metrics_(metrics) {
+  call_.id = TagRequest(context);
+  call_.start = std::chrono::steady_clock::now();
+  Complete(refusal);
+  Release();  // no work holds it
 }
 
 void StreamReactor::OnWriteDone(bool ok) {

@@ -36,6 +36,10 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // start are filled in here); `metrics` (null: none) counts it.
   StreamReactor(grpc::CallbackServerContext* context, CallRecord call, Metrics* metrics, Work work,
                 WorkPool* pool = nullptr, const std::function<Status()>& busy = nullptr);
+  // A call refused before any work (UNAUTHENTICATED, a request that does not parse): finished at
+  // once with `refusal`, taking no thread and no place in a queue.
+  StreamReactor(grpc::CallbackServerContext* context, CallRecord call, Metrics* metrics,
+                const Status& refusal);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override { cancelled_ = true; }

@@ -1,14 +1,16 @@
 #include "server/tls.h"
 
+#include <errno.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <openssl/bio.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
 
+#include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include "engine/ir/text.h"
 
@@ -31,11 +33,21 @@ using Bio = std::unique_ptr<BIO, BioFree>;
 }  // namespace
 
 StatusOr<std::string> ReadPemFile(const char* flag, const std::string& path) {
+  // A regular file (a Kubernetes Secret's symlinks lead to one): not a FIFO that would block,
+  // nor /dev/zero; and no more than the bound is read.
+  struct stat info {};
+  if (stat(path.c_str(), &info) != 0) {
+    return InvalidArgument(std::string(flag) + ": cannot read " + Quote(path) + ": " +
+                           std::strerror(errno));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    return InvalidArgument(std::string(flag) + ": " + Quote(path) + " is not a regular file");
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) return InvalidArgument(std::string(flag) + ": cannot read " + Quote(path));
-  std::ostringstream text;
-  text << file.rdbuf();
-  std::string pem = text.str();
+  std::string pem(kMaxPemBytes + 1, '\0');
+  file.read(pem.data(), static_cast<std::streamsize>(pem.size()));
+  pem.resize(static_cast<size_t>(file.gcount()));
   if (pem.size() > kMaxPemBytes) {
     return InvalidArgument(std::string(flag) + ": " + Quote(path) + " is larger than 1 MiB");
   }
@@ -67,8 +79,10 @@ Status CheckIdentity(const TlsOptions& tls) {
     return InvalidArgument("--tls-cert: " + Quote(tls.cert_file) + " holds no PEM certificate");
   }
   Bio key_bio = MemoryBio(key_pem);
+  // A key behind a passphrase is refused, never prompted for on the terminal.
+  pem_password_cb* no_passphrase = [](char*, int, int, void*) { return 0; };
   std::unique_ptr<EVP_PKEY, KeyFree> key(
-      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr));
   if (key == nullptr) {
     return InvalidArgument("--tls-key: " + Quote(tls.key_file) +
                            " holds no PEM private key (or one protected by a passphrase)");

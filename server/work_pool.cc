@@ -54,7 +54,10 @@ void WorkPool::Work() {
     --load_.queued;
     ++load_.running;
     lock.unlock();
-    job();
+    try {
+      job();  // the service's jobs catch their own (CatchAll); this keeps the thread regardless
+    } catch (...) {
+    }
     job = nullptr;  // what the job holds is freed before it counts as done
     lock.lock();
     --load_.running;

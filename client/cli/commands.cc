@@ -56,7 +56,8 @@ int RunValidate(const ConnectionFlags& connection, const ValidateFlags& flags) {
   auto progress = [&](const v1::ValidateProgress& p) {
     if (flags.quiet) return;
     const uint64_t tenth = p.ops_total() ? p.ops_done() * 10 / p.ops_total() : 0;
-    if (p.stage() == last_stage && tenth == last_tenth && p.stage() != v1::ValidateProgress::STAGE_QUEUED) {
+    if (p.stage() == last_stage && tenth == last_tenth &&
+        p.stage() != v1::ValidateProgress::STAGE_QUEUED) {
       return;
     }
     last_stage = p.stage();
@@ -86,6 +87,10 @@ int RunPlan(const ConnectionFlags& connection, const PlanFlags& flags) {
       std::cout.flush();
       return;
     }
+    if (flags.brief) {
+      if (e.has_plan()) std::cout << PlanSentence(e.plan()) << '\n';
+      return;
+    }
     if (e.has_plan()) {
       if (!header) RenderPlanHeader(std::cout);
       header = true;
@@ -97,7 +102,12 @@ int RunPlan(const ConnectionFlags& connection, const PlanFlags& flags) {
   const CallResult call = MakeBackend(connection)->Plan(*request, on_event);
   if (!call.ok()) return Fail(call);
   if (plans == 0 && !connection.json) {
-    std::cout << "no plan fits within the GPU budget (--gpus)\n";
+    std::cout << (flags.brief
+                      ? "no plan fits within " +
+                            std::to_string(request->max_gpus() > 0 ? request->max_gpus() : 8) +
+                            " GPUs"
+                      : "no plan fits within the GPU budget (--gpus)")
+              << '\n';
   }
   std::cout.flush();
   return plans > 0 ? kExitFits : kExitDoesNotFit;

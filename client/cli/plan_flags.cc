@@ -12,18 +12,27 @@ void AddPlanFlags(CLI::App* app, PlanFlags* f) {
   app->add_option("--gpus", f->max_gpus,
                   "the GPU budget: counts tried are the powers of two up to it, and it "
                   "(default 8)")
-      ->group(group)->type_name("N");
+      ->group(group)
+      ->type_name("N");
   app->add_option("--devices", f->devices,
                   "GPU types to plan on (catalog names, comma-separated, or all; with or instead "
                   "of --device); per GPU count the smallest type that fits comes first")
-      ->group(group)->delimiter(',')->type_name("NAMES");
+      ->group(group)
+      ->delimiter(',')
+      ->type_name("NAMES");
   app->add_option("--max-plans", f->max_plans, "the most plans listed (default 20)")
-      ->group(group)->type_name("N");
+      ->group(group)
+      ->type_name("N");
+  app->add_flag("--brief", f->brief,
+                "each plan as one line (\"4 x h100-80gb: dp x tp x pp 4 x 1 x 1 fsdp2, "
+                "micro-batch 1 x 4, needs 63.1 GiB a GPU\"), nothing else; for scripts")
+      ->group(group);
   app->add_option("--host-memory-per-gpu", f->host_memory_per_gpu,
                   "host memory each GPU's rank may take for CPU offload (e.g. 200GiB: the "
                   "node's RAM for the job over its GPUs); where nothing fits on the GPUs alone, "
                   "plans with DeepSpeed's or FSDP's offload are tried (default: none)")
-      ->group(group)->type_name("SIZE");
+      ->group(group)
+      ->type_name("SIZE");
 }
 
 StatusOr<v1::PlanRequest> BuildPlanRequest(const PlanFlags& flags) {

@@ -4,7 +4,6 @@
 #define MEMEST_CLIENT_CLI_PLAN_FLAGS_H_
 
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,6 +20,7 @@ struct PlanFlags {
   int64_t max_gpus = 0;              // 0: the server's default (8)
   int64_t max_plans = 0;             // 0: the server's default (20)
   std::string host_memory_per_gpu;   // --host-memory-per-gpu 200GiB: offload plans allowed
+  bool brief = false;                // --brief: each plan as one line, nothing else
 };
 
 void AddPlanFlags(CLI::App* app, PlanFlags* flags);

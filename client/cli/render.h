@@ -45,6 +45,9 @@ void RenderServing(const v1::EstimateResponse& response, std::ostream& out);
 void RenderPlanHeader(std::ostream& out);
 void RenderPlan(const v1::ParallelPlan& plan, std::ostream& out);
 void RenderPlanSummary(const v1::PlanSummary& summary, std::ostream& out);
+// One plan as one line, for scripts and job-submission hooks (memest plan --brief): "4 x
+// h100-80gb: dp x tp x pp 4 x 1 x 1 fsdp2, micro-batch 1 x 4, needs 63.1 GiB a GPU".
+std::string PlanSentence(const v1::ParallelPlan& plan);
 
 // "forward", "optimizer_step", ... as the engine names phases.
 std::string PhaseName(v1::Phase phase);

@@ -26,8 +26,7 @@ std::string Llama(const std::string& extra, int64_t seq = 16) {
   return "model { hf_config { config { " + Field("model_type", "string_value: \"llama\"") +
          Number("hidden_size", 64) + Number("num_hidden_layers", 2) +
          Number("num_attention_heads", 4) + Number("intermediate_size", 128) +
-         Number("vocab_size", 512) + extra + " } seq: " + std::to_string(seq) + " } } " +
-         kConfig;
+         Number("vocab_size", 512) + extra + " } seq: " + std::to_string(seq) + " } } " + kConfig;
 }
 
 // A list nested `depth` deep.

@@ -14,8 +14,8 @@ constexpr grpc::StatusCode kInvalid = grpc::StatusCode::INVALID_ARGUMENT;
 constexpr grpc::StatusCode kExhausted = grpc::StatusCode::RESOURCE_EXHAUSTED;
 
 std::string Preset(const std::string& name, const std::string& params, int64_t batch) {
-  return "model { preset { name: \"" + name + "\" " + params + " } } config { batch_size: " +
-         std::to_string(batch) + " }";
+  return "model { preset { name: \"" + name + "\" " + params +
+         " } } config { batch_size: " + std::to_string(batch) + " }";
 }
 std::string Param(const std::string& key, int64_t value) {
   return "params { key: \"" + key + "\" value: " + std::to_string(value) + " } ";
@@ -57,32 +57,32 @@ std::vector<BadInput> BadSizeInputs() {
        "inputs: [\"x\"] outputs: [\"y\"] } } } config { batch_size: 1 mode: MODE_INFERENCE }",
        kInvalid, "model.tensors[0].shape: has 65 dims"},
       // A step whose tensors each fit, but whose bytes held at once pass 2^62.
-      {"StepPastTwoTo62",
-       Preset("mlp", Param("layers", 1100) + Param("width", 16777216), 16777216), kInvalid,
-       "config.batch_size: the bytes reserved at once would pass 2^62 bytes (4 EiB)"},
+      {"StepPastTwoTo62", Preset("mlp", Param("layers", 1100) + Param("width", 16777216), 16777216),
+       kInvalid, "config.batch_size: the bytes reserved at once would pass 2^62 bytes (4 EiB)"},
       // Attributes past their bounds, where their arithmetic would wrap.
-      {"ConvPaddingInt64Max", Layers("conv2d", Attr("out_channels", 8) + Attr("kernel_size", 3) +
-                                                   Attr("padding", kInt64Max)),
+      {"ConvPaddingInt64Max",
+       Layers("conv2d",
+              Attr("out_channels", 8) + Attr("kernel_size", 3) + Attr("padding", kInt64Max)),
        kInvalid, "model.layers[0].attrs.padding: must be at most 2147483647"},
-      {"ConvDilationInt64Max", Layers("conv2d", Attr("out_channels", 8) +
-                                                    Attr("kernel_size", 3) +
-                                                    Attr("dilation", kInt64Max)),
+      {"ConvDilationInt64Max",
+       Layers("conv2d",
+              Attr("out_channels", 8) + Attr("kernel_size", 3) + Attr("dilation", kInt64Max)),
        kInvalid, "model.layers[0].attrs.dilation: must be at most 2147483647"},
-      {"PoolPaddingInt64Max", Layers("max_pool2d", Attr("kernel_size", 2) +
-                                                      Attr("padding", kInt64Max)),
-       kInvalid, "model.layers[0].attrs.padding"},
+      {"PoolPaddingInt64Max",
+       Layers("max_pool2d", Attr("kernel_size", 2) + Attr("padding", kInt64Max)), kInvalid,
+       "model.layers[0].attrs.padding"},
       {"LinearOutFeaturesTwoTo40", Layers("linear", Attr("out_features", int64_t{1} << 40), "[8]"),
        kInvalid, "model.layers[0].attrs.out_features: must be at most 2147483647"},
       {"OpConvPaddingInt64Max",
-       OneOp("conv1d", "[\"x\", \"w\"]", "attrs { key: \"padding\" value { i: " +
-                                              std::to_string(kInt64Max) + " } }",
+       OneOp("conv1d", "[\"x\", \"w\"]",
+             "attrs { key: \"padding\" value { i: " + std::to_string(kInt64Max) + " } }",
              "tensors { name: \"w\" shape: [4, 2, 3] role: TENSOR_ROLE_PARAMETER } ", "[2, 2, 8]"),
        kInvalid, "model.ops[0].attrs.padding: must be at most 2147483647"},
       {"SplitSizesPastTwoTo62",
        OneOp("split", "[\"x\"]",
              "attrs { key: \"dim\" value { i: 1 } } attrs { key: \"sizes\" value { ints { "
-             "values: [" + std::to_string(kInt64Max) + ", " + std::to_string(kInt64Max) +
-                 ", 10] } } }"),
+             "values: [" +
+                 std::to_string(kInt64Max) + ", " + std::to_string(kInt64Max) + ", 10] } } }"),
        kInvalid, "model.ops[0].attrs.sizes"},
       {"AttentionScoresPastTheTensorBound",
        "model { ops { tensors { name: \"q\" shape: [1099511627776, 1] batch_dim: -1 } ops { kind: "
@@ -92,8 +92,8 @@ std::vector<BadInput> BadSizeInputs() {
       // Models that would expand past the op limit: refused before they are built.
       {"MlpWithTwoTo24Layers", Preset("mlp", Param("layers", 16777216), 1), kExhausted,
        "model.preset.params.layers: mlp with 16777216 layers expands to 33554434 ops"},
-      {"Llama70bWithTwoMillionLayers", Preset("llama-70b", Param("layers", 2097173), 1),
-       kExhausted, "model.preset.params.layers: llama-70b with 2097173 layers"},
+      {"Llama70bWithTwoMillionLayers", Preset("llama-70b", Param("layers", 2097173), 1), kExhausted,
+       "model.preset.params.layers: llama-70b with 2097173 layers"},
       {"Gpt2WithSixtyFiveThousandLayers", Preset("gpt2-small", Param("layers", 65536), 1),
        kExhausted, "model.preset.params.layers"},
   };

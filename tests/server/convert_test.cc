@@ -171,15 +171,16 @@ TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
   EXPECT_EQ(tp->parallelism.tensor_plan[0].style, TensorShardStyle::kColwise);
   EXPECT_EQ(tp->parallelism.tensor_layers, TensorParallelLayers::kMegatron);
   proto.mutable_parallelism()->set_tensor_layers(v1::TENSOR_PARALLEL_LAYERS_DTENSOR);
-  EXPECT_EQ(RunConfigFromProto(proto).value().parallelism.tensor_layers, TensorParallelLayers::kDTensor);
+  EXPECT_EQ(RunConfigFromProto(proto).value().parallelism.tensor_layers,
+            TensorParallelLayers::kDTensor);
   proto.mutable_parallelism()->set_tensor_layers(static_cast<v1::TensorParallelLayers>(7));
   EXPECT_NE(RunConfigFromProto(proto).status().message().find("config.parallelism.tensor_layers"),
             std::string::npos);
   proto.mutable_parallelism()->clear_tensor_layers();
   entry->set_style(v1::TENSOR_SHARD_STYLE_UNSPECIFIED);
-  EXPECT_NE(RunConfigFromProto(proto).status().message().find(
-                "config.parallelism.tensor_plan[0].style"),
-            std::string::npos);
+  EXPECT_NE(
+      RunConfigFromProto(proto).status().message().find("config.parallelism.tensor_plan[0].style"),
+      std::string::npos);
   proto.mutable_parallelism()->clear_tensor_plan();
   proto.mutable_parallelism()->set_tensor(0);
   proto.mutable_parallelism()->set_sequence_parallel(false);
@@ -189,9 +190,9 @@ TEST(RunConfigFromProtoTest, ParallelismIsCarried) {
   EXPECT_EQ(RunConfigFromProto(proto).value().parallelism.sharding, DataSharding::kMegatronDistOpt);
   proto.mutable_parallelism()->clear_data_parallel();
   proto.mutable_parallelism()->set_pipeline_schedule(static_cast<v1::PipelineSchedule>(9));
-  EXPECT_NE(RunConfigFromProto(proto).status().message().find(
-                "config.parallelism.pipeline_schedule"),
-            std::string::npos);
+  EXPECT_NE(
+      RunConfigFromProto(proto).status().message().find("config.parallelism.pipeline_schedule"),
+      std::string::npos);
   proto.mutable_parallelism()->clear_pipeline_schedule();
   proto.mutable_parallelism()->set_data_parallel(static_cast<v1::DataParallel>(77));
   EXPECT_NE(RunConfigFromProto(proto).status().message().find("config.parallelism.data_parallel"),

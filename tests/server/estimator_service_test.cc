@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "health_client.h"
-#include "tests/server/test_server.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "server/serve.h"
+#include "tests/server/test_server.h"
 
 namespace memest {
 namespace {

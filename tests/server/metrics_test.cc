@@ -1,13 +1,12 @@
 // Prometheus metrics (server/metrics.h) scraped over HTTP from a real server after real calls.
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
+#include "tests/server/http_get.h"
 #include "tests/server/test_server.h"
 
 namespace memest {
@@ -15,26 +14,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::TestServer;
-
-// GET http://127.0.0.1:<port><path>: the whole response, headers included ("" on failure).
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
-    const std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buffer[4096];
-      ssize_t n;
-      while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
-    }
-  }
-  close(fd);
-  return response;
-}
 
 v1::EstimateRequest Gpt2(int64_t batch) {
   v1::EstimateRequest request;
@@ -61,7 +40,11 @@ TEST(MetricsTest, CountsCallsByMethodAndCodeWithLatenciesAndLoad) {
   v1::ListDevicesResponse devices;
   ASSERT_TRUE(server.stub().ListDevices(&context, {}, &devices).ok());
 
-  const std::string text = HttpGet(server.server().metrics_port(), "/metrics");
+  // A pool thread counts itself done just after it replied.
+  for (int i = 0; i < 200 && server.server().load().running > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const std::string text = testing::HttpGet(server.server().metrics_port(), "/metrics");
   EXPECT_THAT(text, HasSubstr("200 OK"));
   EXPECT_THAT(text, HasSubstr("memest_requests_total{code=\"OK\",method=\"Estimate\"} 2\n"));
   EXPECT_THAT(

@@ -9,12 +9,15 @@
 #include <cstdio>
 #include <fstream>
 #include <future>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "server/status_conversion.h"
 #include "server/work_pool.h"
 #include "tests/server/health_client.h"
+#include "tests/server/http_get.h"
 #include "tests/server/test_server.h"
 
 namespace memest {
@@ -159,10 +162,12 @@ TEST(OverloadTest, BeyondTheQueueACallIsRefusedAtOnceAndHealthStaysPrompt) {
   }
 }
 
-// A call whose deadline passes while it waits is answered DEADLINE_EXCEEDED when its turn comes,
-// without being computed: the call after it is answered at once.
-TEST(OverloadTest, ACallWhoseCallerLeftWhileItWaitedIsNotComputed) {
-  TestServer server(OneThread(4));
+// Calls whose callers left while they waited (one past its deadline, one cancelled) are answered
+// when their turn comes without being computed: the engine ran for the running call alone.
+TEST(OverloadTest, CallsWhoseCallerLeftWhileTheyWaitedAreNotComputed) {
+  ServerOptions options = OneThread(4);
+  options.metrics_address = "127.0.0.1:0";
+  TestServer server(options);
   auto first = std::async(std::launch::async, [&] {
     v1::EstimateResponse response;
     return server.Estimate(Slow(), &response, std::chrono::milliseconds(1500));
@@ -172,17 +177,32 @@ TEST(OverloadTest, ACallWhoseCallerLeftWhileItWaitedIsNotComputed) {
     v1::EstimateResponse response;
     return server.Estimate(Slow(), &response, std::chrono::milliseconds(300));
   });
-  ASSERT_TRUE(WaitFor([&] { return server.server().load().queued == 1; }));
-  EXPECT_EQ(expired.get().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  auto quick = std::async(std::launch::async, [&] {
+  grpc::ClientContext cancelled_context;
+  auto cancelled = std::async(std::launch::async, [&] {
     v1::EstimateResponse response;
-    return server.Estimate(Quick(), &response, std::chrono::seconds(10));
+    return server.stub().Estimate(&cancelled_context, Slow(), &response);
   });
+  ASSERT_TRUE(WaitFor([&] { return server.server().load().queued == 2; }));
+  cancelled_context.TryCancel();
+  EXPECT_EQ(expired.get().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(cancelled.get().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_EQ(first.get().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  const Clock::time_point first_done = Clock::now();
-  EXPECT_TRUE(quick.get().ok());
-  EXPECT_LT(Clock::now() - first_done, std::chrono::milliseconds(400))
-      << "the expired call was computed before the quick one";
+  ASSERT_TRUE(WaitFor([&] {
+    const WorkPool::Load load = server.server().load();
+    return load.running == 0 && load.queued == 0;
+  }));
+  const std::string metrics = testing::HttpGet(server.server().metrics_port(), "/metrics");
+  EXPECT_THAT(metrics, HasSubstr("memest_queue_wait_seconds_count 3\n"));
+  EXPECT_THAT(metrics, HasSubstr("memest_engine_seconds_count 1\n"))
+      << "a call nobody waited for ran";
+}
+
+// An exception from the work is INTERNAL for its call, not the end of the process.
+TEST(OverloadTest, AnExceptionIsInternalForItsCall) {
+  const Status status = CatchAll([]() -> Status { throw std::bad_alloc(); });
+  EXPECT_EQ(status.code(), StatusCode::kInternal);
+  EXPECT_THAT(status.message(), HasSubstr("std::bad_alloc"));
+  EXPECT_EQ(CatchAll([] { return Status::Ok(); }).code(), StatusCode::kOk);
 }
 
 // A Plan waits in the same queue and is refused the same way.

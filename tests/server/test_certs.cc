@@ -87,6 +87,17 @@ void TestCa::Issue(const std::string& cert_path, const std::string& key_path,
   EVP_PKEY_free(key);
 }
 
+void WriteEncryptedKey(const std::string& path, const std::string& passphrase) {
+  EVP_PKEY* key = NewKey();
+  FILE* file = std::fopen(path.c_str(), "w");
+  if (file == nullptr) throw std::runtime_error("cannot write " + path);
+  PEM_write_PrivateKey(file, key, EVP_aes_256_cbc(),
+                       reinterpret_cast<const unsigned char*>(passphrase.data()),
+                       static_cast<int>(passphrase.size()), nullptr, nullptr);
+  std::fclose(file);
+  EVP_PKEY_free(key);
+}
+
 std::string ReadText(const std::string& path) {
   std::ifstream file(path);
   std::ostringstream text;

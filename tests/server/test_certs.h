@@ -27,6 +27,9 @@ class TestCa {
   std::unique_ptr<Keys> keys_;
 };
 
+// Writes a new private key protected by `passphrase` (PEM, AES-256-CBC) to `path`.
+void WriteEncryptedKey(const std::string& path, const std::string& passphrase);
+
 // The contents of a file ("" when it cannot be read).
 std::string ReadText(const std::string& path);
 

@@ -3,12 +3,15 @@
 // rotated files are picked up without a restart, bad files refuse the start naming the flag, and
 // the plaintext health port answers probes.
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -79,6 +82,24 @@ class TlsTest : public ::testing::Test {
     return stub->ListDevices(&context, v1::ListDevicesRequest(), &response);
   }
 
+  // grpc.reflection.v1alpha's list_services, as one message each way.
+  static grpc::StatusCode ListServices(
+      int port, const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    grpc::GenericStub stub(
+        grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port), credentials, args));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    const char list_services[] = {0x3a, 0x00};  // ServerReflectionRequest{list_services: ""}
+    grpc::Slice slice(list_services, sizeof(list_services));
+    grpc::ByteBuffer request(&slice, 1), response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", {},
+                   &request, &response, [&done](grpc::Status s) { done.set_value(s); });
+    return done.get_future().get().error_code();
+  }
+
   std::string dir_;
   TestCa ca_{"memest test CA"};
   TestCa other_ca_{"another CA"};
@@ -116,7 +137,10 @@ TEST_F(TlsTest, RotatedCertificatesArePickedUpWithoutARestart) {
   ASSERT_NE(server, nullptr);
   ASSERT_TRUE(Call(*server, "ca.pem", "client").ok());
 
-  // The server's certificate now comes from the other CA, and so do its clients'.
+  // The server's certificate now comes from the other CA, and so do its clients'. The old
+  // client's certificate is kept.
+  std::filesystem::copy_file(Path("client.pem"), Path("old-client.pem"));
+  std::filesystem::copy_file(Path("client.key"), Path("old-client.key"));
   other_ca_.Issue(Path("next.pem"), Path("next.key"), "memest-server");
   other_ca_.WriteCertificate(Path("next-ca.pem"));
   std::filesystem::rename(Path("next.key"), Path("server.key"));
@@ -131,13 +155,15 @@ TEST_F(TlsTest, RotatedCertificatesArePickedUpWithoutARestart) {
     rotated = Call(*server, "other-ca.pem", "client").ok();
   }
   EXPECT_TRUE(rotated) << "the new certificates were not served within 10 s";
-  ca_.WriteCertificate(Path("old-ca.pem"));
-  EXPECT_FALSE(Call(*server, "old-ca.pem", "client").ok()) << "the old CA is still trusted";
+  // The server no longer trusts a client certificate of the old CA.
+  EXPECT_FALSE(Call(*server, "other-ca.pem", "old-client").ok()) << "the old CA is still trusted";
 }
 
 TEST_F(TlsTest, BadFilesRefuseTheStartNamingTheFlag) {
   ca_.Issue(Path("expired.pem"), Path("expired.key"), "memest-server", /*expired=*/true);
   ca_.Issue(Path("other.pem"), Path("other.key"), "memest-server");
+  testing::WriteEncryptedKey(Path("locked.key"), "s3cret");
+  std::filesystem::create_directory(Path("a-directory"));
   std::FILE* junk = std::fopen(Path("junk.pem").c_str(), "w");
   std::fputs("not a certificate\n", junk);
   std::fclose(junk);
@@ -155,6 +181,8 @@ TEST_F(TlsTest, BadFilesRefuseTheStartNamingTheFlag) {
       {"expired.pem", "expired.key", "", "--tls-cert: the certificate in"},
       {"server.pem", "server.key", "junk.pem", "--tls-client-ca: '"},
       {"server.pem", "server.key", "missing.pem", "--tls-client-ca: cannot read"},
+      {"server.pem", "locked.key", "", "--tls-key: '" + Path("locked.key") + "' holds no PEM"},
+      {"a-directory", "server.key", "", "--tls-cert: '" + Path("a-directory") + "' is not a "},
   };
   for (const Case& c : cases) {
     ServerOptions options;
@@ -184,6 +212,14 @@ TEST_F(TlsTest, TheHealthPortIsPlaintextAndServesOnlyHealth) {
   EXPECT_EQ(testing::CheckHealth(health, "memest.v1.MemoryEstimator"), Serving::SERVING);
   EXPECT_EQ(Call(server->health_port(), grpc::InsecureChannelCredentials()).error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
+  // Nor reflection, which the main port serves.
+  EXPECT_EQ(ListServices(server->health_port(), grpc::InsecureChannelCredentials()),
+            grpc::StatusCode::UNIMPLEMENTED);
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadText(Path("ca.pem"));
+  ssl.pem_cert_chain = ReadText(Path("client.pem"));
+  ssl.pem_private_key = ReadText(Path("client.key"));
+  EXPECT_EQ(ListServices(server->port(), grpc::SslCredentials(ssl)), grpc::StatusCode::OK);
   server->StopServing();
   EXPECT_EQ(testing::CheckHealth(health, ""), Serving::NOT_SERVING);
   EXPECT_TRUE(Call(*server, "ca.pem", "client").ok()) << "calls are still taken while draining";

@@ -55,8 +55,8 @@ struct Call {
 };
 
 Call Validate(v1::MemoryEstimator::Stub& stub, const v1::ValidateRequest& request,
-         std::chrono::milliseconds deadline = std::chrono::seconds(60),
-         grpc::ClientContext* context_out = nullptr) {
+              std::chrono::milliseconds deadline = std::chrono::seconds(60),
+              grpc::ClientContext* context_out = nullptr) {
   grpc::ClientContext local;
   grpc::ClientContext& context = context_out ? *context_out : local;
   context.set_deadline(Clock::now() + deadline);
@@ -82,7 +82,8 @@ TEST(ValidateService, StreamsProgressThenTheResult) {
   EXPECT_GT(r.step_milliseconds(), 0);
   bool replaying = false;
   for (const auto& e : c.events) {
-    replaying |= e.has_progress() && e.progress().stage() == v1::ValidateProgress::STAGE_REPLAYING &&
+    replaying |= e.has_progress() &&
+                 e.progress().stage() == v1::ValidateProgress::STAGE_REPLAYING &&
                  e.progress().ops_total() > 0;
   }
   EXPECT_TRUE(replaying);
@@ -130,14 +131,16 @@ TEST(ValidateService, RefusesWhatDoesNotFitSayingByHowMuch) {
   Server s({"--fake-device-gib", "2"});
   Call c = Validate(*s.stub, Request("gpt2-small", 8));
   EXPECT_EQ(c.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(c.status.error_message().find("short by"), std::string::npos) << c.status.error_message();
+  EXPECT_NE(c.status.error_message().find("short by"), std::string::npos)
+      << c.status.error_message();
 }
 
 TEST(ValidateService, ACrashingWorkerFailsOneValidationNotTheServer) {
   Server s({"--fake-device-gib", "16", "--fake-abort-after-runs", "3"});
   Call c = Validate(*s.stub, Request());
   EXPECT_EQ(c.status.error_code(), grpc::StatusCode::INTERNAL);
-  EXPECT_NE(c.status.error_message().find("SIGABRT"), std::string::npos) << c.status.error_message();
+  EXPECT_NE(c.status.error_message().find("SIGABRT"), std::string::npos)
+      << c.status.error_message();
   // The server still answers.
   grpc::ClientContext ctx;
   v1::ListPresetsResponse presets;
