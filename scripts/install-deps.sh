@@ -34,7 +34,8 @@ readonly PACKAGES=(
 # (tests/conformance) runs real PyTorch, Debian's 1.13, CPU only; the Python client
 # (client/python, tests/python) is installed into a venv and tested with pytest, and its example
 # notebook is executed with nbclient. The fuzzer (scripts/fuzz.sh) is built with clang, whose
-# libFuzzer and sanitizer runtimes are in libclang-rt-14-dev.
+# libFuzzer and sanitizer runtimes are in libclang-rt-14-dev. Slurm's controller, node daemon
+# and commands run the job-submission hook's test (scripts/slurm-test.sh).
 readonly TEST_PACKAGES=(
   clang
   libclang-rt-14-dev
@@ -54,6 +55,9 @@ readonly TEST_PACKAGES=(
   python3-nbclient
   python3-nbformat
   python3-ipykernel
+  slurmctld
+  slurmd
+  slurm-client
 )
 
 wanted=("${PACKAGES[@]}")

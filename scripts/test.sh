@@ -95,6 +95,11 @@ fi
 section "validation models"
 /usr/bin/python3 -m pytest tests/validation -q || failed+=("validation models")
 
+# The Slurm job-submission hook (deploy/slurm/job_submit.lua) against a real slurmctld and
+# slurmd from Debian's packages and a real memest-server (docs/slurm.md); needs root.
+section "slurm"
+bash scripts/slurm-test.sh || failed+=("slurm")
+
 # Later suites go here as their own sections.
 
 echo

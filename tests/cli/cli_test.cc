@@ -436,6 +436,26 @@ TEST(CliTest, BearerTokenAgainstRealServer) {
   EXPECT_THAT(unreadable.err, HasSubstr("--auth-token-file"));
 }
 
+// memest plan --brief: each plan on one line for scripts (deploy/slurm/job_submit.lua reads
+// it), exit 0 when one fits and 2 with one line when none does.
+TEST(CliTest, PlanBriefPrintsOneLineAPlan) {
+  const std::vector<std::string> llama = {"plan", "--local", "--preset", "llama-7b", "--seq",
+                                          "2048", "--batch", "16", "--precision", "bf16",
+                                          "--device", "h100-80gb", "--max-plans", "1", "--brief"};
+  std::vector<std::string> eight = llama;
+  eight.insert(eight.end(), {"--gpus", "8"});
+  const RunResult fits = Memest(eight);
+  EXPECT_EQ(fits.exit_code, 0) << fits.err;
+  EXPECT_THAT(fits.out, ::testing::MatchesRegex(
+                            "[0-9]+ x h100-80gb: dp x tp x pp [0-9]+ x [0-9]+ x [0-9]+[^\n]*, "
+                            "micro-batch [0-9]+ x [0-9]+[^\n]*, needs [0-9.]+ GiB a GPU\n"));
+  std::vector<std::string> one = llama;
+  one.insert(one.end(), {"--gpus", "1"});
+  const RunResult none = Memest(one);
+  EXPECT_EQ(none.exit_code, 2) << none.err;
+  EXPECT_EQ(none.out, "no plan fits within 1 GPUs\n");
+}
+
 // Mutual TLS: the CLI with the server's CA and its own certificate gets an answer; without its
 // certificate, or trusting another CA, it cannot connect (UNAVAILABLE, exit 4); a flag's file
 // that cannot be read is bad input naming the flag (exit 3).
