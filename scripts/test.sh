@@ -71,6 +71,7 @@ pyenv="${BUILD_DIR:-build}/pyenv"
 # 1.13.0a0, below their torch>=1.13, and pip would fetch a CUDA torch 2.x of gigabytes.
 if /usr/bin/python3 -m venv --system-site-packages "${pyenv}" &&
     "${pyenv}/bin/pip" install --quiet --no-build-isolation --no-deps ./client/python &&
+    "${pyenv}/bin/pip" install --quiet --no-deps "grpcio-health-checking==1.51.1" &&
     "${pyenv}/bin/pip" install --quiet "transformers==4.47.1" &&
     "${pyenv}/bin/pip" install --quiet --no-deps "peft==0.13.2" "accelerate==1.1.1"; then
   MEMEST_SERVER="${BUILD_DIR:-build}/bin/memest-server" \
@@ -89,6 +90,11 @@ if /usr/bin/python3 -m venv --system-site-packages "${pyenv}" &&
 else
   failed+=("python")
 fi
+
+# The package as a user installs it: an sdist, built and installed without protoc (grpcio-tools
+# and the runtime dependencies from PyPI), used against a real server.
+section "python package"
+bash scripts/python-package-test.sh || failed+=("python package")
 
 # The three-way validation's PyTorch models: the same parameters and buffers as memest's
 # presets, and a training step that runs (on the CPU here; the GPU run is scripts/gpu-check.sh).

@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from memest.errors import MemestError, Unavailable
 from memest.tls import channel as tls_channel
 
 SERVICE_NAME = "memest.v1.MemoryEstimator"
 _LISTENING = "memest-server listening on "
-_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 
 
 class ServerError(MemestError):
@@ -55,23 +55,13 @@ def find_binary(binary=None):
                       "or build it (bash scripts/build.sh writes build/bin/memest-server)")
 
 
-def _encode_health_request(service):
-    """grpc.health.v1.HealthCheckRequest{service} in the wire format (field 1, a string)."""
-    data = service.encode("utf-8")
-    return b"\x0a" + bytes([len(data)]) + data
-
-
-def _is_serving(response):
-    """True for HealthCheckResponse{status: SERVING}: field 1 (varint) = 1."""
-    return response == b"\x08\x01"
-
-
 def wait_until_serving(address, timeout, tls=None):
     """Waits until the gRPC health service at `address` reports memest as SERVING (`tls` as
     memest.Client's, for a server started with --tls-cert)."""
     deadline = time.monotonic() + timeout
     with tls_channel(address, tls, ()) as channel:
-        check = channel.unary_unary(_HEALTH_CHECK)
+        check = health_pb2_grpc.HealthStub(channel).Check
+        request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
         last = "no answer"
         while True:
             left = deadline - time.monotonic()
@@ -79,8 +69,8 @@ def wait_until_serving(address, timeout, tls=None):
                 raise Unavailable("memest-server at %s: not serving after %.0f s (%s)"
                                   % (address, timeout, last))
             try:
-                if _is_serving(check(_encode_health_request(SERVICE_NAME),
-                                     timeout=min(left, 1.0), wait_for_ready=True)):
+                response = check(request, timeout=min(left, 1.0), wait_for_ready=True)
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
                     return
                 last = "health: not serving"
             except grpc.RpcError as error:
