@@ -101,6 +101,10 @@ bash scripts/python-package-test.sh || failed+=("python package")
 section "validation models"
 /usr/bin/python3 -m pytest tests/validation -q || failed+=("validation models")
 
+# The Kubernetes manifests against Kubernetes' schemas (kubernetes-validate).
+section "manifests"
+bash scripts/validate-manifests.sh || failed+=("manifests")
+
 # The Slurm job-submission hook (deploy/slurm/job_submit.lua) against a real slurmctld and
 # slurmd from Debian's packages and a real memest-server (docs/slurm.md); needs root.
 section "slurm"
