@@ -58,7 +58,10 @@ void AddConnectionArguments(const ServerOptions& options, grpc::ServerBuilder& b
 }  // namespace
 
 EstimatorServer::EstimatorServer(const ServerOptions& options)
-    : host_(HostOf(options.address)), service_(options.service) {}
+    : host_(HostOf(options.address)),
+      service_(options.service),
+      reflection_({kServiceName, "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+                   "grpc.reflection.v1alpha.ServerReflection"}) {}
 
 EstimatorServer::~EstimatorServer() {
   for (grpc::Server* server : {server_.get(), health_server_.get()}) {
@@ -131,6 +134,7 @@ StatusOr<std::unique_ptr<EstimatorServer>> EstimatorServer::Start(const ServerOp
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   AddConnectionArguments(options, builder);
   builder.RegisterService(&server->service_);
+  builder.RegisterService(&server->reflection_);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     server->server_.reset();

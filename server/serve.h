@@ -14,6 +14,7 @@
 #include "engine/ir/status.h"
 #include "server/estimator_service.h"
 #include "server/metrics.h"
+#include "server/reflection.h"
 #include "server/tls.h"
 
 namespace memest {
@@ -88,11 +89,12 @@ class EstimatorServer {
   int port_ = 0;
   int health_port_ = 0;
   EstimatorService service_;
+  ReflectionV1 reflection_;  // grpc.reflection.v1; v1alpha is gRPC's plugin
   // After service_: its gauges read the service's pool and validation queue, so it stops serving
   // scrapes before they go. The servers below stop first, and with them the calls it counts.
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<grpc::Server> server_;
-  grpc::CallbackGenericService unimplemented_;    // the health port's other methods
+  grpc::CallbackGenericService unimplemented_;   // the health port's other methods
   std::unique_ptr<grpc::Server> health_server_;  // on health_address; null without one
 };
 
