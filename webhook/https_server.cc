@@ -1,0 +1,257 @@
+#include "webhook/https_server.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "engine/ir/text.h"
+#include "server/tls.h"
+
+namespace memest::webhook {
+
+// The certificate and key files, and the pair last loaded from them, which every handshake
+// serves: the SSL_CTX is left alone once the server runs (OpenSSL does not allow changing it
+// while handshakes use it).
+struct HttpsServer::Files {
+  std::string cert, key;
+  std::mutex mu;
+  timespec cert_time{}, key_time{};  // guarded by mu
+  X509* leaf = nullptr;              // guarded by mu
+  STACK_OF(X509) * chain = nullptr;  // the certificates after the leaf; guarded by mu
+  EVP_PKEY* private_key = nullptr;   // guarded by mu
+
+  ~Files() { Clear(); }
+  void Clear() {
+    X509_free(leaf);
+    sk_X509_pop_free(chain, X509_free);
+    EVP_PKEY_free(private_key);
+    leaf = nullptr;
+    chain = nullptr;
+    private_key = nullptr;
+  }
+};
+
+namespace {
+
+constexpr size_t kMaxBody = 8 << 20;  // Kubernetes sends objects of at most a few MiB
+constexpr size_t kMaxHeaders = 16 << 10;
+
+bool SameTime(const timespec& a, const timespec& b) {
+  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+// Reloads the pair when either file changed; keeps the last good pair when the new files do not
+// make one (a rotation caught half-way). Call with files.mu held.
+void RefreshLocked(HttpsServer::Files& files) {
+  struct stat cert {
+  }, key{};
+  if (stat(files.cert.c_str(), &cert) != 0 || stat(files.key.c_str(), &key) != 0) return;
+  if (files.leaf != nullptr && SameTime(cert.st_mtim, files.cert_time) &&
+      SameTime(key.st_mtim, files.key_time)) {
+    return;
+  }
+  FILE* cert_file = std::fopen(files.cert.c_str(), "r");
+  FILE* key_file = std::fopen(files.key.c_str(), "r");
+  X509* leaf = cert_file ? PEM_read_X509(cert_file, nullptr, nullptr, nullptr) : nullptr;
+  STACK_OF(X509)* chain = sk_X509_new_null();
+  while (X509* more = cert_file ? PEM_read_X509(cert_file, nullptr, nullptr, nullptr) : nullptr) {
+    sk_X509_push(chain, more);
+  }
+  pem_password_cb* no_passphrase = [](char*, int, int, void*) { return 0; };
+  EVP_PKEY* private_key =
+      key_file ? PEM_read_PrivateKey(key_file, nullptr, no_passphrase, nullptr) : nullptr;
+  if (cert_file) std::fclose(cert_file);
+  if (key_file) std::fclose(key_file);
+  if (leaf == nullptr || private_key == nullptr || X509_check_private_key(leaf, private_key) != 1) {
+    X509_free(leaf);
+    sk_X509_pop_free(chain, X509_free);
+    EVP_PKEY_free(private_key);
+    return;
+  }
+  files.Clear();
+  files.leaf = leaf;
+  files.chain = chain;
+  files.private_key = private_key;
+  files.cert_time = cert.st_mtim;
+  files.key_time = key.st_mtim;
+}
+
+// Every handshake: the current pair, reloaded first if the files changed.
+int ServeCertificate(SSL* ssl, void* arg) {
+  auto& files = *static_cast<HttpsServer::Files*>(arg);
+  std::lock_guard<std::mutex> lock(files.mu);
+  RefreshLocked(files);
+  if (files.leaf == nullptr) return 0;
+  return SSL_use_certificate(ssl, files.leaf) == 1 &&
+                 SSL_use_PrivateKey(ssl, files.private_key) == 1 &&
+                 SSL_set1_chain(ssl, files.chain) == 1
+             ? 1
+             : 0;
+}
+
+// One request on one connection: read, answer, close. Hostile peers are bounded: 16 KiB of
+// headers, 8 MiB of body, 10 s without progress.
+void Serve(int fd, SSL_CTX* context, const HttpsServer::Handler& handler) {
+  const timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  SSL* ssl = SSL_new(context);
+  SSL_set_fd(ssl, fd);
+  const auto reply = [ssl](int code, const char* type, const std::string& body) {
+    const char* reason = code == 200   ? "OK"
+                         : code == 400 ? "Bad Request"
+                         : code == 404 ? "Not Found"
+                                       : "Error";
+    const std::string head =
+        "HTTP/1.1 " + std::to_string(code) + " " + reason + "\r\nContent-Type: " + type +
+        "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
+    const std::string all = head + body;
+    SSL_write(ssl, all.data(), static_cast<int>(all.size()));
+  };
+  if (SSL_accept(ssl) == 1) {
+    std::string data;
+    char chunk[4096];
+    size_t end = std::string::npos;
+    while ((end = data.find("\r\n\r\n")) == std::string::npos && data.size() < kMaxHeaders) {
+      const int n = SSL_read(ssl, chunk, sizeof(chunk));
+      if (n <= 0) break;
+      data.append(chunk, static_cast<size_t>(n));
+    }
+    if (end == std::string::npos) {
+      reply(400, "text/plain", "no complete request head within 16 KiB\n");
+    } else {
+      const std::string head = data.substr(0, end);
+      std::string body = data.substr(end + 4);
+      const std::string method = head.substr(0, head.find(' '));
+      const size_t path_start = head.find(' ') + 1;
+      const std::string path = head.substr(path_start, head.find(' ', path_start) - path_start);
+      long long length = -1;
+      std::string lower = head;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const size_t header = lower.find("\r\ncontent-length:");
+      if (header != std::string::npos) length = std::atoll(lower.c_str() + header + 17);
+      if (path == "/healthz") {
+        reply(200, "text/plain", "ok\n");
+      } else if (method != "POST" || (path != "/validate" && path != "/mutate")) {
+        reply(404, "text/plain", "POST /validate or /mutate an AdmissionReview\n");
+      } else if (length < 0 || static_cast<size_t>(length) > kMaxBody) {
+        reply(400, "text/plain", "a Content-Length of at most 8 MiB is needed\n");
+      } else {
+        while (body.size() < static_cast<size_t>(length)) {
+          const int n = SSL_read(ssl, chunk, sizeof(chunk));
+          if (n <= 0) break;
+          body.append(chunk, static_cast<size_t>(n));
+        }
+        body.resize(std::min(body.size(), static_cast<size_t>(length)));
+        const StatusOr<std::string> answer = handler(body, path == "/mutate");
+        if (answer.ok()) {
+          reply(200, "application/json", *answer);
+        } else {
+          reply(400, "text/plain", answer.status().message() + "\n");
+        }
+      }
+    }
+    SSL_shutdown(ssl);
+  }
+  SSL_free(ssl);
+  close(fd);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<HttpsServer>> HttpsServer::Start(const std::string& address,
+                                                          const std::string& cert_file,
+                                                          const std::string& key_file, int threads,
+                                                          Handler handler) {
+  // The same checks as memest-server's --tls-cert and --tls-key, naming those flags.
+  TlsOptions tls;
+  tls.cert_file = cert_file;
+  tls.key_file = key_file;
+  MEMEST_RETURN_IF_ERROR(WatchedTlsCredentials(tls).status());
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return InvalidArgument("--address: expected HOST:PORT, got " + Quote(address));
+  }
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  if (getaddrinfo(host.c_str(), address.substr(colon + 1).c_str(), &hints, &found) != 0) {
+    return InvalidArgument("--address: cannot resolve " + Quote(address));
+  }
+  std::unique_ptr<HttpsServer> server(new HttpsServer());
+  server->listener_ = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int on = 1;
+  setsockopt(server->listener_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  const bool bound = server->listener_ >= 0 &&
+                     bind(server->listener_, found->ai_addr, found->ai_addrlen) == 0 &&
+                     listen(server->listener_, 128) == 0;
+  freeaddrinfo(found);
+  if (!bound) return Unavailable("could not listen on " + Quote(address) + " (--address)");
+  sockaddr_storage local{};
+  socklen_t size = sizeof(local);
+  getsockname(server->listener_, reinterpret_cast<sockaddr*>(&local), &size);
+  server->port_ =
+      ntohs(local.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&local)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+
+  server->files_ = std::make_unique<Files>();
+  server->files_->cert = cert_file;
+  server->files_->key = key_file;
+  {
+    std::lock_guard<std::mutex> lock(server->files_->mu);
+    RefreshLocked(*server->files_);
+  }
+  server->context_ = SSL_CTX_new(TLS_server_method());
+  SSL_CTX_set_min_proto_version(server->context_, TLS1_2_VERSION);
+  SSL_CTX_set_cert_cb(server->context_, ServeCertificate, server->files_.get());
+  server->handler_ = std::move(handler);
+  server->pool_ = std::make_unique<WorkPool>(threads, 4 * threads);
+  HttpsServer* self = server.get();
+  server->acceptor_ = std::thread([self] { self->Accept(); });
+  return server;
+}
+
+void HttpsServer::Accept() {
+  while (true) {
+    const int fd = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (stopping_) return;
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // EMFILE and the like
+      continue;
+    }
+    if (!pool_->TrySubmit([this, fd] { Serve(fd, context_, handler_); })) close(fd);  // busy
+  }
+}
+
+HttpsServer::~HttpsServer() {
+  stopping_ = true;
+  if (listener_ >= 0) shutdown(listener_, SHUT_RDWR);  // wakes accept()
+  if (acceptor_.joinable()) acceptor_.join();
+  pool_.reset();  // the requests in progress finish
+  if (listener_ >= 0) close(listener_);
+  if (context_ != nullptr) SSL_CTX_free(context_);
+}
+
+}  // namespace memest::webhook
