@@ -23,8 +23,9 @@ COPY . /src
 WORKDIR /src
 RUN cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DMEMEST_BUILD_TESTS=OFF -DMEMEST_BUILD_BENCHMARKS=OFF \
- && ninja -C build memest-server memest-validate-worker memest \
- && strip build/bin/memest-server build/bin/memest-validate-worker build/bin/memest
+ && ninja -C build memest-server memest-validate-worker memest memest-webhook \
+ && strip build/bin/memest-server build/bin/memest-validate-worker build/bin/memest \
+          build/bin/memest-webhook
 
 # ---- runtime -------------------------------------------------------------------------------
 FROM debian:12-slim
@@ -43,6 +44,8 @@ RUN apt-get update \
 COPY --from=build /src/build/bin/memest-server /usr/local/bin/memest-server
 COPY --from=build /src/build/bin/memest-validate-worker /usr/local/bin/memest-validate-worker
 COPY --from=build /src/build/bin/memest /usr/local/bin/memest
+# The admission webhook (deploy/kubernetes/webhook.yaml runs it from this image).
+COPY --from=build /src/build/bin/memest-webhook /usr/local/bin/memest-webhook
 
 # Numeric, so that Kubernetes' runAsNonRoot can verify it.
 USER 10001

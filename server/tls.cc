@@ -66,17 +66,20 @@ std::unique_ptr<X509, X509Free> FirstCertificate(const std::string& pem) {
   return std::unique_ptr<X509, X509Free>(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
 }
 
-Status CheckIdentity(const TlsOptions& tls) {
-  if (tls.cert_file.empty() || tls.key_file.empty()) {
-    return InvalidArgument(std::string(tls.cert_file.empty() ? "--tls-cert" : "--tls-key") +
-                           ": TLS needs both --tls-cert and --tls-key" +
-                           (tls.client_ca_file.empty() ? "" : " (--tls-client-ca is mutual TLS)"));
+}  // namespace
+
+Status CheckTlsPair(const std::string& cert_file, const std::string& key_file,
+                    const char* cert_flag, const char* key_flag) {
+  const std::string cert_name = cert_flag, key_name = key_flag;
+  if (cert_file.empty() || key_file.empty()) {
+    return InvalidArgument((cert_file.empty() ? cert_name : key_name) + ": TLS needs both " +
+                           cert_name + " and " + key_name);
   }
-  MEMEST_ASSIGN_OR_RETURN(std::string cert_pem, ReadPemFile("--tls-cert", tls.cert_file));
-  MEMEST_ASSIGN_OR_RETURN(std::string key_pem, ReadPemFile("--tls-key", tls.key_file));
+  MEMEST_ASSIGN_OR_RETURN(std::string cert_pem, ReadPemFile(cert_flag, cert_file));
+  MEMEST_ASSIGN_OR_RETURN(std::string key_pem, ReadPemFile(key_flag, key_file));
   auto cert = FirstCertificate(cert_pem);
   if (cert == nullptr) {
-    return InvalidArgument("--tls-cert: " + Quote(tls.cert_file) + " holds no PEM certificate");
+    return InvalidArgument(cert_name + ": " + Quote(cert_file) + " holds no PEM certificate");
   }
   Bio key_bio = MemoryBio(key_pem);
   // A key behind a passphrase is refused, never prompted for on the terminal.
@@ -84,24 +87,28 @@ Status CheckIdentity(const TlsOptions& tls) {
   std::unique_ptr<EVP_PKEY, KeyFree> key(
       PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr));
   if (key == nullptr) {
-    return InvalidArgument("--tls-key: " + Quote(tls.key_file) +
+    return InvalidArgument(key_name + ": " + Quote(key_file) +
                            " holds no PEM private key (or one protected by a passphrase)");
   }
   if (X509_check_private_key(cert.get(), key.get()) != 1) {
-    return InvalidArgument("--tls-key: " + Quote(tls.key_file) +
-                           " is not the private key of the certificate in " + Quote(tls.cert_file));
+    return InvalidArgument(key_name + ": " + Quote(key_file) +
+                           " is not the private key of the certificate in " + Quote(cert_file));
   }
   if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0) {
-    return InvalidArgument("--tls-cert: the certificate in " + Quote(tls.cert_file) +
-                           " has expired");
+    return InvalidArgument(cert_name + ": the certificate in " + Quote(cert_file) + " has expired");
   }
   return Status::Ok();
 }
 
-}  // namespace
+namespace {}  // namespace
 
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> WatchedTlsCredentials(const TlsOptions& tls) {
-  MEMEST_RETURN_IF_ERROR(CheckIdentity(tls));
+  if ((tls.cert_file.empty() || tls.key_file.empty()) && !tls.client_ca_file.empty()) {
+    return InvalidArgument(std::string(tls.cert_file.empty() ? "--tls-cert" : "--tls-key") +
+                           ": TLS needs both --tls-cert and --tls-key (--tls-client-ca is mutual "
+                           "TLS)");
+  }
+  MEMEST_RETURN_IF_ERROR(CheckTlsPair(tls.cert_file, tls.key_file, "--tls-cert", "--tls-key"));
   if (!tls.client_ca_file.empty()) {
     MEMEST_ASSIGN_OR_RETURN(std::string ca_pem, ReadPemFile("--tls-client-ca", tls.client_ca_file));
     if (FirstCertificate(ca_pem) == nullptr) {

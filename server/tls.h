@@ -38,6 +38,11 @@ struct TlsOptions {
 // an expired certificate, or a client CA without a certificate and key.
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> WatchedTlsCredentials(const TlsOptions& tls);
 
+// The checks of the certificate and key, naming the flags that gave them: readable regular PEM
+// files, the key the certificate's (and not behind a passphrase), the certificate not expired.
+Status CheckTlsPair(const std::string& cert_file, const std::string& key_file,
+                    const char* cert_flag, const char* key_flag);
+
 // A PEM file's contents (at most 1 MiB), or INVALID_ARGUMENT naming `flag` and the path.
 StatusOr<std::string> ReadPemFile(const char* flag, const std::string& path);
 

@@ -110,6 +110,16 @@ Decision Decide(const std::string& kind, const json& object, bool mutate,
   Decision d;
   const json* pod = PodTemplate(kind, object);
   if (pod == nullptr) return d;
+  // A Pod that a controller made (a Job's, a ReplicaSet's) is its owner's: the owner was checked
+  // with all its pods' GPUs, which one pod's alone could contradict.
+  if (kind == "Pod") {
+    const json& owners = At(At(object, "metadata"), "ownerReferences");
+    if (owners.is_array()) {
+      for (const json& owner : owners) {
+        if (At(owner, "controller").is_boolean() && At(owner, "controller").get<bool>()) return d;
+      }
+    }
+  }
   const json& spec = At(*pod, "spec");
   const std::string args_text = Annotation(object, *pod);
   if (args_text.empty()) return d;
@@ -131,8 +141,11 @@ Decision Decide(const std::string& kind, const json& object, bool mutate,
       gpus += n;
     }
   }
-  const json& parallelism = At(At(object, "spec"), "parallelism");
-  if (kind == "Job" && parallelism.is_number_integer()) {
+  // A Job's pods run side by side: its GPUs are each pod's times its parallelism.
+  const json& job_spec =
+      kind == "CronJob" ? At(At(At(object, "spec"), "jobTemplate"), "spec") : At(object, "spec");
+  const json& parallelism = At(job_spec, "parallelism");
+  if ((kind == "Job" || kind == "CronJob") && parallelism.is_number_integer()) {
     gpus *= std::max<int64_t>(1, std::min<int64_t>(parallelism.get<int64_t>(), 1 << 20));
   }
   std::string device = options.default_device;

@@ -179,11 +179,7 @@ StatusOr<std::unique_ptr<HttpsServer>> HttpsServer::Start(const std::string& add
                                                           const std::string& cert_file,
                                                           const std::string& key_file, int threads,
                                                           Handler handler) {
-  // The same checks as memest-server's --tls-cert and --tls-key, naming those flags.
-  TlsOptions tls;
-  tls.cert_file = cert_file;
-  tls.key_file = key_file;
-  MEMEST_RETURN_IF_ERROR(WatchedTlsCredentials(tls).status());
+  MEMEST_RETURN_IF_ERROR(CheckTlsPair(cert_file, key_file, "--serving-cert", "--serving-key"));
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0) {
     return InvalidArgument("--address: expected HOST:PORT, got " + Quote(address));

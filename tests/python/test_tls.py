@@ -43,11 +43,10 @@ def _certificate(subject, issuer, public_key, signing_key, ca):
     return builder.sign(signing_key, hashes.SHA256())
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    """ca.pem, other-ca.pem; server, client (signed by ca) and rogue (signed by other-ca)
-    .pem/.key pairs."""
-    d = tmp_path_factory.mktemp("certs")
+def make_pki(d):
+    """Writes into directory `d` ca.pem, other-ca.pem; server, client (signed by ca) and rogue
+    (signed by other-ca) .pem/.key pairs; returns `d`."""
+    d.mkdir(parents=True, exist_ok=True)
     for ca_name, issued in (("ca", ("server", "client")), ("other-ca", ("rogue",))):
         ca_key = ec.generate_private_key(ec.SECP256R1())
         ca_cert = _certificate(ca_name, ca_name, ca_key.public_key(), ca_key, ca=True)
@@ -56,6 +55,11 @@ def certs(tmp_path_factory):
             key = ec.generate_private_key(ec.SECP256R1())
             _write(d / name, _certificate(name, ca_name, key.public_key(), ca_key, ca=False), key)
     return d
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("certs"))
 
 
 def test_mutual_tls_answers_clients_with_a_certificate_from_its_ca(certs):

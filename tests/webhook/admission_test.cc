@@ -122,6 +122,28 @@ TEST(AdmissionTest, AJobsParallelismMultipliesItsGpus) {
   EXPECT_THAT(fake.calls, ElementsAre("h100-80gb/32: --preset llama-70b"));
 }
 
+// A Job's pods carry its annotation when it is on the pod template; each pod alone is not
+// checked (the Job was, with all of them).
+TEST(AdmissionTest, APodAControllerMadeIsItsOwners) {
+  FakePlanner fake;
+  json review = JobReview("8", "--preset llama-70b");
+  json pod = review["request"]["object"]["spec"]["template"];
+  pod["apiVersion"] = "v1";
+  pod["kind"] = "Pod";
+  pod["metadata"] = {
+      {"name", "train-x7k2p"},
+      {"annotations", {{"memest.dev/args", "--preset llama-70b"}}},
+      {"ownerReferences",
+       {{{"apiVersion", "batch/v1"}, {"kind", "Job"}, {"name", "train"}, {"controller", true}}}}};
+  review["request"]["kind"] = {{"group", ""}, {"version", "v1"}, {"kind", "Pod"}};
+  review["request"]["object"] = pod;
+  EXPECT_TRUE(Answer(review, false, fake.planner())["allowed"]);
+  EXPECT_TRUE(fake.calls.empty());
+  review["request"]["object"]["metadata"].erase("ownerReferences");  // a bare Pod is checked
+  EXPECT_TRUE(Answer(review, false, fake.planner())["allowed"]);
+  EXPECT_THAT(fake.calls, ElementsAre("h100-80gb/8: --preset llama-70b"));
+}
+
 TEST(AdmissionTest, WithoutTheAnnotationNothingIsAsked) {
   FakePlanner fake;
   const json r = Answer(JobReview("1", ""), false, fake.planner());
