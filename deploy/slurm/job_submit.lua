@@ -176,6 +176,15 @@ local function unchecked(code, output)
   return slurm.ERROR
 end
 
+-- memest answered neither yes nor no: the job's flags were bad (exit 3), or it could not answer.
+local function neither(code, output)
+  if code == 3 then
+    slurm.log_user("memest: the job's memest flags: %s", last_line(output))
+    return slurm.ERROR
+  end
+  return unchecked(code, output)
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
   local args, problem = model_args(job_desc)
   if problem ~= nil then
@@ -205,11 +214,8 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     elseif code == 2 then
       slurm.log_user("memest: %s", fit)
       return ESLURM_INVALID_GRES
-    elseif code == 3 then
-      slurm.log_user("memest: the job's memest flags: %s", last_line(output))
-      return slurm.ERROR
     end
-    return unchecked(code, output)
+    return neither(code, output)
   end
 
   if gpus == 0 then
@@ -227,22 +233,16 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     elseif code == 2 then
       slurm.log_user("memest: this job fits no split over up to %d x %s", config.max_gpus, device)
       return ESLURM_INVALID_GRES
-    elseif code == 3 then
-      slurm.log_user("memest: the job's memest flags: %s", last_line(output))
-      return slurm.ERROR
     end
-    return unchecked(code, output)
+    return neither(code, output)
   end
 
   local code, output = plan(args, device, gpus)
   if code == 0 then
     slurm.log_user("memest: fits %s", output)
     return slurm.SUCCESS
-  elseif code == 3 then
-    slurm.log_user("memest: the job's memest flags: %s", last_line(output))
-    return slurm.ERROR
   elseif code ~= 2 then
-    return unchecked(code, output)
+    return neither(code, output)
   end
   local message = string.format("memest: this job does not fit %d x %s (%s): no split of the "
       .. "model over %s fits", gpus, device, kind, gpus_word(gpus))

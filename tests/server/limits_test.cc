@@ -27,15 +27,7 @@ double CpuSeconds() {
 }
 
 v1::EstimateRequest Gpt2(int64_t layers, bool advice) {
-  v1::EstimateRequest request;
-  v1::Preset* preset = request.mutable_model()->mutable_preset();
-  preset->set_name("gpt2-small");
-  (*preset->mutable_params())["seq"] = 128;
-  (*preset->mutable_params())["layers"] = layers;
-  request.mutable_config()->set_batch_size(2);
-  request.mutable_config()->set_device_name("a100-80gb");
-  request.set_skip_advice(!advice);
-  return request;
+  return testing::Gpt2Request(layers, advice);
 }
 
 ServerOptions Unbudgeted() {

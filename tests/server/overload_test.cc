@@ -102,24 +102,9 @@ TEST(WorkPoolTest, ReadsACgroupCpuLimit) {
   EXPECT_GE(DefaultWorkThreads(), 1);
 }
 
-// gpt2-small with many layers and advice: 1,500 layers take 1.3 s of one core without a budget,
-// 4,000 (180,012 ops) several seconds.
-v1::EstimateRequest Slow(int64_t layers = 4000) {
-  v1::EstimateRequest request;
-  v1::Preset* preset = request.mutable_model()->mutable_preset();
-  preset->set_name("gpt2-small");
-  (*preset->mutable_params())["seq"] = 128;
-  (*preset->mutable_params())["layers"] = layers;
-  request.mutable_config()->set_batch_size(2);
-  request.mutable_config()->set_device_name("a100-80gb");
-  return request;
-}
-
-v1::EstimateRequest Quick() {
-  v1::EstimateRequest request = Slow(2);
-  request.set_skip_advice(true);
-  return request;
-}
+// Several seconds of one core without a budget, and a millisecond.
+v1::EstimateRequest Slow() { return testing::Gpt2Request(4000); }
+v1::EstimateRequest Quick() { return testing::Gpt2Request(2, /*advice=*/false); }
 
 ServerOptions OneThread(int max_queued) {
   ServerOptions options;

@@ -21,6 +21,7 @@
 
 #include "health_client.h"
 #include "memest/v1/memest.grpc.pb.h"
+#include "tests/server/test_server.h"
 
 extern char** environ;
 
@@ -146,16 +147,7 @@ TEST(ServerProcessTest, ServesHealthAndExitsCleanlyOnSigterm) { ExpectCleanExitO
 
 TEST(ServerProcessTest, ExitsCleanlyOnSigint) { ExpectCleanExitOn(SIGINT); }
 
-v1::EstimateRequest Gpt2(int64_t layers) {
-  v1::EstimateRequest request;
-  v1::Preset* preset = request.mutable_model()->mutable_preset();
-  preset->set_name("gpt2-small");
-  (*preset->mutable_params())["seq"] = 128;
-  (*preset->mutable_params())["layers"] = layers;
-  request.mutable_config()->set_batch_size(2);
-  request.mutable_config()->set_device_name("a100-80gb");
-  return request;
-}
+v1::EstimateRequest Gpt2(int64_t layers) { return testing::Gpt2Request(layers); }
 
 // `count` Estimate calls of `request` started at once on `channel`, each with a 60 s deadline.
 std::vector<std::future<grpc::Status>> StartCalls(const std::shared_ptr<grpc::Channel>& channel,

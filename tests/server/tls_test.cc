@@ -4,7 +4,6 @@
 // the plaintext health port answers probes.
 #include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
