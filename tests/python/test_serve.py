@@ -73,3 +73,16 @@ def test_a_server_with_a_token_answers_only_clients_that_carry_it(tmp_path):
     for bad in ("", "two words", "caf\u00e9"):
         with pytest.raises(ValueError, match="token"):
             memest.Client("127.0.0.1:1", token=bad)
+
+
+def test_the_request_id_goes_to_the_server_and_comes_back(client):
+    """An Estimate carries the id the server logged: the caller's, or one the server made."""
+    given = client.estimate(preset="gpt2-small", seq=64, request_id="notebook-7.cell:3")
+    assert given.request_id == "notebook-7.cell:3"
+    made = client.estimate(preset="gpt2-small", seq=64)
+    assert len(made.request_id) == 16 and made.request_id != given.request_id
+
+    async def estimate():
+        async with memest.aio.Client(client.address) as c:
+            return await c.estimate(preset="gpt2-small", seq=64, request_id="aio-1")
+    assert asyncio.run(estimate()).request_id == "aio-1"

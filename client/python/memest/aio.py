@@ -13,7 +13,8 @@ import grpc.aio
 from memest import v1
 from memest.client import (CHANNEL_OPTIONS, ESTIMATE_DOC, VALIDATE_DOC, VALIDATE_TIMEOUT,
                            PLAN_DOC, request_label, validate_request)
-from memest.errors import MemestError, from_rpc_error, token_metadata
+from memest.errors import (MemestError, call_metadata, from_rpc_error, request_id_of,
+                           token_metadata)
 from memest.tls import channel
 from memest.planning import PlanCollector, plan_request
 from memest.request import build_request
@@ -42,17 +43,25 @@ class Client:
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
-    async def estimate(self, preset=None, model=None, *, timeout=None, **kwargs):
+    async def estimate(self, preset=None, model=None, *, timeout=None, request_id=None, **kwargs):
         request = build_request(preset=preset, model=model, **kwargs)
-        response = await self._call(self._stub.Estimate, request, timeout)
-        return Estimate.from_proto(response, label=request_label(request))
+        return await self.estimate_request(request, timeout=timeout, request_id=request_id)
 
     estimate.__doc__ = ESTIMATE_DOC
 
-    async def estimate_request(self, request, *, timeout=None):
+    async def estimate_request(self, request, *, timeout=None, request_id=None):
         """Sends a prepared memest.v1.EstimateRequest; returns a memest.Estimate."""
-        response = await self._call(self._stub.Estimate, request, timeout)
-        return Estimate.from_proto(response, label=request_label(request))
+        if self._closed:
+            raise MemestError("%r: closed" % self)
+        try:
+            call = self._stub.Estimate(request, timeout=self.timeout if timeout is None else timeout,
+                                       metadata=call_metadata(self._metadata, request_id))
+            response = await call
+            metadata = await call.initial_metadata()
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        return Estimate.from_proto(response, label=request_label(request),
+                                   request_id=request_id_of(metadata))
 
     async def validate(self, preset=None, model=None, *, progress=None, timeout=None, **kwargs):
         request, label = validate_request(preset, model, **kwargs)

@@ -12,7 +12,8 @@ call raises a memest.MemestError subclass carrying the server's message.
 import grpc
 
 from memest import v1
-from memest.errors import MemestError, from_rpc_error, token_metadata
+from memest.errors import (MemestError, call_metadata, from_rpc_error, request_id_of,
+                           token_metadata)
 from memest.tls import channel
 from memest.planning import PlanCollector, plan_request
 from memest.request import build_request
@@ -114,7 +115,9 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           gpus_per_node (default 8): which process groups NCCL connects within a node, for
             NCCL's memory (Estimate.breakdown.nccl),
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
-          advice (False skips the advice: faster), timeout (seconds, this call only).
+          advice (False skips the advice: faster), timeout (seconds, this call only),
+          request_id (the call's id in the server's log, 1 to 64 of [A-Za-z0-9._:-]; the
+            Estimate's request_id is the one the server used, its own when none is given).
         None means the server's default. Unset words raise InvalidArgument before any call.
         """
 
@@ -193,17 +196,24 @@ class Client:
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 
-    def estimate(self, preset=None, model=None, *, timeout=None, **kwargs):
+    def estimate(self, preset=None, model=None, *, timeout=None, request_id=None, **kwargs):
         request = build_request(preset=preset, model=model, **kwargs)
-        response = self._call(self._stub.Estimate, request, timeout)
-        return Estimate.from_proto(response, label=request_label(request))
+        return self.estimate_request(request, timeout=timeout, request_id=request_id)
 
     estimate.__doc__ = ESTIMATE_DOC
 
-    def estimate_request(self, request, *, timeout=None):
+    def estimate_request(self, request, *, timeout=None, request_id=None):
         """Sends a prepared memest.v1.EstimateRequest; returns a memest.Estimate."""
-        response = self._call(self._stub.Estimate, request, timeout)
-        return Estimate.from_proto(response, label=request_label(request))
+        if self._closed:
+            raise MemestError("%r: closed" % self)
+        try:
+            response, call = self._stub.Estimate.with_call(
+                request, timeout=self.timeout if timeout is None else timeout,
+                metadata=call_metadata(self._metadata, request_id))
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        return Estimate.from_proto(response, label=request_label(request),
+                                   request_id=request_id_of(call.initial_metadata()))
 
     def validate(self, preset=None, model=None, *, progress=None, timeout=None, **kwargs):
         request, label = validate_request(preset, model, **kwargs)

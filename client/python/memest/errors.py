@@ -83,6 +83,25 @@ _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, ResourceExhaust
                                       Internal, Cancelled, Unauthenticated)}
 
 
+REQUEST_ID = "x-request-id"
+
+
+def call_metadata(metadata, request_id):
+    """`metadata` with x-request-id when a request_id is given (the server keeps it when it is 1 to
+    64 characters of [A-Za-z0-9._:-], else makes its own)."""
+    if request_id is None:
+        return metadata
+    return tuple(metadata) + ((REQUEST_ID, str(request_id)),)
+
+
+def request_id_of(metadata):
+    """The x-request-id of a reply's initial metadata ("" without one)."""
+    for key, value in metadata or ():
+        if key == REQUEST_ID:
+            return value
+    return ""
+
+
 def token_metadata(token):
     """The call metadata that carries `token` to a memest-server started with
     --auth-token-file ('authorization: Bearer <token>'); () without one."""

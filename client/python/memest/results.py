@@ -323,9 +323,12 @@ class Estimate:
     expert_parallel: Optional[ExpertParallelRanks] = None
     label: str = ""
     response: Optional[v1.EstimateResponse] = dataclasses.field(default=None, compare=False)
+    # The server's id for the call (its log line repeats it): the caller's request_id, or one the
+    # server made.
+    request_id: str = dataclasses.field(default="", compare=False)
 
     @classmethod
-    def from_proto(cls, response, label=""):
+    def from_proto(cls, response, label="", request_id=""):
         return cls(
             breakdown=MemoryByCategory.from_proto(response.breakdown),
             peak=Peak.from_proto(response.peak),
@@ -353,6 +356,7 @@ class Estimate:
                              if response.HasField("expert_parallel") else None),
             label=label,
             response=response,
+            request_id=request_id,
         )
 
     @property
