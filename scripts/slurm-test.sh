@@ -89,7 +89,8 @@ EOF
 echo "NodeName=${host} Name=gpu Type=h100 File=${BASE}/dev/nvidia[0-7]" > "${BASE}/etc/gres.conf"
 cp deploy/slurm/job_submit.lua "${BASE}/etc/job_submit.lua"
 cat > "${BASE}/etc/memest_config.lua" <<EOF
-return { memest = "${MEMEST}", server = "${address}", timeout_seconds = 20 }
+return { memest = "${MEMEST}", server = "${address}", timeout_seconds = 20,
+         model_dirs = { "$(pwd)/tests/data/hf_configs" } }
 EOF
 
 slurmctld -D > "${BASE}/log/slurmctld.out" 2>&1 &
@@ -156,6 +157,12 @@ check "bad memest flags: refused with memest's message" 1 \
 check "shell characters: refused" 1 "only letters, digits" -- \
   sbatch --test-only --gres=gpu:h100:1 --comment "memest: --preset llama-7b;touch\${IFS}${BASE}/pwned" --wrap true
 [[ -e "${BASE}/pwned" ]] && { echo "FAIL the comment ran a command"; failures=$((failures + 1)); }
+check "a model file under model_dirs: read" 1 "does not fit 1 x h100-80gb" -- \
+  sbatch --test-only --gres=gpu:h100:1 --comment "memest: --hf-config $(pwd)/tests/data/hf_configs/llama-3-8b.json --seq 4096 --batch 64 --precision bf16" --wrap true
+check "any other file: refused" 1 "reads model files only under" -- \
+  sbatch --test-only --gres=gpu:h100:1 --comment "memest: --preset llama-7b --lora-config /etc/passwd" --wrap true
+check "nor by .. out of model_dirs" 1 "reads model files only under" -- \
+  sbatch --test-only --gres=gpu:h100:1 --comment "memest: --hf-config=$(pwd)/tests/data/hf_configs/../../../README.md --seq 8" --wrap true
 check "the hook's own flags: refused" 1 "--server is the hook's to set" -- \
   sbatch --test-only --gres=gpu:h100:1 --comment "memest: --preset llama-7b --server 10.0.0.1:1" --wrap true
 check "inference: estimated as given" 0 "memest: FITS on h100-80gb" -- \

@@ -14,14 +14,17 @@ using google::protobuf::FileDescriptor;
 using grpc::reflection::v1::ServerReflectionRequest;
 using grpc::reflection::v1::ServerReflectionResponse;
 
-// The file's proto and those of its imports, each once on a stream (`sent`).
+// The file asked for, always, and the files it imports, directly or not, that the stream has not
+// had yet (`sent`): clients (grpcurl) expect the file they asked for in every answer.
 void AddFile(const FileDescriptor* file, std::set<std::string>* sent,
-             grpc::reflection::v1::FileDescriptorResponse* out) {
-  if (file == nullptr || !sent->insert(file->name()).second) return;
+             grpc::reflection::v1::FileDescriptorResponse* out, bool asked = true) {
+  if (file == nullptr || (!sent->insert(file->name()).second && !asked)) return;
   google::protobuf::FileDescriptorProto proto;
   file->CopyTo(&proto);
   out->add_file_descriptor_proto(proto.SerializeAsString());
-  for (int i = 0; i < file->dependency_count(); ++i) AddFile(file->dependency(i), sent, out);
+  for (int i = 0; i < file->dependency_count(); ++i) {
+    AddFile(file->dependency(i), sent, out, /*asked=*/false);
+  }
 }
 
 void NotFound(const std::string& what, ServerReflectionResponse* response) {

@@ -2,8 +2,10 @@
 // them, for clients that ask v1 (grpcurl, Postman, grpcui) rather than the v1alpha that gRPC
 // 1.51's own plugin serves (both are served; reflection, like health, needs no token).
 //
-// Files come from the process's generated descriptor pool: a file is sent with the files it
-// imports, each once on a stream, as clients expect. Unknown names get an error_response
+// Files come from the process's generated descriptor pool: the file asked for is always sent,
+// with the files it imports that the stream has not had yet, as clients expect. (A later gRPC
+// whose reflection plugin serves v1 itself would register grpc.reflection.v1 twice: drop this one
+// then.) Unknown names get an error_response
 // (NOT_FOUND), not a failed stream.
 #ifndef MEMEST_SERVER_REFLECTION_H_
 #define MEMEST_SERVER_REFLECTION_H_

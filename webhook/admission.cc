@@ -46,7 +46,10 @@ std::string PodSpecPath(const std::string& kind) {
 
 // A quantity of whole GPUs ("2", 2); -1 when it is not one.
 int64_t Gpus(const json& quantity) {
-  if (quantity.is_number_integer()) return quantity.get<int64_t>();
+  if (quantity.is_number_integer()) {
+    const int64_t n = quantity.get<int64_t>();
+    return n >= 0 && n <= 999999 ? n : -1;
+  }
   if (!quantity.is_string()) return -1;
   const std::string text = quantity.get<std::string>();
   if (text.empty() || text.size() > 6) return -1;
@@ -145,9 +148,11 @@ Decision Decide(const std::string& kind, const json& object, bool mutate,
   const json& job_spec =
       kind == "CronJob" ? At(At(At(object, "spec"), "jobTemplate"), "spec") : At(object, "spec");
   const json& parallelism = At(job_spec, "parallelism");
+  int64_t pods = 1;
   if ((kind == "Job" || kind == "CronJob") && parallelism.is_number_integer()) {
-    gpus *= std::max<int64_t>(1, std::min<int64_t>(parallelism.get<int64_t>(), 1 << 20));
+    pods = std::max<int64_t>(1, std::min<int64_t>(parallelism.get<int64_t>(), 1 << 20));
   }
+  gpus *= pods;
   std::string device = options.default_device;
   const json& product_label = At(At(spec, "nodeSelector"), kProductLabel);
   if (product_label.is_string()) {
@@ -182,10 +187,13 @@ Decision Decide(const std::string& kind, const json& object, bool mutate,
         if (At(At(first, "resources"), "limits").is_null()) {
           d.patch.push_back({{"op", "add"}, {"path", limits}, {"value", json::object()}});
         }
+        // A Job's pods share the plan's GPUs: each gets its part, rounded up.
+        const int64_t per_pod = (answer.gpus + pods - 1) / pods;
         d.patch.push_back({{"op", "add"},
                            {"path", limits + "/nvidia.com~1gpu"},
-                           {"value", std::to_string(answer.gpus)}});
-        d.warnings.push_back("memest: set nvidia.com/gpu to " + std::to_string(answer.gpus) + ": " +
+                           {"value", std::to_string(per_pod)}});
+        d.warnings.push_back("memest: set nvidia.com/gpu to " + std::to_string(per_pod) +
+                             (pods > 1 ? " a pod, " + std::to_string(pods) + " pods" : "") + ": " +
                              answer.text);
       } else {
         d.allowed = false;
@@ -264,7 +272,11 @@ StatusOr<std::string> Review(const std::string& review, bool mutate,
   const json& request = At(in, "request");
   const json& kind = At(At(request, "kind"), "kind");
   Decision d;
-  if (kind.is_string() && At(request, "object").is_object()) {
+  // A workload is checked when it is created: an update (a finalizer removed, a Job suspended)
+  // of one admitted while the webhook was away must not be refused.
+  const json& operation = At(request, "operation");
+  const bool create = !operation.is_string() || operation.get<std::string>() == "CREATE";
+  if (create && kind.is_string() && At(request, "object").is_object()) {
     d = Decide(kind.get<std::string>(), At(request, "object"), mutate, options, plan);
   }
   json response = {{"uid", At(request, "uid")}, {"allowed", d.allowed}};

@@ -8,7 +8,8 @@
 //   - does not fit: denied (403) with why and the fewest GPUs that would fit;
 //   - asks for no GPUs: denied, or, when mutating, the fewest that fit are set as the first
 //     container's nvidia.com/gpu limit (a JSONPatch);
-//   - no annotation: allowed untouched.
+//   - no annotation, an operation other than CREATE, or a Pod a controller made: allowed
+//     untouched.
 //
 // The planning itself is a Planner, so that the decision is tested without a server.
 #ifndef MEMEST_WEBHOOK_ADMISSION_H_

@@ -2,6 +2,7 @@
 
 #include <netdb.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -51,6 +53,9 @@ namespace {
 
 constexpr size_t kMaxBody = 8 << 20;  // Kubernetes sends objects of at most a few MiB
 constexpr size_t kMaxHeaders = 16 << 10;
+// The most one connection may take, handshake, request and reply together; the API server's
+// own timeout is at most 30 s.
+constexpr auto kPerConnection = std::chrono::seconds(10);
 
 bool SameTime(const timespec& a, const timespec& b) {
   return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
@@ -78,6 +83,7 @@ void RefreshLocked(HttpsServer::Files& files) {
       key_file ? PEM_read_PrivateKey(key_file, nullptr, no_passphrase, nullptr) : nullptr;
   if (cert_file) std::fclose(cert_file);
   if (key_file) std::fclose(key_file);
+  ERR_clear_error();  // the chain's end is a "no start line" error left on this thread's queue
   if (leaf == nullptr || private_key == nullptr || X509_check_private_key(leaf, private_key) != 1) {
     X509_free(leaf);
     sk_X509_pop_free(chain, X509_free);
@@ -105,72 +111,105 @@ int ServeCertificate(SSL* ssl, void* arg) {
              : 0;
 }
 
-// One request on one connection: read, answer, close. Hostile peers are bounded: 16 KiB of
-// headers, 8 MiB of body, 10 s without progress.
-void Serve(int fd, SSL_CTX* context, const HttpsServer::Handler& handler) {
-  const timeval timeout{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  SSL* ssl = SSL_new(context);
-  SSL_set_fd(ssl, fd);
-  const auto reply = [ssl](int code, const char* type, const std::string& body) {
+// One connection: its socket and TLS session, closed when it goes, and a deadline for all of it.
+class Connection {
+ public:
+  Connection(int fd, SSL_CTX* context)
+      : fd_(fd),
+        ssl_(SSL_new(context)),
+        deadline_(std::chrono::steady_clock::now() + kPerConnection) {
+    SSL_set_fd(ssl_, fd_);
+  }
+  ~Connection() {
+    if (accepted_) SSL_shutdown(ssl_);
+    SSL_free(ssl_);
+    close(fd_);
+  }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  bool Accept() { return Arm() && (accepted_ = SSL_accept(ssl_) == 1); }
+  // Up to `size` bytes; 0 at the end, on an error or once the deadline passed.
+  int Read(char* data, int size) { return Arm() ? std::max(0, SSL_read(ssl_, data, size)) : 0; }
+  void Reply(int code, const char* type, const std::string& body) {
     const char* reason = code == 200   ? "OK"
                          : code == 400 ? "Bad Request"
                          : code == 404 ? "Not Found"
-                                       : "Error";
-    const std::string head =
-        "HTTP/1.1 " + std::to_string(code) + " " + reason + "\r\nContent-Type: " + type +
-        "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n";
-    const std::string all = head + body;
-    SSL_write(ssl, all.data(), static_cast<int>(all.size()));
-  };
-  if (SSL_accept(ssl) == 1) {
-    std::string data;
-    char chunk[4096];
-    size_t end = std::string::npos;
-    while ((end = data.find("\r\n\r\n")) == std::string::npos && data.size() < kMaxHeaders) {
-      const int n = SSL_read(ssl, chunk, sizeof(chunk));
-      if (n <= 0) break;
-      data.append(chunk, static_cast<size_t>(n));
-    }
-    if (end == std::string::npos) {
-      reply(400, "text/plain", "no complete request head within 16 KiB\n");
-    } else {
-      const std::string head = data.substr(0, end);
-      std::string body = data.substr(end + 4);
-      const std::string method = head.substr(0, head.find(' '));
-      const size_t path_start = head.find(' ') + 1;
-      const std::string path = head.substr(path_start, head.find(' ', path_start) - path_start);
-      long long length = -1;
-      std::string lower = head;
-      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      const size_t header = lower.find("\r\ncontent-length:");
-      if (header != std::string::npos) length = std::atoll(lower.c_str() + header + 17);
-      if (path == "/healthz") {
-        reply(200, "text/plain", "ok\n");
-      } else if (method != "POST" || (path != "/validate" && path != "/mutate")) {
-        reply(404, "text/plain", "POST /validate or /mutate an AdmissionReview\n");
-      } else if (length < 0 || static_cast<size_t>(length) > kMaxBody) {
-        reply(400, "text/plain", "a Content-Length of at most 8 MiB is needed\n");
-      } else {
-        while (body.size() < static_cast<size_t>(length)) {
-          const int n = SSL_read(ssl, chunk, sizeof(chunk));
-          if (n <= 0) break;
-          body.append(chunk, static_cast<size_t>(n));
-        }
-        body.resize(std::min(body.size(), static_cast<size_t>(length)));
-        const StatusOr<std::string> answer = handler(body, path == "/mutate");
-        if (answer.ok()) {
-          reply(200, "application/json", *answer);
-        } else {
-          reply(400, "text/plain", answer.status().message() + "\n");
-        }
-      }
-    }
-    SSL_shutdown(ssl);
+                                       : "Internal Server Error";
+    const std::string all = "HTTP/1.1 " + std::to_string(code) + " " + reason +
+                            "\r\nContent-Type: " + type +
+                            "\r\nContent-Length: " + std::to_string(body.size()) +
+                            "\r\nConnection: close\r\n\r\n" + body;
+    if (Arm()) SSL_write(ssl_, all.data(), static_cast<int>(all.size()));
   }
-  SSL_free(ssl);
-  close(fd);
+
+ private:
+  // The time left to the deadline as the socket's timeouts: a client that sends a byte now and
+  // then cannot hold the connection past it. False once it passed.
+  bool Arm() {
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+        deadline_ - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    const timeval timeout{static_cast<time_t>(left.count() / 1000000),
+                          static_cast<suseconds_t>(left.count() % 1000000)};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+    return true;
+  }
+
+  const int fd_;
+  SSL* const ssl_;
+  const std::chrono::steady_clock::time_point deadline_;
+  bool accepted_ = false;
+};
+
+// One request on one connection: read, answer, close. Hostile peers are bounded: 16 KiB of
+// headers, 8 MiB of body, kPerConnection for the handshake, the request and the reply together.
+void Serve(int fd, SSL_CTX* context, const HttpsServer::Handler& handler) {
+  Connection connection(fd, context);
+  if (!connection.Accept()) return;
+  std::string data;
+  char chunk[4096];
+  size_t end = std::string::npos;
+  while ((end = data.find("\r\n\r\n")) == std::string::npos && data.size() < kMaxHeaders) {
+    const int n = connection.Read(chunk, sizeof(chunk));
+    if (n <= 0) break;
+    data.append(chunk, static_cast<size_t>(n));
+  }
+  if (end == std::string::npos) {
+    return connection.Reply(400, "text/plain", "no complete request head within 16 KiB\n");
+  }
+  const std::string head = data.substr(0, end);
+  std::string body = data.substr(end + 4);
+  const std::string method = head.substr(0, head.find(' '));
+  const size_t path_start = head.find(' ') + 1;
+  std::string path = head.substr(path_start, head.find(' ', path_start) - path_start);
+  path = path.substr(0, path.find('?'));  // the API server adds ?timeout=10s
+  long long length = -1;
+  std::string lower = head;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const size_t header = lower.find("\r\ncontent-length:");
+  if (header != std::string::npos) length = std::atoll(lower.c_str() + header + 17);
+  if (path == "/healthz") return connection.Reply(200, "text/plain", "ok\n");
+  if (method != "POST" || (path != "/validate" && path != "/mutate")) {
+    return connection.Reply(404, "text/plain", "POST /validate or /mutate an AdmissionReview\n");
+  }
+  if (length < 0 || static_cast<size_t>(length) > kMaxBody) {
+    return connection.Reply(400, "text/plain", "a Content-Length of at most 8 MiB is needed\n");
+  }
+  while (body.size() < static_cast<size_t>(length)) {
+    const int n = connection.Read(chunk, sizeof(chunk));
+    if (n <= 0) break;
+    body.append(chunk, static_cast<size_t>(n));
+  }
+  body.resize(std::min(body.size(), static_cast<size_t>(length)));
+  try {
+    const StatusOr<std::string> answer = handler(body, path == "/mutate");
+    if (!answer.ok()) return connection.Reply(400, "text/plain", answer.status().message() + "\n");
+    connection.Reply(200, "application/json", *answer);
+  } catch (const std::exception& error) {
+    connection.Reply(500, "text/plain", std::string("the webhook failed: ") + error.what() + "\n");
+  }
 }
 
 }  // namespace

@@ -26,7 +26,7 @@
 int main(int argc, char** argv) {
   using namespace memest;
   std::string address = "0.0.0.0:8443", cert, key, model_dir;
-  int threads = 4;
+  int threads = 16;
   bool fail_closed = false;
   webhook::AdmissionOptions options;
   cli::ConnectionFlags connection;
@@ -59,6 +59,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   options.fail_open = !fail_closed;
 
+  // A peer that closed its connection must cost a failed write, not the process.
+  signal(SIGPIPE, SIG_IGN);
   // Taken by sigwait below: blocked before any thread starts, so that every thread inherits it.
   sigset_t stop;
   sigemptyset(&stop);

@@ -21,7 +21,7 @@ const std::set<std::string> kReserved = {
     "--gpus",   "--max-plans",   "--brief",           "--help",
     "-h"};
 // Flags whose value is a file the webhook would read.
-const std::set<std::string> kFiles = {"--model", "--hf-config"};
+const std::set<std::string> kFiles = {"--model", "--hf-config", "--lora-config"};
 
 std::string FlagOf(const std::string& word) { return word.substr(0, word.find('=')); }
 
@@ -34,11 +34,11 @@ Status CheckArgs(const std::vector<std::string>& args, const std::string& model_
     const std::string path = args[i].find('=') != std::string::npos
                                  ? args[i].substr(args[i].find('=') + 1)
                                  : (i + 1 < args.size() ? args[i + 1] : "");
-    std::error_code error;
-    const std::filesystem::path real = std::filesystem::weakly_canonical(path, error);
-    const std::filesystem::path root = std::filesystem::weakly_canonical(model_dir, error);
+    std::error_code path_error, root_error;
+    const std::filesystem::path real = std::filesystem::weakly_canonical(path, path_error);
+    const std::filesystem::path root = std::filesystem::weakly_canonical(model_dir, root_error);
     const auto [end, _] = std::mismatch(root.begin(), root.end(), real.begin(), real.end());
-    if (model_dir.empty() || error || end != root.end()) {
+    if (model_dir.empty() || path.empty() || path_error || root_error || end != root.end()) {
       return InvalidArgument(
           flag + " " + Quote(path) + ": the webhook reads model files only " +
           (model_dir.empty() ? "when started with --model-dir" : "under " + Quote(model_dir)));
@@ -86,8 +86,11 @@ Planner MakePlanner(std::shared_ptr<cli::Backend> backend, std::string model_dir
       answer.gpus = event.plan().gpus();
     });
     if (!call.ok()) {
-      answer.kind =
-          call.exit_code == cli::kExitBadInput ? PlanAnswer::kBadArgs : PlanAnswer::kFailed;
+      // A busy server (RESOURCE_EXHAUSTED, as a model past the server's limits is) could not
+      // answer; the flags were not at fault.
+      const bool busy = call.message.find("the server is busy") != std::string::npos;
+      answer.kind = call.exit_code == cli::kExitBadInput && !busy ? PlanAnswer::kBadArgs
+                                                                  : PlanAnswer::kFailed;
       answer.text = call.message;
       return answer;
     }

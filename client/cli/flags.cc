@@ -19,6 +19,11 @@
 namespace memest::cli {
 namespace {
 
+// The largest files the flags read: a Hugging Face or adapter config (a few KiB in practice),
+// and a model file (as large as the server's largest request).
+constexpr size_t kMaxConfigBytes = 16 << 20;
+constexpr size_t kMaxModelFileBytes = 64 << 20;
+
 const Word<v1::Mode> kModes[] = {
     {"training", v1::MODE_TRAINING},
     {"inference", v1::MODE_INFERENCE},
@@ -475,6 +480,31 @@ StatusOr<google::protobuf::Struct> ReadHfConfigFile(const std::string& given) {
   return ReadJsonObjectFile(given, "--hf-config", "config.json");
 }
 
+namespace {
+
+// A file's text: a regular file (not a FIFO that would block, nor /dev/zero) of at most `max`
+// bytes, read no further than that. `flag` names it in the error.
+StatusOr<std::string> ReadBoundedFile(const std::string& flag, const std::string& path,
+                                      size_t max) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    return InvalidArgument(flag + (std::filesystem::exists(path, error)
+                                       ? ": not a regular file"
+                                       : ": cannot open the file"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgument(flag + ": cannot open the file");
+  std::string text(max + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > max) {
+    return InvalidArgument(flag + ": larger than " + std::to_string(max >> 20) + " MiB");
+  }
+  return text;
+}
+
+}  // namespace
+
 StatusOr<google::protobuf::Struct> ReadJsonObjectFile(const std::string& given,
                                                       const std::string& flag_name,
                                                       const std::string& file_in_directory) {
@@ -483,15 +513,12 @@ StatusOr<google::protobuf::Struct> ReadJsonObjectFile(const std::string& given,
   const bool directory = std::filesystem::is_directory(given, error);
   const std::string path =
       directory ? (std::filesystem::path(given) / file_in_directory).string() : given;
-  std::ifstream in(path);
-  if (!in) {
-    return InvalidArgument(flag + (directory ? ": the directory has no " + file_in_directory
-                                             : std::string(": cannot open the file")));
+  if (directory && !std::filesystem::exists(path, error)) {
+    return InvalidArgument(flag + ": the directory has no " + file_in_directory);
   }
-  std::stringstream text;
-  text << in.rdbuf();
+  MEMEST_ASSIGN_OR_RETURN(const std::string text, ReadBoundedFile(flag, path, kMaxConfigBytes));
   google::protobuf::Struct config;
-  const auto status = google::protobuf::util::JsonStringToMessage(text.str(), &config);
+  const auto status = google::protobuf::util::JsonStringToMessage(text, &config);
   if (!status.ok()) {
     return InvalidArgument(flag + ": not a JSON object: " +
                            BoundMessage(std::string(status.message()), kMaxNameBytes));
@@ -501,11 +528,7 @@ StatusOr<google::protobuf::Struct> ReadJsonObjectFile(const std::string& given,
 
 StatusOr<v1::Model> ReadModelFile(const std::string& path) {
   const std::string flag = "--model " + Escape(path, kMaxNameBytes);
-  std::ifstream in(path);
-  if (!in) return InvalidArgument(flag + ": cannot open the file");
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string json = text.str();
+  MEMEST_ASSIGN_OR_RETURN(std::string json, ReadBoundedFile(flag, path, kMaxModelFileBytes));
   const bool yaml = IsYamlPath(path);
   if (yaml) {
     StatusOr<std::string> converted = YamlToJson(json);

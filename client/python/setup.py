@@ -106,7 +106,15 @@ def requirements():
         command = protoc_command()
     except StubError:
         command = []
-    if command[1:3] == ["-m", "grpc_tools.protoc"]:
+    if command and command[1:3] != ["-m", "grpc_tools.protoc"]:
+        # A system protoc: from release 26 ("libprotoc 26.1") its stubs check the runtime, which
+        # must be protobuf 5.26 or later (5.x for 26 to 29, 6.x from 30).
+        version = subprocess.run([command[0], "--version"], stdout=subprocess.PIPE,
+                                 universal_newlines=True).stdout.split()[-1:]
+        major = int(version[0].split(".")[0]) if version and version[0][:1].isdigit() else 0
+        if major >= 26:
+            protobuf = "%d.%d" % (5 if major < 30 else 6, major)
+    elif command:
         from google.protobuf import __version__ as protobuf_version
         protobuf = ".".join(protobuf_version.split(".")[:2])
         try:

@@ -39,6 +39,9 @@ local config = {
   default_type = "h100",  -- the GPU type of a job that names none
   gpus_per_node = 8,      -- more than this and a filled-in job asks for GPUs per job, not per node
   max_gpus = 64,          -- the most GPUs memest looks at to say what would fit
+  -- Directories whose files the flags may name (--hf-config, --model, --lora-config): memest
+  -- reads them as SlurmUser, so any other path is refused.
+  model_dirs = {},
   timeout_seconds = 30,   -- one memest call; the hook holds the submission meanwhile
   fail_open = true,       -- memest unreachable or failing: accept the job (and say so), or refuse
 }
@@ -52,6 +55,9 @@ local RESERVED = {
   ["--json"] = true, ["--deadline-ms"] = true, ["--device"] = true, ["--devices"] = true,
   ["--gpus"] = true, ["--max-plans"] = true, ["--brief"] = true, ["--help"] = true, ["-h"] = true,
 }
+
+-- Flags whose value is a file memest reads (as SlurmUser): allowed under config.model_dirs only.
+local FILE_FLAGS = { ["--model"] = true, ["--hf-config"] = true, ["--lora-config"] = true }
 
 local function load_overrides()
   local source = debug.getinfo(1, "S").source
@@ -80,6 +86,26 @@ local function quote(word)
   return "'" .. word:gsub("'", "'\\''") .. "'"
 end
 
+-- The canonical path of an existing file or directory, or nil.
+local function real_path(path)
+  local pipe = io.popen("realpath -e -- " .. quote(path) .. " 2>/dev/null")
+  local real = pipe:read("*l")
+  pipe:close()
+  return real
+end
+
+local function under_model_dirs(path)
+  local real = real_path(path)
+  if real == nil then return false end
+  for _, dir in ipairs(config.model_dirs) do
+    local root = real_path(dir)
+    if root ~= nil and (real == root or real:sub(1, #root + 1) == root .. "/") then
+      return true
+    end
+  end
+  return false
+end
+
 -- The job's memest flags as a list, from its comment ("memest: ...") or, for sbatch, its
 -- MEMEST_ARGS; nil when it has neither. A second value is an error for the user.
 local function model_args(job_desc)
@@ -99,6 +125,15 @@ local function model_args(job_desc)
       return nil, "memest: " .. flag .. " is the hook's to set; leave it out of the job's flags"
     end
     args[#args + 1] = word
+  end
+  for i, word in ipairs(args) do
+    local flag, value = word:match("^(%-%-[%w%-]+)=(.*)$")
+    if flag == nil then flag, value = word, args[i + 1] end
+    if FILE_FLAGS[flag] and (value == nil or not under_model_dirs(value)) then
+      return nil, "memest: " .. flag .. ": the hook reads model files only under "
+          .. (#config.model_dirs > 0 and table.concat(config.model_dirs, ", ")
+              or "the directories memest_config.lua's model_dirs lists (none)")
+    end
   end
   return args
 end
@@ -178,7 +213,7 @@ end
 
 -- memest answered neither yes nor no: the job's flags were bad (exit 3), or it could not answer.
 local function neither(code, output)
-  if code == 3 then
+  if code == 3 and not output:find("the server is busy", 1, true) then
     slurm.log_user("memest: the job's memest flags: %s", last_line(output))
     return slurm.ERROR
   end
@@ -221,8 +256,8 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   if gpus == 0 then
     -- No GPUs asked for: fill in the fewest that fit.
     local code, output = plan(args, device, config.max_gpus)
-    if code == 0 then
-      local count = tonumber(output:match("^(%d+) x "))
+    local count = tonumber(output:match("^(%d+) x "))
+    if code == 0 and count ~= nil then
       if count <= config.gpus_per_node then
         job_desc.tres_per_node = "gres:gpu:" .. kind .. ":" .. count
       else
@@ -247,8 +282,8 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   local message = string.format("memest: this job does not fit %d x %s (%s): no split of the "
       .. "model over %s fits", gpus, device, kind, gpus_word(gpus))
   local more_code, more = plan(args, device, config.max_gpus)
-  if more_code == 0 then
-    local count = tonumber(more:match("^(%d+) x "))
+  local count = tonumber(more:match("^(%d+) x "))
+  if more_code == 0 and count ~= nil then
     local nodes = math.ceil(count / config.gpus_per_node)
     message = message .. "; the fewest that fit: " .. more .. "; resubmit with "
         .. (nodes > 1 and ("--nodes=" .. nodes .. " ") or "") .. "--gres=gpu:" .. kind .. ":"

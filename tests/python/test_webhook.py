@@ -6,7 +6,9 @@ import base64
 import json
 import os
 import pathlib
+import socket
 import ssl
+import struct
 import subprocess
 import time
 import urllib.error
@@ -91,12 +93,37 @@ def test_validates_and_mutates_admission_reviews_over_https(pki):
         assert patch[-1] == {"op": "add", "value": "2",
                              "path": "/spec/template/spec/containers/0/resources/limits/nvidia.com~1gpu"}
 
+        # The API server appends its timeout to the path.
+        response = json.loads(hook.post("/validate?timeout=10s", job_review(4), pki / "ca.pem")[1])
+        assert response["response"]["allowed"] is True
+
         assert hook.post("/healthz", b"", pki / "ca.pem")[1] == b"ok\n"
         with pytest.raises(urllib.error.HTTPError) as bad:
             hook.post("/validate", b"not json", pki / "ca.pem")
         assert bad.value.code == 400
         with pytest.raises(urllib.error.URLError):  # plaintext, or a CA it does not trust
             hook.post("/validate", job_review(1), pki / "other-ca.pem")
+    finally:
+        assert hook.stop() == 0
+
+
+def test_a_peer_that_resets_its_connection_costs_nothing(pki):
+    """A client gone before the answer (the API server's timeout): the webhook writes into a
+    reset connection and carries on."""
+    hook = Webhook(pki)
+    try:
+        context = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        body = json.dumps(job_review(1)).encode()
+        for _ in range(3):
+            raw = socket.create_connection(("127.0.0.1", hook.port))
+            tls = context.wrap_socket(raw, server_hostname="127.0.0.1")
+            tls.sendall(b"POST /validate HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                        % len(body) + body)
+            tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            tls.close()  # with SO_LINGER 0: a reset
+        time.sleep(1.5)  # the plans end and their replies meet the resets
+        assert hook.process.poll() is None, "the webhook died"
+        assert hook.post("/healthz", b"", pki / "ca.pem")[1] == b"ok\n"
     finally:
         assert hook.stop() == 0
 

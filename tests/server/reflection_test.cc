@@ -18,6 +18,7 @@ namespace {
 using grpc::reflection::v1::ServerReflectionRequest;
 using grpc::reflection::v1::ServerReflectionResponse;
 using ::testing::Contains;
+using ::testing::ElementsAre;
 using ::testing::UnorderedElementsAre;
 
 // The names of the files in a file_descriptor_response, in order.
@@ -71,9 +72,12 @@ TEST_F(ReflectionTest, AnswersWhatGrpcurlAsks) {
   ASSERT_FALSE(files.empty());
   EXPECT_EQ(files[0], "memest/v1/memest.proto");
   EXPECT_THAT(files, Contains("google/protobuf/struct.proto"));
-  // Asked again on the same stream, the files already sent are not repeated.
+  // Asked again on the same stream: the file again, its imports (already sent) not.
   symbol.set_file_containing_symbol("memest.v1.MemoryEstimator.Estimate");
-  EXPECT_TRUE(FileNames(Ask(symbol)).empty());
+  EXPECT_THAT(FileNames(Ask(symbol)), ElementsAre("memest/v1/memest.proto"));
+  ServerReflectionRequest import;
+  import.set_file_by_filename("google/protobuf/struct.proto");
+  EXPECT_THAT(FileNames(Ask(import)), ElementsAre("google/protobuf/struct.proto"));
 
   ServerReflectionRequest health;
   health.set_file_containing_symbol("grpc.health.v1.Health");

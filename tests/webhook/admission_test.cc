@@ -144,6 +144,25 @@ TEST(AdmissionTest, APodAControllerMadeIsItsOwners) {
   EXPECT_THAT(fake.calls, ElementsAre("h100-80gb/8: --preset llama-70b"));
 }
 
+TEST(AdmissionTest, OnlyCreationIsChecked) {
+  FakePlanner fake;
+  json review = JobReview("1", "--preset llama-7b");
+  review["request"]["operation"] = "UPDATE";  // a finalizer removed, say
+  EXPECT_TRUE(Answer(review, false, fake.planner())["allowed"]);
+  EXPECT_TRUE(fake.calls.empty());
+}
+
+// Filling in a Job of 4 pods: each pod gets its part of the plan's GPUs, rounded up.
+TEST(AdmissionTest, AJobsPodsShareTheGpusFilledIn) {
+  FakePlanner fake;
+  fake.fits_from = 6;
+  const json r = Answer(JobReview("", "--preset llama-70b", "", 4), true, fake.planner());
+  const json patch = json::parse(Base64Decode(r["patch"].get<std::string>()));
+  EXPECT_EQ(patch.back()["value"], "2");
+  EXPECT_THAT(r["warnings"][0].get<std::string>(),
+              HasSubstr("set nvidia.com/gpu to 2 a pod, 4 pods"));
+}
+
 TEST(AdmissionTest, WithoutTheAnnotationNothingIsAsked) {
   FakePlanner fake;
   const json r = Answer(JobReview("1", ""), false, fake.planner());
@@ -237,14 +256,46 @@ TEST(AdmissionTest, TheRealPlannerPlansAndRefusesTheWebhooksOwnFlags) {
   const PlanAnswer server = plan({"--preset", "llama-7b", "--server", "10.0.0.1:1"}, "l4", 8);
   EXPECT_EQ(server.kind, PlanAnswer::kBadArgs);
   EXPECT_THAT(server.text, HasSubstr("--server is the webhook's to set"));
-  const PlanAnswer file = plan({"--hf-config", "/etc/passwd", "--seq", "128"}, "l4", 8);
-  EXPECT_EQ(file.kind, PlanAnswer::kBadArgs);
-  EXPECT_THAT(file.text, HasSubstr("reads model files only when started with --model-dir"));
+  for (const char* flag : {"--hf-config", "--model", "--lora-config"}) {
+    const PlanAnswer file = plan({"--preset", "llama-7b", flag, "/etc/passwd"}, "l4", 8);
+    EXPECT_EQ(file.kind, PlanAnswer::kBadArgs) << flag;
+    EXPECT_THAT(file.text, HasSubstr("reads model files only when started with --model-dir"));
+  }
   const PlanAnswer unknown = plan({"--preset", "llama-7b", "--frobnicate"}, "l4", 8);
   EXPECT_EQ(unknown.kind, PlanAnswer::kBadArgs);
   const PlanAnswer negative = plan({"--preset", "llama-7b", "--batch=-4"}, "l4", 8);
   EXPECT_EQ(negative.kind, PlanAnswer::kBadArgs);
   EXPECT_THAT(negative.text, HasSubstr("batch"));
+}
+
+// A server that answers "busy" could not check the workload: not the flags' fault.
+class BusyBackend : public cli::Backend {
+ public:
+  cli::CallResult Estimate(const v1::EstimateRequest&, v1::EstimateResponse*) override {
+    return Busy();
+  }
+  cli::CallResult ListPresets(v1::ListPresetsResponse*) override { return Busy(); }
+  cli::CallResult ListDevices(v1::ListDevicesResponse*) override { return Busy(); }
+  cli::CallResult Validate(const v1::ValidateRequest&,
+                           const std::function<void(const v1::ValidateProgress&)>&,
+                           v1::ValidationResult*) override {
+    return Busy();
+  }
+  cli::CallResult Plan(const v1::PlanRequest&,
+                       const std::function<void(const v1::PlanEvent&)>&) override {
+    return Busy();
+  }
+
+ private:
+  static cli::CallResult Busy() {
+    return {cli::kExitBadInput,
+            "RESOURCE_EXHAUSTED: the server is busy: estimates and plans running 2, waiting 16"};
+  }
+};
+
+TEST(AdmissionTest, ABusyServerIsNoAnswerNotBadFlags) {
+  const Planner plan = MakePlanner(std::make_shared<BusyBackend>(), "");
+  EXPECT_EQ(plan({"--preset", "llama-7b"}, "h100-80gb", 8).kind, PlanAnswer::kFailed);
 }
 
 }  // namespace
