@@ -2,9 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/estimator.h"
 #include "engine/ir/budget.h"
@@ -51,8 +53,30 @@ Status CheckModelSize(const v1::Model& model, int64_t max_ops) {
   return Status::Ok();
 }
 
+void KeepLargestLayers(int64_t rows, v1::EstimateResponse* response) {
+  auto* layers = response->mutable_layers();
+  if (rows >= layers->size()) return;
+  const auto held = [](const v1::LayerRow& row) {
+    return row.parameter_bytes() + row.saved_bytes();
+  };
+  std::vector<int> order(layers->size());
+  for (int i = 0; i < layers->size(); ++i) order[i] = i;
+  // The largest first, ties in model order; then the kept ones back in model order.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return held(layers->Get(a)) > held(layers->Get(b)); });
+  order.resize(static_cast<size_t>(rows));
+  std::sort(order.begin(), order.end());
+  google::protobuf::RepeatedPtrField<v1::LayerRow> kept;
+  for (int i : order) *kept.Add() = std::move(*layers->Mutable(i));
+  layers->Swap(&kept);
+}
+
 Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& options,
                       v1::EstimateResponse* response, Budget* budget) {
+  if (request.has_max_layer_rows() && request.max_layer_rows() < 0) {
+    return InvalidArgument("max_layer_rows: must be 0 (no rows) or more, got " +
+                           std::to_string(request.max_layer_rows()));
+  }
   MEMEST_RETURN_IF_ERROR(CheckRequestSize(request, options.max_ops));
   MEMEST_ASSIGN_OR_RETURN(EstimateInput input, EstimateInputFromProto(request, options.max_ops));
   Budget own;
@@ -63,6 +87,7 @@ Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& 
                           memest::Estimate(input.model, input.config, input.options));
   ReportToProto(report, response);
   for (const std::string& note : input.notes) response->add_notes(note);
+  if (request.has_max_layer_rows()) KeepLargestLayers(request.max_layer_rows(), response);
   return Status::Ok();
 }
 

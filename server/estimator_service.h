@@ -57,6 +57,10 @@ struct ServiceOptions {
 Status CheckRequestSize(const v1::EstimateRequest& request, int64_t max_ops);
 Status CheckModelSize(const v1::Model& model, int64_t max_ops);
 
+// Keeps the `rows` layer rows of `response` that hold the most (parameter + saved bytes), in
+// model order (EstimateRequest.max_layer_rows).
+void KeepLargestLayers(int64_t rows, v1::EstimateResponse* response);
+
 // The whole of Estimate without the RPC: size check, conversion, engine, conversion back. The
 // engine charges `budget` (its deadline and cancellation are the caller's); null: a budget of
 // options.max_op_steps with no deadline.

@@ -410,6 +410,11 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* f) {
                   "(tokens x top-k spread evenly)")
       ->group(run);
   app->add_flag("--no-advice", f->no_advice, "skip the advice (faster)")->group(run);
+  app->add_option("--layer-rows", f->max_layer_rows,
+                  "the per-layer table's rows: the N layers that hold the most (parameters and "
+                  "saved activations), in model order; 0: no table (default: every layer)")
+      ->group(run)
+      ->type_name("N");
   AddParallelismFlags(app, &f->parallel);
   AddLoraFlags(app, &f->lora);
   AddServingFlags(app, &f->serving);
@@ -452,6 +457,7 @@ StatusOr<v1::EstimateRequest> BuildEstimateRequest(const EstimateFlags& flags) {
     }
   }
   request.set_skip_advice(flags.no_advice);
+  if (flags.max_layer_rows.has_value()) request.set_max_layer_rows(*flags.max_layer_rows);
   return request;
 }
 

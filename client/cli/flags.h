@@ -75,6 +75,7 @@ struct EstimateFlags {
   LoraFlags lora;
   ServingFlags serving;
   bool no_advice = false;
+  std::optional<int64_t> max_layer_rows;  // --layer-rows N: the N layers that hold the most
 };
 
 struct ValidateFlags {

@@ -436,12 +436,29 @@ TEST(CliTest, BearerTokenAgainstRealServer) {
   EXPECT_THAT(unreadable.err, HasSubstr("--auth-token-file"));
 }
 
+// --layer-rows N keeps the N layers that hold the most; 0 leaves the table out.
+TEST(CliTest, LayerRowsCutsThePerLayerTable) {
+  const auto rows = [](const std::string& n) {
+    const RunResult r = Memest({"estimate", "--local", "--preset", "gpt2-small", "--batch", "2",
+                                "--no-advice", "--json", "--layer-rows", n});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json out = nlohmann::json::parse(r.out);
+    return out.contains("layers") ? out["layers"].size() : size_t{0};
+  };
+  EXPECT_EQ(rows("2"), 2u);
+  EXPECT_EQ(rows("0"), 0u);
+  const RunResult bad =
+      Memest({"estimate", "--local", "--preset", "gpt2-small", "--layer-rows", "-3"});
+  EXPECT_EQ(bad.exit_code, 3) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("max_layer_rows"));
+}
+
 // memest plan --brief: each plan on one line for scripts (deploy/slurm/job_submit.lua reads
 // it), exit 0 when one fits and 2 with one line when none does.
 TEST(CliTest, PlanBriefPrintsOneLineAPlan) {
-  const std::vector<std::string> llama = {"plan", "--local", "--preset", "llama-7b", "--seq",
-                                          "2048", "--batch", "16", "--precision", "bf16",
-                                          "--device", "h100-80gb", "--max-plans", "1", "--brief"};
+  const std::vector<std::string> llama = {
+      "plan",        "--local", "--preset", "llama-7b",  "--seq",       "2048", "--batch", "16",
+      "--precision", "bf16",    "--device", "h100-80gb", "--max-plans", "1",    "--brief"};
   std::vector<std::string> eight = llama;
   eight.insert(eight.end(), {"--gpus", "8"});
   const RunResult fits = Memest(eight);

@@ -46,6 +46,7 @@ std::vector<std::string> Configurations() {
     // Inference, and the CPU runtime of the conformance suite.
     add(p + " --mode inference --precision fp16-pure --batch 1 --device a10g --no-advice");
     add(p + " --runtime cpu-1.13 --batch 2 --no-advice");
+    add(p + " --batch 2 --no-advice --layer-rows 3");
   }
   for (const std::string llm : kLlms) {
     const std::string p = "--preset " + llm + " --precision bf16 --batch 4 --no-advice";

@@ -86,3 +86,11 @@ def test_the_request_id_goes_to_the_server_and_comes_back(client):
         async with memest.aio.Client(client.address) as c:
             return await c.estimate(preset="gpt2-small", seq=64, request_id="aio-1")
     assert asyncio.run(estimate()).request_id == "aio-1"
+
+
+def test_layer_rows_cut_the_per_layer_table(client):
+    full = client.estimate(preset="gpt2-small", seq=64, advice=False)
+    two = client.estimate(preset="gpt2-small", seq=64, advice=False, layer_rows=2)
+    none = client.estimate(preset="gpt2-small", seq=64, advice=False, layer_rows=0)
+    assert len(full.layers) > 2 and len(two.layers) == 2 and none.layers == []
+    assert two.peak == full.peak

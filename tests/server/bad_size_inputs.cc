@@ -43,6 +43,9 @@ constexpr int64_t k2To62 = int64_t{1} << 62;
 
 std::vector<BadInput> BadSizeInputs() {
   return {
+      {"NegativeMaxLayerRows",
+       Preset("gpt2-small", Param("layers", 2), 2) + " max_layer_rows: -1", kInvalid,
+       "max_layer_rows: must be 0 (no rows) or more, got -1"},
       // One tensor past 2^56 bytes, blamed on the field its size came from.
       {"BatchTwoTo62", Preset("gpt2-small", Param("layers", 2), k2To62), kInvalid,
        "config.batch_size: 4611686018427387904 is too large"},

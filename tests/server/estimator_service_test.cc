@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -121,6 +122,45 @@ TEST_F(EstimatorServiceTest, Gpt2SmallHasASensibleBreakdown) {
   EXPECT_EQ(largest_phase, response.peak().allocated_bytes());
   EXPECT_FALSE(response.layers().empty());
   EXPECT_FALSE(response.has_fit()) << "no device was given";
+}
+
+// max_layer_rows: unset, every layer; 0, none; N, the N that hold the most, in model order.
+TEST(LayerRowsTest, TheTableCanBeCutToTheLayersThatHoldTheMost) {
+  v1::EstimateRequest request;
+  request.mutable_model()->mutable_preset()->set_name("gpt2-small");
+  request.mutable_config()->set_batch_size(2);
+  request.set_skip_advice(true);
+  v1::EstimateResponse all;
+  ASSERT_TRUE(HandleEstimate(request, ServiceOptions{}, &all).ok());
+  ASSERT_GT(all.layers_size(), 4);
+  const auto held = [](const v1::LayerRow& r) { return r.parameter_bytes() + r.saved_bytes(); };
+  std::vector<uint64_t> sizes;
+  for (const v1::LayerRow& row : all.layers()) sizes.push_back(held(row));
+  std::sort(sizes.rbegin(), sizes.rend());
+
+  request.set_max_layer_rows(3);
+  v1::EstimateResponse three;
+  ASSERT_TRUE(HandleEstimate(request, ServiceOptions{}, &three).ok());
+  ASSERT_EQ(three.layers_size(), 3);
+  int last = -1;
+  for (const v1::LayerRow& row : three.layers()) {
+    EXPECT_GE(held(row), sizes[2]) << row.scope();
+    int index = 0;  // model order: the rows keep the order of the full table
+    while (all.layers(index).scope() != row.scope()) ++index;
+    EXPECT_GT(index, last);
+    last = index;
+  }
+  EXPECT_EQ(three.peak().allocated_bytes(), all.peak().allocated_bytes());  // nothing else moves
+
+  request.set_max_layer_rows(0);
+  v1::EstimateResponse none;
+  ASSERT_TRUE(HandleEstimate(request, ServiceOptions{}, &none).ok());
+  EXPECT_EQ(none.layers_size(), 0);
+  EXPECT_LT(none.ByteSizeLong(), all.ByteSizeLong());
+  request.set_max_layer_rows(1000);
+  v1::EstimateResponse more;
+  ASSERT_TRUE(HandleEstimate(request, ServiceOptions{}, &more).ok());
+  EXPECT_EQ(more.layers_size(), all.layers_size());
 }
 
 TEST_F(EstimatorServiceTest, DeviceFitIsPresentWhenADeviceIsNamed) {

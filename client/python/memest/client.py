@@ -115,7 +115,9 @@ ESTIMATE_DOC = """Estimates the memory of one step; returns a memest.Estimate.
           gpus_per_node (default 8): which process groups NCCL connects within a node, for
             NCCL's memory (Estimate.breakdown.nccl),
           device (a catalog name, see devices()) or capacity_bytes (int, or "24GiB"),
-          advice (False skips the advice: faster), timeout (seconds, this call only),
+          advice (False skips the advice: faster), layer_rows (the per-layer table's rows: the N
+            layers that hold the most, in model order; 0: none; None: every layer),
+          timeout (seconds, this call only),
           request_id (the call's id in the server's log, 1 to 64 of [A-Za-z0-9._:-]; the
             Estimate's request_id is the one the server used, its own when none is given).
         None means the server's default. Unset words raise InvalidArgument before any call.

@@ -272,7 +272,7 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
                   data_shard=None, stage3_prefetch_bucket_size=None,
                   stage3_max_live_parameters=None, stage3_max_reuse_distance=None,
                   stage3_param_persistence_threshold=None, lora=None, quantization=None,
-                  expert_load=None, serving=None, fp8=None, advice=True):
+                  expert_load=None, serving=None, fp8=None, advice=True, layer_rows=None):
     """The EstimateRequest for Client.estimate's arguments (see its docstring)."""
     request = v1.EstimateRequest(model=build_model(preset, model, params, seq, hf_config))
     config = request.config
@@ -405,4 +405,6 @@ def build_request(*, preset=None, model=None, params=None, seq=None, hf_config=N
     if fp8 is not None:
         _apply_fp8(config, fp8)
     request.skip_advice = not advice
+    if layer_rows is not None:
+        request.max_layer_rows = layer_rows
     return request
