@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <ctime>
 
+#include "engine/ir/text.h"
+
 namespace memest {
 namespace {
 
@@ -15,22 +17,10 @@ constexpr char kFieldsMarker = '\x1f';
 
 std::atomic<bool> json_logs{false};
 
-// The length of the UTF-8 sequence starting at text[i], or 0 if it is not a valid one.
-size_t Utf8Length(std::string_view text, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
-  const unsigned char c = byte(i);
-  size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-  if (n == 0 || i + n > text.size()) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    if ((byte(i + k) & 0xc0) != 0x80) return 0;
-  }
-  return n;
-}
-
 void AppendEscaped(std::string_view text, std::string& out) {
   for (size_t i = 0; i < text.size();) {
     const char c = text[i];
-    const size_t n = Utf8Length(text, i);
+    const size_t n = Utf8SequenceLength(text, i);
     if (n == 0) {
       out += "\\ufffd";
       ++i;

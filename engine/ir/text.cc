@@ -157,6 +157,12 @@ Status CheckNameSize(std::string_view name, const std::string& field) {
                          std::to_string(kMaxNameBytes) + " a name may have");
 }
 
+size_t Utf8SequenceLength(std::string_view text, size_t i) {
+  if (i >= text.size()) return 0;
+  const Unit unit = NextUnit(text, i);
+  return unit.valid ? unit.size : 0;
+}
+
 bool IsValidUtf8(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     const Unit unit = NextUnit(text, i);

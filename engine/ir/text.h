@@ -58,6 +58,10 @@ std::string BoundMessage(std::string_view message, size_t max_bytes);
 // U+10FFFF), as protobuf requires of a proto3 string.
 bool IsValidUtf8(std::string_view text);
 
+// The length of the valid UTF-8 sequence (RFC 3629, as IsValidUtf8) that starts at text[i], 1 to
+// 4; 0 when none does.
+size_t Utf8SequenceLength(std::string_view text, size_t i);
+
 }  // namespace memest
 
 #endif  // MEMEST_ENGINE_IR_TEXT_H_

@@ -54,6 +54,9 @@ TEST(JsonLogTest, JsonStringKeepsUtf8AndEscapesTheRest) {
   EXPECT_EQ(JsonString("a\\b\t"), "\"a\\\\b\\t\"");
   EXPECT_EQ(JsonString(std::string("\0x", 2)), "\"\\u0000x\"");
   EXPECT_EQ(JsonString("\xe2\x82"), "\"\\ufffd\\ufffd\"");  // a cut sequence
+  // Not UTF-8 by RFC 3629 either: an overlong '/' and an encoded surrogate.
+  EXPECT_EQ(JsonString("\xc0\xaf"), "\"\\ufffd\\ufffd\"");
+  EXPECT_EQ(JsonString("\xed\xa0\x80"), "\"\\ufffd\\ufffd\\ufffd\"");
 }
 
 // The binary: with --log-format json, a call's line carries its fields, a hostile preset name
