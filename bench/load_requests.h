@@ -1,8 +1,6 @@
-// The requests memest-load (bench/load_test.cc) sends, by mix, and gRPC's status code names.
+// The requests memest-load (bench/load_test.cc) sends, by mix.
 #ifndef MEMEST_BENCH_LOAD_REQUESTS_H_
 #define MEMEST_BENCH_LOAD_REQUESTS_H_
-
-#include <grpcpp/support/status.h>
 
 #include <string>
 #include <vector>
@@ -16,9 +14,6 @@ namespace memest {
 // Empty for an unknown mix.
 std::vector<v1::EstimateRequest> LoadRequests(const std::string& mix);
 std::string LoadMixes();  // "cheap, expensive or mixed"
-
-// "OK", "RESOURCE_EXHAUSTED", ...
-std::string CodeName(grpc::StatusCode code);
 
 }  // namespace memest
 

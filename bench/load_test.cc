@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "bench/load_requests.h"
+#include "client/cli/exit_codes.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "tests/cli/subprocess.h"
@@ -111,7 +112,7 @@ void Caller(Run& run, int index) {
     const grpc::Status status = stub->Estimate(&context, requests[n % requests.size()], &response);
     const double ms = Millis(Clock::now() - start);
     std::lock_guard<std::mutex> lock(run.results.mu);
-    const std::string code = CodeName(status.error_code());
+    const std::string code = cli::GrpcCodeName(status.error_code());
     ++run.results.codes[code];
     if (status.ok()) run.results.ok_ms.push_back(ms);
     if (!status.ok() && run.results.first_error.count(code) == 0) {
