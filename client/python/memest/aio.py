@@ -34,14 +34,18 @@ class Client:
         self._stub = v1.MemoryEstimatorStub(self._channel)
         self._closed = False
 
-    async def _call(self, method, request, timeout):
+    async def _call(self, method, request, timeout, request_id=None):
+        """The reply of a unary call and the id the server gave the call."""
         if self._closed:
             raise MemestError("%r: closed" % self)
         try:
-            return await method(request, timeout=self.timeout if timeout is None else timeout,
-                                metadata=self._metadata)
+            call = method(request, timeout=self.timeout if timeout is None else timeout,
+                          metadata=call_metadata(self._metadata, request_id))
+            response = await call
+            metadata = await call.initial_metadata()
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
+        return response, request_id_of(metadata)
 
     async def estimate(self, preset=None, model=None, *, timeout=None, request_id=None, **kwargs):
         request = build_request(preset=preset, model=model, **kwargs)
@@ -51,17 +55,8 @@ class Client:
 
     async def estimate_request(self, request, *, timeout=None, request_id=None):
         """Sends a prepared memest.v1.EstimateRequest; returns a memest.Estimate."""
-        if self._closed:
-            raise MemestError("%r: closed" % self)
-        try:
-            call = self._stub.Estimate(request, timeout=self.timeout if timeout is None else timeout,
-                                       metadata=call_metadata(self._metadata, request_id))
-            response = await call
-            metadata = await call.initial_metadata()
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from None
-        return Estimate.from_proto(response, label=request_label(request),
-                                   request_id=request_id_of(metadata))
+        response, server_id = await self._call(self._stub.Estimate, request, timeout, request_id)
+        return Estimate.from_proto(response, label=request_label(request), request_id=server_id)
 
     async def validate(self, preset=None, model=None, *, progress=None, timeout=None, **kwargs):
         request, label = validate_request(preset, model, **kwargs)
@@ -95,12 +90,12 @@ class Client:
 
     async def presets(self, *, timeout=None):
         """The built-in models, as a list of memest.PresetInfo."""
-        response = await self._call(self._stub.ListPresets, v1.ListPresetsRequest(), timeout)
+        response, _ = await self._call(self._stub.ListPresets, v1.ListPresetsRequest(), timeout)
         return [PresetInfo.from_proto(p) for p in response.presets]
 
     async def devices(self, *, timeout=None):
         """The device catalog, as a list of memest.DeviceInfo."""
-        response = await self._call(self._stub.ListDevices, v1.ListDevicesRequest(), timeout)
+        response, _ = await self._call(self._stub.ListDevices, v1.ListDevicesRequest(), timeout)
         return [DeviceInfo.from_proto(d) for d in response.devices]
 
     async def close(self):
