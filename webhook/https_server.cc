@@ -2,6 +2,7 @@
 
 #include <netdb.h>
 #include <netinet/in.h>
+#include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
@@ -14,7 +15,6 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -71,18 +71,21 @@ void RefreshLocked(HttpsServer::Files& files) {
       SameTime(key.st_mtim, files.key_time)) {
     return;
   }
-  FILE* cert_file = std::fopen(files.cert.c_str(), "r");
-  FILE* key_file = std::fopen(files.key.c_str(), "r");
-  X509* leaf = cert_file ? PEM_read_X509(cert_file, nullptr, nullptr, nullptr) : nullptr;
+  // Read as memest-server reads its TLS files: regular files of at most 1 MiB.
+  const StatusOr<std::string> cert_pem = ReadPemFile("--serving-cert", files.cert);
+  const StatusOr<std::string> key_pem = ReadPemFile("--serving-key", files.key);
+  if (!cert_pem.ok() || !key_pem.ok()) return;  // the last good pair stays
+  BIO* cert_bio = BIO_new_mem_buf(cert_pem->data(), static_cast<int>(cert_pem->size()));
+  BIO* key_bio = BIO_new_mem_buf(key_pem->data(), static_cast<int>(key_pem->size()));
+  X509* leaf = PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr);
   STACK_OF(X509)* chain = sk_X509_new_null();
-  while (X509* more = cert_file ? PEM_read_X509(cert_file, nullptr, nullptr, nullptr) : nullptr) {
+  while (X509* more = PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr)) {
     sk_X509_push(chain, more);
   }
   pem_password_cb* no_passphrase = [](char*, int, int, void*) { return 0; };
-  EVP_PKEY* private_key =
-      key_file ? PEM_read_PrivateKey(key_file, nullptr, no_passphrase, nullptr) : nullptr;
-  if (cert_file) std::fclose(cert_file);
-  if (key_file) std::fclose(key_file);
+  EVP_PKEY* private_key = PEM_read_bio_PrivateKey(key_bio, nullptr, no_passphrase, nullptr);
+  BIO_free(cert_bio);
+  BIO_free(key_bio);
   ERR_clear_error();  // the chain's end is a "no start line" error left on this thread's queue
   if (leaf == nullptr || private_key == nullptr || X509_check_private_key(leaf, private_key) != 1) {
     X509_free(leaf);
