@@ -4,8 +4,8 @@
 #include <cctype>
 #include <cstdint>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "client/cli/flags.h"
 #include "engine/ir/text.h"
 
 namespace memest::webhook {
@@ -68,13 +68,6 @@ std::string Annotation(const json& object, const json& pod) {
   return "";
 }
 
-std::vector<std::string> Words(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<std::string> words;
-  for (std::string word; in >> word;) words.push_back(word);
-  return words;
-}
-
 std::string Base64(const std::string& bytes) {
   static const char kAlphabet[] =
       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -126,7 +119,7 @@ Decision Decide(const std::string& kind, const json& object, bool mutate,
   const json& spec = At(*pod, "spec");
   const std::string args_text = Annotation(object, *pod);
   if (args_text.empty()) return d;
-  const std::vector<std::string> args = Words(args_text);
+  const std::vector<std::string> args = cli::SplitWords(args_text);
 
   // GPUs: the containers' nvidia.com/gpu limits, times a Job's parallelism.
   int64_t gpus = 0;

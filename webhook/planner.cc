@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "client/cli/exit_codes.h"
+#include "client/cli/flags.h"
 #include "client/cli/plan_flags.h"
 #include "client/cli/render.h"
 #include "engine/ir/text.h"
@@ -61,12 +62,9 @@ Planner MakePlanner(std::shared_ptr<cli::Backend> backend, std::string model_dir
     CLI::App app{"memest.dev/args"};
     cli::PlanFlags flags;
     cli::AddPlanFlags(&app, &flags);
-    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses from the back
-    try {
-      app.parse(reversed);
-    } catch (const CLI::ParseError& error) {
+    if (Status parsed = cli::ParseWords(&app, args); !parsed.ok()) {
       answer.kind = PlanAnswer::kBadArgs;
-      answer.text = error.what();
+      answer.text = parsed.message();
       return answer;
     }
     flags.model.device = device;

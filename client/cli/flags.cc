@@ -262,6 +262,23 @@ Status FillConfig(const EstimateFlags& flags, v1::RunConfig* config) {
 
 }  // namespace
 
+std::vector<std::string> SplitWords(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string word; in >> word;) words.push_back(word);
+  return words;
+}
+
+Status ParseWords(CLI::App* app, const std::vector<std::string>& words) {
+  std::vector<std::string> reversed(words.rbegin(), words.rend());  // CLI11 parses from the back
+  try {
+    app->parse(reversed);
+  } catch (const CLI::ParseError& error) {
+    return InvalidArgument(error.what());
+  }
+  return Status::Ok();
+}
+
 void AddConnectionFlags(CLI::App* app, ConnectionFlags* flags) {
   app->add_option("--server", flags->server, "memest-server address HOST:PORT")
       ->capture_default_str();

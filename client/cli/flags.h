@@ -86,6 +86,13 @@ struct ValidateFlags {
 };
 
 void AddConnectionFlags(CLI::App* app, ConnectionFlags* flags);
+
+// A line of flags as a user types them (a Slurm comment, a Kubernetes annotation, a corpus
+// line), split at whitespace.
+std::vector<std::string> SplitWords(const std::string& text);
+// Parses `words` into `app`'s options: INVALID_ARGUMENT with CLI11's message for flags it
+// refuses (unknown, malformed, --help).
+Status ParseWords(CLI::App* app, const std::vector<std::string>& words);
 void AddValidateFlags(CLI::App* app, ValidateFlags* flags);
 StatusOr<v1::ValidateRequest> BuildValidateRequest(const ValidateFlags& flags);
 void AddEstimateFlags(CLI::App* app, EstimateFlags* flags);

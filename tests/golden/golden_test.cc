@@ -17,7 +17,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -64,19 +63,13 @@ std::string Deterministic(const google::protobuf::Message& message) {
 
 // The answer to one line of flags.
 Record Answer(const std::string& line) {
-  std::vector<std::string> words;
-  std::istringstream in(line);
-  for (std::string word; in >> word;) words.push_back(word);
-  std::vector<std::string> reversed(words.rbegin(), words.rend());
   CLI::App app{"golden"};
   cli::EstimateFlags flags;
   cli::AddEstimateFlags(&app, &flags);
   Record record;
-  try {
-    app.parse(reversed);
-  } catch (const CLI::ParseError& error) {
+  if (Status parsed = cli::ParseWords(&app, cli::SplitWords(line)); !parsed.ok()) {
     record.code = "FLAGS";
-    record.hash = Sha256(error.what());
+    record.hash = Sha256(parsed.message());
     return record;
   }
   StatusOr<v1::EstimateRequest> request = cli::BuildEstimateRequest(flags);
