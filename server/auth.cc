@@ -2,12 +2,11 @@
 
 #include <sys/stat.h>
 
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <utility>
 
 #include "engine/ir/text.h"
+#include "server/flag_file.h"
 
 namespace memest {
 namespace {
@@ -18,13 +17,7 @@ constexpr size_t kMaxToken = 4096;
 }  // namespace
 
 StatusOr<std::string> ReadTokenFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) {
-    return InvalidArgument(std::string(kFlag) + ": cannot read " + Quote(path));
-  }
-  const std::string s = text.str();
+  MEMEST_ASSIGN_OR_RETURN(const std::string s, ReadFlagFile(kFlag, path, kMaxToken));
   const size_t begin = s.find_first_not_of(" \t\r\n");
   if (begin == std::string::npos) {
     return InvalidArgument(std::string(kFlag) + ": " + Quote(path) + " holds no token");

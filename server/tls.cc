@@ -1,18 +1,14 @@
 #include "server/tls.h"
 
-#include <errno.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 #include <openssl/bio.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
-#include <sys/stat.h>
-
-#include <cstring>
-#include <fstream>
 
 #include "engine/ir/text.h"
+#include "server/flag_file.h"
 
 namespace memest {
 namespace {
@@ -33,25 +29,7 @@ using Bio = std::unique_ptr<BIO, BioFree>;
 }  // namespace
 
 StatusOr<std::string> ReadPemFile(const char* flag, const std::string& path) {
-  // A regular file (a Kubernetes Secret's symlinks lead to one): not a FIFO that would block,
-  // nor /dev/zero; and no more than the bound is read.
-  struct stat info {};
-  if (stat(path.c_str(), &info) != 0) {
-    return InvalidArgument(std::string(flag) + ": cannot read " + Quote(path) + ": " +
-                           std::strerror(errno));
-  }
-  if (!S_ISREG(info.st_mode)) {
-    return InvalidArgument(std::string(flag) + ": " + Quote(path) + " is not a regular file");
-  }
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return InvalidArgument(std::string(flag) + ": cannot read " + Quote(path));
-  std::string pem(kMaxPemBytes + 1, '\0');
-  file.read(pem.data(), static_cast<std::streamsize>(pem.size()));
-  pem.resize(static_cast<size_t>(file.gcount()));
-  if (pem.size() > kMaxPemBytes) {
-    return InvalidArgument(std::string(flag) + ": " + Quote(path) + " is larger than 1 MiB");
-  }
-  return pem;
+  return ReadFlagFile(flag, path, kMaxPemBytes);
 }
 
 namespace {
