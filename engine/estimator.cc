@@ -322,6 +322,7 @@ StatusOr<BuildContext> StepBuildContext(const RunConfig& config, int64_t max_ops
   ctx.budget = budget;
   if (IsAutocast(config.precision)) ctx.autocast = ComputeDType(config.precision);
   ctx.attention = ResolveAttention(config);
+  ctx.runtime = config.runtime;
   ctx.expert_load = config.expert_load;
   ctx.megatron = IsMegatron(config.parallelism.sharding);
   MEMEST_ASSIGN_OR_RETURN(std::optional<DeviceInfo> device, ResolveDevice(config));

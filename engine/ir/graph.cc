@@ -274,6 +274,7 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   op.attrs = std::move(attrs);
   op.scope = scope_;
   OpCall call{op, {}, {}, field};
+  call.runtime = graph_.runtime;
   for (int id : op.inputs) call.inputs.push_back(&graph_.tensors[id]);
   StatusOr<std::vector<OutputSpec>> specs = InferOutputs(call);
   if (!specs.ok()) {

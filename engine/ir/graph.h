@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "engine/ir/budget.h"
+#include "engine/ir/config.h"
 #include "engine/ir/dtype.h"
 #include "engine/ir/shape.h"
 #include "engine/ir/status.h"
@@ -97,6 +98,9 @@ struct Graph {
   // The dtype torch.autocast cast to while the graph was built (its casts are ops of the graph);
   // float32 when it was built without autocast.
   DType autocast = DType::kFloat32;
+  // What the graph was built to run on: the few shape rules that differ between CUDA and the
+  // CPU runtime see it (a fused attention's output layout, engine/rules/attention.cc).
+  Runtime runtime = Runtime::kCuda;
 
   int64_t ParameterCount() const;      // elements of all parameters
   int64_t TrainableParameterCount() const;
@@ -165,6 +169,8 @@ class GraphBuilder {
   void EnableAutocast(DType half);
   // autocast's dtype (EnableAutocast), float32 without it.
   DType autocast() const { return graph_.autocast; }
+  // The runtime the ops added next are inferred for (Graph::runtime); CUDA unless set.
+  void SetRuntime(Runtime runtime) { graph_.runtime = runtime; }
 
   // Module scopes: ops added between Push and Pop carry "outer.inner" scopes.
   void PushScope(std::string_view name);

@@ -236,6 +236,7 @@ StatusOr<Graph> BuildFamily(const Family& family, const Fields& f, int64_t seq, 
                             const BuildContext& context) {
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  b.SetRuntime(context.runtime);
   b.SetBudget(context.budget);
   b.NameSize(context.micro_batch, "config.batch_size");
   b.NameSize(seq, "model.hf_config.seq");

@@ -167,6 +167,7 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
 
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  b.SetRuntime(context.runtime);
   b.SetBudget(context.budget);
   // A shape too large to count in bytes names the size the user set (GraphBuilder::NameSize).
   b.NameSize(context.micro_batch, "config.batch_size");
@@ -349,6 +350,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
 
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  b.SetRuntime(context.runtime);
   b.SetBudget(context.budget);
   // Rescaled inputs take their batch dim from the config (GraphBuilder::NameSize).
   if (rescale) b.NameSize(context.micro_batch, "config.batch_size");

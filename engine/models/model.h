@@ -142,6 +142,8 @@ struct BuildContext {
   // training and in inference, where it is the prompt's cache that generation goes on from
   // (not in vLLM's profile run, nor under Megatron-LM, whose models return none).
   bool use_cache = false;
+  // What runs the step (config.runtime): the graph's shape rules that differ see it.
+  Runtime runtime = Runtime::kCuda;
 };
 
 // Whether the model's forward returns its keys and values (Graph::cache): context.use_cache,

@@ -444,6 +444,7 @@ StatusOr<Graph> Build(const Preset& preset, const BuildContext& context, const V
                       const std::map<std::string, int64_t>& set) {
   GraphBuilder b;
   b.SetMaxOps(context.max_ops);
+  b.SetRuntime(context.runtime);
   b.SetBudget(context.budget);
   b.NameSize(context.micro_batch, "config.batch_size");
   for (const auto& [name, value] : set) b.NameSize(value, ParamField(name));

@@ -68,6 +68,7 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional
                             const std::vector<char>* drop_leaves) {
   GraphBuilder b;
   b.SetBudget(budget);
+  b.SetRuntime(g.runtime);
   const DType half = autocast.value_or(g.autocast);
   if (half != DType::kFloat32) b.EnableAutocast(half);
   std::vector<int> map(g.tensors.size(), -1);

@@ -40,6 +40,25 @@ namespace {
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+SdpaParams ParamsOf(const OpCall& c);
+SdpaBackend CudaBackend(const OpCall& c, const SdpaParams& p);
+
+// The memory layout a fused kernel writes its output [B, H, L, Dv] in. CUDA's memory-efficient
+// kernel allocates [B, L, H, Dv] whatever the query's layout and returns it transposed
+// (_efficient_attention_forward: at::empty({B, M, num_heads, Kv})), so nn.MultiheadAttention's
+// permute(2, 0, 1, 3).contiguous() of it copies (measured on an H200, PyTorch 2.11: one
+// [L, B, E] copy per layer that out_proj keeps). Flash (empty_like of q.transpose(1, 2)), cuDNN
+// (the query's layout) and the CPU runtime's kernel (measured on 2.x's CPU: that permute copies
+// nothing) follow the query.
+Strides FusedOutputStrides(const OpCall& c, const Shape& out) {
+  if (c.runtime == Runtime::kCuda && out.size() == 4 &&
+      CudaBackend(c, ParamsOf(c)) == SdpaBackend::kEfficient) {
+    const int64_t h = out[1], l = out[2], dv = out[3];
+    return Strides{l * h * dv, dv, h * dv, 1};
+  }
+  return DenseStridesLike(c.in(0), out);
+}
+
 StatusOr<std::vector<OutputSpec>> InferSdpa(const OpCall& c) {
   for (size_t i = 0; i < 3; ++i) {
     MEMEST_RETURN_IF_ERROR(RequireFloating(c, i));
@@ -78,12 +97,7 @@ StatusOr<std::vector<OutputSpec>> InferSdpa(const OpCall& c) {
   Shape out = q;
   out.back() = v.back();
   OutputSpec spec{out, c.in(0).dtype};
-  if (fused) {
-    // The fused kernels allocate the output in the query's memory layout (measured on 2.15's
-    // CPU: nn.MultiheadAttention's permute(2, 0, 1, 3).contiguous() of it then copies nothing;
-    // on CUDA flash's empty_like(q.transpose(1, 2)), efficient's [B, L, H, Dv]).
-    spec.strides = DenseStridesLike(c.in(0), out);
-  }
+  if (fused) spec.strides = FusedOutputStrides(c, out);
   return std::vector<OutputSpec>{spec};
 }
 

@@ -109,6 +109,42 @@ OpMemory FusedMemory(DType dtype, const std::string& backend, int64_t kv_heads, 
   return OpMemoryOf(call);
 }
 
+// nn.MultiheadAttention(batch_first=True)'s path to out_proj, as a 2.x trace records it: q, k
+// and v are [B, H, L, D] views of an [L, B, E] projection, the fused output is permuted to
+// [L, B, H, D] and made contiguous. Returns whether that contiguous() copies.
+bool MhaMergeCopies(DType dtype, Runtime runtime, const std::string& backend = "") {
+  GraphBuilder b;
+  b.SetRuntime(runtime);
+  const int64_t B = 4, H = 8, L = 64, D = 32;
+  std::vector<int> qkv;
+  for (int i = 0; i < 3; ++i) {
+    const int x = b.Parameter("x" + std::to_string(i), {L, B * H, D}, dtype);
+    const int t = b.Add1("transpose", {x}, {{"dim0", int64_t{0}}, {"dim1", int64_t{1}}});
+    qkv.push_back(b.Add1("view", {t}, {{"shape", std::vector<int64_t>{B, H, L, D}}}));
+  }
+  Attrs attrs{{"fused", int64_t{1}}};
+  if (!backend.empty()) attrs["backend"] = backend;
+  const int y = b.Add1("scaled_dot_product_attention", qkv, attrs);
+  const int p = b.Add1("permute", {y}, {{"dims", std::vector<int64_t>{2, 0, 1, 3}}});
+  const int c = b.Add1("contiguous", {p});
+  b.BeginLoss();
+  b.SetLoss(b.Add1("sum", {c}));
+  const Graph g = b.Finish().value();
+  return g.tensors[c].alias_of < 0;
+}
+
+// CUDA's memory-efficient kernel writes [B, L, H, D] whatever the query's layout
+// (_efficient_attention_forward), so the merge copies: measured on an H200 under PyTorch 2.11,
+// one [L, B, E] float32 copy per layer that out_proj keeps (docs/validation.md). Flash and
+// cuDNN follow the query's layout, and so does the CPU runtime's fused kernel: no copy.
+TEST(FusedAttentionTest, TheOutputLayoutIsTheKernels) {
+  EXPECT_TRUE(MhaMergeCopies(DType::kFloat32, Runtime::kCuda));  // efficient: float32
+  EXPECT_TRUE(MhaMergeCopies(DType::kBFloat16, Runtime::kCuda, "efficient"));
+  EXPECT_FALSE(MhaMergeCopies(DType::kBFloat16, Runtime::kCuda));  // flash
+  EXPECT_FALSE(MhaMergeCopies(DType::kBFloat16, Runtime::kCuda, "cudnn"));
+  EXPECT_FALSE(MhaMergeCopies(DType::kFloat32, Runtime::kCpuTorch113));
+}
+
 int64_t Sum(const std::vector<Alloc>& allocs) {
   int64_t s = 0;
   for (const Alloc& a : allocs) s += a.bytes;
