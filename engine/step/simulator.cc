@@ -123,7 +123,18 @@ void StepSimulator::StartOfStep() {
                                 LeafCategory(ten));
     main_.pins[t] = 1;
   }
-  if (!training_) return;
+  if (!training_) {
+    // An inference step is one of many forwards (an evaluation loop, a server): its cuBLAS
+    // handle's workspace is cached from the one before, so it is there before the first op
+    // (measured on an H200: ResNet-50's only matmul is its last layer, and the workspace counted
+    // in its peak). vLLM's profile run is its process's first forward: allocated at the first
+    // matmul, as it happens.
+    if (uses_cublas_ && !cfg_.serving.enabled) {
+      AllocWorkspace();
+      workspace_seen_ = true;
+    }
+    return;
+  }
   hooks_->StepStarts(memory());
   const bool steady = cfg_.step == StepKind::kSteadyState;
   const OptimizerCosts oc = CostsOf(cfg_.optimizer, cfg_.runtime);

@@ -459,6 +459,28 @@ TEST(RuntimeTest, CpuCountsTensorsAtTheirOwnSize) {
   EXPECT_EQ(r->breakdown[static_cast<int>(Category::kCudaContext)], 0);
 }
 
+// An inference step is one of many forwards (an evaluation loop, a server): the cuBLAS workspace
+// the one before cached is there before the first op. Measured on an H200 under PyTorch 2.11:
+// ResNet-50's one matmul is its last layer, and the workspace counted in its steady peak. vLLM's
+// profile run, its process's first forward, allocates it at its first matmul instead.
+TEST(RuntimeTest, InferenceFindsTheCublasWorkspaceCached) {
+  GraphBuilder b;
+  const int x = b.Input("x", {1024, 1024}, DType::kFloat32);
+  const int h = b.Add1("relu", {x});
+  b.Add1("linear", {h, b.Parameter("w", {16, 1024}, DType::kFloat32)});
+  const Graph g = b.Finish().value();
+  RunConfig c;
+  c.mode = Mode::kInference;
+  c.device = "h100-80gb";
+  StatusOr<Report> r = EstimateGraph(g, c, {1'000'000, false});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const int64_t workspace = int64_t{32} << 20;  // sm_90: ":4096:8"
+  ASSERT_FALSE(r->phases.empty());
+  EXPECT_EQ(r->phases[0].phase, Phase::kData);
+  EXPECT_EQ(r->phases[0].by_category[static_cast<int>(Category::kWorkspace)], workspace);
+  EXPECT_EQ(r->breakdown[static_cast<int>(Category::kWorkspace)], workspace);
+}
+
 // 1.13's foreach Adam keeps two lists of scratch (sqrt, then + eps out of place); its step
 // counters are 0-dim float32 tensors on the CPU.
 TEST(RuntimeTest, CpuForeachAdamScratchAndStepCounters) {
