@@ -1,5 +1,7 @@
 #include "engine/estimator.h"
 
+#include "engine/rules/reduce_scratch.h"
+
 #include <map>
 #include <string>
 
@@ -149,10 +151,13 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     return InvalidArgument("model: training needs a loss (a scalar to call backward on)");
   }
   MEMEST_ASSIGN_OR_RETURN(step.rank, PlanDataParallel(*step.graph, config));
+  ScheduleOptions options{step.fixed.cublas_workspace_bytes, record_operands, budget,
+                          &step.rank, stage, step.tensor.get()};
+  if (step.fixed.multiprocessors > 0) options.multiprocessors = step.fixed.multiprocessors;
+  options.max_threads_per_multiprocessor =
+      MaxThreadsPerMultiprocessor(step.fixed.compute_capability);
   MEMEST_ASSIGN_OR_RETURN(step.schedule,
-                          BuildSchedule(*step.graph, config, step.regions,
-                                        {step.fixed.cublas_workspace_bytes, record_operands, budget,
-                                         &step.rank, stage, step.tensor.get()}));
+                          BuildSchedule(*step.graph, config, step.regions, options));
   MEMEST_ASSIGN_OR_RETURN(step.live,
                           WalkSchedule(step.schedule, *step.graph, config.expandable_segments,
                                        cpu ? Accounting::kExact : Accounting::kCachingAllocator,

@@ -12,6 +12,7 @@
 
 #include "engine/ir/text.h"
 #include "engine/rules/internal.h"
+#include "engine/rules/reduce_scratch.h"
 
 namespace memest {
 namespace rules {
@@ -59,10 +60,22 @@ StatusOr<std::vector<OutputSpec>> InferAddmm(const OpCall& c) {
   return std::vector<OutputSpec>{{out, PromoteTypes(c.in(1).dtype, c.in(2).dtype)}};
 }
 
+// The gradient of a bias [C] added to every row of [N, C] is the sum of the rows (sum_to_size),
+// which on CUDA splits long columns across blocks with a staging buffer (reduce_scratch.h).
+void BiasGradScratch(const OpCall& c, int64_t rows, const Tensor& bias, OpMemory* m) {
+  if (c.runtime != Runtime::kCuda || bias.shape.size() != 1) return;
+  const ReduceScratch s = RowSumScratch(rows, bias.shape[0], bias.dtype == DType::kFloat64 ? 8 : 4,
+                                        {c.multiprocessors, c.max_threads_per_multiprocessor});
+  if (s.staging == 0) return;
+  m->backward_temps.push_back(Alloc{s.staging, "bias gradient's row-sum staging (Reduce.cuh)"});
+  m->backward_temps.push_back(Alloc{s.semaphores, "its semaphores"});
+}
+
 void AddmmMemory(const OpCall& c, OpMemory* m) {
   m->backward_needs_dense_grad = true;
   SaveInputIf(m, c.needs_grad(2), 1);
   SaveInputIf(m, c.needs_grad(1), 2);
+  if (c.needs_grad(0)) BiasGradScratch(c, c.in(1).shape[0], c.in(0), m);
 }
 
 // ---- matmul / bmm ----
@@ -165,6 +178,9 @@ void LinearMemory(const OpCall& c, OpMemory* m) {
   // addmm's (or add's, then mm's) edges: bias, x, then the weight through t()'s backward.
   m->grad_order = c.inputs.size() == 3 ? std::vector<int>{2, 0, 1} : std::vector<int>{0, 1};
   const Tensor& x = c.in(0);
+  if (c.inputs.size() == 3 && c.needs_grad(2)) {
+    BiasGradScratch(c, Numel(x.shape) / std::max<int64_t>(x.shape.back(), 1), c.in(2), m);
+  }
   if (x.shape.size() >= 3) {
     const Operand3d folded =
         FoldOperand(x, x.shape, {Numel(x.shape) / std::max<int64_t>(x.shape.back(), 1), x.shape.back()});

@@ -137,6 +137,10 @@ struct OpCall {
   CpuIsa cpu_isa = CpuIsa::kAvx512;  // the CPU runtime's convolution kernels
   int64_t cpu_l1_bytes = 0;           // and the caches they are blocked by (0: oneDNN's defaults)
   int64_t cpu_l2_bytes = 0;
+  // The GPU's multiprocessors and threads per multiprocessor, which size a CUDA reduction's
+  // staging buffer (engine/rules/reduce_scratch.h); an H100's by default.
+  int multiprocessors = 132;
+  int max_threads_per_multiprocessor = 2048;
 
   const Tensor& in(size_t i) const { return *inputs[i]; }
   const Tensor& out(size_t i) const { return *outputs[i]; }

@@ -112,6 +112,9 @@ struct ScheduleOptions {
   const PipelineStage* pipeline = nullptr;
   // The tensor-parallel rank's buffers (the graph is already the rank's); null: none.
   const TensorParallelView* tensor = nullptr;
+  // The GPU's multiprocessors and threads per multiprocessor (OpCall's): an H100's by default.
+  int multiprocessors = 132;
+  int max_threads_per_multiprocessor = 2048;
 };
 
 // Builds the schedule of one step. The graph must be built for config.micro_batch(). Refuses
