@@ -7,7 +7,7 @@
 // The case modelled is the one every bias gradient runs: a contiguous [N, C] summed over its
 // rows into [C] (addmm's and linear's bias, through sum_to_size). Ported from PyTorch 2.11.0's
 // Reduce.cuh; checked against 96 sums measured on an H200 (tests/validation/cuda_probe.py,
-// tests/data/cuda/h200-torch2.11/probe.json) and the bias gradients of nn.TransformerEncoder, BERT,
+// tests/data/cuda/h200-torch2.11-probe.json) and the bias gradients of nn.TransformerEncoder, BERT,
 // ViT and GPT-2 recorded there.
 #ifndef MEMEST_ENGINE_RULES_REDUCE_SCRATCH_H_
 #define MEMEST_ENGINE_RULES_REDUCE_SCRATCH_H_

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Compares memest's estimates with the steps tests/validation/cuda_record.py recorded on a GPU.
 
-For each recorded case with a trace (DIR/NAME.MODE.trace.json: cuda_record.py's, or one made
-elsewhere with its --trace-only and the same torch and transformers), `memest estimate --local --json` of the traced model with the
-case's run (optimizer, precision, --no-hold-outputs, training or inference, the recording GPU as
+For each recorded case with a trace (DIR/NAME.MODE.trace.json, or .trace.json.gz: cuda_record.py's,
+or one made elsewhere with its --trace-only and the same torch and transformers), `memest
+estimate --local --json` of the traced model with the case's run (optimizer, precision, --no-hold-outputs, training or inference, the recording GPU as
 the device) against the measured steady-state step: per phase, the peak allocated and reserved
 bytes; and the step's peak. Prints a table, and with --markdown writes it as a section of docs.
 
@@ -14,10 +14,13 @@ the table is the record of where memest stands on the GPU).
 """
 import argparse
 import glob
+import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -62,6 +65,44 @@ def mib(n):
     return f"{n / 2**20:.1f}"
 
 
+def find_trace(path):
+    """NAME.MODE.trace.json beside NAME.MODE.json, or its gzipped copy (the stored records')."""
+    trace = path[:-len(".json")] + ".trace.json"
+    if os.path.exists(trace) or not os.path.exists(trace + ".gz"):
+        return trace
+    return trace + ".gz"
+
+
+def compare_dir(directory, memest):
+    """Per recorded case, in name order: (name, record, rows or None, detail).
+
+    rows as compare() gives them; None with `detail` saying why when the case was not measured
+    on a GPU, not traced, or its estimate failed ("estimate failed: ...")."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        if path.endswith(".trace.json"):
+            continue
+        with open(path) as f:
+            rec = json.load(f)
+        name = f"{rec['case']} [{rec['mode']}]"
+        trace = find_trace(path)
+        if "steps" not in rec or "peak_allocated" not in rec["steps"][-1]["phases"][0]:
+            out.append((name, rec, None, "not measured on a GPU"))
+            continue
+        if "trace_error" in rec or not os.path.exists(trace):
+            out.append((name, rec, None, f"not traced: {rec.get('trace_error', 'no trace')}"))
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            if trace.endswith(".gz"):
+                plain = os.path.join(tmp, os.path.basename(trace)[:-len(".gz")])
+                with gzip.open(trace, "rb") as src, open(plain, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                trace = plain
+            rows, detail = compare(rec, trace, memest)
+        out.append((name, rec, rows, detail if rows is not None else f"estimate failed: {detail}"))
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir")
@@ -70,25 +111,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     memest = os.path.join(args.build, "bin", "memest")
     lines, failed = [], 0
-    for path in sorted(glob.glob(os.path.join(args.dir, "*.json"))):
-        if path.endswith(".trace.json"):
-            continue
-        with open(path) as f:
-            rec = json.load(f)
-        name = f"{rec['case']} [{rec['mode']}]"
-        trace = path[:-len(".json")] + ".trace.json"
-        if "steps" not in rec or "peak_allocated" not in rec["steps"][-1]["phases"][0]:
-            print(f"{name}: not measured on a GPU")
-            continue
-        if "trace_error" in rec or not os.path.exists(trace):
-            lines.append(f"### {name}\n\nnot traced: `{rec.get('trace_error', 'no trace')}`\n")
-            print(f"{name}: not traced: {rec.get('trace_error', '')[:200]}")
-            continue
-        rows, detail = compare(rec, trace, memest)
+    for name, rec, rows, detail in compare_dir(args.dir, memest):
         if rows is None:
-            failed += 1
-            lines.append(f"### {name}\n\nestimate failed: `{detail}`\n")
-            print(f"{name}: estimate failed: {detail}")
+            failed += detail.startswith("estimate failed")
+            if not detail.startswith("not measured"):
+                lines.append(f"### {name}\n\n{detail.split(':')[0]}: `{detail.split(': ', 1)[-1]}`\n")
+            print(f"{name}: {detail[:300]}")
             continue
         lines.append(f"### {name}\n\n`memest {detail}`; batch {rec['batch']}, "
                      f"{rec['parameters']:,} parameters\n")

@@ -6,8 +6,8 @@ process of its own:
 
   1. memest.trace of the model (meta tensors, the same batch): DIR/NAME.trace.json, the model
      `memest estimate --model` reads;
-  2. the step on the GPU: the cuBLAS workspaces first (a matmul forward and backward), the model
-     and its optimizer, one warm-up step, then one measured steady-state step; for each phase
+  2. the step on the GPU: the cuBLAS workspaces first (training: a matmul forward and backward;
+     inference: one forward matmul), the model and its optimizer, one warm-up step, then one measured steady-state step; for each phase
      (data, forward, loss, backward, optimizer step; data and forward for inference) the bytes
      allocated when it starts and torch.cuda.max_memory_allocated() / max_memory_reserved() over
      it (the peak statistics reset at each phase's start): DIR/NAME.json;
@@ -198,8 +198,16 @@ def run_case(name, mode, out_dir, dry_run, trace_only=False, no_trace=False):
         # Python stacks of each allocation (no C++ frames: symbolizing them takes minutes).
         torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
                                                  max_entries=500000)
-        a = torch.randn(256, 256, device=device, requires_grad=True)
-        (a @ a).sum().backward()
+        # The cuBLAS workspaces the step itself would create: training's forward and backward
+        # threads each get one (a matmul forward and backward); inference runs on one thread, so
+        # one forward matmul under no_grad (a backward here would add a second workspace that
+        # real inference never makes).
+        a = torch.randn(256, 256, device=device, requires_grad=training)
+        if training:
+            (a @ a).sum().backward()
+        else:
+            with torch.no_grad():
+                a @ a
         del a
         torch.cuda.synchronize()
         record["cublas_warmup_bytes"] = torch.cuda.memory_allocated()
