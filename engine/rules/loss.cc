@@ -63,12 +63,20 @@ void CrossEntropyMemory(const OpCall& c, OpMemory* m) {
   if (f32) m->saved_extras.push_back(logp32);
   m->saved_extras.push_back(total_weight);
   if (!IsFloating(c.in(1).dtype)) m->saved_inputs.push_back(1);
-  // nll_loss_backward's [N, C] gradient (float32 under autocast, then cast back to the logits'
-  // dtype for _log_softmax_backward_data).
-  m->backward_temps.push_back(Alloc{f32 ? n * 4 : BytesOf(c.in(0)), "nll_loss_backward gradient"});
-  if (f32) m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "its cast to the logits' dtype"});
   m->grad_flow = {GradFlow::kFresh, GradFlow::kNone};
   m->backward_scratch_consumes_grad = true;  // NllLossBackward releases it
+  const Alloc nll_grad{f32 ? n * 4 : BytesOf(c.in(0)), "nll_loss_backward gradient"};
+  if (!f32) {
+    m->backward_temps.push_back(nll_grad);
+    return;
+  }
+  // Under autocast three nodes run: NllLossBackward makes its float32 gradient and lets go of the
+  // float32 copy it kept; ToCopyBackward casts the gradient to the logits' dtype and the float32
+  // one dies; LogSoftmaxBackward makes the logits' gradient (seen in that order on an H200 under
+  // PyTorch 2.11, GPT-2 and Llama in bfloat16 autocast: docs/gpu-records.md).
+  m->backward_first_temps.push_back(nll_grad);
+  m->first_node_releases.push_back(1);  // logp32
+  m->backward_temps.push_back(Alloc{BytesOf(c.in(0)), "its cast to the logits' dtype"});
 }
 
 // nll_loss(logp[N, C, ...], target[N, ...] int64): what cross_entropy runs after log_softmax,

@@ -202,6 +202,11 @@ struct OpMemory {
   // With backward_scratch_consumes_grad: scratch of the first node alone, freed when it returns,
   // before the second makes the inputs' gradients (CopySlices' clones of a view's gradient).
   std::vector<Alloc> backward_first_temps;
+  // With backward_scratch_consumes_grad: saved_extras (their indices) only the first node keeps,
+  // released when it returns, before the second node's scratch is made (autograd frees a node's
+  // saved variables once it has run: nll_loss's float32 copy of the log-probabilities under
+  // autocast, gone before the cast of its gradient back to the logits' dtype).
+  std::vector<int> first_node_releases;
   // The order the backward hands the inputs' gradients on (autograd's next edges; an input
   // reached through another node, as linear's weight through t(), comes last). Empty: the
   // inputs' order. It matters where gradients meet in an InputBuffer (a weight used each step).

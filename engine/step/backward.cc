@@ -207,7 +207,9 @@ bool StepSimulator::SavesAnything(int i) {
 
 void StepSimulator::ReleaseSaved(SavedByOp& saved) {
   for (auto [st, s] : saved.holds) Unhold(*st, s);
-  for (int b : saved.extras) FreeBuffer(b);
+  for (int b : saved.extras) {
+    if (b >= 0) FreeBuffer(b);  // -1: released already (OpMemory::first_node_releases)
+  }
   Sum(&saved_bytes_, -saved.extra_bytes);
   saved = SavedByOp{};
 }
@@ -285,6 +287,14 @@ void StepSimulator::RunBackwardOp(int i, bool recompute) {
     std::vector<int> first;
     for (const Alloc& a : mem.backward_first_temps) {
       first.push_back(NewBuffer(a.bytes, Category::kTemporaries));
+    }
+    SavedByOp& saved = op_saved_[i];
+    for (int e : mem.first_node_releases) {
+      if (e < 0 || e >= static_cast<int>(saved.extras.size()) || saved.extras[e] < 0) continue;
+      FreeBuffer(saved.extras[e]);
+      saved.extras[e] = -1;
+      Sum(&saved.extra_bytes, -mem.saved_extras[e].bytes);
+      Sum(&saved_bytes_, -mem.saved_extras[e].bytes);
     }
     make_temps();
     for (int b : first) FreeBuffer(b);

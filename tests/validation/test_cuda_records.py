@@ -28,16 +28,14 @@ FLOORS = {
     "transformer_encoder [training]": -0.0075,
     "bert-base-sdpa [training]": -0.0090,
     "vit_b_16 [training]": -0.0040,
+    # 23 MiB already in the forward, not yet traced to an op.
+    "llama-sdpa-bf16 [training]": -0.0050,
     # cuDNN's RNN workspace (187 MB here, about the reserve's size), which memest does not model.
     "lstm_lm [inference]": -0.10,
 }
 # Where memest says more, and why.
 MAX_OVER = 0.01
 CEILINGS = {
-    # Under autocast, cross_entropy's float32 copy of the log-probabilities is released as soon as
-    # nll_loss's backward has run; memest holds it through the whole op's backward (+1 logits).
-    "gpt2-sdpa-bf16 [training]": 0.12,
-    "llama-sdpa-bf16 [training]": 0.09,
     # In eval mode under no_grad nn.TransformerEncoderLayer takes PyTorch's fused fast path
     # (_transformer_encoder_layer_fwd), which the tracer, on meta tensors, cannot take.
     "transformer_encoder [inference]": 0.21,
