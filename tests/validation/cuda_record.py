@@ -7,7 +7,8 @@ process of its own:
   1. memest.trace of the model (meta tensors, the same batch): DIR/NAME.trace.json, the model
      `memest estimate --model` reads;
   2. the step on the GPU: the cuBLAS workspaces first (training: a matmul forward and backward;
-     inference: one forward matmul), the model and its optimizer, one warm-up step, then one measured steady-state step; for each phase
+     inference: one forward matmul), the model and its optimizer, one warm-up step, then one
+     measured steady-state step; for each phase
      (data, forward, loss, backward, optimizer step; data and forward for inference) the bytes
      allocated when it starts and torch.cuda.max_memory_allocated() / max_memory_reserved() over
      it (the peak statistics reset at each phase's start): DIR/NAME.json;
@@ -85,6 +86,29 @@ def _hf(cls_name, cfg_name, attn, b, seq, **cfg):
     return make, lambda: _tokens(b, seq, cfg["vocab_size"])
 
 
+def _hf_checkpointed(*args, **cfg):
+    """_hf's model with Hugging Face's gradient checkpointing on (every decoder layer)."""
+    make, data = _hf(*args, **cfg)
+
+    def make_checkpointed():
+        model = make()
+        model.gradient_checkpointing_enable()
+        return model
+    return make_checkpointed, data
+
+
+def _hf_lora(*args, **cfg):
+    """_hf's model with PEFT's LoRA on q_proj and v_proj (r 16, alpha 32, dropout 0.05)."""
+    make, data = _hf(*args, **cfg)
+
+    def make_lora():
+        import peft
+        config = peft.LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05,
+                                 target_modules=["q_proj", "v_proj"])
+        return peft.get_peft_model(make(), config)
+    return make_lora, data
+
+
 def _encoder(b, seq, d=512, heads=8, layers=6):
     def make():
         import torch.nn as nn
@@ -133,6 +157,9 @@ CASES = {
     "bert-base-eager": (*_hf("BertForMaskedLM", "BertConfig", "eager", 8, 512, **BERT), "cross_entropy", "adamw", "fp32", ("training",)),
     "gpt2-sdpa-bf16": (*_hf("GPT2LMHeadModel", "GPT2Config", "sdpa", 4, 1024, **GPT2), "cross_entropy", "adamw", "bf16", ("training",)),
     "llama-sdpa-bf16": (*_hf("LlamaForCausalLM", "LlamaConfig", "sdpa", 4, 1024, **LLAMA), "cross_entropy", "adamw", "bf16", ("training",)),
+    "llama-gqa-checkpointed-bf16": (*_hf_checkpointed("LlamaForCausalLM", "LlamaConfig", "sdpa", 8, 1024, **dict(LLAMA, num_key_value_heads=4)), "cross_entropy", "adamw", "bf16", ("training",)),
+    "llama-lora-bf16": (*_hf_lora("LlamaForCausalLM", "LlamaConfig", "sdpa", 4, 1024, **LLAMA), "cross_entropy", "adamw", "bf16", ("training",)),
+    "bert-base-sdpa-bf16": (*_hf("BertForMaskedLM", "BertConfig", "sdpa", 8, 512, **BERT), "cross_entropy", "adamw", "bf16", ("training",)),
     "transformer_encoder": (*_encoder(32, 256), "mse", "adamw", "fp32", ("training", "inference")),
     "lstm_lm": (*_lstm_lm(32, 128), "cross_entropy", "adamw", "fp32", ("training", "inference")),
 }
