@@ -64,6 +64,20 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
                               std::string(DTypeName(built.autocast)) + " autocast, not " +
                               PrecisionName(config.precision));
   }
+  // The fused attention's output layout is the runtime's (engine/rules/attention.cc): a graph
+  // built for one runtime is not the other's.
+  if (built.runtime != config.runtime) {
+    for (const Op& op : built.ops) {
+      if (op.kind != "scaled_dot_product_attention") continue;
+      const StatusOr<int64_t> fused = IntAttr(op.attrs, "fused", 0, "");
+      if (fused.ok() && *fused != 0) {
+        return FailedPrecondition(std::string("config.runtime: the graph was built for ") +
+                                  RuntimeName(built.runtime) + ", whose fused attention lays out " +
+                                  "its output otherwise; build it for " +
+                                  RuntimeName(config.runtime) + " (GraphBuilder::SetRuntime)");
+      }
+    }
+  }
   step.graph = &built;
   if (half != built.autocast) {
     MEMEST_ASSIGN_OR_RETURN(Graph autocast, ApplyAutocast(built, half));

@@ -126,6 +126,7 @@ StatusOr<Graph> Slice(const Graph& g, int lo, int hi, bool last) {
     }
   }
   s.autocast = g.autocast;
+  s.runtime = g.runtime;
   return s;
 }
 
@@ -153,6 +154,7 @@ StageChunk Append(Graph& into, const Graph& part) {
   if (part.loss_begin >= 0) into.loss_begin = part.loss_begin + o0;
   into.loss = part.loss >= 0 ? part.loss + t0 : -1;
   into.autocast = part.autocast;
+  into.runtime = part.runtime;
   StageChunk c;
   c.first_op = o0;
   c.last_op = static_cast<int>(into.ops.size()) - 1;

@@ -43,16 +43,24 @@ int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 SdpaParams ParamsOf(const OpCall& c);
 SdpaBackend CudaBackend(const OpCall& c, const SdpaParams& p);
 
-// The memory layout a fused kernel writes its output [B, H, L, Dv] in. CUDA's memory-efficient
-// kernel allocates [B, L, H, Dv] whatever the query's layout and returns it transposed
-// (_efficient_attention_forward: at::empty({B, M, num_heads, Kv})), so nn.MultiheadAttention's
-// permute(2, 0, 1, 3).contiguous() of it copies (measured on an H200, PyTorch 2.11: one
-// [L, B, E] copy per layer that out_proj keeps). Flash (empty_like of q.transpose(1, 2)), cuDNN
-// (the query's layout) and the CPU runtime's kernel (measured on 2.x's CPU: that permute copies
-// nothing) follow the query.
+// The memory layout a fused op's output [B, H, L, Dv] has, as the kernel that runs it writes
+// it. CUDA's memory-efficient kernel allocates [B, L, H, Dv] whatever the query's layout and
+// returns it transposed (_efficient_attention_forward: at::empty({B, M, num_heads, Kv})), so
+// nn.MultiheadAttention's permute(2, 0, 1, 3).contiguous() of it copies (measured on an H200,
+// PyTorch 2.11: one [L, B, E] copy per layer that out_proj keeps). Flash (empty_like of
+// q.transpose(1, 2)) and cuDNN (the query's layout) follow the query, and so does the CPU
+// runtime's fused kernel (measured on a 2.x CPU: that permute copies nothing). The math form,
+// which runs where no fused kernel can (and on the CPU runtime under dropout with grad), ends
+// in matmul(attn, v): contiguous.
 Strides FusedOutputStrides(const OpCall& c, const Shape& out) {
-  if (c.runtime == Runtime::kCuda && out.size() == 4 &&
-      CudaBackend(c, ParamsOf(c)) == SdpaBackend::kEfficient) {
+  const SdpaParams p = ParamsOf(c);
+  if (c.runtime == Runtime::kCpuTorch113) {
+    if (p.dropout > 0 && c.grad_enabled) return {};
+    return DenseStridesLike(c.in(0), out);
+  }
+  const SdpaBackend backend = CudaBackend(c, p);
+  if (backend == SdpaBackend::kMath) return {};
+  if (backend == SdpaBackend::kEfficient && out.size() == 4) {
     const int64_t h = out[1], l = out[2], dv = out[3];
     return Strides{l * h * dv, dv, h * dv, 1};
   }

@@ -62,13 +62,19 @@ StatusOr<std::vector<OutputSpec>> InferAddmm(const OpCall& c) {
 
 // The gradient of a bias [C] added to every row of [N, C] is the sum of the rows (sum_to_size),
 // which on CUDA splits long columns across blocks with a staging buffer (reduce_scratch.h).
+// The sum runs over the output's gradient, in the output's dtype.
 void BiasGradScratch(const OpCall& c, int64_t rows, const Tensor& bias, OpMemory* m) {
   if (c.runtime != Runtime::kCuda || bias.shape.size() != 1) return;
-  const ReduceScratch s = RowSumScratch(rows, bias.shape[0], bias.dtype == DType::kFloat64 ? 8 : 4,
-                                        {c.multiprocessors, c.max_threads_per_multiprocessor});
+  const DType grad = c.outputs.empty() ? bias.dtype : c.out(0).dtype;
+  const ReduceScratch s =
+      RowSumScratch(rows, bias.shape[0], DTypeSize(grad), grad == DType::kFloat64 ? 8 : 4,
+                    {c.multiprocessors, c.max_threads_per_multiprocessor});
   if (s.staging == 0) return;
   m->backward_temps.push_back(Alloc{s.staging, "bias gradient's row-sum staging (Reduce.cuh)"});
   m->backward_temps.push_back(Alloc{s.semaphores, "its semaphores"});
+  if (s.accumulator > 0) {
+    m->backward_temps.push_back(Alloc{s.accumulator, "float accumulator of a sum in pieces"});
+  }
 }
 
 void AddmmMemory(const OpCall& c, OpMemory* m) {

@@ -13,6 +13,8 @@
 #include "engine/rules/reduce_scratch.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 namespace memest {
 namespace {
@@ -29,9 +31,8 @@ int64_t LastPow2(int64_t n) {
   return p;
 }
 
-}  // namespace
-
-ReduceScratch RowSumScratch(int64_t rows, int64_t cols, int64_t acc_size, const ReduceDevice& d) {
+// One kernel's staging and semaphores: x [rows, cols] that 32-bit offsets reach.
+ReduceScratch OneKernel(int64_t rows, int64_t cols, int64_t acc_size, const ReduceDevice& d) {
   if (rows <= 1 || cols < 2) return {};  // a copy, or a full reduction (not this layout)
   int64_t vec = 4;
   while (cols % vec != 0) vec /= 2;
@@ -51,7 +52,26 @@ ReduceScratch RowSumScratch(int64_t rows, int64_t cols, int64_t acc_size, const 
   const int64_t ctas =
       std::max(std::min(DivUp(target, grid_x), DivUp(per_thread, 16)), DivUp(per_thread, 256));
   if (ctas <= 1) return {};
-  return ReduceScratch{acc_size * cols * ctas * width * vec, 4 * grid_x};
+  return ReduceScratch{acc_size * cols * ctas * width * vec, 4 * grid_x, 0};
+}
+
+}  // namespace
+
+ReduceScratch RowSumScratch(int64_t rows, int64_t cols, int64_t elem_size, int64_t acc_size,
+                            const ReduceDevice& d) {
+  constexpr int64_t kMax32 = std::numeric_limits<int32_t>::max();
+  // can_use_32bit_indexing: the elements and the last element's byte offset within int32. Else
+  // split_by_dim halves the dim of the largest offset span, the rows, and each half is summed in
+  // turn (the larger half is the ceiling).
+  int64_t piece = rows;
+  auto fits = [&](int64_t r) {
+    return r <= kMax32 / std::max<int64_t>(cols, 1) &&
+           (r - 1) * cols * elem_size + (cols - 1) * elem_size < kMax32;
+  };
+  while (piece > 1 && !fits(piece)) piece -= piece / 2;
+  ReduceScratch s = OneKernel(piece, cols, acc_size, d);
+  if (piece < rows && elem_size < acc_size) s.accumulator = cols * acc_size;
+  return s;
 }
 
 int MaxThreadsPerMultiprocessor(int compute_capability) {

@@ -143,6 +143,27 @@ TEST(FusedAttentionTest, TheOutputLayoutIsTheKernels) {
   EXPECT_FALSE(MhaMergeCopies(DType::kBFloat16, Runtime::kCuda));  // flash
   EXPECT_FALSE(MhaMergeCopies(DType::kBFloat16, Runtime::kCuda, "cudnn"));
   EXPECT_FALSE(MhaMergeCopies(DType::kFloat32, Runtime::kCpuTorch113));
+  // Where no fused kernel runs (float64 here), the math form's matmul(attn, v) is contiguous.
+  EXPECT_TRUE(MhaMergeCopies(DType::kFloat64, Runtime::kCuda));
+}
+
+// A graph built for CUDA is not the CPU runtime's where a fused attention's layout differs:
+// refused, naming config.runtime, rather than estimated with CUDA's layouts.
+TEST(FusedAttentionTest, AGraphOfTheOtherRuntimeIsRefused) {
+  GraphBuilder b;
+  std::vector<int> qkv;
+  for (int i = 0; i < 3; ++i) qkv.push_back(b.Input("x" + std::to_string(i), {2, 4, 16, 8}, DType::kFloat32));
+  b.Add1("scaled_dot_product_attention", qkv, {{"fused", int64_t{1}}});
+  const Graph g = b.Finish().value();
+  RunConfig c;
+  c.mode = Mode::kInference;
+  c.runtime = Runtime::kCpuTorch113;
+  StatusOr<Report> r = EstimateGraph(g, c, {1'000'000, false});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("config.runtime"), std::string::npos) << r.status().message();
+  c.runtime = Runtime::kCuda;
+  EXPECT_TRUE(EstimateGraph(g, c, {1'000'000, false}).ok());
 }
 
 int64_t Sum(const std::vector<Alloc>& allocs) {

@@ -66,6 +66,16 @@ RunConfig Pipelined(int64_t stages, int64_t micro_batches) {
   return c;
 }
 
+// A stage is inferred for the runtime its model was built for (Graph::runtime: a fused
+// attention's output layout depends on it), also when a later pass replays it.
+TEST(PipelineTest, StagesKeepTheirModelsRuntime) {
+  Graph g = Blocks();
+  g.runtime = Runtime::kCpuTorch113;
+  const RunConfig c = Pipelined(2, 4);
+  EXPECT_EQ(PlanPipelineStage(g, c, 0).value().graph.runtime, Runtime::kCpuTorch113);
+  EXPECT_EQ(PlanPipelineStage(g, c, 1).value().graph.runtime, Runtime::kCpuTorch113);
+}
+
 TEST(PipelineTest, StagesSliceTheBlocksAndPassOneActivation) {
   const Graph g = Blocks();
   const RunConfig c = Pipelined(2, 4);

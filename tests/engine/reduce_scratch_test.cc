@@ -17,7 +17,7 @@ namespace {
 
 constexpr ReduceDevice kH200{132, 2048};
 
-int64_t Staging(int64_t n, int64_t c) { return RowSumScratch(n, c, 4, kH200).staging; }
+int64_t Staging(int64_t n, int64_t c) { return RowSumScratch(n, c, 4, 4, kH200).staging; }
 
 TEST(ReduceScratchTest, RowSumsMatchTheH200) {
   EXPECT_EQ(Staging(1024, 512) + 512, 4'194'816);
@@ -27,10 +27,12 @@ TEST(ReduceScratchTest, RowSumsMatchTheH200) {
   EXPECT_EQ(Staging(4096, 1024) + 512, 33'554'944);
   EXPECT_EQ(Staging(8192, 512) + 512, 33'554'944);
   EXPECT_EQ(Staging(8192, 2048) + 512, 134'218'240);
-  // Many rows: the grid is capped at 132 x 16 blocks, 132 MiB of staging whatever the size.
+  // Past the grid's 132 x 16 blocks the split is by rows: 132 MiB over this grid, and more for
+  // more rows (256 MiB for 131072 x 4096: 128 blocks per output of 256 rows' work per thread).
   EXPECT_EQ(Staging(16384, 2048) + 512, 138'412'544);
   EXPECT_EQ(Staging(65536, 4096) + 512, 138'412'544);
-  EXPECT_EQ(RowSumScratch(8192, 512, 4, kH200).semaphores, 16);  // 4 B per 128 columns
+  EXPECT_EQ(Staging(131072, 4096), int64_t{256} << 20);
+  EXPECT_EQ(RowSumScratch(8192, 512, 4, 4, kH200).semaphores, 16);  // 4 B per 128 columns
 }
 
 // Short columns stay within one block: no staging (each thread would see fewer than 256 rows).
@@ -39,6 +41,17 @@ TEST(ReduceScratchTest, FewRowsNeedNoStaging) {
   EXPECT_GT(Staging(1021, 4096), 0);
   EXPECT_EQ(Staging(1, 4096), 0);
   EXPECT_EQ(Staging(100000, 1), 0);
+}
+
+// Past 32-bit offsets the sum runs in halves, one after the other: [153600, 4096] float32 (2.5 GB)
+// is two [76800, 4096] sums of 75 blocks per output, not one of 150; a half sum keeps a float
+// accumulator besides.
+TEST(ReduceScratchTest, PastInt32OffsetsItRunsInHalves) {
+  EXPECT_EQ(RowSumScratch(153600, 4096, 4, 4, kH200).staging, int64_t{4} * 4096 * 75 * 128);
+  EXPECT_EQ(RowSumScratch(76800, 4096, 4, 4, kH200).staging, int64_t{4} * 4096 * 75 * 128);
+  EXPECT_EQ(RowSumScratch(153600, 4096, 4, 4, kH200).accumulator, 0);
+  EXPECT_EQ(RowSumScratch(307200, 4096, 2, 4, kH200).accumulator, 4096 * 4);
+  EXPECT_EQ(RowSumScratch(76800, 4096, 2, 4, kH200).accumulator, 0);
 }
 
 // Fewer multiprocessors, fewer blocks per output where the grid's size binds: [16384, 4096] is
@@ -50,7 +63,7 @@ TEST(ReduceScratchTest, TheGridFollowsTheDevice) {
   EXPECT_EQ(MaxThreadsPerMultiprocessor(90), 2048);
   const ReduceDevice l4{58, MaxThreadsPerMultiprocessor(89)};
   EXPECT_EQ(Staging(16384, 4096), int64_t{4} * 4096 * 66 * 128);
-  EXPECT_EQ(RowSumScratch(16384, 4096, 4, l4).staging, int64_t{4} * 4096 * 22 * 128);
+  EXPECT_EQ(RowSumScratch(16384, 4096, 4, 4, l4).staging, int64_t{4} * 4096 * 22 * 128);
 }
 
 // linear's backward sums its gradient's rows into the bias gradient: [32, 256, 2048] float32
