@@ -109,7 +109,9 @@ void StepSimulator::KeepOutputsInLoop() {
       main_.buffer[s] = -1;
       main_.pins[s] = 0;
     }
-    for (int b : saved.extras) loop_outputs_.push_back(b);
+    for (int b : saved.extras) {
+      if (b >= 0) loop_outputs_.push_back(b);  // -1: released in backward already
+    }
     Sum(&saved_bytes_, -saved.extra_bytes);
   }
   graph_held_.clear();
