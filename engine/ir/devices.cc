@@ -34,6 +34,9 @@ constexpr int64_t kDefaultWorkspace = 8 * kMiB + 128 * 1024;
 // pytorch/pytorch#86509 (PyTorch 1.13, CUDA 11.7): total - free after one small tensor was
 // 287,047,680 bytes lazily and 666,632,192 bytes with CUDA_MODULE_LOADING=DEFAULT (eager).
 constexpr int64_t kEagerLoadingExtra = 666'632'192 - 287'047'680;
+// Measured on an H200 (driver 580, PyTorch 2.11.0+cu130): total - free - reserved once CUDA is
+// initialised and a float32 matmul has run forward and backward (docs/gpu-records.md).
+constexpr int64_t kH200Context = 785'186'816;
 
 struct Alias {
   const char* alias;
@@ -63,7 +66,7 @@ const std::vector<DeviceInfo>& Catalog() {
         Gpu("a100-80gb", "NVIDIA A100 80GB (SXM4/PCIe)", 85'051'572'224, 430 * kMiB, 80, 108, true),
         Gpu("h100-80gb", "NVIDIA H100 80GB HBM3 (SXM)", 85'031'714'816, 500 * kMiB, 90, 132, true),
         Gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 81008 * kMiB, 500 * kMiB, 90, 114, true),
-        Gpu("h200-141gb", "NVIDIA H200 141GB HBM3e", 143156 * kMiB, 500 * kMiB, 90, 132, true),
+        Gpu("h200-141gb", "NVIDIA H200 141GB HBM3e", 150'109'880'320, kH200Context, 90, 132, true),
         Gpu("b200", "NVIDIA B200 180GB HBM3e", 182631 * kMiB, 500 * kMiB, 100, 148, true),
         Gpu("l4", "NVIDIA L4 24GB", 23'580'639'232, 380 * kMiB, 89, 58, true),
         Gpu("t4", "NVIDIA Tesla T4 16GB", 15109 * kMiB, 310 * kMiB, 75, 40, true),

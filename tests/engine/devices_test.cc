@@ -22,7 +22,7 @@ struct CapacityCase {
 TEST(DevicesTest, CatalogCapacities) {
   const std::vector<CapacityCase> cases = {
       {"a100-40gb", 42'505'273'344, 80}, {"a100-80gb", 85'051'572'224, 80},
-      {"h100-80gb", 85'031'714'816, 90}, {"h200-141gb", 143156 * kMiB, 90},
+      {"h100-80gb", 85'031'714'816, 90}, {"h200-141gb", 150'109'880'320, 90},
       {"l4", 23'580'639'232, 89},        {"rtx-4090", 25'393'692'672, 89},
       // torch.cuda.get_device_properties(0).total_memory as printed (MiB), docs/devices.md
       {"t4", 15109 * kMiB, 75},          {"a6000", 48676 * kMiB, 86},
