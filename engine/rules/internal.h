@@ -91,6 +91,11 @@ StatusOr<Shape> BmmProduct(const OpCall& c, size_t a, size_t b);
 // no input gets a gradient, nothing is kept, no scratch.
 void NoGradient(const OpCall& c, OpMemory* m);
 
+// On CUDA, the staging a sum of [rows, cols] over its rows allocates while it runs
+// (engine/rules/reduce_scratch.h), as backward scratch: a bias's or a broadcast operand's
+// gradient (sum_to_size). `dtype`: what is summed.
+void RowSumScratchTemps(const OpCall& c, int64_t rows, int64_t cols, DType dtype, OpMemory* m);
+
 // Saves input i if `cond`.
 inline void SaveInputIf(OpMemory* m, bool cond, int i) {
   if (cond) m->saved_inputs.push_back(i);

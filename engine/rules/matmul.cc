@@ -61,20 +61,10 @@ StatusOr<std::vector<OutputSpec>> InferAddmm(const OpCall& c) {
 }
 
 // The gradient of a bias [C] added to every row of [N, C] is the sum of the rows (sum_to_size),
-// which on CUDA splits long columns across blocks with a staging buffer (reduce_scratch.h).
-// The sum runs over the output's gradient, in the output's dtype.
+// over the output's gradient, in the output's dtype.
 void BiasGradScratch(const OpCall& c, int64_t rows, const Tensor& bias, OpMemory* m) {
-  if (c.runtime != Runtime::kCuda || bias.shape.size() != 1) return;
-  const DType grad = c.outputs.empty() ? bias.dtype : c.out(0).dtype;
-  const ReduceScratch s =
-      RowSumScratch(rows, bias.shape[0], DTypeSize(grad), grad == DType::kFloat64 ? 8 : 4,
-                    {c.multiprocessors, c.max_threads_per_multiprocessor});
-  if (s.staging == 0) return;
-  m->backward_temps.push_back(Alloc{s.staging, "bias gradient's row-sum staging (Reduce.cuh)"});
-  m->backward_temps.push_back(Alloc{s.semaphores, "its semaphores"});
-  if (s.accumulator > 0) {
-    m->backward_temps.push_back(Alloc{s.accumulator, "float accumulator of a sum in pieces"});
-  }
+  if (bias.shape.size() != 1) return;
+  RowSumScratchTemps(c, rows, bias.shape[0], c.outputs.empty() ? bias.dtype : c.out(0).dtype, m);
 }
 
 void AddmmMemory(const OpCall& c, OpMemory* m) {
@@ -413,6 +403,19 @@ StatusOr<Shape> BmmProduct(const OpCall& c, size_t a_index, size_t b_index) {
                            ShapeToString(b) + " cannot be multiplied");
   }
   return Shape{a[0], a[1], b[2]};
+}
+
+void RowSumScratchTemps(const OpCall& c, int64_t rows, int64_t cols, DType dtype, OpMemory* m) {
+  if (c.runtime != Runtime::kCuda) return;
+  const ReduceScratch s =
+      RowSumScratch(rows, cols, DTypeSize(dtype), dtype == DType::kFloat64 ? 8 : 4,
+                    {c.multiprocessors, c.max_threads_per_multiprocessor});
+  if (s.staging == 0) return;
+  m->backward_temps.push_back(Alloc{s.staging, "row-sum staging (Reduce.cuh)"});
+  m->backward_temps.push_back(Alloc{s.semaphores, "its semaphores"});
+  if (s.accumulator > 0) {
+    m->backward_temps.push_back(Alloc{s.accumulator, "float accumulator of a sum in pieces"});
+  }
 }
 
 void RegisterMatmulRules(std::vector<OpRule>* r) {

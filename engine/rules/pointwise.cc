@@ -11,6 +11,8 @@
 #include <cmath>
 
 #include "engine/ir/text.h"
+#include <algorithm>
+
 #include "engine/rules/internal.h"
 
 namespace memest {
@@ -239,15 +241,46 @@ StatusOr<std::vector<OutputSpec>> InferBinary(const OpCall& c) {
 
 bool Broadcast(const OpCall& c, size_t i) { return c.in(i).shape != c.out(0).shape; }
 
+// The gradients of the broadcast operands `reduced` are summed over the dims each was broadcast
+// along, one after another. Where those are leading dims (a bias or a norm's weight, [C] against
+// [N.., C]) the sum is over rows, with its staging on CUDA (RowSumScratchTemps): the largest of
+// them is what is live at once.
+void BroadcastSumScratch(const OpCall& c, const std::vector<size_t>& reduced, OpMemory* m) {
+  const Shape& out = c.out(0).shape;
+  OpMemory largest;
+  int64_t largest_bytes = 0;
+  for (size_t i : reduced) {
+    const Shape& in = c.in(i).shape;
+    size_t first = 0;
+    while (first < in.size() && in[first] == 1) ++first;
+    const size_t n = in.size() - first;
+    if (n == 0 || n > out.size() ||
+        !std::equal(in.begin() + first, in.end(), out.end() - static_cast<std::ptrdiff_t>(n))) {
+      continue;  // broadcast along inner dims too: not a row sum
+    }
+    const int64_t cols = Numel(Shape(in.begin() + first, in.end()));
+    if (cols <= 0) continue;
+    OpMemory one;
+    RowSumScratchTemps(c, Numel(out) / cols, cols, c.out(0).dtype, &one);
+    int64_t bytes = 0;
+    for (const Alloc& a : one.backward_temps) bytes += a.bytes;
+    if (bytes > largest_bytes) largest = std::move(one), largest_bytes = bytes;
+  }
+  for (const Alloc& a : largest.backward_temps) m->backward_temps.push_back(a);
+}
+
 // add / sub: the gradient of an operand of the output's shape and dtype is the incoming
 // gradient itself (sub negates it for the second operand); a broadcast operand gets a fresh,
 // reduced one.
 void AddSubMemory(const OpCall& c, OpMemory* m) {
+  std::vector<size_t> reduced;
   for (size_t i = 0; i < c.inputs.size(); ++i) {
     const bool same = !Broadcast(c, i) && c.in(i).dtype == c.out(0).dtype;
     const bool negated = c.op.kind == "sub" && i == 1;
     m->grad_flow.push_back(same && !negated ? GradFlow::kPassThrough : GradFlow::kFresh);
+    if (c.needs_grad(i) && Broadcast(c, i)) reduced.push_back(i);
   }
+  BroadcastSumScratch(c, reduced, m);
 }
 
 // A broadcast operand's gradient is an output-sized product reduced to its shape. With two
@@ -265,6 +298,7 @@ void BroadcastProducts(const OpCall& c, OpMemory* m) {
   int64_t scratch = static_cast<int64_t>(reduced.size()) * BytesOf(c.out(0));
   if (reduced.size() == 2) scratch -= BytesOf(c.in(reduced[1]));
   m->backward_temps.push_back(Alloc{scratch, "output-sized products before sum_to"});
+  BroadcastSumScratch(c, reduced, m);
 }
 
 void MulMemory(const OpCall& c, OpMemory* m) {
@@ -303,6 +337,7 @@ void InplaceAddMemory(const OpCall& c, OpMemory* m) {
   m->grad_flow.push_back(GradFlow::kPassThrough);
   if (c.inputs.size() == 2) {
     m->grad_flow.push_back(Broadcast(c, 1) ? GradFlow::kFresh : GradFlow::kPassThrough);
+    if (c.needs_grad(1) && Broadcast(c, 1)) BroadcastSumScratch(c, {1}, m);
   }
 }
 

@@ -90,5 +90,32 @@ TEST(ReduceScratchTest, ALinearsBiasGradientStages) {
   EXPECT_EQ(temps(Runtime::kCpuTorch113), 0);
 }
 
+// A broadcast operand's gradient is a row sum too where it was broadcast along leading dims:
+// Llama's RMSNorm weight (weight * x, [1024] against [4096, 1024]: the 32 MiB and 32-byte pairs
+// in each norm's backward on the H200), a bias added by add. Broadcast along an inner dim
+// ([4096, 1] against [4096, 1024]) it is another reduction, not modelled.
+TEST(ReduceScratchTest, ABroadcastOperandsGradientStages) {
+  auto temps = [](const char* kind, Shape operand) {
+    GraphBuilder b;
+    const int x = b.Parameter("x", {4096, 1024}, DType::kFloat32);
+    const int w = b.Parameter("w", std::move(operand), DType::kFloat32);
+    const int y = b.Add1(kind, {x, w});
+    b.BeginLoss();
+    b.SetLoss(b.Add1("sum", {y}));
+    const Graph g = b.Finish().value();
+    const Op& op = g.ops[0];
+    OpCall call{op, {}, {&g.tensors[op.outputs[0]]}, "", true, Runtime::kCuda};
+    for (int t : op.inputs) call.inputs.push_back(&g.tensors[t]);
+    std::vector<int64_t> bytes;
+    for (const Alloc& a : OpMemoryOf(call).backward_temps) bytes.push_back(a.bytes);
+    return bytes;
+  };
+  const int64_t product = int64_t{4096} * 1024 * 4;  // mul's output-sized product before the sum
+  EXPECT_EQ(temps("mul", {1024}), (std::vector<int64_t>{product, 33'554'432, 32}));
+  EXPECT_EQ(temps("add", {1024}), (std::vector<int64_t>{33'554'432, 32}));
+  EXPECT_EQ(temps("add", {1, 1024}), (std::vector<int64_t>{33'554'432, 32}));
+  EXPECT_EQ(temps("add", {4096, 1}), std::vector<int64_t>{});
+}
+
 }  // namespace
 }  // namespace memest
