@@ -1,7 +1,5 @@
 #include "engine/estimator.h"
 
-#include "engine/rules/reduce_scratch.h"
-
 #include <map>
 #include <string>
 
@@ -167,8 +165,8 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
   MEMEST_ASSIGN_OR_RETURN(step.rank, PlanDataParallel(*step.graph, config));
   ScheduleOptions options{step.fixed.cublas_workspace_bytes, record_operands, budget,
                           &step.rank, stage, step.tensor.get()};
-  if (step.fixed.multiprocessors > 0) options.multiprocessors = step.fixed.multiprocessors;
-  options.max_threads_per_multiprocessor =
+  if (step.fixed.multiprocessors > 0) options.gpu.multiprocessors = step.fixed.multiprocessors;
+  options.gpu.max_threads_per_multiprocessor =
       MaxThreadsPerMultiprocessor(step.fixed.compute_capability);
   MEMEST_ASSIGN_OR_RETURN(step.schedule,
                           BuildSchedule(*step.graph, config, step.regions, options));

@@ -43,6 +43,9 @@ int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 SdpaParams ParamsOf(const OpCall& c);
 SdpaBackend CudaBackend(const OpCall& c, const SdpaParams& p);
 
+// The cpu-1.13 runtime runs a 2.x trace's fused op as the math form under dropout with grad.
+bool CpuRunsMath(const OpCall& c, const SdpaParams& p) { return p.dropout > 0 && c.grad_enabled; }
+
 // The memory layout a fused op's output [B, H, L, Dv] has, as the kernel that runs it writes
 // it. CUDA's memory-efficient kernel allocates [B, L, H, Dv] whatever the query's layout and
 // returns it transposed (_efficient_attention_forward: at::empty({B, M, num_heads, Kv})), so
@@ -55,8 +58,7 @@ SdpaBackend CudaBackend(const OpCall& c, const SdpaParams& p);
 Strides FusedOutputStrides(const OpCall& c, const Shape& out) {
   const SdpaParams p = ParamsOf(c);
   if (c.runtime == Runtime::kCpuTorch113) {
-    if (p.dropout > 0 && c.grad_enabled) return {};
-    return DenseStridesLike(c.in(0), out);
+    return CpuRunsMath(c, p) ? Strides{} : DenseStridesLike(c.in(0), out);
   }
   const SdpaBackend backend = CudaBackend(c, p);
   if (backend == SdpaBackend::kMath) return {};
@@ -232,7 +234,7 @@ bool FusedSdpa(const OpCall& c, OpMemory* m) {
   if (!IntAttr(c.op.attrs, "fused", 0, c.field).value()) return false;
   const SdpaParams p = ParamsOf(c);
   if (c.runtime == Runtime::kCpuTorch113) {
-    if (p.dropout > 0 && c.grad_enabled) return false;  // the CPU's math path
+    if (CpuRunsMath(c, p)) return false;
     CpuFusedMemory(c, p, m);
     return true;
   }

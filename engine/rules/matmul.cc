@@ -12,7 +12,6 @@
 
 #include "engine/ir/text.h"
 #include "engine/rules/internal.h"
-#include "engine/rules/reduce_scratch.h"
 
 namespace memest {
 namespace rules {
@@ -408,8 +407,7 @@ StatusOr<Shape> BmmProduct(const OpCall& c, size_t a_index, size_t b_index) {
 void RowSumScratchTemps(const OpCall& c, int64_t rows, int64_t cols, DType dtype, OpMemory* m) {
   if (c.runtime != Runtime::kCuda) return;
   const ReduceScratch s =
-      RowSumScratch(rows, cols, DTypeSize(dtype), dtype == DType::kFloat64 ? 8 : 4,
-                    {c.multiprocessors, c.max_threads_per_multiprocessor});
+      RowSumScratch(rows, cols, DTypeSize(dtype), dtype == DType::kFloat64 ? 8 : 4, c.gpu);
   if (s.staging == 0) return;
   m->backward_temps.push_back(Alloc{s.staging, "row-sum staging (Reduce.cuh)"});
   m->backward_temps.push_back(Alloc{s.semaphores, "its semaphores"});

@@ -123,6 +123,7 @@
 #include "engine/ir/config.h"
 #include "engine/ir/graph.h"
 #include "engine/ir/status.h"
+#include "engine/rules/reduce_scratch.h"
 
 namespace memest {
 
@@ -139,8 +140,7 @@ struct OpCall {
   int64_t cpu_l2_bytes = 0;
   // The GPU's multiprocessors and threads per multiprocessor, which size a CUDA reduction's
   // staging buffer (engine/rules/reduce_scratch.h); an H100's by default.
-  int multiprocessors = 132;
-  int max_threads_per_multiprocessor = 2048;
+  ReduceDevice gpu;
 
   const Tensor& in(size_t i) const { return *inputs[i]; }
   const Tensor& out(size_t i) const { return *outputs[i]; }

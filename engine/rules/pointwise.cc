@@ -8,11 +8,10 @@
 // memory. native_dropout (CUDA, 0 < p < 1) saves a bool mask. masked_fill and where save the
 // mask. Broadcast inputs get their gradient by reducing an output-sized product (mul, div) or
 // the incoming gradient (add, sub) to their shape.
+#include <algorithm>
 #include <cmath>
 
 #include "engine/ir/text.h"
-#include <algorithm>
-
 #include "engine/rules/internal.h"
 
 namespace memest {

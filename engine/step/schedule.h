@@ -30,6 +30,7 @@
 #include "engine/passes/pipeline.h"
 #include "engine/passes/tensor_parallel.h"
 #include "engine/report/report.h"
+#include "engine/rules/reduce_scratch.h"
 
 namespace memest {
 
@@ -112,9 +113,8 @@ struct ScheduleOptions {
   const PipelineStage* pipeline = nullptr;
   // The tensor-parallel rank's buffers (the graph is already the rank's); null: none.
   const TensorParallelView* tensor = nullptr;
-  // The GPU's multiprocessors and threads per multiprocessor (OpCall's): an H100's by default.
-  int multiprocessors = 132;
-  int max_threads_per_multiprocessor = 2048;
+  // The GPU's multiprocessors and threads per multiprocessor (OpCall::gpu): an H100's by default.
+  ReduceDevice gpu;
 };
 
 // Builds the schedule of one step. The graph must be built for config.micro_batch(). Refuses

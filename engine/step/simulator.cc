@@ -209,8 +209,7 @@ void StepSimulator::EndMicroBatch() {
 OpCall StepSimulator::MakeCall(int i, bool grad) const {
   const Op& op = g_.ops[i];
   OpCall c{op, {}, {}, "", grad, cfg_.runtime, cfg_.cpu_isa, cfg_.cpu_l1_bytes, cfg_.cpu_l2_bytes};
-  c.multiprocessors = opt_.multiprocessors;
-  c.max_threads_per_multiprocessor = opt_.max_threads_per_multiprocessor;
+  c.gpu = opt_.gpu;
   for (int t : op.inputs) c.inputs.push_back(&g_.tensors[t]);
   for (int t : op.outputs) c.outputs.push_back(&g_.tensors[t]);
   return c;
