@@ -50,9 +50,10 @@ StatusOr<PlannedStep> PlanStep(const Graph& built, const RunConfig& config,
     // Megatron's embedding group: the first and last stages of a tied model.
     const bool embedding_group = stage != nullptr && stage->holds_tied_embedding &&
                                  IsMegatron(config.parallelism.sharding);
+    const bool moe = HasExpertDispatch(built);  // the router's loss matters only then
     MEMEST_ASSIGN_OR_RETURN(step.nccl,
                             NcclMemoryOf(config.parallelism, step.fixed, embedding_group,
-                                         HasExpertDispatch(built), HasRouterAuxLoss(built)));
+                                         moe, moe && HasRouterAuxLoss(built)));
   }
 
   // Estimate() builds under autocast already; a graph built without it is replayed.

@@ -43,19 +43,18 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
   bool attention = false, conv = false;
   std::map<std::string, int> fused;  // SDPA calls by the kernel that runs them
   for (const Op& op : graph.ops) {
-    const bool sdpa = op.kind == "scaled_dot_product_attention";
-    StatusOr<int64_t> fused_attr = IntAttr(op.attrs, "fused", 0, "");
-    StatusOr<std::string> backend = StringAttr(op.attrs, "backend", "", "");
-    const bool op_fused = sdpa && fused_attr.ok() && *fused_attr != 0;
-    if (sdpa && (op_fused || HasAttr(op.attrs, "backend"))) {
-      ++fused[backend.ok() ? *backend : std::string()];
-    }
+    conv |= op.kind == "conv1d" || op.kind == "conv2d";
     // The math form keeps its scores: a softmax in an attention core (autocast's casts of the
     // fused kernel's inputs sit in the core too), or SDPA's math form.
-    const bool core = op.scope.find(".core") != std::string::npos;
-    attention |= (core && op.kind == "softmax") ||
-                 (sdpa && !op_fused && !HasAttr(op.attrs, "backend"));
-    conv |= op.kind == "conv1d" || op.kind == "conv2d";
+    if (op.kind == "softmax") attention |= op.scope.find(".core") != std::string::npos;
+    if (op.kind != "scaled_dot_product_attention") continue;
+    StatusOr<int64_t> fused_attr = IntAttr(op.attrs, "fused", 0, "");
+    StatusOr<std::string> backend = StringAttr(op.attrs, "backend", "", "");
+    const bool op_fused = fused_attr.ok() && *fused_attr != 0;
+    if (op_fused || HasAttr(op.attrs, "backend")) {
+      ++fused[backend.ok() ? *backend : std::string()];
+    }
+    attention |= !op_fused && !HasAttr(op.attrs, "backend");
   }
   const std::string impl = AttentionImplName(ResolveAttention(config));
   if (attention) {

@@ -169,15 +169,17 @@ Status GraphBuilder::TooLarge(const Shape& shape, DType dtype, const std::string
 int GraphBuilder::AddLeaf(std::string name, Shape shape, DType dtype, TensorRole role,
                           bool requires_grad, int batch_dim) {
   if (!ok()) return -1;
-  const std::string field = context_.empty() ? Escape(name) : context_;
-  StatusOr<int64_t> bytes = CheckedBytes(shape, dtype, field + ".shape");
+  // Where errors point: built only for an error (a model has a leaf per weight).
+  auto field = [&] { return context_.empty() ? Escape(name) : context_; };
+  StatusOr<int64_t> bytes = CheckedBytes(shape, dtype, "");
   if (!bytes.ok()) {
     const std::string what = std::string("the ") + TensorRoleName(role) + " " + Quote(name);
-    Fail(NotASize(shape) ? bytes.status() : TooLarge(shape, dtype, what));
+    Fail(NotASize(shape) ? CheckedBytes(shape, dtype, field() + ".shape").status()
+                         : TooLarge(shape, dtype, what));
     return -1;
   }
   if (!AddBytes(&leaf_bytes_, *bytes)) {
-    Fail(InvalidArgument(field + ": the model's parameters, buffers and inputs together would "
+    Fail(InvalidArgument(field() + ": the model's parameters, buffers and inputs together would "
                                  "hold more than 2^62 bytes (4 EiB); memest does not represent "
                                  "larger byte counts"));
     return -1;

@@ -1,6 +1,7 @@
 #include "engine/rules/op_rules.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "engine/ir/text.h"
 #include "engine/rules/internal.h"
@@ -126,10 +127,15 @@ std::string Vocabulary() {
 }  // namespace
 
 const OpRule* FindOpRule(std::string_view kind) {
-  const auto& t = Table();
-  auto it = std::lower_bound(t.begin(), t.end(), kind,
-                             [](const OpRule& r, std::string_view k) { return r.kind < k; });
-  return it != t.end() && it->kind == kind ? &*it : nullptr;
+  // Every op added to a graph and every op the step simulator runs looks its rule up: a hash
+  // of the kind, not a binary search of string compares.
+  static const auto* by_kind = [] {
+    auto* m = new std::unordered_map<std::string_view, const OpRule*>();
+    for (const OpRule& r : Table()) m->emplace(r.kind, &r);
+    return m;
+  }();
+  auto it = by_kind->find(kind);
+  return it != by_kind->end() ? it->second : nullptr;
 }
 
 std::vector<const OpRule*> AllOpRules() {
@@ -159,7 +165,7 @@ StatusOr<std::vector<OutputSpec>> InferOutputs(const OpCall& call) {
 
 OpMemory OpMemoryOf(const OpCall& call) {
   OpMemory mem;
-  const OpRule* rule = FindOpRule(call.op.kind);
+  const OpRule* rule = call.rule != nullptr ? call.rule : FindOpRule(call.op.kind);
   if (rule != nullptr && rule->memory != nullptr) rule->memory(call, &mem);
   mem.grad_flow.resize(call.inputs.size(), GradFlow::kFresh);
   for (size_t i = 0; i < call.inputs.size(); ++i) {

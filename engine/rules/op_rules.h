@@ -127,6 +127,8 @@
 
 namespace memest {
 
+struct OpRule;
+
 // One call of an op, as its rule sees it. During inference of outputs, `outputs` is empty.
 struct OpCall {
   const Op& op;
@@ -141,6 +143,9 @@ struct OpCall {
   // The GPU's multiprocessors and threads per multiprocessor, which size a CUDA reduction's
   // staging buffer (engine/rules/reduce_scratch.h); an H100's by default.
   ReduceDevice gpu;
+  // The rule of op.kind when the caller has already looked it up (the step simulator does once
+  // per op); null: OpMemoryOf looks it up.
+  const OpRule* rule = nullptr;
 
   const Tensor& in(size_t i) const { return *inputs[i]; }
   const Tensor& out(size_t i) const { return *outputs[i]; }

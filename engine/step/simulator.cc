@@ -52,7 +52,7 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
   }
   main_.Resize(n);
   seen_.assign(n, 0);
-  for (const Op& op : g.ops) uses_cublas_ |= UsesCublas(op.kind);
+  for (size_t i = 0; i < g.ops.size() && !uses_cublas_; ++i) uses_cublas_ = UsesCublas(g.ops[i].kind);
   param_grad_.assign(n, -1);
   pending_.assign(n, Pending{});
   first_reader_.assign(n, -1);
@@ -210,6 +210,7 @@ OpCall StepSimulator::MakeCall(int i, bool grad) const {
   const Op& op = g_.ops[i];
   OpCall c{op, {}, {}, "", grad, cfg_.runtime, cfg_.cpu_isa, cfg_.cpu_l1_bytes, cfg_.cpu_l2_bytes};
   c.gpu = opt_.gpu;
+  c.rule = rules_[i];
   for (int t : op.inputs) c.inputs.push_back(&g_.tensors[t]);
   for (int t : op.outputs) c.outputs.push_back(&g_.tensors[t]);
   return c;
