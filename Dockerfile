@@ -32,12 +32,13 @@ FROM debian:12-slim
 
 # The runtime halves of the -dev packages in scripts/install-deps.sh that the binaries link:
 # gRPC (+ reflection, which ships in libgrpc++1.51), protobuf, spdlog (pulls libfmt9), OpenSSL
-# (the server checks its TLS files with it), prometheus-cpp (its /metrics).
+# (the server checks its TLS files with it), prometheus-cpp (its /metrics), tcmalloc (gperftools'
+# malloc, which the server and the CLI link: CMakeLists.txt, MEMEST_TCMALLOC).
 # CLI11 and nlohmann-json are header-only.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       libgrpc++1.51 libgrpc29 libprotobuf32 libspdlog1.10 libssl3 libprometheus-cpp-pull1.0 \
-      libprometheus-cpp-core1.0 ca-certificates \
+      libprometheus-cpp-core1.0 libtcmalloc-minimal4 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin memest
 

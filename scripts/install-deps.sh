@@ -28,6 +28,7 @@ readonly PACKAGES=(
   libgtest-dev
   libgmock-dev
   libbenchmark-dev
+  libgoogle-perftools-dev
   python3
 )
 # With --test, also what the tests need beyond building: the conformance suite
