@@ -142,15 +142,25 @@ StatusOr<Graph> RewriteScaleQk(const Graph& g, int matmul, int scale) {
 }
 
 // The largest micro-batch (grad_accum_steps 1) whose step fits the device, by re-estimating:
-// from the configured micro-batch, doubling or halving until the answer changes, then
-// bisecting. 0 when even one sample does not fit; -1 when the model's memory does not grow with
-// the batch (an op graph with no batch dims) or the search passes 2^20.
+// from the configured micro-batch, doubling or halving until the answer changes, then closing
+// the bracket. 0 when even one sample does not fit; -1 when the model's memory does not grow
+// with the batch (an op graph with no batch dims) or the search passes 2^20. `report` is
+// `config`'s own estimate, which is the configured micro-batch's when it has one micro-batch.
 int64_t LargestFittingMicroBatch(const ModelSpec& model, const RunConfig& config,
-                                 Budget* budget) {
+                                 const Report& report, Budget* budget) {
   constexpr int64_t kCap = int64_t{1} << 20;
   const EstimateOptions quiet{std::numeric_limits<int64_t>::max(), false, budget};
   std::map<int64_t, int64_t> peaks;  // micro-batch -> peak reserved (-1: error)
+  std::map<int64_t, int64_t> need;   // micro-batch -> the fit's required bytes (-1: error)
   std::map<int64_t, bool> fit;
+  const int64_t capacity = report.fit->capacity_bytes;
+  auto record = [&](int64_t m, const StatusOr<Report>& r) {
+    peaks[m] = r.ok() ? r->peak_reserved_bytes : -1;
+    need[m] = r.ok() && r->fit ? r->fit->required_bytes : -1;
+    return fit[m] = r.ok() && r->fit && r->fit->fits;
+  };
+  const int64_t m0 = std::max<int64_t>(1, config.micro_batch());
+  if (config.grad_accum_steps == 1 && config.batch_size == m0) record(m0, report);
   auto fits = [&](int64_t m) {
     auto it = fit.find(m);
     if (it != fit.end()) return it->second;
@@ -158,11 +168,8 @@ int64_t LargestFittingMicroBatch(const ModelSpec& model, const RunConfig& config
     alt.batch_size = m;
     alt.grad_accum_steps = 1;
     if (!budget->status().ok()) return false;  // stopped: the caller looks at the budget
-    StatusOr<Report> r = Estimate(model, alt, quiet);
-    peaks[m] = r.ok() ? r->peak_reserved_bytes : -1;
-    return fit[m] = r.ok() && r->fit && r->fit->fits;
+    return record(m, Estimate(model, alt, quiet));
   };
-  const int64_t m0 = std::max<int64_t>(1, config.micro_batch());
   int64_t lo, hi;  // fits(lo) (or lo == 0), !fits(hi)
   if (fits(m0)) {
     if (m0 >= kCap) return -1;  // past the search's cap already (and 2 * m0 must not wrap)
@@ -184,9 +191,34 @@ int64_t LargestFittingMicroBatch(const ModelSpec& model, const RunConfig& config
     }
     if (lo == 0 && peaks[1] < 0) return -1;
   }
+  // What a step needs grows almost linearly with its micro-batch: the line through the
+  // bracket's ends meets the capacity next to the answer, so a probe there and one beside it
+  // usually close the bracket. A guess that misses is followed by a bisection, so the search
+  // takes at most about twice bisection's probes; both converge on the one boundary of fits().
+  bool guess = true;
   while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
+    const auto lo_need = need.find(lo), hi_need = need.find(hi);
+    if (!guess || lo_need == need.end() || hi_need == need.end() || lo_need->second < 0 ||
+        hi_need->second <= lo_need->second) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? lo : hi) = mid;
+      guess = true;
+      continue;
+    }
+    guess = false;
+    const double x = static_cast<double>(lo) + static_cast<double>(capacity - lo_need->second) *
+                                                   static_cast<double>(hi - lo) /
+                                                   static_cast<double>(hi_need->second -
+                                                                       lo_need->second);
+    const int64_t m = static_cast<int64_t>(std::floor(
+        std::clamp(x, static_cast<double>(lo + 1), static_cast<double>(hi - 1))));
+    if (fits(m)) {
+      lo = m;
+      if (hi - lo > 1) (fits(m + 1) ? lo : hi) = m + 1;
+    } else {
+      hi = m;
+      if (hi - lo > 1) (fits(m - 1) ? lo : hi) = m - 1;
+    }
   }
   return lo;
 }
@@ -352,7 +384,7 @@ StatusOr<std::vector<Advice>> MakeAdvice(const ModelSpec& model, const Graph& gr
 
   // What fits: the largest micro-batch for this device.
   if (report.fit && budget->status().ok()) {
-    const int64_t m = LargestFittingMicroBatch(model, config, budget);
+    const int64_t m = LargestFittingMicroBatch(model, config, report, budget);
     const std::string device = report.fit->device;
     if (m == 0 && budget->status().ok()) {
       fixes.push_back({"max_batch", "even a micro-batch of 1 does not fit " + device, 0, ""});
