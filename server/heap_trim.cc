@@ -2,9 +2,24 @@
 
 #include <malloc.h>
 
+// gperftools' tcmalloc, when the server is linked with it (CMakeLists.txt, MEMEST_TCMALLOC): it
+// keeps freed pages in its own page heap, which glibc's malloc_trim does not see.
+extern "C" void MallocExtension_ReleaseFreeMemory(void) __attribute__((weak));
+
 namespace memest {
+namespace {
 
 constexpr int kMmapThreshold = 4 << 20;
+
+void GiveBackFreePages() {
+  if (MallocExtension_ReleaseFreeMemory != nullptr) {
+    MallocExtension_ReleaseFreeMemory();
+  } else {
+    malloc_trim(0);
+  }
+}
+
+}  // namespace
 
 HeapTrimmer::HeapTrimmer() { mallopt(M_MMAP_THRESHOLD, kMmapThreshold); }
 
@@ -24,7 +39,7 @@ void HeapTrimmer::End() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (--in_flight_ == 0 && pending_) {
     pending_ = false;
-    malloc_trim(0);
+    GiveBackFreePages();
     ++trims_;
   }
 }

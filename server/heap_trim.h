@@ -8,6 +8,9 @@
 // - the free pages left are given back (malloc_trim) when the last request in flight ends after
 //   a large one: not when each large request ends, which with requests side by side trims while
 //   the others still hold their graphs.
+// With tcmalloc linked (CMakeLists.txt, MEMEST_TCMALLOC) the threshold does not apply (tcmalloc
+// keeps large blocks in spans of their own) and the trim is tcmalloc's ReleaseFreeMemory, which
+// returns every free page of its page heap.
 // Constructing a HeapTrimmer sets the threshold for the whole process (the server's).
 #ifndef MEMEST_SERVER_HEAP_TRIM_H_
 #define MEMEST_SERVER_HEAP_TRIM_H_
