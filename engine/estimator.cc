@@ -432,6 +432,11 @@ StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
   if (config.serving.enabled) return EstimateServing(model, config, options);
   MEMEST_ASSIGN_OR_RETURN(Graph graph,
                           BuildStepGraph(model, config, options.max_ops, options.budget));
+  return EstimateBuilt(model, graph, config, options);
+}
+
+StatusOr<Report> EstimateBuilt(const ModelSpec& model, const Graph& graph,
+                               const RunConfig& config, const EstimateOptions& options) {
   Budget unlimited;
   Budget* budget = options.budget != nullptr ? options.budget : &unlimited;
   // Every op runs forward at least once per micro-batch simulated: a step that cannot afford

@@ -86,6 +86,10 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config,
 
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
                           const EstimateOptions& options = {});
+// Estimate() past its build: `graph` is BuildStepGraph(model, config)'s (not a served model's,
+// nor a quantized checkpoint's, which Estimate() routes elsewhere).
+StatusOr<Report> EstimateBuilt(const ModelSpec& model, const Graph& graph,
+                               const RunConfig& config, const EstimateOptions& options = {});
 
 // The device the estimate is for: a catalog entry (config.device), a bare capacity
 // (config.device_capacity_bytes), or neither (nullopt: a generic device's fixed costs are used

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -145,6 +146,17 @@ struct BuildContext {
   // What runs the step (config.runtime): the graph's shape rules that differ see it.
   Runtime runtime = Runtime::kCuda;
 };
+
+// Every field of `context` the graph BuildGraph makes depends on: two contexts with equal keys
+// build the same graph of a model (max_ops and the budget limit the build, not what it makes).
+// A field added to BuildContext that the front ends read belongs here (SweepEstimator,
+// engine/sweep.h, reuses graphs by this key).
+inline auto GraphKeyOf(const BuildContext& c) {
+  return std::make_tuple(c.micro_batch, c.mode, c.param_dtype, c.generate_tokens, c.autocast,
+                         c.attention, c.compute_capability, c.expert_load, c.serving,
+                         c.rotary_positions, c.rotary_local_positions, c.multiprocessors,
+                         c.mla_workspace_rows, c.megatron, c.use_cache, c.runtime);
+}
 
 // Whether the model's forward returns its keys and values (Graph::cache): context.use_cache,
 // but not in vLLM's profile run nor under Megatron-LM.
