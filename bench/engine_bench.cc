@@ -10,11 +10,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/estimator.h"
 #include "engine/ir/config.h"
 #include "engine/ir/json.h"
 #include "engine/models/model.h"
+#include "engine/sweep.h"
 #include "validate/fake_device.h"
 #include "validate/validation.h"
 
@@ -86,6 +88,48 @@ BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16_tp8_sp, kLlama70bTp
 
 // The preset served by vLLM on H100s, `tensor` of them (config.serving, vLLM's defaults: 1024
 // requests of 8 tokens in the profile run).
+// A scheduler's sweep of GPT-2 small at seq 1024 under bf16 autocast without advice (the grid of
+// grpc_bench --sweep): micro-batches 1, 2, 4 and 8, the A100 80GB, the H100 80GB and the L4,
+// AdamW, SGD with momentum and Adam, no checkpointing or every block: 96 configurations of 12
+// graphs, each configuration Estimate()'s answer. `shared`: through SweepEstimator, which
+// builds each graph once; otherwise Estimate() one by one.
+void BM_Sweep(benchmark::State& state, bool shared) {
+  const ModelSpec model = ModelOf(kGpt2Small);
+  const char* devices[] = {"a100-80gb", "h100-80gb", "l4"};
+  const OptimizerKind optimizers[] = {OptimizerKind::kAdamW, OptimizerKind::kSgdMomentum,
+                                      OptimizerKind::kAdam};
+  std::vector<RunConfig> configs;
+  for (int k = 0; k < 96; ++k) {
+    RunConfig c = ConfigOf(kGpt2Small);
+    c.batch_size = int64_t{1} << (k / 24);
+    c.device = devices[k / 8 % 3];
+    c.optimizer.kind = optimizers[k / 2 % 3];
+    c.checkpoint.policy = k % 2 == 0 ? CheckpointPolicy::kNone : CheckpointPolicy::kEveryBlock;
+    configs.push_back(c);
+  }
+  EstimateOptions options;
+  options.advice = false;
+  int64_t estimates = 0;
+  for (auto _ : state) {
+    SweepEstimator sweep(model, options);
+    for (const RunConfig& c : configs) {
+      StatusOr<Report> r = shared ? sweep.Estimate(c, nullptr) : Estimate(model, c, options);
+      if (!r.ok()) {
+        state.SkipWithError(r.status().ToString().c_str());
+        return;
+      }
+      benchmark::DoNotOptimize(r->peak.allocated_bytes);
+      ++estimates;
+    }
+  }
+  state.counters["estimates_per_s"] =
+      benchmark::Counter(static_cast<double>(estimates), benchmark::Counter::kIsRate);
+}
+BENCHMARK_CAPTURE(BM_Sweep, gpt2_small_96_configs_shared_graphs, true)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_Sweep, gpt2_small_96_configs_one_by_one, false)
+    ->Unit(benchmark::kMillisecond);
+
 void BM_Serve(benchmark::State& state, const std::string& preset, int64_t tensor) {
   const ModelSpec model{PresetSpec{preset, {}}};
   RunConfig config;

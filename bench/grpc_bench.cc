@@ -3,11 +3,17 @@
 // GPT-2 small (batch 8, seq 1024, AdamW, bf16 autocast, A100 80GB) for `--seconds`, and
 // prints requests per second and latency percentiles.
 //
+// With --sweep N each call is instead a Sweep of N run configurations of GPT-2 small (the grid
+// SweepGrid lists, what a scheduler asks: skip_advice, no layer rows), and throughput counts
+// estimates; the process's peak RSS (server and clients) is printed too.
+//
 //   build/bin/grpc_bench --seconds 5 --threads 4
 //   build/bin/grpc_bench --seconds 5 --threads 4 --skip-advice
+//   build/bin/grpc_bench --seconds 5 --threads 2 --sweep 96
 #include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
@@ -41,11 +47,61 @@ v1::EstimateRequest Gpt2SmallRequest(bool skip_advice) {
   return request;
 }
 
+// `n` configurations of GPT-2 small at seq 1024 under bf16 autocast, cycling through micro-batches
+// 1, 2, 4 and 8 (outermost), the A100 80GB, the H100 80GB and the L4, AdamW, SGD with momentum and
+// Adam, and no checkpointing or every block (innermost): 96 before it repeats, 12 graphs.
+v1::SweepRequest SweepGrid(int n) {
+  v1::SweepRequest request;
+  *request.mutable_model() = Gpt2SmallRequest(true).model();
+  request.set_skip_advice(true);
+  request.set_max_layer_rows(0);
+  const char* devices[] = {"a100-80gb", "h100-80gb", "l4"};
+  const v1::OptimizerKind optimizers[] = {v1::OPTIMIZER_KIND_ADAMW, v1::OPTIMIZER_KIND_SGD_MOMENTUM,
+                                          v1::OPTIMIZER_KIND_ADAM};
+  for (int i = 0; i < n; ++i) {
+    const int k = i % 96;
+    v1::RunConfig* c = request.add_configs();
+    c->set_batch_size(int64_t{1} << (k / 24));
+    c->set_precision(v1::PRECISION_BF16_AMP);
+    c->set_device_name(devices[k / 8 % 3]);
+    c->mutable_optimizer()->set_kind(optimizers[k / 2 % 3]);
+    c->mutable_checkpoint()->set_policy(k % 2 == 0 ? v1::CHECKPOINT_POLICY_NONE
+                                                   : v1::CHECKPOINT_POLICY_EVERY_BLOCK);
+  }
+  return request;
+}
+
 struct ThreadResult {
   std::vector<double> latencies_us;
+  int64_t estimates = 0;
   int64_t errors = 0;
   std::string first_error;
 };
+
+void RunSweeps(const std::string& address, const v1::SweepRequest& request,
+               Clock::time_point end, ThreadResult* result) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto stub = v1::MemoryEstimator::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  while (Clock::now() < end) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    const Clock::time_point start = Clock::now();
+    auto reader = stub->Sweep(&context, request);
+    v1::SweepResult r;
+    int64_t n = 0;
+    while (reader->Read(&r)) {
+      ++n;
+      if (r.has_error() && result->errors++ == 0) result->first_error = r.error().message();
+    }
+    const grpc::Status status = reader->Finish();
+    if (!status.ok() && result->errors++ == 0) result->first_error = status.error_message();
+    result->estimates += n;
+    result->latencies_us.push_back(
+        std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+  }
+}
 
 void RunClient(const std::string& address, const v1::EstimateRequest& request,
                Clock::time_point end, ThreadResult* result) {
@@ -64,6 +120,7 @@ void RunClient(const std::string& address, const v1::EstimateRequest& request,
         std::chrono::duration<double, std::micro>(Clock::now() - start).count();
     if (status.ok()) {
       result->latencies_us.push_back(us);
+      ++result->estimates;
     } else {
       if (result->errors++ == 0) result->first_error = status.error_message();
     }
@@ -89,6 +146,10 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "client threads, one blocking call in flight each")
       ->capture_default_str();
   app.add_flag("--skip-advice", skip_advice, "set skip_advice in every request");
+  int sweep = 0;
+  app.add_option("--sweep", sweep,
+                 "send Sweeps of this many configurations instead of Estimates (0: Estimates)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_level(spdlog::level::warn);  // the service logs every request at info
@@ -123,8 +184,13 @@ int main(int argc, char** argv) {
   const auto start = memest::Clock::now();
   const auto end = start + std::chrono::duration_cast<memest::Clock::duration>(
                                std::chrono::duration<double>(seconds));
+  const memest::v1::SweepRequest grid = memest::SweepGrid(sweep);
   for (int i = 0; i < threads; ++i) {
-    clients.emplace_back(memest::RunClient, address, std::cref(request), end, &results[i]);
+    if (sweep > 0) {
+      clients.emplace_back(memest::RunSweeps, address, std::cref(grid), end, &results[i]);
+    } else {
+      clients.emplace_back(memest::RunClient, address, std::cref(request), end, &results[i]);
+    }
   }
   for (std::thread& t : clients) t.join();
   const double elapsed = std::chrono::duration<double>(memest::Clock::now() - start).count();
@@ -132,14 +198,31 @@ int main(int argc, char** argv) {
   (*server)->Wait();
 
   std::vector<double> latencies;
-  int64_t errors = 0;
+  int64_t errors = 0, estimates = 0;
   std::string first_error;
   for (const memest::ThreadResult& r : results) {
     latencies.insert(latencies.end(), r.latencies_us.begin(), r.latencies_us.end());
     if (r.errors > 0 && first_error.empty()) first_error = r.first_error;
     errors += r.errors;
+    estimates += r.estimates;
   }
   std::sort(latencies.begin(), latencies.end());
+  if (sweep > 0) {
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    std::printf(
+        "grpc_bench: Sweep(gpt2-small s1024, %d configurations: micro-batch x device x optimizer x "
+        "checkpoint, skip_advice, no layer rows) over loopback\n"
+        "  threads %d, %.1f s: %zu sweeps, %lld estimates, %lld errors\n"
+        "  throughput %.1f estimates/s\n"
+        "  sweep latency p50 %.1f ms, max %.1f ms; peak RSS of the process %.1f MiB\n",
+        sweep, threads, elapsed, latencies.size(), static_cast<long long>(estimates),
+        static_cast<long long>(errors), static_cast<double>(estimates) / elapsed,
+        memest::Percentile(latencies, 50) / 1000, (latencies.empty() ? 0 : latencies.back()) / 1000,
+        usage.ru_maxrss / 1024.0);
+    if (errors > 0) std::fprintf(stderr, "grpc_bench: first error: %s\n", first_error.c_str());
+    return errors > 0 ? 1 : 0;
+  }
   std::printf(
       "grpc_bench: Estimate(gpt2-small b8 s1024 adamw bf16 a100-80gb, advice %s) over "
       "loopback\n"

@@ -546,15 +546,20 @@ StatusOr<RunConfig> RunConfigFromProto(const v1::RunConfig& config) {
   return out;
 }
 
+StatusOr<RunConfig> RunConfigForModel(const ModelSpec& model, const v1::RunConfig& proto,
+                                      std::vector<std::string>* notes) {
+  MEMEST_ASSIGN_OR_RETURN(RunConfig config, RunConfigFromProto(proto));
+  MEMEST_RETURN_IF_ERROR(ApplyModelHints(model, proto, &config, notes));
+  MEMEST_RETURN_IF_ERROR(ApplyServingDtype(model, proto, &config, notes));
+  return config;
+}
+
 StatusOr<EstimateInput> EstimateInputFromProto(const v1::EstimateRequest& request,
                                                int64_t max_ops) {
   EstimateInput input;
   MEMEST_ASSIGN_OR_RETURN(input.model, ModelFromProto(request.model()));
-  MEMEST_ASSIGN_OR_RETURN(input.config, RunConfigFromProto(request.config()));
-  MEMEST_RETURN_IF_ERROR(
-      ApplyModelHints(input.model, request.config(), &input.config, &input.notes));
-  MEMEST_RETURN_IF_ERROR(
-      ApplyServingDtype(input.model, request.config(), &input.config, &input.notes));
+  MEMEST_ASSIGN_OR_RETURN(input.config,
+                          RunConfigForModel(input.model, request.config(), &input.notes));
   input.options.max_ops = max_ops;
   input.options.advice = !request.skip_advice();
   return input;

@@ -78,6 +78,11 @@ StatusOr<PlanQuery> PlanQueryFromProto(const v1::PlanRequest& request,
                                        int64_t max_ops = EstimateOptions{}.max_ops);
 void PlanToProto(const Plan& plan, v1::ParallelPlan* out);
 
+// RunConfigFromProto, then ApplyModelHints and ApplyServingDtype for `model`: the run as
+// Estimate() takes it for that model, with what the hints decided in `notes`.
+StatusOr<RunConfig> RunConfigForModel(const ModelSpec& model, const v1::RunConfig& proto,
+                                      std::vector<std::string>* notes);
+
 // Everything Estimate() takes, converted from one request.
 struct EstimateInput {
   ModelSpec model;
@@ -86,7 +91,7 @@ struct EstimateInput {
   std::vector<std::string> notes;  // for the reply: what the conversion decided (ApplyModelHints)
 };
 
-// ModelFromProto and RunConfigFromProto together; options.advice = !skip_advice and
+// ModelFromProto and RunConfigForModel together; options.advice = !skip_advice and
 // options.max_ops = `max_ops`.
 StatusOr<EstimateInput> EstimateInputFromProto(const v1::EstimateRequest& request,
                                                int64_t max_ops = EstimateOptions{}.max_ops);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,12 +72,24 @@ void KeepLargestLayers(int64_t rows, v1::EstimateResponse* response) {
   layers->Swap(&kept);
 }
 
+Status CheckMaxLayerRows(bool has, int64_t rows) {
+  if (has && rows < 0) {
+    return InvalidArgument("max_layer_rows: must be 0 (no rows) or more, got " +
+                           std::to_string(rows));
+  }
+  return Status::Ok();
+}
+
+void ResponseOf(const Report& report, const std::vector<std::string>& notes,
+                std::optional<int64_t> max_layer_rows, v1::EstimateResponse* response) {
+  ReportToProto(report, response);
+  for (const std::string& note : notes) response->add_notes(note);
+  if (max_layer_rows) KeepLargestLayers(*max_layer_rows, response);
+}
+
 Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& options,
                       v1::EstimateResponse* response, Budget* budget) {
-  if (request.has_max_layer_rows() && request.max_layer_rows() < 0) {
-    return InvalidArgument("max_layer_rows: must be 0 (no rows) or more, got " +
-                           std::to_string(request.max_layer_rows()));
-  }
+  MEMEST_RETURN_IF_ERROR(CheckMaxLayerRows(request.has_max_layer_rows(), request.max_layer_rows()));
   MEMEST_RETURN_IF_ERROR(CheckRequestSize(request, options.max_ops));
   MEMEST_ASSIGN_OR_RETURN(EstimateInput input, EstimateInputFromProto(request, options.max_ops));
   Budget own;
@@ -85,9 +98,10 @@ Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& 
   MEMEST_RETURN_IF_ERROR(input.options.budget->Check());  // a deadline already passed, say
   MEMEST_ASSIGN_OR_RETURN(Report report,
                           memest::Estimate(input.model, input.config, input.options));
-  ReportToProto(report, response);
-  for (const std::string& note : input.notes) response->add_notes(note);
-  if (request.has_max_layer_rows()) KeepLargestLayers(request.max_layer_rows(), response);
+  ResponseOf(report, input.notes,
+             request.has_max_layer_rows() ? std::optional<int64_t>(request.max_layer_rows())
+                                          : std::nullopt,
+             response);
   return Status::Ok();
 }
 
@@ -266,6 +280,37 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Plan(
         MEMEST_RETURN_IF_ERROR(budget.Check());  // its caller left while it waited
         return HandlePlan(*request, options, &budget,
                           [&send](const v1::PlanEvent& e) { return send(e); });
+      },
+      work_.get(), [this] { return Busy(); });
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Sweep(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes) {
+  auto request = std::make_shared<v1::SweepRequest>();
+  Status parsed = Authorize(*context);
+  if (parsed.ok()) parsed = ParseRequest(*request_bytes, request.get());
+  if (!parsed.ok()) {
+    return new StreamReactor(context, {"Sweep", "", "-", {}, Length(*request_bytes)}, metrics_,
+                             parsed);
+  }
+  const ServiceOptions& options = options_;
+  HeapTrimmer& trimmer = trimmer_;
+  return new StreamReactor(
+      context, {"Sweep", "", DescribeModel(request->model()), {}, Length(*request_bytes)},
+      metrics_,
+      [context, request, &options, &trimmer](const StreamReactor::SendFn& send,
+                                             const StreamReactor::StoppedFn& stopped) {
+        HeapTrimmer::Request in_flight(trimmer);
+        in_flight.MarkLarge();  // many estimates and their graphs: give their pages back after
+        const auto left = context->deadline() - std::chrono::system_clock::now();
+        Budget each;  // every configuration's, as an Estimate's
+        each.set_max_op_steps(options.max_op_steps)
+            .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max()
+                                                              : Clock::now() + left)
+            .set_cancelled(stopped);
+        MEMEST_RETURN_IF_ERROR(each.Check());  // its caller left while it waited
+        return HandleSweep(*request, options, each,
+                           [&send](const v1::SweepResult& r) { return send(r); });
       },
       work_.get(), [this] { return Busy(); });
 }

@@ -16,10 +16,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "engine/ir/budget.h"
 #include "engine/ir/status.h"
+#include "engine/report/report.h"
 #include "memest/v1/memest.grpc.pb.h"
 #include "memest/v1/memest.pb.h"
 #include "server/auth.h"
@@ -42,6 +45,8 @@ struct ServiceOptions {
   // The same for one Plan: its search runs many estimates (docs/planning.md), bounded by the
   // caller's deadline too.
   int64_t max_plan_op_steps = 100'000'000;
+  // The most run configurations one Sweep may carry; each is charged max_op_steps of its own.
+  int64_t max_sweep_configs = 65'536;
   // Threads that run estimates and plans (0: one per core, DefaultWorkThreads()), and how many
   // may wait for one (-1: 8 per thread); a call beyond that is refused at once.
   int work_threads = 0;
@@ -61,6 +66,12 @@ Status CheckModelSize(const v1::Model& model, int64_t max_ops);
 // model order (EstimateRequest.max_layer_rows).
 void KeepLargestLayers(int64_t rows, v1::EstimateResponse* response);
 
+// max_layer_rows (EstimateRequest's, SweepRequest's) when set: 0 or more, else INVALID_ARGUMENT.
+Status CheckMaxLayerRows(bool has, int64_t rows);
+// The reply to an estimate: the report, the conversion's notes, the layers cut to
+// `max_layer_rows` when set.
+void ResponseOf(const Report& report, const std::vector<std::string>& notes,
+                std::optional<int64_t> max_layer_rows, v1::EstimateResponse* response);
 // The whole of Estimate without the RPC: size check, conversion, engine, conversion back. The
 // engine charges `budget` (its deadline and cancellation are the caller's); null: a budget of
 // options.max_op_steps with no deadline.
@@ -73,6 +84,13 @@ Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& 
 Status HandlePlan(const v1::PlanRequest& request, const ServiceOptions& options, Budget* budget,
                   const std::function<bool(const v1::PlanEvent&)>& send);
 
+// The whole of Sweep without the RPC: the request checked (max_layer_rows, the count of configs,
+// the model's size and conversion: a refusal of the whole), then each configuration estimated
+// as HandleEstimate would answer it, with a copy of `each` as its budget, and handed to `send`
+// as a SweepResult in order (false: the caller went away; the sweep stops). A configuration
+// stopped by its budget's deadline or cancellation stops the sweep with that status.
+Status HandleSweep(const v1::SweepRequest& request, const ServiceOptions& options,
+                   const Budget& each, const std::function<bool(const v1::SweepResult&)>& send);
 // "preset:gpt2-small", "layers:12", "ops:345" or "unset": the model as a log line names it
 // (a preset's name escaped and cut as engine/ir/text.h's Escape does).
 std::string DescribeModel(const v1::Model& model);
@@ -82,7 +100,9 @@ using MemoryEstimatorBase = v1::MemoryEstimator::WithRawCallbackMethod_Estimate<
     v1::MemoryEstimator::WithCallbackMethod_ListPresets<
         v1::MemoryEstimator::WithCallbackMethod_ListDevices<
             v1::MemoryEstimator::WithRawCallbackMethod_Validate<
-                v1::MemoryEstimator::WithRawCallbackMethod_Plan<v1::MemoryEstimator::Service>>>>>;
+                v1::MemoryEstimator::WithRawCallbackMethod_Plan<
+                    v1::MemoryEstimator::WithRawCallbackMethod_Sweep<
+                        v1::MemoryEstimator::Service>>>>>>;
 
 class EstimatorService final : public MemoryEstimatorBase {
  public:
@@ -108,6 +128,10 @@ class EstimatorService final : public MemoryEstimatorBase {
   // (refused as busy when its queue is full).
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Plan(grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer* request) override;
+  // Streams the results of a SweepRequest's bytes (SweepResults, as bytes), estimated on the
+  // work pool (refused as busy when its queue is full).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Sweep(grpc::CallbackServerContext* context,
+                                                    const grpc::ByteBuffer* request) override;
 
   ValidationRunner& validations() { return *validations_; }
   // Where finished calls are counted (null: nowhere); set before the server starts.

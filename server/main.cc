@@ -96,6 +96,10 @@ int main(int argc, char** argv) {
                  "Estimate may spend, its advice included; 1.3-2.8 us each")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-sweep-configs", options.service.max_sweep_configs,
+                 "most run configurations one Sweep may ask for (each an Estimate of its own)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-message-bytes", options.max_message_bytes,
                  "largest request accepted, in bytes")
       ->capture_default_str()

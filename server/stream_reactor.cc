@@ -43,11 +43,20 @@ StreamReactor::StreamReactor(grpc::CallbackServerContext* context, CallRecord ca
   Release();  // no work holds it
 }
 
+void StreamReactor::OnCancel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+  }
+  drained_.notify_all();
+}
+
 void StreamReactor::OnWriteDone(bool ok) {
   const grpc::ByteBuffer* next = nullptr;
   bool finish = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    pending_bytes_ -= pending_.front().Length();
     pending_.pop_front();
     if (!ok) broken_ = true;  // the client went away; the work notices through Stopped()
     if (!pending_.empty() && !broken_) {
@@ -56,6 +65,7 @@ void StreamReactor::OnWriteDone(bool ok) {
       finish = TakeFinishLocked();
     }
   }
+  drained_.notify_all();
   if (next != nullptr) StartWrite(next);
   if (finish) Finish(status_);
 }
@@ -74,8 +84,13 @@ bool StreamReactor::Send(const google::protobuf::Message& reply) {
   grpc::ByteBuffer bytes;
   if (!SerializeReply(reply, &bytes).ok()) return false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    // A slow reader: wait for its writes (a cancellation, the deadline's too, wakes this).
+    drained_.wait(lock, [this] {
+      return cancelled_ || broken_ || pending_bytes_ < kMaxQueuedBytes;
+    });
     if (cancelled_ || broken_) return false;
+    pending_bytes_ += bytes.Length();
     pending_.push_back(std::move(bytes));
     if (pending_.size() == 1) first = &pending_.front();  // nothing in flight: start it
   }

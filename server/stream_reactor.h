@@ -5,7 +5,9 @@
 // The work gets `send` (queue one reply; false once the client went away or cancelled) and
 // `stopped` (true once it did), and returns the call's status; the reactor writes the replies
 // one at a time (a write reactor allows one outstanding write), finishes after the last, and
-// logs the call as one line (method, model, code, microseconds, peer, error).
+// logs the call as one line (method, model, code, microseconds, peer, error). A client that
+// reads slower than the work sends holds the work back: `send` waits while kMaxQueuedBytes of
+// replies wait to be written (a Sweep's thousands of results are not all kept in memory).
 #ifndef MEMEST_SERVER_STREAM_REACTOR_H_
 #define MEMEST_SERVER_STREAM_REACTOR_H_
 
@@ -14,6 +16,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -30,6 +33,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   using SendFn = std::function<bool(const google::protobuf::Message&)>;
   using StoppedFn = std::function<bool()>;
   using Work = std::function<Status(const SendFn& send, const StoppedFn& stopped)>;
+  static constexpr size_t kMaxQueuedBytes = 4 << 20;
 
   // Starts `work` on a thread of its own (`pool` null) or queues it on `pool`; when the pool is
   // full the call finishes with `busy()`. `call` names the call in its log line (its id and
@@ -42,7 +46,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
                 const Status& refusal);
 
   void OnWriteDone(bool ok) override;
-  void OnCancel() override { cancelled_ = true; }
+  void OnCancel() override;
   void OnDone() override { Release(); }
 
  private:
@@ -58,7 +62,9 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   Metrics* const metrics_;
   std::atomic<int> owners_{2};
   std::mutex mu_;
+  std::condition_variable drained_;       // a write completed, or the call stopped
   std::deque<grpc::ByteBuffer> pending_;  // front: being written
+  size_t pending_bytes_ = 0;
   std::atomic<bool> cancelled_{false};
   bool broken_ = false, finish_ = false, finished_ = false;
   grpc::Status status_;
