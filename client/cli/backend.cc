@@ -115,6 +115,16 @@ class RemoteBackend : public Backend {
     return FromGrpc(reader->Finish(), address_);
   }
 
+  CallResult Sweep(const v1::SweepRequest& request,
+                   const std::function<void(const v1::SweepResult&)>& on_result) override {
+    grpc::ClientContext context;
+    if (!Prepare(&context)) return FromStatus(ready_);
+    std::unique_ptr<grpc::ClientReader<v1::SweepResult>> reader = stub_->Sweep(&context, request);
+    v1::SweepResult result;
+    while (reader->Read(&result)) on_result(result);
+    return FromGrpc(reader->Finish(), address_);
+  }
+
  private:
   // The call's deadline and bearer token; false when a file the flags named could not be read.
   bool Prepare(grpc::ClientContext* context) const {
@@ -170,6 +180,18 @@ class LocalBackend : public Backend {
     budget.set_max_op_steps(options.max_plan_op_steps);
     const Status s = HandlePlan(request, options, &budget, [&](const v1::PlanEvent& e) {
       on_event(e);
+      return true;
+    });
+    return FromGrpc(ToGrpcStatus(s), "");
+  }
+
+  CallResult Sweep(const v1::SweepRequest& request,
+                   const std::function<void(const v1::SweepResult&)>& on_result) override {
+    const ServiceOptions options;
+    Budget each;
+    each.set_max_op_steps(options.max_op_steps);
+    const Status s = HandleSweep(request, options, each, [&](const v1::SweepResult& r) {
+      on_result(r);
       return true;
     });
     return FromGrpc(ToGrpcStatus(s), "");

@@ -40,6 +40,9 @@ class Backend {
   // Streams Plan: each event (a plan, then the summary) goes to `on_event` as it arrives.
   virtual CallResult Plan(const v1::PlanRequest& request,
                           const std::function<void(const v1::PlanEvent&)>& on_event) = 0;
+  // Streams Sweep: each configuration's result goes to `on_result` as it arrives.
+  virtual CallResult Sweep(const v1::SweepRequest& request,
+                           const std::function<void(const v1::SweepResult&)>& on_result) = 0;
 };
 
 // How the CLI reaches a server that speaks TLS (memest-server --tls-cert): `enabled` (--tls) or

@@ -113,6 +113,36 @@ int RunPlan(const ConnectionFlags& connection, const PlanFlags& flags) {
   return plans > 0 ? kExitFits : kExitDoesNotFit;
 }
 
+int RunSweep(const ConnectionFlags& connection, const SweepFlags& flags) {
+  StatusOr<SweepRequestAndLabels> sweep = BuildSweepRequest(flags);
+  if (!sweep.ok()) return BadRequest(sweep.status());
+  std::vector<v1::SweepResult> results;
+  bool fits = false, verdicts = false;
+  auto on_result = [&](const v1::SweepResult& r) {
+    if (r.has_estimate()) {
+      verdicts |= r.estimate().has_fit();
+      fits |= !r.estimate().has_fit() || r.estimate().fit().fits();
+    }
+    if (connection.json) {  // one JSON object per result, as they arrive
+      std::cout << ToJson(r);
+      std::cout.flush();
+    } else {
+      results.push_back(r);
+    }
+  };
+  const CallResult call = MakeBackend(connection)->Sweep(sweep->request, on_result);
+  if (!call.ok()) return Fail(call);
+  if (!connection.json) RenderSweep(sweep->headers, sweep->values, results, std::cout);
+  std::cout.flush();
+  if (fits || verdicts) return fits ? kExitFits : kExitDoesNotFit;
+  // Nothing answered: every configuration was refused.
+  for (const v1::SweepResult& r : results) {
+    return ExitCodeForStatus(
+        grpc::Status(static_cast<grpc::StatusCode>(r.error().code()), r.error().message()));
+  }
+  return kExitBadInput;
+}
+
 int RunPresets(const ConnectionFlags& connection) {
   v1::ListPresetsResponse response;
   const CallResult result = MakeBackend(connection)->ListPresets(&response);

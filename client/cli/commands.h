@@ -5,6 +5,7 @@
 
 #include "client/cli/flags.h"
 #include "client/cli/plan_flags.h"
+#include "client/cli/sweep_flags.h"
 
 namespace memest::cli {
 
@@ -14,6 +15,9 @@ int RunEstimate(const ConnectionFlags& connection, const EstimateFlags& flags);
 int RunValidate(const ConnectionFlags& connection, const ValidateFlags& flags);
 // `memest plan`: 0 when some plan fits, 2 when none does within the GPU budget.
 int RunPlan(const ConnectionFlags& connection, const PlanFlags& flags);
+// `memest sweep`: 0 when some configuration fits (or no device was given), 2 when none does;
+// every configuration refused: the first refusal's code.
+int RunSweep(const ConnectionFlags& connection, const SweepFlags& flags);
 // `memest presets`.
 int RunPresets(const ConnectionFlags& connection);
 // `memest devices`.

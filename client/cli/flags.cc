@@ -464,15 +464,19 @@ std::optional<int64_t> OwnBatch(const EstimateFlags& flags, const v1::Model& mod
 }
 }  // namespace
 
+StatusOr<v1::RunConfig> BuildRunConfig(const EstimateFlags& flags, const v1::Model& model) {
+  v1::RunConfig config;
+  MEMEST_RETURN_IF_ERROR(FillConfig(flags, &config));
+  if (!flags.batch) {
+    if (std::optional<int64_t> own = OwnBatch(flags, model)) config.set_batch_size(*own);
+  }
+  return config;
+}
+
 StatusOr<v1::EstimateRequest> BuildEstimateRequest(const EstimateFlags& flags) {
   v1::EstimateRequest request;
   MEMEST_RETURN_IF_ERROR(FillModel(flags, request.mutable_model()));
-  MEMEST_RETURN_IF_ERROR(FillConfig(flags, request.mutable_config()));
-  if (!flags.batch) {
-    if (std::optional<int64_t> own = OwnBatch(flags, request.model())) {
-      request.mutable_config()->set_batch_size(*own);
-    }
-  }
+  MEMEST_ASSIGN_OR_RETURN(*request.mutable_config(), BuildRunConfig(flags, request.model()));
   request.set_skip_advice(flags.no_advice);
   if (flags.max_layer_rows.has_value()) request.set_max_layer_rows(*flags.max_layer_rows);
   return request;

@@ -100,6 +100,9 @@ void AddEstimateFlags(CLI::App* app, EstimateFlags* flags);
 // The request the flags describe. Errors (INVALID_ARGUMENT) name the flag, e.g.
 // "--precision: unknown value \"fp8\"; expected one of fp32, fp16, bf16, bf16-pure, fp16-pure".
 StatusOr<v1::EstimateRequest> BuildEstimateRequest(const EstimateFlags& flags);
+// The request's run configuration alone, for `model` (BuildEstimateRequest's model of the same
+// flags): what a sweep builds for each of its configurations.
+StatusOr<v1::RunConfig> BuildRunConfig(const EstimateFlags& flags, const v1::Model& model);
 
 // Reads a model file: JSON in the proto JSON mapping of memest.v1.Model (field names in
 // lowerCamelCase or as in the .proto). Errors name the file.

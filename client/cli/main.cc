@@ -3,6 +3,7 @@
 //   memest estimate --preset gpt2-small --batch 8 --seq 1024 --optimizer adamw --precision bf16
 //   memest estimate --model examples/mlp.json --batch 64 --capacity 8GiB --local
 //   memest validate --preset gpt2-small --batch 8 --server gpu-host:50051
+//   memest sweep --preset gpt2-small --seq 1024 --batches 1,2,4,8 --devices l4,a100-80gb --local
 //   memest presets | memest devices
 #include <CLI/CLI.hpp>
 
@@ -49,6 +50,16 @@ int main(int argc, char** argv) {
   AddConnectionFlags(plan, &plan_connection);
   plan->footer(ExitCodesHelp());
 
+  SweepFlags sweep_flags;
+  ConnectionFlags sweep_connection;
+  sweep_connection.deadline_ms = 10 * 60 * 1000;  // thousands of estimates: minutes at most
+  CLI::App* sweep = app.add_subcommand(
+      "sweep", "estimate one model under every combination of lists of batch sizes, devices, "
+               "precisions, optimizers and checkpoint policies, in one call");
+  AddSweepFlags(sweep, &sweep_flags);
+  AddConnectionFlags(sweep, &sweep_connection);
+  sweep->footer(ExitCodesHelp());
+
   CLI::App* presets =
       app.add_subcommand("presets", "list the built-in models and their parameters");
   AddConnectionFlags(presets, &connection);
@@ -66,6 +77,7 @@ int main(int argc, char** argv) {
   if (estimate->parsed()) return RunEstimate(connection, estimate_flags);
   if (validate->parsed()) return RunValidate(validate_connection, validate_flags);
   if (plan->parsed()) return RunPlan(plan_connection, plan_flags);
+  if (sweep->parsed()) return RunSweep(sweep_connection, sweep_flags);
   if (presets->parsed()) return RunPresets(connection);
   return RunDevices(connection);
 }

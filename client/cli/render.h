@@ -10,6 +10,7 @@
 
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "memest/v1/memest.pb.h"
 
@@ -48,6 +49,13 @@ void RenderPlanSummary(const v1::PlanSummary& summary, std::ostream& out);
 // One plan as one line, for scripts and job-submission hooks (memest plan --brief): "4 x
 // h100-80gb: dp x tp x pp 4 x 1 x 1 fsdp2, micro-batch 1 x 4, needs 63.1 GiB a GPU".
 std::string PlanSentence(const v1::ParallelPlan& plan);
+
+// A sweep's results as a table: a row per configuration with its values of the varied flags
+// (`headers`, `values` per configuration), the peak allocated, reserved, what the device needs
+// and whether it fits; the refused ones listed under it with their status.
+void RenderSweep(const std::vector<std::string>& headers,
+                 const std::vector<std::vector<std::string>>& values,
+                 const std::vector<v1::SweepResult>& results, std::ostream& out);
 
 // "forward", "optimizer_step", ... as the engine names phases.
 std::string PhaseName(v1::Phase phase);

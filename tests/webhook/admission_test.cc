@@ -285,6 +285,10 @@ class BusyBackend : public cli::Backend {
                        const std::function<void(const v1::PlanEvent&)>&) override {
     return Busy();
   }
+  cli::CallResult Sweep(const v1::SweepRequest&,
+                        const std::function<void(const v1::SweepResult&)>&) override {
+    return Busy();
+  }
 
  private:
   static cli::CallResult Busy() {

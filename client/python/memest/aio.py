@@ -19,6 +19,7 @@ from memest.tls import channel
 from memest.planning import PlanCollector, plan_request
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
+from memest.sweeping import SWEEP_DOC, SweepCollector, sweep_request
 from memest.validation import _Collector
 
 
@@ -87,6 +88,22 @@ class Client:
         return plans.plans
 
     plan.__doc__ = PLAN_DOC
+
+    async def sweep(self, preset=None, model=None, *, configs, on_result=None, timeout=None,
+                    **kwargs):
+        request, labels = sweep_request(preset, model, configs=configs, **kwargs)
+        if self._closed:
+            raise MemestError("%r: closed" % self)
+        results = SweepCollector(labels, on_result)
+        try:
+            async for result in self._stub.Sweep(request, timeout=timeout or self.timeout,
+                                                 metadata=self._metadata):
+                results.take(result)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from None
+        return results.results
+
+    sweep.__doc__ = SWEEP_DOC
 
     async def presets(self, *, timeout=None):
         """The built-in models, as a list of memest.PresetInfo."""
