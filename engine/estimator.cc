@@ -422,13 +422,26 @@ StatusOr<Report> EstimateQuantizedCheckpoint(const ModelSpec& model, const RunCo
   return report;
 }
 
+namespace {
+
+bool QuantizedCheckpoint(const ModelSpec& model) {
+  const auto* hf = std::get_if<HfConfigSpec>(&model.source);
+  return hf != nullptr && hf->config.Find("quantization_config") != nullptr;
+}
+
+}  // namespace
+
+bool BuildsPlainGraph(const ModelSpec& model, const RunConfig& config) {
+  // Estimate() routes these elsewhere; BuildStepGraph's passes rewrite the graph for the rest.
+  return !QuantizedCheckpoint(model) && !config.serving.enabled &&
+         config.fp8.recipe == Fp8Recipe::kNone &&
+         config.quantization.format == WeightFormat::kDense && config.lora.rank == 0;
+}
+
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
                           const EstimateOptions& options) {
   if (options.budget != nullptr) MEMEST_RETURN_IF_ERROR(options.budget->status());
-  const auto* hf = std::get_if<HfConfigSpec>(&model.source);
-  if (hf != nullptr && hf->config.Find("quantization_config") != nullptr) {
-    return EstimateQuantizedCheckpoint(model, config, options);
-  }
+  if (QuantizedCheckpoint(model)) return EstimateQuantizedCheckpoint(model, config, options);
   if (config.serving.enabled) return EstimateServing(model, config, options);
   MEMEST_ASSIGN_OR_RETURN(Graph graph,
                           BuildStepGraph(model, config, options.max_ops, options.budget));
@@ -460,7 +473,7 @@ StatusOr<Report> EstimateBuilt(const ModelSpec& model, const Graph& graph,
   EstimateOptions charged = options;
   charged.budget = budget;
   MEMEST_ASSIGN_OR_RETURN(Report report, EstimateGraph(graph, config, charged));
-  if (options.advice) {
+  if (options.advice && !options.end_stages_only) {
     MEMEST_ASSIGN_OR_RETURN(report.advice, MakeAdvice(model, graph, config, report, budget));
     if (budget->spent_out()) {
       report.notes.push_back("advice cut short: this request's budget of " +

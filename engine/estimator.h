@@ -33,7 +33,7 @@ struct EstimateOptions {
   // With pipeline stages: estimate only the first and the last stage. A screen for planners: if
   // either does not fit, the split does not; the middle stages hold fewer micro-batches in
   // flight and neither the embeddings nor the head, but only the full estimate says which stage
-  // needs the most. The report's pipeline.per_stage then lists the two.
+  // needs the most. The report's pipeline.per_stage then lists the two, and no advice is made.
   bool end_stages_only = false;
 };
 
@@ -87,9 +87,16 @@ StatusOr<Graph> BuildStepGraph(const ModelSpec& model, const RunConfig& config,
 StatusOr<Report> Estimate(const ModelSpec& model, const RunConfig& config,
                           const EstimateOptions& options = {});
 // Estimate() past its build: `graph` is BuildStepGraph(model, config)'s (not a served model's,
-// nor a quantized checkpoint's, which Estimate() routes elsewhere).
+// nor a quantized checkpoint's, which Estimate() routes elsewhere). Refuses a step that cannot
+// afford its op steps within options.budget (RESOURCE_EXHAUSTED) before it is scheduled, then
+// charges it, advice included.
 StatusOr<Report> EstimateBuilt(const ModelSpec& model, const Graph& graph,
                                const RunConfig& config, const EstimateOptions& options = {});
+// Whether Estimate(model, config) is EstimateBuilt(model, BuildGraph(model, StepBuildContext(
+// config)), config): no served model, no quantized checkpoint, and none of BuildStepGraph's
+// passes (fp8, quantization, adapters) rewrite the graph. A pass added to BuildStepGraph joins
+// this test.
+bool BuildsPlainGraph(const ModelSpec& model, const RunConfig& config);
 
 // The device the estimate is for: a catalog entry (config.device), a bare capacity
 // (config.device_capacity_bytes), or neither (nullopt: a generic device's fixed costs are used

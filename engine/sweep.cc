@@ -1,27 +1,24 @@
 #include "engine/sweep.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace memest {
 
-SweepEstimator::SweepEstimator(const ModelSpec& model, const EstimateOptions& options)
-    : model_(model), options_(options), quantized_checkpoint_([&] {
-        const auto* hf = std::get_if<HfConfigSpec>(&model.source);
-        return hf != nullptr && hf->config.Find("quantization_config") != nullptr;
-      }()) {}
+#if defined(__x86_64__) && defined(__linux__)
+// A tripwire for the key: a field added to BuildContext changes its size here.
+static_assert(sizeof(BuildContext) == 104,
+              "BuildContext changed: GraphKeyOf (engine/models/model.h) must hold every field the "
+              "front ends read, or sweeps share graphs they must not; then update this size");
+#endif
 
-// BuildStepGraph adds nothing to BuildGraph's graph without these (Estimate routes the served
-// model and a quantized checkpoint elsewhere).
-bool SweepEstimator::Shares(const RunConfig& config) const {
-  return !quantized_checkpoint_ && !config.serving.enabled &&
-         config.fp8.recipe == Fp8Recipe::kNone &&
-         config.quantization.format == WeightFormat::kDense && config.lora.rank == 0;
-}
+SweepEstimator::SweepEstimator(const ModelSpec& model, const EstimateOptions& options)
+    : model_(model), options_(options) {}
 
 StatusOr<Report> SweepEstimator::Estimate(const RunConfig& config, Budget* budget) {
   EstimateOptions options = options_;
   options.budget = budget;
-  if (!Shares(config)) return memest::Estimate(model_, config, options);
+  if (!BuildsPlainGraph(model_, config)) return memest::Estimate(model_, config, options);
   if (budget != nullptr) MEMEST_RETURN_IF_ERROR(budget->status());
   // BuildStepGraph's first step: the config validated, its device resolved.
   MEMEST_ASSIGN_OR_RETURN(BuildContext context, StepBuildContext(config, options.max_ops, budget));
@@ -31,6 +28,11 @@ StatusOr<Report> SweepEstimator::Estimate(const RunConfig& config, Budget* budge
   std::shared_ptr<const Graph> graph;
   if (kept != graphs_.end()) {
     graph = kept->second;
+    if (std::next(kept) != graphs_.end()) {  // the most recently used last
+      auto entry = std::move(*kept);
+      graphs_.erase(kept);
+      graphs_.push_back(std::move(entry));
+    }
   } else {
     MEMEST_ASSIGN_OR_RETURN(Graph built, BuildGraph(model_, context));
     ++graphs_built_;

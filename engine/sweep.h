@@ -6,9 +6,10 @@
 // it resolves to (its micro-batch, mode, dtypes, attention kernel, device generation, ...:
 // GraphKeyOf in engine/models/model.h), so configurations that differ in what the step does
 // with the graph (optimizer, checkpointing, data parallelism and sharding, the device's
-// capacity, the step kind) share one. Graphs are kept for the configurations after them, a few
-// at a time (kMaxGraphs, kMaxCachedOps); a configuration with adapters, quantization or fp8
-// (passes that rewrite the graph) or served by vLLM is estimated as Estimate() does it.
+// capacity, the step kind) share one. Graphs are kept for the configurations after them, the
+// most recently used few (kMaxGraphs, kMaxCachedOps); a configuration with adapters,
+// quantization or fp8 (passes that rewrite the graph) or served by vLLM is estimated as
+// Estimate() does it (BuildsPlainGraph, engine/estimator.h).
 #ifndef MEMEST_ENGINE_SWEEP_H_
 #define MEMEST_ENGINE_SWEEP_H_
 
@@ -25,12 +26,14 @@ class SweepEstimator {
  public:
   static constexpr int kMaxGraphs = 8;
   // The ops of the graphs kept, together (about a kilobyte each); a larger graph is not kept.
-  static constexpr int64_t kMaxCachedOps = 200'000;
+  static constexpr int64_t kMaxCachedOps = 50'000;
 
   // `model` must outlive the estimator. options.budget is not used: each Estimate names its own.
   SweepEstimator(const ModelSpec& model, const EstimateOptions& options);
 
-  // Estimate(model, config, options) with `budget` (null: unlimited) as options.budget.
+  // Estimate(model, config, options) with `budget` (null: unlimited) as options.budget: the
+  // same report, or the same refusal (a bad config naming its field, an unknown device, a step
+  // its budget cannot afford, the budget's deadline or cancellation).
   StatusOr<Report> Estimate(const RunConfig& config, Budget* budget);
 
   // Graphs built so far (a configuration estimated as Estimate() does it builds its own, not
@@ -39,14 +42,11 @@ class SweepEstimator {
 
  private:
   using Key = decltype(GraphKeyOf(BuildContext{}));
-  // Whether `config`'s graph is BuildGraph(model, context) alone (no pass rewrites it).
-  bool Shares(const RunConfig& config) const;
   void Keep(const Key& key, std::shared_ptr<const Graph> graph);
 
   const ModelSpec& model_;
   const EstimateOptions options_;
-  const bool quantized_checkpoint_;  // a config.json with a quantization_config
-  std::deque<std::pair<Key, std::shared_ptr<const Graph>>> graphs_;  // oldest first
+  std::deque<std::pair<Key, std::shared_ptr<const Graph>>> graphs_;  // least recently used first
   int64_t cached_ops_ = 0;
   int64_t graphs_built_ = 0;
 };

@@ -1,7 +1,10 @@
 #include "fuzz/estimate_target.h"
 
+#include <google/protobuf/util/message_differencer.h>
+
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "engine/ir/devices.h"
 #include "engine/ir/dtype.h"
@@ -147,6 +150,48 @@ ServiceOptions FuzzServiceOptions() {
   return options;
 }
 
+std::string CheckSweepAgrees(const v1::EstimateRequest& request, const ServiceOptions& options,
+                             const Status& status, const v1::EstimateResponse& response) {
+  v1::SweepRequest sweep;
+  *sweep.mutable_model() = request.model();
+  *sweep.add_configs() = request.config();
+  *sweep.add_configs() = request.config();  // estimated with the first one's graph
+  sweep.set_skip_advice(request.skip_advice());
+  if (request.has_max_layer_rows()) sweep.set_max_layer_rows(request.max_layer_rows());
+  Budget each;
+  each.set_max_op_steps(options.max_op_steps);
+  std::vector<v1::SweepResult> results;
+  const Status swept = HandleSweep(sweep, options, each, [&results](const v1::SweepResult& r) {
+    results.push_back(r);
+    return true;
+  });
+  const grpc::Status want = ToGrpcStatus(status);
+  if (!swept.ok()) {  // refused as a whole: only for what Estimate refuses the request for
+    const grpc::Status got = ToGrpcStatus(swept);
+    if (want.ok() || got.error_code() != want.error_code() ||
+        got.error_message() != want.error_message()) {
+      return "the sweep was refused (" + got.error_message() + ") where Estimate " +
+             (want.ok() ? std::string("answered") : "said: " + want.error_message());
+    }
+    return "";
+  }
+  if (results.size() != 2) return "the sweep of two configurations gave " +
+                                  std::to_string(results.size()) + " results";
+  for (const v1::SweepResult& r : results) {
+    const std::string which = "sweep result " + std::to_string(r.index());
+    if (status.ok()) {
+      if (!r.has_estimate()) return which + " is a refusal where Estimate answered";
+      if (!google::protobuf::util::MessageDifferencer::Equals(r.estimate(), response)) {
+        return which + " differs from Estimate's answer";
+      }
+    } else if (!r.has_error() || r.error().code() != static_cast<int>(want.error_code()) ||
+               r.error().message() != want.error_message()) {
+      return which + " is not Estimate's refusal: " + want.error_message();
+    }
+  }
+  return "";
+}
+
 std::string FuzzEstimateOnce(const uint8_t* data, size_t size) {
   v1::EstimateRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return "";
@@ -157,7 +202,10 @@ std::string FuzzEstimateOnce(const uint8_t* data, size_t size) {
   const std::string model = DescribeModel(request.model());
   const grpc::Status mapped = ToGrpcStatus(status);
   if (mapped.ok() != status.ok()) return "the gRPC status disagrees with the engine's: " + model;
-  return CheckEstimate(request, status, response);
+  if (std::string broken = CheckEstimate(request, status, response); !broken.empty()) {
+    return broken;
+  }
+  return CheckSweepAgrees(request, options, status, response);
 }
 
 std::vector<std::string> EstimateDictionary() {

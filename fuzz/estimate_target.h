@@ -1,6 +1,7 @@
 // The Estimate fuzz target: one serialized memest.v1.EstimateRequest through the service's own
 // handler (HandleEstimate: size check, conversion, engine, conversion back) and the gRPC status
-// mapping, without a network, followed by the checks every answer must pass.
+// mapping, without a network, followed by the checks every answer must pass; then the same
+// request as a Sweep, which must give the same answer.
 //
 // It is linked into the libFuzzer binary (fuzz/estimate_fuzzer.cc, built by scripts/fuzz.sh
 // with ASan and UBSan) and into the replay test (tests/fuzz), which runs every committed corpus
@@ -15,13 +16,20 @@
 
 #include "engine/ir/status.h"
 #include "memest/v1/memest.pb.h"
+#include "server/estimator_service.h"
 
 namespace memest::fuzz {
 
 // Runs one input. Bytes that do not parse as an EstimateRequest are what gRPC refuses before
 // any handler runs: they pass. Returns "" when the input went through as it should, or a
-// sentence naming the check the answer broke (see CheckEstimate).
+// sentence naming the check the answer broke (see CheckEstimate, CheckSweepAgrees).
 std::string FuzzEstimateOnce(const uint8_t* data, size_t size);
+
+// The same request as a Sweep (HandleSweep) of its configuration twice, the second estimated
+// with the graph the first built: each result must be Estimate's answer (`response`), or its
+// refusal (`status`); the sweep may be refused as a whole only with Estimate's refusal.
+std::string CheckSweepAgrees(const v1::EstimateRequest& request, const ServiceOptions& options,
+                             const Status& status, const v1::EstimateResponse& response);
 
 // The checks on one answer. A refusal has a message and is not INTERNAL (INTERNAL is "a bug in
 // memest"). An answer keeps the proto's promises: the peak's categories add up to its allocated

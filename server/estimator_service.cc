@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/estimator.h"
@@ -32,6 +34,19 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kTrimAfter = std::chrono::milliseconds(20);
 
 int64_t Length(const grpc::ByteBuffer& bytes) { return static_cast<int64_t>(bytes.Length()); }
+
+// A call's budget: `op_steps`, the caller's deadline (none when it is more than a year away) and
+// its cancellation, which the engine checks as it works.
+Budget CallBudget(const grpc::CallbackServerContext& context, int64_t op_steps,
+                  std::function<bool()> cancelled) {
+  const auto left = context.deadline() - std::chrono::system_clock::now();
+  Budget budget;
+  budget.set_max_op_steps(op_steps)
+      .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max()
+                                                        : Clock::now() + left)
+      .set_cancelled(std::move(cancelled));
+  return budget;
+}
 
 Status TooMany(const char* field, const char* what, int count, int64_t max_ops) {
   return ResourceExhausted(std::string(field) + ": " + std::to_string(count) + " " + what +
@@ -183,12 +198,8 @@ void EstimatorService::RunEstimate(grpc::CallbackServerContext* context,
   v1::EstimateResponse response;
   // The caller's deadline and cancellation reach the engine, which checks them as it works; a
   // call whose caller left while it waited is not started.
-  const auto left = context->deadline() - std::chrono::system_clock::now();
-  Budget budget;
-  budget.set_max_op_steps(options_.max_op_steps)
-      .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max()
-                                                        : Clock::now() + left)
-      .set_cancelled([context] { return context->IsCancelled(); });
+  Budget budget =
+      CallBudget(*context, options_.max_op_steps, [context] { return context->IsCancelled(); });
   Status status = budget.Check();
   if (status.ok()) status = ParseRequest(request_bytes, &request);
   if (status.ok()) {
@@ -271,12 +282,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Plan(
                                              const StreamReactor::StoppedFn& stopped) {
         HeapTrimmer::Request in_flight(trimmer);
         in_flight.MarkLarge();  // a search builds many graphs: give their pages back after it
-        const auto left = context->deadline() - std::chrono::system_clock::now();
-        Budget budget;
-        budget.set_max_op_steps(options.max_plan_op_steps)
-            .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max()
-                                                              : Clock::now() + left)
-            .set_cancelled(stopped);
+        Budget budget = CallBudget(*context, options.max_plan_op_steps, stopped);
         MEMEST_RETURN_IF_ERROR(budget.Check());  // its caller left while it waited
         return HandlePlan(*request, options, &budget,
                           [&send](const v1::PlanEvent& e) { return send(e); });
@@ -302,12 +308,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Sweep(
                                              const StreamReactor::StoppedFn& stopped) {
         HeapTrimmer::Request in_flight(trimmer);
         in_flight.MarkLarge();  // many estimates and their graphs: give their pages back after
-        const auto left = context->deadline() - std::chrono::system_clock::now();
-        Budget each;  // every configuration's, as an Estimate's
-        each.set_max_op_steps(options.max_op_steps)
-            .set_deadline(left > std::chrono::hours(24 * 365) ? Clock::time_point::max()
-                                                              : Clock::now() + left)
-            .set_cancelled(stopped);
+        // Every configuration's, as an Estimate's.
+        Budget each = CallBudget(*context, options.max_op_steps, stopped);
         MEMEST_RETURN_IF_ERROR(each.Check());  // its caller left while it waited
         return HandleSweep(*request, options, each,
                            [&send](const v1::SweepResult& r) { return send(r); });

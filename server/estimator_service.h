@@ -45,8 +45,11 @@ struct ServiceOptions {
   // The same for one Plan: its search runs many estimates (docs/planning.md), bounded by the
   // caller's deadline too.
   int64_t max_plan_op_steps = 100'000'000;
-  // The most run configurations one Sweep may carry; each is charged max_op_steps of its own.
+  // The most run configurations one Sweep may carry; each is charged max_op_steps of its own,
+  // and all of them together at most max_sweep_op_steps: once they are spent, the
+  // configurations left are refused (RESOURCE_EXHAUSTED).
   int64_t max_sweep_configs = 65'536;
+  int64_t max_sweep_op_steps = 100'000'000;
   // Threads that run estimates and plans (0: one per core, DefaultWorkThreads()), and how many
   // may wait for one (-1: 8 per thread); a call beyond that is refused at once.
   int work_threads = 0;
@@ -88,7 +91,8 @@ Status HandlePlan(const v1::PlanRequest& request, const ServiceOptions& options,
 // the model's size and conversion: a refusal of the whole), then each configuration estimated
 // as HandleEstimate would answer it, with a copy of `each` as its budget, and handed to `send`
 // as a SweepResult in order (false: the caller went away; the sweep stops). A configuration
-// stopped by its budget's deadline or cancellation stops the sweep with that status.
+// stopped by its budget's deadline or cancellation stops the sweep with that status; once the
+// configurations have spent options.max_sweep_op_steps together, the rest are refused.
 Status HandleSweep(const v1::SweepRequest& request, const ServiceOptions& options,
                    const Budget& each, const std::function<bool(const v1::SweepResult&)>& send);
 // "preset:gpt2-small", "layers:12", "ops:345" or "unset": the model as a log line names it

@@ -100,6 +100,11 @@ int main(int argc, char** argv) {
                  "most run configurations one Sweep may ask for (each an Estimate of its own)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-sweep-op-steps", options.service.max_sweep_op_steps,
+                 "most op steps one Sweep's configurations may spend together; the ones past it "
+                 "are refused")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-message-bytes", options.max_message_bytes,
                  "largest request accepted, in bytes")
       ->capture_default_str()

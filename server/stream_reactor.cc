@@ -85,10 +85,16 @@ bool StreamReactor::Send(const google::protobuf::Message& reply) {
   if (!SerializeReply(reply, &bytes).ok()) return false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    // A slow reader: wait for its writes (a cancellation, the deadline's too, wakes this).
-    drained_.wait(lock, [this] {
-      return cancelled_ || broken_ || pending_bytes_ < kMaxQueuedBytes;
-    });
+    // A slow reader: wait for its writes (a cancellation, the deadline's too, wakes this). A
+    // reader that takes nothing for kMaxStall is dropped: the call is cancelled, which ends the
+    // write and wakes this.
+    auto ready = [this] { return cancelled_ || broken_ || pending_bytes_ < kMaxQueuedBytes; };
+    if (!drained_.wait_for(lock, kMaxStall, ready)) {
+      lock.unlock();  // OnCancel takes the lock
+      context_->TryCancel();
+      lock.lock();
+      drained_.wait(lock, ready);
+    }
     if (cancelled_ || broken_) return false;
     pending_bytes_ += bytes.Length();
     pending_.push_back(std::move(bytes));

@@ -7,7 +7,8 @@
 // one at a time (a write reactor allows one outstanding write), finishes after the last, and
 // logs the call as one line (method, model, code, microseconds, peer, error). A client that
 // reads slower than the work sends holds the work back: `send` waits while kMaxQueuedBytes of
-// replies wait to be written (a Sweep's thousands of results are not all kept in memory).
+// replies wait to be written (a Sweep's thousands of results are not all kept in memory), and a
+// reader that takes none of them for kMaxStall is cancelled (its thread goes to other calls).
 #ifndef MEMEST_SERVER_STREAM_REACTOR_H_
 #define MEMEST_SERVER_STREAM_REACTOR_H_
 
@@ -34,6 +35,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   using StoppedFn = std::function<bool()>;
   using Work = std::function<Status(const SendFn& send, const StoppedFn& stopped)>;
   static constexpr size_t kMaxQueuedBytes = 4 << 20;
+  static constexpr std::chrono::seconds kMaxStall{60};
 
   // Starts `work` on a thread of its own (`pool` null) or queues it on `pool`; when the pool is
   // full the call finishes with `busy()`. `call` names the call in its log line (its id and

@@ -39,22 +39,34 @@ Status HandleSweep(const v1::SweepRequest& request, const ServiceOptions& option
   const std::optional<int64_t> rows = request.has_max_layer_rows()
                                           ? std::optional<int64_t>(request.max_layer_rows())
                                           : std::nullopt;
+  int64_t spent = 0;  // op steps, by the configurations so far
   for (int i = 0; i < request.configs_size(); ++i) {
     Budget budget = each;
     std::vector<std::string> notes;
-    StatusOr<Report> report = [&]() -> StatusOr<Report> {
+    Report report;
+    // As HandleEstimate's: conversion, the budget's deadline, the estimate; an exception is this
+    // configuration's INTERNAL, as it would be its call's.
+    const Status status = CatchAll([&]() -> Status {
+      if (spent >= options.max_sweep_op_steps) {
+        return ResourceExhausted("configs[" + std::to_string(i) + "]: the sweep's " +
+                                 std::to_string(options.max_sweep_op_steps) +
+                                 " op steps were spent by the configurations before it "
+                                 "(memest-server --max-sweep-op-steps); sweep the rest apart");
+      }
       MEMEST_ASSIGN_OR_RETURN(RunConfig config,
                               RunConfigForModel(model, request.configs(i), &notes));
       MEMEST_RETURN_IF_ERROR(budget.Check());
-      return sweep.Estimate(config, &budget);
-    }();
-    if (!report.ok() && StopsTheSweep(report.status())) return report.status();
+      MEMEST_ASSIGN_OR_RETURN(report, sweep.Estimate(config, &budget));
+      return Status::Ok();
+    });
+    spent += budget.spent();
+    if (StopsTheSweep(status)) return status;
     v1::SweepResult result;
     result.set_index(i);
-    if (report.ok()) {
-      ResponseOf(*report, notes, rows, result.mutable_estimate());
+    if (status.ok()) {
+      ResponseOf(report, notes, rows, result.mutable_estimate());
     } else {
-      const grpc::Status refusal = ToGrpcStatus(report.status());
+      const grpc::Status refusal = ToGrpcStatus(status);
       result.mutable_error()->set_code(static_cast<int32_t>(refusal.error_code()));
       result.mutable_error()->set_message(refusal.error_message());
     }

@@ -116,31 +116,36 @@ int RunPlan(const ConnectionFlags& connection, const PlanFlags& flags) {
 int RunSweep(const ConnectionFlags& connection, const SweepFlags& flags) {
   StatusOr<SweepRequestAndLabels> sweep = BuildSweepRequest(flags);
   if (!sweep.ok()) return BadRequest(sweep.status());
-  std::vector<v1::SweepResult> results;
+  // The table shows no layer rows: none are sent unless asked for.
+  if (!connection.json && !sweep->request.has_max_layer_rows()) {
+    sweep->request.set_max_layer_rows(0);
+  }
+  SweepTable table(sweep->headers);
   bool fits = false, verdicts = false;
+  grpc::Status first_refusal;
   auto on_result = [&](const v1::SweepResult& r) {
     if (r.has_estimate()) {
       verdicts |= r.estimate().has_fit();
       fits |= !r.estimate().has_fit() || r.estimate().fit().fits();
+    } else if (first_refusal.ok()) {
+      first_refusal =
+          grpc::Status(static_cast<grpc::StatusCode>(r.error().code()), r.error().message());
     }
     if (connection.json) {  // one JSON object per result, as they arrive
       std::cout << ToJson(r);
       std::cout.flush();
     } else {
-      results.push_back(r);
+      const size_t i = static_cast<size_t>(r.index());
+      table.Add(i < sweep->values.size() ? sweep->values[i] : std::vector<std::string>(), r);
     }
   };
   const CallResult call = MakeBackend(connection)->Sweep(sweep->request, on_result);
   if (!call.ok()) return Fail(call);
-  if (!connection.json) RenderSweep(sweep->headers, sweep->values, results, std::cout);
+  if (!connection.json) table.Print(std::cout);
   std::cout.flush();
   if (fits || verdicts) return fits ? kExitFits : kExitDoesNotFit;
   // Nothing answered: every configuration was refused.
-  for (const v1::SweepResult& r : results) {
-    return ExitCodeForStatus(
-        grpc::Status(static_cast<grpc::StatusCode>(r.error().code()), r.error().message()));
-  }
-  return kExitBadInput;
+  return first_refusal.ok() ? kExitBadInput : ExitCodeForStatus(first_refusal);
 }
 
 int RunPresets(const ConnectionFlags& connection) {

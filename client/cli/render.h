@@ -10,8 +10,11 @@
 
 #include <ostream>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "client/cli/text_table.h"
 #include "memest/v1/memest.pb.h"
 
 namespace memest::cli {
@@ -50,12 +53,22 @@ void RenderPlanSummary(const v1::PlanSummary& summary, std::ostream& out);
 // h100-80gb: dp x tp x pp 4 x 1 x 1 fsdp2, micro-batch 1 x 4, needs 63.1 GiB a GPU".
 std::string PlanSentence(const v1::ParallelPlan& plan);
 
-// A sweep's results as a table: a row per configuration with its values of the varied flags
-// (`headers`, `values` per configuration), the peak allocated, reserved, what the device needs
-// and whether it fits; the refused ones listed under it with their status.
-void RenderSweep(const std::vector<std::string>& headers,
-                 const std::vector<std::vector<std::string>>& values,
-                 const std::vector<v1::SweepResult>& results, std::ostream& out);
+// A sweep's results as a table, a row added as each arrives (not the whole response kept): the
+// configuration's values of the varied flags (`headers`), the peak allocated, reserved, what the
+// device needs and whether it fits; under the table each refusal once, with the configurations
+// it refused ("[1, 3] NOT_FOUND: ...").
+class SweepTable {
+ public:
+  explicit SweepTable(std::vector<std::string> headers);
+  void Add(std::vector<std::string> values, const v1::SweepResult& result);
+  void Print(std::ostream& out) const;
+
+ private:
+  size_t columns_;
+  TextTable table_;
+  std::vector<std::pair<std::string, std::string>> refusals_;  // (indices, status)
+  std::unordered_map<std::string, size_t> refusal_of_;         // status -> its refusals_ entry
+};
 
 // "forward", "optimizer_step", ... as the engine names phases.
 std::string PhaseName(v1::Phase phase);

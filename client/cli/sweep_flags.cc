@@ -1,5 +1,6 @@
 #include "client/cli/sweep_flags.h"
 
+#include <algorithm>
 #include <functional>
 
 #include "engine/ir/shape.h"
@@ -72,13 +73,17 @@ StatusOr<SweepRequestAndLabels> BuildSweepRequest(const SweepFlags& flags) {
   MEMEST_RETURN_IF_ERROR(
       words("checkpoint", flags.checkpoints, !base.checkpoint.empty(), &EstimateFlags::checkpoint));
   int64_t count = 1;
+  std::string lists, sizes;  // "--batches x --devices", "300 x 3"
   for (const Axis& a : axes) {
+    lists += (lists.empty() ? "--" : " x --") + a.name + (a.name == "batch" ? "es" : "s");
+    sizes += (sizes.empty() ? "" : " x ") + std::to_string(a.size);
     const StatusOr<int64_t> more = CheckedMul(count, static_cast<int64_t>(a.size));
-    if (!more.ok() || *more > kMaxSweepConfigs) {
-      return InvalidArgument("the lists make more than " + std::to_string(kMaxSweepConfigs) +
-                             " configurations, more than a sweep takes");
-    }
-    count = *more;
+    count = more.ok() ? std::min(*more, kMaxSweepConfigs + 1) : kMaxSweepConfigs + 1;
+  }
+  if (count > kMaxSweepConfigs) {
+    return InvalidArgument(lists + ": " + sizes + " values make more than " +
+                           std::to_string(kMaxSweepConfigs) +
+                           " configurations, more than a sweep takes");
   }
   SweepRequestAndLabels out;
   for (const Axis& a : axes) out.headers.push_back(a.name);

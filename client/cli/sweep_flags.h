@@ -33,8 +33,9 @@ struct SweepRequestAndLabels {
 
 // Every combination of the lists, the first list outermost (batches, devices, precisions,
 // optimizers, checkpoints); a flag without a list keeps the base's value. Refuses a list beside
-// its single flag (--batches with --batch), an unknown word (naming the list's flag), and more
-// than kMaxSweepConfigs combinations.
+// its single flag (--batches with --batch), an unknown word (as the single flag refuses it:
+// "--precision: unknown value ..."), and more than kMaxSweepConfigs combinations (naming the
+// lists and their lengths).
 StatusOr<SweepRequestAndLabels> BuildSweepRequest(const SweepFlags& flags);
 
 }  // namespace memest::cli

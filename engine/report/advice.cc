@@ -141,6 +141,40 @@ StatusOr<Graph> RewriteScaleQk(const Graph& g, int matmul, int scale) {
   });
 }
 
+// Closes the bracket lo < hi of a search for the largest micro-batch that fits (fits(lo) or lo
+// is 0, !fits(hi)), `need` holding the required bytes of the micro-batches tried (-1: refused).
+// What a step needs grows almost linearly with its micro-batch: the line through the bracket's
+// ends meets `capacity` next to the answer, so one probe there and one beside it usually close
+// the bracket; if they do not, bisection closes what is left (at most two probes more than
+// bisection alone). Where fits() is monotone on the bracket, as the step's memory is in the
+// micro-batch, both find its one boundary: the same answer.
+template <typename Fits>
+int64_t CloseBracket(int64_t lo, int64_t hi, const std::map<int64_t, int64_t>& need,
+                     int64_t capacity, Fits& fits) {
+  const auto lo_need = need.find(lo), hi_need = need.find(hi);
+  if (hi - lo > 1 && lo_need != need.end() && hi_need != need.end() && lo_need->second >= 0 &&
+      hi_need->second > lo_need->second) {
+    const double x = static_cast<double>(lo) + static_cast<double>(capacity - lo_need->second) *
+                                                   static_cast<double>(hi - lo) /
+                                                   static_cast<double>(hi_need->second -
+                                                                       lo_need->second);
+    const int64_t m = static_cast<int64_t>(std::floor(
+        std::clamp(x, static_cast<double>(lo + 1), static_cast<double>(hi - 1))));
+    if (fits(m)) {
+      lo = m;
+      if (hi - lo > 1) (fits(m + 1) ? lo : hi) = m + 1;
+    } else {
+      hi = m;
+      if (hi - lo > 1) (fits(m - 1) ? lo : hi) = m - 1;
+    }
+  }
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 // The largest micro-batch (grad_accum_steps 1) whose step fits the device, by re-estimating:
 // from the configured micro-batch, doubling or halving until the answer changes, then closing
 // the bracket. 0 when even one sample does not fit; -1 when the model's memory does not grow
@@ -191,36 +225,7 @@ int64_t LargestFittingMicroBatch(const ModelSpec& model, const RunConfig& config
     }
     if (lo == 0 && peaks[1] < 0) return -1;
   }
-  // What a step needs grows almost linearly with its micro-batch: the line through the
-  // bracket's ends meets the capacity next to the answer, so a probe there and one beside it
-  // usually close the bracket. A guess that misses is followed by a bisection, so the search
-  // takes at most about twice bisection's probes; both converge on the one boundary of fits().
-  bool guess = true;
-  while (hi - lo > 1) {
-    const auto lo_need = need.find(lo), hi_need = need.find(hi);
-    if (!guess || lo_need == need.end() || hi_need == need.end() || lo_need->second < 0 ||
-        hi_need->second <= lo_need->second) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      (fits(mid) ? lo : hi) = mid;
-      guess = true;
-      continue;
-    }
-    guess = false;
-    const double x = static_cast<double>(lo) + static_cast<double>(capacity - lo_need->second) *
-                                                   static_cast<double>(hi - lo) /
-                                                   static_cast<double>(hi_need->second -
-                                                                       lo_need->second);
-    const int64_t m = static_cast<int64_t>(std::floor(
-        std::clamp(x, static_cast<double>(lo + 1), static_cast<double>(hi - 1))));
-    if (fits(m)) {
-      lo = m;
-      if (hi - lo > 1) (fits(m + 1) ? lo : hi) = m + 1;
-    } else {
-      hi = m;
-      if (hi - lo > 1) (fits(m - 1) ? lo : hi) = m - 1;
-    }
-  }
-  return lo;
+  return CloseBracket(lo, hi, need, capacity, fits);
 }
 
 std::string Where(const Graph& g, int op) {

@@ -52,7 +52,9 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
   }
   main_.Resize(n);
   seen_.assign(n, 0);
-  for (size_t i = 0; i < g.ops.size() && !uses_cublas_; ++i) uses_cublas_ = UsesCublas(g.ops[i].kind);
+  for (size_t i = 0; i < g.ops.size() && !uses_cublas_; ++i) {
+    uses_cublas_ = UsesCublas(g.ops[i].kind);
+  }
   param_grad_.assign(n, -1);
   pending_.assign(n, Pending{});
   first_reader_.assign(n, -1);

@@ -79,6 +79,9 @@ TEST(SweepCliTest, RefusalsAreListedOnceAndTheListsOwnMistakesAreBadInput) {
   const RunResult refused = Memest(Gpt2Sweep({"--local", "--batches", "0,-1"}));
   EXPECT_EQ(refused.exit_code, 3) << refused.out;
   EXPECT_THAT(refused.out, HasSubstr("INVALID_ARGUMENT: config.batch_size"));
+  const RunResult refused_json = Memest(Gpt2Sweep({"--local", "--json", "--batches", "0,-1"}));
+  EXPECT_EQ(refused_json.exit_code, 3) << refused_json.out;
+  EXPECT_EQ(JsonObjects(refused_json.out).size(), 2u);
 
   const RunResult both = Memest(Gpt2Sweep({"--local", "--batch", "2", "--batches", "1,2"}));
   EXPECT_EQ(both.exit_code, 3);
@@ -92,7 +95,8 @@ TEST(SweepCliTest, RefusalsAreListedOnceAndTheListsOwnMistakesAreBadInput) {
   const RunResult huge = Memest(Gpt2Sweep(
       {"--local", "--batches", many, "--devices", "l4,t4,a100-80gb", "--optimizers", many}));
   EXPECT_EQ(huge.exit_code, 3);
-  EXPECT_THAT(huge.err, HasSubstr("more than 65536 configurations"));
+  EXPECT_THAT(huge.err, HasSubstr("--batches x --devices x --optimizers: 300 x 3 x 300 values "
+                                  "make more than 65536 configurations"));
 }
 
 TEST(SweepCliTest, AgainstRealServerAsLocally) {

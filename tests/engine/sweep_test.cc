@@ -88,19 +88,23 @@ TEST(SweepEstimatorTest, AdaptersAndRefusalsAreEstimatesOfTheirOwn) {
   EXPECT_EQ(sweep.Estimate(Bf16(2), &spent).status().code(), StatusCode::kResourceExhausted);
 }
 
-TEST(SweepEstimatorTest, KeepsAFewGraphs) {
+TEST(SweepEstimatorTest, KeepsTheMostRecentlyUsedGraphs) {
   const ModelSpec gpt2{PresetSpec{"gpt2-small", {{"layers", 1}, {"seq", 64}}}};
   EstimateOptions options;
   options.advice = false;
   SweepEstimator sweep(gpt2, options);
-  for (int64_t b = 1; b <= SweepEstimator::kMaxGraphs + 1; ++b) {
-    ASSERT_TRUE(sweep.Estimate(Bf16(b), nullptr).ok());
-  }
-  EXPECT_EQ(sweep.graphs_built(), SweepEstimator::kMaxGraphs + 1);
-  ASSERT_TRUE(sweep.Estimate(Bf16(SweepEstimator::kMaxGraphs + 1), nullptr).ok());  // kept
-  EXPECT_EQ(sweep.graphs_built(), SweepEstimator::kMaxGraphs + 1);
-  ASSERT_TRUE(sweep.Estimate(Bf16(1), nullptr).ok());  // the oldest, let go
-  EXPECT_EQ(sweep.graphs_built(), SweepEstimator::kMaxGraphs + 2);
+  constexpr int64_t kKept = SweepEstimator::kMaxGraphs;
+  auto built_after = [&](int64_t batch) {
+    EXPECT_TRUE(sweep.Estimate(Bf16(batch), nullptr).ok());
+    return sweep.graphs_built();
+  };
+  for (int64_t b = 1; b <= kKept + 1; ++b) built_after(b);  // batch 1's graph let go
+  EXPECT_EQ(sweep.graphs_built(), kKept + 1);
+  EXPECT_EQ(built_after(2), kKept + 1);          // kept, and now the most recently used
+  EXPECT_EQ(built_after(kKept + 2), kKept + 2);  // lets batch 3's go, the least recently used
+  EXPECT_EQ(built_after(2), kKept + 2);
+  EXPECT_EQ(built_after(3), kKept + 3);
+  EXPECT_EQ(built_after(1), kKept + 4);
 }
 
 }  // namespace

@@ -213,10 +213,10 @@ TEST(GoldenTest, SweepsGiveEveryRecordedAnswer) {
         if (g.request.has_max_layer_rows()) alone.set_max_layer_rows(g.request.max_layer_rows());
         v1::EstimateResponse ignored;
         const grpc::Status want = ToGrpcStatus(HandleEstimate(alone, ServiceOptions{}, &ignored));
-        const grpc::Status got =
-            r != nullptr && r->has_error()
-                ? grpc::Status(static_cast<grpc::StatusCode>(r->error().code()), r->error().message())
-                : ToGrpcStatus(swept);
+        const grpc::Status got = r != nullptr && r->has_error()
+                                     ? grpc::Status(static_cast<grpc::StatusCode>(r->error().code()),
+                                                    r->error().message())
+                                     : ToGrpcStatus(swept);
         if (!want.ok() && got.error_code() == want.error_code() &&
             got.error_message() == want.error_message()) {
           continue;

@@ -149,6 +149,33 @@ TEST(SweepServiceTest, RefusesTheWholeForItsModelRowsAndCount) {
   }
 }
 
+// The configurations share one bound on op steps beside each one's own: past it, the rest are
+// refused, naming the first of them and the server's flag.
+TEST(SweepServiceTest, ConfigurationsPastTheSweepsOpStepsAreRefused) {
+  ServerOptions options;
+  options.service.max_sweep_op_steps = 1000;  // a 2-layer GPT-2 step is a few hundred
+  testing::TestServer server(options);
+  v1::SweepRequest request;
+  *request.mutable_model() = Gpt2(2);
+  request.set_skip_advice(true);
+  for (int i = 0; i < 8; ++i) *request.add_configs() = Config(1, v1::PRECISION_FP32, "");
+  std::vector<v1::SweepResult> results;
+  const grpc::Status s = Sweep(server, request, &results);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(results.size(), 8u);
+  int answered = 0;
+  while (answered < 8 && results[answered].has_estimate()) ++answered;
+  ASSERT_GE(answered, 1);
+  ASSERT_LT(answered, 8);
+  for (int i = answered; i < 8; ++i) {
+    EXPECT_EQ(results[i].error().code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(results[i].error().message().find("configs[" + std::to_string(i) + "]"),
+              std::string::npos)
+        << results[i].error().message();
+    EXPECT_NE(results[i].error().message().find("--max-sweep-op-steps"), std::string::npos);
+  }
+}
+
 TEST(SweepServiceTest, TheDeadlineEndsTheSweepAfterTheResultsBeforeIt) {
   testing::TestServer server;
   v1::SweepRequest request;

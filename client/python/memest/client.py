@@ -18,7 +18,7 @@ from memest.tls import channel
 from memest.planning import PlanCollector, plan_request
 from memest.request import build_request
 from memest.results import DeviceInfo, Estimate, PresetInfo
-from memest.sweeping import SWEEP_DOC, SweepCollector, sweep_request
+from memest.sweeping import SWEEP_DOC, SWEEP_TIMEOUT, SweepCollector, sweep_request
 from memest.validation import _Collector
 
 # The server accepts requests up to 64 MiB; answers for large op graphs can be as large.
@@ -249,7 +249,7 @@ class Client:
             raise MemestError("%r: closed" % self)
         results = SweepCollector(labels, on_result)
         try:
-            for result in self._stub.Sweep(request, timeout=timeout or self.timeout,
+            for result in self._stub.Sweep(request, timeout=timeout or SWEEP_TIMEOUT,
                                            metadata=self._metadata):
                 results.take(result)
         except grpc.RpcError as error:

@@ -5,7 +5,7 @@ import grpc
 
 from memest import v1
 from memest.errors import _BY_CODE, InvalidArgument, MemestError
-from memest.request import build_request
+from memest.request import build_model, build_request
 from memest.results import Estimate
 
 SWEEP_DOC = """Estimates one model under many run configurations in one call; returns a list with,
@@ -25,11 +25,13 @@ InvalidArgument, ...) estimate() would raise for it alone (not raised: the other
         configuration. Configurations that build the same graph share it on the server, so a
         sweep costs less than the estimates one by one. on_result(index, result) is called as each
         arrives. The server refuses more configurations than its --max-sweep-configs (65,536
-        unless set) with ResourceExhausted, and the whole sweep honours `timeout` (seconds):
-        DeadlineExceeded after it.
+        unless set) with ResourceExhausted, and the whole sweep honours `timeout` (seconds,
+        default 10 minutes): DeadlineExceeded after it.
         """
 
-_MODEL_WORDS = ("preset", "model", "params", "seq", "hf_config")
+_MODEL_WORDS = ("preset", "model", "params", "seq", "hf_config")  # preset, model: arguments
+# Without a timeout, a sweep may take this long (seconds): thousands of estimates, not one.
+SWEEP_TIMEOUT = 10 * 60.0
 _REQUEST_WORDS = ("advice", "layer_rows")
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -39,6 +41,10 @@ def sweep_request(preset=None, model=None, *, configs, **common):
     from memest.client import request_label  # memest.client imports this module
     if isinstance(configs, dict) or not hasattr(configs, "__iter__"):
         raise InvalidArgument("configs: a list of dicts of estimate()'s run words")
+    model_words = {word: common.pop(word) for word in _MODEL_WORDS[2:] if word in common}
+    # The model, read once (a config.json, a model file), then given to each configuration.
+    message = build_model(preset, model, model_words.get("params"), model_words.get("seq"),
+                          model_words.get("hf_config"))
     request = None
     labels = []
     for i, config in enumerate(configs):
@@ -50,13 +56,11 @@ def sweep_request(preset=None, model=None, *, configs, **common):
                 raise InvalidArgument("configs[%d].%s: one for the whole sweep, given beside "
                                       "configs" % (i, word))
         try:
-            one = build_request(preset=preset, model=model, **{**common, **config})
-        except InvalidArgument as error:
-            raise InvalidArgument("configs[%d]: %s" % (i, error)) from None
-        except TypeError as error:
+            one = build_request(model=message, **{**common, **config})
+        except (InvalidArgument, TypeError) as error:
             raise InvalidArgument("configs[%d]: %s" % (i, error)) from None
         if request is None:
-            request = v1.SweepRequest(model=one.model, skip_advice=one.skip_advice)
+            request = v1.SweepRequest(model=message, skip_advice=one.skip_advice)
             if one.HasField("max_layer_rows"):
                 request.max_layer_rows = one.max_layer_rows
         request.configs.append(one.config)
