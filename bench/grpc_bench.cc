@@ -78,12 +78,17 @@ struct ThreadResult {
   std::string first_error;
 };
 
-void RunSweeps(const std::string& address, const v1::SweepRequest& request,
-               Clock::time_point end, ThreadResult* result) {
+// A stub on a channel of its own: separate HTTP/2 connections, as independent clients would have.
+std::unique_ptr<v1::MemoryEstimator::Stub> OwnStub(const std::string& address) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto stub = v1::MemoryEstimator::NewStub(
+  return v1::MemoryEstimator::NewStub(
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+void RunSweeps(const std::string& address, const v1::SweepRequest& request,
+               Clock::time_point end, ThreadResult* result) {
+  auto stub = OwnStub(address);
   while (Clock::now() < end) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
@@ -105,11 +110,7 @@ void RunSweeps(const std::string& address, const v1::SweepRequest& request,
 
 void RunClient(const std::string& address, const v1::EstimateRequest& request,
                Clock::time_point end, ThreadResult* result) {
-  // One channel per thread: separate HTTP/2 connections, as independent clients would have.
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto stub = v1::MemoryEstimator::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  auto stub = OwnStub(address);  // one channel per thread
   while (Clock::now() < end) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

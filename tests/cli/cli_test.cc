@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/cli/memest_command.h"
 #include "tests/cli/subprocess.h"
 #include "tests/server/test_certs.h"
 
@@ -38,12 +39,6 @@ const char* const kCategoryJsonKeys[] = {
     "parameters", "gradients", "optimizerState", "masterAndCasts",    "activations", "temporaries",
     "inputs",     "kvCache",   "workspace",      "allocatorOverhead", "cudaContext"};
 
-// `memest <args...>`.
-RunResult Memest(std::vector<std::string> args) {
-  args.insert(args.begin(), kMemest);
-  return Run(args);
-}
-
 // Writes `text` to a file called `name` in the test's temporary directory; returns its path.
 std::string WriteTempFile(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/" + name;
@@ -60,12 +55,6 @@ std::vector<std::string> SmallGpt2(std::vector<std::string> extra = {}) {
                                    "adamw",    "--precision", "bf16"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
-}
-
-// JSON mapping: uint64 fields are strings, int64 fields strings too; accept either.
-int64_t JsonInt(const nlohmann::json& value) {
-  if (value.is_string()) return std::stoll(value.get<std::string>());
-  return value.get<int64_t>();
 }
 
 TEST(CliTest, PresetTableListsCategoriesPhasesAndPeak) {

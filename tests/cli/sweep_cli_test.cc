@@ -10,20 +10,15 @@
 #include <string>
 #include <vector>
 
+#include "tests/cli/memest_command.h"
 #include "tests/cli/subprocess.h"
 
 namespace memest {
 namespace {
 
 using ::memest::testing::Child;
-using ::memest::testing::Run;
 using ::memest::testing::RunResult;
 using ::testing::HasSubstr;
-
-RunResult Memest(std::vector<std::string> args) {
-  args.insert(args.begin(), MEMEST_CLI_PATH);
-  return Run(args);
-}
 
 std::vector<std::string> Gpt2Sweep(std::vector<std::string> extra) {
   std::vector<std::string> args = {"sweep", "--preset",    "gpt2-small", "--seq",
@@ -42,10 +37,6 @@ std::vector<nlohmann::json> JsonObjects(const std::string& out) {
     objects.push_back(j);
   }
   return objects;
-}
-
-int64_t JsonInt(const nlohmann::json& value) {
-  return value.is_string() ? std::stoll(value.get<std::string>()) : value.get<int64_t>();
 }
 
 TEST(SweepCliTest, ARowPerCombinationEachTheEstimateOfIt) {
