@@ -86,8 +86,8 @@ std::unique_ptr<v1::MemoryEstimator::Stub> OwnStub(const std::string& address) {
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
 }
 
-void RunSweeps(const std::string& address, const v1::SweepRequest& request,
-               Clock::time_point end, ThreadResult* result) {
+void RunSweeps(const std::string& address, const v1::SweepRequest& request, Clock::time_point end,
+               ThreadResult* result) {
   auto stub = OwnStub(address);
   while (Clock::now() < end) {
     grpc::ClientContext context;
@@ -117,8 +117,7 @@ void RunClient(const std::string& address, const v1::EstimateRequest& request,
     v1::EstimateResponse response;
     const Clock::time_point start = Clock::now();
     const grpc::Status status = stub->Estimate(&context, request, &response);
-    const double us =
-        std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
     if (status.ok()) {
       result->latencies_us.push_back(us);
       ++result->estimates;
@@ -233,8 +232,7 @@ int main(int argc, char** argv) {
       skip_advice ? "off" : "on", threads, elapsed, latencies.size(),
       static_cast<long long>(errors), static_cast<double>(latencies.size()) / elapsed,
       memest::Percentile(latencies, 50) / 1000, memest::Percentile(latencies, 90) / 1000,
-      memest::Percentile(latencies, 99) / 1000,
-      (latencies.empty() ? 0 : latencies.back()) / 1000);
+      memest::Percentile(latencies, 99) / 1000, (latencies.empty() ? 0 : latencies.back()) / 1000);
   if (errors > 0) {
     std::fprintf(stderr, "grpc_bench: first error: %s\n", first_error.c_str());
     return 1;
