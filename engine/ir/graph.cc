@@ -277,6 +277,7 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   op.scope = scope_;
   OpCall call{op, {}, {}, field};
   call.runtime = graph_.runtime;
+  call.inputs.reserve(op.inputs.size());
   for (int id : op.inputs) call.inputs.push_back(&graph_.tensors[id]);
   StatusOr<std::vector<OutputSpec>> specs = InferOutputs(call);
   if (!specs.ok()) {
@@ -299,6 +300,7 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   bool any_input_grad = false;
   for (int id : op.inputs) any_input_grad |= graph_.tensors[id].requires_grad;
   std::vector<int> outs;
+  outs.reserve(specs->size());
   for (size_t i = 0; i < specs->size(); ++i) {
     OutputSpec& s = (*specs)[i];
     Tensor t;

@@ -254,6 +254,7 @@ void StepSimulator::RunBackwardOp(int i, bool recompute) {
     bool view = false;
   };
   std::vector<Flow> flows;
+  flows.reserve(op.inputs.size());
   // View-like backwards hand each input a new view; the others the incoming tensor itself.
   const bool new_handles = rules_[i] != nullptr && rules_[i]->backward_makes_views;
   int passed = 0;

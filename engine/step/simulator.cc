@@ -213,7 +213,9 @@ OpCall StepSimulator::MakeCall(int i, bool grad) const {
   OpCall c{op, {}, {}, "", grad, cfg_.runtime, cfg_.cpu_isa, cfg_.cpu_l1_bytes, cfg_.cpu_l2_bytes};
   c.gpu = opt_.gpu;
   c.rule = rules_[i];
+  c.inputs.reserve(op.inputs.size());
   for (int t : op.inputs) c.inputs.push_back(&g_.tensors[t]);
+  c.outputs.reserve(op.outputs.size());
   for (int t : op.outputs) c.outputs.push_back(&g_.tensors[t]);
   return c;
 }
