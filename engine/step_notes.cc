@@ -2,6 +2,7 @@
 #include "engine/step_notes.h"
 
 #include <string>
+#include <string_view>
 
 #include "engine/ir/text.h"
 #include "engine/passes/lora.h"
@@ -12,6 +13,8 @@
 #include "engine/step/python_refs.h"
 
 namespace memest {
+
+using namespace std::string_view_literals;  // kind == "linear"sv: lengths first
 namespace {
 
 // The bytes of the distinct storages of `tensors` that are activations (a view's is its base's).
@@ -43,11 +46,11 @@ void AddNotes(const Graph& graph, const RunConfig& config, const CheckpointRegio
   bool attention = false, conv = false;
   std::map<std::string, int> fused;  // SDPA calls by the kernel that runs them
   for (const Op& op : graph.ops) {
-    conv |= op.kind == "conv1d" || op.kind == "conv2d";
+    conv |= op.kind == "conv1d"sv || op.kind == "conv2d"sv;
     // The math form keeps its scores: a softmax in an attention core (autocast's casts of the
     // fused kernel's inputs sit in the core too), or SDPA's math form.
-    if (op.kind == "softmax") attention |= op.scope.find(".core") != std::string::npos;
-    if (op.kind != "scaled_dot_product_attention") continue;
+    if (op.kind == "softmax"sv) attention |= op.scope.find(".core") != std::string::npos;
+    if (op.kind != "scaled_dot_product_attention"sv) continue;
     StatusOr<int64_t> fused_attr = IntAttr(op.attrs, "fused", 0, "");
     StatusOr<std::string> backend = StringAttr(op.attrs, "backend", "", "");
     const bool op_fused = fused_attr.ok() && *fused_attr != 0;

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -13,6 +14,8 @@
 #include "engine/models/presets.h"
 
 namespace memest {
+
+using namespace std::string_view_literals;  // kind == "linear"sv: lengths first
 namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
@@ -122,7 +125,7 @@ StatusOr<Graph> BuildGraph(const ModelSpec& model, const BuildContext& context) 
   // spreads the tokens its expert-parallel ranks receive (engine/passes/expert_parallel.h).
   bool dispatch = false;
   if (graph.ok() && !routes) {
-    for (const Op& op : graph->ops) dispatch = dispatch || op.kind == "ep_all_to_all";
+    for (const Op& op : graph->ops) dispatch = dispatch || op.kind == "ep_all_to_all"sv;
   }
   if (context.expert_load != ExpertLoad::kDefault && !routes && !dispatch && graph.ok()) {
     return InvalidArgument(

@@ -1,12 +1,15 @@
 #include "engine/passes/expert_parallel.h"
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/ir/experts.h"
 #include "engine/ir/shape.h"
 
 namespace memest {
+
+using namespace std::string_view_literals;  // kind == "linear"sv: lengths first
 namespace {
 
 constexpr const char* kField = "config.parallelism.expert";
@@ -113,7 +116,7 @@ std::string AttrText(const Op& op, std::string_view name) {
 
 bool HasExpertDispatch(const Graph& g) {
   for (const Op& op : g.ops) {
-    if (op.kind == "ep_all_to_all") return true;
+    if (op.kind == "ep_all_to_all"sv) return true;
   }
   return false;
 }

@@ -1,12 +1,15 @@
 // The step simulator's backward: ops in reverse, checkpointed regions recomputed, gradients
 // delivered into InputBuffers and AccumulateGrad (engine/step/simulator.h).
 #include <algorithm>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "engine/step/simulator.h"
 
 namespace memest {
+
+using namespace std::string_view_literals;  // kind == "linear"sv: lengths first
 
 namespace {
 
@@ -319,7 +322,7 @@ void StepSimulator::RunBackwardOp(int i, bool recompute) {
                          pending_[op.inputs[k]].grad < 0;
     // F.linear runs addmm / matmul on weight.t(): the weight's gradient leaves TBackward as a
     // view (on CUDA, PyTorch 2.x; 1.13's CPU runtime sums out of place anyway).
-    const bool weight_view = cfg_.runtime == Runtime::kCuda && k == 1 && op.kind == "linear";
+    const bool weight_view = cfg_.runtime == Runtime::kCuda && k == 1 && op.kind == "linear"sv;
     const bool own_layout = k < mem.fresh_grad_strides.size() && !mem.fresh_grad_strides[k].empty();
     const int64_t bytes = k < mem.fresh_grad_bytes.size() && mem.fresh_grad_bytes[k] > 0
                               ? mem.fresh_grad_bytes[k]

@@ -3,11 +3,14 @@
 // inputs.
 #include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/step/simulator.h"
 
 namespace memest {
+
+using namespace std::string_view_literals;  // kind == "linear"sv: lengths first
 
 void StepSimulator::CountUses(StorageTable& st, int first, int last) {
   for (int i = first; i <= last; ++i) ForEachInputStorage(i, [&](int s) { ++st.uses[s]; });
@@ -204,7 +207,7 @@ void StepSimulator::RunForwardOp(int i, StorageTable& st, bool grad, Phase phase
     has_memo_[i] = true;
   }
   const OpMemory& mem = grad ? memo_[i] : local;
-  const bool weight_cast = op.kind == "to" && HasAttr(op.attrs, "autocast_weight");
+  const bool weight_cast = op.kind == "to"sv && HasAttr(op.attrs, "autocast_weight");
   LayerRow* row = mb_ == 0 && !recompute ? &LayerFor(i) : nullptr;
   for (size_t k = 0; k < op.outputs.size(); ++k) {
     const int o = op.outputs[k];

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,7 +34,7 @@
 namespace memest {
 
 // Whether an op of this kind calls cuBLAS (and so needs the cuBLAS workspace).
-inline bool UsesCublas(const std::string& kind) {
+inline bool UsesCublas(std::string_view kind) {
   return kind == "linear" || kind == "matmul" || kind == "bmm" || kind == "addmm" ||
          kind == "einsum" || kind == "scaled_dot_product_attention" || kind == "linear_4bit";
 }
@@ -180,7 +181,8 @@ class StepSimulator : private RankMemory {
 
   bool IsCast(int s) const {
     const int p = g_.tensors[s].producer;
-    return p >= 0 && g_.ops[p].kind == "to" && HasAttr(g_.ops[p].attrs, "autocast_weight");
+    return p >= 0 && std::string_view(g_.ops[p].kind) == "to" &&
+           HasAttr(g_.ops[p].attrs, "autocast_weight");
   }
 
   int NewGrad(int64_t bytes, Category category = Category::kTemporaries) {
