@@ -102,8 +102,7 @@ void StepSimulator::FillParameterBytes() {
   for (const Tensor& t : g_.tensors) {
     if (t.role != TensorRole::kParameter) continue;
     const size_t dot = t.name.rfind('.');
-    const std::string scope = dot == std::string::npos ? "" : t.name.substr(0, dot);
-    auto it = layer_index_.find(scope);
+    auto it = layer_index_.find(dot == std::string::npos ? std::string() : t.name.substr(0, dot));
     if (it != layer_index_.end()) {
       Sum(&s_.layers[it->second].parameter_bytes, Bytes(t.shape, t.dtype));
     }

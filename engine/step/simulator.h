@@ -13,10 +13,10 @@
 #define MEMEST_ENGINE_STEP_SIMULATOR_H_
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -290,7 +290,7 @@ class StepSimulator : private RankMemory {
   std::vector<SavedByOp> graph_held_;
   std::vector<OpMemory> memo_;  // each op's memory behaviour with grad enabled
   std::vector<bool> has_memo_;
-  std::map<std::string, size_t> layer_index_;
+  std::unordered_map<std::string, size_t> layer_index_;  // scope -> its row in s_.layers
   Schedule s_;
   static constexpr int64_t kCpuRngStateBytes = 5056;  // torch.get_rng_state() on the CPU
   // Per region: the RNG state its checkpoint keeps (-1: none). A reentrant checkpoint's node
