@@ -30,36 +30,49 @@ int64_t CachingAllocatorModel::SegmentSize(int64_t size) {
 }
 
 int CachingAllocatorModel::NewBlock(const Block& b) {
+  int id;
   if (!free_ids_.empty()) {
-    int id = free_ids_.back();
+    id = free_ids_.back();
     free_ids_.pop_back();
     blocks_[id] = b;
-    return id;
+  } else {
+    id = static_cast<int>(blocks_.size());
+    blocks_.push_back(b);
   }
-  blocks_.push_back(b);
-  return static_cast<int>(blocks_.size()) - 1;
+  blocks_[id].in_free = blocks_[id].in_unmapped = false;  // a copy is in no set
+  return id;
 }
 
 void CachingAllocatorModel::DeleteBlock(int id) { free_ids_.push_back(id); }
 
 void CachingAllocatorModel::InsertFree(int id) {
-  const Block& b = blocks_[id];
-  free_[b.small].emplace(b.stream, b.size, segment_address_[b.segment], b.offset, id);
+  Block& b = blocks_[id];
+  const auto [at, added] =
+      free_[b.small].emplace(b.stream, b.size, segment_address_[b.segment], b.offset, id);
+  b.free_at = at;
+  b.in_free = added;
 }
 
 void CachingAllocatorModel::EraseFree(int id) {
-  const Block& b = blocks_[id];
-  free_[b.small].erase({b.stream, b.size, segment_address_[b.segment], b.offset, id});
+  Block& b = blocks_[id];
+  if (!b.in_free) return;
+  free_[b.small].erase(b.free_at);
+  b.in_free = false;
 }
 
 void CachingAllocatorModel::InsertUnmapped(int id) {
-  const Block& b = blocks_[id];
-  unmapped_[b.small].emplace(b.stream, segment_address_[b.segment], b.offset, id);
+  Block& b = blocks_[id];
+  const auto [at, added] =
+      unmapped_[b.small].emplace(b.stream, segment_address_[b.segment], b.offset, id);
+  b.unmapped_at = at;
+  b.in_unmapped = added;
 }
 
 void CachingAllocatorModel::EraseUnmapped(int id) {
-  const Block& b = blocks_[id];
-  unmapped_[b.small].erase({b.stream, segment_address_[b.segment], b.offset, id});
+  Block& b = blocks_[id];
+  if (!b.in_unmapped) return;
+  unmapped_[b.small].erase(b.unmapped_at);
+  b.in_unmapped = false;
 }
 
 // try_merge_blocks: `dst` (in no set) absorbs its neighbour `src` when `src` is free and

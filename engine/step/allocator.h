@@ -98,6 +98,11 @@ class CachingAllocatorModel {
   int64_t SegmentBytes(int segment) const { return segment_bytes_[segment]; }
 
  private:
+  // Free mapped blocks of one pool, ordered for best fit: by stream, size, then address (the
+  // segment's, then the offset); the id locates the block.
+  using FreeSet = std::set<std::tuple<int, int64_t, int, int64_t, int>>;
+  // Unmapped ranges of one pool's expandable segments: by stream, then address.
+  using UnmappedSet = std::set<std::tuple<int, int, int64_t, int>>;
   struct Block {
     int64_t offset = 0;  // in its segment
     int64_t size = 0;
@@ -107,12 +112,12 @@ class CachingAllocatorModel {
     bool allocated = false;
     bool mapped = true;        // false: unmapped address space of an expandable segment
     int prev = -1, next = -1;  // neighbours in the same segment
+    // Where the block's entry lies in its pool's free or unmapped set, while it has one: taken
+    // out without a search.
+    bool in_free = false, in_unmapped = false;
+    FreeSet::iterator free_at;
+    UnmappedSet::iterator unmapped_at;
   };
-  // Free mapped blocks of one pool, ordered for best fit: by stream, size, then address (the
-  // segment's, then the offset); the id locates the block.
-  using FreeSet = std::set<std::tuple<int, int64_t, int, int64_t, int>>;
-  // Unmapped ranges of one pool's expandable segments: by stream, then address.
-  using UnmappedSet = std::set<std::tuple<int, int, int64_t, int>>;
 
   static int64_t Page(bool small) { return small ? kSmallBuffer : kLargeBuffer; }
   int NewBlock(const Block& b);
