@@ -47,31 +47,32 @@ void CachingAllocatorModel::DeleteBlock(int id) { free_ids_.push_back(id); }
 
 void CachingAllocatorModel::InsertFree(int id) {
   Block& b = blocks_[id];
-  const auto [at, added] =
-      free_[b.small].emplace(b.stream, b.size, segment_address_[b.segment], b.offset, id);
-  b.free_at = at;
-  b.in_free = added;
+  // An entry already there (not inserted again) is this block's own: its id is in the key.
+  b.free_at =
+      free_[b.small].emplace(b.stream, b.size, segment_address_[b.segment], b.offset, id).first;
+  b.in_free = true;
 }
 
 void CachingAllocatorModel::EraseFree(int id) {
   Block& b = blocks_[id];
   if (!b.in_free) return;
   free_[b.small].erase(b.free_at);
+  b.free_at = FreeSet::iterator();
   b.in_free = false;
 }
 
 void CachingAllocatorModel::InsertUnmapped(int id) {
   Block& b = blocks_[id];
-  const auto [at, added] =
-      unmapped_[b.small].emplace(b.stream, segment_address_[b.segment], b.offset, id);
-  b.unmapped_at = at;
-  b.in_unmapped = added;
+  b.unmapped_at =
+      unmapped_[b.small].emplace(b.stream, segment_address_[b.segment], b.offset, id).first;
+  b.in_unmapped = true;
 }
 
 void CachingAllocatorModel::EraseUnmapped(int id) {
   Block& b = blocks_[id];
   if (!b.in_unmapped) return;
   unmapped_[b.small].erase(b.unmapped_at);
+  b.unmapped_at = UnmappedSet::iterator();
   b.in_unmapped = false;
 }
 
@@ -264,12 +265,12 @@ int CachingAllocatorModel::MapBlock(int id, int64_t bytes) {
 // unmap_block: unmaps the whole pages inside free block `id`; what is left of it on either
 // side stays a free mapped block.
 void CachingAllocatorModel::UnmapBlock(int id) {
-  const Block b = blocks_[id];
-  const int64_t page = Page(b.small);
-  const int64_t begin = RoundUp(b.offset, page);
-  const int64_t end = (b.offset + b.size) / page * page;
+  const int64_t page = Page(blocks_[id].small);
+  const int64_t begin = RoundUp(blocks_[id].offset, page);
+  const int64_t end = (blocks_[id].offset + blocks_[id].size) / page * page;
   if (begin >= end) return;
   EraseFree(id);
+  const Block b = blocks_[id];  // out of its set: the pieces copied from it are in none
   auto add_free = [&](int64_t offset, int64_t size, int prev, int next) {
     Block f = b;
     f.offset = offset;

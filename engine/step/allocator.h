@@ -46,6 +46,9 @@ class CachingAllocatorModel {
   // `capacity`: the bytes the allocator can reserve on the device (0 or less: unlimited; at
   // most kMaxBytes).
   explicit CachingAllocatorModel(bool expandable_segments = false, int64_t capacity = 0);
+  // Its blocks point into its own sets: not copied.
+  CachingAllocatorModel(const CachingAllocatorModel&) = delete;
+  CachingAllocatorModel& operator=(const CachingAllocatorModel&) = delete;
 
   // The size a request of `bytes` is rounded to (at least 512).
   static int64_t RoundSize(int64_t bytes);
@@ -115,8 +118,8 @@ class CachingAllocatorModel {
     // Where the block's entry lies in its pool's free or unmapped set, while it has one: taken
     // out without a search.
     bool in_free = false, in_unmapped = false;
-    FreeSet::iterator free_at;
-    UnmappedSet::iterator unmapped_at;
+    FreeSet::iterator free_at{};  // value-initialized while in no set: a copy copies no dead node
+    UnmappedSet::iterator unmapped_at{};
   };
 
   static int64_t Page(bool small) { return small ? kSmallBuffer : kLargeBuffer; }
