@@ -287,7 +287,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Plan(
         return HandlePlan(*request, options, &budget,
                           [&send](const v1::PlanEvent& e) { return send(e); });
       },
-      work_.get(), [this] { return Busy(); });
+      work_.get(), [this] { return Busy(); }, options_.stream_stall);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Sweep(
@@ -314,7 +314,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Sweep(
         return HandleSweep(*request, options, each,
                            [&send](const v1::SweepResult& r) { return send(r); });
       },
-      work_.get(), [this] { return Busy(); });
+      work_.get(), [this] { return Busy(); }, options_.stream_stall);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Validate(
@@ -344,7 +344,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Validate(
         return runner->Validate(
             *request, [&send](const v1::ValidateEvent& e) { return send(e); }, stopped,
             context->deadline());
-      });
+      },
+      nullptr, nullptr, options_.stream_stall);
 }
 
 }  // namespace memest

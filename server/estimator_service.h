@@ -28,6 +28,7 @@
 #include "server/auth.h"
 #include "server/call_log.h"
 #include "server/heap_trim.h"
+#include "server/stream_reactor.h"
 #include "server/validation_runner.h"
 #include "server/work_pool.h"
 
@@ -50,6 +51,9 @@ struct ServiceOptions {
   // configurations left are refused (RESOURCE_EXHAUSTED).
   int64_t max_sweep_configs = 65'536;
   int64_t max_sweep_op_steps = 100'000'000;
+  // A streaming call (Plan, Sweep, Validate) whose reader takes none of its queued replies for
+  // this long is cancelled (server/stream_reactor.h).
+  std::chrono::milliseconds stream_stall = StreamReactor::kMaxStall;
   // Threads that run estimates and plans (0: one per core, DefaultWorkThreads()), and how many
   // may wait for one (-1: 8 per thread); a call beyond that is refused at once.
   int work_threads = 0;

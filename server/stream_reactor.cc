@@ -11,8 +11,9 @@ namespace memest {
 
 StreamReactor::StreamReactor(grpc::CallbackServerContext* context, CallRecord call,
                              Metrics* metrics, Work work, WorkPool* pool,
-                             const std::function<Status()>& busy)
-    : context_(context), call_(std::move(call)), metrics_(metrics) {
+                             const std::function<Status()>& busy,
+                             std::chrono::milliseconds max_stall)
+    : context_(context), call_(std::move(call)), metrics_(metrics), max_stall_(max_stall) {
   call_.id = TagRequest(context);
   call_.start = std::chrono::steady_clock::now();
   auto run = [this, work = std::move(work), pooled = pool != nullptr] {
@@ -89,7 +90,7 @@ bool StreamReactor::Send(const google::protobuf::Message& reply) {
     // reader that takes nothing for kMaxStall is dropped: the call is cancelled, which ends the
     // write and wakes this.
     auto ready = [this] { return cancelled_ || broken_ || pending_bytes_ < kMaxQueuedBytes; };
-    if (!drained_.wait_for(lock, kMaxStall, ready)) {
+    if (!drained_.wait_for(lock, max_stall_, ready)) {
       lock.unlock();  // OnCancel takes the lock
       context_->TryCancel();
       lock.lock();

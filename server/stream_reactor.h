@@ -8,7 +8,8 @@
 // logs the call as one line (method, model, code, microseconds, peer, error). A client that
 // reads slower than the work sends holds the work back: `send` waits while kMaxQueuedBytes of
 // replies wait to be written (a Sweep's thousands of results are not all kept in memory), and a
-// reader that takes none of them for kMaxStall is cancelled (its thread goes to other calls).
+// reader that takes none of them for `max_stall` (kMaxStall unless given) is cancelled (its
+// thread goes to other calls).
 #ifndef MEMEST_SERVER_STREAM_REACTOR_H_
 #define MEMEST_SERVER_STREAM_REACTOR_H_
 
@@ -35,13 +36,14 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   using StoppedFn = std::function<bool()>;
   using Work = std::function<Status(const SendFn& send, const StoppedFn& stopped)>;
   static constexpr size_t kMaxQueuedBytes = 4 << 20;
-  static constexpr std::chrono::seconds kMaxStall{60};
+  static constexpr std::chrono::milliseconds kMaxStall{60'000};
 
   // Starts `work` on a thread of its own (`pool` null) or queues it on `pool`; when the pool is
   // full the call finishes with `busy()`. `call` names the call in its log line (its id and
   // start are filled in here); `metrics` (null: none) counts it.
   StreamReactor(grpc::CallbackServerContext* context, CallRecord call, Metrics* metrics, Work work,
-                WorkPool* pool = nullptr, const std::function<Status()>& busy = nullptr);
+                WorkPool* pool = nullptr, const std::function<Status()>& busy = nullptr,
+                std::chrono::milliseconds max_stall = kMaxStall);
   // A call refused before any work (UNAUTHENTICATED, a request that does not parse): finished at
   // once with `refusal`, taking no thread and no place in a queue.
   StreamReactor(grpc::CallbackServerContext* context, CallRecord call, Metrics* metrics,
@@ -64,6 +66,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   Metrics* const metrics_;
   std::atomic<int> owners_{2};
   std::mutex mu_;
+  std::chrono::milliseconds max_stall_ = kMaxStall;
   std::condition_variable drained_;       // a write completed, or the call stopped
   std::deque<grpc::ByteBuffer> pending_;  // front: being written
   size_t pending_bytes_ = 0;

@@ -212,5 +212,38 @@ TEST(SweepServiceTest, ACallerThatLeavesFreesTheThread) {
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
+// A caller that neither reads nor leaves (no deadline, no cancel): once the server's queue of
+// replies is full and nothing is taken for the stall time, the call is cancelled and its thread
+// takes the next call.
+TEST(SweepServiceTest, AReaderThatStallsIsCancelled) {
+  ServerOptions options;
+  options.service.work_threads = 1;
+  options.service.stream_stall = std::chrono::milliseconds(500);
+  testing::TestServer server(options);
+  v1::SweepRequest request;
+  *request.mutable_model() = Gpt2(64);  // every layer row: results of about 10 KiB each
+  request.set_skip_advice(true);
+  for (int i = 0; i < 20000; ++i) *request.add_configs() = Config(1 + i % 8, v1::PRECISION_FP32, "");
+  grpc::ClientContext stalled;  // no deadline
+  auto reader = server.stub().Sweep(&stalled, request);
+  v1::SweepResult r;
+  ASSERT_TRUE(reader->Read(&r));
+  // Another caller, on its own connection, gets the thread once the stalled call is dropped.
+  auto other = v1::MemoryEstimator::NewStub(
+      grpc::CreateCustomChannel(server.server().address(), grpc::InsecureChannelCredentials(),
+                                grpc::ChannelArguments()));
+  v1::EstimateRequest next;
+  *next.mutable_model() = Gpt2(2);
+  *next.mutable_config() = Config(1, v1::PRECISION_FP32, "");
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::EstimateResponse response;
+  const grpc::Status s = other->Estimate(&context, next, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  while (reader->Read(&r)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
 }  // namespace
 }  // namespace memest
