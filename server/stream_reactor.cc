@@ -87,7 +87,7 @@ bool StreamReactor::Send(const google::protobuf::Message& reply) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     // A slow reader: wait for its writes (a cancellation, the deadline's too, wakes this). A
-    // reader that takes nothing for kMaxStall is dropped: the call is cancelled, which ends the
+    // reader that takes nothing for max_stall_ is dropped: the call is cancelled, which ends the
     // write and wakes this.
     auto ready = [this] { return cancelled_ || broken_ || pending_bytes_ < kMaxQueuedBytes; };
     if (!drained_.wait_for(lock, max_stall_, ready)) {
