@@ -11,7 +11,7 @@ namespace {
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-int Id(const std::tuple<int, int64_t, int, int64_t, int>& key) { return std::get<4>(key); }
+int Id(const std::tuple<int, int64_t, int64_t, int64_t, int>& key) { return std::get<4>(key); }
 
 }  // namespace
 
@@ -135,7 +135,7 @@ int64_t CachingAllocatorModel::ExpandableSize(int id) const {
 // past every block whose expandable size is larger than the next one's.
 int CachingAllocatorModel::GetFreeBlock(bool small, int stream, int64_t size) const {
   const FreeSet& pool = free_[small];
-  auto it = pool.lower_bound({stream, size, INT_MIN, INT64_MIN, INT_MIN});
+  auto it = pool.lower_bound({stream, size, INT64_MIN, INT64_MIN, INT_MIN});
   if (it == pool.end() || std::get<0>(*it) != stream) return -1;
   if (expandable_) {
     for (auto next = std::next(it); next != pool.end() && std::get<0>(*next) == stream &&
@@ -175,7 +175,7 @@ int CachingAllocatorModel::NewSegment(int64_t address, int64_t mapped) {
 // before it) from which free and unmapped blocks reach `size`; -1 if none.
 int CachingAllocatorModel::FindExpandableBlock(bool small, int stream, int64_t size) const {
   const UnmappedSet& pool = unmapped_[small];
-  for (auto it = pool.lower_bound({stream, INT_MIN, INT64_MIN, INT_MIN});
+  for (auto it = pool.lower_bound({stream, INT64_MIN, INT64_MIN, INT_MIN});
        it != pool.end() && std::get<0>(*it) == stream; ++it) {
     int c = std::get<3>(*it);
     const int prev = blocks_[c].prev;

@@ -103,9 +103,9 @@ class CachingAllocatorModel {
  private:
   // Free mapped blocks of one pool, ordered for best fit: by stream, size, then address (the
   // segment's, then the offset); the id locates the block.
-  using FreeSet = std::set<std::tuple<int, int64_t, int, int64_t, int>>;
+  using FreeSet = std::set<std::tuple<int, int64_t, int64_t, int64_t, int>>;
   // Unmapped ranges of one pool's expandable segments: by stream, then address.
-  using UnmappedSet = std::set<std::tuple<int, int, int64_t, int>>;
+  using UnmappedSet = std::set<std::tuple<int, int64_t, int64_t, int>>;
   struct Block {
     int64_t offset = 0;  // in its segment
     int64_t size = 0;

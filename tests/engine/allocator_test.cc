@@ -251,5 +251,17 @@ TEST(AllocatorTest, TiesGoToTheLowerSegmentAddress) {
   }
 }
 
+// Device addresses are 64-bit (a real one is above 2^32): ties still go to the lower one.
+TEST(AllocatorTest, TiesGoToTheLowerOf64BitAddresses) {
+  CachingAllocatorModel a;
+  a.SetNextSegmentAddress((int64_t{1} << 32) + 5);  // an int would keep 5 of it
+  const int h1 = a.Malloc(20 * kMiB);
+  a.SetNextSegmentAddress(1000);
+  const int h2 = a.Malloc(20 * kMiB);
+  a.Free(h1);
+  a.Free(h2);
+  EXPECT_EQ(a.Locate(a.Malloc(20 * kMiB)).segment, 1);
+}
+
 }  // namespace
 }  // namespace memest
