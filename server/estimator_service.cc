@@ -87,12 +87,13 @@ void KeepLargestLayers(int64_t rows, v1::EstimateResponse* response) {
   layers->Swap(&kept);
 }
 
-Status CheckMaxLayerRows(bool has, int64_t rows) {
-  if (has && rows < 0) {
+StatusOr<std::optional<int64_t>> MaxLayerRows(bool has, int64_t rows) {
+  if (!has) return std::optional<int64_t>();
+  if (rows < 0) {
     return InvalidArgument("max_layer_rows: must be 0 (no rows) or more, got " +
                            std::to_string(rows));
   }
-  return Status::Ok();
+  return std::optional<int64_t>(rows);
 }
 
 void ResponseOf(const Report& report, const std::vector<std::string>& notes,
@@ -104,7 +105,8 @@ void ResponseOf(const Report& report, const std::vector<std::string>& notes,
 
 Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& options,
                       v1::EstimateResponse* response, Budget* budget) {
-  MEMEST_RETURN_IF_ERROR(CheckMaxLayerRows(request.has_max_layer_rows(), request.max_layer_rows()));
+  MEMEST_ASSIGN_OR_RETURN(const std::optional<int64_t> rows,
+                          MaxLayerRows(request.has_max_layer_rows(), request.max_layer_rows()));
   MEMEST_RETURN_IF_ERROR(CheckRequestSize(request, options.max_ops));
   MEMEST_ASSIGN_OR_RETURN(EstimateInput input, EstimateInputFromProto(request, options.max_ops));
   Budget own;
@@ -113,10 +115,7 @@ Status HandleEstimate(const v1::EstimateRequest& request, const ServiceOptions& 
   MEMEST_RETURN_IF_ERROR(input.options.budget->Check());  // a deadline already passed, say
   MEMEST_ASSIGN_OR_RETURN(Report report,
                           memest::Estimate(input.model, input.config, input.options));
-  ResponseOf(report, input.notes,
-             request.has_max_layer_rows() ? std::optional<int64_t>(request.max_layer_rows())
-                                          : std::nullopt,
-             response);
+  ResponseOf(report, input.notes, rows, response);
   return Status::Ok();
 }
 
@@ -265,56 +264,53 @@ Status HandlePlan(const v1::PlanRequest& request, const ServiceOptions& options,
   return Status::Ok();
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Plan(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes) {
-  auto request = std::make_shared<v1::PlanRequest>();
+template <typename Request, typename Reply, typename Handle>
+grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::PooledStream(
+    const char* method, grpc::CallbackServerContext* context,
+    const grpc::ByteBuffer& request_bytes, int64_t op_steps, Handle handle) {
+  auto request = std::make_shared<Request>();
   Status parsed = Authorize(*context);
-  if (parsed.ok()) parsed = ParseRequest(*request_bytes, request.get());
+  if (parsed.ok()) parsed = ParseRequest(request_bytes, request.get());
   if (!parsed.ok()) {
-    return new StreamReactor(context, {"Plan", "", "-", {}, Length(*request_bytes)}, metrics_,
+    return new StreamReactor(context, {method, "", "-", {}, Length(request_bytes)}, metrics_,
                              parsed);
   }
-  const ServiceOptions& options = options_;
   HeapTrimmer& trimmer = trimmer_;
   return new StreamReactor(
-      context, {"Plan", "", DescribeModel(request->model()), {}, Length(*request_bytes)}, metrics_,
-      [context, request, &options, &trimmer](const StreamReactor::SendFn& send,
-                                             const StreamReactor::StoppedFn& stopped) {
+      context, {method, "", DescribeModel(request->model()), {}, Length(request_bytes)},
+      metrics_,
+      [context, request, op_steps, &trimmer, handle](const StreamReactor::SendFn& send,
+                                                     const StreamReactor::StoppedFn& stopped) {
         HeapTrimmer::Request in_flight(trimmer);
-        in_flight.MarkLarge();  // a search builds many graphs: give their pages back after it
-        Budget budget = CallBudget(*context, options.max_plan_op_steps, stopped);
+        in_flight.MarkLarge();  // many estimates and their graphs: give their pages back after
+        Budget budget = CallBudget(*context, op_steps, stopped);
         MEMEST_RETURN_IF_ERROR(budget.Check());  // its caller left while it waited
-        return HandlePlan(*request, options, &budget,
-                          [&send](const v1::PlanEvent& e) { return send(e); });
+        return handle(*request, budget, [&send](const Reply& r) { return send(r); });
       },
       work_.get(), [this] { return Busy(); }, options_.stream_stall);
 }
 
+grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Plan(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes) {
+  const ServiceOptions& options = options_;
+  return PooledStream<v1::PlanRequest, v1::PlanEvent>(
+      "Plan", context, *request_bytes, options_.max_plan_op_steps,
+      [&options](const v1::PlanRequest& request, Budget& budget,
+                 const std::function<bool(const v1::PlanEvent&)>& send) {
+        return HandlePlan(request, options, &budget, send);
+      });
+}
+
 grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Sweep(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes) {
-  auto request = std::make_shared<v1::SweepRequest>();
-  Status parsed = Authorize(*context);
-  if (parsed.ok()) parsed = ParseRequest(*request_bytes, request.get());
-  if (!parsed.ok()) {
-    return new StreamReactor(context, {"Sweep", "", "-", {}, Length(*request_bytes)}, metrics_,
-                             parsed);
-  }
   const ServiceOptions& options = options_;
-  HeapTrimmer& trimmer = trimmer_;
-  return new StreamReactor(
-      context, {"Sweep", "", DescribeModel(request->model()), {}, Length(*request_bytes)},
-      metrics_,
-      [context, request, &options, &trimmer](const StreamReactor::SendFn& send,
-                                             const StreamReactor::StoppedFn& stopped) {
-        HeapTrimmer::Request in_flight(trimmer);
-        in_flight.MarkLarge();  // many estimates and their graphs: give their pages back after
-        // Every configuration's, as an Estimate's.
-        Budget each = CallBudget(*context, options.max_op_steps, stopped);
-        MEMEST_RETURN_IF_ERROR(each.Check());  // its caller left while it waited
-        return HandleSweep(*request, options, each,
-                           [&send](const v1::SweepResult& r) { return send(r); });
-      },
-      work_.get(), [this] { return Busy(); }, options_.stream_stall);
+  // The budget is every configuration's, as an Estimate's.
+  return PooledStream<v1::SweepRequest, v1::SweepResult>(
+      "Sweep", context, *request_bytes, options_.max_op_steps,
+      [&options](const v1::SweepRequest& request, Budget& each,
+                 const std::function<bool(const v1::SweepResult&)>& send) {
+        return HandleSweep(request, options, each, send);
+      });
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* EstimatorService::Validate(

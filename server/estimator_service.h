@@ -73,8 +73,9 @@ Status CheckModelSize(const v1::Model& model, int64_t max_ops);
 // model order (EstimateRequest.max_layer_rows).
 void KeepLargestLayers(int64_t rows, v1::EstimateResponse* response);
 
-// max_layer_rows (EstimateRequest's, SweepRequest's) when set: 0 or more, else INVALID_ARGUMENT.
-Status CheckMaxLayerRows(bool has, int64_t rows);
+// max_layer_rows (EstimateRequest's, SweepRequest's): nullopt when not set (every layer), the
+// rows when 0 or more, else INVALID_ARGUMENT.
+StatusOr<std::optional<int64_t>> MaxLayerRows(bool has, int64_t rows);
 // The reply to an estimate: the report, the conversion's notes, the layers cut to
 // `max_layer_rows` when set.
 void ResponseOf(const Report& report, const std::vector<std::string>& notes,
@@ -151,6 +152,14 @@ class EstimatorService final : public MemoryEstimatorBase {
   Status Authorize(const grpc::CallbackServerContext& context);
   // RESOURCE_EXHAUSTED: the pool's queue is full.
   Status Busy() const;
+  // A streaming call of a `Request` (Plan, Sweep) run on the pool: parsed first (a refusal takes
+  // no thread), then `handle(request, budget, send)` with a budget of `op_steps`, the caller's
+  // deadline and its going, each `Reply` streamed; the heap is trimmed after it.
+  template <typename Request, typename Reply, typename Handle>
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* PooledStream(const char* method,
+                                                           grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer& request_bytes,
+                                                           int64_t op_steps, Handle handle);
   // One Estimate, on a thread of the pool: parse, estimate, reply, then finish `reactor`.
   void RunEstimate(grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
                    const grpc::ByteBuffer& request_bytes, grpc::ByteBuffer* response_bytes,

@@ -21,7 +21,8 @@ bool StopsTheSweep(const Status& status) {
 
 Status HandleSweep(const v1::SweepRequest& request, const ServiceOptions& options,
                    const Budget& each, const std::function<bool(const v1::SweepResult&)>& send) {
-  MEMEST_RETURN_IF_ERROR(CheckMaxLayerRows(request.has_max_layer_rows(), request.max_layer_rows()));
+  MEMEST_ASSIGN_OR_RETURN(const std::optional<int64_t> rows,
+                          MaxLayerRows(request.has_max_layer_rows(), request.max_layer_rows()));
   if (request.configs_size() == 0) {
     return InvalidArgument("configs: a sweep needs at least one run configuration");
   }
@@ -36,9 +37,6 @@ Status HandleSweep(const v1::SweepRequest& request, const ServiceOptions& option
   estimate.max_ops = options.max_ops;
   estimate.advice = !request.skip_advice();
   SweepEstimator sweep(model, estimate);
-  const std::optional<int64_t> rows = request.has_max_layer_rows()
-                                          ? std::optional<int64_t>(request.max_layer_rows())
-                                          : std::nullopt;
   int64_t spent = 0;  // op steps, by the configurations so far
   for (int i = 0; i < request.configs_size(); ++i) {
     Budget budget = each;
