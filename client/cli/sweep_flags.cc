@@ -33,51 +33,47 @@ void AddSweepFlags(CLI::App* app, SweepFlags* f) {
 }
 
 StatusOr<SweepRequestAndLabels> BuildSweepRequest(const SweepFlags& flags) {
-  // One varying flag: its list's length and how it sets a configuration's flags.
+  // One varying flag: its column, its values as the table shows them, and how the i-th sets a
+  // configuration's flags.
   struct Axis {
-    std::string name;
-    size_t size;
+    std::string header;
+    std::vector<std::string> labels;
     std::function<void(size_t, EstimateFlags*)> set;
-    std::function<std::string(size_t)> label;
   };
   std::vector<Axis> axes;
+  std::string lists, sizes;  // "--batches x --devices", "300 x 3"
   const EstimateFlags& base = flags.base;
-  auto words = [&](const char* name, const std::vector<std::string>& list, bool single_given,
-                   std::string EstimateFlags::*field) -> Status {
-    if (list.empty()) return Status::Ok();
+  auto add = [&](const char* header, const char* single, const char* list, bool single_given,
+                 std::vector<std::string> labels,
+                 std::function<void(size_t, EstimateFlags*)> set) -> Status {
+    if (labels.empty()) return Status::Ok();
     if (single_given) {
-      return InvalidArgument(std::string("--") + name + "s: give --" + name + " or --" + name +
-                             "s, not both");
+      return InvalidArgument(std::string(list) + ": give " + single + " or " + list + ", not both");
     }
-    axes.push_back({name, list.size(),
-                    [&list, field](size_t i, EstimateFlags* f) { f->*field = list[i]; },
-                    [&list](size_t i) { return list[i]; }});
+    lists += (lists.empty() ? "" : " x ") + std::string(list);
+    sizes += (sizes.empty() ? "" : " x ") + std::to_string(labels.size());
+    axes.push_back({header, std::move(labels), std::move(set)});
     return Status::Ok();
   };
-  if (!flags.batches.empty()) {
-    if (base.batch) return InvalidArgument("--batches: give --batch or --batches, not both");
-    axes.push_back({"batch", flags.batches.size(),
-                    [&](size_t i, EstimateFlags* f) { f->batch = flags.batches[i]; },
-                    [&](size_t i) { return std::to_string(flags.batches[i]); }});
-  }
-  if (!flags.devices.empty()) {
-    if (base.device) return InvalidArgument("--devices: give --device or --devices, not both");
-    axes.push_back({"device", flags.devices.size(),
-                    [&](size_t i, EstimateFlags* f) { f->device = flags.devices[i]; },
-                    [&](size_t i) { return flags.devices[i]; }});
-  }
+  std::vector<std::string> batches;
+  for (int64_t b : flags.batches) batches.push_back(std::to_string(b));
+  MEMEST_RETURN_IF_ERROR(add("batch", "--batch", "--batches", base.batch.has_value(), batches,
+                             [&](size_t i, EstimateFlags* f) { f->batch = flags.batches[i]; }));
+  MEMEST_RETURN_IF_ERROR(add("device", "--device", "--devices", base.device.has_value(),
+                             flags.devices,
+                             [&](size_t i, EstimateFlags* f) { f->device = flags.devices[i]; }));
   MEMEST_RETURN_IF_ERROR(
-      words("precision", flags.precisions, !base.precision.empty(), &EstimateFlags::precision));
+      add("precision", "--precision", "--precisions", !base.precision.empty(), flags.precisions,
+          [&](size_t i, EstimateFlags* f) { f->precision = flags.precisions[i]; }));
   MEMEST_RETURN_IF_ERROR(
-      words("optimizer", flags.optimizers, !base.optimizer.empty(), &EstimateFlags::optimizer));
-  MEMEST_RETURN_IF_ERROR(
-      words("checkpoint", flags.checkpoints, !base.checkpoint.empty(), &EstimateFlags::checkpoint));
+      add("optimizer", "--optimizer", "--optimizers", !base.optimizer.empty(), flags.optimizers,
+          [&](size_t i, EstimateFlags* f) { f->optimizer = flags.optimizers[i]; }));
+  MEMEST_RETURN_IF_ERROR(add(
+      "checkpoint", "--checkpoint", "--checkpoints", !base.checkpoint.empty(), flags.checkpoints,
+      [&](size_t i, EstimateFlags* f) { f->checkpoint = flags.checkpoints[i]; }));
   int64_t count = 1;
-  std::string lists, sizes;  // "--batches x --devices", "300 x 3"
   for (const Axis& a : axes) {
-    lists += (lists.empty() ? "--" : " x --") + a.name + (a.name == "batch" ? "es" : "s");
-    sizes += (sizes.empty() ? "" : " x ") + std::to_string(a.size);
-    const StatusOr<int64_t> more = CheckedMul(count, static_cast<int64_t>(a.size));
+    const StatusOr<int64_t> more = CheckedMul(count, static_cast<int64_t>(a.labels.size()));
     count = more.ok() ? std::min(*more, kMaxSweepConfigs + 1) : kMaxSweepConfigs + 1;
   }
   if (count > kMaxSweepConfigs) {
@@ -86,14 +82,14 @@ StatusOr<SweepRequestAndLabels> BuildSweepRequest(const SweepFlags& flags) {
                            " configurations, more than a sweep takes");
   }
   SweepRequestAndLabels out;
-  for (const Axis& a : axes) out.headers.push_back(a.name);
+  for (const Axis& a : axes) out.headers.push_back(a.header);
   std::vector<size_t> at(axes.size(), 0);
   for (int64_t n = 0; n < count; ++n) {
     EstimateFlags f = base;
     std::vector<std::string> values;
     for (size_t k = 0; k < axes.size(); ++k) {
       axes[k].set(at[k], &f);
-      values.push_back(axes[k].label(at[k]));
+      values.push_back(axes[k].labels[at[k]]);
     }
     if (n == 0) {  // the model, read once (a model file, a Hugging Face config)
       MEMEST_ASSIGN_OR_RETURN(v1::EstimateRequest first, BuildEstimateRequest(f));
@@ -104,7 +100,7 @@ StatusOr<SweepRequestAndLabels> BuildSweepRequest(const SweepFlags& flags) {
     MEMEST_ASSIGN_OR_RETURN(*out.request.add_configs(), BuildRunConfig(f, out.request.model()));
     out.values.push_back(std::move(values));
     for (size_t k = axes.size(); k-- > 0;) {  // the last list fastest
-      if (++at[k] < axes[k].size) break;
+      if (++at[k] < axes[k].labels.size()) break;
       at[k] = 0;
     }
   }
