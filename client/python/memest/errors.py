@@ -113,9 +113,17 @@ def token_metadata(token):
     return (("authorization", "Bearer " + token),)
 
 
+def from_status(code, details):
+    """The MemestError for a grpc.StatusCode (or its number, as a SweepResult carries it) and the
+    server's message."""
+    if not isinstance(code, grpc.StatusCode):
+        code = _BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
+    return _BY_CODE.get(code, MemestError)(details or str(code), code)
+
+
+_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
 def from_rpc_error(error):
     """The MemestError for a grpc.RpcError (sync or aio)."""
-    code = error.code()
-    details = error.details() or str(code)
-    cls = _BY_CODE.get(code, MemestError)
-    return cls(details, code)
+    return from_status(error.code(), error.details())

@@ -1,10 +1,8 @@
 """Sweeps (the Sweep RPC): one model under many run configurations in one call, each answered as
 estimate() answers it alone, and the request Client.sweep sends."""
 
-import grpc
-
 from memest import v1
-from memest.errors import _BY_CODE, InvalidArgument, MemestError
+from memest.errors import InvalidArgument, MemestError, from_status
 from memest.request import build_model, build_request
 from memest.results import Estimate
 
@@ -29,11 +27,10 @@ InvalidArgument, ...) estimate() would raise for it alone (not raised: the other
         default 10 minutes): DeadlineExceeded after it.
         """
 
-_MODEL_WORDS = ("preset", "model", "params", "seq", "hf_config")  # preset, model: arguments
 # Without a timeout, a sweep may take this long (seconds): thousands of estimates, not one.
 SWEEP_TIMEOUT = 10 * 60.0
+_MODEL_WORDS = ("preset", "model", "params", "seq", "hf_config")  # preset, model: arguments
 _REQUEST_WORDS = ("advice", "layer_rows")
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def sweep_request(preset=None, model=None, *, configs, **common):
@@ -70,12 +67,6 @@ def sweep_request(preset=None, model=None, *, configs, **common):
     return request, labels
 
 
-def error_of(error):
-    """The MemestError for a SweepResult's error."""
-    code = _CODES.get(error.code, grpc.StatusCode.UNKNOWN)
-    return _BY_CODE.get(code, MemestError)(error.message, code)
-
-
 class SweepCollector:
     """The results of a Sweep call, in order, each handed to on_result as it arrives."""
 
@@ -92,7 +83,7 @@ class SweepCollector:
         if result.HasField("estimate"):
             item = Estimate.from_proto(result.estimate, label=self._labels[index])
         else:
-            item = error_of(result.error)
+            item = from_status(result.error.code, result.error.message)
         self.results.append(item)
         if self._on_result is not None:
             self._on_result(index, item)
