@@ -7,7 +7,7 @@ namespace memest {
 
 #if defined(__x86_64__) && defined(__linux__)
 // A tripwire for the key: a field added to BuildContext changes its size here.
-static_assert(sizeof(BuildContext) == 104,
+static_assert(sizeof(BuildContext) == 112,
               "BuildContext changed: GraphKeyOf (engine/models/model.h) must hold every field the "
               "front ends read, or sweeps share graphs they must not; then update this size");
 #endif

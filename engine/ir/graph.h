@@ -190,6 +190,44 @@ class GraphBuilder {
   void BeginLoss();
   void SetLoss(int tensor);
 
+  // Repeated blocks (RepeatBlocks, engine/models/decoders_internal.h). A block's ops that depend
+  // only on its input's shape, dtype and strides and on tensors made before the loop need not be
+  // built again: BeginBlock and EndBlock record what one block added, and StampBlock adds a copy
+  // of it under the current scope on another input, as building it would (its ops' scopes and
+  // its leaves' names take the current scope in place of the recorded block's).
+  struct BlockMark {
+    int input = -1;   // the tensor the block took
+    int output = -1;  // and the one it returned
+    int first_op = 0, end_op = 0;
+    int first_tensor = 0, end_tensor = 0;
+    size_t first_held = 0, end_held = 0;
+    size_t first_output = 0, end_output = 0;
+    size_t first_cache = 0, end_cache = 0;
+    size_t first_size = 0, end_size = 0;  // NameSize's entries
+    int64_t leaf_bytes = 0;               // its leaves' bytes
+    std::string scope;                    // its scope ("h.3")
+    // Nothing outside what a copy repeats changed (the loss, checkpoints, the list of blocks),
+    // and the builder had not failed.
+    bool stampable = false;
+    // What a copy does not repeat, as it stood when the block began.
+    int loss = -1, loss_begin = -1;
+    size_t checkpoints = 0, blocks = 0;
+  };
+  BlockMark BeginBlock(int input) const;
+  void EndBlock(int output, BlockMark* mark) const;
+  // Adds the ops and tensors of block `from` again, reading `input` where it read its own input
+  // and whatever else it read (tensors made before tensor `loop_start`) as it did; returns the
+  // copy's output. Returns -1 and adds nothing when the copy would not be what building the
+  // block would make, or would meet an error (building it then makes the same error): `input`
+  // differs from the block's in what its ops see, the block read a tensor made in the loop
+  // other than its input, or the copy would pass max_ops or the leaves' byte limit. Also -1
+  // after a failure (the budget's refusal, looked at as Add does). Off (-1) unless stamping.
+  int StampBlock(const BlockMark& from, int input, int loop_start);
+  // Whether StampBlock may copy blocks (on by default; tests build graphs both ways).
+  void SetStamping(bool on) { stamping_ = on; }
+  bool stamping() const { return stamping_; }
+  int num_tensors() const { return static_cast<int>(graph_.tensors.size()); }
+
   void SetErrorContext(std::string context) { context_ = std::move(context); }
   // Refuses (RESOURCE_EXHAUSTED) to add an op past `max_ops`, so that no request builds more
   // than its limit before it is refused.
@@ -232,6 +270,7 @@ class GraphBuilder {
   std::string context_;
   int64_t max_ops_ = 1'000'000;
   Budget* budget_ = nullptr;
+  bool stamping_ = true;
   int64_t leaf_bytes_ = 0;  // all leaves' bytes, within kMaxBytes
   std::vector<std::pair<int64_t, std::string>> named_sizes_;  // size, field
 };

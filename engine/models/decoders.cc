@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "engine/models/decoders_internal.h"
@@ -54,11 +55,36 @@ Status CheckHeadsDivide(const FieldOf& field, int64_t d_model, int64_t heads) {
 }
 
 int RepeatBlocks(GraphBuilder& b, const std::string& prefix, int64_t layers, int h,
-                 const std::function<int(int)>& block) {
+                 const std::function<int(int64_t, int)>& block,
+                 const std::function<int64_t(int64_t)>& variant) {
+  const int loop_start = b.num_tensors();
+  struct Built {
+    int count = 0;                  // blocks of the variant so far
+    GraphBuilder::BlockMark last;  // the last one built
+  };
+  std::map<int64_t, Built> built;  // per variant
   for (int64_t i = 0; i < layers; ++i) {
     ScopeGuard scope(b, prefix + Str(i));
     b.MarkBlock();
-    h = block(h);
+    if (!variant || !b.stamping()) {
+      h = block(i, h);
+      continue;
+    }
+    Built& v = built[variant(i)];
+    if (v.count >= 2) {
+      const int out = b.StampBlock(v.last, h, loop_start);
+      if (!b.ok()) return -1;
+      if (out >= 0) {
+        h = out;
+        ++v.count;
+        continue;
+      }
+    }
+    GraphBuilder::BlockMark mark = b.BeginBlock(h);
+    h = block(i, h);
+    b.EndBlock(h, &mark);
+    v.last = std::move(mark);
+    ++v.count;
   }
   return h;
 }
@@ -211,7 +237,9 @@ Status BuildGpt2Model(GraphBuilder& b, const BuildContext& ctx, const Gpt2Spec& 
     o.mask_positions = s.positions;
     o.hold_locals = true;
     o.kv_cache_len = KvCacheLength(ctx, s.seq);
-    h = RepeatBlocks(b, "h.", s.layers, h, [&](int x) { return TransformerBlock(b, c, "", x, o); });
+    h = RepeatBlocks(
+        b, "h.", s.layers, h, [&](int64_t, int x) { return TransformerBlock(b, c, "", x, o); },
+        AllAlike);
     h = LayerNorm(b, c, "ln_f", h);
     // GPT2Model.forward's locals, until it returns.
     for (int local : {inputs_embeds, position_embeds, pos}) b.HoldUntilLastOp(local);
@@ -317,13 +345,20 @@ Status BuildLlamaModel(GraphBuilder& b, const BuildContext& ctx, const LlamaSpec
     std::vector<int> router_logits;  // MixtralModel's all_router_logits
     if (s.router_aux_loss && Training(ctx)) o.router_logits = &router_logits;
     const BlockOptions windowed_o = layered ? WindowedLayerOptions(b, c, s, rotary_dim, o) : o;
-    int64_t layer = 0;
-    h = RepeatBlocks(b, "layers.", s.layers, h, [&](int x) {
-      const int64_t i = layer++;
-      BlockOptions layer_o = Windowed(s, i) ? windowed_o : o;
-      if (!SparseLayer(s, i)) layer_o.moe.experts = 0;
-      return TransformerBlock(b, c, "", x, layer_o);
-    });
+    // Blocks differ in their window and in whether their MLP is sparse; with the router's
+    // logits gathered for the loss, each block adds to that list, and is built.
+    std::function<int64_t(int64_t)> variant;
+    if (o.router_logits == nullptr) {
+      variant = [&s](int64_t i) { return int64_t{Windowed(s, i)} * 2 + SparseLayer(s, i); };
+    }
+    h = RepeatBlocks(
+        b, "layers.", s.layers, h,
+        [&](int64_t i, int x) {
+          BlockOptions layer_o = Windowed(s, i) ? windowed_o : o;
+          if (!SparseLayer(s, i)) layer_o.moe.experts = 0;
+          return TransformerBlock(b, c, "", x, layer_o);
+        },
+        variant);
     h = s.gemma ? GemmaRmsNorm(b, c, "norm", h) : RmsNorm(b, c, "norm", h, true);
     b.HoldUntilLastOp(inputs_embeds);  // LlamaModel.forward's local, until it returns
     if (!router_logits.empty()) {
@@ -375,8 +410,9 @@ Status BuildNeoxModel(GraphBuilder& b, const BuildContext& ctx, const NeoxSpec& 
     if (c.attention == AttentionImpl::kEager) a.additive_mask = AdditiveCausalMask(b, c, s.seq);
     NeoxSpec layer = s;
     if (ctx.serving) layer.mask_positions = 0;  // transformers 4's mask buffers; vLLM has none
-    h = RepeatBlocks(b, "layers.", s.layers, h,
-                     [&](int x) { return NeoxLayer(b, c, x, layer, a); });
+    h = RepeatBlocks(
+        b, "layers.", s.layers, h, [&](int64_t, int x) { return NeoxLayer(b, c, x, layer, a); },
+        AllAlike);
     h = LayerNorm(b, c, "final_layer_norm", h);
     b.HoldUntilLastOp(inputs_embeds);  // GPTNeoXModel.forward's local, until it returns
   }

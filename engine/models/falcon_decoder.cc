@@ -245,8 +245,9 @@ Status BuildFalconModel(GraphBuilder& b, const BuildContext& ctx, const FalconSp
                            {{"shape", Ints({1, 1, s.seq, s.seq})},
                             {"dtype", std::string(DTypeName(c.param_dtype))}});
     }
-    h = RepeatBlocks(b, "h.", s.layers, inputs_embeds,
-                     [&](int x) { return FalconLayer(b, c, x, s, shared); });
+    h = RepeatBlocks(
+        b, "h.", s.layers, inputs_embeds,
+        [&](int64_t, int x) { return FalconLayer(b, c, x, s, shared); }, AllAlike);
     h = LayerNorm(b, c, "ln_f", h);
     // FalconModel.forward's locals, until it returns.
     for (int local : {inputs_embeds, shared.cos, shared.sin, shared.mask}) b.HoldUntilLastOp(local);

@@ -235,9 +235,7 @@ constexpr Family kFamilies[] = {
 StatusOr<Graph> BuildFamily(const Family& family, const Fields& f, int64_t seq, int64_t layers,
                             const BuildContext& context) {
   GraphBuilder b;
-  b.SetMaxOps(context.max_ops);
-  b.SetRuntime(context.runtime);
-  b.SetBudget(context.budget);
+  ConfigureBuilder(context, b);
   b.NameSize(context.micro_batch, "config.batch_size");
   b.NameSize(seq, "model.hf_config.seq");
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);

@@ -50,6 +50,13 @@ LayerContext LayerContextOf(const BuildContext& context) {
   return c;
 }
 
+void ConfigureBuilder(const BuildContext& context, GraphBuilder& b) {
+  b.SetMaxOps(context.max_ops);
+  b.SetRuntime(context.runtime);
+  b.SetBudget(context.budget);
+  b.SetStamping(context.stamp_blocks);
+}
+
 bool ReturnsCache(const BuildContext& context) {
   return context.use_cache && !context.serving && !context.megatron;
 }
@@ -169,9 +176,7 @@ StatusOr<Graph> BuildLayerModel(const LayerModelSpec& spec, const BuildContext& 
   const LayerContext c = LayerContextOf(context);
 
   GraphBuilder b;
-  b.SetMaxOps(context.max_ops);
-  b.SetRuntime(context.runtime);
-  b.SetBudget(context.budget);
+  ConfigureBuilder(context, b);
   // A shape too large to count in bytes names the size the user set (GraphBuilder::NameSize).
   b.NameSize(context.micro_batch, "config.batch_size");
   for (size_t i = 0; i < spec.input_shape.size(); ++i) {
@@ -352,9 +357,7 @@ StatusOr<Graph> BuildOpGraph(const OpGraphSpec& spec, const BuildContext& contex
   }
 
   GraphBuilder b;
-  b.SetMaxOps(context.max_ops);
-  b.SetRuntime(context.runtime);
-  b.SetBudget(context.budget);
+  ConfigureBuilder(context, b);
   // Rescaled inputs take their batch dim from the config (GraphBuilder::NameSize).
   if (rescale) b.NameSize(context.micro_batch, "config.batch_size");
 

@@ -145,6 +145,9 @@ struct BuildContext {
   bool use_cache = false;
   // What runs the step (config.runtime): the graph's shape rules that differ see it.
   Runtime runtime = Runtime::kCuda;
+  // Repeated blocks alike are copied rather than built again (GraphBuilder::StampBlock). The
+  // graph is the same either way (tests build it both ways), so GraphKeyOf leaves this out.
+  bool stamp_blocks = true;
 };
 
 // Every field of `context` the graph BuildGraph makes depends on: two contexts with equal keys
@@ -157,6 +160,9 @@ inline auto GraphKeyOf(const BuildContext& c) {
                          c.rotary_positions, c.rotary_local_positions, c.multiprocessors,
                          c.mla_workspace_rows, c.megatron, c.use_cache, c.runtime);
 }
+
+// Sets up a front end's builder as `context` asks: its op limit, runtime, budget and stamping.
+void ConfigureBuilder(const BuildContext& context, GraphBuilder& b);
 
 // Whether the model's forward returns its keys and values (Graph::cache): context.use_cache,
 // but not in vLLM's profile run nor under Megatron-LM.

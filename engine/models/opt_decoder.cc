@@ -162,8 +162,9 @@ Status BuildOptModel(GraphBuilder& b, const BuildContext& ctx, const OptSpec& s,
     if (embed_dim != s.d_model) h = Linear(b, c, "project_in", h, s.d_model, /*bias=*/false);
     h = b.Add1("add", {h, pos_embeds});
     const int64_t kv_cache_len = KvCacheLength(ctx, s.seq);
-    h = RepeatBlocks(b, "layers.", s.layers, h,
-                     [&](int x) { return OptLayer(b, c, x, s, mask, kv_cache_len); });
+    h = RepeatBlocks(
+        b, "layers.", s.layers, h,
+        [&](int64_t, int x) { return OptLayer(b, c, x, s, mask, kv_cache_len); }, AllAlike);
     if (s.final_norm) h = LayerNorm(b, c, "final_layer_norm", h, s.norm_affine);
     if (embed_dim != s.d_model) h = Linear(b, c, "project_out", h, embed_dim, /*bias=*/false);
     // OPTDecoder.forward's locals, until it returns.

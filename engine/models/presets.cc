@@ -443,9 +443,7 @@ constexpr int64_t kMaxParamValue = int64_t{1} << 24;
 StatusOr<Graph> Build(const Preset& preset, const BuildContext& context, const Values& values,
                       const std::map<std::string, int64_t>& set) {
   GraphBuilder b;
-  b.SetMaxOps(context.max_ops);
-  b.SetRuntime(context.runtime);
-  b.SetBudget(context.budget);
+  ConfigureBuilder(context, b);
   b.NameSize(context.micro_batch, "config.batch_size");
   for (const auto& [name, value] : set) b.NameSize(value, ParamField(name));
   if (context.autocast != DType::kFloat32) b.EnableAutocast(context.autocast);

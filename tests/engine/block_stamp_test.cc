@@ -1,0 +1,225 @@
+// Repeated blocks stamped rather than built (GraphBuilder::StampBlock, RepeatBlocks): the graph
+// is the same as the one built block by block, for every preset and test config, and a copy is
+// refused wherever building would make something else.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/ir/graph.h"
+#include "engine/models/model.h"
+#include "engine/models/presets.h"
+#include "tests/engine/hf_json.h"
+
+namespace memest {
+namespace {
+
+using enginetest::HfModel;
+
+std::string Ids(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += std::to_string(x) + ",";
+  return s;
+}
+
+// The first field in which `a` and `b` differ, or "" when they are the same graph.
+std::string FirstDifference(const Graph& a, const Graph& b) {
+  if (a.tensors.size() != b.tensors.size()) return "the number of tensors";
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const Tensor &x = a.tensors[i], &y = b.tensors[i];
+    if (x.name != y.name || x.shape != y.shape || x.strides != y.strides || x.dtype != y.dtype ||
+        x.role != y.role || x.requires_grad != y.requires_grad || x.producer != y.producer ||
+        x.alias_of != y.alias_of || x.batch_dim != y.batch_dim || x.kv_cache != y.kv_cache ||
+        x.values_per_element != y.values_per_element) {
+      return "tensor " + std::to_string(i) + " (" + x.name + " / " + y.name + ")";
+    }
+  }
+  if (a.ops.size() != b.ops.size()) return "the number of ops";
+  for (size_t i = 0; i < a.ops.size(); ++i) {
+    const Op &x = a.ops[i], &y = b.ops[i];
+    if (x.kind != y.kind || x.inputs != y.inputs || x.outputs != y.outputs || x.attrs != y.attrs ||
+        x.scope != y.scope) {
+      return "op " + std::to_string(i) + " (" + x.kind + " in " + x.scope + " / " + y.kind +
+             " in " + y.scope + ", inputs " + Ids(x.inputs) + " / " + Ids(y.inputs) + ")";
+    }
+  }
+  if (a.held.size() != b.held.size()) return "the number of held tensors";
+  for (size_t i = 0; i < a.held.size(); ++i) {
+    if (a.held[i].tensor != b.held[i].tensor || a.held[i].until_op != b.held[i].until_op) {
+      return "held " + std::to_string(i);
+    }
+  }
+  if (a.loss != b.loss || a.loss_begin != b.loss_begin) return "the loss";
+  if (a.blocks != b.blocks) return "the blocks";
+  if (a.checkpoints != b.checkpoints || a.checkpoint_non_reentrant != b.checkpoint_non_reentrant) {
+    return "the checkpoints";
+  }
+  if (a.outputs != b.outputs) return "the outputs";
+  if (a.cache != b.cache) return "the cache";
+  if (a.autocast != b.autocast || a.runtime != b.runtime) return "autocast or the runtime";
+  return "";
+}
+
+// The contexts a model is built in: training with and without autocast, inference with a KV
+// cache, vLLM's profile run, Megatron-LM, the CPU runtime.
+std::vector<std::pair<std::string, BuildContext>> Contexts() {
+  std::vector<std::pair<std::string, BuildContext>> out;
+  BuildContext fp32;
+  fp32.micro_batch = 2;
+  out.emplace_back("training fp32 eager", fp32);
+  BuildContext amp = fp32;
+  amp.autocast = DType::kBFloat16;
+  amp.attention = AttentionImpl::kSdpa;
+  amp.use_cache = true;
+  out.emplace_back("training bf16 autocast sdpa use_cache", amp);
+  BuildContext infer;
+  infer.mode = Mode::kInference;
+  infer.param_dtype = DType::kBFloat16;
+  infer.generate_tokens = 16;
+  infer.attention = AttentionImpl::kSdpa;
+  infer.use_cache = true;
+  out.emplace_back("inference bf16 kv cache", infer);
+  BuildContext served = infer;
+  served.generate_tokens = 0;
+  served.serving = true;
+  served.rotary_positions = 4096;
+  served.rotary_local_positions = 4096;
+  served.attention = AttentionImpl::kFlash;
+  out.emplace_back("vllm profile run", served);
+  BuildContext megatron = amp;
+  megatron.megatron = true;
+  out.emplace_back("megatron", megatron);
+  BuildContext cpu = fp32;
+  cpu.runtime = Runtime::kCpuTorch113;
+  out.emplace_back("cpu", cpu);
+  return out;
+}
+
+void ExpectStampedAsBuilt(const ModelSpec& model, const std::string& name) {
+  for (const auto& [what, context] : Contexts()) {
+    BuildContext built = context;
+    built.stamp_blocks = false;
+    const StatusOr<Graph> a = BuildGraph(model, context);
+    const StatusOr<Graph> b = BuildGraph(model, built);
+    ASSERT_EQ(a.ok(), b.ok()) << name << ", " << what;
+    if (!a.ok()) {
+      EXPECT_EQ(a.status().message(), b.status().message()) << name << ", " << what;
+      continue;
+    }
+    EXPECT_EQ(FirstDifference(*a, *b), "") << name << ", " << what;
+  }
+}
+
+TEST(BlockStampTest, EveryPresetIsTheGraphBuiltBlockByBlock) {
+  for (const PresetInfo& p : ListPresets()) {
+    ModelSpec model;
+    model.source = PresetSpec{p.name, {{"seq", 64}}};
+    ExpectStampedAsBuilt(model, p.name);
+  }
+}
+
+TEST(BlockStampTest, EveryTestConfigIsTheGraphBuiltBlockByBlock) {
+  const std::filesystem::path dir = std::string(MEMEST_SOURCE_DIR) + "/tests/data/hf_configs";
+  int configs = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".json") continue;
+    ExpectStampedAsBuilt(HfModel(entry.path().stem().string(), 64), entry.path().stem());
+    ++configs;
+  }
+  EXPECT_GE(configs, 39);
+}
+
+// A block on [2, 8]: its own weight, linear, gelu (held until it ran; `inner` is set to it),
+// and the residual add of `extra` (-1: its input).
+int OneBlock(GraphBuilder& b, int x, int extra, int* inner = nullptr) {
+  const int w = b.Parameter("weight", {8, 8}, DType::kFloat32);
+  int y = b.Add1("linear", {x, w});
+  y = b.Add1("gelu", {y});
+  b.HoldUntilLastOp(y);
+  if (inner != nullptr) *inner = y;
+  return b.Add1("add", {y, extra >= 0 ? extra : x});
+}
+
+TEST(BlockStampTest, ACopyReadsItsOwnInputAndRenamesItsScope) {
+  GraphBuilder b;
+  int h = b.Input("x", {2, 8}, DType::kFloat32);
+  const int loop_start = b.num_tensors();
+  GraphBuilder::BlockMark mark;
+  for (int i = 0; i < 2; ++i) {
+    ScopeGuard s(b, "h." + std::to_string(i));
+    mark = b.BeginBlock(h);
+    h = OneBlock(b, h, -1);
+    b.EndBlock(h, &mark);
+  }
+  ASSERT_TRUE(mark.stampable);
+  const int ops = b.num_ops();
+  int copy = -1;
+  {
+    ScopeGuard s(b, "h.2");
+    copy = b.StampBlock(mark, h, loop_start);
+  }
+  ASSERT_GE(copy, 0);
+  StatusOr<Graph> g = b.Finish();
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  ASSERT_EQ(g->ops.size(), static_cast<size_t>(ops) + 3);
+  const Op& linear = g->ops[ops];
+  EXPECT_EQ(linear.kind, "linear");
+  EXPECT_EQ(linear.scope, "h.2");
+  EXPECT_EQ(linear.inputs[0], h);  // the previous block's output, not the copied block's input
+  EXPECT_EQ(g->tensors[linear.inputs[1]].name, "h.2.weight");
+  EXPECT_EQ(g->ops.back().outputs[0], copy);
+  EXPECT_EQ(g->held.back().until_op, ops + 1);
+  EXPECT_EQ(g->held.back().tensor, g->ops[ops + 1].outputs[0]);
+}
+
+TEST(BlockStampTest, RefusesWhatBuildingWouldMakeOtherwise) {
+  GraphBuilder b;
+  int h = b.Input("x", {2, 8}, DType::kFloat32);
+  const int loop_start = b.num_tensors();
+  int inner0 = -1;
+  {
+    ScopeGuard s(b, "h.0");
+    h = OneBlock(b, h, -1, &inner0);
+  }
+  GraphBuilder::BlockMark clean, reaching;
+  {
+    ScopeGuard s(b, "h.1");
+    clean = b.BeginBlock(h);
+    h = OneBlock(b, h, -1);
+    b.EndBlock(h, &clean);
+  }
+  {
+    ScopeGuard s(b, "h.2");
+    reaching = b.BeginBlock(h);
+    h = OneBlock(b, h, inner0);  // reads block 0's gelu beside its own input
+    b.EndBlock(h, &reaching);
+  }
+  ASSERT_TRUE(clean.stampable && reaching.stampable);
+  const int before = b.num_ops();
+  ScopeGuard s(b, "h.3");
+  // A block that reads a tensor of the loop other than its input.
+  EXPECT_EQ(b.StampBlock(reaching, h, loop_start), -1);
+  // An input the block's ops would see differently: another shape, dtype, role.
+  const int wide = b.Add1("cat", {h, h}, {{"dim", int64_t{1}}});
+  EXPECT_EQ(b.StampBlock(clean, wide, loop_start), -1);
+  const int half = b.Add1("to", {h}, {{"dtype", std::string("float16")}});
+  EXPECT_EQ(b.StampBlock(clean, half, loop_start), -1);
+  const int leaf = b.Input("y", {2, 8}, DType::kFloat32);
+  EXPECT_EQ(b.StampBlock(clean, leaf, loop_start), -1);
+  // Past the op limit: building it makes the error.
+  b.SetMaxOps(b.num_ops() + 1);
+  EXPECT_EQ(b.StampBlock(clean, h, loop_start), -1);
+  b.SetMaxOps(1'000'000);
+  // Not while stamping is off.
+  b.SetStamping(false);
+  EXPECT_EQ(b.StampBlock(clean, h, loop_start), -1);
+  b.SetStamping(true);
+  EXPECT_EQ(b.num_ops(), before + 2);  // only the cat and the cast were added
+  EXPECT_GE(b.StampBlock(clean, h, loop_start), 0);
+  EXPECT_EQ(b.num_ops(), before + 5);
+  EXPECT_TRUE(b.ok());
+}
+
+}  // namespace
+}  // namespace memest
