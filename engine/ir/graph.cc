@@ -382,6 +382,7 @@ StatusOr<Graph> GraphBuilder::Finish(int64_t max_ops) {
     return ResourceExhausted("model: expands to " + std::to_string(graph_.ops.size()) +
                              " ops, more than the limit of " + std::to_string(max_ops));
   }
+  if (!graph_.copy_of.empty()) graph_.copy_of.resize(graph_.ops.size(), -1);
   return std::move(graph_);
 }
 

@@ -102,6 +102,12 @@ struct Graph {
   // CPU runtime see it (a fused attention's output layout, engine/rules/attention.cc).
   Runtime runtime = Runtime::kCuda;
 
+  // Per op: the op it was copied from (GraphBuilder::StampBlock; the first one built, where
+  // copies were copied), -1 for one built; empty when no block was stamped. A hint: the step
+  // simulator shares a rule's answer between the two only after OpsAlikeToRules
+  // (engine/rules/op_rules.h), so a pass that changes one and not the other changes no answer.
+  std::vector<int> copy_of;
+
   int64_t ParameterCount() const;      // elements of all parameters
   int64_t TrainableParameterCount() const;
 };

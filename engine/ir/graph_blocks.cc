@@ -128,7 +128,10 @@ int GraphBuilder::StampBlock(const BlockMark& from, int input, int loop_start) {
     if (copy.alias_of >= 0) copy.alias_of = map(copy.alias_of);
     graph_.tensors.push_back(std::move(copy));
   }
+  std::vector<int>& copy_of = graph_.copy_of;
+  copy_of.resize(first_op, -1);
   for (int k = from.first_op; k < from.end_op; ++k) {
+    copy_of.push_back(copy_of[k] >= 0 ? copy_of[k] : k);
     Op copy = graph_.ops[k];
     for (int& t : copy.inputs) t = map(t);
     for (int& t : copy.outputs) t += shift;

@@ -174,4 +174,28 @@ OpMemory OpMemoryOf(const OpCall& call) {
   return mem;
 }
 
+namespace {
+
+bool TensorsAlike(const Graph& g, const std::vector<int>& a, const std::vector<int>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k) {
+    const Tensor& x = g.tensors[a[k]];
+    const Tensor& y = g.tensors[b[k]];
+    if (x.dtype != y.dtype || x.requires_grad != y.requires_grad ||
+        (x.alias_of >= 0) != (y.alias_of >= 0) || x.shape != y.shape || x.strides != y.strides) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool OpsAlikeToRules(const Graph& g, int a, int b) {
+  const Op& x = g.ops[a];
+  const Op& y = g.ops[b];
+  return x.kind == y.kind && TensorsAlike(g, x.inputs, y.inputs) &&
+         TensorsAlike(g, x.outputs, y.outputs) && x.attrs == y.attrs;
+}
+
 }  // namespace memest

@@ -262,6 +262,11 @@ std::vector<const OpRule*> AllOpRules();
 StatusOr<std::vector<OutputSpec>> InferOutputs(const OpCall& call);
 // The memory behaviour of a resolved call, with grad_flow defaults filled in.
 OpMemory OpMemoryOf(const OpCall& call);
+// Whether ops `a` and `b` of `g` are alike to every rule: the same kind and attributes, and
+// tensors of the same shapes, strides, dtypes and requires_grad, aliasing or not alike, in
+// place of each other (rules read nothing else of a call's op and tensors). Their calls under
+// one configuration then get the same answers (Graph::copy_of names candidates).
+bool OpsAlikeToRules(const Graph& g, int a, int b);
 
 }  // namespace memest
 

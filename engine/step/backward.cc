@@ -77,7 +77,7 @@ void StepSimulator::Backward() {
   // outputs: then those stay until it lets the outputs go (KeepOutputsInLoop).
   const bool graph_kept = training_ && hold_outputs_;
   for (size_t i = 0; i < op_saved_.size(); ++i) {
-    if (graph_kept && has_memo_[i] && memo_[i].saved_until_graph_freed) {
+    if (graph_kept && has_memo_[i] && memo_[memo_slot_[i]].saved_until_graph_freed) {
       graph_held_.push_back(std::move(op_saved_[i]));
       op_saved_[i] = SavedByOp{};
     } else {
@@ -193,11 +193,13 @@ void StepSimulator::RecomputeAndBackward(int r) {
 }
 
 const OpMemory& StepSimulator::GradMemory(int i) {
-  if (!has_memo_[i]) {
-    memo_[i] = OpMemoryOf(MakeCall(i, true));
-    has_memo_[i] = true;
+  const int slot = memo_slot_[i];
+  if (!slot_ready_[slot]) {
+    memo_[slot] = OpMemoryOf(MakeCall(i, true));
+    slot_ready_[slot] = true;
   }
-  return memo_[i];
+  has_memo_[i] = true;
+  return memo_[slot];
 }
 
 // Whether op i, run with grad, has autograd keep anything through save_for_backward (what a

@@ -200,13 +200,20 @@ void StepSimulator::RunForwardOp(int i, StorageTable& st, bool grad, Phase phase
   }
   const OpRule* rule = rules_[i];
   // In eval mode dropout returns its input: no output, no mask.
+  const int slot = memo_slot_[i];
+  const bool known = grad && slot_ready_[slot];
   OpMemory local;
-  if (training_ || !rule || !rule->identity_in_eval) local = OpMemoryOf(MakeCall(i, grad));
+  if (!known && (training_ || !rule || !rule->identity_in_eval)) {
+    local = OpMemoryOf(MakeCall(i, grad));
+  }
   if (grad) {  // backward asks the same rule the same question: keep the answer
-    memo_[i] = std::move(local);
+    if (!known) {
+      memo_[slot] = std::move(local);
+      slot_ready_[slot] = true;
+    }
     has_memo_[i] = true;
   }
-  const OpMemory& mem = grad ? memo_[i] : local;
+  const OpMemory& mem = grad ? memo_[slot] : local;
   const bool weight_cast = op.kind == "to"sv && HasAttr(op.attrs, "autocast_weight");
   LayerRow* row = mb_ == 0 && !recompute ? &LayerFor(i) : nullptr;
   for (size_t k = 0; k < op.outputs.size(); ++k) {

@@ -23,8 +23,15 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
   base_.resize(n);
   for (size_t t = 0; t < n; ++t) base_[t] = static_cast<int>(t);
   rules_.reserve(g.ops.size());
-  for (const Op& op : g.ops) {
-    const OpRule* rule = FindOpRule(op.kind);
+  memo_slot_.reserve(g.ops.size());
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    const Op& op = g.ops[i];
+    int slot = static_cast<int>(i);
+    if (i < g.copy_of.size() && g.copy_of[i] >= 0 && OpsAlikeToRules(g, slot, g.copy_of[i])) {
+      slot = g.copy_of[i];
+    }
+    memo_slot_.push_back(slot);
+    const OpRule* rule = slot == static_cast<int>(i) ? FindOpRule(op.kind) : rules_[slot];
     rules_.push_back(rule);
     const bool eval_identity = !training_ && rule && rule->identity_in_eval;
     for (int o : op.outputs) {
@@ -71,6 +78,7 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
   s_.events.reserve(g.ops.size() * 12 + g.tensors.size());
   s_.contexts.reserve(g.ops.size() * 2 + 8);
   has_memo_.assign(g.ops.size(), false);
+  slot_ready_.assign(g.ops.size(), false);
   hooks_ = MakeRankHooks(opt.rank, g, cfg);
   if (opt.tensor != nullptr) hooks_ = MakeTensorParallelHooks(*opt.tensor, g, cfg, std::move(hooks_));
 }

@@ -288,8 +288,14 @@ class StepSimulator : private RankMemory {
   // What the first forward of non-reentrant checkpointed regions kept as nodes' attributes,
   // released when the graph is (OpMemory::saved_until_graph_freed).
   std::vector<SavedByOp> graph_held_;
-  std::vector<OpMemory> memo_;  // each op's memory behaviour with grad enabled
+  // Each op's memory behaviour with grad enabled, computed once: in memo_[memo_slot_[i]], the
+  // slot of the op it is a copy of when the two are alike to the rules (Graph::copy_of), its
+  // own otherwise. has_memo_[i]: op i has asked (it ran with grad, or GradMemory); slot_ready_:
+  // the slot holds the answer.
+  std::vector<OpMemory> memo_;
+  std::vector<int> memo_slot_;
   std::vector<bool> has_memo_;
+  std::vector<bool> slot_ready_;
   std::unordered_map<std::string, size_t> layer_index_;  // scope -> its row in s_.layers
   Schedule s_;
   static constexpr int64_t kCpuRngStateBytes = 5056;  // torch.get_rng_state() on the CPU

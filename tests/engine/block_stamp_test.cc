@@ -7,9 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "engine/estimator.h"
 #include "engine/ir/graph.h"
 #include "engine/models/model.h"
 #include "engine/models/presets.h"
+#include "engine/rules/op_rules.h"
 #include "tests/engine/hf_json.h"
 
 namespace memest {
@@ -128,6 +130,69 @@ TEST(BlockStampTest, EveryTestConfigIsTheGraphBuiltBlockByBlock) {
     ++configs;
   }
   EXPECT_GE(configs, 39);
+}
+
+TEST(BlockStampTest, CopiesNameTheOpTheyWereCopiedFrom) {
+  ModelSpec model;
+  model.source = PresetSpec{"gpt2-small", {{"seq", 64}}};
+  BuildContext context;
+  context.autocast = DType::kBFloat16;
+  StatusOr<Graph> g = BuildGraph(model, context);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  ASSERT_EQ(g->copy_of.size(), g->ops.size());
+  int copies = 0;
+  for (size_t i = 0; i < g->ops.size(); ++i) {
+    const int from = g->copy_of[i];
+    if (from < 0) continue;
+    ++copies;
+    EXPECT_LT(from, static_cast<int>(i));
+    EXPECT_EQ(g->copy_of[from], -1);  // the op built, not a copy of it
+    EXPECT_TRUE(OpsAlikeToRules(*g, static_cast<int>(i), from)) << i;
+  }
+  // Blocks 0 and 1 are built; 2 to 11 are copies of block 1.
+  const int per_block = copies / 10;
+  EXPECT_EQ(copies, 10 * per_block);
+  EXPECT_GT(per_block, 20);
+  BuildContext built = context;
+  built.stamp_blocks = false;
+  EXPECT_TRUE(BuildGraph(model, built)->copy_of.empty());
+}
+
+// A pass may change a copy and not its original: the simulator then shares nothing between
+// them, and the estimate is the one of the graph without hints.
+TEST(BlockStampTest, AStaleCopyHintChangesNoAnswer) {
+  ModelSpec model;
+  model.source = PresetSpec{"gpt2-small", {{"seq", 64}}};
+  BuildContext context;
+  context.micro_batch = 4;
+  StatusOr<Graph> g = BuildGraph(model, context);
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  int changed = 0;
+  for (size_t i = 0; i < g->ops.size(); ++i) {
+    Op& op = g->ops[i];
+    if (g->copy_of[i] < 0 || op.kind != "dropout") continue;
+    op.attrs["p"] = 0.0;  // no mask kept
+    ++changed;
+  }
+  ASSERT_GT(changed, 0);
+  EXPECT_FALSE(OpsAlikeToRules(*g, static_cast<int>(g->ops.size()) - 1, 0));
+  Graph plain = *g;
+  plain.copy_of.clear();
+  RunConfig config;
+  config.batch_size = 4;
+  EstimateOptions quiet;
+  quiet.advice = false;
+  StatusOr<Report> hinted = EstimateGraph(*g, config, quiet);
+  StatusOr<Report> unhinted = EstimateGraph(plain, config, quiet);
+  ASSERT_TRUE(hinted.ok() && unhinted.ok());
+  EXPECT_EQ(hinted->peak.allocated_bytes, unhinted->peak.allocated_bytes);
+  EXPECT_EQ(hinted->peak_reserved_bytes, unhinted->peak_reserved_bytes);
+  EXPECT_EQ(hinted->saved_for_backward_bytes, unhinted->saved_for_backward_bytes);
+  // And the change is one the estimate sees: the unchanged graph keeps more.
+  StatusOr<Graph> original = BuildGraph(model, context);
+  StatusOr<Report> before = EstimateGraph(*original, config, quiet);
+  ASSERT_TRUE(before.ok());
+  EXPECT_GT(before->saved_for_backward_bytes, hinted->saved_for_backward_bytes);
 }
 
 // A block on [2, 8]: its own weight, linear, gelu (held until it ran; `inner` is set to it),
