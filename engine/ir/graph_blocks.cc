@@ -9,11 +9,11 @@ namespace memest {
 namespace {
 
 // Whether the ops of a block see `a` and `b` alike: shape rules read a tensor's shape, strides
-// and dtype, the builder its requires_grad (its outputs') and its storage (an in-place result
-// aliases its input's base, so both must be bases of their own).
+// and dtype, the builder its requires_grad (its outputs') and whether it is a view (a view or
+// in-place result of it aliases its storage's base).
 bool SameToOps(const Tensor& a, const Tensor& b) {
   return a.shape == b.shape && a.strides == b.strides && a.dtype == b.dtype && a.role == b.role &&
-         a.requires_grad == b.requires_grad && a.alias_of < 0 && b.alias_of < 0 &&
+         a.requires_grad == b.requires_grad && (a.alias_of < 0) == (b.alias_of < 0) &&
          a.batch_dim == b.batch_dim && a.kv_cache == b.kv_cache &&
          a.values_per_element == b.values_per_element;
 }
@@ -83,14 +83,19 @@ int GraphBuilder::StampBlock(const BlockMark& from, int input, int loop_start) {
     if (t == from.input) return input;
     return t < loop_start ? t : -1;
   };
+  // Views of the input alias its storage's base (the previous block's tensor), which only they
+  // reach.
+  const int from_base = graph_.tensors[from.input].alias_of;
+  const int base = graph_.tensors[input].alias_of;
+  auto map_base = [&](int t) { return t >= 0 && t == from_base ? base : map(t); };
   for (int k = from.first_op; k < from.end_op; ++k) {
     for (int t : graph_.ops[k].inputs) {
       if (map(t) < 0) return -1;
     }
   }
   for (int t = from.first_tensor; t < from.end_tensor; ++t) {
-    const int base = graph_.tensors[t].alias_of;
-    if (base >= 0 && map(base) < 0) return -1;
+    const int of = graph_.tensors[t].alias_of;
+    if (of >= 0 && map_base(of) < 0) return -1;
   }
   for (size_t k = from.first_held; k < from.end_held; ++k) {
     if (map(graph_.held[k].tensor) < 0 || graph_.held[k].until_op < from.first_op) return -1;
@@ -125,7 +130,7 @@ int GraphBuilder::StampBlock(const BlockMark& from, int input, int loop_start) {
     std::string name;
     if (Rescope(copy.name, from.scope, scope_, &name)) copy.name = std::move(name);
     if (copy.producer >= 0) copy.producer += op_shift;
-    if (copy.alias_of >= 0) copy.alias_of = map(copy.alias_of);
+    if (copy.alias_of >= 0) copy.alias_of = map_base(copy.alias_of);
     graph_.tensors.push_back(std::move(copy));
   }
   std::vector<int>& copy_of = graph_.copy_of;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "engine/models/encoders.h"
+#include "engine/models/repeat_blocks.h"
 
 namespace memest {
 namespace {
@@ -102,9 +103,7 @@ Status BuildBertModel(GraphBuilder& b, const BuildContext& ctx, const BertSpec& 
       m = b.Add1("add", {b.Add1("mul", {m}, {{"scalar", -1.0}})}, {{"scalar", 1.0}});  // 1.0 - m
       a.additive_mask = b.Add1("mul", {m}, {{"scalar", -3.4028234663852886e38}});
     }
-    for (int64_t i = 0; i < s.layers && b.ok(); ++i) {
-      ScopeGuard block(b, "encoder.layer." + Str(i));
-      b.MarkBlock();
+    auto layer = [&](int64_t, int h) {
       // Post-LN: LayerNorm(x + dropout(dense(attention(x)))), then the same around the FFN.
       const int attn = Attention(b, c, "attention", h, a);
       h = LayerNorm(b, c, "attention.output.LayerNorm", b.Add1("add", {attn, h}));
@@ -115,8 +114,9 @@ Status BuildBertModel(GraphBuilder& b, const BuildContext& ctx, const BertSpec& 
       }
       f = Linear(b, c, "output.dense", f, s.d_model);
       f = Dropout(b, c, f, s.hidden_dropout);
-      h = LayerNorm(b, c, "output.LayerNorm", b.Add1("add", {f, h}));
-    }
+      return LayerNorm(b, c, "output.LayerNorm", b.Add1("add", {f, h}));
+    };
+    h = RepeatBlocks(b, "encoder.layer.", s.layers, h, layer, AllAlike);
     b.HoldUntilLastOp(embedding_output);
   }
   // BERT's cls.predictions (transform: dense, act, LayerNorm; decoder) or RoBERTa's lm_head

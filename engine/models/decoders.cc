@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <map>
 #include <string>
 
 #include "engine/models/decoders_internal.h"
@@ -52,41 +51,6 @@ Status CheckHeadsDivide(const FieldOf& field, int64_t d_model, int64_t heads) {
   if (d_model % heads == 0) return Status::Ok();
   return FieldError(field, "heads", "must divide " + Name(field, "d_model") + " " +
                                         Str(d_model) + ", got " + Str(heads));
-}
-
-int RepeatBlocks(GraphBuilder& b, const std::string& prefix, int64_t layers, int h,
-                 const std::function<int(int64_t, int)>& block,
-                 const std::function<int64_t(int64_t)>& variant) {
-  const int loop_start = b.num_tensors();
-  struct Built {
-    int count = 0;                  // blocks of the variant so far
-    GraphBuilder::BlockMark last;  // the last one built
-  };
-  std::map<int64_t, Built> built;  // per variant
-  for (int64_t i = 0; i < layers; ++i) {
-    ScopeGuard scope(b, prefix + Str(i));
-    b.MarkBlock();
-    if (!variant || !b.stamping()) {
-      h = block(i, h);
-      continue;
-    }
-    Built& v = built[variant(i)];
-    if (v.count >= 2) {
-      const int out = b.StampBlock(v.last, h, loop_start);
-      if (!b.ok()) return -1;
-      if (out >= 0) {
-        h = out;
-        ++v.count;
-        continue;
-      }
-    }
-    GraphBuilder::BlockMark mark = b.BeginBlock(h);
-    h = block(i, h);
-    b.EndBlock(h, &mark);
-    v.last = std::move(mark);
-    ++v.count;
-  }
-  return h;
 }
 
 }  // namespace decoders_internal

@@ -1,5 +1,5 @@
 // Helpers the decoder files share (decoders.cc and the decoders beside it): the step's
-// mode, the KV cache's length, errors naming a spec field, the blocks' loop and the LM head.
+// mode, the KV cache's length, errors naming a spec field and the LM head.
 #ifndef MEMEST_ENGINE_MODELS_DECODERS_INTERNAL_H_
 #define MEMEST_ENGINE_MODELS_DECODERS_INTERNAL_H_
 
@@ -9,6 +9,7 @@
 
 #include "engine/models/decoders.h"
 #include "engine/models/layers.h"
+#include "engine/models/repeat_blocks.h"
 
 namespace memest {
 namespace decoders_internal {
@@ -54,20 +55,6 @@ void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerCont
 // Whole heads: the hidden size splits into `heads` of the same width.
 Status CheckHeadsDivide(const FieldOf& field, int64_t d_model, int64_t heads);
 
-// `layers` repeated blocks under "<prefix><i>", each marked a block (a checkpoint unit):
-// block(i, x) builds block i on the hidden state x. Returns the last block's output.
-//
-// With `variant`, the caller promises that what block(i, x) adds depends only on variant(i), on
-// x's shape, dtype and strides and on tensors made before the loop, and that it changes nothing
-// but the graph builder. A block is then stamped (GraphBuilder::StampBlock) from the last block
-// of its variant, once two of that variant were built (the first may make what the later ones
-// share, such as autocast's casts of a weight made before the loop), instead of built again;
-// the graph is the same. Without it every block is built.
-int RepeatBlocks(GraphBuilder& b, const std::string& prefix, int64_t layers, int h,
-                 const std::function<int(int64_t, int)>& block,
-                 const std::function<int64_t(int64_t)>& variant = nullptr);
-// The variant of blocks that are all alike.
-inline int64_t AllAlike(int64_t) { return 0; }
 
 }  // namespace decoders_internal
 }  // namespace memest

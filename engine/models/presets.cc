@@ -15,6 +15,7 @@
 #include "engine/models/encoders.h"
 #include "engine/models/layers.h"
 #include "engine/models/op_count.h"
+#include "engine/models/repeat_blocks.h"
 
 namespace memest {
 namespace {
@@ -121,9 +122,7 @@ Status BuildVit(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
     a.heads = heads;
     a.projection = AttentionProjection::kFusedLinear;
     a.scale = AttentionScale::kDivideScores;
-    for (int64_t i = 0; i < layers; ++i) {
-      ScopeGuard block(b, "layers.encoder_layer_" + Str(i));
-      b.MarkBlock();
+    auto layer = [&](int64_t, int x) {
       int h = LayerNorm(b, c, "ln_1", x);
       h = Attention(b, c, "self_attention", h, a);
       x = b.Add1("add", {h, x});
@@ -137,8 +136,9 @@ Status BuildVit(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
         }
         h = Linear(b, c, "3", h, d);
       }
-      x = b.Add1("add", {x, h});
-    }
+      return b.Add1("add", {x, h});
+    };
+    x = RepeatBlocks(b, "layers.encoder_layer_", layers, x, layer, AllAlike);
     x = LayerNorm(b, c, "ln", x);
   }
   // x[:, 0]: the class token.
@@ -297,13 +297,12 @@ Status BuildMlp(GraphBuilder& b, const BuildContext& ctx, const Values& v) {
   const int64_t input = v.at("input"), classes = v.at("classes");
   const LayerContext c = Layers(ctx);
   int x = b.Input("x", {ctx.micro_batch, input}, ctx.param_dtype, 0);
-  for (int64_t i = 0; i < layers; ++i) {
-    ScopeGuard block(b, "layers." + Str(i));
-    b.MarkBlock();
+  auto layer = [&](int64_t, int x) {
     x = Linear(b, c, "fc", x, width);
     ScopeGuard act(b, "act");
-    x = Activate(b, x, Activation::kRelu);
-  }
+    return Activate(b, x, Activation::kRelu);
+  };
+  x = RepeatBlocks(b, "layers.", layers, x, layer, AllAlike);
   int logits = Linear(b, c, "head", x, classes);
   if (Training(ctx)) CrossEntropyLoss(b, logits, /*upcast=*/false);
   return Status::Ok();

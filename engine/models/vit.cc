@@ -2,6 +2,7 @@
 #include <string>
 
 #include "engine/models/encoders.h"
+#include "engine/models/repeat_blocks.h"
 
 namespace memest {
 
@@ -71,9 +72,7 @@ Status BuildVitModel(GraphBuilder& b, const BuildContext& ctx, const VitSpec& s,
     a.resid_dropout = s.hidden_dropout;  // ViTSelfOutput's dropout
     a.hold_locals = true;                // ViTSelfAttention's locals, ViTLayer's argument
     a.hold_scores = true;
-    for (int64_t i = 0; i < s.layers && b.ok(); ++i) {
-      ScopeGuard block(b, "encoder.layer." + str(i));
-      b.MarkBlock();
+    auto layer = [&](int64_t, int x) {
       int h = LayerNorm(b, c, "layernorm_before", x);
       h = Attention(b, c, "attention", h, a);
       const int attention_output = h;  // ViTLayer.forward's local, until it returns
@@ -90,7 +89,9 @@ Status BuildVitModel(GraphBuilder& b, const BuildContext& ctx, const VitSpec& s,
       x = b.Add1("add", {h, x});
       b.HoldUntilLastOp(input);
       b.HoldUntilLastOp(attention_output);
-    }
+      return x;
+    };
+    x = RepeatBlocks(b, "encoder.layer.", s.layers, x, layer, AllAlike);
     x = LayerNorm(b, c, "layernorm", x);
     b.HoldUntilLastOp(embedding_output);
   }

@@ -98,37 +98,52 @@ std::vector<std::pair<std::string, BuildContext>> Contexts() {
   return out;
 }
 
-void ExpectStampedAsBuilt(const ModelSpec& model, const std::string& name) {
+// Returns how many of the contexts built the model (the others refused it alike).
+int ExpectStampedAsBuilt(const ModelSpec& model, const std::string& name) {
+  int built_ok = 0;
   for (const auto& [what, context] : Contexts()) {
     BuildContext built = context;
     built.stamp_blocks = false;
     const StatusOr<Graph> a = BuildGraph(model, context);
     const StatusOr<Graph> b = BuildGraph(model, built);
-    ASSERT_EQ(a.ok(), b.ok()) << name << ", " << what;
+    EXPECT_EQ(a.ok(), b.ok()) << name << ", " << what;
+    if (a.ok() != b.ok()) continue;
     if (!a.ok()) {
       EXPECT_EQ(a.status().message(), b.status().message()) << name << ", " << what;
       continue;
     }
     EXPECT_EQ(FirstDifference(*a, *b), "") << name << ", " << what;
+    ++built_ok;
   }
+  return built_ok;
 }
 
 TEST(BlockStampTest, EveryPresetIsTheGraphBuiltBlockByBlock) {
+  int built = 0;
   for (const PresetInfo& p : ListPresets()) {
+    PresetSpec spec{p.name, {}};
+    for (const PresetParam& param : p.params) {
+      if (param.name == "seq") spec.params["seq"] = 64;  // short, for a fast test
+    }
     ModelSpec model;
-    model.source = PresetSpec{p.name, {{"seq", 64}}};
-    ExpectStampedAsBuilt(model, p.name);
+    model.source = spec;
+    built += ExpectStampedAsBuilt(model, p.name);
   }
+  EXPECT_GE(built, 74);  // of 13 presets in 6 contexts
 }
 
 TEST(BlockStampTest, EveryTestConfigIsTheGraphBuiltBlockByBlock) {
   const std::filesystem::path dir = std::string(MEMEST_SOURCE_DIR) + "/tests/data/hf_configs";
-  int configs = 0;
+  int configs = 0, built = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() != ".json") continue;
-    ExpectStampedAsBuilt(HfModel(entry.path().stem().string(), 64), entry.path().stem());
+    const std::string name = entry.path().stem().string();
+    // A ViT's sequence is its patches: left to the config.
+    built +=
+        ExpectStampedAsBuilt(HfModel(name, name.find("vit") == std::string::npos ? 64 : 0), name);
     ++configs;
   }
+  EXPECT_GE(built, 211);  // of 39 configs in 6 contexts
   EXPECT_GE(configs, 39);
 }
 
