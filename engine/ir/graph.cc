@@ -163,14 +163,14 @@ Status GraphBuilder::TooLarge(const Shape& shape, DType dtype, const std::string
       }
     }
   }
-  return InvalidArgument((context_.empty() ? std::string("model") : context_) + ": " + size);
+  return InvalidArgument(ContextOr("model") + ": " + size);
 }
 
 int GraphBuilder::AddLeaf(std::string name, Shape shape, DType dtype, TensorRole role,
                           bool requires_grad, int batch_dim) {
   if (!ok()) return -1;
   // Where errors point: built only for an error (a model has a leaf per weight).
-  auto field = [&] { return context_.empty() ? Escape(name) : context_; };
+  auto field = [&] { return HasContext() ? ContextOr("") : Escape(name); };
   StatusOr<int64_t> bytes = CheckedBytes(shape, dtype, "");
   if (!bytes.ok()) {
     const std::string what = std::string("the ") + TensorRoleName(role) + " " + Quote(name);
@@ -236,7 +236,7 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
                                    std::vector<std::string> output_names) {
   if (!ok()) return {};
   if (static_cast<int64_t>(graph_.ops.size()) >= max_ops_) {
-    const std::string where = !context_.empty() ? context_ : !scope_.empty() ? scope_ : "";
+    const std::string where = ContextOr(scope_);
     Fail(ResourceExhausted("model: expands to more than the limit of " + std::to_string(max_ops_) +
                            " ops" + (where.empty() ? std::string() : " (at " + where + ")")));
     return {};
@@ -251,7 +251,7 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   if (graph_.autocast != DType::kFloat32 && !in_autocast_) {
     for (int id : inputs) {
       if (id < 0 || id >= static_cast<int>(graph_.tensors.size())) {
-        Fail(InvalidArgument((context_.empty() ? std::string(kind) : context_) +
+        Fail(InvalidArgument(ContextOr(kind) +
                              ".inputs: no such tensor"));
         return {};
       }
@@ -262,11 +262,12 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
     if (!ok()) return {};
   }
   // Errors point at the context a front end set ("model.ops[3]"); builder code without one
-  // (presets) gets the op kind, and the scope is added only if an error happens.
-  const std::string field = context_.empty() ? std::string(kind) : context_;
+  // (presets) gets the op kind, and the scope is added only if an error happens. The field is
+  // made only for an error: the rule is asked again with it (rules are pure, and read the field
+  // for their messages only).
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i] < 0 || inputs[i] >= static_cast<int>(graph_.tensors.size())) {
-      Fail(InvalidArgument(field + ".inputs[" + std::to_string(i) + "]: no such tensor"));
+      Fail(InvalidArgument(ContextOr(kind) + ".inputs[" + std::to_string(i) + "]: no such tensor"));
       return {};
     }
   }
@@ -275,14 +276,16 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   op.inputs = std::move(inputs);
   op.attrs = std::move(attrs);
   op.scope = scope_;
-  OpCall call{op, {}, {}, field};
+  OpCall call{op, {}, {}, ""};
   call.runtime = graph_.runtime;
   call.inputs.reserve(op.inputs.size());
   for (int id : op.inputs) call.inputs.push_back(&graph_.tensors[id]);
   StatusOr<std::vector<OutputSpec>> specs = InferOutputs(call);
   if (!specs.ok()) {
-    Fail(context_.empty() && !scope_.empty() ? specs.status().Prefixed(Escape(scope_) + ": ")
-                                             : specs.status());
+    call.field = ContextOr(kind);
+    specs = InferOutputs(call);
+    Fail(!HasContext() && !scope_.empty() ? specs.status().Prefixed(Escape(scope_) + ": ")
+                                          : specs.status());
     return {};
   }
   // Every output must count its bytes in 64 bits; a size too large is blamed on the field it
@@ -290,7 +293,7 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   for (size_t i = 0; i < specs->size(); ++i) {
     const OutputSpec& s = (*specs)[i];
     if (CheckedBytes(s.shape, s.dtype, "").ok()) continue;  // the field is named on error only
-    const std::string output = field + ".outputs[" + std::to_string(i) + "]";
+    const std::string output = ContextOr(kind) + ".outputs[" + std::to_string(i) + "]";
     const std::string in_scope = scope_.empty() ? "" : " in " + Quote(scope_);
     Fail(NotASize(s.shape) ? CheckedBytes(s.shape, s.dtype, output).status()
                                  : TooLarge(s.shape, s.dtype, "the output of " + op.kind + in_scope));
@@ -363,12 +366,12 @@ void GraphBuilder::BeginLoss() { graph_.loss_begin = static_cast<int>(graph_.ops
 void GraphBuilder::SetLoss(int tensor) {
   if (!ok()) return;
   if (tensor < 0 || tensor >= static_cast<int>(graph_.tensors.size())) {
-    Fail(InvalidArgument((context_.empty() ? std::string("model") : context_) +
+    Fail(InvalidArgument(ContextOr("model") +
                          ".loss: no such tensor"));
     return;
   }
   if (Numel(graph_.tensors[tensor].shape) != 1) {
-    Fail(InvalidArgument((context_.empty() ? std::string("model") : context_) +
+    Fail(InvalidArgument(ContextOr("model") +
                          ".loss: must be a scalar, got shape " +
                          ShapeToString(graph_.tensors[tensor].shape)));
     return;

@@ -12,6 +12,7 @@
 #define MEMEST_ENGINE_IR_GRAPH_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -234,7 +235,15 @@ class GraphBuilder {
   bool stamping() const { return stamping_; }
   int num_tensors() const { return static_cast<int>(graph_.tensors.size()); }
 
-  void SetErrorContext(std::string context) { context_ = std::move(context); }
+  void SetErrorContext(std::string context) {
+    context_ = std::move(context);
+    context_fn_ = nullptr;
+  }
+  // The same, made only when an error names it (a pass that sets one for each op it replays).
+  void SetLazyErrorContext(std::function<std::string()> context) {
+    context_.clear();
+    context_fn_ = std::move(context);
+  }
   // Refuses (RESOURCE_EXHAUSTED) to add an op past `max_ops`, so that no request builds more
   // than its limit before it is refused.
   void SetMaxOps(int64_t max_ops) { max_ops_ = max_ops; }
@@ -274,6 +283,12 @@ class GraphBuilder {
   std::string scope_;
   std::vector<size_t> scope_marks_;
   std::string context_;
+  std::function<std::string()> context_fn_;  // a lazy context_ (SetLazyErrorContext)
+  bool HasContext() const { return context_fn_ != nullptr || !context_.empty(); }
+  // The error context, or `fallback` when none is set.
+  std::string ContextOr(std::string_view fallback) const {
+    return context_fn_ ? context_fn_() : context_.empty() ? std::string(fallback) : context_;
+  }
   int64_t max_ops_ = 1'000'000;
   Budget* budget_ = nullptr;
   bool stamping_ = true;

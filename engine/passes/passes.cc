@@ -129,7 +129,7 @@ void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& in
     // memest.trace records 1.13's TransformerEncoderLayer / MultiheadAttention inference fast
     // path (bmm_into, an in-place softmax); PyTorch takes their Python path under autocast.
     b.Fail(InvalidArgument(
-        (b.context_.empty() ? std::string(kind) : b.context_) + ": " + std::string(kind) +
+        b.ContextOr(kind) + ": " + std::string(kind) +
         (in_place_softmax ? " in place" : "") + " is the inference fast path of "
         "nn.TransformerEncoderLayer or nn.MultiheadAttention, which PyTorch does not take "
         "under autocast (config.precision); estimate this graph without autocast (float32 or "

@@ -190,13 +190,17 @@ void SequenceStart(const Graph& g, std::vector<Split>* split, int* scatter, int*
     }
     // An interleaved stage's later model chunks receive their hidden state too (an input that
     // needs a gradient and that a block reads first): the sequence is split there as well.
+    auto in_block = [&g](const Op& op) {
+      for (const std::string& b : g.blocks) {
+        if (ScopeWithin(op.scope, b)) return true;
+      }
+      return false;
+    };
     for (const Op& op : g.ops) {
-      bool in_block = false;
-      for (const std::string& b : g.blocks) in_block |= ScopeWithin(op.scope, b);
       for (int t : op.inputs) {
         const Tensor& x = g.tensors[t];
-        if (!in_block || x.role != TensorRole::kInput || !x.requires_grad ||
-            !IsFloating(x.dtype) || x.shape.size() < 2 || !(*split)[t].none()) {
+        if (x.role != TensorRole::kInput || !x.requires_grad || !IsFloating(x.dtype) ||
+            x.shape.size() < 2 || !(*split)[t].none() || !in_block(op)) {
           continue;
         }
         (*split)[t] = Split{x.shape.size() >= 3 ? SequenceDimOf(g, t, 1) : 0, true};

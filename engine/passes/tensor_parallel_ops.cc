@@ -10,13 +10,13 @@ namespace memest {
 namespace tensor_parallel {
 
 bool IsElementwise(std::string_view k) {
-  static const char* const kKinds[] = {
+  static constexpr std::string_view kKinds[] = {
       "add", "sub", "mul", "div", "add_", "mul_", "masked_fill", "where", "maximum", "minimum",
       "relu", "silu", "hardswish", "hardsigmoid", "sigmoid", "tanh", "hardtanh", "gelu", "exp",
       "rsqrt", "sqrt", "neg", "log1p", "log2", "floor", "pow", "dropout", "to", "contiguous",
       "clone", "fill_", "clamp", "copy_", "eq", "ne", "lt", "le", "gt", "ge", "bitwise_and",
       "bitwise_or", "stochastic_depth"};
-  for (const char* kind : kKinds) {
+  for (std::string_view kind : kKinds) {
     if (k == kind) return true;
   }
   return false;
@@ -81,7 +81,7 @@ Status Sharder::Refuse(int i, const std::string& why) const {
 int Sharder::SequenceDimOf(int rank) const { return rank >= 3 ? sequence_dim_ : 0; }
 
 bool Sharder::Emit(int i, GraphBuilder& b, std::vector<int>& map) {
-  b.SetErrorContext(Where(i));
+  b.SetLazyErrorContext([this, i] { return Where(i); });
   if (dtensor_) ReleaseModuleHolds(i, b);
   Status s = EmitOp(i, b, map);
   if (!s.ok()) b.Fail(s);
