@@ -3,7 +3,9 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 
 #include "engine/ir/text.h"
@@ -18,15 +20,17 @@ using NameSet = std::set<std::string, std::less<>>;
 // Every module name of `g` in forward order: each op's scope and the scopes around it.
 std::vector<std::string> ModuleNames(const Graph& g) {
   std::vector<std::string> names;
-  NameSet seen;
+  std::unordered_set<std::string_view> seen;  // views of g's scopes
+  const std::string* last = nullptr;          // the scope of the op before (ops run in runs)
   for (const Op& op : g.ops) {
-    if (op.scope.empty() || seen.count(op.scope) > 0) continue;
+    if (op.scope.empty() || (last != nullptr && *last == op.scope)) continue;
+    last = &op.scope;
+    if (!seen.insert(op.scope).second) continue;
     for (size_t dot = op.scope.find('.'); dot != std::string::npos;
          dot = op.scope.find('.', dot + 1)) {
-      std::string outer = op.scope.substr(0, dot);
-      if (seen.insert(outer).second) names.push_back(std::move(outer));
+      const std::string_view outer(op.scope.data(), dot);
+      if (seen.insert(outer).second) names.emplace_back(outer);
     }
-    seen.insert(op.scope);
     names.push_back(op.scope);
   }
   return names;
