@@ -16,6 +16,7 @@ readonly PACKAGES=(
   ninja-build
   pkg-config
   libgrpc++-dev
+  libabsl-dev
   libssl-dev
   prometheus-cpp-dev
   protobuf-compiler-grpc

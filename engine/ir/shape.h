@@ -16,13 +16,24 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
+
 #include "engine/ir/dtype.h"
 #include "engine/ir/status.h"
 
 namespace memest {
 
-using Shape = std::vector<int64_t>;
-using Strides = std::vector<int64_t>;
+// Sizes or strides, held inline up to five dims (no heap allocation for the tensors of almost
+// every model), and converted to and from the integer lists attributes hold.
+class Shape : public absl::InlinedVector<int64_t, 5> {
+ public:
+  using Base = absl::InlinedVector<int64_t, 5>;
+  using Base::Base;
+  Shape() = default;
+  Shape(const std::vector<int64_t>& v) : Base(v.begin(), v.end()) {}  // NOLINT: implicit
+  operator std::vector<int64_t>() const { return {begin(), end()}; }  // NOLINT: implicit
+};
+using Strides = Shape;
 
 // The largest byte count memest represents: 2^62. Anything larger is refused as an overflow.
 inline constexpr int64_t kMaxBytes = int64_t{1} << 62;

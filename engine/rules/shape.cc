@@ -91,7 +91,7 @@ StatusOr<Shape> ResolveShape(const OpCall& c, const char* attr) {
                            std::to_string(known) + " elements, the input " +
                            ShapeToString(c.in(0).shape) + " has " + std::to_string(numel));
   }
-  return shape;
+  return Shape(shape);
 }
 
 StatusOr<std::vector<OutputSpec>> ReshapeTo(const OpCall& c, Shape shape, bool may_copy) {
