@@ -19,6 +19,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "engine/ir/budget.h"
 #include "engine/ir/config.h"
 #include "engine/ir/dtype.h"
@@ -54,6 +55,9 @@ struct Tensor {
   // (bitsandbytes' Params4bit), counted so in Graph::ParameterCount.
   uint8_t values_per_element = 1;
 };
+
+// Tensors an op reads or writes, held inline up to six (no heap allocation for almost every op).
+using TensorPtrs = absl::InlinedVector<const Tensor*, 6>;
 
 // A tensor the model's Python code keeps referenced past its last use in the graph (a local
 // variable that lives until its function returns): PyTorch frees a storage when its last

@@ -178,7 +178,7 @@ class CpuRecurrent {
 
 }  // namespace
 
-StatusOr<RecurrentShape> ReadRecurrent(const Op& op, const std::vector<const Tensor*>& in,
+StatusOr<RecurrentShape> ReadRecurrent(const Op& op, const TensorPtrs& in,
                                        const std::string& field) {
   RecurrentShape s;
   s.lstm = op.kind == "lstm";
@@ -255,7 +255,7 @@ StatusOr<Graph> ExpandRecurrentForCpu(const Graph& g) {
   StatusOr<Graph> out = ReplayGraph(g, [&g](int i, GraphBuilder& b, std::vector<int>& map) {
     const Op& op = g.ops[i];
     if (op.kind != "lstm" && op.kind != "gru") return false;
-    std::vector<const Tensor*> in;
+    TensorPtrs in;
     std::vector<int> ins;
     for (int t : op.inputs) {
       in.push_back(&g.tensors[t]);

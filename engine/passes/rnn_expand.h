@@ -40,7 +40,7 @@ struct RecurrentShape {
 
 // Validates op (kind lstm or gru) and its inputs; errors name "<field>.inputs[i]" or
 // "<field>.attrs.<name>".
-StatusOr<RecurrentShape> ReadRecurrent(const Op& op, const std::vector<const Tensor*>& inputs,
+StatusOr<RecurrentShape> ReadRecurrent(const Op& op, const TensorPtrs& inputs,
                                        const std::string& field);
 
 // True if `g` has an lstm or gru op.

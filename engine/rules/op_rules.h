@@ -132,8 +132,8 @@ struct OpRule;
 // One call of an op, as its rule sees it. During inference of outputs, `outputs` is empty.
 struct OpCall {
   const Op& op;
-  std::vector<const Tensor*> inputs;
-  std::vector<const Tensor*> outputs;
+  TensorPtrs inputs;
+  TensorPtrs outputs;
   std::string field;  // where errors point, e.g. "model.ops[3]"
   bool grad_enabled = true;  // false under no_grad: inference, a checkpoint's first pass
   Runtime runtime = Runtime::kCuda;  // the few rules that differ on PyTorch 1.13's CPU path

@@ -258,8 +258,7 @@ void StepSimulator::RunBackwardOp(int i, bool recompute) {
     int input = 0;  // the op's input index
     bool view = false;
   };
-  std::vector<Flow> flows;
-  flows.reserve(op.inputs.size());
+  absl::InlinedVector<Flow, 4> flows;
   // View-like backwards hand each input a new view; the others the incoming tensor itself.
   const bool new_handles = rules_[i] != nullptr && rules_[i]->backward_makes_views;
   int passed = 0;
