@@ -116,6 +116,17 @@ StatusOr<Graph> ReplayGraph(const Graph& g, const OpEmitter& emit, std::optional
   for (int t : g.cache) {
     if (map[t] >= 0) out.cache.push_back(map[t]);
   }
+  // The ops that replaced a copy and those that replaced its original, pairwise where there are
+  // as many: candidates the step simulator checks before it shares their rules' answers.
+  if (!g.copy_of.empty()) {
+    out.copy_of.assign(out.ops.size(), -1);
+    for (size_t i = 0; i < g.copy_of.size(); ++i) {
+      const int j = g.copy_of[i];
+      const int n = last_op[i] - first_op[i];
+      if (j < 0 || n < 0 || n != last_op[j] - first_op[j]) continue;
+      for (int k = 0; k <= n; ++k) out.copy_of[first_op[i] + k] = first_op[j] + k;
+    }
+  }
   if (replay != nullptr) *replay = ReplayMap{std::move(map), std::move(first_op), std::move(last_op)};
   return out;
 }

@@ -11,6 +11,7 @@
 #include "engine/ir/graph.h"
 #include "engine/models/model.h"
 #include "engine/models/presets.h"
+#include "engine/passes/passes.h"
 #include "engine/rules/op_rules.h"
 #include "tests/engine/hf_json.h"
 
@@ -171,6 +172,26 @@ TEST(BlockStampTest, CopiesNameTheOpTheyWereCopiedFrom) {
   BuildContext built = context;
   built.stamp_blocks = false;
   EXPECT_TRUE(BuildGraph(model, built)->copy_of.empty());
+}
+
+// A pass that replays the graph keeps the hints, for the ops that replaced a copy and its
+// original: under autocast each op of a block becomes its casts and itself, alike block to block.
+TEST(BlockStampTest, AReplayedGraphKeepsItsCopyHints) {
+  ModelSpec model;
+  model.source = PresetSpec{"gpt2-small", {{"seq", 64}}};
+  StatusOr<Graph> g = BuildGraph(model, BuildContext{});
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  StatusOr<Graph> amp = ApplyAutocast(*g, DType::kBFloat16);
+  ASSERT_TRUE(amp.ok()) << amp.status().message();
+  ASSERT_EQ(amp->copy_of.size(), amp->ops.size());
+  int hints = 0, before = 0;
+  for (int from : g->copy_of) before += from >= 0;
+  for (size_t i = 0; i < amp->ops.size(); ++i) {
+    if (amp->copy_of[i] < 0) continue;
+    ++hints;
+    EXPECT_TRUE(OpsAlikeToRules(*amp, static_cast<int>(i), amp->copy_of[i])) << i;
+  }
+  EXPECT_GT(hints, before);  // the casts of the copies' weights too
 }
 
 // A pass may change a copy and not its original: the simulator then shares nothing between
