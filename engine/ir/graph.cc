@@ -170,7 +170,7 @@ int GraphBuilder::AddLeaf(std::string name, Shape shape, DType dtype, TensorRole
                           bool requires_grad, int batch_dim) {
   if (!ok()) return -1;
   // Where errors point: built only for an error (a model has a leaf per weight).
-  auto field = [&] { return HasContext() ? ContextOr("") : Escape(name); };
+  auto field = [&] { return ContextOr(Escape(name)); };
   StatusOr<int64_t> bytes = CheckedBytes(shape, dtype, "");
   if (!bytes.ok()) {
     const std::string what = std::string("the ") + TensorRoleName(role) + " " + Quote(name);
@@ -251,8 +251,7 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   if (graph_.autocast != DType::kFloat32 && !in_autocast_) {
     for (int id : inputs) {
       if (id < 0 || id >= static_cast<int>(graph_.tensors.size())) {
-        Fail(InvalidArgument(ContextOr(kind) +
-                             ".inputs: no such tensor"));
+        Fail(InvalidArgument(ContextOr(kind) + ".inputs: no such tensor"));
         return {};
       }
     }
@@ -284,8 +283,8 @@ std::vector<int> GraphBuilder::Add(std::string_view kind, std::vector<int> input
   if (!specs.ok()) {
     call.field = ContextOr(kind);
     specs = InferOutputs(call);
-    Fail(!HasContext() && !scope_.empty() ? specs.status().Prefixed(Escape(scope_) + ": ")
-                                          : specs.status());
+    Fail(Context().empty() && !scope_.empty() ? specs.status().Prefixed(Escape(scope_) + ": ")
+                                              : specs.status());
     return {};
   }
   // Every output must count its bytes in 64 bits; a size too large is blamed on the field it
@@ -366,13 +365,11 @@ void GraphBuilder::BeginLoss() { graph_.loss_begin = static_cast<int>(graph_.ops
 void GraphBuilder::SetLoss(int tensor) {
   if (!ok()) return;
   if (tensor < 0 || tensor >= static_cast<int>(graph_.tensors.size())) {
-    Fail(InvalidArgument(ContextOr("model") +
-                         ".loss: no such tensor"));
+    Fail(InvalidArgument(ContextOr("model") + ".loss: no such tensor"));
     return;
   }
   if (Numel(graph_.tensors[tensor].shape) != 1) {
-    Fail(InvalidArgument(ContextOr("model") +
-                         ".loss: must be a scalar, got shape " +
+    Fail(InvalidArgument(ContextOr("model") + ".loss: must be a scalar, got shape " +
                          ShapeToString(graph_.tensors[tensor].shape)));
     return;
   }

@@ -288,10 +288,12 @@ class GraphBuilder {
   std::vector<size_t> scope_marks_;
   std::string context_;
   std::function<std::string()> context_fn_;  // a lazy context_ (SetLazyErrorContext)
-  bool HasContext() const { return context_fn_ != nullptr || !context_.empty(); }
-  // The error context, or `fallback` when none is set.
+  // The error context ("" for none; a lazy one is made here, for an error only).
+  std::string Context() const { return context_fn_ ? context_fn_() : context_; }
+  // The error context, or `fallback` when it is empty.
   std::string ContextOr(std::string_view fallback) const {
-    return context_fn_ ? context_fn_() : context_.empty() ? std::string(fallback) : context_;
+    std::string context = Context();
+    return context.empty() ? std::string(fallback) : context;
   }
   int64_t max_ops_ = 1'000'000;
   Budget* budget_ = nullptr;

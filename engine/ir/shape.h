@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
-
 #include "engine/ir/dtype.h"
 #include "engine/ir/status.h"
 

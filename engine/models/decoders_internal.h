@@ -55,7 +55,6 @@ void LanguageModelHead(GraphBuilder& b, const BuildContext& ctx, const LayerCont
 // Whole heads: the hidden size splits into `heads` of the same width.
 Status CheckHeadsDivide(const FieldOf& field, int64_t d_model, int64_t heads);
 
-
 }  // namespace decoders_internal
 }  // namespace memest
 

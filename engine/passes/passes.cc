@@ -140,8 +140,8 @@ void AutocastInputs(GraphBuilder& b, std::string_view kind, std::vector<int>& in
     // memest.trace records 1.13's TransformerEncoderLayer / MultiheadAttention inference fast
     // path (bmm_into, an in-place softmax); PyTorch takes their Python path under autocast.
     b.Fail(InvalidArgument(
-        b.ContextOr(kind) + ": " + std::string(kind) +
-        (in_place_softmax ? " in place" : "") + " is the inference fast path of "
+        b.ContextOr(kind) + ": " + std::string(kind) + (in_place_softmax ? " in place" : "") +
+        " is the inference fast path of "
         "nn.TransformerEncoderLayer or nn.MultiheadAttention, which PyTorch does not take "
         "under autocast (config.precision); estimate this graph without autocast (float32 or "
         "a -pure precision)"));

@@ -41,6 +41,13 @@ TEST(GraphBuilderTest, WithoutAContextAnErrorNamesTheKindAndScope) {
   EXPECT_EQ(b.Add1("softmax", {x}, {{"dim", int64_t{5}}}), -1);
   EXPECT_EQ(b.status().message().rfind("h.3.attn: softmax.attrs.dim: ", 0), 0)
       << b.status().message();
+  // A lazy context that makes "" is no context, as an empty one is not.
+  GraphBuilder d;
+  const int z = d.Input("x", {2, 8}, DType::kFloat32);
+  ScopeGuard t(d, "h.3.attn");
+  d.SetLazyErrorContext([] { return std::string(); });
+  EXPECT_EQ(d.Add1("softmax", {z}, {{"dim", int64_t{5}}}), -1);
+  EXPECT_EQ(d.status().message(), b.status().message());
   // A lazy context that was cleared is no context.
   GraphBuilder c;
   const int y = c.Input("x", {2, 8}, DType::kFloat32);
