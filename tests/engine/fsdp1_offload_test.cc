@@ -60,7 +60,8 @@ TEST(Fsdp1OffloadTest, ModelStatesLiveInPinnedHostMemory) {
 
 // Forward gathers the root and one block as without offload, but no shard stays on the GPU.
 TEST(Fsdp1OffloadTest, OnlyTheGatheredUnitsAreOnTheGpu) {
-  const PeakPoint& fwd = PhasePeak(WalkRank(FsdpStack(), Offloaded()), Phase::kForward);
+  const Liveness l = WalkRank(FsdpStack(), Offloaded());
+  const PeakPoint& fwd = PhasePeak(l, Phase::kForward);
   EXPECT_EQ(Cat(fwd, Category::kParameters), 4 * kRootShard * 4 + 4 * kBlockShard * 4);
 }
 

@@ -55,7 +55,8 @@ TEST(Fsdp2OffloadTest, ModelStatesLiveInPinnedHostMemory) {
 // block's output (kept until this block's copy-out) and the root's gathered parameters.
 TEST(Fsdp2OffloadTest, EachAllGatherCopiesItsShardsToTheGpuFirst) {
   const Graph g = enginetest::FsdpStack();
-  const PeakPoint& fwd = PhasePeak(WalkRank(g, Offloaded()), Phase::kForward);
+  const Liveness l = WalkRank(g, Offloaded());
+  const PeakPoint& fwd = PhasePeak(l, Phase::kForward);
   EXPECT_EQ(Cat(fwd, Category::kParameters), kRootGathered * 4);
   EXPECT_EQ(Cat(fwd, Category::kCommunication), (2 * kBlockGathered + kBlockShard) * 4);
 }
@@ -67,7 +68,8 @@ TEST(Fsdp2OffloadTest, MixedPrecisionCastsEachShardAfterItsCopy) {
   RunConfig c = Offloaded();
   c.precision = Precision::kBf16Pure;
   c.parallelism.fsdp_mixed_precision = true;
-  const PeakPoint& fwd = PhasePeak(WalkRank(g, c), Phase::kForward);
+  const Liveness l = WalkRank(g, c);
+  const PeakPoint& fwd = PhasePeak(l, Phase::kForward);
   EXPECT_EQ(Cat(fwd, Category::kParameters), kRootGathered * 2);
   EXPECT_EQ(Cat(fwd, Category::kCommunication), (2 * kBlockGathered + kBlockShard) * 2);
 }
