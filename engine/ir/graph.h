@@ -201,7 +201,7 @@ class GraphBuilder {
   void BeginLoss();
   void SetLoss(int tensor);
 
-  // Repeated blocks (RepeatBlocks, engine/models/decoders_internal.h). A block's ops that depend
+  // Repeated blocks (RepeatBlocks, engine/models/repeat_blocks.h). A block's ops that depend
   // only on its input's shape, dtype and strides and on tensors made before the loop need not be
   // built again: BeginBlock and EndBlock record what one block added, and StampBlock adds a copy
   // of it under the current scope on another input, as building it would (its ops' scopes and
