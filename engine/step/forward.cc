@@ -199,21 +199,13 @@ void StepSimulator::RunForwardOp(int i, StorageTable& st, bool grad, Phase phase
     AllocWorkspace();
   }
   const OpRule* rule = rules_[i];
-  // In eval mode dropout returns its input: no output, no mask.
-  const int slot = memo_slot_[i];
-  const bool known = grad && slot_ready_[slot];
+  // With grad, backward asks the rule the same question: GradMemory keeps the answer. In eval
+  // mode dropout returns its input: no output, no mask.
   OpMemory local;
-  if (!known && (training_ || !rule || !rule->identity_in_eval)) {
-    local = OpMemoryOf(MakeCall(i, grad));
+  if (!grad && (training_ || !rule || !rule->identity_in_eval)) {
+    local = OpMemoryOf(MakeCall(i, false));
   }
-  if (grad) {  // backward asks the same rule the same question: keep the answer
-    if (!known) {
-      memo_[slot] = std::move(local);
-      slot_ready_[slot] = true;
-    }
-    has_memo_[i] = true;
-  }
-  const OpMemory& mem = grad ? memo_[slot] : local;
+  const OpMemory& mem = grad ? GradMemory(i) : local;
   const bool weight_cast = op.kind == "to"sv && HasAttr(op.attrs, "autocast_weight");
   LayerRow* row = mb_ == 0 && !recompute ? &LayerFor(i) : nullptr;
   for (size_t k = 0; k < op.outputs.size(); ++k) {
