@@ -48,15 +48,23 @@ void CachingAllocatorModel::DeleteBlock(int id) { free_ids_.push_back(id); }
 void CachingAllocatorModel::InsertFree(int id) {
   Block& b = blocks_[id];
   // An entry already there (not inserted again) is this block's own: its id is in the key.
-  b.free_at =
-      free_[b.small].emplace(b.stream, b.size, segment_address_[b.segment], b.offset, id).first;
+  const FreeSet::value_type key(b.stream, b.size, segment_address_[b.segment], b.offset, id);
+  if (spare_free_.empty()) {
+    b.free_at = free_[b.small].insert(key).first;
+  } else {
+    // A node EraseFree kept: no allocation (a step frees and reuses blocks all the time).
+    FreeSet::node_type node = std::move(spare_free_.back());
+    spare_free_.pop_back();
+    node.value() = key;
+    b.free_at = free_[b.small].insert(std::move(node)).position;
+  }
   b.in_free = true;
 }
 
 void CachingAllocatorModel::EraseFree(int id) {
   Block& b = blocks_[id];
   if (!b.in_free) return;
-  free_[b.small].erase(b.free_at);
+  spare_free_.push_back(free_[b.small].extract(b.free_at));
   b.free_at = FreeSet::iterator();
   b.in_free = false;
 }

@@ -148,6 +148,7 @@ class CachingAllocatorModel {
   std::vector<Block> blocks_;
   std::vector<int> free_ids_;
   FreeSet free_[2];  // [small]
+  std::vector<FreeSet::node_type> spare_free_;  // nodes taken out of free_, for reuse
   UnmappedSet unmapped_[2];
   std::vector<int64_t> segment_bytes_;    // in the order reserved
   std::vector<int64_t> segment_address_;  // given, or the segment's index

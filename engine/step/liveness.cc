@@ -110,23 +110,27 @@ class Walker {
     return key;
   }
 
-  void Point(PeakPoint* p) const {
+  // Records the moment in `p`; its op's kind and scope are named once the walk ends (Finish),
+  // from the context kept in `op_of`: a forward sets a new peak at nearly every allocation.
+  void Point(PeakPoint* p, int* op_of) const {
     const StepContext* c = context_ >= 0 ? &s_.contexts[context_] : nullptr;
     p->phase = c ? c->phase : Phase::kData;
     p->allocated_bytes = allocator_.allocated();
     p->by_category = live_bytes_;
     p->micro_batch = c ? c->micro_batch + mb_shift_ : 0;
     p->recompute = c && c->recompute;
-    if (c && c->op >= 0) {
-      p->op = g_.ops[c->op].kind;
-      p->scope = g_.ops[c->op].scope;
-    } else {
-      p->op.clear();
-      p->scope.clear();
+    *op_of = c ? c->op : -1;
+  }
+
+  static void NameOp(PeakPoint* p, int op, const Graph& g) {
+    if (op >= 0) {
+      p->op = g.ops[op].kind;
+      p->scope = g.ops[op].scope;
     }
   }
 
-  PeakPoint& PhaseEntry() {
+  // The index in out_.phases of the phase the walk is in, made on its first event.
+  size_t PhaseEntry() {
     const Phase ph = context_ >= 0 ? s_.contexts[context_].phase : Phase::kData;
     int& slot = phase_slot_[static_cast<int>(ph)];
     if (slot < 0) {
@@ -134,8 +138,9 @@ class Walker {
       out_.phases.emplace_back();
       out_.phases.back().phase = ph;
       out_.phases.back().allocated_bytes = -1;
+      phase_op_.push_back(-1);
     }
-    return out_.phases[slot];
+    return static_cast<size_t>(slot);
   }
 
   Status Walk(int first, int last, int64_t copy) {
@@ -147,8 +152,9 @@ class Walker {
           MEMEST_RETURN_IF_ERROR(budget_->Check());  // a long walk stops for a gone caller
         }
         // A phase that ran appears even if it only frees: its peak is at least its start.
-        PeakPoint& ph = PhaseEntry();
-        if (allocator_.allocated() > ph.allocated_bytes) Point(&ph);
+        const size_t slot = PhaseEntry();
+        PeakPoint& ph = out_.phases[slot];
+        if (allocator_.allocated() > ph.allocated_bytes) Point(&ph, &phase_op_[slot]);
         if (allocator_.reserved() > ph.reserved_bytes) ph.reserved_bytes = allocator_.reserved();
         continue;
       }
@@ -172,11 +178,12 @@ class Walker {
             live_.push_back(id);
           }
           if (allocator_.allocated() > out_.peak.allocated_bytes) {
-            Point(&out_.peak);
+            Point(&out_.peak, &peak_op_);
             out_.reserved_at_peak = allocator_.reserved();
           }
-          PeakPoint& ph = PhaseEntry();
-          if (allocator_.allocated() > ph.allocated_bytes) Point(&ph);
+          const size_t slot = PhaseEntry();
+          PeakPoint& ph = out_.phases[slot];
+          if (allocator_.allocated() > ph.allocated_bytes) Point(&ph, &phase_op_[slot]);
           if (allocator_.reserved() > ph.reserved_bytes) ph.reserved_bytes = allocator_.reserved();
           if (allocator_.reserved() > out_.peak_reserved) out_.peak_reserved = allocator_.reserved();
           break;
@@ -208,6 +215,8 @@ class Walker {
   }
 
   Liveness Finish() {
+    NameOp(&out_.peak, peak_op_, g_);
+    for (size_t k = 0; k < out_.phases.size(); ++k) NameOp(&out_.phases[k], phase_op_[k], g_);
     out_.peak.reserved_bytes = out_.peak_reserved;
     out_.at_end = live_bytes_;
     return std::move(out_);
@@ -227,6 +236,8 @@ class Walker {
   CategoryBytes live_bytes_{};
   Liveness out_;
   std::vector<int> phase_slot_;
+  int peak_op_ = -1;             // the op at the peak (-1: none), named by Finish
+  std::vector<int> phase_op_;    // per entry of out_.phases, the same
   int context_ = -1;
   Budget* budget_;
   int64_t contexts_ = 0;  // context events walked, for the budget's checks
