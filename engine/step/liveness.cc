@@ -236,8 +236,8 @@ class Walker {
   CategoryBytes live_bytes_{};
   Liveness out_;
   std::vector<int> phase_slot_;
-  int peak_op_ = -1;             // the op at the peak (-1: none), named by Finish
-  std::vector<int> phase_op_;    // per entry of out_.phases, the same
+  int peak_op_ = -1;           // the op at the peak (-1: none), named by Finish
+  std::vector<int> phase_op_;  // per entry of out_.phases, the same
   int context_ = -1;
   Budget* budget_;
   int64_t contexts_ = 0;  // context events walked, for the budget's checks
