@@ -13,7 +13,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -30,7 +33,91 @@ namespace memest {
 
 // An attribute value: an integer, a float, a list of integers or a string.
 using AttrValue = std::variant<int64_t, double, std::vector<int64_t>, std::string>;
-using Attrs = std::map<std::string, AttrValue, std::less<>>;
+
+// An op's attributes by name. Copies share one map until one of them is changed (copy on
+// write): a stamped block's ops and a pass's replayed ops copy their originals' attributes
+// without copying the map. An iterator or reference into a non-const Attrs is good until the
+// Attrs is copied (a copy shares the map it would write through).
+class Attrs {
+ public:
+  using Map = std::map<std::string, AttrValue, std::less<>>;
+  using key_type = Map::key_type;
+  using mapped_type = Map::mapped_type;
+  using value_type = Map::value_type;
+  using size_type = Map::size_type;
+  using iterator = Map::iterator;
+  using const_iterator = Map::const_iterator;
+
+  Attrs() = default;
+  Attrs(std::initializer_list<value_type> init) {
+    if (init.size() > 0) map_ = std::make_shared<Map>(init);
+  }
+  explicit Attrs(Map map) {
+    if (!map.empty()) map_ = std::make_shared<Map>(std::move(map));
+  }
+
+  const_iterator begin() const { return map().begin(); }
+  const_iterator end() const { return map().end(); }
+  iterator begin() { return Own().begin(); }
+  iterator end() { return Own().end(); }
+  size_type size() const { return map_ ? map_->size() : 0; }
+  bool empty() const { return size() == 0; }
+  template <typename K>
+  const_iterator find(const K& key) const {
+    return map().find(key);
+  }
+  template <typename K>
+  iterator find(const K& key) {
+    return Own().find(key);
+  }
+  template <typename K>
+  size_type count(const K& key) const {
+    return map().count(key);
+  }
+  const mapped_type& at(std::string_view key) const {
+    auto it = map().find(key);
+    if (it == map().end()) throw std::out_of_range("Attrs::at");
+    return it->second;
+  }
+  mapped_type& operator[](const std::string& key) { return Own()[key]; }
+  mapped_type& operator[](std::string&& key) { return Own()[std::move(key)]; }
+  template <typename... Args>
+  std::pair<iterator, bool> emplace(Args&&... args) {
+    return Own().emplace(std::forward<Args>(args)...);
+  }
+  template <typename K, typename V>
+  std::pair<iterator, bool> insert_or_assign(K&& key, V&& value) {
+    return Own().insert_or_assign(std::forward<K>(key), std::forward<V>(value));
+  }
+  template <typename K>
+  size_type erase(const K& key) {
+    return Own().erase(key);
+  }
+  iterator erase(iterator it) { return map_->erase(it); }  // `it` is this Attrs' own
+  void clear() { map_.reset(); }
+
+  friend bool operator==(const Attrs& a, const Attrs& b) {
+    return a.map_ == b.map_ || a.map() == b.map();
+  }
+  friend bool operator!=(const Attrs& a, const Attrs& b) { return !(a == b); }
+
+ private:
+  const Map& map() const {
+    static const Map kEmpty;
+    return map_ ? *map_ : kEmpty;
+  }
+  // The map, made this Attrs' own before it is written through.
+  Map& Own() {
+    if (!map_) {
+      map_ = std::make_shared<Map>();
+    } else if (map_.use_count() > 1) {
+      map_ = std::make_shared<Map>(*map_);
+    }
+    return *map_;
+  }
+
+  std::shared_ptr<Map> map_;  // null: none
+};
 
 enum class TensorRole : uint8_t {
   kActivation,  // produced by an op
@@ -234,6 +321,9 @@ class GraphBuilder {
   // other than its input, or the copy would pass max_ops or the leaves' byte limit. Also -1
   // after a failure (the budget's refusal, looked at as Add does). Off (-1) unless stamping.
   int StampBlock(const BlockMark& from, int input, int loop_start);
+  // Makes room for `copies` more copies of block `from` (within max_ops), so that stamping them
+  // does not move the graph's ops and tensors again and again.
+  void ReserveCopies(const BlockMark& from, int64_t copies);
   // Whether StampBlock may copy blocks (on by default; tests build graphs both ways).
   void SetStamping(bool on) { stamping_ = on; }
   bool stamping() const { return stamping_; }

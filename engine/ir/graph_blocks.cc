@@ -65,6 +65,18 @@ void GraphBuilder::EndBlock(int output, BlockMark* m) const {
   m->leaf_bytes = leaf_bytes_ - m->leaf_bytes;
 }
 
+void GraphBuilder::ReserveCopies(const BlockMark& from, int64_t copies) {
+  const int64_t ops = from.end_op - from.first_op;
+  if (ops <= 0 || copies <= 0) return;
+  const int64_t room = max_ops_ - static_cast<int64_t>(graph_.ops.size());
+  if (room <= 0) return;
+  const int64_t more = std::min(copies, room / ops);
+  const int64_t tensors = from.end_tensor - from.first_tensor;
+  graph_.ops.reserve(graph_.ops.size() + static_cast<size_t>(more * ops));
+  graph_.copy_of.reserve(graph_.ops.capacity());
+  graph_.tensors.reserve(graph_.tensors.size() + static_cast<size_t>(more * tensors));
+}
+
 int GraphBuilder::StampBlock(const BlockMark& from, int input, int loop_start) {
   if (!ok() || !stamping_ || !from.stampable || input < 0 || input >= num_tensors() ||
       !SameToOps(graph_.tensors[from.input], graph_.tensors[input])) {

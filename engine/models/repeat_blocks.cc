@@ -24,6 +24,7 @@ int RepeatBlocks(GraphBuilder& b, const std::string& prefix, int64_t layers, int
     }
     Built& v = built[variant(i)];
     if (v.count >= 2) {
+      if (v.count == 2) b.ReserveCopies(v.last, layers - i);  // the most copies to come
       const int out = b.StampBlock(v.last, h, loop_start);
       if (!b.ok()) return -1;
       if (out >= 0) {
