@@ -86,6 +86,31 @@ BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16_advice, kLlama70b, 
 BENCHMARK_CAPTURE(BM_Estimate, llama_70b_b1_s4096_adamw_bf16_tp8_sp, kLlama70bTp8, false)
     ->Unit(benchmark::kMillisecond);
 
+// Depth: llama-7b (seq 4096, batch 1, bf16 autocast, AdamW) with state.range(0) layers,
+// without checkpointing (range(1) 0) or checkpointing every block (1). The cost must stay
+// linear in the layers: the counter ns_per_layer should not grow with them.
+void BM_Depth(benchmark::State& state) {
+  const int64_t layers = state.range(0);
+  const ModelSpec model{PresetSpec{"llama-7b", {{"seq", 4096}, {"layers", layers}}}};
+  RunConfig config = ConfigOf(kLlama70b);
+  config.device = "h100-80gb";
+  if (state.range(1) != 0) config.checkpoint.policy = CheckpointPolicy::kEveryBlock;
+  EstimateOptions options;
+  options.advice = false;
+  for (auto _ : state) {
+    StatusOr<Report> report = Estimate(model, config, options);
+    if (!report.ok()) {
+      state.SkipWithError(report.status().ToString().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(report);
+  }
+  state.counters["ns_per_layer"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * layers),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_Depth)->ArgsProduct({{100, 1000}, {0, 1}})->Unit(benchmark::kMillisecond);
+
 // The preset served by vLLM on H100s, `tensor` of them (config.serving, vLLM's defaults: 1024
 // requests of 8 tokens in the profile run).
 // A scheduler's sweep of GPT-2 small at seq 1024 under bf16 autocast without advice (the grid of

@@ -1,6 +1,7 @@
 // The step simulator's backward: ops in reverse, checkpointed regions recomputed, gradients
 // delivered into InputBuffers and AccumulateGrad (engine/step/simulator.h).
 #include <algorithm>
+#include <cassert>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -115,8 +116,10 @@ void StepSimulator::RecomputeAndBackward(int r) {
     PinRegionInputs(r, -1);
     return;
   }
-  StorageTable rt;
-  rt.Resize(g_.tensors.size());
+  // One table serves every recomputation, cleared after each where the region touched it (a
+  // table per region, made whole, cost the step time quadratic in its depth).
+  StorageTable& rt = recompute_;
+  if (rt.buffer.size() != g_.tensors.size()) rt.Resize(g_.tensors.size());
   for (int s : RegionInputs(r)) {
     rt.buffer[s] = main_.buffer[s];
     rt.pins[s] = 1;  // owned outside the recomputation
@@ -185,11 +188,32 @@ void StepSimulator::RecomputeAndBackward(int r) {
     MaybeFree(rt, s);
   }
   for (int gb : held_grads) Deref(gb);
+  ClearRecomputeTable(first, last);
   PinRegionInputs(r, -1);
   if (!reentrant && rng_state_of_[r] >= 0) {  // the recomputation's closure is gone
     FreeBuffer(rng_state_of_[r]);
     rng_state_of_[r] = -1;
   }
+}
+
+// Resets the recomputation table's entries for the storages ops [first, last] read and write,
+// the only ones a region's recomputation and backward touch.
+void StepSimulator::ClearRecomputeTable(int first, int last) {
+  StorageTable& rt = recompute_;
+  auto clear = [&](int t) {
+    const int s = base_[t];
+    rt.buffer[s] = -1;
+    rt.uses[s] = rt.saved[s] = rt.pins[s] = 0;
+  };
+  for (int i = first; i <= last; ++i) {
+    for (int t : g_.ops[i].inputs) clear(t);
+    for (int t : g_.ops[i].outputs) clear(t);
+  }
+#ifndef NDEBUG
+  for (size_t s = 0; s < rt.buffer.size(); ++s) {
+    assert(rt.buffer[s] == -1 && rt.uses[s] == 0 && rt.saved[s] == 0 && rt.pins[s] == 0);
+  }
+#endif
 }
 
 const OpMemory& StepSimulator::GradMemory(int i) {

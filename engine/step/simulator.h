@@ -245,6 +245,7 @@ class StepSimulator : private RankMemory {
   // ---- backward, recompute, gradient delivery (backward.cc) ----
   void Backward();
   void RecomputeAndBackward(int r);
+  void ClearRecomputeTable(int first, int last);
   bool SavesAnything(int i);
   // Op i's memory behaviour with grad enabled (memo_, computed once).
   const OpMemory& GradMemory(int i);
@@ -275,6 +276,7 @@ class StepSimulator : private RankMemory {
   CheckpointRegions regions_;
   std::vector<bool> non_reentrant_;  // per region: use_reentrant=False
   StorageTable main_;
+  StorageTable recompute_;  // a checkpointed region's recomputation (RecomputeAndBackward)
   PythonRefs refs_;
   // Per storage: the prompt's KV cache the forward returns in inference (Graph::cache), counted
   // as kv_cache.
