@@ -6,16 +6,6 @@
 
 namespace memest {
 
-int64_t DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat64: case DType::kInt64: return 8;
-    case DType::kFloat32: case DType::kInt32: return 4;
-    case DType::kFloat16: case DType::kBFloat16: return 2;
-    case DType::kInt8: case DType::kUInt8: case DType::kBool: return 1;
-  }
-  return 4;
-}
-
 std::string_view DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kFloat32: return "float32";

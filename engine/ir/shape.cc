@@ -86,14 +86,6 @@ StatusOr<int64_t> CheckedBytes(const Shape& shape, DType dtype, const std::strin
   return n * DTypeSize(dtype);
 }
 
-int64_t Numel(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-int64_t Bytes(const Shape& shape, DType dtype) { return Numel(shape) * DTypeSize(dtype); }
-
 Strides ContiguousStrides(const Shape& shape) {
   Strides s(shape.size(), 1);
   for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) {

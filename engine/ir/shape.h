@@ -75,8 +75,12 @@ StatusOr<int64_t> CheckedBytes(const Shape& shape, DType dtype, const std::strin
 
 // Unchecked variants for shapes that were validated when they entered the graph (or by a
 // rule's infer, for its scratch).
-int64_t Numel(const Shape& shape);
-int64_t Bytes(const Shape& shape, DType dtype);
+inline int64_t Numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+inline int64_t Bytes(const Shape& shape, DType dtype) { return Numel(shape) * DTypeSize(dtype); }
 
 // Row-major (contiguous) strides for a shape.
 Strides ContiguousStrides(const Shape& shape);

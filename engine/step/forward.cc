@@ -206,7 +206,7 @@ void StepSimulator::RunForwardOp(int i, StorageTable& st, bool grad, Phase phase
     local = OpMemoryOf(MakeCall(i, false));
   }
   const OpMemory& mem = grad ? GradMemory(i) : local;
-  const bool weight_cast = op.kind == "to"sv && HasAttr(op.attrs, "autocast_weight");
+  const bool weight_cast = weight_cast_[i];
   LayerRow* row = mb_ == 0 && !recompute ? &LayerFor(i) : nullptr;
   for (size_t k = 0; k < op.outputs.size(); ++k) {
     const int o = op.outputs[k];

@@ -24,6 +24,7 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
   for (size_t t = 0; t < n; ++t) base_[t] = static_cast<int>(t);
   rules_.reserve(g.ops.size());
   memo_slot_.reserve(g.ops.size());
+  weight_cast_.reserve(g.ops.size());
   for (size_t i = 0; i < g.ops.size(); ++i) {
     const Op& op = g.ops[i];
     int slot = static_cast<int>(i);
@@ -33,6 +34,7 @@ StepSimulator::StepSimulator(const Graph& g, const RunConfig& cfg, const Checkpo
     memo_slot_.push_back(slot);
     const OpRule* rule = slot == static_cast<int>(i) ? FindOpRule(op.kind) : rules_[slot];
     rules_.push_back(rule);
+    weight_cast_.push_back(WeightCast(op));
     const bool eval_identity = !training_ && rule && rule->identity_in_eval;
     for (int o : op.outputs) {
       const Tensor& t = g.tensors[o];

@@ -179,10 +179,15 @@ class StepSimulator : private RankMemory {
     }
   }
 
+  // Whether storage s is autocast's cast of a weight (WeightCast of its producer).
   bool IsCast(int s) const {
     const int p = g_.tensors[s].producer;
-    return p >= 0 && std::string_view(g_.ops[p].kind) == "to" &&
-           HasAttr(g_.ops[p].attrs, "autocast_weight");
+    return p >= 0 && weight_cast_[p];
+  }
+  // Whether op i is autocast's cast of a weight ("to" with autocast_weight), which its cache
+  // keeps until autocast exits.
+  static bool WeightCast(const Op& op) {
+    return std::string_view(op.kind) == "to" && HasAttr(op.attrs, "autocast_weight");
   }
 
   int NewGrad(int64_t bytes, Category category = Category::kTemporaries) {
@@ -272,6 +277,7 @@ class StepSimulator : private RankMemory {
   const bool folded_;        // the pipeline stage's fold is simulated
   std::vector<int> base_;
   std::vector<const OpRule*> rules_;  // each op's rule, looked up once
+  std::vector<char> weight_cast_;     // per op: WeightCast
   std::vector<int> region_of_;
   CheckpointRegions regions_;
   std::vector<bool> non_reentrant_;  // per region: use_reentrant=False
