@@ -147,14 +147,23 @@ int GraphBuilder::StampBlock(const BlockMark& from, int input, int loop_start) {
   }
   std::vector<int>& copy_of = graph_.copy_of;
   copy_of.resize(first_op, -1);
+  std::string scope_was, scope_now;  // the last op's scope, and its copy's
   for (int k = from.first_op; k < from.end_op; ++k) {
     copy_of.push_back(copy_of[k] >= 0 ? copy_of[k] : k);
-    Op copy = graph_.ops[k];
+    // Every field copied but the scope, which is renamed: a block's ops come a few to a scope,
+    // so each scope once.
+    Op& op = graph_.ops[k];
+    std::string scope = std::move(op.scope);
+    Op copy = op;
+    op.scope = std::move(scope);
     for (int& t : copy.inputs) t = map(t);
     for (int& t : copy.outputs) t += shift;
-    std::string scope;
-    if (Rescope(copy.scope, from.scope, scope_, &scope)) copy.scope = std::move(scope);
-    graph_.ops.push_back(std::move(copy));
+    if (k == from.first_op || op.scope != scope_was) {
+      scope_was = op.scope;
+      if (!Rescope(op.scope, from.scope, scope_, &scope_now)) scope_now = op.scope;
+    }
+    copy.scope = scope_now;
+    graph_.ops.push_back(std::move(copy));  // `op` may move: not used past here
   }
   for (size_t k = from.first_held; k < from.end_held; ++k) {
     graph_.held.push_back({map(graph_.held[k].tensor), graph_.held[k].until_op + op_shift});
