@@ -52,9 +52,6 @@ class Attrs {
   Attrs(std::initializer_list<value_type> init) {
     if (init.size() > 0) map_ = std::make_shared<Map>(init);
   }
-  explicit Attrs(Map map) {
-    if (!map.empty()) map_ = std::make_shared<Map>(std::move(map));
-  }
 
   const_iterator begin() const { return map().begin(); }
   const_iterator end() const { return map().end(); }

@@ -147,7 +147,7 @@ int GraphBuilder::StampBlock(const BlockMark& from, int input, int loop_start) {
   }
   std::vector<int>& copy_of = graph_.copy_of;
   copy_of.resize(first_op, -1);
-  std::string scope_was, scope_now;  // the last op's scope, and its copy's
+  std::string scope_now;  // the copy's scope of the op before
   for (int k = from.first_op; k < from.end_op; ++k) {
     copy_of.push_back(copy_of[k] >= 0 ? copy_of[k] : k);
     // Every field copied but the scope, which is renamed: a block's ops come a few to a scope,
@@ -158,8 +158,7 @@ int GraphBuilder::StampBlock(const BlockMark& from, int input, int loop_start) {
     op.scope = std::move(scope);
     for (int& t : copy.inputs) t = map(t);
     for (int& t : copy.outputs) t += shift;
-    if (k == from.first_op || op.scope != scope_was) {
-      scope_was = op.scope;
+    if (k == from.first_op || op.scope != graph_.ops[k - 1].scope) {
       if (!Rescope(op.scope, from.scope, scope_, &scope_now)) scope_now = op.scope;
     }
     copy.scope = scope_now;
