@@ -11,6 +11,7 @@
 #ifndef MEMEST_ENGINE_IR_GRAPH_H_
 #define MEMEST_ENGINE_IR_GRAPH_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -36,8 +37,9 @@ using AttrValue = std::variant<int64_t, double, std::vector<int64_t>, std::strin
 
 // An op's attributes by name. Copies share one map until one of them is changed (copy on
 // write): a stamped block's ops and a pass's replayed ops copy their originals' attributes
-// without copying the map. An iterator or reference into a non-const Attrs is good until the
-// Attrs is copied (a copy shares the map it would write through).
+// without copying the map. Reading never changes an Attrs (iterators are const), so threads
+// may read one alike; an iterator or reference into an Attrs is good until it is next written
+// (a write to a shared map makes the Attrs its own copy first).
 class Attrs {
  public:
   using Map = std::map<std::string, AttrValue, std::less<>>;
@@ -45,7 +47,6 @@ class Attrs {
   using mapped_type = Map::mapped_type;
   using value_type = Map::value_type;
   using size_type = Map::size_type;
-  using iterator = Map::iterator;
   using const_iterator = Map::const_iterator;
 
   Attrs() = default;
@@ -55,17 +56,11 @@ class Attrs {
 
   const_iterator begin() const { return map().begin(); }
   const_iterator end() const { return map().end(); }
-  iterator begin() { return Own().begin(); }
-  iterator end() { return Own().end(); }
   size_type size() const { return map_ ? map_->size() : 0; }
   bool empty() const { return size() == 0; }
   template <typename K>
   const_iterator find(const K& key) const {
     return map().find(key);
-  }
-  template <typename K>
-  iterator find(const K& key) {
-    return Own().find(key);
   }
   template <typename K>
   size_type count(const K& key) const {
@@ -79,18 +74,17 @@ class Attrs {
   mapped_type& operator[](const std::string& key) { return Own()[key]; }
   mapped_type& operator[](std::string&& key) { return Own()[std::move(key)]; }
   template <typename... Args>
-  std::pair<iterator, bool> emplace(Args&&... args) {
-    return Own().emplace(std::forward<Args>(args)...);
+  bool emplace(Args&&... args) {
+    return Own().emplace(std::forward<Args>(args)...).second;
   }
   template <typename K, typename V>
-  std::pair<iterator, bool> insert_or_assign(K&& key, V&& value) {
-    return Own().insert_or_assign(std::forward<K>(key), std::forward<V>(value));
+  void insert_or_assign(K&& key, V&& value) {
+    Own().insert_or_assign(std::forward<K>(key), std::forward<V>(value));
   }
   template <typename K>
   size_type erase(const K& key) {
     return Own().erase(key);
   }
-  iterator erase(iterator it) { return map_->erase(it); }  // `it` is this Attrs' own
   void clear() { map_.reset(); }
 
   friend bool operator==(const Attrs& a, const Attrs& b) {
@@ -109,6 +103,10 @@ class Attrs {
       map_ = std::make_shared<Map>();
     } else if (map_.use_count() > 1) {
       map_ = std::make_shared<Map>(*map_);
+    } else {
+      // The last other owner may have just let go on another thread, after reading the map:
+      // its release (the count's decrement) comes before this write.
+      std::atomic_thread_fence(std::memory_order_acquire);
     }
     return *map_;
   }

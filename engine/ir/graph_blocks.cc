@@ -67,7 +67,7 @@ void GraphBuilder::EndBlock(int output, BlockMark* m) const {
 
 void GraphBuilder::ReserveCopies(const BlockMark& from, int64_t copies) {
   const int64_t ops = from.end_op - from.first_op;
-  if (ops <= 0 || copies <= 0) return;
+  if (!stamping_ || !from.stampable || ops <= 0 || copies <= 0) return;
   const int64_t room = max_ops_ - static_cast<int64_t>(graph_.ops.size());
   if (room <= 0) return;
   const int64_t more = std::min(copies, room / ops);

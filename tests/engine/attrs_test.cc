@@ -27,11 +27,13 @@ TEST(AttrsTest, ACopyIsIndependentOnceEitherIsWritten) {
   EXPECT_EQ(c.size(), 3u);
 
   Attrs d = c;
-  for (auto& [name, value] : d) {  // writing through a non-const iteration
-    if (name == "dim") value = int64_t{7};
-  }
+  d.insert_or_assign("dim", int64_t{7});
+  EXPECT_FALSE(d.emplace("dim", int64_t{8}));  // there already
   EXPECT_EQ(std::get<int64_t>(c.at("dim")), 1);
   EXPECT_EQ(std::get<int64_t>(d.at("dim")), 7);
+  d.clear();
+  EXPECT_TRUE(d.empty());
+  EXPECT_EQ(c.size(), 3u);
 }
 
 TEST(AttrsTest, EqualMapsCompareEqualWhetherSharedOrNot) {
